@@ -1,0 +1,2 @@
+//! `kvroute`: the example gateway binary.
+fn main() {}

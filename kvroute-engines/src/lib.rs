@@ -1,0 +1,2 @@
+//! # kvroute-engines
+#![deny(missing_docs)]

@@ -1,0 +1,41 @@
+//! The read side that selection consumes: overlap of a prompt's keys with each
+//! endpoint's inventory.
+
+use kvroute_core::{BlockKey, Medium};
+
+/// How much of one prompt an endpoint holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overlap {
+    /// Number of the prompt's keys found in the endpoint's inventory (any position,
+    /// any tier) — the reference "overlap count".
+    pub blocks: u32,
+    /// Length of the run of found keys starting at key 0 — what the engine's prefix
+    /// cache can actually reuse.
+    pub prefix: u32,
+    /// Of the `prefix` blocks, how many sit in each tier (indexed by
+    /// [`Medium::index`]).
+    pub prefix_by_medium: [u32; 4],
+}
+
+impl Overlap {
+    /// Prefix blocks held in `medium`.
+    #[must_use]
+    pub fn prefix_in(&self, medium: Medium) -> u32 {
+        self.prefix_by_medium[medium.index()]
+    }
+}
+
+/// Anything that can score a prompt's block keys against a set of endpoint
+/// inventories in one pass.
+///
+/// Endpoints are the dense ids `0..endpoint_count()`; the index owner maps them to
+/// rule endpoints.
+pub trait InventoryView {
+    /// Number of endpoint slots; `score` writes this many entries.
+    fn endpoint_count(&self) -> usize;
+
+    /// Fills `out[e]` with the overlap of `keys` (prompt order, block 0 first) with
+    /// endpoint `e`'s inventory. `out.len()` must be at least `endpoint_count()`;
+    /// extra entries are left untouched.
+    fn score(&self, keys: &[BlockKey], out: &mut [Overlap]);
+}

@@ -1,0 +1,2 @@
+//! # kvroute-select
+#![deny(missing_docs)]
