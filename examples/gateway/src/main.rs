@@ -1,2 +1,47 @@
-//! `kvroute`: the example gateway binary.
-fn main() {}
+//! `kvroute`: the example gateway binary — parity checker, tokenizer debugger,
+//! HTTP gateway, mock engine, demo and fleet simulator.
+
+mod parity;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kvroute", version, about = "KV-cache-aware routing for LLM gateways")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Verify golden vectors and fixtures (hash vectors, event fixtures, chat cases)
+    /// against kvroute's implementation. Walks directories; prints one line per
+    /// failing case and ends with `N passed, M failed`.
+    Parity {
+        /// Files or directories to verify.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Model directory (tokenizer.json[.gz], tokenizer_config.json) used for
+        /// chat-case files. Without it, model directories found under the walked
+        /// paths are matched to chat files by tokenizer checksum.
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+        /// Also print one line per passing case.
+        #[arg(long, short)]
+        verbose: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Parity {
+            paths,
+            model_dir,
+            verbose,
+        } => parity::run(&paths, model_dir.as_deref(), verbose),
+    }
+}
