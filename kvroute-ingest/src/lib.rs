@@ -5,8 +5,17 @@
 //! threads; transports live in `kvroute-engines` and the host.
 #![deny(missing_docs)]
 
+pub mod attest;
 pub mod event;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod index;
+pub mod ingest;
+pub mod rekey;
+pub mod seq;
 pub mod view;
 
 pub use event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
+pub use index::{EndpointInventory, IndexConfig, IndexError, SharedIndex, WriteStats};
+pub use ingest::{EndpointIngest, IngestConfig, IngestCounters, KeyMode, Outcome};
 pub use view::{InventoryView, Overlap};

@@ -1,2 +1,88 @@
 //! # kvroute-select
+//!
+//! The routing decision: rules, the guard ladder, KV-exact scorers, fallback
+//! selectors (round robin, least load, power of two choices, CHWBL, random,
+//! weighted), post-filtering, retry with exclusion, and decision/delivery
+//! evidence — behind small traits any proxy can host.
+//!
+//! Sans-IO: no sockets, clocks or threads. Time (`now`) is an argument; load and
+//! health come from the host through [`Load`] and [`Health`].
+//!
+//! ## The ladder
+//!
+//! * **Converged**: KV-exact over every endpoint → on a miss the rule's selector.
+//! * **P/D**: session affinity → prefix-trie affinity → KV-exact over prefill
+//!   endpoints → P/D minimum load (round robin only breaks ties). Every P/D
+//!   target also names the least-loaded decode endpoint.
+//!
+//! Every KV-exact miss has a [`MissReason`], counted per rule in [`RuleCounters`].
+//!
+//! ## Driving a decision yourself (sans-IO)
+//!
+//! ```
+//! use std::time::Duration;
+//! use kvroute_core::{BlockKey, EndpointId};
+//! use kvroute_select::*;
+//!
+//! let contract = ContractId::new("example/bs4");
+//! let endpoints = vec![
+//!     Endpoint::new("10.0.0.1:8000", Role::Prefill).with_inventory_slot(0),
+//!     Endpoint::new("10.0.0.2:8000", Role::Decode),
+//!     Endpoint::new("10.0.0.3:8000", Role::Prefill).with_inventory_slot(1),
+//! ];
+//! let cfg = RuleConfig::kv_exact("pd", Topology::PrefillDecode, endpoints, 4, contract.clone());
+//! let rule = Rule::new(cfg, None).unwrap();
+//!
+//! let mut inventory = KeySetInventory::new(2);
+//! inventory.store(0, [BlockKey(11), BlockKey(12)]);
+//! let keys = [BlockKey(11), BlockKey(12), BlockKey(13)];
+//! let req = Request::new(PromptInput::Keys { keys: &keys, contract: &contract, prompt_tokens: 12 });
+//! let (load, health, now) = (LoadTable::new(3), AlwaysAvailable, Duration::ZERO);
+//!
+//! let mut d = rule.decide(&req, &inventory, &load, &health, now);
+//! assert_eq!(d.target(), Some(Target { endpoint: EndpointId(0), decode: Some(EndpointId(1)) }));
+//! // Connection refused: the next best prefill endpoint, never the decode one.
+//! let next = rule.retry(&mut d, Leg::Endpoint, &req, &load, &health, now);
+//! assert_eq!(next.map(|t| t.endpoint), Some(EndpointId(2)));
+//! ```
+//!
+//! Hosts that prefer a driver implement [`Proxy`] and call [`route`]; see its docs
+//! for a minimal host.
 #![deny(missing_docs)]
+
+mod affinity;
+mod bounded;
+mod chwbl;
+mod contract_keys;
+mod counters;
+mod decision;
+mod endpoint;
+#[doc(hidden)]
+pub mod fuzzing;
+mod health;
+mod keys;
+mod load;
+mod memory_view;
+mod pool;
+mod proxy;
+mod rule;
+mod scorer;
+mod selector;
+
+pub use affinity::AffinityConfig;
+pub use contract_keys::ContractKeys;
+pub use counters::{CountersSnapshot, EndpointEvidence, MissReason, RuleCounters};
+pub use decision::{Decision, Leg, Source, Target};
+pub use endpoint::{Endpoint, Role};
+pub use health::{
+    AdminState, AlwaysAvailable, Availability, BreakerConfig, BreakerState, CircuitBreaker, Health,
+    HealthTable,
+};
+pub use keys::{ContractId, KeyMode, KeysError, MissBeforeKeys, PromptInput, PromptKeys, Request};
+pub use load::{EndpointLoad, Load, LoadTable};
+pub use memory_view::KeySetInventory;
+pub use pool::LoadBound;
+pub use proxy::{route, ConnectFailure, Proxy, RouteError, Routed};
+pub use rule::{Choice, Rule, RuleConfig, RuleError, Thresholds, Topology};
+pub use scorer::{LoadAwareConfig, Scorer};
+pub use selector::SelectorKind;

@@ -1,7 +1,11 @@
 //! `kvroute`: the example gateway binary — parity checker, tokenizer debugger,
 //! HTTP gateway, mock engine, demo and fleet simulator.
 
+mod engine_model;
+mod gateway;
+mod mock_engine;
 mod parity;
+mod sim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +13,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kvroute", version, about = "KV-cache-aware routing for LLM gateways")]
+#[command(
+    name = "kvroute",
+    version,
+    about = "KV-cache-aware routing for LLM gateways"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -33,6 +41,16 @@ enum Command {
         #[arg(long, short)]
         verbose: bool,
     },
+    /// Run an OpenAI-compatible mock engine with a real prefix cache that publishes
+    /// KV events (vLLM / SGLang over ZeroMQ, or the TensorRT-LLM HTTP drain).
+    MockEngine(mock_engine::Args),
+    /// Run the HTTP gateway: OpenAI full proxy with KV-cache-aware routing, admin
+    /// API and Prometheus metrics (`kvroute serve --config FILE`).
+    Serve(gateway::ServeArgs),
+    /// Simulate a fleet (deterministic discrete events, real selection and
+    /// ingest code) and compare routing policies on a workload
+    /// (`kvroute sim gen ...`, `kvroute sim run ...`).
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,5 +61,8 @@ fn main() -> ExitCode {
             model_dir,
             verbose,
         } => parity::run(&paths, model_dir.as_deref(), verbose),
+        Command::MockEngine(args) => mock_engine::run(&args),
+        Command::Serve(args) => gateway::run(&args),
+        Command::Sim(args) => sim::run(&args),
     }
 }

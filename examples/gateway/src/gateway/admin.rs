@@ -1,0 +1,322 @@
+//! The admin REST API (loopback by default; bearer token when configured):
+//!
+//! | method | path | |
+//! |---|---|---|
+//! | GET | `/admin/rules` | every rule document |
+//! | GET | `/admin/rules/{name}` | one rule document |
+//! | POST | `/admin/rules` | create (409 if the name exists) |
+//! | PUT | `/admin/rules/{name}` | create or replace |
+//! | DELETE | `/admin/rules/{name}` | remove |
+//! | PUT | `/admin/rules/{name}/endpoints/{i}/admin` | `{"down": bool}` drain / restore |
+//! | GET | `/admin/endpoints` | endpoints with subscriber health, inventory size, contract status |
+//! | GET | `/admin/counters` | per-rule decision and delivery counters |
+//! | GET | `/metrics` | Prometheus (no token needed: loopback scrape) |
+//!
+//! A posted rule starts its subscribers at once; they keep retrying until the
+//! engine is up. Invalid documents get 400 with the field at fault.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use kvroute_select::{BreakerState, MissReason};
+use serde_json::{json, Value};
+
+use super::config::{rule_from_json, ConfigError};
+use super::metrics::render;
+use super::proxy::error;
+use super::state::Gateway;
+
+/// The admin router.
+pub fn router(gw: Arc<Gateway>) -> Router {
+    let admin = Router::new()
+        .route("/admin/rules", get(list_rules).post(create_rule))
+        .route(
+            "/admin/rules/{name}",
+            get(get_rule).put(put_rule).delete(delete_rule),
+        )
+        .route(
+            "/admin/rules/{name}/endpoints/{index}/admin",
+            put(set_admin),
+        )
+        .route("/admin/endpoints", get(endpoints))
+        .route("/admin/counters", get(counters))
+        .layer(middleware::from_fn_with_state(Arc::clone(&gw), auth));
+    Router::new()
+        .route("/metrics", get(metrics))
+        .merge(admin)
+        .with_state(gw)
+}
+
+/// Equal-time comparison, so the token cannot be guessed byte by byte.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn auth(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+    if let Some(token) = &gw.admin_token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+            let mut resp = error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid bearer token is required",
+            );
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            return resp;
+        }
+    }
+    next.run(req).await
+}
+
+async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        render(&gw),
+    )
+        .into_response()
+}
+
+fn bad(e: &ConfigError) -> Response {
+    error(StatusCode::BAD_REQUEST, "invalid_rule", e.to_string())
+}
+
+async fn list_rules(State(gw): State<Arc<Gateway>>) -> Response {
+    let docs: Vec<_> = gw
+        .rules_snapshot()
+        .iter()
+        .map(|r| r.spec.doc.clone())
+        .collect();
+    Json(json!({ "rules": docs })).into_response()
+}
+
+async fn get_rule(State(gw): State<Arc<Gateway>>, Path(name): Path<String>) -> Response {
+    match gw.rule(&name) {
+        Some(r) => Json(&r.spec.doc).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no rule {name:?}"),
+        ),
+    }
+}
+
+async fn create_rule(State(gw): State<Arc<Gateway>>, body: Bytes) -> Response {
+    let spec = match rule_from_json(&body) {
+        Ok(s) => s,
+        Err(e) => return bad(&e),
+    };
+    if gw.rule(&spec.doc.name).is_some() {
+        return error(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "rule {:?} already exists (use PUT to replace it)",
+                spec.doc.name
+            ),
+        );
+    }
+    let name = spec.doc.name.clone();
+    match gw.put_rule(spec, false) {
+        Ok(_) => {
+            tracing::info!(rule = %name, "rule created");
+            (StatusCode::CREATED, Json(json!({"created": name}))).into_response()
+        }
+        Err(e) => bad(&e),
+    }
+}
+
+async fn put_rule(
+    State(gw): State<Arc<Gateway>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let spec = match rule_from_json(&body) {
+        Ok(s) => s,
+        Err(e) => return bad(&e),
+    };
+    if spec.doc.name != name {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_rule",
+            format!(
+                "rule.name {:?} differs from the path's {name:?}",
+                spec.doc.name
+            ),
+        );
+    }
+    match gw.put_rule(spec, true) {
+        Ok(true) => {
+            tracing::info!(rule = %name, "rule replaced");
+            Json(json!({"replaced": name})).into_response()
+        }
+        Ok(false) => {
+            tracing::info!(rule = %name, "rule created");
+            (StatusCode::CREATED, Json(json!({"created": name}))).into_response()
+        }
+        Err(e) => bad(&e),
+    }
+}
+
+async fn delete_rule(State(gw): State<Arc<Gateway>>, Path(name): Path<String>) -> Response {
+    if gw.delete_rule(&name) {
+        tracing::info!(rule = %name, "rule deleted");
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no rule {name:?}"),
+        )
+    }
+}
+
+async fn set_admin(
+    State(gw): State<Arc<Gateway>>,
+    Path((name, index)): Path<(String, usize)>,
+    body: Bytes,
+) -> Response {
+    let Some(rt) = gw.rule(&name) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no rule {name:?}"),
+        );
+    };
+    let Some(ep) = rt.endpoints.get(index) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("rule {name:?} has no endpoint {index}"),
+        );
+    };
+    let Some(down) = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("down").and_then(Value::as_bool))
+    else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "expected {\"down\": true|false}",
+        );
+    };
+    ep.set_admin_down(down);
+    Json(json!({"endpoint": ep.spec.url, "down": down})).into_response()
+}
+
+fn breaker_label(s: BreakerState) -> &'static str {
+    match s {
+        BreakerState::Closed => "closed",
+        BreakerState::Open => "open",
+        BreakerState::HalfOpen => "half_open",
+    }
+}
+
+async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
+    let now = gw.now();
+    let mut out = Vec::new();
+    for rt in gw.rules_snapshot() {
+        let snap = rt.rule.counters().snapshot();
+        for (i, ep) in rt.endpoints.iter().enumerate() {
+            let ev = snap.endpoints.get(i).copied().unwrap_or_default();
+            let subscribers: Vec<Value> = ep
+                .spec
+                .events
+                .iter()
+                .zip(&ep.subscribers)
+                .map(|(src, m)| {
+                    let s = m.snapshot();
+                    json!({
+                        "rank": src.rank, "address": src.zmq.address, "replay": src.replay,
+                        "connected": s.connected, "last_seq": s.last_seq,
+                        "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
+                        "restarts": s.restarts, "decode_errors": s.decode_errors,
+                        "dial_failures": s.dial_failures, "replays_requested": s.replays_requested,
+                    })
+                })
+                .collect();
+            let contract = if ev.drift_alarm {
+                "drift_alarm"
+            } else {
+                rt.inventory.attestation.status()
+            };
+            out.push(json!({
+                "rule": rt.spec.doc.name,
+                "index": i,
+                "url": ep.spec.url,
+                "role": format!("{:?}", ep.spec.role).to_lowercase(),
+                "engine": ep.spec.engine.as_str(),
+                "available": rt.is_available(i, now),
+                "admin_down": ep.is_admin_down(),
+                "breaker": breaker_label(ep.breaker_state(now)),
+                "probe_ok": *ep.probe_ok.lock(),
+                "in_flight": ep.in_flight(),
+                "inventory_blocks": rt.inventory.blocks(i),
+                "inventory_clears": rt.inventory.ingest_clears(i),
+                "contract": rt.spec.contract.as_ref().map(ToString::to_string),
+                "contract_status": contract,
+                "subscribers": subscribers,
+                "hits": ev.hits,
+                "receipts": ev.receipts,
+                "predicted_cached_tokens": ev.predicted_tokens,
+                "delivered_cached_tokens": ev.delivered_tokens,
+            }));
+        }
+    }
+    Json(json!({ "endpoints": out })).into_response()
+}
+
+async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
+    let mut rules = serde_json::Map::new();
+    for rt in gw.rules_snapshot() {
+        let s = rt.rule.counters().snapshot();
+        let misses: serde_json::Map<String, Value> = MissReason::ALL
+            .iter()
+            .map(|r| (r.label().to_owned(), json!(s.misses_for(*r))))
+            .collect();
+        let name = rt.spec.doc.name.clone();
+        let tiers: serde_json::Map<String, Value> = [
+            "kv_exact",
+            "session_affinity",
+            "trie_affinity",
+            "fallback",
+            "exhausted",
+        ]
+        .iter()
+        .map(|t| ((*t).to_owned(), json!(gw.metrics.tier_count(&name, t))))
+        .collect();
+        rules.insert(
+            name,
+            json!({
+                "decisions": s.decisions,
+                "tiers": tiers,
+                "misses": misses,
+                "session_affinity": s.session_affinity,
+                "trie_affinity": s.trie_affinity,
+                "fallbacks": s.fallbacks,
+                "retries": s.retries,
+                "exhausted": s.exhausted,
+                "load_diversions": s.load_diversions,
+                "predicted_blocks": s.predicted_blocks,
+                "drift_alarms_raised": s.drift_alarms_raised,
+                "hits": s.endpoints.iter().map(|e| e.hits).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    Json(json!({ "rules": rules })).into_response()
+}

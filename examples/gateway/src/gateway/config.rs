@@ -1,0 +1,868 @@
+//! `kvroute serve` configuration: the TOML file and the rule documents the admin
+//! API accepts (the same `[[rules]]` shape, as JSON).
+//!
+//! Validation turns a document into a [`RuleSpec`] (typed, checked) or a
+//! [`ConfigError`] whose message names the field at fault.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper::Uri;
+use kvroute_core::HashContract;
+use kvroute_engines::transport::EngineKind;
+use kvroute_select::{Choice, LoadAwareConfig, Role, Scorer, SelectorKind, Topology};
+use serde::{Deserialize, Serialize};
+
+/// A configuration that cannot be used, with the place it went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML (or JSON) does not parse or has unknown / mistyped fields.
+    #[error("{0}")]
+    Syntax(String),
+    /// A value is out of range or inconsistent.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// Dotted path of the field, e.g. `rules[0].endpoints[1].url`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Proxy listener, e.g. `0.0.0.0:8080` (port 0 = ephemeral).
+    pub listen: String,
+    /// Admin API and `/metrics`.
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// Size and time limits.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Active health checks and circuit breakers.
+    #[serde(default)]
+    pub health: HealthConfig,
+    /// Staged tokenizers: model slug → directory.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    /// Routing rules.
+    #[serde(default)]
+    pub rules: Vec<RuleDoc>,
+}
+
+/// `[admin]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Admin listener; loopback by default.
+    #[serde(default = "default_admin_listen")]
+    pub listen: String,
+    /// Name of an environment variable holding the bearer token (preferred: keeps
+    /// the secret out of the file).
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// The bearer token itself.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Allow a non-loopback admin listener (only with a token).
+    #[serde(default)]
+    pub allow_remote: bool,
+}
+
+fn default_admin_listen() -> String {
+    "127.0.0.1:9090".to_owned()
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_admin_listen(),
+            token_env: None,
+            token: None,
+            allow_remote: false,
+        }
+    }
+}
+
+/// `[limits]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// Time allowed to receive the request headers.
+    pub header_read_timeout_ms: u64,
+    /// Time allowed to receive the whole request body (408 beyond).
+    pub body_read_timeout_ms: u64,
+    /// Upstream TCP connect timeout (a timeout counts as a connect failure).
+    pub connect_timeout_ms: u64,
+    /// Longest silence between two upstream body chunks before the response is
+    /// aborted.
+    pub upstream_idle_timeout_ms: u64,
+    /// Prompts longer than this are not tokenized for routing (miss, still proxied).
+    pub max_prompt_tokens: usize,
+    /// Time in-flight requests get to finish on shutdown.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 4 << 20,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            connect_timeout_ms: 2_000,
+            upstream_idle_timeout_ms: 300_000,
+            max_prompt_tokens: 262_144,
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// As durations.
+    #[must_use]
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+    /// As a duration.
+    #[must_use]
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
+    }
+    /// As a duration.
+    #[must_use]
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+    /// As a duration.
+    #[must_use]
+    pub fn upstream_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.upstream_idle_timeout_ms)
+    }
+}
+
+/// `[health]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Probe interval; 0 disables active checks.
+    pub interval_ms: u64,
+    /// Path probed with `GET` on every endpoint.
+    pub path: String,
+    /// Probe timeout.
+    pub timeout_ms: u64,
+    /// Consecutive failures (probes or requests) that open an endpoint's breaker.
+    pub failure_threshold: u32,
+    /// How long an open breaker stays open.
+    pub cool_down_ms: u64,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 5_000,
+            path: "/health".to_owned(),
+            timeout_ms: 1_000,
+            failure_threshold: 3,
+            cool_down_ms: 5_000,
+        }
+    }
+}
+
+/// `[[models]]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The slug clients send as `model`.
+    pub slug: String,
+    /// Directory with `tokenizer.json[.gz]` and `tokenizer_config.json`
+    /// (relative paths are relative to the config file).
+    pub dir: PathBuf,
+}
+
+/// A rule as written in the file or posted to the admin API.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuleDoc {
+    /// Unique name (metrics label).
+    pub name: String,
+    /// Model slugs this rule serves.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Serves requests whose model matches no rule (and non-JSON bodies).
+    #[serde(default)]
+    pub default: bool,
+    /// `kv_exact`, `round_robin` or `content_affinity`.
+    #[serde(default = "default_choice")]
+    pub choice: String,
+    /// `converged` or `prefill_decode`.
+    #[serde(default = "default_topology")]
+    pub topology: String,
+    /// Hash contract, e.g. `vllm@0.33.0:sha256_cbor:block=16:seed=0` (KV-exact).
+    #[serde(default)]
+    pub contract: Option<String>,
+    /// `overlap_count`, `longest_prefix` or `load_aware`.
+    #[serde(default = "default_scorer")]
+    pub scorer: String,
+    /// Converged miss selector: `round_robin`, `least_load`, `p2c`, `chwbl`,
+    /// `random`, `weighted`.
+    #[serde(default = "default_selector")]
+    pub selector: String,
+    /// Fewest overlapping blocks that count as a hit.
+    #[serde(default)]
+    pub min_overlap_blocks: Option<u32>,
+    /// Retries after connect failures.
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+    /// Endpoints.
+    pub endpoints: Vec<EndpointDoc>,
+}
+
+fn default_choice() -> String {
+    "kv_exact".to_owned()
+}
+fn default_topology() -> String {
+    "converged".to_owned()
+}
+fn default_scorer() -> String {
+    "overlap_count".to_owned()
+}
+fn default_selector() -> String {
+    "round_robin".to_owned()
+}
+
+/// One endpoint of a rule.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointDoc {
+    /// Base URL of the engine's OpenAI server, `http://host:port`.
+    pub url: String,
+    /// `both`, `prefill` or `decode`.
+    #[serde(default = "default_role")]
+    pub role: String,
+    /// `vllm`, `sglang`, `trtllm` or `llama.cpp`.
+    #[serde(default = "default_engine")]
+    pub engine: String,
+    /// The engine's KV-event endpoint string (`--kv-events-config endpoint`).
+    #[serde(default)]
+    pub zmq: Option<String>,
+    /// The engine's replay endpoint string.
+    #[serde(default)]
+    pub replay: Option<String>,
+    /// ZeroMQ topic.
+    #[serde(default)]
+    pub topic: String,
+    /// Data-parallel ranks publishing (rank r on port + r).
+    #[serde(default = "one")]
+    pub dp_ranks: u32,
+    /// Relative weight.
+    #[serde(default = "one")]
+    pub weight: u32,
+    /// Concurrent requests the endpoint is sized for.
+    #[serde(default = "one")]
+    pub capacity: u32,
+}
+
+fn default_role() -> String {
+    "both".to_owned()
+}
+fn default_engine() -> String {
+    "vllm".to_owned()
+}
+fn one() -> u32 {
+    1
+}
+
+/// A validated endpoint.
+#[derive(Clone, Debug)]
+pub struct EndpointSpec {
+    /// Base URL as configured.
+    pub url: String,
+    /// `scheme://authority` of the upstream; requests go only there.
+    pub base: Uri,
+    /// P/D role.
+    pub role: Role,
+    /// Engine kind.
+    pub engine: EngineKind,
+    /// KV-event subscriptions, one per DP rank (empty without events).
+    pub events: Vec<EventSource>,
+    /// Weight.
+    pub weight: u32,
+    /// Capacity.
+    pub capacity: u32,
+}
+
+/// Where one DP rank of an endpoint publishes.
+#[derive(Clone, Debug)]
+pub struct EventSource {
+    /// Rank.
+    pub rank: u32,
+    /// The subscriber side.
+    pub zmq: kvroute_engines::transport::ZmqEndpoint,
+    /// Replay ROUTER address for this rank.
+    pub replay: Option<String>,
+    /// Topic.
+    pub topic: String,
+}
+
+/// A validated rule.
+#[derive(Clone, Debug)]
+pub struct RuleSpec {
+    /// The document it came from (listed back by the admin API).
+    pub doc: RuleDoc,
+    /// Choice.
+    pub choice: Choice,
+    /// Topology.
+    pub topology: Topology,
+    /// Contract (KV-exact rules).
+    pub contract: Option<HashContract>,
+    /// Scorer.
+    pub scorer: Scorer,
+    /// Miss selector.
+    pub selector: SelectorKind,
+    /// Endpoints.
+    pub endpoints: Vec<EndpointSpec>,
+}
+
+/// The validated file.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Proxy listener.
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin_listen: SocketAddr,
+    /// Bearer token for `/admin/*` (never logged).
+    pub admin_token: Option<String>,
+    /// Limits.
+    pub limits: LimitsConfig,
+    /// Health checks.
+    pub health: HealthConfig,
+    /// Models (directories resolved).
+    pub models: Vec<ModelConfig>,
+    /// Rules.
+    pub rules: Vec<RuleSpec>,
+}
+
+impl ServeConfig {
+    /// Reads and validates a TOML file.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file, line or field at fault.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        Self::from_toml(&text, base)
+    }
+
+    /// Parses and validates TOML text; relative model dirs resolve against `base`.
+    ///
+    /// # Errors
+    /// [`ConfigError`].
+    pub fn from_toml(text: &str, base: &Path) -> Result<Self, ConfigError> {
+        let file: FileConfig =
+            toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+        Self::validate(file, base)
+    }
+
+    fn validate(file: FileConfig, base: &Path) -> Result<Self, ConfigError> {
+        let listen = parse_addr("listen", &file.listen)?;
+        let admin_listen = parse_addr("admin.listen", &file.admin.listen)?;
+        let admin_token = match (&file.admin.token, &file.admin.token_env) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "admin",
+                    "set either `token` or `token_env`, not both",
+                ))
+            }
+            (Some(t), None) => Some(t.clone()),
+            (None, Some(var)) => Some(std::env::var(var).map_err(|_| {
+                invalid(
+                    "admin.token_env",
+                    format!("environment variable {var:?} is not set"),
+                )
+            })?),
+            (None, None) => None,
+        };
+        if admin_token.as_deref().is_some_and(str::is_empty) {
+            return Err(invalid("admin.token", "the bearer token is empty"));
+        }
+        if !admin_listen.ip().is_loopback() {
+            if !file.admin.allow_remote {
+                return Err(invalid(
+                    "admin.listen",
+                    format!("{admin_listen} is not a loopback address; set admin.allow_remote = true (and a token) to expose the admin API"),
+                ));
+            }
+            if admin_token.is_none() {
+                return Err(invalid(
+                    "admin.token",
+                    "a non-loopback admin listener requires a bearer token",
+                ));
+            }
+        }
+        let limits = file.limits;
+        if limits.max_body_bytes == 0 {
+            return Err(invalid("limits.max_body_bytes", "must be at least 1"));
+        }
+        for (name, v) in [
+            (
+                "limits.header_read_timeout_ms",
+                limits.header_read_timeout_ms,
+            ),
+            ("limits.body_read_timeout_ms", limits.body_read_timeout_ms),
+            ("limits.connect_timeout_ms", limits.connect_timeout_ms),
+            (
+                "limits.upstream_idle_timeout_ms",
+                limits.upstream_idle_timeout_ms,
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(name, "must be at least 1 ms"));
+            }
+        }
+        if !file.health.path.starts_with('/') {
+            return Err(invalid("health.path", "must start with '/'"));
+        }
+        let mut slugs = BTreeSet::new();
+        let mut models = Vec::new();
+        for (i, m) in file.models.into_iter().enumerate() {
+            if m.slug.is_empty() {
+                return Err(invalid(format!("models[{i}].slug"), "is empty"));
+            }
+            if !slugs.insert(m.slug.clone()) {
+                return Err(invalid(
+                    format!("models[{i}].slug"),
+                    format!("model {:?} is staged twice", m.slug),
+                ));
+            }
+            let dir = if m.dir.is_absolute() {
+                m.dir
+            } else {
+                base.join(m.dir)
+            };
+            if !dir.is_dir() {
+                return Err(invalid(
+                    format!("models[{i}].dir"),
+                    format!("{} is not a directory", dir.display()),
+                ));
+            }
+            models.push(ModelConfig { slug: m.slug, dir });
+        }
+        let mut rules = Vec::new();
+        for (i, doc) in file.rules.into_iter().enumerate() {
+            rules.push(RuleSpec::validate(doc, &format!("rules[{i}]"))?);
+        }
+        check_rule_set(&rules)?;
+        Ok(Self {
+            listen,
+            admin_listen,
+            admin_token,
+            limits,
+            health: file.health,
+            models,
+            rules,
+        })
+    }
+}
+
+/// Rule names unique, at most one default, a model served by one rule only.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] naming the conflict.
+pub fn check_rule_set(rules: &[RuleSpec]) -> Result<(), ConfigError> {
+    let mut names = BTreeSet::new();
+    let mut models = BTreeSet::new();
+    let mut default: Option<&str> = None;
+    for r in rules {
+        if !names.insert(r.doc.name.as_str()) {
+            return Err(invalid(
+                format!("rule {:?}", r.doc.name),
+                "a rule with this name already exists",
+            ));
+        }
+        for m in &r.doc.models {
+            if !models.insert(m.as_str()) {
+                return Err(invalid(
+                    format!("rule {:?}.models", r.doc.name),
+                    format!("model {m:?} is already served by another rule"),
+                ));
+            }
+        }
+        if r.doc.default {
+            if let Some(other) = default {
+                return Err(invalid(
+                    format!("rule {:?}.default", r.doc.name),
+                    format!("rule {other:?} is already the default rule"),
+                ));
+            }
+            default = Some(&r.doc.name);
+        }
+    }
+    Ok(())
+}
+
+fn parse_addr(field: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    s.parse()
+        .map_err(|_| invalid(field, format!("{s:?} is not an ip:port socket address")))
+}
+
+impl RuleSpec {
+    /// Validates one rule document; `at` prefixes field names in errors.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`].
+    pub fn validate(doc: RuleDoc, at: &str) -> Result<Self, ConfigError> {
+        let f = |name: &str| format!("{at}.{name}");
+        if doc.name.is_empty()
+            || !doc
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(invalid(
+                f("name"),
+                format!(
+                    "{:?} must be non-empty ASCII letters, digits, '-', '_' or '.'",
+                    doc.name
+                ),
+            ));
+        }
+        if doc.models.is_empty() && !doc.default {
+            return Err(invalid(
+                f("models"),
+                "a rule needs at least one model slug or `default = true`",
+            ));
+        }
+        let choice = match doc.choice.as_str() {
+            "kv_exact" => Choice::KvExact,
+            "round_robin" => Choice::RoundRobin,
+            "content_affinity" => Choice::ContentAffinity,
+            other => {
+                return Err(invalid(
+                    f("choice"),
+                    format!(
+                    "unknown choice {other:?}; expected kv_exact, round_robin or content_affinity"
+                ),
+                ))
+            }
+        };
+        let topology = match doc.topology.as_str() {
+            "converged" => Topology::Converged,
+            "prefill_decode" => Topology::PrefillDecode,
+            other => {
+                return Err(invalid(
+                    f("topology"),
+                    format!("unknown topology {other:?}; expected converged or prefill_decode"),
+                ))
+            }
+        };
+        let scorer = match doc.scorer.as_str() {
+            "overlap_count" => Scorer::OverlapCount,
+            "longest_prefix" => Scorer::LongestPrefix,
+            "load_aware" => Scorer::LoadAware(LoadAwareConfig::default()),
+            other => {
+                return Err(invalid(
+                    f("scorer"),
+                    format!("unknown scorer {other:?}; expected overlap_count, longest_prefix or load_aware"),
+                ))
+            }
+        };
+        let selector = match doc.selector.as_str() {
+            "round_robin" => SelectorKind::RoundRobin,
+            "least_load" => SelectorKind::LeastLoad,
+            "p2c" => SelectorKind::PowerOfTwoChoices,
+            "chwbl" => SelectorKind::Chwbl,
+            "random" => SelectorKind::Random,
+            "weighted" => SelectorKind::Weighted,
+            other => {
+                return Err(invalid(
+                    f("selector"),
+                    format!("unknown selector {other:?}; expected round_robin, least_load, p2c, chwbl, random or weighted"),
+                ))
+            }
+        };
+        let contract = match (&doc.contract, choice) {
+            (Some(c), _) => Some(c.parse::<HashContract>().map_err(|e| {
+                invalid(f("contract"), format!("{c:?}: {e}"))
+            })?),
+            (None, Choice::KvExact) => {
+                return Err(invalid(
+                    f("contract"),
+                    "a kv_exact rule needs a hash contract, e.g. \"vllm@0.33.0:sha256_cbor:block=16:seed=0\" (there is no default)",
+                ))
+            }
+            (None, _) => None,
+        };
+        if let Some(c) = &contract {
+            c.hasher()
+                .map_err(|e| invalid(f("contract"), format!("cannot hash with {c}: {e}")))?;
+        }
+        if doc.endpoints.is_empty() {
+            return Err(invalid(
+                f("endpoints"),
+                "a rule needs at least one endpoint",
+            ));
+        }
+        let mut urls = BTreeSet::new();
+        let mut endpoints = Vec::new();
+        for (i, e) in doc.endpoints.iter().enumerate() {
+            let at = format!("{at}.endpoints[{i}]");
+            let spec = EndpointSpec::validate(e, &at, choice)?;
+            if !urls.insert(spec.base.to_string()) {
+                return Err(invalid(
+                    format!("{at}.url"),
+                    format!("{} is listed twice in this rule", e.url),
+                ));
+            }
+            endpoints.push(spec);
+        }
+        if topology == Topology::PrefillDecode {
+            if !endpoints.iter().any(|e| e.role.can_prefill())
+                || !endpoints.iter().any(|e| e.role.can_decode())
+            {
+                return Err(invalid(
+                    f("endpoints"),
+                    "a prefill_decode rule needs at least one prefill and one decode endpoint",
+                ));
+            }
+        } else if endpoints.iter().any(|e| e.role != Role::Both) {
+            return Err(invalid(
+                f("endpoints"),
+                "endpoint roles prefill/decode need topology = \"prefill_decode\"",
+            ));
+        }
+        if choice == Choice::KvExact
+            && !endpoints
+                .iter()
+                .any(|e| e.role.can_prefill() && !e.events.is_empty())
+        {
+            return Err(invalid(
+                f("endpoints"),
+                "a kv_exact rule needs at least one prefill-capable endpoint with a `zmq` KV-event endpoint",
+            ));
+        }
+        if let (Some(n), true) = (doc.min_overlap_blocks, choice == Choice::KvExact) {
+            if n == 0 {
+                return Err(invalid(f("min_overlap_blocks"), "must be at least 1"));
+            }
+        }
+        Ok(Self {
+            doc,
+            choice,
+            topology,
+            contract,
+            scorer,
+            selector,
+            endpoints,
+        })
+    }
+}
+
+impl EndpointSpec {
+    fn validate(e: &EndpointDoc, at: &str, choice: Choice) -> Result<Self, ConfigError> {
+        let f = |name: &str| format!("{at}.{name}");
+        let uri: Uri = e
+            .url
+            .parse()
+            .map_err(|_| invalid(f("url"), format!("{:?} is not a URL", e.url)))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(invalid(
+                f("url"),
+                format!("{:?}: only http:// upstreams are supported", e.url),
+            ));
+        }
+        let Some(authority) = uri.authority().cloned() else {
+            return Err(invalid(f("url"), format!("{:?} has no host:port", e.url)));
+        };
+        if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
+            return Err(invalid(
+                f("url"),
+                format!("{:?}: give the server's base URL (no path)", e.url),
+            ));
+        }
+        let base = Uri::builder()
+            .scheme("http")
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|err| invalid(f("url"), err.to_string()))?;
+        let role = match e.role.as_str() {
+            "both" => Role::Both,
+            "prefill" => Role::Prefill,
+            "decode" => Role::Decode,
+            other => {
+                return Err(invalid(
+                    f("role"),
+                    format!("unknown role {other:?}; expected both, prefill or decode"),
+                ))
+            }
+        };
+        let engine = match e.engine.as_str() {
+            "vllm" => EngineKind::Vllm,
+            "sglang" => EngineKind::Sglang,
+            "trtllm" => EngineKind::TensorRtLlm,
+            "llama.cpp" | "llamacpp" => EngineKind::LlamaCpp,
+            other => {
+                return Err(invalid(
+                    f("engine"),
+                    format!("unknown engine {other:?}; expected vllm, sglang, trtllm or llama.cpp"),
+                ))
+            }
+        };
+        if choice == Choice::KvExact && role.can_prefill() {
+            kvroute_engines::transport::require_kv_events(engine)
+                .map_err(|err| invalid(f("engine"), err.to_string()))?;
+        }
+        if e.dp_ranks == 0 {
+            return Err(invalid(f("dp_ranks"), "must be at least 1"));
+        }
+        let mut events = Vec::new();
+        if let Some(zmq) = &e.zmq {
+            if engine == EngineKind::TensorRtLlm {
+                return Err(invalid(
+                    f("zmq"),
+                    "TensorRT-LLM publishes no ZeroMQ events (its /kv_cache_events drain is not supported by `kvroute serve` yet)",
+                ));
+            }
+            let host = authority.host();
+            for rank in 0..e.dp_ranks {
+                let sub =
+                    kvroute_engines::transport::ZmqEndpoint::for_engine(engine, zmq, host, rank)
+                        .map_err(|err| invalid(f("zmq"), err.to_string()))?;
+                let replay = match &e.replay {
+                    Some(r) => {
+                        let shifted =
+                            kvroute_engines::transport::endpoint::offset_endpoint_port(r, rank)
+                                .map_err(|err| invalid(f("replay"), err.to_string()))?;
+                        Some(shifted.replace("tcp://*:", &format!("tcp://{host}:")))
+                    }
+                    None => None,
+                };
+                events.push(EventSource {
+                    rank,
+                    zmq: sub,
+                    replay,
+                    topic: e.topic.clone(),
+                });
+            }
+        } else if e.replay.is_some() {
+            return Err(invalid(f("replay"), "a replay endpoint needs `zmq` too"));
+        }
+        Ok(Self {
+            url: e.url.clone(),
+            base,
+            role,
+            engine,
+            events,
+            weight: e.weight,
+            capacity: e.capacity,
+        })
+    }
+}
+
+/// Rule documents as the admin API receives them (JSON with the same fields).
+///
+/// # Errors
+/// [`ConfigError::Syntax`] for JSON that does not match, else validation errors.
+pub fn rule_from_json(body: &[u8]) -> Result<RuleSpec, ConfigError> {
+    let doc: RuleDoc =
+        serde_json::from_slice(body).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+    RuleSpec::validate(doc, "rule")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config")
+    }
+
+    #[test]
+    fn shipped_example_configs_are_valid() {
+        for name in ["converged.toml", "pd.toml"] {
+            let c = ServeConfig::load(&config_dir().join(name))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(c.rules.len(), 1, "{name}");
+            assert!(c.admin_listen.ip().is_loopback(), "{name}");
+            let rule = &c.rules[0];
+            assert_eq!(rule.choice, Choice::KvExact);
+            // `tcp://*:P` means the engine binds: we dial its host.
+            let ev = &rule.endpoints[0].events[0];
+            assert_eq!(ev.zmq.address, "tcp://127.0.0.1:5557");
+            assert_eq!(ev.replay.as_deref(), Some("tcp://127.0.0.1:5558"));
+        }
+        let pd = ServeConfig::load(&config_dir().join("pd.toml")).unwrap();
+        assert_eq!(pd.rules[0].topology, Topology::PrefillDecode);
+        assert!(pd.rules[0].endpoints[2].events.is_empty());
+    }
+
+    fn rule_error(doc: &str) -> String {
+        let text = format!("listen = \"127.0.0.1:0\"\n[[rules]]\n{doc}");
+        ServeConfig::from_toml(&text, Path::new("."))
+            .map(|_| String::new())
+            .unwrap_or_else(|e| e.to_string())
+    }
+
+    #[test]
+    fn invalid_rules_name_the_field_at_fault() {
+        let ep = "[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\nzmq = \"tcp://*:5557\"\n";
+        let cases = [
+            (format!("name = \"r\"\nmodels = [\"m\"]\n{ep}"), "rules[0].contract"),
+            (
+                format!("name = \"r\"\nmodels = [\"m\"]\ncontract = \"vllm@0.33.0:nope:block=16\"\n{ep}"),
+                "rules[0].contract",
+            ),
+            (
+                format!("name = \"r\"\nmodels = [\"m\"]\nchoice = \"magic\"\n{ep}"),
+                "rules[0].choice",
+            ),
+            (format!("name = \"bad name\"\nmodels = [\"m\"]\n{ep}"), "rules[0].name"),
+            (
+                "name = \"r\"\nmodels = [\"m\"]\ncontract = \"vllm@0.33.0:sha256_cbor:block=16:seed=0\"\n[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\n".to_owned(),
+                "rules[0].endpoints",
+            ),
+            (
+                "name = \"r\"\nmodels = [\"m\"]\ncontract = \"vllm@0.33.0:sha256_cbor:block=16:seed=0\"\n[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\nengine = \"llama.cpp\"\nzmq = \"tcp://*:1\"\n".to_owned(),
+                "content affinity",
+            ),
+            (
+                format!("name = \"r\"\nmodels = [\"m\"]\ntopology = \"prefill_decode\"\ncontract = \"vllm@0.33.0:sha256_cbor:block=16:seed=0\"\n{ep}role = \"prefill\"\n"),
+                "prefill and one decode",
+            ),
+            (
+                "name = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://a:1\"\n[[rules.endpoints]]\nurl = \"http://a:1/\"\n".to_owned(),
+                "listed twice",
+            ),
+        ];
+        for (doc, want) in cases {
+            let err = rule_error(&doc);
+            assert!(err.contains(want), "want {want:?} in {err:?} for\n{doc}");
+        }
+        let two_defaults = "name = \"a\"\ndefault = true\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://a:1\"\n[[rules]]\nname = \"b\"\ndefault = true\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://b:1\"\n";
+        assert!(rule_error(two_defaults).contains("already the default rule"));
+    }
+}

@@ -1,0 +1,479 @@
+//! Prometheus text exposition (format 0.0.4) of the gateway's own counters, the
+//! library's per-rule evidence, subscriber health and inventory sizes.
+//!
+//! Counters live where they are produced (library atomics, subscriber metrics);
+//! `/metrics` reads snapshots, so scraping costs nothing on the request path.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kvroute_select::{MissReason, Role, Source};
+use parking_lot::Mutex;
+
+use super::state::Gateway;
+
+/// Decision-latency bucket bounds, seconds.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0,
+];
+
+/// A fixed-bucket histogram of atomics.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (b, le) in self.buckets.iter().zip(LATENCY_BUCKETS) {
+            if secs <= le {
+                b.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (b, le) in self.buckets.iter().zip(LATENCY_BUCKETS) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {}",
+                b.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        #[allow(clippy::cast_precision_loss)]
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {count}");
+    }
+}
+
+/// Request outcome classes the gateway counts itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    /// Forwarded and answered by an upstream (any status).
+    Proxied,
+    /// Body over the size limit.
+    TooLarge,
+    /// Body not received in time.
+    BodyTimeout,
+    /// No rule serves the request.
+    NoRule,
+    /// No endpoint could be reached.
+    NoEndpoint,
+    /// An upstream failed after the connection (bad gateway).
+    UpstreamError,
+    /// Not under `/v1/`, or a malformed request.
+    Rejected,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Proxied => "proxied",
+            Outcome::TooLarge => "body_too_large",
+            Outcome::BodyTimeout => "body_timeout",
+            Outcome::NoRule => "no_rule",
+            Outcome::NoEndpoint => "no_endpoint",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::Rejected => "rejected",
+        }
+    }
+}
+
+/// The tier label of a decision source.
+#[must_use]
+pub fn tier_label(source: Source) -> &'static str {
+    match source {
+        Source::SessionAffinity => "session_affinity",
+        Source::TrieAffinity => "trie_affinity",
+        Source::KvExact => "kv_exact",
+        Source::Fallback(_) => "fallback",
+        Source::Exhausted => "exhausted",
+    }
+}
+
+/// Counters the gateway keeps beside the library's.
+#[derive(Debug, Default)]
+pub struct GatewayMetrics {
+    outcomes: Mutex<BTreeMap<(String, Outcome), u64>>,
+    tiers: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Time from body received to decision (parse, tokenize, hash, decide).
+    pub decision_latency: Histogram,
+    /// P/D prefill legs sent.
+    pub prefill_requests: AtomicU64,
+    /// Upstream responses aborted mid-body (engine died, idle timeout).
+    pub aborted_streams: AtomicU64,
+    /// Active health probes that failed.
+    pub probe_failures: AtomicU64,
+}
+
+impl GatewayMetrics {
+    /// Counts one request outcome for `rule` (`""` when none).
+    pub fn outcome(&self, rule: &str, outcome: Outcome) {
+        *self
+            .outcomes
+            .lock()
+            .entry((rule.to_owned(), outcome))
+            .or_default() += 1;
+    }
+
+    /// Counts one decision by tier.
+    pub fn tier(&self, rule: &str, source: Source) {
+        *self
+            .tiers
+            .lock()
+            .entry((rule.to_owned(), tier_label(source)))
+            .or_default() += 1;
+    }
+
+    /// Decisions of `rule` made by `tier` so far.
+    #[must_use]
+    pub fn tier_count(&self, rule: &str, tier: &str) -> u64 {
+        self.tiers
+            .lock()
+            .iter()
+            .filter(|((r, t), _)| r == rule && *t == tier)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+}
+
+/// Escapes a label value.
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn role_label(r: Role) -> &'static str {
+    match r {
+        Role::Prefill => "prefill",
+        Role::Decode => "decode",
+        Role::Both => "both",
+    }
+}
+
+/// Subscriber metric families, in the order `render` fills them.
+const SUBSCRIBER_METRICS: [(&str, &str, &str); 8] = [
+    (
+        "kvroute_subscriber_connected",
+        "gauge",
+        "1 while the KV-event subscriber has its engine connected.",
+    ),
+    (
+        "kvroute_subscriber_events_applied_total",
+        "counter",
+        "KV events applied to the inventory.",
+    ),
+    (
+        "kvroute_subscriber_gaps_total",
+        "counter",
+        "Sequence gaps seen.",
+    ),
+    (
+        "kvroute_subscriber_clears_total",
+        "counter",
+        "Inventory clears (gap beyond window, restart, AllBlocksCleared).",
+    ),
+    (
+        "kvroute_subscriber_restarts_total",
+        "counter",
+        "Engine restarts detected.",
+    ),
+    (
+        "kvroute_subscriber_decode_errors_total",
+        "counter",
+        "Event payloads that did not decode.",
+    ),
+    (
+        "kvroute_subscriber_dial_failures_total",
+        "counter",
+        "Failed dials or binds.",
+    ),
+    (
+        "kvroute_subscriber_replays_total",
+        "counter",
+        "Replay requests sent.",
+    ),
+];
+
+/// Renders every metric.
+#[must_use]
+pub fn render(gw: &Gateway) -> String {
+    let mut out = String::with_capacity(16 << 10);
+    let m = &gw.metrics;
+    let rules = gw.rules_snapshot();
+
+    header(
+        &mut out,
+        "kvroute_requests_total",
+        "counter",
+        "Requests by rule and outcome.",
+    );
+    for ((rule, o), n) in m.outcomes.lock().iter() {
+        let _ = writeln!(
+            out,
+            "kvroute_requests_total{{rule=\"{}\",outcome=\"{}\"}} {n}",
+            esc(rule),
+            o.label()
+        );
+    }
+    header(
+        &mut out,
+        "kvroute_decisions_total",
+        "counter",
+        "Routing decisions by rule and ladder tier.",
+    );
+    for ((rule, tier), n) in m.tiers.lock().iter() {
+        let _ = writeln!(
+            out,
+            "kvroute_decisions_total{{rule=\"{}\",tier=\"{tier}\"}} {n}",
+            esc(rule)
+        );
+    }
+    header(
+        &mut out,
+        "kvroute_decision_latency_seconds",
+        "histogram",
+        "Body received to decision: parse, tokenize, hash, decide.",
+    );
+    m.decision_latency
+        .render(&mut out, "kvroute_decision_latency_seconds", "");
+    header(
+        &mut out,
+        "kvroute_prefill_requests_total",
+        "counter",
+        "P/D prefill legs sent.",
+    );
+    let _ = writeln!(
+        out,
+        "kvroute_prefill_requests_total {}",
+        m.prefill_requests.load(Ordering::Relaxed)
+    );
+    header(
+        &mut out,
+        "kvroute_aborted_streams_total",
+        "counter",
+        "Upstream bodies that failed mid-stream.",
+    );
+    let _ = writeln!(
+        out,
+        "kvroute_aborted_streams_total {}",
+        m.aborted_streams.load(Ordering::Relaxed)
+    );
+    header(
+        &mut out,
+        "kvroute_probe_failures_total",
+        "counter",
+        "Failed active health probes.",
+    );
+    let _ = writeln!(
+        out,
+        "kvroute_probe_failures_total {}",
+        m.probe_failures.load(Ordering::Relaxed)
+    );
+
+    let mut hits = String::new();
+    let mut misses = String::new();
+    let mut retries = String::new();
+    let mut exhausted = String::new();
+    let mut predicted = String::new();
+    let mut delivered = String::new();
+    let mut receipts = String::new();
+    let mut drift = String::new();
+    let mut inventory = String::new();
+    let mut subs: [String; SUBSCRIBER_METRICS.len()] = Default::default();
+    let mut breaker = String::new();
+    let mut inflight = String::new();
+    let mut contract = String::new();
+    let now = gw.now();
+    for rt in &rules {
+        let rule = esc(&rt.spec.doc.name);
+        let snap = rt.rule.counters().snapshot();
+        for reason in MissReason::ALL {
+            let _ = writeln!(
+                misses,
+                "kvroute_kv_misses_total{{rule=\"{rule}\",reason=\"{}\"}} {}",
+                reason.label(),
+                snap.misses_for(reason)
+            );
+        }
+        let _ = writeln!(
+            retries,
+            "kvroute_retries_total{{rule=\"{rule}\"}} {}",
+            snap.retries
+        );
+        let _ = writeln!(
+            exhausted,
+            "kvroute_exhausted_total{{rule=\"{rule}\"}} {}",
+            snap.exhausted
+        );
+        let _ = writeln!(
+            contract,
+            "kvroute_contract_attestations_total{{rule=\"{rule}\",result=\"match\"}} {}\nkvroute_contract_attestations_total{{rule=\"{rule}\",result=\"mismatch\"}} {}",
+            rt.inventory.attestation.matched.load(Ordering::Relaxed),
+            rt.inventory.attestation.mismatched.load(Ordering::Relaxed)
+        );
+        for (i, (ep, ev)) in rt.endpoints.iter().zip(&snap.endpoints).enumerate() {
+            let l = format!(
+                "rule=\"{rule}\",endpoint=\"{}\",role=\"{}\"",
+                esc(&ep.spec.url),
+                role_label(ep.spec.role)
+            );
+            let _ = writeln!(hits, "kvroute_kv_hits_total{{{l}}} {}", ev.hits);
+            let _ = writeln!(
+                predicted,
+                "kvroute_predicted_cached_tokens_total{{{l}}} {}",
+                ev.predicted_tokens
+            );
+            let _ = writeln!(
+                delivered,
+                "kvroute_delivered_cached_tokens_total{{{l}}} {}",
+                ev.delivered_tokens
+            );
+            let _ = writeln!(receipts, "kvroute_receipts_total{{{l}}} {}", ev.receipts);
+            let _ = writeln!(
+                drift,
+                "kvroute_contract_drift_alarm{{{l}}} {}",
+                u8::from(ev.drift_alarm)
+            );
+            let _ = writeln!(
+                inventory,
+                "kvroute_inventory_blocks{{{l}}} {}",
+                rt.inventory.blocks(i)
+            );
+            let _ = writeln!(inflight, "kvroute_in_flight{{{l}}} {}", ep.in_flight());
+            let _ = writeln!(
+                breaker,
+                "kvroute_endpoint_available{{{l}}} {}",
+                u8::from(rt.is_available(i, now))
+            );
+            for (src, s) in ep.spec.events.iter().zip(&ep.subscribers) {
+                let s = s.snapshot();
+                let sl = format!("{l},rank=\"{}\"", src.rank);
+                let values = [
+                    u64::from(s.connected),
+                    s.events_applied,
+                    s.gaps,
+                    s.clears,
+                    s.restarts,
+                    s.decode_errors,
+                    s.dial_failures,
+                    s.replays_requested,
+                ];
+                for (body, v) in subs.iter_mut().zip(values) {
+                    let _ = writeln!(body, "{{{sl}}} {v}");
+                }
+            }
+        }
+    }
+    for (name, kind, help, body) in [
+        (
+            "kvroute_kv_hits_total",
+            "counter",
+            "KV-exact decisions with a predicted overlap, per endpoint.",
+            &hits,
+        ),
+        (
+            "kvroute_kv_misses_total",
+            "counter",
+            "KV-exact misses by reason.",
+            &misses,
+        ),
+        (
+            "kvroute_retries_total",
+            "counter",
+            "Retries after upstream connect failures.",
+            &retries,
+        ),
+        (
+            "kvroute_exhausted_total",
+            "counter",
+            "Decisions or retries that found no eligible endpoint.",
+            &exhausted,
+        ),
+        (
+            "kvroute_predicted_cached_tokens_total",
+            "counter",
+            "Cached tokens the decision predicted, over receipts.",
+            &predicted,
+        ),
+        (
+            "kvroute_delivered_cached_tokens_total",
+            "counter",
+            "Cached tokens the engine reported (usage.prompt_tokens_details.cached_tokens).",
+            &delivered,
+        ),
+        (
+            "kvroute_receipts_total",
+            "counter",
+            "Responses that carried a cached-token receipt.",
+            &receipts,
+        ),
+        (
+            "kvroute_contract_drift_alarm",
+            "gauge",
+            "1 while predicted hits keep delivering zero cached tokens.",
+            &drift,
+        ),
+        (
+            "kvroute_contract_attestations_total",
+            "counter",
+            "Root KV batches re-hashed with the rule's contract.",
+            &contract,
+        ),
+        (
+            "kvroute_inventory_blocks",
+            "gauge",
+            "Blocks in the endpoint's inventory (all DP ranks).",
+            &inventory,
+        ),
+        (
+            "kvroute_in_flight",
+            "gauge",
+            "Requests in flight per endpoint.",
+            &inflight,
+        ),
+        (
+            "kvroute_endpoint_available",
+            "gauge",
+            "1 when the endpoint is eligible (admin up, breaker not open).",
+            &breaker,
+        ),
+    ] {
+        header(&mut out, name, kind, help);
+        out.push_str(body);
+    }
+    for ((name, kind, help), body) in SUBSCRIBER_METRICS.iter().zip(&subs) {
+        header(&mut out, name, kind, help);
+        for line in body.lines() {
+            let _ = writeln!(out, "{name}{line}");
+        }
+    }
+    out
+}

@@ -1,0 +1,241 @@
+//! `kvroute serve --config FILE`: the HTTP full proxy for the OpenAI API with
+//! KV-cache-aware routing, its admin API and Prometheus metrics.
+//!
+//! | module | role |
+//! |---|---|
+//! | [`config`] | TOML file + admin rule documents → validated specs |
+//! | [`state`] | rule table, library rules, per-endpoint load / breakers |
+//! | [`inventory`] | KV-event sinks and the per-rule inventory view |
+//! | [`proxy`] | `/v1/*`: body → tokens → decision → upstream |
+//! | [`upstream`] | client, header hygiene, streaming tee with receipts |
+//! | [`pd`] | vLLM disaggregated two-step bodies |
+//! | [`health`] | active probes feeding the breakers |
+//! | [`admin`] | REST admin API + `/metrics` |
+//! | [`metrics`] | Prometheus exposition |
+//!
+//! Security posture: the admin API binds loopback unless told otherwise (then a
+//! token is mandatory); requests go only to configured upstreams (the client's
+//! `Host` and absolute-URI targets are ignored); bodies are size- and
+//! time-limited; headers have a read timeout; secrets (the admin token, client
+//! `Authorization`) are never logged.
+
+pub mod admin;
+pub mod config;
+pub mod health;
+pub mod inventory;
+pub mod metrics;
+pub mod pd;
+pub mod proxy;
+pub mod state;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use config::ServeConfig;
+pub use state::Gateway;
+
+/// `kvroute serve` options.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (see examples/gateway/config/).
+    #[arg(long)]
+    pub config: PathBuf,
+}
+
+/// A started gateway.
+pub struct Running {
+    /// Bound proxy address.
+    pub proxy: SocketAddr,
+    /// Bound admin address.
+    pub admin: SocketAddr,
+    /// The shared state.
+    pub gateway: Arc<Gateway>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight requests finish (up to the grace period),
+    /// then stops subscribers and probes.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.gateway.stop_all();
+    }
+}
+
+/// Binds both listeners and starts serving on the current runtime.
+///
+/// # Errors
+/// A listener that cannot be bound or a rule the library refuses.
+pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
+    let gateway = Gateway::start(config)?;
+    for slug in gateway.models.clone() {
+        let gw = Arc::clone(&gateway);
+        // Warm the tokenizer so the first request does not pay the load.
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = gw.tokenizers.get(&slug) {
+                tracing::warn!(model = %slug, error = %e, "tokenizer not usable");
+            }
+        });
+    }
+    let proxy_listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding proxy listener {}", config.listen))?;
+    let admin_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("binding admin listener {}", config.admin_listen))?;
+    let proxy = proxy_listener.local_addr()?;
+    let admin = admin_listener.local_addr()?;
+    let proxy_router = Router::new()
+        .fallback(proxy::handle)
+        .with_state(Arc::clone(&gateway));
+    let admin_router = admin::router(Arc::clone(&gateway));
+    let (shutdown, _) = watch::channel(false);
+    let header_timeout = config.limits.header_read_timeout();
+    let grace = Duration::from_millis(config.limits.shutdown_grace_ms);
+    let tasks = vec![
+        tokio::spawn(serve(
+            proxy_listener,
+            proxy_router,
+            header_timeout,
+            shutdown.subscribe(),
+            grace,
+        )),
+        tokio::spawn(serve(
+            admin_listener,
+            admin_router,
+            header_timeout,
+            shutdown.subscribe(),
+            grace,
+        )),
+    ];
+    tracing::info!(%proxy, %admin, rules = gateway.rules_snapshot().len(), "kvroute serve up");
+    Ok(Running {
+        proxy,
+        admin,
+        gateway,
+        shutdown,
+        tasks,
+    })
+}
+
+/// Accepts connections until `stop`, then drains them for at most `grace`.
+async fn serve(
+    listener: TcpListener,
+    router: Router,
+    header_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let service = TowerToHyperService::new(router.clone());
+                let conn = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown grace period over; closing remaining connections");
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Runs `kvroute serve` until SIGINT / SIGTERM.
+pub fn run(args: &ServeArgs) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let config = match ServeConfig::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kvroute serve: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kvroute serve: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let running = match start(&config).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("kvroute serve: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
+        // Tests and scripts read the bound addresses from this line.
+        println!(
+            "kvroute serve: proxy=http://{} admin=http://{}",
+            running.proxy, running.admin
+        );
+        shutdown_signal().await;
+        println!("kvroute serve: shutting down");
+        running.shutdown().await;
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,74 @@
+//! vLLM's disaggregated two-step, as its reference proxy does it: the prefill
+//! endpoint gets the request with `kv_transfer_params.do_remote_decode = true`,
+//! `max_tokens = 1` and no streaming; the decode endpoint then gets the original
+//! request carrying the `kv_transfer_params` the prefill answered with.
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+/// The prefill leg's body, or `None` when the request is not a JSON object.
+#[must_use]
+pub fn prefill_body(original: &[u8]) -> Option<Bytes> {
+    let mut v: Map<String, Value> = serde_json::from_slice(original).ok()?;
+    v.insert(
+        "kv_transfer_params".into(),
+        json!({
+            "do_remote_decode": true,
+            "do_remote_prefill": false,
+            "remote_engine_id": null,
+            "remote_block_ids": null,
+            "remote_host": null,
+            "remote_port": null,
+        }),
+    );
+    v.insert("max_tokens".into(), json!(1));
+    if v.contains_key("max_completion_tokens") {
+        v.insert("max_completion_tokens".into(), json!(1));
+    }
+    v.insert("stream".into(), json!(false));
+    v.remove("stream_options");
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+/// The prefill answer's `kv_transfer_params`, if any.
+#[must_use]
+pub fn transfer_params(prefill_response: &[u8]) -> Option<Value> {
+    let v: Value = serde_json::from_slice(prefill_response).ok()?;
+    v.get("kv_transfer_params")
+        .filter(|p| !p.is_null())
+        .cloned()
+}
+
+/// The decode leg's body: the original request with the prefill's parameters.
+#[must_use]
+pub fn decode_body(original: &[u8], params: Option<&Value>) -> Option<Bytes> {
+    let Some(params) = params else {
+        return Some(Bytes::copy_from_slice(original));
+    };
+    let mut v: Map<String, Value> = serde_json::from_slice(original).ok()?;
+    v.insert("kv_transfer_params".into(), params.clone());
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_asks_for_one_token_without_streaming_and_decode_carries_the_answer() {
+        let original = br#"{"model":"m","prompt":"hi","max_tokens":50,"stream":true,"stream_options":{"include_usage":true}}"#;
+        let p: Value = serde_json::from_slice(&prefill_body(original).unwrap()).unwrap();
+        assert_eq!(p["max_tokens"], 1);
+        assert_eq!(p["stream"], false);
+        assert!(p.get("stream_options").is_none());
+        assert_eq!(p["kv_transfer_params"]["do_remote_decode"], true);
+        let answer = br#"{"kv_transfer_params":{"do_remote_prefill":true,"remote_port":9}}"#;
+        let params = transfer_params(answer);
+        let d: Value =
+            serde_json::from_slice(&decode_body(original, params.as_ref()).unwrap()).unwrap();
+        assert_eq!(d["max_tokens"], 50);
+        assert_eq!(d["stream"], true);
+        assert_eq!(d["kv_transfer_params"]["remote_port"], 9);
+        assert!(prefill_body(b"not json").is_none());
+    }
+}

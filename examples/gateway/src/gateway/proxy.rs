@@ -1,0 +1,551 @@
+//! The OpenAI proxy: body read once (size limit, read timeout) → prompt tokens for
+//! the rule's model → the library's decision → the chosen upstream (P/D: the
+//! two-step), retry with exclusion on connect failure → response streamed back.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use kvroute_core::TokenId;
+use kvroute_engines::prompt::{self, pyvalue, request, Endpoint as ApiEndpoint, PromptMiss};
+use kvroute_select::{
+    route, Availability, ConnectFailure, Decision, Endpoint, Health, Leg, Load, MissBeforeKeys,
+    PromptInput, Proxy, Request as SelectRequest, RouteError, Target,
+};
+
+use super::metrics::Outcome;
+use super::pd;
+use super::state::{Gateway, RuleRuntime};
+use super::upstream::{read_small, TeeBody, UpstreamError};
+
+/// Session header for P/D session affinity.
+const SESSION_HEADER: &str = "x-session-id";
+/// Largest prefill answer read (it carries one token and the transfer params).
+const PREFILL_ANSWER_CAP: usize = 1 << 20;
+
+/// An OpenAI-style error response.
+pub fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({"error": {"message": message.into(), "type": kind, "code": status.as_u16()}});
+    (status, axum::Json(body)).into_response()
+}
+
+/// The prompt as far as the gateway got.
+struct Prompt {
+    model: Option<String>,
+    tokens: Result<Vec<TokenId>, MissBeforeKeys>,
+    text: Option<String>,
+}
+
+fn miss_of(m: &PromptMiss) -> MissBeforeKeys {
+    match m {
+        PromptMiss::NotJson(_) => MissBeforeKeys::NotJson,
+        PromptMiss::NoModel => MissBeforeKeys::NoModel,
+        PromptMiss::UnknownModel(_) | PromptMiss::ModelLoad { .. } => MissBeforeKeys::NoTokenizer,
+        _ => MissBeforeKeys::TokenizeError,
+    }
+}
+
+/// Parses and tokenizes (on the blocking pool: tokenizing a long prompt is
+/// CPU work). Never fails: every problem is a typed miss.
+async fn tokenize(gw: &Arc<Gateway>, api: Option<ApiEndpoint>, body: &Bytes) -> Prompt {
+    let gw2 = Arc::clone(gw);
+    let body2 = body.clone();
+    let job = tokio::task::spawn_blocking(move || {
+        let value = match pyvalue::parse_json(&body2) {
+            Ok(v) => v,
+            Err(_) => {
+                return Prompt {
+                    model: None,
+                    tokens: Err(MissBeforeKeys::NotJson),
+                    text: None,
+                }
+            }
+        };
+        let model = request::model_of(&value).map(str::to_owned);
+        let Some(m) = &model else {
+            return Prompt {
+                model,
+                tokens: Err(MissBeforeKeys::NoModel),
+                text: None,
+            };
+        };
+        let Some(api) = api else {
+            return Prompt {
+                model,
+                tokens: Err(MissBeforeKeys::EmptyPrompt),
+                text: None,
+            };
+        };
+        let tokens = gw2
+            .tokenizers
+            .get(m)
+            .and_then(|tok| prompt::prompt_tokens(&tok, api, &value));
+        match tokens {
+            Ok(p) => {
+                let first = p.engine_prompts.into_iter().next();
+                let (ids, text) = first.map_or((Vec::new(), None), |e| (e.token_ids, e.rendered));
+                let tokens = if ids.is_empty() {
+                    Err(MissBeforeKeys::EmptyPrompt)
+                } else if ids.len() > gw2.limits.max_prompt_tokens {
+                    tracing::debug!(
+                        tokens = ids.len(),
+                        "prompt over max_prompt_tokens: not routed by KV"
+                    );
+                    Err(MissBeforeKeys::TokenizeError)
+                } else {
+                    Ok(ids)
+                };
+                Prompt {
+                    model,
+                    tokens,
+                    text,
+                }
+            }
+            Err(e) => {
+                tracing::debug!(kind = e.kind(), "no prompt tokens");
+                Prompt {
+                    model,
+                    tokens: Err(miss_of(&e)),
+                    text: None,
+                }
+            }
+        }
+    });
+    job.await.unwrap_or(Prompt {
+        model: None,
+        tokens: Err(MissBeforeKeys::TokenizeError),
+        text: None,
+    })
+}
+
+/// Reads the body once: Content-Length checked first, then a bounded,
+/// time-limited collect.
+async fn read_body(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    let limit = gw.limits.max_body_bytes;
+    let declared = headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("request body exceeds {limit} bytes"),
+        )
+    };
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match tokio::time::timeout(
+        gw.limits.body_read_timeout(),
+        Limited::new(body, limit).collect(),
+    )
+    .await
+    {
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(_)) => Err(error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "request body could not be read",
+        )),
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "request body not received in time",
+        )),
+    }
+}
+
+/// The proxy handler for everything under `/v1/`.
+pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Response {
+    let (parts, body) = req.into_parts();
+    // Only the path and query are used: neither `Host` nor an absolute-URI
+    // request target can choose the upstream.
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    if !parts.uri.path().starts_with("/v1/") {
+        gw.metrics.outcome("", Outcome::Rejected);
+        return error(StatusCode::NOT_FOUND, "not_found", "only /v1/* is proxied");
+    }
+    let body = match read_body(&gw, &parts.headers, body).await {
+        Ok(b) => b,
+        Err(resp) => {
+            let outcome = if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                Outcome::TooLarge
+            } else if resp.status() == StatusCode::REQUEST_TIMEOUT {
+                Outcome::BodyTimeout
+            } else {
+                Outcome::Rejected
+            };
+            gw.metrics.outcome("", outcome);
+            return resp;
+        }
+    };
+    let started = Instant::now();
+    let api = if parts.method == Method::POST {
+        match parts.uri.path().trim_end_matches('/') {
+            "/v1/completions" => Some(ApiEndpoint::Completions),
+            "/v1/chat/completions" => Some(ApiEndpoint::Chat),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let prompt = if body.is_empty() {
+        Prompt {
+            model: None,
+            tokens: Err(MissBeforeKeys::NoModel),
+            text: None,
+        }
+    } else {
+        tokenize(&gw, api, &body).await
+    };
+    let Some(rt) = gw.rule_for_model(prompt.model.as_deref()) else {
+        gw.metrics.outcome("", Outcome::NoRule);
+        let msg = match &prompt.model {
+            Some(m) => format!("no rule serves model {m:?} and there is no default rule"),
+            None => "the request names no model and there is no default rule".to_owned(),
+        };
+        return error(StatusCode::NOT_FOUND, "no_route", msg);
+    };
+    let session = parts
+        .headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let input = match &prompt.tokens {
+        Ok(ids) => PromptInput::Tokens(ids),
+        Err(m) => PromptInput::Missing(*m),
+    };
+    let mut sreq = SelectRequest::new(input);
+    if let Some(s) = &session {
+        sreq = sreq.with_session(s);
+    }
+    if let Some(t) = &prompt.text {
+        sreq = sreq.with_text(t);
+    }
+    let host = Host {
+        gw: &gw,
+        rt: &rt,
+        started,
+    };
+    let mut ctx = Ctx {
+        method: parts.method.clone(),
+        path_and_query,
+        headers: parts.headers.clone(),
+        body,
+        prefill: None,
+        failures: Vec::new(),
+    };
+    let routed = route(&host, &rt.rule, &*rt.inventory, &sreq, &mut ctx).await;
+    let name = rt.spec.doc.name.clone();
+    match routed {
+        Ok(r) => {
+            gw.metrics.outcome(&name, Outcome::Proxied);
+            respond(&gw, &rt, r.connection, r.decision)
+        }
+        Err(RouteError::NoEndpoint { decision }) => {
+            gw.metrics.outcome(&name, Outcome::NoEndpoint);
+            let reason = unavailable_reason(&gw, &rt, &decision, &ctx.failures);
+            tracing::warn!(rule = %name, %reason, "no endpoint");
+            error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason)
+        }
+        Err(RouteError::ConnectFailed { error: e, .. }) => {
+            gw.metrics.outcome(&name, Outcome::UpstreamError);
+            tracing::warn!(rule = %name, error = %e, "upstream failed");
+            error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string())
+        }
+    }
+}
+
+/// "no eligible endpoint" with the why, per endpoint.
+fn unavailable_reason(
+    gw: &Gateway,
+    rt: &RuleRuntime,
+    d: &Decision,
+    failures: &[(String, String)],
+) -> String {
+    let now = gw.now();
+    let mut parts = Vec::new();
+    for (i, e) in rt.endpoints.iter().enumerate() {
+        let id = kvroute_core::EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
+        let why = if let Some((_, f)) = failures.iter().rev().find(|(u, _)| *u == e.spec.url) {
+            format!("connect failed ({f})")
+        } else {
+            match rt.availability(id, now) {
+                Availability::AdminDown => "admin down".to_owned(),
+                Availability::BreakerOpen => "circuit breaker open".to_owned(),
+                Availability::Available if d.is_excluded(id) => "excluded".to_owned(),
+                Availability::Available => "not eligible for this request".to_owned(),
+            }
+        };
+        parts.push(format!("{}: {why}", e.spec.url));
+    }
+    format!(
+        "rule {:?}: no endpoint available after {} retries [{}]",
+        rt.spec.doc.name,
+        d.retries(),
+        parts.join("; ")
+    )
+}
+
+/// What a successful connect hands back.
+pub struct Connection {
+    response: hyper::Response<Incoming>,
+    /// Cached tokens the prefill leg reported (P/D), recorded as the receipt.
+    prefill_cached: Option<Option<u32>>,
+}
+
+/// Per-request state across connect attempts.
+struct Ctx {
+    method: Method,
+    path_and_query: String,
+    headers: HeaderMap,
+    body: Bytes,
+    /// The prefill leg already done for a P/D target: (endpoint, params, cached).
+    prefill: Option<(
+        kvroute_core::EndpointId,
+        Option<serde_json::Value>,
+        Option<u32>,
+    )>,
+    /// (endpoint url, error) of connect failures, for the 503 reason.
+    failures: Vec<(String, String)>,
+}
+
+struct Host<'a> {
+    gw: &'a Arc<Gateway>,
+    rt: &'a Arc<RuleRuntime>,
+    started: Instant,
+}
+
+impl Load for Host<'_> {
+    fn load(&self, endpoint: kvroute_core::EndpointId) -> kvroute_select::EndpointLoad {
+        self.rt.load(endpoint)
+    }
+}
+
+impl Health for Host<'_> {
+    fn availability(&self, endpoint: kvroute_core::EndpointId, now: Duration) -> Availability {
+        self.rt.availability(endpoint, now)
+    }
+}
+
+fn refused(leg: Leg, e: UpstreamError) -> ConnectFailure<UpstreamError> {
+    ConnectFailure {
+        leg,
+        retryable: e.is_connect(),
+        error: e,
+    }
+}
+
+impl Proxy for Host<'_> {
+    type Ctx = Ctx;
+    type Connection = Connection;
+    type Error = UpstreamError;
+
+    fn now(&self) -> Duration {
+        self.gw.now()
+    }
+
+    fn on_decision(&self, _ctx: &mut Ctx, decision: &Decision) {
+        self.gw
+            .metrics
+            .decision_latency
+            .observe(self.started.elapsed());
+        self.gw
+            .metrics
+            .tier(&self.rt.spec.doc.name, decision.source());
+        tracing::debug!(rule = %self.rt.spec.doc.name, source = ?decision.source(),
+            target = ?decision.target(), miss = ?decision.miss(),
+            predicted_blocks = decision.predicted_blocks(), "decision");
+    }
+
+    fn on_connect_failure(
+        &self,
+        ctx: &mut Ctx,
+        target: Target,
+        failure: &ConnectFailure<UpstreamError>,
+    ) {
+        let id = match failure.leg {
+            Leg::Endpoint => target.endpoint,
+            Leg::Decode => target.decode.unwrap_or(target.endpoint),
+        };
+        if let Some(e) = self.rt.endpoint(id) {
+            e.failure(self.gw.now());
+            tracing::warn!(rule = %self.rt.spec.doc.name, endpoint = %e.spec.url,
+                error = %failure.error, "upstream connect failed; retrying elsewhere");
+            ctx.failures
+                .push((e.spec.url.clone(), failure.error.to_string()));
+        }
+    }
+
+    fn connect(
+        &self,
+        ctx: &mut Ctx,
+        target: Target,
+        _endpoints: &[Endpoint],
+    ) -> impl Future<Output = Result<Connection, ConnectFailure<UpstreamError>>> + Send {
+        let gw = Arc::clone(self.gw);
+        let rt = Arc::clone(self.rt);
+        async move {
+            let Some(main) = rt.endpoint(target.endpoint) else {
+                return Err(refused(
+                    Leg::Endpoint,
+                    UpstreamError::Build("unknown endpoint".into()),
+                ));
+            };
+            let decode = target.decode.and_then(|d| rt.endpoint(d).map(|e| (d, e)));
+            let two_step = decode.is_some() && pd::prefill_body(&ctx.body).is_some();
+            let Some((decode_id, decode_ep)) = decode.filter(|_| two_step) else {
+                let response = gw
+                    .client
+                    .send(
+                        &main.spec.base,
+                        ctx.method.clone(),
+                        &ctx.path_and_query,
+                        &ctx.headers,
+                        ctx.body.clone(),
+                    )
+                    .await
+                    .map_err(|e| refused(Leg::Endpoint, e))?;
+                main.success();
+                return Ok(Connection {
+                    response,
+                    prefill_cached: None,
+                });
+            };
+            // Prefill leg (done once per prefill endpoint, even if decode retries).
+            let reuse = ctx
+                .prefill
+                .as_ref()
+                .filter(|(e, _, _)| *e == target.endpoint);
+            let (params, cached) = match reuse {
+                Some((_, p, c)) => (p.clone(), *c),
+                None => {
+                    let body = pd::prefill_body(&ctx.body).unwrap_or_default();
+                    gw.metrics
+                        .prefill_requests
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let resp = gw
+                        .client
+                        .send(
+                            &main.spec.base,
+                            ctx.method.clone(),
+                            &ctx.path_and_query,
+                            &ctx.headers,
+                            body,
+                        )
+                        .await
+                        .map_err(|e| refused(Leg::Endpoint, e))?;
+                    main.success();
+                    if !resp.status().is_success() {
+                        // The engine refused the request itself: the client gets its answer.
+                        return Ok(Connection {
+                            response: resp,
+                            prefill_cached: None,
+                        });
+                    }
+                    let answer = read_small(
+                        resp.into_body(),
+                        PREFILL_ANSWER_CAP,
+                        gw.limits.upstream_idle_timeout(),
+                    )
+                    .await
+                    .map_err(|e| ConnectFailure {
+                        leg: Leg::Endpoint,
+                        retryable: false,
+                        error: e,
+                    })?;
+                    let params = pd::transfer_params(&answer);
+                    let cached = serde_json::from_slice::<serde_json::Value>(&answer)
+                        .ok()
+                        .and_then(|v| super::upstream::cached_tokens(&v));
+                    ctx.prefill = Some((target.endpoint, params.clone(), cached));
+                    (params, cached)
+                }
+            };
+            let body =
+                pd::decode_body(&ctx.body, params.as_ref()).unwrap_or_else(|| ctx.body.clone());
+            let response = gw
+                .client
+                .send(
+                    &decode_ep.spec.base,
+                    ctx.method.clone(),
+                    &ctx.path_and_query,
+                    &ctx.headers,
+                    body,
+                )
+                .await
+                .map_err(|e| refused(Leg::Decode, e))?;
+            decode_ep.success();
+            let _ = decode_id;
+            Ok(Connection {
+                response,
+                prefill_cached: Some(cached),
+            })
+        }
+    }
+}
+
+/// Streams the upstream response back; the receipt is recorded at its end.
+fn respond(
+    gw: &Arc<Gateway>,
+    rt: &Arc<RuleRuntime>,
+    conn: Connection,
+    decision: Decision,
+) -> Response {
+    let (parts, incoming) = conn.response.into_parts();
+    let mut guards: Vec<Box<dyn Send + Sync>> = Vec::new();
+    if let Some(t) = decision.target() {
+        guards.push(Box::new(rt.start_request(t.endpoint)));
+        if let Some(d) = t.decode {
+            guards.push(Box::new(rt.start_request(d)));
+        }
+    }
+    let pd_receipt = conn.prefill_cached;
+    if let Some(Some(c)) = pd_receipt {
+        rt.rule.record_receipt(&decision, c);
+    }
+    let rt2 = Arc::clone(rt);
+    let gw2 = Arc::clone(gw);
+    let on_end: super::upstream::OnEnd = Box::new(move |cached, clean| {
+        if !clean {
+            gw2.metrics
+                .aborted_streams
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if pd_receipt.is_none() {
+            if let Some(c) = cached {
+                rt2.rule.record_receipt(&decision, c);
+            }
+        }
+    });
+    let tee = TeeBody::new(
+        incoming,
+        &parts.headers,
+        gw.limits.upstream_idle_timeout(),
+        on_end,
+        guards,
+    );
+    let mut builder = Response::builder().status(parts.status);
+    if let Some(h) = builder.headers_mut() {
+        super::upstream::copy_headers(&parts.headers, h, false);
+    }
+    builder.body(Body::new(tee)).unwrap_or_else(|_| {
+        error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            "bad upstream response",
+        )
+    })
+}

@@ -1,0 +1,440 @@
+//! Shared gateway state: the rule table (replaced atomically by the admin API),
+//! each rule's library [`Rule`], inventory, subscribers, per-endpoint load and
+//! breakers, and the tokenizer pool.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvroute_core::EndpointId;
+use kvroute_engines::prompt::TokenizerPool;
+use kvroute_engines::transport::{SubscriberMetrics, ZmqSubscriber, ZmqSubscriberConfig};
+use kvroute_select::{
+    AdminState, Availability, BreakerConfig, BreakerState, CircuitBreaker, ContractKeys, Endpoint,
+    EndpointLoad, Health, Load, PromptKeys, Rule, RuleConfig, Thresholds,
+};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::watch;
+
+use super::config::{
+    check_rule_set, ConfigError, EndpointSpec, HealthConfig, LimitsConfig, RuleSpec, ServeConfig,
+};
+use super::inventory::{RankSink, RuleInventory};
+use super::metrics::GatewayMetrics;
+use super::upstream::UpstreamClient;
+
+/// One endpoint's live state.
+#[derive(Debug)]
+pub struct EndpointRuntime {
+    /// Its configuration.
+    pub spec: EndpointSpec,
+    in_flight: AtomicU32,
+    breaker: Mutex<CircuitBreaker>,
+    admin_down: AtomicBool,
+    /// Last active probe verdict (`None` before the first probe).
+    pub probe_ok: Mutex<Option<bool>>,
+    /// One per DP rank subscriber, in `spec.events` order.
+    pub subscribers: Vec<Arc<SubscriberMetrics>>,
+}
+
+impl EndpointRuntime {
+    /// Requests in flight.
+    #[must_use]
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Breaker state at `now`.
+    #[must_use]
+    pub fn breaker_state(&self, now: Duration) -> BreakerState {
+        self.breaker.lock().state(now)
+    }
+
+    /// Whether the operator drained it.
+    #[must_use]
+    pub fn is_admin_down(&self) -> bool {
+        self.admin_down.load(Ordering::Relaxed)
+    }
+
+    /// Drains or restores it.
+    pub fn set_admin_down(&self, down: bool) {
+        self.admin_down.store(down, Ordering::Relaxed);
+    }
+
+    /// A request or probe reached it.
+    pub fn success(&self) {
+        self.breaker.lock().on_success();
+    }
+
+    /// A request or probe failed at `now`.
+    pub fn failure(&self, now: Duration) {
+        self.breaker.lock().on_failure(now);
+    }
+}
+
+/// A running rule. Dropping it stops its subscribers and probes.
+pub struct RuleRuntime {
+    /// Validated configuration.
+    pub spec: RuleSpec,
+    /// The library rule.
+    pub rule: Rule,
+    /// Inventories (slot `i` = endpoint `i`).
+    pub inventory: Arc<RuleInventory>,
+    /// Endpoints, in rule order.
+    pub endpoints: Vec<EndpointRuntime>,
+    /// Set to `true` when the rule is removed or replaced.
+    stop: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for RuleRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuleRuntime")
+            .field("name", &self.spec.doc.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RuleRuntime {
+    fn drop(&mut self) {
+        let _ = self.stop.send_replace(true);
+    }
+}
+
+impl RuleRuntime {
+    /// Whether endpoint `i` is eligible at `now`.
+    #[must_use]
+    pub fn is_available(&self, i: usize, now: Duration) -> bool {
+        self.availability(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)), now)
+            .is_available()
+    }
+
+    /// The endpoint with id `id`.
+    #[must_use]
+    pub fn endpoint(&self, id: EndpointId) -> Option<&EndpointRuntime> {
+        self.endpoints.get(id.index())
+    }
+
+    /// Marks a request started on `id`; the guard ends it.
+    #[must_use]
+    pub fn start_request(self: &Arc<Self>, id: EndpointId) -> InFlight {
+        if let Some(e) = self.endpoint(id) {
+            e.in_flight.fetch_add(1, Ordering::Relaxed);
+        }
+        InFlight {
+            rule: Arc::clone(self),
+            id,
+        }
+    }
+
+    /// A receiver that turns `true` when the rule goes away.
+    #[must_use]
+    pub fn stopped(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+}
+
+/// One in-flight request on one endpoint (decremented on drop).
+#[derive(Debug)]
+pub struct InFlight {
+    rule: Arc<RuleRuntime>,
+    id: EndpointId,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(e) = self.rule.endpoint(self.id) {
+            e.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Load for RuleRuntime {
+    fn load(&self, endpoint: EndpointId) -> EndpointLoad {
+        EndpointLoad {
+            in_flight: self
+                .endpoint(endpoint)
+                .map_or(0, EndpointRuntime::in_flight),
+            queued_prefill_tokens: 0,
+        }
+    }
+}
+
+impl Health for RuleRuntime {
+    fn availability(&self, endpoint: EndpointId, now: Duration) -> Availability {
+        let Some(e) = self.endpoint(endpoint) else {
+            return Availability::Available;
+        };
+        let admin = if e.is_admin_down() {
+            AdminState::Down
+        } else {
+            AdminState::Up
+        };
+        Availability::from_states(admin, e.breaker_state(now))
+    }
+}
+
+/// The gateway.
+pub struct Gateway {
+    /// Limits.
+    pub limits: LimitsConfig,
+    /// Health-check settings.
+    pub health: HealthConfig,
+    /// Admin bearer token.
+    pub admin_token: Option<String>,
+    /// Tokenizers by model slug.
+    pub tokenizers: TokenizerPool,
+    /// Staged model slugs.
+    pub models: Vec<String>,
+    rules: RwLock<BTreeMap<String, Arc<RuleRuntime>>>,
+    /// Upstream HTTP client.
+    pub client: UpstreamClient,
+    /// Gateway counters.
+    pub metrics: GatewayMetrics,
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// Builds the gateway and starts every configured rule (must run inside a
+    /// tokio runtime: subscribers and probes are spawned).
+    ///
+    /// # Errors
+    /// A rule the library refuses.
+    pub fn start(config: &ServeConfig) -> Result<Arc<Self>, ConfigError> {
+        let tokenizers = TokenizerPool::new();
+        for m in &config.models {
+            tokenizers.register(m.slug.clone(), m.dir.clone());
+        }
+        let gw = Arc::new(Self {
+            limits: config.limits.clone(),
+            health: config.health.clone(),
+            admin_token: config.admin_token.clone(),
+            tokenizers,
+            models: config.models.iter().map(|m| m.slug.clone()).collect(),
+            rules: RwLock::new(BTreeMap::new()),
+            client: UpstreamClient::new(config.limits.connect_timeout()),
+            metrics: GatewayMetrics::default(),
+            epoch: Instant::now(),
+        });
+        for spec in &config.rules {
+            gw.put_rule(spec.clone(), true)?;
+        }
+        Ok(gw)
+    }
+
+    /// Monotonic time since start (the library's `now`).
+    #[must_use]
+    pub fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    /// The rules, by name.
+    #[must_use]
+    pub fn rules_snapshot(&self) -> Vec<Arc<RuleRuntime>> {
+        self.rules.read().values().cloned().collect()
+    }
+
+    /// One rule.
+    #[must_use]
+    pub fn rule(&self, name: &str) -> Option<Arc<RuleRuntime>> {
+        self.rules.read().get(name).cloned()
+    }
+
+    /// The rule serving `model`, else the default rule.
+    #[must_use]
+    pub fn rule_for_model(&self, model: Option<&str>) -> Option<Arc<RuleRuntime>> {
+        let rules = self.rules.read();
+        if let Some(m) = model {
+            if let Some(r) = rules
+                .values()
+                .find(|r| r.spec.doc.models.iter().any(|x| x == m))
+            {
+                return Some(Arc::clone(r));
+            }
+        }
+        rules.values().find(|r| r.spec.doc.default).cloned()
+    }
+
+    /// Installs `spec`, replacing a rule of the same name when `replace`; the
+    /// replaced rule's subscribers stop once its last request finishes.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the name exists (and `!replace`), the rule set
+    /// becomes inconsistent, or the library refuses the rule.
+    pub fn put_rule(self: &Arc<Self>, spec: RuleSpec, replace: bool) -> Result<bool, ConfigError> {
+        let mut rules = self.rules.write();
+        let existed = rules.contains_key(&spec.doc.name);
+        if existed && !replace {
+            return Err(ConfigError::Invalid {
+                field: format!("rule {:?}", spec.doc.name),
+                message: "a rule with this name already exists (use PUT to replace it)".into(),
+            });
+        }
+        let mut specs: Vec<RuleSpec> = rules
+            .values()
+            .filter(|r| r.spec.doc.name != spec.doc.name)
+            .map(|r| r.spec.clone())
+            .collect();
+        specs.push(spec.clone());
+        check_rule_set(&specs)?;
+        let (runtime, pending) = self.build_rule(spec)?;
+        let name = runtime.spec.doc.name.clone();
+        if let Some(old) = rules.insert(name, Arc::clone(&runtime)) {
+            // Its subscribers and probes stop now; in-flight requests keep their Arc.
+            let _ = old.stop.send_replace(true);
+        }
+        drop(rules);
+        self.spawn_background(&runtime, pending);
+        Ok(existed)
+    }
+
+    /// Removes a rule; `false` when it did not exist.
+    pub fn delete_rule(&self, name: &str) -> bool {
+        let removed = self.rules.write().remove(name);
+        if let Some(old) = &removed {
+            let _ = old.stop.send_replace(true);
+        }
+        removed.is_some()
+    }
+
+    /// Stops every rule (subscribers and probes end).
+    pub fn stop_all(&self) {
+        let rules = std::mem::take(&mut *self.rules.write());
+        for r in rules.values() {
+            let _ = r.stop.send_replace(true);
+        }
+    }
+
+    fn build_rule(&self, spec: RuleSpec) -> Result<(Arc<RuleRuntime>, Vec<Pending>), ConfigError> {
+        let field = format!("rule {:?}", spec.doc.name);
+        let lib_err = |e: &dyn std::fmt::Display| ConfigError::Invalid {
+            field: field.clone(),
+            message: e.to_string(),
+        };
+        let keys: Option<Arc<ContractKeys>> = match &spec.contract {
+            Some(c) => Some(Arc::new(ContractKeys::new(c).map_err(|e| lib_err(&e))?)),
+            None => None,
+        };
+        let endpoints: Vec<Endpoint> = spec
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let ep = Endpoint::new(e.url.clone(), e.role)
+                    .with_weight(e.weight)
+                    .with_capacity(e.capacity);
+                if e.events.is_empty() {
+                    ep
+                } else {
+                    ep.with_inventory_slot(u32::try_from(i).unwrap_or(u32::MAX))
+                }
+            })
+            .collect();
+        let (block_size, contract_id, key_mode) = match &keys {
+            Some(k) => (k.block_size(), k.contract().clone(), k.key_mode()),
+            None => (
+                16,
+                kvroute_select::ContractId::new("none"),
+                kvroute_select::KeyMode::EngineKeys,
+            ),
+        };
+        let mut thresholds = Thresholds::default();
+        if let Some(n) = spec.doc.min_overlap_blocks {
+            thresholds.min_overlap_blocks = n;
+        }
+        if let Some(n) = spec.doc.max_retries {
+            thresholds.max_retries = n;
+        }
+        let mut cfg = RuleConfig::kv_exact(
+            &spec.doc.name,
+            spec.topology,
+            endpoints,
+            block_size,
+            contract_id,
+        );
+        cfg.choice = spec.choice;
+        cfg.key_mode = key_mode;
+        cfg.scorer = spec.scorer;
+        cfg.fallback = spec.selector;
+        cfg.thresholds = thresholds;
+        let provider = keys.map(|k| k as Arc<dyn PromptKeys>);
+        let rule = Rule::new(cfg, provider).map_err(|e| lib_err(&e))?;
+        let inventory = Arc::new(RuleInventory::new(spec.endpoints.len()));
+        let hasher = spec.contract.as_ref().and_then(|c| c.hasher().ok());
+        let mut pending = Vec::new();
+        let breaker = BreakerConfig {
+            failure_threshold: self.health.failure_threshold,
+            cool_down: Duration::from_millis(self.health.cool_down_ms),
+        };
+        let mut endpoints = Vec::new();
+        for (slot, e) in spec.endpoints.iter().enumerate() {
+            let mut subscribers = Vec::new();
+            for src in &e.events {
+                let mut cfg = ZmqSubscriberConfig::new(src.zmq.clone()).topic(src.topic.clone());
+                if let Some(r) = &src.replay {
+                    cfg = cfg.replay_endpoint(r.clone());
+                }
+                let subscriber = ZmqSubscriber::new(cfg);
+                subscribers.push(subscriber.metrics());
+                let sink = RankSink::new(
+                    Arc::clone(&inventory),
+                    slot,
+                    src.rank,
+                    e.engine,
+                    hasher.clone(),
+                );
+                pending.push(Pending {
+                    subscriber,
+                    sink,
+                    what: format!("{} rank {} ({})", e.url, src.rank, src.zmq.address),
+                });
+            }
+            endpoints.push(EndpointRuntime {
+                spec: e.clone(),
+                in_flight: AtomicU32::new(0),
+                breaker: Mutex::new(CircuitBreaker::new(breaker)),
+                admin_down: AtomicBool::new(false),
+                probe_ok: Mutex::new(None),
+                subscribers,
+            });
+        }
+        let (stop, _) = watch::channel(false);
+        let rt = Arc::new(RuleRuntime {
+            spec,
+            rule,
+            inventory,
+            endpoints,
+            stop,
+        });
+        Ok((rt, pending))
+    }
+
+    /// Starts the rule's subscribers (they retry until their engine is up) and
+    /// its health probes.
+    fn spawn_background(self: &Arc<Self>, rt: &Arc<RuleRuntime>, pending: Vec<Pending>) {
+        for p in pending {
+            let mut stop = rt.stopped();
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            tracing::info!(rule = %rt.spec.doc.name, subscriber = %p.what, "starting KV-event subscriber");
+            tokio::spawn(async move {
+                let _ = p.subscriber.run(p.sink, stopped).await;
+            });
+        }
+        super::health::spawn_probes(self, rt);
+    }
+}
+
+/// A subscriber built with its rule, started once the rule is installed.
+struct Pending {
+    subscriber: ZmqSubscriber,
+    sink: RankSink,
+    what: String,
+}

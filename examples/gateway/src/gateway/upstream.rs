@@ -1,0 +1,404 @@
+//! The upstream side: an HTTP/1 client that only ever talks to configured
+//! endpoints, request rewriting (hop-by-hop headers dropped, `Host` set to the
+//! upstream), and the response body that streams through unbuffered while
+//! watching for the engine's cached-token receipt.
+
+use std::future::Future as _;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::{Method, Request, Response, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// Error type of bodies handed to the client.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an upstream exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// TCP connect refused, unreachable or timed out: safe to retry elsewhere
+    /// (nothing reached the engine).
+    #[error("connect failed: {0}")]
+    Connect(String),
+    /// The exchange failed after connecting (reset, malformed response).
+    #[error("upstream request failed: {0}")]
+    Request(String),
+    /// The request could not be built.
+    #[error("bad upstream request: {0}")]
+    Build(String),
+}
+
+impl UpstreamError {
+    /// Whether another endpoint may be tried.
+    #[must_use]
+    pub fn is_connect(&self) -> bool {
+        matches!(self, UpstreamError::Connect(_))
+    }
+}
+
+/// The pooled upstream client.
+#[derive(Clone, Debug)]
+pub struct UpstreamClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn is_hop_by_hop(name: &HeaderName, listed: &[String]) -> bool {
+    HOP_BY_HOP.contains(&name.as_str()) || listed.iter().any(|l| l == name.as_str())
+}
+
+/// Header names the `Connection` header lists (also hop-by-hop).
+fn connection_listed(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Copies end-to-end headers.
+pub fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, skip_length: bool) {
+    let listed = connection_listed(from);
+    for (name, value) in from {
+        if is_hop_by_hop(name, &listed) || name == HOST || (skip_length && name == CONTENT_LENGTH) {
+            continue;
+        }
+        to.append(name.clone(), value.clone());
+    }
+}
+
+impl UpstreamClient {
+    /// A client with a TCP connect timeout.
+    #[must_use]
+    pub fn new(connect_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_nodelay(true);
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Self { client }
+    }
+
+    /// Sends `body` to `base` + `path_and_query`. Only the configured `base`
+    /// decides where the request goes: the client's `Host` and any absolute URI
+    /// were discarded before.
+    ///
+    /// # Errors
+    /// [`UpstreamError`]; `Connect` means nothing reached the engine.
+    pub async fn send(
+        &self,
+        base: &Uri,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let authority = base
+            .authority()
+            .ok_or_else(|| UpstreamError::Build("endpoint has no authority".into()))?;
+        let uri = Uri::builder()
+            .scheme("http")
+            .authority(authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|e| UpstreamError::Build(e.to_string()))?;
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Full::new(body))
+            .map_err(|e| UpstreamError::Build(e.to_string()))?;
+        copy_headers(headers, req.headers_mut(), true);
+        if let Ok(h) = HeaderValue::from_str(authority.as_str()) {
+            req.headers_mut().insert(HOST, h);
+        }
+        self.client.request(req).await.map_err(|e| {
+            if e.is_connect() {
+                UpstreamError::Connect(error_chain(&e))
+            } else {
+                UpstreamError::Request(error_chain(&e))
+            }
+        })
+    }
+
+    /// `GET base + path` with a timeout; `true` on a 2xx answer.
+    pub async fn probe(&self, base: &Uri, path: &str, timeout: Duration) -> bool {
+        let headers = HeaderMap::new();
+        let send = self.send(base, Method::GET, path, &headers, Bytes::new());
+        match tokio::time::timeout(timeout, send).await {
+            Ok(Ok(resp)) => resp.status().is_success(),
+            _ => false,
+        }
+    }
+}
+
+/// `e: source: source...` without secrets (errors carry no headers or bodies).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// Reads a whole (small) upstream body, e.g. the P/D prefill answer.
+///
+/// # Errors
+/// Over `limit` bytes, an upstream read error, or silence beyond `idle`.
+pub async fn read_small(
+    body: Incoming,
+    limit: usize,
+    idle: Duration,
+) -> Result<Bytes, UpstreamError> {
+    match tokio::time::timeout(idle, Limited::new(body, limit).collect()).await {
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) => Err(UpstreamError::Request(e.to_string())),
+        Err(_) => Err(UpstreamError::Request("upstream body timed out".into())),
+    }
+}
+
+/// What the tee looks for in the passing bytes.
+#[derive(Debug)]
+enum Watch {
+    /// SSE: scan each `data:` line for a final `usage` object.
+    Sse { line: Vec<u8> },
+    /// One JSON document, parsed at the end (kept up to a cap).
+    Json { buf: Vec<u8> },
+    /// Neither: pass through only.
+    Nothing,
+}
+
+/// Longest SSE line / JSON body the tee keeps for receipt parsing (the bytes
+/// still pass through whatever their size).
+const TEE_CAP: usize = 4 << 20;
+
+/// Called once when the body ends: the cached-token receipt (if any), and
+/// whether the upstream body completed cleanly.
+pub type OnEnd = Box<dyn FnOnce(Option<u32>, bool) + Send>;
+
+/// Streams an upstream body to the client frame by frame, unbuffered, with an
+/// idle timeout, and reports the receipt at the end.
+pub struct TeeBody {
+    inner: Incoming,
+    watch: Watch,
+    cached: Option<u32>,
+    idle: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    on_end: Option<OnEnd>,
+    /// Kept alive until the body is dropped (in-flight accounting).
+    _guards: Vec<Box<dyn Send + Sync>>,
+}
+
+impl TeeBody {
+    /// Wraps `inner` (its response headers decide SSE vs JSON watching).
+    #[must_use]
+    pub fn new(
+        inner: Incoming,
+        headers: &HeaderMap,
+        idle: Duration,
+        on_end: OnEnd,
+        guards: Vec<Box<dyn Send + Sync>>,
+    ) -> Self {
+        let ct = headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let watch = if ct.starts_with("text/event-stream") {
+            Watch::Sse { line: Vec::new() }
+        } else if ct.starts_with("application/json") {
+            Watch::Json { buf: Vec::new() }
+        } else {
+            Watch::Nothing
+        };
+        Self {
+            inner,
+            watch,
+            cached: None,
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+            on_end: Some(on_end),
+            _guards: guards,
+        }
+    }
+
+    fn scan(&mut self, data: &[u8]) {
+        match &mut self.watch {
+            Watch::Sse { line } => {
+                for &b in data {
+                    if b == b'\n' {
+                        if let Some(c) = sse_line_cached_tokens(line) {
+                            self.cached = Some(c);
+                        }
+                        line.clear();
+                    } else if line.len() < TEE_CAP {
+                        line.push(b);
+                    }
+                }
+            }
+            Watch::Json { buf } => {
+                if buf.len() + data.len() <= TEE_CAP {
+                    buf.extend_from_slice(data);
+                } else {
+                    self.watch = Watch::Nothing;
+                }
+            }
+            Watch::Nothing => {}
+        }
+    }
+
+    fn finish(&mut self, clean: bool) {
+        if clean {
+            if let Watch::Json { buf } = &self.watch {
+                self.cached = serde_json::from_slice::<serde_json::Value>(buf)
+                    .ok()
+                    .and_then(|v| cached_tokens(&v));
+            }
+        }
+        if let Some(f) = self.on_end.take() {
+            f(if clean { self.cached } else { None }, clean);
+        }
+    }
+}
+
+/// `usage.prompt_tokens_details.cached_tokens` of a response or chunk.
+#[must_use]
+pub fn cached_tokens(v: &serde_json::Value) -> Option<u32> {
+    v.pointer("/usage/prompt_tokens_details/cached_tokens")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+fn sse_line_cached_tokens(line: &[u8]) -> Option<u32> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let data = line.strip_prefix(b"data:")?;
+    if !data.windows(7).any(|w| w == b"\"usage\"") {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(data).ok()?;
+    cached_tokens(&v)
+}
+
+impl HttpBody for TeeBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let deadline = tokio::time::Instant::now() + this.idle;
+                this.timer.as_mut().reset(deadline);
+                if let Some(data) = frame.data_ref() {
+                    let data = data.clone();
+                    this.scan(&data);
+                }
+                // A sized body may never be polled past its last byte.
+                if this.inner.is_end_stream() {
+                    this.finish(true);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.finish(false);
+                tracing::warn!(error = %e, "upstream body failed mid-stream");
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(None) => {
+                this.finish(true);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if this.timer.as_mut().poll(cx).is_ready() {
+                    this.finish(false);
+                    tracing::warn!("upstream body idle beyond the limit; aborting");
+                    return Poll::Ready(Some(Err("upstream idle timeout".into())));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TeeBody {
+    fn drop(&mut self) {
+        // The client went away before the end: no receipt.
+        if let Some(f) = self.on_end.take() {
+            f(None, false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receipt_is_read_from_the_usage_chunk_only() {
+        assert_eq!(
+            sse_line_cached_tokens(
+                br#"data: {"choices":[],"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":32}}}"#
+            ),
+            Some(32)
+        );
+        assert_eq!(
+            sse_line_cached_tokens(br#"data: {"choices":[{"text":"usage"}]}"#),
+            None
+        );
+        assert_eq!(sse_line_cached_tokens(b"data: [DONE]"), None);
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_listed_headers_are_dropped() {
+        let mut from = HeaderMap::new();
+        from.insert(
+            "connection",
+            HeaderValue::from_static("x-secret-hop, keep-alive"),
+        );
+        from.insert("x-secret-hop", HeaderValue::from_static("1"));
+        from.insert("host", HeaderValue::from_static("evil.example"));
+        from.insert("authorization", HeaderValue::from_static("Bearer k"));
+        let mut to = HeaderMap::new();
+        copy_headers(&from, &mut to, true);
+        assert!(to.get("x-secret-hop").is_none());
+        assert!(to.get("host").is_none());
+        assert!(to.get("connection").is_none());
+        assert_eq!(to.get("authorization").unwrap(), "Bearer k");
+    }
+}

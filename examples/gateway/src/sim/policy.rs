@@ -1,0 +1,185 @@
+//! The routing policies the simulator compares, each a real `kvroute-select`
+//! rule.
+//!
+//! | policy | rule |
+//! |---|---|
+//! | `rr` | `Choice::RoundRobin` |
+//! | `least-load` | KV-exact rule whose endpoints publish no inventory, so every request takes the `LeastLoad` fallback |
+//! | `p2c` | the same with `PowerOfTwoChoices` |
+//! | `chwbl` | `Choice::ContentAffinity` (bounded-load consistent hashing over the key covering the first 256 tokens) |
+//! | `kv-overlap` | KV-exact, `Scorer::OverlapCount`, round-robin fallback (the reference behaviour) |
+//! | `kv-prefix` | KV-exact, `Scorer::LongestPrefix`, round-robin fallback |
+//! | `kv-bounded` | KV-exact, `Scorer::LoadAware` (bounded load, ε = 0.25 by default), round-robin fallback (`--bounded-fallback`) |
+
+use kvroute_select::{
+    Choice, ContractId, Endpoint, LoadAwareConfig, Role, RuleConfig, Scorer, SelectorKind, Topology,
+};
+
+/// One compared policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// Round robin.
+    RoundRobin,
+    /// Least in-flight requests.
+    LeastLoad,
+    /// Power of two choices.
+    PowerOfTwo,
+    /// Consistent hashing with bounded loads.
+    Chwbl,
+    /// KV-exact, overlap-count argmax (reference).
+    KvOverlap,
+    /// KV-exact, longest prefix.
+    KvPrefix,
+    /// KV-exact, load-aware with a bounded-load cap.
+    KvBounded,
+}
+
+/// Knobs of the load-bounded policies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tuning {
+    /// ε of the `kv-bounded` scorer.
+    pub epsilon: f64,
+    /// CHWBL load factor `c`.
+    pub chwbl_factor: f64,
+    /// `kv-bounded`: prefill tokens one in-flight request is assumed to cost.
+    pub tokens_per_in_flight: f64,
+    /// `kv-bounded`: the selector used when no worker holds any of the prompt.
+    pub bounded_fallback: SelectorKind,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            epsilon: LoadAwareConfig::default().epsilon,
+            chwbl_factor: 1.25,
+            tokens_per_in_flight: LoadAwareConfig::default().tokens_per_in_flight,
+            bounded_fallback: SelectorKind::RoundRobin,
+        }
+    }
+}
+
+/// The contract name every simulated worker and prompt uses.
+pub const SIM_CONTRACT: &str = "kvroute-sim/mooncake-chain";
+
+impl Policy {
+    /// Every policy, in report order.
+    pub const ALL: [Policy; 7] = [
+        Policy::RoundRobin,
+        Policy::LeastLoad,
+        Policy::PowerOfTwo,
+        Policy::Chwbl,
+        Policy::KvOverlap,
+        Policy::KvPrefix,
+        Policy::KvBounded,
+    ];
+
+    /// The CLI / report name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::RoundRobin => "rr",
+            Policy::LeastLoad => "least-load",
+            Policy::PowerOfTwo => "p2c",
+            Policy::Chwbl => "chwbl",
+            Policy::KvOverlap => "kv-overlap",
+            Policy::KvPrefix => "kv-prefix",
+            Policy::KvBounded => "kv-bounded",
+        }
+    }
+
+    /// Parses a comma-separated list (`all` for every policy).
+    ///
+    /// # Errors
+    /// Names an unknown policy.
+    pub fn parse_list(list: &str) -> Result<Vec<Policy>, String> {
+        let mut out = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if name == "all" {
+                for p in Self::ALL {
+                    if !out.contains(&p) {
+                        out.push(p);
+                    }
+                }
+                continue;
+            }
+            let p = Self::ALL
+                .into_iter()
+                .find(|p| p.name() == name)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = Self::ALL.iter().map(|p| p.name()).collect();
+                    format!("unknown policy {name:?} (known: all, {})", known.join(", "))
+                })?;
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+        if out.is_empty() {
+            return Err("no policy given".to_owned());
+        }
+        Ok(out)
+    }
+
+    /// True for policies that score inventories.
+    #[must_use]
+    pub fn uses_inventory(self) -> bool {
+        matches!(
+            self,
+            Policy::KvOverlap | Policy::KvPrefix | Policy::KvBounded
+        )
+    }
+
+    /// The rule for a fleet of `workers` workers.
+    #[must_use]
+    pub fn rule_config(self, workers: usize, block_size: u32, seed: u64, t: Tuning) -> RuleConfig {
+        let endpoints = (0..workers)
+            .map(|i| {
+                let e = Endpoint::new(format!("sim-worker-{i}"), Role::Both);
+                match (self.uses_inventory(), u32::try_from(i)) {
+                    (true, Ok(slot)) => e.with_inventory_slot(slot),
+                    _ => e,
+                }
+            })
+            .collect();
+        let mut cfg = RuleConfig::kv_exact(
+            self.name(),
+            Topology::Converged,
+            endpoints,
+            block_size,
+            ContractId::new(SIM_CONTRACT),
+        );
+        cfg.seed = seed;
+        cfg.thresholds.chwbl_load_factor = t.chwbl_factor;
+        match self {
+            Policy::RoundRobin => cfg.choice = Choice::RoundRobin,
+            Policy::Chwbl => cfg.choice = Choice::ContentAffinity,
+            Policy::LeastLoad => cfg.fallback = SelectorKind::LeastLoad,
+            Policy::PowerOfTwo => cfg.fallback = SelectorKind::PowerOfTwoChoices,
+            Policy::KvOverlap => cfg.scorer = Scorer::OverlapCount,
+            Policy::KvPrefix => cfg.scorer = Scorer::LongestPrefix,
+            Policy::KvBounded => {
+                cfg.scorer = Scorer::LoadAware(LoadAwareConfig {
+                    epsilon: t.epsilon,
+                    tokens_per_in_flight: t.tokens_per_in_flight,
+                    ..LoadAwareConfig::default()
+                });
+                cfg.fallback = t.bounded_fallback;
+            }
+        }
+        cfg
+    }
+}
+
+/// Parses a fallback selector name (`rr`, `least-load`, `p2c`).
+///
+/// # Errors
+/// Names an unknown selector.
+pub fn parse_fallback(name: &str) -> Result<SelectorKind, String> {
+    match name {
+        "rr" => Ok(SelectorKind::RoundRobin),
+        "least-load" => Ok(SelectorKind::LeastLoad),
+        "p2c" => Ok(SelectorKind::PowerOfTwoChoices),
+        other => Err(format!(
+            "unknown fallback {other:?} (known: rr, least-load, p2c)"
+        )),
+    }
+}

@@ -1,0 +1,88 @@
+//! Prefill/decode end to end: two prefill mock engines publishing KV events, one
+//! decode mock engine; the gateway runs vLLM's two-step for every request.
+
+mod gateway_support;
+
+use gateway_support::*;
+
+fn decode_toml(e: &Engine) -> String {
+    format!(
+        "[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n",
+        e.http
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_goes_by_kv_and_never_to_the_decode_endpoint() {
+    let mut prefill = [Engine::start("prefill"), Engine::start("prefill")];
+    let decode = Engine::start("decode");
+    let config = format!(
+        "{}{}{}{}{}",
+        config_head("[health]\ninterval_ms = 0\n"),
+        kv_rule("pd", "prefill_decode"),
+        prefill[0].endpoint_toml("prefill"),
+        prefill[1].endpoint_toml("prefill"),
+        decode_toml(&decode)
+    );
+    // Cold traffic goes through `cold`; `gw` has never seen the prompt, so no
+    // session or prefix-trie memory can decide for it: only KV-exact can.
+    let cold = Gateway::start(&config);
+    let gw = Gateway::start(&config);
+    wait_subscribed(&cold).await;
+    wait_subscribed(&gw).await;
+
+    let p = prompt("pd", 120);
+    let (status, v) = complete(&cold, &p, 4).await;
+    assert_eq!(status, 200, "{v}");
+    // The decode engine produced the whole output; the prefill ran max_tokens 1.
+    assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
+    let holder = eventually("one prefill endpoint holding the prompt", || async {
+        let inv = inventory(&gw).await;
+        assert_eq!(inv[2], 0, "the decode endpoint has no inventory");
+        match (inv[0] > 0, inv[1] > 0) {
+            (true, false) => Some(0),
+            (false, true) => Some(1),
+            _ => None,
+        }
+    })
+    .await;
+
+    let (status, v) = complete(&gw, &format!("{p} more"), 4).await;
+    assert_eq!(status, 200, "{v}");
+    let c = counters(&gw, "pd").await;
+    assert_eq!(c["tiers"]["kv_exact"], 1, "{c}");
+    assert_eq!(c["hits"][holder], 1, "{c}");
+    assert_eq!(c["hits"][2], 0, "{c}");
+    let eps = endpoints(&gw).await;
+    // The prefill leg's own cached-token report is the receipt.
+    assert!(
+        eps[holder]["delivered_cached_tokens"].as_u64().unwrap() >= 16,
+        "{:?}",
+        eps[holder]
+    );
+    let metrics = client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("kvroute_prefill_requests_total 1"),
+        "{metrics}"
+    );
+
+    // The holding prefill engine refuses connections: the next prefill endpoint
+    // takes the prefill leg, never the decode endpoint.
+    prefill[holder].proc.kill();
+    let (status, v) = complete(&gw, &format!("{p} once more"), 4).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
+    let c = counters(&gw, "pd").await;
+    assert_eq!(c["retries"], 1, "{c}");
+    let eps = endpoints(&gw).await;
+    assert_eq!(eps[1 - holder]["receipts"], 1, "{:?}", eps[1 - holder]);
+    assert_eq!(eps[2]["receipts"], 0, "{:?}", eps[2]);
+    assert_eq!(c["hits"][2], 0, "{c}");
+}

@@ -1,0 +1,381 @@
+//! Limits, fallbacks, admin auth and the security posture, over real sockets:
+//! `kvroute serve` in front of small in-test upstreams.
+
+mod gateway_support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use gateway_support::*;
+use serde_json::{json, Value};
+
+/// An upstream that echoes what reached it; `/v1/die` starts a stream and then
+/// drops the connection.
+async fn echo_upstream() -> SocketAddr {
+    async fn handle(req: Request<Body>) -> Response {
+        let (parts, body) = req.into_parts();
+        if parts.uri.path() == "/v1/die" {
+            let chunks = futures_util::stream::unfold(0u8, |step| async move {
+                match step {
+                    0 => Some((
+                        Ok::<Bytes, std::io::Error>(Bytes::from_static(
+                            b"data: {\"partial\": true}\n\n",
+                        )),
+                        1,
+                    )),
+                    1 => {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Some((Err(std::io::Error::other("engine died")), 2))
+                    }
+                    _ => None,
+                }
+            });
+            return Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(chunks))
+                .unwrap();
+        }
+        let headers: &HeaderMap = &parts.headers;
+        let body = axum::body::to_bytes(body, 1 << 20)
+            .await
+            .unwrap_or_default();
+        axum::Json(json!({
+            "path": parts.uri.path(),
+            "host": headers.get("host").and_then(|v| v.to_str().ok()),
+            "len": body.len(),
+            "usage": {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}},
+        }))
+        .into_response()
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().fallback(handle);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// A port nothing listens on.
+fn closed_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+const TOKEN: &str = "s3cret-admin-token";
+
+fn config(echo: SocketAddr) -> String {
+    format!(
+        "{}[[rules]]\nname = \"kv\"\nmodels = [\"{MODEL}\"]\ndefault = true\nchoice = \"kv_exact\"\ncontract = \"{CONTRACT}\"\n\
+         [[rules.endpoints]]\nurl = \"http://{echo}\"\nzmq = \"tcp://*:{}\"\n\n\
+         [[rules]]\nname = \"down\"\nmodels = [\"down-model\"]\nchoice = \"round_robin\"\n\
+         [[rules.endpoints]]\nurl = \"http://127.0.0.1:{}\"\n",
+        config_head_with_admin(
+            &format!("token = \"{TOKEN}\"\n"),
+            "[limits]\nmax_body_bytes = 4096\nbody_read_timeout_ms = 500\n[health]\ninterval_ms = 0\n"
+        ),
+        closed_port(),
+        closed_port(),
+    )
+}
+
+fn raw_http(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                if out.windows(4).any(|w| w == b"\r\n\r\n") && out.ends_with(b"}") {
+                    break;
+                }
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_fallbacks_auth_and_no_open_proxy() {
+    let echo = echo_upstream().await;
+    let gw = Gateway::start(&config(echo));
+    let http = client();
+
+    // text/plain → fallback to the rule's selector; counted as a not_json miss.
+    let resp = http
+        .post(gw.url("/v1/completions"))
+        .header("content-type", "text/plain")
+        .body("hello, not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["len"], 15);
+    let auth = Some(TOKEN);
+    let c = get_json(&gw.admin_url("/admin/counters"), auth).await;
+    assert_eq!(c["rules"]["kv"]["misses"]["not_json"], 1, "{c}");
+    assert_eq!(c["rules"]["kv"]["tiers"]["fallback"], 1, "{c}");
+
+    // Oversized bodies → 413, declared or streamed.
+    let big = vec![b'x'; 5000];
+    let resp = http
+        .post(gw.url("/v1/completions"))
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    // Chunked (no Content-Length): the limit applies while reading.
+    let stream = futures_util::stream::iter(
+        big.chunks(1000)
+            .map(|c| Ok::<_, std::io::Error>(hyper::body::Frame::data(Bytes::copy_from_slice(c))))
+            .collect::<Vec<_>>(),
+    );
+    let resp = http
+        .post(gw.url("/v1/completions"))
+        .body(reqwest::Body::wrap(http_body_util::StreamBody::new(stream)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+
+    // Admin auth: no token / wrong token → 401; /metrics stays readable.
+    let r = http.get(gw.admin_url("/admin/rules")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .get(gw.admin_url("/admin/rules"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .get(gw.admin_url("/admin/rules"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http.get(gw.admin_url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("outcome=\"body_too_large\"} 2"), "{text}");
+    assert!(!text.contains(TOKEN));
+
+    // No open proxying: an absolute-URI target and a foreign Host go to the
+    // configured upstream only, with its own Host.
+    let body = r#"{"model":"qwen3","prompt":"hi"}"#;
+    let req = format!(
+        "POST http://evil.example:81/v1/completions HTTP/1.1\r\nHost: evil.example:81\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let answer = raw_http(gw.proxy, req.as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(&format!("\"host\":\"{echo}\"")), "{answer}");
+    assert!(answer.contains("\"path\":\"/v1/completions\""), "{answer}");
+
+    // Only /v1/* is proxied.
+    let r = http.get(gw.url("/admin/rules")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+
+    // Slow-loris: a body that never completes → 408 after the read timeout.
+    let answer = raw_http(
+        gw.proxy,
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":",
+    );
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    // The engine dies mid-stream: the client gets an error, not a hang.
+    let resp = http
+        .post(gw.url("/v1/die"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let read = tokio::time::timeout(WAIT, resp.bytes()).await;
+    assert!(
+        matches!(read, Ok(Err(_))),
+        "expected a body error, got {read:?}"
+    );
+
+    // Every endpoint down → 503 with the reason.
+    let resp = http
+        .post(gw.url("/v1/completions"))
+        .json(&json!({"model": "down-model", "prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    let v: Value = resp.json().await.unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("connect failed"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_creates_updates_and_deletes_rules_at_run_time() {
+    let echo = echo_upstream().await;
+    let gw = Gateway::start(&config(echo));
+    let http = client();
+    let post = |doc: Value| {
+        http.post(gw.admin_url("/admin/rules"))
+            .bearer_auth(TOKEN)
+            .json(&doc)
+            .send()
+    };
+
+    // Invalid documents are refused with the field at fault.
+    let r = post(json!({"name": "bad", "models": ["m"], "choice": "kv_exact",
+                        "endpoints": [{"url": format!("http://{echo}")}]}))
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("rule.contract"),
+        "{v}"
+    );
+    let r = post(
+        json!({"name": "bad", "models": ["m"], "choice": "round_robin",
+                        "endpoints": [{"url": "ftp://x"}]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("rule.endpoints[0].url"),
+        "{v}"
+    );
+
+    // A KV rule whose engine is not up yet: accepted, its subscriber keeps dialing.
+    let dead_zmq = closed_port();
+    let r = post(
+        json!({"name": "late", "models": ["late-model"], "choice": "kv_exact",
+                        "contract": CONTRACT,
+                        "endpoints": [{"url": format!("http://{echo}"), "role": "both",
+                                        "zmq": format!("tcp://*:{dead_zmq}")}]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 201);
+    let late_subscriber = || async {
+        let eps = get_json(&gw.admin_url("/admin/endpoints"), Some(TOKEN)).await;
+        eps["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["rule"] == "late")
+            .map(|e| e["subscribers"][0].clone())
+            .unwrap()
+    };
+    assert_eq!(late_subscriber().await["connected"], false);
+    // The engine comes up afterwards, on the configured port: the subscriber
+    // that kept trying connects.
+    let _engine = Engine::start_on("both", (0, dead_zmq, 0));
+    eventually("the late rule's subscriber connected", || async {
+        (late_subscriber().await["connected"] == true).then_some(())
+    })
+    .await;
+    // Requests for its model are routed by it (fallback: no inventory yet).
+    let resp = http
+        .post(gw.url("/v1/completions"))
+        .json(&json!({"model": "late-model", "prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let c = get_json(&gw.admin_url("/admin/counters"), Some(TOKEN)).await;
+    assert_eq!(c["rules"]["late"]["decisions"], 1, "{c}");
+
+    // Duplicate name → 409; PUT replaces; a model claimed twice is refused.
+    let doc = json!({"name": "late", "models": ["late-model"], "choice": "round_robin",
+                     "endpoints": [{"url": format!("http://{echo}")}]});
+    assert_eq!(post(doc.clone()).await.unwrap().status(), 409);
+    let r = http
+        .put(gw.admin_url("/admin/rules/late"))
+        .bearer_auth(TOKEN)
+        .json(&doc)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let rule = get_json(&gw.admin_url("/admin/rules/late"), Some(TOKEN)).await;
+    assert_eq!(rule["choice"], "round_robin");
+    let r = post(
+        json!({"name": "thief", "models": ["late-model"], "choice": "round_robin",
+                        "endpoints": [{"url": format!("http://{echo}")}]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+
+    // Delete; the model then falls to the default rule.
+    let r = http
+        .delete(gw.admin_url("/admin/rules/late"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let r = http
+        .get(gw.admin_url("/admin/rules/late"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let rules = get_json(&gw.admin_url("/admin/rules"), Some(TOKEN)).await;
+    let names: Vec<&str> = rules["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["down", "kv"]);
+    let _ = StatusCode::OK;
+}
+
+#[test]
+fn invalid_configuration_is_rejected_with_a_precise_message() {
+    let cases = [
+        (
+            "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"kv_exact\"\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1\"\nzmq = \"tcp://127.0.0.1:2\"\n",
+            "rules[0].contract",
+        ),
+        (
+            "listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"0.0.0.0:9999\"\n",
+            "admin.listen",
+        ),
+        (
+            "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1/v1\"\n",
+            "rules[0].endpoints[0].url",
+        ),
+        ("listen = \"127.0.0.1:0\"\nlisten_typo = 1\n", "unknown field"),
+    ];
+    for (toml, want) in cases {
+        let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+        f.write_all(toml.as_bytes()).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(["serve", "--config", f.path().to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{toml}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "want {want:?} in {err:?}");
+    }
+}

@@ -1,0 +1,142 @@
+//! Entry points for the cargo-fuzz targets `openai_request` and `chat_template`
+//! (and the corpus replay test). Not a stable API.
+
+use std::sync::OnceLock;
+
+use super::chat::template_input;
+use super::pyvalue::{parse_json, PyDict, PyValue};
+use super::request::{extract, Endpoint, OpenAiRequest};
+use super::template::ChatTemplate;
+
+/// The Qwen3 chat template, embedded so the fuzz targets need no files.
+pub const QWEN3_TEMPLATE: &str = include_str!("qwen3_chat_template.jinja");
+
+fn qwen3() -> Option<&'static ChatTemplate> {
+    static T: OnceLock<Option<ChatTemplate>> = OnceLock::new();
+    T.get_or_init(|| {
+        ChatTemplate::new(
+            QWEN3_TEMPLATE,
+            vec![
+                ("eos_token".into(), "<|im_end|>".into()),
+                ("pad_token".into(), "<|endoftext|>".into()),
+            ],
+        )
+        .ok()
+    })
+    .as_ref()
+}
+
+/// Arbitrary bytes as a body: parse, extract for both endpoints, and render chat
+/// requests with the Qwen3 template. Must never panic. Returns the rendered text
+/// length (so the work is not optimised away).
+pub fn openai_request(data: &[u8]) -> usize {
+    let Ok(body) = parse_json(data) else {
+        return 0;
+    };
+    let mut n = 0;
+    for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+        if let Ok(OpenAiRequest::Chat(chat)) = extract(endpoint, &body) {
+            if let Some(t) = qwen3() {
+                if let Ok(input) = template_input(&chat, t) {
+                    n += t.render(&input).map_or(0, |s| s.len());
+                }
+            }
+        }
+    }
+    n
+}
+
+/// Structured random conversation from bytes: each byte pair picks a role and
+/// a content shape, so the fuzzer explores role orders, tool calls, reasoning
+/// and parts rather than JSON syntax. Must never panic.
+pub fn chat_template(data: &[u8]) -> usize {
+    const ROLES: [&str; 6] = ["system", "user", "assistant", "tool", "developer", "other"];
+    const TEXTS: [&str; 8] = [
+        "",
+        "hello",
+        "<think>\nr\n</think>\n\nanswer",
+        "<tool_response>x</tool_response>",
+        "<|im_end|>",
+        " \n\t ",
+        "é\u{301}😀",
+        "{\"a\": 1}",
+    ];
+    let pick = |b: u8, n: usize| usize::from(b) % n;
+    let mut messages = Vec::new();
+    let mut chunks = data.chunks(2);
+    let flags = chunks.next().and_then(|c| c.first()).copied().unwrap_or(0);
+    for c in chunks.take(64) {
+        let (a, b) = (
+            c.first().copied().unwrap_or(0),
+            c.get(1).copied().unwrap_or(0),
+        );
+        let role = ROLES.get(pick(a, ROLES.len())).copied().unwrap_or("user");
+        let text = TEXTS.get(pick(b, TEXTS.len())).copied().unwrap_or("");
+        let mut m = PyDict::new();
+        m.insert("role".into(), PyValue::Str(role.into()));
+        let content = match a / 8 % 4 {
+            0 => PyValue::Str(text.into()),
+            1 => PyValue::Null,
+            2 => PyValue::List(vec![
+                part("text", text),
+                part("text", ""),
+                part("refusal", text),
+            ]),
+            _ => PyValue::List(Vec::new()),
+        };
+        m.insert("content".into(), content);
+        if role == "assistant" && b & 0x10 != 0 {
+            m.insert("reasoning_content".into(), PyValue::Str(text.into()));
+        }
+        if role == "assistant" && b & 0x20 != 0 {
+            let args = if b & 0x40 != 0 {
+                "{\"x\": 1e2}"
+            } else {
+                "not json"
+            };
+            m.insert("tool_calls".into(), tool_calls(args));
+        }
+        messages.push(PyValue::Dict(m));
+    }
+    let mut body = PyDict::new();
+    body.insert("model".into(), PyValue::Str("m".into()));
+    body.insert("messages".into(), PyValue::List(messages));
+    let cont = flags & 1 != 0;
+    body.insert(
+        "add_generation_prompt".into(),
+        PyValue::Bool(!cont && flags & 2 != 0),
+    );
+    body.insert("continue_final_message".into(), PyValue::Bool(cont));
+    if flags & 4 != 0 {
+        let mut kw = PyDict::new();
+        kw.insert("enable_thinking".into(), PyValue::Bool(flags & 8 != 0));
+        body.insert("chat_template_kwargs".into(), PyValue::Dict(kw));
+    }
+    let Ok(OpenAiRequest::Chat(chat)) = extract(Endpoint::Chat, &PyValue::Dict(body)) else {
+        return 0;
+    };
+    let Some(t) = qwen3() else { return 0 };
+    template_input(&chat, t)
+        .ok()
+        .and_then(|input| t.render(&input).ok())
+        .map_or(0, |s| s.len())
+}
+
+fn part(ty: &str, text: &str) -> PyValue {
+    let mut d = PyDict::new();
+    d.insert("type".into(), PyValue::Str(ty.into()));
+    let key = if ty == "refusal" { "refusal" } else { "text" };
+    d.insert(key.into(), PyValue::Str(text.into()));
+    PyValue::Dict(d)
+}
+
+fn tool_calls(arguments: &str) -> PyValue {
+    let mut f = PyDict::new();
+    f.insert("name".into(), PyValue::Str("f".into()));
+    f.insert("arguments".into(), PyValue::Str(arguments.into()));
+    let mut c = PyDict::new();
+    c.insert("id".into(), PyValue::Str("c".into()));
+    c.insert("type".into(), PyValue::Str("function".into()));
+    c.insert("function".into(), PyValue::Dict(f));
+    PyValue::List(vec![PyValue::Dict(c)])
+}

@@ -1,0 +1,220 @@
+//! OpenAI request body → the exact token ids vLLM prefills.
+//!
+//! The pipeline mirrors vLLM 0.33.0's OpenAI server (see
+//! `golden/chat/README.md`, the specification):
+//!
+//! 1. [`pyvalue`] parses the body like Python's `json.loads` (not JSON → [`PromptMiss::NotJson`]);
+//! 2. [`request`] extracts the prompt-deciding fields with vLLM's defaults and validators;
+//! 3. [`chat`] turns messages into the template input (content-part joining,
+//!    developer→system, tool normalisation, argument parsing);
+//! 4. [`template`] renders the chat template with minijinja, Python-compatible
+//!    (`tojson` = [`pyjson`], `raise_exception`, `strftime_now`, `continue_final_message`);
+//! 5. [`tokenizer`] tokenizes (span-cached, [`span_cache`]) and truncates; the
+//!    engine's length/vocabulary checks complete it.
+//!
+//! What each completions `prompt` shape routes on: a string → one engine prompt
+//! (its tokenization); a token-id list → one prompt, the ids verbatim; a list of
+//! strings or of id lists → one engine request per element, each hashed on its
+//! own ([`PromptTokens::engine_prompts`] has one entry per element).
+//!
+//! ```no_run
+//! use kvroute_engines::prompt::{Endpoint, TokenizerPool};
+//! let pool = TokenizerPool::new();
+//! pool.register("Qwen/Qwen3-8B", "golden/tokenizers/qwen3");
+//! let body = br#"{"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "Hello!"}]}"#;
+//! let p = pool.prompt_tokens(Endpoint::Chat, body).unwrap();
+//! assert_eq!(p.engine_prompts[0].rendered.as_deref(),
+//!            Some("<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"));
+//! ```
+
+pub mod chat;
+pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod golden;
+pub mod pyjson;
+pub mod pyvalue;
+pub mod request;
+pub mod span_cache;
+pub mod template;
+pub mod tokenizer;
+
+pub use error::PromptMiss;
+pub use request::{Endpoint, TruncationSide};
+pub use tokenizer::{ModelOptions, ModelTokenizer, TokenizerPool};
+
+use pyvalue::PyValue;
+use request::{ChatRequest, CommonFields, CompletionPrompt, OpenAiRequest};
+use template::TemplateInput;
+
+/// One request the engine runs: the text it tokenized (if any) and the ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnginePrompt {
+    /// The rendered/prompt text (`None` for token-id prompts). Untruncated, as vLLM keeps it.
+    pub rendered: Option<String>,
+    /// The ids the engine prefills (after truncation).
+    pub token_ids: Vec<u32>,
+}
+
+/// The prompt(s) of one OpenAI request, ready for block hashing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptTokens {
+    /// The model slug from the body.
+    pub model: String,
+    /// The endpoint the body was for.
+    pub endpoint: Endpoint,
+    /// One entry per engine request (several for array completions prompts).
+    pub engine_prompts: Vec<EnginePrompt>,
+    /// `cache_salt`: ids unchanged, but it enters block 0's hash.
+    pub cache_salt: Option<String>,
+    /// `truncate_prompt_tokens` cut at least one prompt.
+    pub truncated: bool,
+}
+
+impl TokenizerPool {
+    /// Body bytes → prompt tokens for the model the body names.
+    ///
+    /// Every failure is a typed [`PromptMiss`]; nothing here is an error to the client.
+    pub fn prompt_tokens(
+        &self,
+        endpoint: Endpoint,
+        body: &[u8],
+    ) -> Result<PromptTokens, PromptMiss> {
+        let value = pyvalue::parse_json(body).map_err(|e| PromptMiss::NotJson(e.to_string()))?;
+        let model = request::model_of(&value).ok_or(PromptMiss::NoModel)?;
+        let tok = self.get(model)?;
+        prompt_tokens(&tok, endpoint, &value)
+    }
+}
+
+/// A parsed body → prompt tokens with a given model's tokenizer (the model
+/// slug in the body is reported, not checked).
+pub fn prompt_tokens(
+    tok: &ModelTokenizer,
+    endpoint: Endpoint,
+    body: &PyValue,
+) -> Result<PromptTokens, PromptMiss> {
+    let req = request::extract(endpoint, body)?;
+    let common = req.common().clone();
+    let mut truncated = false;
+    let engine_prompts = match &req {
+        OpenAiRequest::Chat(chat) => {
+            let (_, rendered) = render_chat(tok, chat)?;
+            let ids = tok.encode(&rendered, common.add_special_tokens)?;
+            vec![finish(tok, &common, Some(rendered), ids, &mut truncated)?]
+        }
+        OpenAiRequest::Completions(c) => match &c.prompt {
+            CompletionPrompt::Text(text) => {
+                let ids = tok.encode(text, common.add_special_tokens)?;
+                vec![finish(
+                    tok,
+                    &common,
+                    Some(text.clone()),
+                    ids,
+                    &mut truncated,
+                )?]
+            }
+            CompletionPrompt::Ids(ids) => {
+                vec![finish(
+                    tok,
+                    &common,
+                    None,
+                    checked_ids(tok, ids)?,
+                    &mut truncated,
+                )?]
+            }
+            CompletionPrompt::Texts(texts) => texts
+                .iter()
+                .map(|t| {
+                    let ids = tok.encode(t, common.add_special_tokens)?;
+                    finish(tok, &common, Some(t.clone()), ids, &mut truncated)
+                })
+                .collect::<Result<_, _>>()?,
+            CompletionPrompt::IdLists(lists) => lists
+                .iter()
+                .map(|ids| finish(tok, &common, None, checked_ids(tok, ids)?, &mut truncated))
+                .collect::<Result<_, _>>()?,
+        },
+    };
+    Ok(PromptTokens {
+        model: common.model,
+        endpoint,
+        engine_prompts,
+        cache_salt: common.cache_salt,
+        truncated,
+    })
+}
+
+/// A chat request → the template input and the rendered prompt text.
+pub fn render_chat(
+    tok: &ModelTokenizer,
+    chat: &ChatRequest,
+) -> Result<(TemplateInput, String), PromptMiss> {
+    let template = tok.chat_template()?;
+    let input = chat::template_input(chat, template)?;
+    let rendered = template.render(&input)?;
+    Ok((input, rendered))
+}
+
+/// The engine refuses ids outside the vocabulary.
+fn checked_ids(tok: &ModelTokenizer, ids: &[i64]) -> Result<Vec<u32>, PromptMiss> {
+    ids.iter()
+        .map(|&id| {
+            u32::try_from(id)
+                .ok()
+                .filter(|&u| (u as usize) < tok.vocab_size())
+                .ok_or_else(|| {
+                    PromptMiss::EngineInput(format!("token id {id} is out of vocabulary"))
+                })
+        })
+        .collect()
+}
+
+/// Applies `truncate_prompt_tokens`, then the engine's input checks.
+fn finish(
+    tok: &ModelTokenizer,
+    common: &CommonFields,
+    rendered: Option<String>,
+    mut ids: Vec<u32>,
+    truncated: &mut bool,
+) -> Result<EnginePrompt, PromptMiss> {
+    let keep = match common.truncate_prompt_tokens {
+        Some(-1) => tok.max_model_len().map(|m| {
+            if common.max_tokens == Some(0) {
+                m
+            } else {
+                m.saturating_sub(1)
+            }
+        }),
+        Some(n) => usize::try_from(n).ok(),
+        None => None,
+    };
+    if let Some(keep) = keep {
+        if ids.len() > keep {
+            *truncated = true;
+            match common.truncation_side {
+                TruncationSide::Left => {
+                    ids.drain(..ids.len() - keep);
+                }
+                TruncationSide::Right => ids.truncate(keep),
+            }
+        }
+    }
+    if ids.is_empty() {
+        return Err(PromptMiss::EngineInput(
+            "the decoder prompt cannot be empty".into(),
+        ));
+    }
+    if let Some(max) = tok.max_model_len() {
+        if ids.len() > max {
+            return Err(PromptMiss::EngineInput(format!(
+                "prompt has {} tokens, more than max_model_len {max}",
+                ids.len()
+            )));
+        }
+    }
+    Ok(EnginePrompt {
+        rendered,
+        token_ids: ids,
+    })
+}

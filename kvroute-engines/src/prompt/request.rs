@@ -1,0 +1,426 @@
+//! OpenAI request bodies → the fields that decide the prompt (vLLM 0.33 defaults
+//! and validators). Sampling, streaming and unknown fields are ignored.
+
+use super::error::PromptMiss;
+use super::pyvalue::{PyDict, PyValue};
+
+/// Which OpenAI endpoint a body was posted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`
+    Chat,
+    /// `/v1/completions`
+    Completions,
+}
+
+impl Endpoint {
+    /// The endpoint for a request path, `None` for anything else.
+    ///
+    /// ```
+    /// use kvroute_engines::prompt::Endpoint;
+    /// assert_eq!(Endpoint::from_path("/v1/chat/completions"), Some(Endpoint::Chat));
+    /// assert_eq!(Endpoint::from_path("/v1/completions?x=1"), Some(Endpoint::Completions));
+    /// ```
+    #[must_use]
+    pub fn from_path(path: &str) -> Option<Self> {
+        let path = path.split('?').next().unwrap_or("").trim_end_matches('/');
+        if path.ends_with("/chat/completions") {
+            Some(Self::Chat)
+        } else if path.ends_with("/completions") {
+            Some(Self::Completions)
+        } else {
+            None
+        }
+    }
+
+    /// Guesses the endpoint from the body: `messages` → chat, else completions.
+    #[must_use]
+    pub fn detect(body: &PyValue) -> Self {
+        match body.as_dict() {
+            Some(d) if d.contains_key("messages") => Self::Chat,
+            _ => Self::Completions,
+        }
+    }
+
+    /// The golden-file name (`"chat"` / `"completions"`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Completions => "completions",
+        }
+    }
+}
+
+/// Which end of an over-long prompt `truncate_prompt_tokens` keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TruncationSide {
+    /// Keep the last N tokens (vLLM's default for generate models).
+    #[default]
+    Left,
+    /// Keep the first N tokens.
+    Right,
+}
+
+/// Fields shared by both endpoints.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CommonFields {
+    /// The model slug.
+    pub model: String,
+    /// `add_special_tokens` (chat default false, completions true).
+    pub add_special_tokens: bool,
+    /// `truncate_prompt_tokens` (`-1` = model maximum).
+    pub truncate_prompt_tokens: Option<i64>,
+    /// `truncation_side`.
+    pub truncation_side: TruncationSide,
+    /// `cache_salt`: ids unchanged, block 0's hash changes.
+    pub cache_salt: Option<String>,
+    /// `max_tokens` / `max_completion_tokens` (only `0` matters: it changes what `-1` truncates to).
+    pub max_tokens: Option<i64>,
+}
+
+/// What a `/v1/completions` `prompt` is, and so what the engine receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompletionPrompt {
+    /// A string: one engine prompt, tokenized with special tokens by default.
+    Text(String),
+    /// A token-id list: one engine prompt, used verbatim.
+    Ids(Vec<i64>),
+    /// A list of strings: one engine request per string, each hashed separately.
+    Texts(Vec<String>),
+    /// A list of token-id lists: one engine request per list.
+    IdLists(Vec<Vec<i64>>),
+}
+
+/// A `/v1/completions` body reduced to what decides its prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionRequest {
+    /// Shared fields.
+    pub common: CommonFields,
+    /// The prompt.
+    pub prompt: CompletionPrompt,
+}
+
+/// A `/v1/chat/completions` body reduced to what decides its prompt.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ChatRequest {
+    /// Shared fields.
+    pub common: CommonFields,
+    /// The raw `messages` array (validated lazily by [`super::chat`]).
+    pub messages: Vec<PyValue>,
+    /// `tools` as sent.
+    pub tools: Option<Vec<PyValue>>,
+    /// `add_generation_prompt` (default true).
+    pub add_generation_prompt: bool,
+    /// `continue_final_message` (default false).
+    pub continue_final_message: bool,
+    /// `chat_template_kwargs`.
+    pub chat_template_kwargs: PyDict,
+    /// `documents`.
+    pub documents: Option<PyValue>,
+    /// `reasoning_effort`.
+    pub reasoning_effort: Option<PyValue>,
+}
+
+/// A parsed request of either endpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OpenAiRequest {
+    /// Chat completions.
+    Chat(Box<ChatRequest>),
+    /// Completions.
+    Completions(CompletionRequest),
+}
+
+impl OpenAiRequest {
+    /// The common fields.
+    #[must_use]
+    pub fn common(&self) -> &CommonFields {
+        match self {
+            Self::Chat(c) => &c.common,
+            Self::Completions(c) => &c.common,
+        }
+    }
+}
+
+/// The `model` of a JSON body, if it is a string. Cheap: no validation.
+#[must_use]
+pub fn model_of(body: &PyValue) -> Option<&str> {
+    body.as_dict()?.get("model")?.as_str()
+}
+
+fn invalid(field: &str, want: &str, got: &PyValue) -> PromptMiss {
+    PromptMiss::RequestValidation(format!("{field}: expected {want}, got {}", got.type_name()))
+}
+
+/// A present, non-null field.
+fn field<'a>(d: &'a PyDict, name: &str) -> Option<&'a PyValue> {
+    d.get(name).filter(|v| !v.is_null())
+}
+
+fn opt_bool(d: &PyDict, name: &str, default: bool) -> Result<bool, PromptMiss> {
+    match d.get(name) {
+        None => Ok(default),
+        Some(PyValue::Bool(b)) => Ok(*b),
+        // pydantic lax mode accepts 0/1 and a few strings for bool fields.
+        Some(PyValue::Int(0)) => Ok(false),
+        Some(PyValue::Int(1)) => Ok(true),
+        Some(PyValue::Str(s)) => match s.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" | "t" | "y" => Ok(true),
+            "false" | "0" | "no" | "off" | "f" | "n" => Ok(false),
+            _ => Err(invalid(name, "a boolean", &PyValue::Str(s.clone()))),
+        },
+        Some(other) => Err(invalid(name, "a boolean", other)),
+    }
+}
+
+fn opt_int(d: &PyDict, name: &str) -> Result<Option<i64>, PromptMiss> {
+    match field(d, name) {
+        None => Ok(None),
+        Some(PyValue::Int(i)) => Ok(Some(*i)),
+        Some(PyValue::Float(f)) if f.fract() == 0.0 && f.abs() < 9e15 => Ok(Some(*f as i64)),
+        Some(other) => Err(invalid(name, "an integer", other)),
+    }
+}
+
+fn opt_string(d: &PyDict, name: &str) -> Result<Option<String>, PromptMiss> {
+    match field(d, name) {
+        None => Ok(None),
+        Some(PyValue::Str(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(invalid(name, "a string", other)),
+    }
+}
+
+fn common_fields(
+    d: &PyDict,
+    model: &str,
+    add_special_default: bool,
+) -> Result<CommonFields, PromptMiss> {
+    let truncate_prompt_tokens = opt_int(d, "truncate_prompt_tokens")?;
+    if let Some(n) = truncate_prompt_tokens {
+        if n < -1 {
+            return Err(PromptMiss::RequestValidation(
+                "truncate_prompt_tokens must be >= -1".into(),
+            ));
+        }
+    }
+    let truncation_side = match opt_string(d, "truncation_side")?.as_deref() {
+        None | Some("left") => TruncationSide::Left,
+        Some("right") => TruncationSide::Right,
+        Some(other) => {
+            return Err(PromptMiss::RequestValidation(format!(
+                "truncation_side: expected 'left' or 'right', got {other:?}"
+            )))
+        }
+    };
+    let max_tokens = match opt_int(d, "max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => opt_int(d, "max_tokens")?,
+    };
+    Ok(CommonFields {
+        model: model.to_owned(),
+        add_special_tokens: opt_bool(d, "add_special_tokens", add_special_default)?,
+        truncate_prompt_tokens,
+        truncation_side,
+        cache_salt: opt_string(d, "cache_salt")?,
+        max_tokens,
+    })
+}
+
+/// Extracts and validates the prompt-deciding fields of a body.
+///
+/// ```
+/// use kvroute_engines::prompt::pyvalue::parse_json;
+/// use kvroute_engines::prompt::request::{extract, CompletionPrompt, OpenAiRequest};
+/// use kvroute_engines::prompt::Endpoint;
+/// let body = parse_json(br#"{"model": "m", "prompt": [1, 2, 3]}"#).unwrap();
+/// let OpenAiRequest::Completions(req) = extract(Endpoint::Completions, &body).unwrap() else { panic!() };
+/// assert_eq!(req.prompt, CompletionPrompt::Ids(vec![1, 2, 3]));
+/// assert!(req.common.add_special_tokens);
+/// ```
+pub fn extract(endpoint: Endpoint, body: &PyValue) -> Result<OpenAiRequest, PromptMiss> {
+    let d = body
+        .as_dict()
+        .ok_or_else(|| invalid("body", "a JSON object", body))?;
+    let model = match d.get("model") {
+        Some(PyValue::Str(s)) => s.as_str(),
+        None | Some(PyValue::Null) => return Err(PromptMiss::NoModel),
+        Some(other) => return Err(invalid("model", "a string", other)),
+    };
+    match endpoint {
+        Endpoint::Chat => extract_chat(d, model).map(|c| OpenAiRequest::Chat(Box::new(c))),
+        Endpoint::Completions => extract_completion(d, model).map(OpenAiRequest::Completions),
+    }
+}
+
+fn extract_chat(d: &PyDict, model: &str) -> Result<ChatRequest, PromptMiss> {
+    let messages = match d.get("messages") {
+        Some(PyValue::List(l)) => l.clone(),
+        Some(other) => return Err(invalid("messages", "a list", other)),
+        None => {
+            return Err(PromptMiss::RequestValidation(
+                "messages: field required".into(),
+            ))
+        }
+    };
+    let tools = match field(d, "tools") {
+        None => None,
+        Some(PyValue::List(l)) if l.is_empty() => {
+            return Err(PromptMiss::RequestRule(
+                "tools: an empty list is not allowed; omit the field".into(),
+            ))
+        }
+        Some(PyValue::List(l)) => Some(l.clone()),
+        Some(other) => return Err(invalid("tools", "a list", other)),
+    };
+    let add_generation_prompt = opt_bool(d, "add_generation_prompt", true)?;
+    let continue_final_message = opt_bool(d, "continue_final_message", false)?;
+    if add_generation_prompt && continue_final_message {
+        return Err(PromptMiss::RequestRule(
+            "continue_final_message and add_generation_prompt cannot both be true".into(),
+        ));
+    }
+    let chat_template_kwargs = match field(d, "chat_template_kwargs") {
+        None => PyDict::new(),
+        Some(PyValue::Dict(k)) => k.clone(),
+        Some(other) => return Err(invalid("chat_template_kwargs", "an object", other)),
+    };
+    if field(d, "chat_template").is_some()
+        || field(&chat_template_kwargs, "chat_template").is_some()
+    {
+        return Err(PromptMiss::RenderRule(
+            "a request-supplied chat_template needs --trust-request-chat-template".into(),
+        ));
+    }
+    Ok(ChatRequest {
+        common: common_fields(d, model, false)?,
+        messages,
+        tools,
+        add_generation_prompt,
+        continue_final_message,
+        chat_template_kwargs,
+        documents: field(d, "documents").cloned(),
+        reasoning_effort: field(d, "reasoning_effort").cloned(),
+    })
+}
+
+fn id_list(items: &[PyValue]) -> Option<Vec<i64>> {
+    items
+        .iter()
+        .map(|v| match v {
+            PyValue::Int(i) => Some(*i),
+            _ => None,
+        })
+        .collect()
+}
+
+fn extract_completion(d: &PyDict, model: &str) -> Result<CompletionRequest, PromptMiss> {
+    if field(d, "prompt_embeds").is_some() {
+        return Err(PromptMiss::Unsupported("prompt_embeds".into()));
+    }
+    let empty = || PromptMiss::RequestRule("prompt must not be empty".into());
+    let prompt = match field(d, "prompt") {
+        None => {
+            return Err(PromptMiss::RequestRule(
+                "either prompt or prompt_embeds must be provided".into(),
+            ))
+        }
+        Some(PyValue::Str(s)) if s.is_empty() => return Err(empty()),
+        Some(PyValue::Str(s)) => CompletionPrompt::Text(s.clone()),
+        Some(PyValue::List(items)) if items.is_empty() => return Err(empty()),
+        Some(PyValue::List(items)) => {
+            if let Some(ids) = id_list(items) {
+                CompletionPrompt::Ids(ids)
+            } else if let Some(texts) = items
+                .iter()
+                .map(|v| v.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+            {
+                CompletionPrompt::Texts(texts)
+            } else if let Some(lists) = items
+                .iter()
+                .map(|v| v.as_list().and_then(id_list))
+                .collect::<Option<Vec<_>>>()
+            {
+                CompletionPrompt::IdLists(lists)
+            } else {
+                return Err(PromptMiss::RequestValidation(
+                    "prompt: expected a string, a list of ints, strings, or int lists".into(),
+                ));
+            }
+        }
+        Some(other) => return Err(invalid("prompt", "a string or a list", other)),
+    };
+    Ok(CompletionRequest {
+        common: common_fields(d, model, true)?,
+        prompt,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompt::pyvalue::parse_json;
+
+    fn ex(endpoint: Endpoint, json: &str) -> Result<OpenAiRequest, PromptMiss> {
+        extract(endpoint, &parse_json(json.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn chat_defaults_and_rules() {
+        let Ok(OpenAiRequest::Chat(c)) = ex(Endpoint::Chat, r#"{"model":"m","messages":[]}"#)
+        else {
+            panic!()
+        };
+        assert!(c.add_generation_prompt && !c.continue_final_message);
+        assert!(!c.common.add_special_tokens);
+        assert_eq!(
+            ex(Endpoint::Chat, r#"{"messages":[]}"#),
+            Err(PromptMiss::NoModel)
+        );
+        assert_eq!(
+            ex(Endpoint::Chat, r#"{"model":"m","messages":[],"tools":[]}"#).map_err(|e| e.kind()),
+            Err("request_rule")
+        );
+        assert_eq!(
+            ex(
+                Endpoint::Chat,
+                r#"{"model":"m","messages":[],"continue_final_message":true}"#
+            )
+            .map_err(|e| e.kind()),
+            Err("request_rule")
+        );
+        assert_eq!(
+            ex(
+                Endpoint::Chat,
+                r#"{"model":"m","messages":[],"chat_template":"x"}"#
+            )
+            .map_err(|e| e.kind()),
+            Err("render_rule")
+        );
+    }
+
+    #[test]
+    fn completion_prompt_shapes() {
+        let shape = |p: &str| match ex(
+            Endpoint::Completions,
+            &format!(r#"{{"model":"m","prompt":{p}}}"#),
+        ) {
+            Ok(OpenAiRequest::Completions(c)) => Ok(c.prompt),
+            Ok(_) => panic!(),
+            Err(e) => Err(e.kind()),
+        };
+        assert_eq!(shape(r#""a""#), Ok(CompletionPrompt::Text("a".into())));
+        assert_eq!(shape("[1,2]"), Ok(CompletionPrompt::Ids(vec![1, 2])));
+        assert_eq!(
+            shape(r#"["a","b"]"#),
+            Ok(CompletionPrompt::Texts(vec!["a".into(), "b".into()]))
+        );
+        assert_eq!(
+            shape("[[1],[2,3]]"),
+            Ok(CompletionPrompt::IdLists(vec![vec![1], vec![2, 3]]))
+        );
+        assert_eq!(shape(r#""""#), Err("request_rule"));
+        assert_eq!(shape("[]"), Err("request_rule"));
+        assert_eq!(shape(r#"[1,"a"]"#), Err("request_validation"));
+    }
+}

@@ -1,0 +1,396 @@
+//! Staged per-model tokenizers (tokenizer.json + chat template) and the pool
+//! that loads them lazily by model slug.
+
+use std::fs;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use parking_lot::{Mutex, RwLock};
+use tokenizers::Tokenizer;
+
+use super::error::PromptMiss;
+use super::span_cache::{SegmentPolicy, SpanCache, SpanCacheStats};
+use super::template::{ChatTemplate, TemplateError};
+
+/// Default span-cache budget per model.
+pub const DEFAULT_SPAN_CACHE_BYTES: usize = 64 << 20;
+
+/// Why a model directory could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// No `tokenizer.json` / `tokenizer.json.gz` in the directory.
+    #[error("no tokenizer.json or tokenizer.json.gz in {0}")]
+    NoTokenizer(PathBuf),
+    /// `tokenizer.json` does not parse.
+    #[error("tokenizer.json: {0}")]
+    Tokenizer(String),
+    /// `tokenizer_config.json` / `chat_template.json` is not valid JSON.
+    #[error("{path}: {reason}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// The parse error.
+        reason: String,
+    },
+}
+
+/// Per-model settings that are not in the staged files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelOptions {
+    /// The engine's `max_model_len`; `None`: read `config.json`'s
+    /// `max_position_embeddings` if present, else no length check.
+    pub max_model_len: Option<usize>,
+    /// Span-cache budget in bytes (`0` turns the cache off).
+    pub span_cache_bytes: usize,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        Self {
+            max_model_len: None,
+            span_cache_bytes: DEFAULT_SPAN_CACHE_BYTES,
+        }
+    }
+}
+
+/// One model's tokenizer, chat template and tokenization cache.
+pub struct ModelTokenizer {
+    tokenizer: Tokenizer,
+    template: Option<Result<ChatTemplate, TemplateError>>,
+    max_model_len: Option<usize>,
+    vocab_size: usize,
+    post_processor_adds_tokens: bool,
+    segments: Option<SegmentPolicy>,
+    cache: Option<SpanCache>,
+}
+
+impl std::fmt::Debug for ModelTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelTokenizer")
+            .field("template", &self.template)
+            .field("max_model_len", &self.max_model_len)
+            .field("vocab_size", &self.vocab_size)
+            .field("segments", &self.segments)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
+    fs::read(path).map_err(|source| LoadError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn read_tokenizer_json(dir: &Path) -> Result<Vec<u8>, LoadError> {
+    let plain = dir.join("tokenizer.json");
+    if plain.is_file() {
+        return read(&plain);
+    }
+    let gz = dir.join("tokenizer.json.gz");
+    if gz.is_file() {
+        let compressed = read(&gz)?;
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(compressed.as_slice())
+            .read_to_end(&mut out)
+            .map_err(|source| LoadError::Io { path: gz, source })?;
+        return Ok(out);
+    }
+    Err(LoadError::NoTokenizer(dir.to_owned()))
+}
+
+fn read_json(path: &Path) -> Result<Option<serde_json::Value>, LoadError> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let bytes = read(path)?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| LoadError::Config {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
+}
+
+/// transformers stores the template as a string, or a list of named templates
+/// (the one named `default` is used).
+fn template_from_config_value(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(items) => items.iter().find_map(|t| {
+            (t.get("name")?.as_str()? == "default")
+                .then(|| t.get("template")?.as_str().map(str::to_owned))
+                .flatten()
+        }),
+        _ => None,
+    }
+}
+
+/// A special-token entry is a string or `{"content": ...}` (older configs).
+fn token_text(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_owned),
+        _ => None,
+    }
+}
+
+impl ModelTokenizer {
+    /// Loads a staged model directory: `tokenizer.json` (or `.json.gz`),
+    /// `tokenizer_config.json` (special tokens, `chat_template`), and a chat
+    /// template from `chat_template.jinja` or `chat_template.json` if present
+    /// (those win over the config, as in transformers).
+    pub fn load(dir: &Path, options: &ModelOptions) -> Result<Self, LoadError> {
+        let json = read_tokenizer_json(dir)?;
+        let mut tokenizer =
+            Tokenizer::from_bytes(&json).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+        // vLLM passes truncation per call; a stored default would change ids.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+        tokenizer.with_padding(None);
+
+        let config = read_json(&dir.join("tokenizer_config.json"))?;
+        let mut template_src = config
+            .as_ref()
+            .and_then(|c| c.get("chat_template"))
+            .and_then(template_from_config_value);
+        if let Some(v) = read_json(&dir.join("chat_template.json"))? {
+            if let Some(t) = v.get("chat_template").and_then(template_from_config_value) {
+                template_src = Some(t);
+            }
+        }
+        let jinja = dir.join("chat_template.jinja");
+        if jinja.is_file() {
+            let bytes = read(&jinja)?;
+            template_src = Some(String::from_utf8_lossy(&bytes).into_owned());
+        }
+        let mut special = Vec::new();
+        if let Some(c) = &config {
+            for name in [
+                "bos_token",
+                "eos_token",
+                "unk_token",
+                "sep_token",
+                "pad_token",
+                "cls_token",
+                "mask_token",
+            ] {
+                if let Some(t) = c.get(name).and_then(token_text) {
+                    special.push((name.to_owned(), t));
+                }
+            }
+        }
+        let template = template_src.map(|src| ChatTemplate::new(&src, special));
+        let max_model_len = options.max_model_len.or_else(|| {
+            read_json(&dir.join("config.json"))
+                .ok()
+                .flatten()
+                .and_then(|c| c.get("max_position_embeddings")?.as_u64())
+                .map(|n| n as usize)
+        });
+        let post_processor_adds_tokens = tokenizer
+            .get_post_processor()
+            .is_some_and(|p| tokenizers::PostProcessor::added_tokens(p, false) > 0);
+        let segments = if options.span_cache_bytes > 0 {
+            SegmentPolicy::from_tokenizer(
+                &tokenizer,
+                &["<|im_start|>", "<start_of_turn>", "<|start_header_id|>"],
+            )
+        } else {
+            None
+        };
+        let cache = segments
+            .as_ref()
+            .map(|_| SpanCache::new(options.span_cache_bytes));
+        let vocab_size = tokenizer.get_vocab_size(true);
+        Ok(Self {
+            tokenizer,
+            template,
+            max_model_len,
+            vocab_size,
+            post_processor_adds_tokens,
+            segments,
+            cache,
+        })
+    }
+
+    /// The chat template, if the model has one (or why it does not compile).
+    pub fn chat_template(&self) -> Result<&ChatTemplate, PromptMiss> {
+        match &self.template {
+            Some(Ok(t)) => Ok(t),
+            Some(Err(e)) => Err(PromptMiss::Template(e.clone())),
+            None => Err(PromptMiss::NoChatTemplate),
+        }
+    }
+
+    /// The engine's maximum prompt length, if known.
+    #[must_use]
+    pub fn max_model_len(&self) -> Option<usize> {
+        self.max_model_len
+    }
+
+    /// Vocabulary size including added tokens (token ids must be below it).
+    #[must_use]
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    #[must_use]
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Span-cache counters (`None` when caching is off for this tokenizer).
+    #[must_use]
+    pub fn span_cache_stats(&self) -> Option<SpanCacheStats> {
+        self.cache.as_ref().map(SpanCache::stats)
+    }
+
+    /// Full tokenization without the span cache (the reference).
+    pub fn encode_uncached(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, PromptMiss> {
+        self.tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| PromptMiss::Tokenize(e.to_string()))
+    }
+
+    /// Token ids of `text`, using the span cache when it is provably exact
+    /// (see [`super::span_cache`]).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptMiss> {
+        let (Some(policy), Some(cache)) = (&self.segments, &self.cache) else {
+            return self.encode_uncached(text, add_special_tokens);
+        };
+        if add_special_tokens && self.post_processor_adds_tokens {
+            return self.encode_uncached(text, add_special_tokens);
+        }
+        let mut ids = Vec::with_capacity(text.len() / 3);
+        for seg in policy.segments(text) {
+            let part = cache.get_or_insert(seg, |s| self.encode_uncached(s, false))?;
+            ids.extend_from_slice(&part);
+        }
+        Ok(ids)
+    }
+}
+
+/// Tokenizers keyed by model slug: staged directories registered up front,
+/// loaded on first use, shared across threads, reloadable on demand.
+///
+/// ```no_run
+/// use kvroute_engines::prompt::{Endpoint, TokenizerPool};
+/// let pool = TokenizerPool::new();
+/// pool.register("Qwen/Qwen3-8B", "/models/qwen3");
+/// let body = br#"{"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "hi"}]}"#;
+/// let out = pool.prompt_tokens(Endpoint::Chat, body).unwrap();
+/// assert!(!out.engine_prompts[0].token_ids.is_empty());
+/// ```
+#[derive(Default)]
+pub struct TokenizerPool {
+    staged: RwLock<HashMap<String, (PathBuf, ModelOptions)>>,
+    loaded: RwLock<HashMap<String, Result<Arc<ModelTokenizer>, String>>>,
+    load_lock: Mutex<()>,
+}
+
+impl std::fmt::Debug for TokenizerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenizerPool")
+            .field("staged", &self.staged.read().keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenizerPool {
+    /// An empty pool.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stages `dir` for `model` with default options (replaces any earlier
+    /// staging and drops a loaded copy).
+    pub fn register(&self, model: impl Into<String>, dir: impl Into<PathBuf>) {
+        self.register_with(model, dir, ModelOptions::default());
+    }
+
+    /// Stages `dir` for `model` with explicit options.
+    pub fn register_with(
+        &self,
+        model: impl Into<String>,
+        dir: impl Into<PathBuf>,
+        options: ModelOptions,
+    ) {
+        let model = model.into();
+        self.loaded.write().remove(&model);
+        self.staged.write().insert(model, (dir.into(), options));
+    }
+
+    /// Forgets a model.
+    pub fn unregister(&self, model: &str) {
+        self.staged.write().remove(model);
+        self.loaded.write().remove(model);
+    }
+
+    /// Drops the loaded copy so the next use reads the directory again.
+    pub fn reload(&self, model: &str) {
+        self.loaded.write().remove(model);
+    }
+
+    /// Model slugs that are staged.
+    #[must_use]
+    pub fn models(&self) -> Vec<String> {
+        self.staged.read().keys().cloned().collect()
+    }
+
+    /// The loaded tokenizer for `model`, loading it on first use. A failed load
+    /// is remembered (no retry storm) until [`reload`](Self::reload).
+    pub fn get(&self, model: &str) -> Result<Arc<ModelTokenizer>, PromptMiss> {
+        if let Some(r) = self.loaded.read().get(model) {
+            return Self::result(model, r);
+        }
+        let _serialise_loads = self.load_lock.lock();
+        if let Some(r) = self.loaded.read().get(model) {
+            return Self::result(model, r);
+        }
+        let Some((dir, options)) = self.staged.read().get(model).cloned() else {
+            return Err(PromptMiss::UnknownModel(model.to_owned()));
+        };
+        let loaded = match ModelTokenizer::load(&dir, &options) {
+            Ok(t) => {
+                tracing::info!(model, dir = %dir.display(), "tokenizer loaded");
+                Ok(Arc::new(t))
+            }
+            Err(e) => {
+                tracing::warn!(model, dir = %dir.display(), error = %e, "tokenizer failed to load");
+                Err(e.to_string())
+            }
+        };
+        let out = Self::result(model, &loaded);
+        self.loaded.write().insert(model.to_owned(), loaded);
+        out
+    }
+
+    fn result(
+        model: &str,
+        r: &Result<Arc<ModelTokenizer>, String>,
+    ) -> Result<Arc<ModelTokenizer>, PromptMiss> {
+        r.clone().map_err(|reason| PromptMiss::ModelLoad {
+            model: model.to_owned(),
+            reason,
+        })
+    }
+}

@@ -1,0 +1,152 @@
+//! Transports that carry engine KV events to kvroute: thin I/O shells around the
+//! sans-IO decoders and the ingest state machine.
+//!
+//! | engine | transport | module | feature |
+//! |---|---|---|---|
+//! | vLLM, SGLang | ZeroMQ PUB → our SUB, `[topic, seq, payload]`; ROUTER replay | [`zmq_subscriber`], [`replay`] | `zmq` |
+//! | TensorRT-LLM | `POST /kv_cache_events` (destructive drain) | [`trtllm_poller`] | `trtllm-http` |
+//! | llama.cpp | none: no KV event contract → [`TransportError::Unsupported`] | [`require_kv_events`] | — |
+//!
+//! The transports only move bytes: they own sockets, reconnects, replay and timers,
+//! and hand each frame to a [`FrameSink`] (ZeroMQ) or [`DrainSink`] (HTTP), which
+//! decodes and applies it. Nothing here starts a runtime: every transport is an
+//! `async fn` the host spawns on its own tokio runtime, stopped by a shutdown
+//! future the host supplies. Every transport keeps [`SubscriberMetrics`].
+
+pub mod decoding_sink;
+pub mod endpoint;
+pub mod index_ingest;
+pub mod metrics;
+pub mod sink;
+pub mod trtllm_sink;
+
+#[cfg(feature = "zmq")]
+pub mod replay;
+#[cfg(feature = "zmq")]
+pub mod zmq_subscriber;
+
+#[cfg(feature = "trtllm-http")]
+pub mod trtllm_poller;
+
+pub use decoding_sink::{DecodingSink, IngestOutcome, SeqIngest};
+pub use endpoint::{EndpointError, SocketRole, ZmqEndpoint};
+pub use index_ingest::IndexIngest;
+pub use metrics::{MetricsSnapshot, SubscriberMetrics};
+pub use sink::{
+    DrainReport, DrainSink, Frame, FrameReport, FrameSink, FrameSource, ReplayOutcome, SinkAction,
+};
+#[cfg(feature = "zmq")]
+pub use zmq_subscriber::{ZmqSubscriber, ZmqSubscriberConfig};
+
+pub use trtllm_sink::{BatchApplier, Continuity, EventIdTracker, TrtllmSink};
+
+#[cfg(feature = "trtllm-http")]
+pub use trtllm_poller::{TrtllmPoller, TrtllmPollerConfig};
+
+/// The inference engines kvroute knows about, as far as transports are concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EngineKind {
+    /// vLLM: msgpack KV events over ZeroMQ PUB, optional ROUTER replay.
+    Vllm,
+    /// SGLang: msgpack KV events over ZeroMQ PUB, optional ROUTER replay.
+    Sglang,
+    /// TensorRT-LLM (`trtllm-serve`): JSON events drained by `POST /kv_cache_events`.
+    TensorRtLlm,
+    /// llama.cpp server: has a prompt cache but publishes no KV events.
+    LlamaCpp,
+}
+
+impl EngineKind {
+    /// Lower-case engine name as used in configuration and metrics labels.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+            EngineKind::TensorRtLlm => "trtllm",
+            EngineKind::LlamaCpp => "llama.cpp",
+        }
+    }
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Errors of the transport layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The engine cannot serve the requested routing mode.
+    #[error("{engine} does not support {feature}: {reason}; {suggestion}")]
+    Unsupported {
+        /// The engine asked about.
+        engine: EngineKind,
+        /// What was asked for.
+        feature: &'static str,
+        /// Why it cannot work.
+        reason: &'static str,
+        /// What to configure instead.
+        suggestion: &'static str,
+    },
+    /// An endpoint string could not be used.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+}
+
+/// Checks that `engine` publishes the KV events KV-exact routing needs.
+///
+/// llama.cpp keeps a prompt cache per slot but has no event stream (no ZeroMQ
+/// publisher, no drain endpoint) and no block-hash contract, so an inventory of
+/// its cache cannot be followed: asking for KV-exact on it is a configuration
+/// error, reported with the alternative that works (content affinity).
+///
+/// ```
+/// use kvroute_engines::transport::{require_kv_events, EngineKind, TransportError};
+///
+/// assert!(require_kv_events(EngineKind::Vllm).is_ok());
+/// let err = require_kv_events(EngineKind::LlamaCpp).unwrap_err();
+/// assert!(matches!(err, TransportError::Unsupported { .. }));
+/// assert!(err.to_string().contains("content affinity"));
+/// ```
+pub fn require_kv_events(engine: EngineKind) -> Result<(), TransportError> {
+    match engine {
+        EngineKind::Vllm | EngineKind::Sglang | EngineKind::TensorRtLlm => Ok(()),
+        EngineKind::LlamaCpp => Err(TransportError::Unsupported {
+            engine,
+            feature: "KV-exact routing",
+            reason: "llama.cpp publishes no KV-cache events and has no block-hash contract, \
+                     so its cache inventory cannot be followed",
+            suggestion: "use content affinity (CHWBL over a request-derived prefix), which \
+                         keeps a prompt prefix on the same server without engine events",
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_cpp_kv_exact_is_a_clear_unsupported_error() {
+        let err = require_kv_events(EngineKind::LlamaCpp).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("llama.cpp does not support KV-exact routing"));
+        assert!(msg.contains("no KV-cache events"));
+        assert!(msg.contains("content affinity"));
+    }
+
+    #[test]
+    fn event_publishing_engines_are_accepted() {
+        for engine in [
+            EngineKind::Vllm,
+            EngineKind::Sglang,
+            EngineKind::TensorRtLlm,
+        ] {
+            assert!(require_kv_events(engine).is_ok(), "{engine}");
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The engines' replay protocol (vLLM ≥ 0.9, SGLang): a DEALER sends
+//! `[b"", start_seq]` to the engine's ROUTER and receives every buffered batch with
+//! seq ≥ start, then an end marker (golden/vllm-events/README.md).
+//!
+//! Two reply layouts exist, both accepted:
+//!
+//! | engine version | batch | end marker |
+//! |---|---|---|
+//! | vLLM ≥ 0.26, SGLang ≥ 0.5.22 | `[b"", topic, seq_be8, payload]` | `[b"", b"", ff×8, b""]` |
+//! | older | `[b"", seq_be8, payload]` | `[b"", ff×8, b""]` |
+//!
+//! Only the last `buffer_steps` batches are kept by the engine: a first replayed
+//! seq above the requested one means the start fell out of the buffer — the sink's
+//! sequence window sees that as an ordinary gap.
+//!
+//! Reply parsing is [`crate::events::ReplayReply`]; this module is the DEALER client.
+
+#[cfg(feature = "zmq")]
+pub use client::request_replay;
+
+#[cfg(feature = "zmq")]
+mod client {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio::time::Instant;
+    use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqMessage};
+
+    use crate::events::{LiveMessage, ReplayReply};
+    use crate::transport::metrics::SubscriberMetrics;
+    use crate::transport::sink::{Frame, FrameSink, FrameSource, ReplayOutcome, SinkAction};
+
+    /// Asks `endpoint`'s ROUTER for every batch with seq ≥ `from_seq` and feeds each
+    /// reply for `topic` to `sink` (as [`FrameSource::Replay`]), within `timeout`
+    /// overall. Replay requests the sink makes while replaying are ignored.
+    ///
+    /// Never fails: errors end the replay early with `completed == false`.
+    pub async fn request_replay<S: FrameSink + ?Sized>(
+        endpoint: &str,
+        topic: &[u8],
+        from_seq: u64,
+        timeout: Duration,
+        sink: &mut S,
+        metrics: &SubscriberMetrics,
+    ) -> ReplayOutcome {
+        metrics.replay_requested();
+        let mut outcome = ReplayOutcome {
+            requested_from: from_seq,
+            ..ReplayOutcome::default()
+        };
+        let deadline = Instant::now() + timeout;
+        let mut options = SocketOptions::default();
+        options.connect_timeout(timeout);
+        let mut dealer = DealerSocket::with_options(options);
+        match tokio::time::timeout_at(deadline, dealer.connect(endpoint)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(endpoint, error = %e, "replay: connect failed");
+                return outcome;
+            }
+            Err(_) => {
+                tracing::warn!(endpoint, "replay: connect timed out");
+                return outcome;
+            }
+        }
+        let request = vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&from_seq.to_be_bytes()),
+        ];
+        let Ok(request) = ZmqMessage::try_from(request) else {
+            return outcome;
+        };
+        if let Err(e) = dealer.send(request).await {
+            tracing::warn!(endpoint, error = %e, "replay: send failed");
+            return outcome;
+        }
+        loop {
+            let message = match tokio::time::timeout_at(deadline, dealer.recv()).await {
+                Ok(Ok(m)) => m,
+                Ok(Err(e)) => {
+                    tracing::warn!(endpoint, error = %e, "replay: receive failed");
+                    break;
+                }
+                Err(_) => {
+                    tracing::warn!(endpoint, from_seq, "replay: no end marker before timeout");
+                    break;
+                }
+            };
+            let frames: Vec<&[u8]> = message.iter().map(|b| b.as_ref()).collect();
+            match ReplayReply::parse(&frames) {
+                Ok(ReplayReply::End) => {
+                    outcome.completed = true;
+                    metrics.replay_completed();
+                    break;
+                }
+                Ok(ReplayReply::Batch(LiveMessage {
+                    topic: reply_topic,
+                    seq,
+                    payload,
+                })) => {
+                    // Legacy replies carry no topic: accept them for any topic.
+                    if !reply_topic.is_empty() && reply_topic != topic {
+                        metrics.other_topic();
+                        continue;
+                    }
+                    outcome.first_seq.get_or_insert(seq);
+                    outcome.last_seq = Some(seq);
+                    outcome.batches += 1;
+                    let report = sink.on_frame(Frame {
+                        topic,
+                        seq,
+                        payload,
+                        source: FrameSource::Replay,
+                    });
+                    metrics.frame(seq, FrameSource::Replay, &report);
+                    if report.action != SinkAction::Continue {
+                        tracing::debug!(seq, "replay: nested replay request ignored");
+                    }
+                }
+                Err(e) => {
+                    metrics.malformed();
+                    tracing::warn!(endpoint, error = %e, "replay: bad reply");
+                }
+            }
+        }
+        sink.on_replay_done(&outcome);
+        outcome
+    }
+}

@@ -1,0 +1,348 @@
+//! One ZeroMQ SUB subscriber per engine endpoint and data-parallel rank.
+//!
+//! It owns the socket lifecycle and nothing else: dial or bind as the engine
+//! demands ([`ZmqEndpoint`]), retry a failed first dial on an interval (a rule can
+//! exist before its engine is up), reconnect after a disconnect with its own short
+//! backoff, bootstrap through the engine's replay socket whenever the sink asks
+//! (on connect, after a detected restart), and hand every `[topic, seq, payload]`
+//! message to a [`FrameSink`].
+//!
+//! Why our own reconnect loop: the `zeromq` crate reconnects a SUB by itself, but
+//! starts at 100 ms and backs off to 30 s, and a PUB drops whatever it publishes
+//! before the new subscription reaches it. Tearing the socket down on disconnect
+//! lets us redial at once, tell the sink (so it can ask for a replay of what was
+//! missed) and count the event. `tests/interop_restart.rs` measures both.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqMessage};
+
+use super::endpoint::{SocketRole, ZmqEndpoint};
+use super::metrics::{RateMeter, SubscriberMetrics};
+use super::replay::request_replay;
+use super::sink::{Frame, FrameSink, FrameSource, ReplayOutcome, SinkAction};
+use crate::events::LiveMessage;
+
+/// Configuration of one [`ZmqSubscriber`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ZmqSubscriberConfig {
+    /// Where the engine publishes, and whether we connect or bind.
+    pub endpoint: ZmqEndpoint,
+    /// Topic filter (exact match; the engines' default is the empty topic).
+    pub topic: String,
+    /// The engine's ROUTER replay socket (`tcp://host:port`, already rank-offset);
+    /// `None` when the engine runs without `replay_endpoint`.
+    pub replay_endpoint: Option<String>,
+    /// Upper bound of one dial (TCP connect + ZMTP handshake).
+    pub dial_timeout: Duration,
+    /// First retry interval after a failed dial or bind; doubles up to `retry_max`.
+    pub retry_initial: Duration,
+    /// Largest retry interval.
+    pub retry_max: Duration,
+    /// Upper bound of one replay exchange.
+    pub replay_timeout: Duration,
+}
+
+impl ZmqSubscriberConfig {
+    /// Defaults: empty topic, no replay, 250 ms dial timeout, retries from 10 ms
+    /// doubling to 200 ms (a refused dial is a cheap SYN/RST on the engine host, and
+    /// every millisecond the engine is up before we resubscribe is lost stream),
+    /// 2 s replay timeout.
+    #[must_use]
+    pub fn new(endpoint: ZmqEndpoint) -> Self {
+        Self {
+            endpoint,
+            topic: String::new(),
+            replay_endpoint: None,
+            dial_timeout: Duration::from_millis(250),
+            retry_initial: Duration::from_millis(10),
+            retry_max: Duration::from_millis(200),
+            replay_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// Sets the topic filter.
+    #[must_use]
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = topic.into();
+        self
+    }
+
+    /// Sets the replay endpoint.
+    #[must_use]
+    pub fn replay_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.replay_endpoint = Some(endpoint.into());
+        self
+    }
+
+    /// Sets the retry interval bounds.
+    #[must_use]
+    pub fn retry(mut self, initial: Duration, max: Duration) -> Self {
+        self.retry_initial = initial;
+        self.retry_max = max.max(initial);
+        self
+    }
+
+    /// Sets the dial timeout.
+    #[must_use]
+    pub fn dial_timeout(mut self, timeout: Duration) -> Self {
+        self.dial_timeout = timeout;
+        self
+    }
+
+    /// Sets the replay timeout.
+    #[must_use]
+    pub fn replay_timeout(mut self, timeout: Duration) -> Self {
+        self.replay_timeout = timeout;
+        self
+    }
+}
+
+/// Follows one engine's KV-event stream; see the [module docs](self).
+///
+/// ```no_run
+/// use kvroute_engines::transport::{
+///     Frame, FrameReport, FrameSink, SinkAction, ZmqEndpoint, ZmqSubscriber, ZmqSubscriberConfig,
+/// };
+///
+/// struct Print;
+/// impl FrameSink for Print {
+///     fn on_frame(&mut self, frame: Frame<'_>) -> FrameReport {
+///         println!("seq {} ({} bytes)", frame.seq, frame.payload.len());
+///         FrameReport::default()
+///     }
+///     fn on_connected(&mut self) -> SinkAction {
+///         SinkAction::Replay { from_seq: 0 }
+///     }
+/// }
+///
+/// # async fn host() {
+/// let config = ZmqSubscriberConfig::new(ZmqEndpoint::connect("tcp://10.0.0.7:5557"))
+///     .replay_endpoint("tcp://10.0.0.7:5558");
+/// let subscriber = ZmqSubscriber::new(config);
+/// let metrics = subscriber.metrics();
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// // The host spawns it on its own runtime and keeps `stop` to end it.
+/// let task = tokio::spawn(subscriber.run(Print, async move { let _ = stopped.await; }));
+/// # let _ = (metrics, stop, task);
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct ZmqSubscriber {
+    config: ZmqSubscriberConfig,
+    metrics: Arc<SubscriberMetrics>,
+}
+
+/// Per-connection state.
+#[derive(Debug, Default)]
+struct Connection {
+    /// Live frames with seq ≤ this were already delivered by a replay.
+    replayed_through: Option<u64>,
+    /// Peers currently connected (a bound socket may see an old and a new engine
+    /// process overlap).
+    peers: u32,
+}
+
+enum Exit {
+    Shutdown,
+    Redial,
+}
+
+impl ZmqSubscriber {
+    /// A subscriber that has not started yet.
+    #[must_use]
+    pub fn new(config: ZmqSubscriberConfig) -> Self {
+        Self {
+            config,
+            metrics: Arc::new(SubscriberMetrics::default()),
+        }
+    }
+
+    /// Its metrics, live while it runs.
+    #[must_use]
+    pub fn metrics(&self) -> Arc<SubscriberMetrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// Runs until `shutdown` completes, then returns the sink.
+    ///
+    /// Never gives up on its own: dial failures, disconnects and bad frames are
+    /// retried, counted and logged.
+    pub async fn run<S, F>(self, mut sink: S, shutdown: F) -> S
+    where
+        S: FrameSink,
+        F: Future<Output = ()>,
+    {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut backoff = self.config.retry_initial;
+        let mut rate = RateMeter::new(std::time::Instant::now());
+        loop {
+            let mut socket = self.socket();
+            let mut monitor = socket.monitor();
+            let established = tokio::select! {
+                () = &mut shutdown => return sink,
+                r = self.establish(&mut socket) => r,
+            };
+            if let Err(e) = established {
+                self.metrics.dial_failed();
+                tracing::debug!(endpoint = %self.config.endpoint.address, error = %e,
+                    retry_in = ?backoff, "zmq subscriber: dial/bind failed");
+                drop(socket);
+                tokio::select! {
+                    () = &mut shutdown => return sink,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(self.config.retry_max);
+                continue;
+            }
+            backoff = self.config.retry_initial;
+            let mut conn = Connection::default();
+            if self.config.endpoint.role == SocketRole::Connect {
+                self.peer_connected(&mut sink, &mut conn).await;
+            }
+            let mut tick = tokio::time::interval(RateMeter::WINDOW);
+            let exit = loop {
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break Exit::Shutdown,
+                    event = monitor.next() => match event {
+                        Some(SocketEvent::Accepted(..)) => self.peer_connected(&mut sink, &mut conn).await,
+                        Some(SocketEvent::Disconnected(_)) => {
+                            conn.peers = conn.peers.saturating_sub(1);
+                            if conn.peers == 0 {
+                                self.metrics.set_connected(false);
+                                sink.on_disconnected();
+                                conn.replayed_through = None;
+                            }
+                            if self.config.endpoint.role == SocketRole::Connect {
+                                break Exit::Redial;
+                            }
+                        }
+                        Some(_) => {}
+                        None => break Exit::Redial,
+                    },
+                    message = socket.recv() => match message {
+                        Ok(message) => self.live_message(&message, &mut sink, &mut conn).await,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "zmq subscriber: receive error");
+                            if self.config.endpoint.role == SocketRole::Connect {
+                                if conn.peers > 0 {
+                                    self.metrics.set_connected(false);
+                                    sink.on_disconnected();
+                                }
+                                break Exit::Redial;
+                            }
+                        }
+                    },
+                    _ = tick.tick() => rate.tick(&self.metrics, std::time::Instant::now()),
+                }
+            };
+            drop(socket);
+            if let Exit::Shutdown = exit {
+                self.metrics.set_connected(false);
+                return sink;
+            }
+            tracing::info!(endpoint = %self.config.endpoint.address, "zmq subscriber: peer gone, redialing");
+        }
+    }
+
+    fn socket(&self) -> SubSocket {
+        let mut options = SocketOptions::default();
+        options.connect_timeout(self.config.dial_timeout);
+        SubSocket::with_options(options)
+    }
+
+    async fn establish(&self, socket: &mut SubSocket) -> zeromq::ZmqResult<()> {
+        socket.subscribe(&self.config.topic).await?;
+        match self.config.endpoint.role {
+            SocketRole::Connect => socket.connect(&self.config.endpoint.address).await,
+            SocketRole::Bind => socket.bind(&self.config.endpoint.address).await.map(drop),
+        }
+    }
+
+    async fn peer_connected<S: FrameSink>(&self, sink: &mut S, conn: &mut Connection) {
+        conn.peers += 1;
+        self.metrics.set_connected(true);
+        tracing::info!(endpoint = %self.config.endpoint.address, "zmq subscriber: connected");
+        let action = sink.on_connected();
+        self.act(action, sink, conn).await;
+    }
+
+    async fn live_message<S: FrameSink>(
+        &self,
+        message: &ZmqMessage,
+        sink: &mut S,
+        conn: &mut Connection,
+    ) {
+        let (3, Some(topic), Some(seq), Some(payload)) = (
+            message.len(),
+            message.get(0),
+            message.get(1),
+            message.get(2),
+        ) else {
+            self.metrics.malformed();
+            return;
+        };
+        let parsed = LiveMessage::parse(&[topic.as_ref(), seq.as_ref(), payload.as_ref()]);
+        let Ok(LiveMessage {
+            topic,
+            seq,
+            payload,
+        }) = parsed
+        else {
+            self.metrics.malformed();
+            return;
+        };
+        if topic != self.config.topic.as_bytes() {
+            self.metrics.other_topic();
+            return;
+        }
+        if conn.replayed_through.is_some_and(|through| seq <= through) {
+            self.metrics.replay_duplicate();
+            return;
+        }
+        // The first live frame past the replay ends the dedupe window: a later
+        // smaller seq is a restart, not a duplicate.
+        conn.replayed_through = None;
+        let report = sink.on_frame(Frame {
+            topic,
+            seq,
+            payload,
+            source: FrameSource::Live,
+        });
+        self.metrics.frame(seq, FrameSource::Live, &report);
+        self.act(report.action, sink, conn).await;
+    }
+
+    async fn act<S: FrameSink>(&self, action: SinkAction, sink: &mut S, conn: &mut Connection) {
+        let SinkAction::Replay { from_seq } = action else {
+            return;
+        };
+        let Some(endpoint) = &self.config.replay_endpoint else {
+            // Every replay request gets exactly one `on_replay_done`, so a sink that
+            // entered a replaying state leaves it.
+            sink.on_replay_done(&ReplayOutcome {
+                requested_from: from_seq,
+                ..ReplayOutcome::default()
+            });
+            return;
+        };
+        let outcome = request_replay(
+            endpoint,
+            self.config.topic.as_bytes(),
+            from_seq,
+            self.config.replay_timeout,
+            sink,
+            &self.metrics,
+        )
+        .await;
+        tracing::debug!(?outcome, "zmq subscriber: replay done");
+        if let Some(last) = outcome.last_seq {
+            conn.replayed_through = Some(last);
+        }
+    }
+}

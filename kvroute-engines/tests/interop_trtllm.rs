@@ -1,0 +1,154 @@
+//! Real-peer interop: the TensorRT-LLM drain poller against a Python HTTP server
+//! serving scripted `/kv_cache_events` drains (golden bodies, 500s, a timeout,
+//! garbage). Needs the venv from scripts/python-env.sh; fails when it is missing.
+#![cfg(feature = "trtllm-http")]
+
+mod interop_support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use interop_support::{golden, runtime, Peer};
+use kvroute_engines::transport::{BatchApplier, TrtllmPoller, TrtllmPollerConfig, TrtllmSink};
+use kvroute_ingest::EventBatch;
+
+const T: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Op {
+    Apply(u64),
+    Clear,
+}
+
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<Op>>>);
+
+impl BatchApplier for Log {
+    fn apply(&mut self, batch: &EventBatch) -> u32 {
+        self.0.lock().unwrap().push(Op::Apply(batch.seq));
+        batch.events.len() as u32
+    }
+    fn clear(&mut self) {
+        self.0.lock().unwrap().push(Op::Clear);
+    }
+}
+
+fn body(rel: &str) -> String {
+    format!(r#"{{"body_file":{:?}}}"#, golden(rel).display().to_string())
+}
+
+#[test]
+fn drains_with_errors_timeouts_gaps_and_garbage() {
+    let steps = [
+        body("trtllm-events/classic/01_startup_created.json"),
+        body("trtllm-events/classic/02_context_blocks_stored.json"),
+        r#"{"status":500}"#.to_owned(),
+        body("trtllm-events/classic/03_release_stores_rest_incl_partial.json"),
+        // Drained but never delivered (client timeout): event_id 3 is lost.
+        format!(
+            r#"{{"delay_ms":1500,"body_file":{:?}}}"#,
+            golden("trtllm-events/classic/04_shared_prefix_new_branch.json")
+                .display()
+                .to_string()
+        ),
+        body("trtllm-events/classic/05_empty_drain.json"),
+        body("trtllm-events/classic/06_eviction_removed_coalesced.json"),
+        r#"{"raw":"{not json"}"#.to_owned(),
+        body("trtllm-events/classic/07_offload_updated_cache_level.json"),
+    ];
+    let mut server = Peer::spawn("trtllm_drain_server.py", &[]);
+    server.send_line(&format!("[{}]", steps.join(",")));
+    let ready = server.expect("READY", T);
+    let port: u16 = ready.trim_start_matches("READY port=").parse().unwrap();
+
+    let rt = runtime();
+    let config = TrtllmPollerConfig::new(format!("http://127.0.0.1:{port}/kv_cache_events"))
+        .interval(Duration::from_millis(10))
+        .request_timeout(Duration::from_millis(400))
+        .backoff(Duration::from_millis(10), Duration::from_millis(40));
+    let poller = TrtllmPoller::new(config).unwrap();
+    let metrics = poller.metrics();
+    let log = Log::default();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = rt.spawn(poller.run(TrtllmSink::new(32, log.clone()), async move {
+        let _ = stopped.await;
+    }));
+
+    let deadline = Instant::now() + T;
+    while !log.0.lock().unwrap().contains(&Op::Apply(5)) {
+        assert!(
+            Instant::now() < deadline,
+            "event 5 never applied: {:?}",
+            log.0.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = stop.send(());
+    let sink = rt
+        .block_on(async { tokio::time::timeout(T, task).await })
+        .unwrap()
+        .unwrap();
+
+    assert_eq!(
+        *log.0.lock().unwrap(),
+        vec![
+            Op::Apply(0),
+            Op::Apply(1),
+            Op::Apply(2),
+            Op::Clear, // gap: event 3 died with the timed-out drain
+            Op::Apply(4),
+            Op::Clear, // garbage body: its events are gone
+            Op::Apply(5),
+        ]
+    );
+    let m = metrics.snapshot();
+    assert_eq!(m.poll_failures, 2, "{m:?}");
+    assert_eq!((m.gaps, m.decode_errors, m.clears), (1, 1, 2), "{m:?}");
+    assert_eq!(m.last_seq, Some(5));
+    assert!(m.connected);
+    assert_eq!(sink.decode_stats().malformed_payloads, 1);
+}
+
+#[test]
+fn unreachable_engine_is_retried_with_backoff_until_it_appears() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let rt = runtime();
+    let config = TrtllmPollerConfig::new(format!("http://127.0.0.1:{port}/kv_cache_events"))
+        .interval(Duration::from_millis(10))
+        .request_timeout(Duration::from_millis(300))
+        .backoff(Duration::from_millis(10), Duration::from_millis(40));
+    let poller = TrtllmPoller::new(config).unwrap();
+    let metrics = poller.metrics();
+    let log = Log::default();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = rt.spawn(poller.run(TrtllmSink::new(32, log.clone()), async move {
+        let _ = stopped.await;
+    }));
+    let deadline = Instant::now() + T;
+    while metrics.snapshot().poll_failures < 3 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!metrics.snapshot().connected);
+    let mut server = Peer::spawn("trtllm_drain_server.py", &["--port", &port.to_string()]);
+    server.send_line(&format!(
+        "[{}]",
+        body("trtllm-events/classic/01_startup_created.json")
+    ));
+    server.expect("READY", T);
+    while !log.0.lock().unwrap().contains(&Op::Apply(0)) {
+        assert!(
+            Instant::now() < deadline,
+            "never drained after the engine came up"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = stop.send(());
+    rt.block_on(async { tokio::time::timeout(T, task).await })
+        .unwrap()
+        .unwrap();
+    assert!(metrics.snapshot().connected);
+}

@@ -1,0 +1,262 @@
+//! Rule-level tests of the prompt pipeline with the real Qwen3 tokenizer and
+//! template: part joining, developer→system merge, continue_final_message,
+//! truncation, tool JSON, completions shapes, misses.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use kvroute_engines::prompt::pyvalue::parse_json;
+use kvroute_engines::prompt::{
+    prompt_tokens, Endpoint, ModelOptions, ModelTokenizer, PromptMiss, PromptTokens, TokenizerPool,
+};
+
+fn qwen3_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3")
+}
+
+fn qwen3() -> &'static ModelTokenizer {
+    static T: OnceLock<ModelTokenizer> = OnceLock::new();
+    T.get_or_init(|| {
+        let opts = ModelOptions {
+            max_model_len: Some(40960),
+            ..ModelOptions::default()
+        };
+        ModelTokenizer::load(&qwen3_dir(), &opts).unwrap()
+    })
+}
+
+fn run(endpoint: Endpoint, body: &str) -> Result<PromptTokens, PromptMiss> {
+    prompt_tokens(qwen3(), endpoint, &parse_json(body.as_bytes()).unwrap())
+}
+
+fn chat_text(body: &str) -> String {
+    run(Endpoint::Chat, body).unwrap().engine_prompts[0]
+        .rendered
+        .clone()
+        .unwrap()
+}
+
+#[test]
+fn parts_join_with_newline_and_drop_empty() {
+    let text = chat_text(
+        r#"{"model":"m","messages":[{"role":"user","content":[
+        {"type":"text","text":"a"},{"type":"text","text":""},{"type":"input_text","text":"b"},
+        {"type":"text","text":null},{"type":"refusal","refusal":"c"}]}]}"#,
+    );
+    assert_eq!(
+        text,
+        "<|im_start|>user\na\nb\nc<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let miss = run(
+        Endpoint::Chat,
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
+    );
+    assert_eq!(miss.unwrap_err().kind(), "unsupported");
+}
+
+#[test]
+fn developer_messages_merge_into_one_system() {
+    let text = chat_text(
+        r#"{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"u"},
+        {"role":"developer","content":"D"}]}"#,
+    );
+    assert_eq!(text, "<|im_start|>system\nS\n\nD<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n");
+    // Without a developer message a late system message renders in place.
+    let text = chat_text(
+        r#"{"model":"m","messages":[{"role":"user","content":"u"},{"role":"system","content":"S"}]}"#,
+    );
+    assert_eq!(
+        text,
+        "<|im_start|>user\nu<|im_end|>\n<|im_start|>system\nS<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn billing_header_line_is_removed_from_system_text() {
+    let text = chat_text(
+        r#"{"model":"m","messages":[{"role":"system","content":[
+        {"type":"text","text":"x-anthropic-billing-header: abc"},{"type":"text","text":"x-anthropic-billing-header: q\nkeep"}]},
+        {"role":"user","content":"u"}]}"#,
+    );
+    assert_eq!(text, "<|im_start|>system\nkeep<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n");
+}
+
+#[test]
+fn continue_final_message_leaves_the_turn_open() {
+    let text = chat_text(
+        r#"{"model":"m","add_generation_prompt":false,"continue_final_message":true,
+        "messages":[{"role":"user","content":"q"},{"role":"assistant","content":"\n\nA  "}]}"#,
+    );
+    // Last message after the last query: think block, content lstripped of '\n', trailing spaces kept.
+    assert_eq!(
+        text,
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA  "
+    );
+    let err = run(
+        Endpoint::Chat,
+        r#"{"model":"m","add_generation_prompt":false,"continue_final_message":true,
+        "messages":[{"role":"user","content":"q"},{"role":"weird","content":"x"}]}"#,
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), "template_error");
+}
+
+#[test]
+fn truncation_left_right_and_minus_one() {
+    let body =
+        |extra: &str| format!(r#"{{"model":"m","prompt":"one two three four five six"{extra}}}"#);
+    let full = run(Endpoint::Completions, &body(""))
+        .unwrap()
+        .engine_prompts[0]
+        .token_ids
+        .clone();
+    assert!(full.len() > 3);
+    let left = run(
+        Endpoint::Completions,
+        &body(r#","truncate_prompt_tokens":3"#),
+    )
+    .unwrap();
+    assert!(left.truncated);
+    assert_eq!(left.engine_prompts[0].token_ids, full[full.len() - 3..]);
+    assert_eq!(
+        left.engine_prompts[0].rendered.as_deref(),
+        Some("one two three four five six")
+    );
+    let right = run(
+        Endpoint::Completions,
+        &body(r#","truncate_prompt_tokens":3,"truncation_side":"right""#),
+    )
+    .unwrap();
+    assert_eq!(right.engine_prompts[0].token_ids, full[..3]);
+    let all = run(
+        Endpoint::Completions,
+        &body(r#","truncate_prompt_tokens":-1"#),
+    )
+    .unwrap();
+    assert!(!all.truncated);
+    assert_eq!(all.engine_prompts[0].token_ids, full);
+    assert_eq!(
+        run(
+            Endpoint::Completions,
+            &body(r#","truncate_prompt_tokens":-2"#)
+        )
+        .unwrap_err()
+        .kind(),
+        "request_validation"
+    );
+}
+
+#[test]
+fn tool_json_is_python_json_dumps() {
+    let text = chat_text(
+        r#"{"model":"m","messages":[{"role":"user","content":"u"},
+        {"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f",
+         "arguments":"{\"x\":1e2,\"y\":0.50,\"z\":1.5e-7,\"w\":1e21,\"n\":-0.0,\"big\":123456789012345678901234567890,\"s\":\"é<&>\"}"}},
+         {"id":"2","type":"function","function":{"name":"g","arguments":"[1]"}}]}],
+        "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","minimum":1E2}},"extra":1}]}"#,
+    );
+    assert!(text.contains(r#"{"type": "function", "function": {"name": "f", "description": null, "parameters": {"type": "object", "minimum": 100.0}}}"#), "{text}");
+    assert!(text.contains(r#""arguments": {"x": 100.0, "y": 0.5, "z": 1.5e-07, "w": 1e+21, "n": -0.0, "big": 123456789012345678901234567890, "s": "é<&>"}}"#), "{text}");
+    // A non-object arguments string becomes {}.
+    assert!(text.contains(r#"{"name": "g", "arguments": {}}"#), "{text}");
+    let err = run(
+        Endpoint::Chat,
+        r#"{"model":"m","messages":[{"role":"assistant","content":"","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":{}}}]}]}"#,
+    );
+    assert_eq!(err.unwrap_err().kind(), "request_validation");
+}
+
+#[test]
+fn kwargs_merge_and_reasoning_effort() {
+    let plain = chat_text(r#"{"model":"m","messages":[{"role":"user","content":"u"}]}"#);
+    // Top-level add_generation_prompt wins over chat_template_kwargs; unknown kwargs vanish.
+    let same = chat_text(
+        r#"{"model":"m","messages":[{"role":"user","content":"u"}],
+        "chat_template_kwargs":{"add_generation_prompt":false,"unknown":1}}"#,
+    );
+    assert_eq!(plain, same);
+    let off = chat_text(
+        r#"{"model":"m","messages":[{"role":"user","content":"u"}],"reasoning_effort":"none"}"#,
+    );
+    assert_eq!(off, format!("{plain}<think>\n\n</think>\n\n"));
+    let kept = chat_text(
+        r#"{"model":"m","messages":[{"role":"user","content":"u"}],"reasoning_effort":"none",
+        "chat_template_kwargs":{"enable_thinking":true}}"#,
+    );
+    assert_eq!(kept, plain);
+}
+
+#[test]
+fn completions_shapes_and_engine_checks() {
+    let p = run(
+        Endpoint::Completions,
+        r#"{"model":"m","prompt":[[1,2],[3]]}"#,
+    )
+    .unwrap();
+    assert_eq!(p.engine_prompts.len(), 2);
+    assert_eq!(p.engine_prompts[1].token_ids, vec![3]);
+    assert_eq!(p.engine_prompts[1].rendered, None);
+    assert_eq!(
+        run(Endpoint::Completions, r#"{"model":"m","prompt":["a",""]}"#)
+            .unwrap_err()
+            .kind(),
+        "engine_input"
+    );
+    assert_eq!(
+        run(
+            Endpoint::Completions,
+            r#"{"model":"m","prompt":[999999999]}"#
+        )
+        .unwrap_err()
+        .kind(),
+        "engine_input"
+    );
+    let long = format!(r#"{{"model":"m","prompt":"{}"}}"#, "a ".repeat(41000));
+    assert_eq!(
+        run(Endpoint::Completions, &long).unwrap_err().kind(),
+        "engine_input"
+    );
+}
+
+#[test]
+fn pool_misses_are_typed() {
+    let pool = TokenizerPool::new();
+    pool.register("qwen", qwen3_dir());
+    pool.register(
+        "broken",
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("no-such-dir"),
+    );
+    assert!(matches!(
+        pool.prompt_tokens(Endpoint::Chat, b"hello there"),
+        Err(PromptMiss::NotJson(_))
+    ));
+    assert_eq!(
+        pool.prompt_tokens(Endpoint::Chat, br#"{"messages":[]}"#),
+        Err(PromptMiss::NoModel)
+    );
+    assert_eq!(
+        pool.prompt_tokens(Endpoint::Chat, br#"{"model":"other","messages":[]}"#),
+        Err(PromptMiss::UnknownModel("other".into()))
+    );
+    assert_eq!(
+        pool.prompt_tokens(Endpoint::Chat, br#"{"model":"broken","messages":[]}"#)
+            .unwrap_err()
+            .kind(),
+        "model_load"
+    );
+    let ok = pool
+        .prompt_tokens(
+            Endpoint::Chat,
+            br#"{"model":"qwen","messages":[{"role":"user","content":"Hello!"}],"cache_salt":"s"}"#,
+        )
+        .unwrap();
+    assert_eq!(
+        ok.engine_prompts[0].token_ids,
+        vec![151644, 872, 198, 9707, 0, 151645, 198, 151644, 77091, 198]
+    );
+    assert_eq!(ok.cache_salt.as_deref(), Some("s"));
+    let a = pool.get("qwen").unwrap();
+    pool.reload("qwen");
+    let b = pool.get("qwen").unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&a, &b));
+}

@@ -1,0 +1,360 @@
+//! Fuzzing and model-based testing support (not a stable API).
+//!
+//! [`seq_window`] decodes a byte string into a random stream of batches (stores,
+//! removes, moves, clears; duplicate, gapped and regressed sequence numbers;
+//! reconnects, bootstraps and replay ends; several endpoints across two index
+//! banks and several DP ranks), applies it to [`EndpointIngest`]s over one
+//! [`SharedIndex`] and to a naive [`Model`], and asserts after every step that the
+//! window decisions, every (endpoint, tier, key) reference count and the scores
+//! of a few prompts agree. Asserting is the point of this module: the fuzzer and
+//! the property tests report a failing input through the panic.
+
+use std::collections::BTreeMap;
+
+use kvroute_core::{BlockKey, EndpointId, Medium};
+
+use crate::event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
+use crate::index::{IndexConfig, SharedIndex};
+use crate::ingest::{EndpointIngest, IngestConfig, KeyMode};
+use crate::seq::{ClearReason, DropReason, RestartPolicy, SeqAction, SeqWindowConfig};
+use crate::view::{InventoryView, Overlap};
+
+/// Keys are drawn from `0..KEY_UNIVERSE`.
+pub const KEY_UNIVERSE: u64 = 24;
+const TIERS: [Medium; 2] = [Medium::Gpu, Medium::Cpu];
+const RANKS: u32 = 2;
+
+/// The naive sequence window: the rules table of [`crate::seq`], restated with
+/// signed differences.
+#[derive(Clone, Debug, Default)]
+pub struct ModelWindow {
+    last: Option<u64>,
+    reconnected: bool,
+    replaying: bool,
+}
+
+/// Naive model of a set of endpoint inventories and their windows.
+#[derive(Clone, Debug, Default)]
+pub struct Model {
+    /// (endpoint, tier index, key) → outstanding stores.
+    pub counts: BTreeMap<(u32, usize, u64), u64>,
+    windows: BTreeMap<(u32, Option<u32>), ModelWindow>,
+    window: u64,
+    policy: RestartPolicy,
+}
+
+impl Model {
+    /// An empty model with the given window settings.
+    #[must_use]
+    pub fn new(config: SeqWindowConfig) -> Self {
+        Self {
+            window: config.window,
+            policy: config.on_restart,
+            ..Self::default()
+        }
+    }
+
+    /// The model window's decision for batch `seq` of stream `(ep, rank)`.
+    pub fn decide(&mut self, ep: u32, rank: Option<u32>, seq: u64) -> SeqAction {
+        let (window, policy) = (i128::from(self.window), self.policy);
+        let w = self.windows.entry((ep, rank)).or_default();
+        let reconnected = std::mem::replace(&mut w.reconnected, false);
+        let Some(last) = w.last else {
+            w.last = Some(seq);
+            return SeqAction::Apply;
+        };
+        let d = i128::from(seq) - i128::from(last);
+        if d >= 1 {
+            w.last = Some(seq);
+            let missed = d - 1;
+            return if missed > window {
+                SeqAction::ClearThenApply(ClearReason::GapBeyondWindow {
+                    missed: missed as u64,
+                })
+            } else if missed == 0 {
+                SeqAction::Apply
+            } else {
+                SeqAction::ApplyAfterGap {
+                    missed: missed as u64,
+                }
+            };
+        }
+        let restart = reconnected || (!w.replaying && (-d > window || (seq == 0 && last > 0)));
+        if restart {
+            return match policy {
+                RestartPolicy::Clear => {
+                    w.last = Some(seq);
+                    SeqAction::ClearThenApply(ClearReason::Restart)
+                }
+                RestartPolicy::Replay => {
+                    w.last = None;
+                    w.replaying = true;
+                    SeqAction::ClearThenReplay { from: 0 }
+                }
+            };
+        }
+        SeqAction::Drop(if d == 0 {
+            DropReason::Duplicate
+        } else {
+            DropReason::Old
+        })
+    }
+
+    /// Empties endpoint `ep`.
+    pub fn clear(&mut self, ep: u32) {
+        self.counts.retain(|(e, _, _), _| *e != ep);
+    }
+
+    fn store(&mut self, ep: u32, tier: usize, key: u64) {
+        *self.counts.entry((ep, tier, key)).or_insert(0) += 1;
+    }
+
+    fn remove(&mut self, ep: u32, tier: usize, key: u64) {
+        if let Some(c) = self.counts.get_mut(&(ep, tier, key)) {
+            *c -= 1;
+            if *c == 0 {
+                self.counts.remove(&(ep, tier, key));
+            }
+        }
+    }
+
+    /// Applies `events` to endpoint `ep`.
+    pub fn apply(&mut self, ep: u32, events: &[KvEvent]) {
+        for ev in events {
+            match ev {
+                KvEvent::Stored(s) if s.group == 0 => {
+                    for k in &s.keys {
+                        self.store(ep, s.medium.index(), k.0);
+                    }
+                }
+                KvEvent::Removed(r) if r.group == 0 => {
+                    for k in &r.keys {
+                        self.remove(ep, r.medium.index(), k.0);
+                    }
+                }
+                KvEvent::Moved(m) => {
+                    self.remove(ep, m.from.index(), m.key.0);
+                    self.store(ep, m.to.index(), m.key.0);
+                }
+                KvEvent::AllCleared => self.clear(ep),
+                _ => {}
+            }
+        }
+    }
+
+    /// Naive overlap of `prompt` with endpoint `ep`.
+    #[must_use]
+    pub fn overlap(&self, ep: u32, prompt: &[u64]) -> Overlap {
+        let held = |k: u64, t: usize| self.counts.contains_key(&(ep, t, k));
+        let mut out = Overlap::default();
+        let mut in_prefix = true;
+        for &k in prompt {
+            let fastest = (0..4).find(|t| held(k, *t));
+            if fastest.is_some() {
+                out.blocks += 1;
+            }
+            match (in_prefix, fastest) {
+                (true, Some(t)) => {
+                    out.prefix += 1;
+                    if let Some(slot) = out.prefix_by_medium.get_mut(t) {
+                        *slot += 1;
+                    }
+                }
+                _ => in_prefix = false,
+            }
+        }
+        out
+    }
+}
+
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn next(&mut self) -> Option<u8> {
+        let (first, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(*first)
+    }
+
+    fn byte(&mut self) -> u8 {
+        self.next().unwrap_or(0)
+    }
+
+    fn keys(&mut self) -> Vec<BlockKey> {
+        let n = self.byte() % 5;
+        (0..n)
+            .map(|_| BlockKey(u64::from(self.byte()) % KEY_UNIVERSE))
+            .collect()
+    }
+}
+
+fn random_event(b: &mut Bytes<'_>) -> KvEvent {
+    let medium = TIERS[usize::from(b.byte() % 2)];
+    let group = u32::from(b.byte() % 5 == 0);
+    match b.byte() % 8 {
+        0..=3 => KvEvent::Stored(BlockStored {
+            keys: b.keys(),
+            medium,
+            group,
+            block_size: 4,
+            ..BlockStored::default()
+        }),
+        4..=5 => KvEvent::Removed(BlockRemoved {
+            keys: b.keys(),
+            medium,
+            group,
+        }),
+        6 => KvEvent::Moved(BlockMoved {
+            key: BlockKey(u64::from(b.byte()) % KEY_UNIVERSE),
+            from: medium,
+            to: TIERS[usize::from(b.byte() % 2)],
+        }),
+        _ => KvEvent::AllCleared,
+    }
+}
+
+const PROMPTS: [&[u64]; 4] = [&[0, 1, 2, 3, 4, 5, 6, 7], &[3, 2, 1], &[9, 9, 10, 23], &[]];
+
+/// Runs the byte-driven op stream against the implementation and the model,
+/// asserting equality after every step.
+pub fn seq_window(data: &[u8]) {
+    let mut b = Bytes(data);
+    let flags = b.byte();
+    let window = SeqWindowConfig {
+        window: u64::from(b.byte() % 8),
+        on_restart: if flags & 1 == 0 {
+            RestartPolicy::Clear
+        } else {
+            RestartPolicy::Replay
+        },
+    };
+    // Endpoint slots 0, 1 and 65 exercise two banks of the index.
+    let slots: [u32; 3] = [0, 1, 65];
+    let index = SharedIndex::new(
+        66,
+        IndexConfig {
+            capacity_per_endpoint: usize::MAX,
+            shards: 1 + usize::from(flags >> 4),
+        },
+    );
+    let config = IngestConfig {
+        window,
+        ..IngestConfig::default()
+    };
+    let mut ingests: Vec<EndpointIngest> = slots
+        .iter()
+        .map(|e| EndpointIngest::new(EndpointId(*e), config.clone(), KeyMode::Engine))
+        .collect();
+    let mut model = Model::new(window);
+    let mut sent: BTreeMap<(u32, Option<u32>), u64> = BTreeMap::new();
+
+    let mut steps = 0;
+    while let Some(op) = b.next() {
+        steps += 1;
+        if steps > 256 {
+            break;
+        }
+        let which = usize::from(b.byte()) % slots.len();
+        let ep = slots[which];
+        let rank = match b.byte() % 3 {
+            0 => None,
+            r => Some(u32::from(r - 1) % RANKS),
+        };
+        let ingest = &mut ingests[which];
+        match op % 16 {
+            0 => {
+                ingest.on_reconnect(rank);
+                let w = model.windows.entry((ep, rank)).or_default();
+                w.reconnected = w.last.is_some();
+            }
+            1 => {
+                let from = ingest.on_bootstrap(rank);
+                let w = model.windows.entry((ep, rank)).or_default();
+                w.replaying = true;
+                assert_eq!(
+                    from,
+                    Some(w.last.map_or(0, |l| l + 1)),
+                    "bootstrap replay start"
+                );
+            }
+            2 => {
+                ingest.on_replay_done(rank);
+                model.windows.entry((ep, rank)).or_default().replaying = false;
+            }
+            _ => {
+                let prev = sent.get(&(ep, rank)).copied();
+                let base = prev.unwrap_or(0);
+                let seq = match b.byte() % 10 {
+                    0..=4 => prev.map_or(0, |p| p + 1),
+                    5 => base,
+                    6 => base + 2 + u64::from(b.byte() % 8),
+                    7 => base + 9 + u64::from(b.byte()),
+                    8 => base.saturating_sub(1 + u64::from(b.byte() % 12)),
+                    _ => 0,
+                };
+                sent.insert((ep, rank), seq);
+                let n_events = b.byte() % 4;
+                let events: Vec<KvEvent> = (0..n_events).map(|_| random_event(&mut b)).collect();
+                let batch = EventBatch {
+                    seq,
+                    timestamp: 0.0,
+                    dp_rank: rank,
+                    events,
+                };
+                let outcome = ingest.apply_batch(&batch, &index);
+                let expected = model.decide(ep, rank, seq);
+                assert_eq!(outcome.action, expected, "window decision for seq {seq}");
+                if expected.clears() {
+                    model.clear(ep);
+                }
+                if expected.applies() {
+                    model.apply(ep, &batch.events);
+                }
+            }
+        }
+        check(&index, &model, &slots);
+    }
+}
+
+/// Asserts that `index` and `model` agree on every (endpoint, tier, key) and on
+/// the scores of a few prompts.
+pub fn check(index: &SharedIndex, model: &Model, slots: &[u32]) {
+    for &ep in slots {
+        for medium in Medium::ALL {
+            let t = medium.index();
+            let expected_keys: Vec<BlockKey> = model
+                .counts
+                .keys()
+                .filter(|(e, tier, _)| *e == ep && *tier == t)
+                .map(|(_, _, k)| BlockKey(*k))
+                .collect();
+            let probes = (0..KEY_UNIVERSE)
+                .map(BlockKey)
+                .chain(expected_keys.iter().copied());
+            for key in probes {
+                let want = model.counts.get(&(ep, t, key.0)).copied().unwrap_or(0);
+                let got = index.refcount(EndpointId(ep), key, medium);
+                assert_eq!(u64::from(got), want, "refcount ep{ep} {medium:?} {key:?}");
+            }
+            assert_eq!(
+                index.keys(EndpointId(ep), medium),
+                expected_keys,
+                "keys ep{ep} {medium:?}"
+            );
+            assert_eq!(
+                index.inventory(EndpointId(ep)).keys_by_medium[t],
+                expected_keys.len() as u64,
+                "live count ep{ep} {medium:?}"
+            );
+        }
+    }
+    let mut out = vec![Overlap::default(); index.endpoint_count()];
+    for prompt in PROMPTS {
+        let keys: Vec<BlockKey> = prompt.iter().map(|k| BlockKey(*k)).collect();
+        index.score(&keys, &mut out);
+        for (e, got) in out.iter().enumerate() {
+            let want = model.overlap(e as u32, prompt);
+            assert_eq!(*got, want, "score of {prompt:?} for ep{e}");
+        }
+    }
+}

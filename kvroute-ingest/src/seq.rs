@@ -1,0 +1,313 @@
+//! The sequence-window state machine: one per (endpoint, DP rank) event stream.
+//!
+//! Sans-IO: the transport adapter feeds it sequence numbers and connection
+//! events, and it answers with the [`SeqAction`] to take. It never touches an
+//! inventory itself.
+//!
+//! # Rules
+//!
+//! With `last` the highest sequence number accepted so far and `W` the window
+//! (64 by default):
+//!
+//! | input | condition | action |
+//! |---|---|---|
+//! | batch `s` | first batch of the stream | apply |
+//! | batch `s` | `s == last + 1` | apply |
+//! | batch `s` | `last + 1 < s ≤ last + 1 + W` (gap of at most `W`) | apply, keep inventory (counted) |
+//! | batch `s` | `s > last + 1 + W` | clear the endpoint, then apply |
+//! | batch `s` | `s == last` | drop (duplicate) |
+//! | batch `s` | `last - W ≤ s < last`, and not (`s == 0` outside a replay) | drop (old) |
+//! | batch `s` | `s < last - W`, or `s == 0 < last` outside a replay | engine restart |
+//! | batch `s` | first batch after [`SeqWindow::on_reconnect`] with `s ≤ last` | engine restart |
+//!
+//! **Restart vs. old duplicate.** Publishers number batches from 0 per process,
+//! and ZeroMQ PUB/SUB never redelivers, so outside a replay the only way to see
+//! an old number is a new publisher process. A number far below `last` (more
+//! than `W` back), a return to exactly 0, or any number `≤ last` right after the
+//! transport reported a reconnect is therefore a restart. Within `W` below `last`
+//! and not 0 it is treated as a stray duplicate (a replay overlapping live
+//! traffic), because clearing a healthy inventory costs more than a few
+//! missed events. While a replay is in flight ([`SeqWindow::on_bootstrap`] until
+//! [`SeqWindow::on_replay_done`]) every number `≤ last` is a duplicate.
+//!
+//! On restart, [`RestartPolicy::Clear`] clears and applies the batch (its
+//! events belong to the new process); [`RestartPolicy::Replay`] clears, does not
+//! apply it, and asks for a replay from 0 so the new process's buffer is read
+//! in order.
+//!
+//! **Reconnects.** After `on_reconnect`, a next batch within the window keeps the
+//! inventory (a near reconnect), one beyond it clears, one at or below `last`
+//! is a restart.
+//!
+//! ```
+//! use kvroute_ingest::seq::{ClearReason, SeqAction, SeqWindow, SeqWindowConfig};
+//!
+//! let mut w = SeqWindow::new(SeqWindowConfig::default());
+//! assert_eq!(w.on_batch(0), SeqAction::Apply);
+//! assert_eq!(w.on_batch(1), SeqAction::Apply);
+//! assert_eq!(w.on_batch(5), SeqAction::ApplyAfterGap { missed: 3 });
+//! assert!(matches!(w.on_batch(5), SeqAction::Drop(_)));
+//! assert_eq!(w.on_batch(500), SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { missed: 494 }));
+//! assert_eq!(w.on_batch(0), SeqAction::ClearThenApply(ClearReason::Restart));
+//! assert_eq!(w.counters().restarts, 1);
+//! ```
+
+/// What to do after an engine restart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RestartPolicy {
+    /// Clear the endpoint and apply the batch.
+    #[default]
+    Clear,
+    /// Clear the endpoint and ask for a replay from sequence 0.
+    Replay,
+}
+
+/// Configuration of one stream's window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqWindowConfig {
+    /// Largest gap (missed batches) that keeps the inventory.
+    pub window: u64,
+    /// What a detected engine restart does.
+    pub on_restart: RestartPolicy,
+}
+
+impl Default for SeqWindowConfig {
+    fn default() -> Self {
+        Self {
+            window: 64,
+            on_restart: RestartPolicy::Clear,
+        }
+    }
+}
+
+/// Why a batch is dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// Same number as the last accepted batch.
+    Duplicate,
+    /// Below the last accepted batch (within the window, or during a replay).
+    Old,
+    /// The batch's DP rank would exceed the endpoint's stream limit (produced by
+    /// [`crate::EndpointIngest`], never by the window itself).
+    StreamLimit,
+}
+
+/// Why the endpoint must be cleared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClearReason {
+    /// More batches were missed than the window allows.
+    GapBeyondWindow {
+        /// Batches missed.
+        missed: u64,
+    },
+    /// The publisher started over (new engine process).
+    Restart,
+}
+
+/// The action the adapter must take for one input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum SeqAction {
+    /// Apply the batch.
+    Apply,
+    /// Apply the batch; some were missed but the inventory is kept.
+    ApplyAfterGap {
+        /// Batches missed.
+        missed: u64,
+    },
+    /// Ignore the batch.
+    Drop(DropReason),
+    /// Clear the endpoint's inventory, then apply the batch.
+    ClearThenApply(ClearReason),
+    /// Clear the endpoint's inventory, do not apply the batch, and request a
+    /// replay starting at `from`.
+    ClearThenReplay {
+        /// First sequence number to replay.
+        from: u64,
+    },
+}
+
+impl SeqAction {
+    /// True when the batch's events must be applied.
+    #[must_use]
+    pub fn applies(self) -> bool {
+        matches!(
+            self,
+            SeqAction::Apply | SeqAction::ApplyAfterGap { .. } | SeqAction::ClearThenApply(_)
+        )
+    }
+
+    /// True when the endpoint must be cleared first.
+    #[must_use]
+    pub fn clears(self) -> bool {
+        matches!(
+            self,
+            SeqAction::ClearThenApply(_) | SeqAction::ClearThenReplay { .. }
+        )
+    }
+}
+
+/// Every transition of a window, counted (plain integers; sum them across streams
+/// with `+=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeqCounters {
+    /// First batch of a stream accepted.
+    pub first: u64,
+    /// Batches accepted in order.
+    pub in_order: u64,
+    /// Batches accepted after a gap within the window.
+    pub gaps_kept: u64,
+    /// Batches missed in those gaps.
+    pub missed_in_kept_gaps: u64,
+    /// Gaps beyond the window (inventory cleared).
+    pub gaps_cleared: u64,
+    /// Duplicate batches dropped.
+    pub duplicates: u64,
+    /// Old batches dropped.
+    pub old: u64,
+    /// Engine restarts detected.
+    pub restarts: u64,
+    /// Reconnects reported by the transport.
+    pub reconnects: u64,
+    /// Reconnects whose next batch kept the inventory.
+    pub near_reconnects: u64,
+    /// Replays requested (bootstrap or restart).
+    pub replays_requested: u64,
+    /// Replays reported finished.
+    pub replays_done: u64,
+}
+
+impl std::ops::AddAssign for SeqCounters {
+    fn add_assign(&mut self, o: Self) {
+        self.first += o.first;
+        self.in_order += o.in_order;
+        self.gaps_kept += o.gaps_kept;
+        self.missed_in_kept_gaps += o.missed_in_kept_gaps;
+        self.gaps_cleared += o.gaps_cleared;
+        self.duplicates += o.duplicates;
+        self.old += o.old;
+        self.restarts += o.restarts;
+        self.reconnects += o.reconnects;
+        self.near_reconnects += o.near_reconnects;
+        self.replays_requested += o.replays_requested;
+        self.replays_done += o.replays_done;
+    }
+}
+
+/// One stream's sequence window. See the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct SeqWindow {
+    config: SeqWindowConfig,
+    last: Option<u64>,
+    reconnected: bool,
+    replaying: bool,
+    counters: SeqCounters,
+}
+
+impl SeqWindow {
+    /// A window that has seen nothing yet.
+    #[must_use]
+    pub fn new(config: SeqWindowConfig) -> Self {
+        Self {
+            config,
+            last: None,
+            reconnected: false,
+            replaying: false,
+            counters: SeqCounters::default(),
+        }
+    }
+
+    /// The highest accepted sequence number.
+    #[must_use]
+    pub fn last_seq(&self) -> Option<u64> {
+        self.last
+    }
+
+    /// True between [`Self::on_bootstrap`] (or a replaying restart) and
+    /// [`Self::on_replay_done`].
+    #[must_use]
+    pub fn replaying(&self) -> bool {
+        self.replaying
+    }
+
+    /// Transition counters.
+    #[must_use]
+    pub fn counters(&self) -> &SeqCounters {
+        &self.counters
+    }
+
+    /// Decides what to do with batch `seq`.
+    pub fn on_batch(&mut self, seq: u64) -> SeqAction {
+        let reconnected = std::mem::take(&mut self.reconnected);
+        let Some(last) = self.last else {
+            self.counters.first += 1;
+            self.last = Some(seq);
+            return SeqAction::Apply;
+        };
+        if seq > last {
+            self.last = Some(seq);
+            let missed = seq - last - 1;
+            if missed > self.config.window {
+                self.counters.gaps_cleared += 1;
+                return SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { missed });
+            }
+            if reconnected {
+                self.counters.near_reconnects += 1;
+            }
+            if missed == 0 {
+                self.counters.in_order += 1;
+                return SeqAction::Apply;
+            }
+            self.counters.gaps_kept += 1;
+            self.counters.missed_in_kept_gaps += missed;
+            return SeqAction::ApplyAfterGap { missed };
+        }
+        let restart = reconnected
+            || (!self.replaying && (last - seq > self.config.window || (seq == 0 && last > 0)));
+        if !restart {
+            if seq == last {
+                self.counters.duplicates += 1;
+                return SeqAction::Drop(DropReason::Duplicate);
+            }
+            self.counters.old += 1;
+            return SeqAction::Drop(DropReason::Old);
+        }
+        self.counters.restarts += 1;
+        match self.config.on_restart {
+            RestartPolicy::Clear => {
+                self.last = Some(seq);
+                SeqAction::ClearThenApply(ClearReason::Restart)
+            }
+            RestartPolicy::Replay => {
+                self.last = None;
+                self.replaying = true;
+                self.counters.replays_requested += 1;
+                SeqAction::ClearThenReplay { from: 0 }
+            }
+        }
+    }
+
+    /// The transport lost and re-established its connection; the next batch
+    /// decides between a near reconnect, a far one and a restart.
+    pub fn on_reconnect(&mut self) {
+        self.counters.reconnects += 1;
+        self.reconnected = self.last.is_some();
+    }
+
+    /// The subscriber starts (or re-bootstraps): returns the sequence number to
+    /// request a replay from (everything after the last accepted batch).
+    #[must_use]
+    pub fn on_bootstrap(&mut self) -> u64 {
+        self.replaying = true;
+        self.counters.replays_requested += 1;
+        self.last.map_or(0, |l| l.saturating_add(1))
+    }
+
+    /// The replay requested earlier has ended (end marker, error or timeout).
+    pub fn on_replay_done(&mut self) {
+        if self.replaying {
+            self.counters.replays_done += 1;
+        }
+        self.replaying = false;
+    }
+}

@@ -1,0 +1,130 @@
+//! The window's rules table, one scenario per row, and its counters.
+
+use kvroute_ingest::seq::{
+    ClearReason, DropReason, RestartPolicy, SeqAction, SeqWindow, SeqWindowConfig,
+};
+
+fn window(w: u64, on_restart: RestartPolicy) -> SeqWindow {
+    SeqWindow::new(SeqWindowConfig {
+        window: w,
+        on_restart,
+    })
+}
+
+fn feed(w: &mut SeqWindow, seqs: &[u64]) -> Vec<SeqAction> {
+    seqs.iter().map(|s| w.on_batch(*s)).collect()
+}
+
+#[test]
+fn gaps_up_to_the_window_keep_the_inventory_beyond_it_clear() {
+    let cfg = SeqWindowConfig::default();
+    let mut w = SeqWindow::new(cfg);
+    let at_limit = 10 + 1 + cfg.window;
+    let actions = feed(&mut w, &[10, at_limit, at_limit + cfg.window + 2]);
+    assert_eq!(actions[0], SeqAction::Apply);
+    assert_eq!(actions[1], SeqAction::ApplyAfterGap { missed: cfg.window });
+    assert_eq!(
+        actions[2],
+        SeqAction::ClearThenApply(ClearReason::GapBeyondWindow {
+            missed: cfg.window + 1
+        })
+    );
+    let c = w.counters();
+    assert_eq!(
+        (c.first, c.gaps_kept, c.missed_in_kept_gaps, c.gaps_cleared),
+        (1, 1, cfg.window, 1)
+    );
+}
+
+#[test]
+fn duplicates_and_old_batches_drop_far_regressions_restart() {
+    let mut w = window(8, RestartPolicy::Clear);
+    let actions = feed(&mut w, &[100, 101, 101, 95, 92, 101]);
+    assert_eq!(actions[2], SeqAction::Drop(DropReason::Duplicate));
+    assert_eq!(actions[3], SeqAction::Drop(DropReason::Old));
+    // 101 - 92 = 9 > 8: far below means a new publisher process.
+    assert_eq!(actions[4], SeqAction::ClearThenApply(ClearReason::Restart));
+    // After the restart 92 is the reference: 101 is a kept gap.
+    assert_eq!(actions[5], SeqAction::ApplyAfterGap { missed: 8 });
+    let c = w.counters();
+    assert_eq!((c.duplicates, c.old, c.restarts), (1, 1, 1));
+}
+
+#[test]
+fn back_to_zero_is_a_restart_unless_replaying() {
+    let mut w = window(64, RestartPolicy::Clear);
+    assert_eq!(
+        feed(&mut w, &[0, 1, 2, 0])[3],
+        SeqAction::ClearThenApply(ClearReason::Restart)
+    );
+    let mut w = window(64, RestartPolicy::Clear);
+    let _ = feed(&mut w, &[0, 1, 2]);
+    assert_eq!(w.on_bootstrap(), 3);
+    assert_eq!(w.on_batch(0), SeqAction::Drop(DropReason::Old));
+    w.on_replay_done();
+    assert_eq!(
+        w.on_batch(0),
+        SeqAction::ClearThenApply(ClearReason::Restart)
+    );
+}
+
+#[test]
+fn replay_policy_clears_and_asks_for_the_new_buffer() {
+    let mut w = window(4, RestartPolicy::Replay);
+    let _ = feed(&mut w, &[50, 51]);
+    assert_eq!(w.on_batch(3), SeqAction::ClearThenReplay { from: 0 });
+    assert!(w.replaying());
+    // The replay starts the stream afresh.
+    assert_eq!(
+        feed(&mut w, &[1, 2, 3, 2]),
+        vec![
+            SeqAction::Apply,
+            SeqAction::Apply,
+            SeqAction::Apply,
+            SeqAction::Drop(DropReason::Old),
+        ]
+    );
+    assert_eq!(w.counters().replays_requested, 1);
+}
+
+#[test]
+fn reconnects_near_keep_far_clear_backwards_restart() {
+    let mut w = window(4, RestartPolicy::Clear);
+    let _ = feed(&mut w, &[7]);
+    w.on_reconnect();
+    assert_eq!(w.on_batch(10), SeqAction::ApplyAfterGap { missed: 2 });
+    w.on_reconnect();
+    assert!(matches!(
+        w.on_batch(20),
+        SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { .. })
+    ));
+    w.on_reconnect();
+    // Within the window below `last`, but right after a reconnect: a restart.
+    assert_eq!(
+        w.on_batch(19),
+        SeqAction::ClearThenApply(ClearReason::Restart)
+    );
+    let c = w.counters();
+    assert_eq!((c.reconnects, c.near_reconnects, c.restarts), (3, 1, 1));
+}
+
+#[test]
+fn reconnect_before_any_batch_is_just_a_first_batch() {
+    let mut w = window(4, RestartPolicy::Clear);
+    w.on_reconnect();
+    assert_eq!(w.on_batch(1000), SeqAction::Apply);
+    assert_eq!(w.counters().first, 1);
+}
+
+#[test]
+fn extreme_sequence_numbers_do_not_overflow() {
+    let mut w = window(u64::MAX, RestartPolicy::Clear);
+    let actions = feed(&mut w, &[u64::MAX, 0, u64::MAX]);
+    assert_eq!(actions[1], SeqAction::ClearThenApply(ClearReason::Restart));
+    assert_eq!(
+        actions[2],
+        SeqAction::ApplyAfterGap {
+            missed: u64::MAX - 1
+        }
+    );
+}

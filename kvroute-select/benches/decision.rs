@@ -1,0 +1,168 @@
+//! A routing decision over 64 endpoints for an 8K-token prompt.
+//! Run: `cargo bench -p kvroute-select --bench decision -- --warm-up-time 1 --measurement-time 3`
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use kvroute_core::BlockKey;
+use kvroute_select::{
+    AlwaysAvailable, ContractId, Endpoint, EndpointLoad, KeySetInventory, LoadTable, PromptInput,
+    Request, Role, Rule, RuleConfig, Topology,
+};
+
+const ENDPOINTS: usize = 64;
+const TOKENS: usize = 8192;
+const BLOCK: usize = 16;
+
+fn setup() -> (Rule, KeySetInventory, LoadTable, Vec<BlockKey>, ContractId) {
+    let contract = ContractId::new("bench/bs16");
+    let endpoints: Vec<Endpoint> = (0..ENDPOINTS)
+        .map(|i| {
+            Endpoint::new(format!("10.0.{}.{}:8000", i / 256, i % 256), Role::Both)
+                .with_inventory_slot(i as u32)
+        })
+        .collect();
+    let cfg = RuleConfig::kv_exact(
+        "bench",
+        Topology::Converged,
+        endpoints,
+        BLOCK as u32,
+        contract.clone(),
+    );
+    let rule = Rule::new(cfg, None).unwrap();
+    let keys: Vec<BlockKey> = (0..TOKENS / BLOCK)
+        .map(|i| BlockKey(0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1)))
+        .collect();
+    let mut inv = KeySetInventory::new(ENDPOINTS);
+    // Every endpoint holds a different-length prefix of the prompt plus unrelated blocks.
+    for slot in 0..ENDPOINTS {
+        let held = (slot * 7) % keys.len();
+        inv.store(slot, keys[..held].iter().copied());
+        inv.store(slot, (0..2000u64).map(|j| BlockKey(j << 20 | slot as u64)));
+    }
+    let mut load = LoadTable::new(ENDPOINTS);
+    for i in 0..ENDPOINTS {
+        load.set(
+            kvroute_core::EndpointId(i as u32),
+            EndpointLoad {
+                in_flight: (i % 5) as u32,
+                queued_prefill_tokens: 0,
+            },
+        );
+    }
+    (rule, inv, load, keys, contract)
+}
+
+fn decision_from_keys(c: &mut Criterion) {
+    let (rule, inv, load, keys, contract) = setup();
+    c.bench_function("decide/precomputed_keys/8k_tokens/64_endpoints", |b| {
+        b.iter(|| {
+            let req = Request::new(PromptInput::Keys {
+                keys: &keys,
+                contract: &contract,
+                prompt_tokens: TOKENS as u32,
+            });
+            black_box(
+                rule.decide(
+                    black_box(&req),
+                    &inv,
+                    &load,
+                    &AlwaysAvailable,
+                    Duration::ZERO,
+                )
+                .target(),
+            )
+        })
+    });
+}
+
+fn decision_from_keys_shared_index(c: &mut Criterion) {
+    let (rule, _, load, keys, contract) = setup();
+    let index = kvroute_ingest::SharedIndex::new(ENDPOINTS, kvroute_ingest::IndexConfig::default());
+    for slot in 0..ENDPOINTS {
+        let e = kvroute_core::EndpointId(slot as u32);
+        let held = (slot * 7) % keys.len();
+        index
+            .store(e, kvroute_core::Medium::Gpu, &keys[..held])
+            .unwrap();
+        let other: Vec<BlockKey> = (0..2000u64)
+            .map(|j| BlockKey(j << 20 | slot as u64))
+            .collect();
+        index.store(e, kvroute_core::Medium::Gpu, &other).unwrap();
+    }
+    c.bench_function(
+        "decide/precomputed_keys/shared_index/8k_tokens/64_endpoints",
+        |b| {
+            b.iter(|| {
+                let req = Request::new(PromptInput::Keys {
+                    keys: &keys,
+                    contract: &contract,
+                    prompt_tokens: TOKENS as u32,
+                });
+                black_box(
+                    rule.decide(
+                        black_box(&req),
+                        &index,
+                        &load,
+                        &AlwaysAvailable,
+                        Duration::ZERO,
+                    )
+                    .target(),
+                )
+            })
+        },
+    );
+}
+
+fn decision_from_tokens(c: &mut Criterion) {
+    for spec in [
+        "vllm@0.33.0:sha256_cbor:block=16:seed=0",
+        "vllm@0.33.0:xxhash_cbor:block=16:seed=0",
+    ] {
+        let contract: kvroute_core::HashContract = spec.parse().unwrap();
+        let provider = std::sync::Arc::new(kvroute_select::ContractKeys::new(&contract).unwrap());
+        let (_, inv, load, _, _) = setup();
+        let endpoints: Vec<Endpoint> = (0..ENDPOINTS)
+            .map(|i| Endpoint::new(format!("ep{i}"), Role::Both).with_inventory_slot(i as u32))
+            .collect();
+        let cfg = RuleConfig::kv_exact(
+            "bench",
+            Topology::Converged,
+            endpoints,
+            BLOCK as u32,
+            ContractId::from(&contract),
+        );
+        let rule = Rule::new(cfg, Some(provider)).unwrap();
+        let tokens: Vec<u32> = (0..TOKENS as u32)
+            .map(|t| t.wrapping_mul(2654435761) % 151_000)
+            .collect();
+        let name = format!(
+            "decide/tokens/{}/8k_tokens/64_endpoints",
+            spec.split(':').nth(1).unwrap()
+        );
+        c.bench_function(&name, |b| {
+            b.iter(|| {
+                let req = Request::new(PromptInput::Tokens(&tokens));
+                black_box(
+                    rule.decide(
+                        black_box(&req),
+                        &inv,
+                        &load,
+                        &AlwaysAvailable,
+                        Duration::ZERO,
+                    )
+                    .target(),
+                )
+            })
+        });
+    }
+}
+
+criterion_group!(
+    benches,
+    decision_from_keys,
+    decision_from_keys_shared_index,
+    decision_from_tokens
+);
+criterion_main!(benches);

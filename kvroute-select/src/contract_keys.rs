@@ -1,0 +1,71 @@
+//! [`PromptKeys`] backed by `kvroute-core`'s contract hashers.
+
+use kvroute_core::{BlockHasher, BlockKey, ContractError, HashContract, RequestExtras, TokenId};
+
+use crate::keys::{ContractId, KeyMode, KeysError, PromptKeys};
+
+impl From<&HashContract> for ContractId {
+    /// The contract's canonical compact form, e.g.
+    /// `vllm@0.33.0:sha256_cbor:block=16:seed=0`.
+    fn from(c: &HashContract) -> Self {
+        ContractId::new(&c.to_string())
+    }
+}
+
+/// Hashes prompts with a [`HashContract`] (no per-request extras: LoRA, cache
+/// salt and multimodal requests need a provider that carries them).
+///
+/// ```
+/// use kvroute_core::HashContract;
+/// use kvroute_select::{ContractKeys, PromptKeys};
+/// let c: HashContract = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse().unwrap();
+/// let keys = ContractKeys::new(&c).unwrap();
+/// let mut out = Vec::new();
+/// keys.keys(&(0..40).collect::<Vec<u32>>(), &mut out).unwrap();
+/// assert_eq!(out.len(), 2);
+/// assert_eq!(keys.contract().as_str(), "vllm@0.33.0:sha256_cbor:block=16:seed=0");
+/// ```
+#[derive(Clone, Debug)]
+pub struct ContractKeys {
+    hasher: BlockHasher,
+    id: ContractId,
+    mode: KeyMode,
+}
+
+impl ContractKeys {
+    /// A provider for `contract`.
+    ///
+    /// # Errors
+    /// [`ContractError`] when the contract cannot be reproduced.
+    pub fn new(contract: &HashContract) -> Result<Self, ContractError> {
+        Ok(Self {
+            hasher: BlockHasher::new(contract)?,
+            id: ContractId::from(contract),
+            mode: match contract {
+                HashContract::Rekey(_) => KeyMode::Rekeyed,
+                _ => KeyMode::EngineKeys,
+            },
+        })
+    }
+}
+
+impl PromptKeys for ContractKeys {
+    fn contract(&self) -> &ContractId {
+        &self.id
+    }
+
+    fn block_size(&self) -> u32 {
+        u32::try_from(self.hasher.block_size()).unwrap_or(u32::MAX)
+    }
+
+    fn key_mode(&self) -> KeyMode {
+        self.mode
+    }
+
+    fn keys(&self, tokens: &[TokenId], out: &mut Vec<BlockKey>) -> Result<(), KeysError> {
+        self.hasher
+            .hash_prompt(tokens, &RequestExtras::NONE, out)
+            .map(|_| ())
+            .map_err(|e| KeysError::Hashing(e.to_string()))
+    }
+}

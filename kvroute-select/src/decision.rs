@@ -1,0 +1,563 @@
+//! The guard ladder as a sans-IO value: [`Rule::decide`] builds a [`Decision`],
+//! the host connects to its [`Target`], reports failures with [`Rule::retry`] and
+//! completion with [`Rule::record_receipt`].
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kvroute_core::{BlockKey, EndpointId, TokenId};
+use kvroute_ingest::{InventoryView, Overlap};
+
+use crate::bounded::{chain, hash_bytes};
+use crate::counters::MissReason;
+use crate::health::Health;
+use crate::keys::{PromptInput, Request};
+use crate::load::{EndpointLoad, Load};
+use crate::pool::Pool;
+use crate::rule::{Choice, Rule, Topology};
+use crate::scorer::{KvPick, KvScoring};
+use crate::selector::SelectorKind;
+
+/// Where a request goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// The endpoint that receives the request (the prefill endpoint in P/D).
+    pub endpoint: EndpointId,
+    /// The decode endpoint of a P/D decision (least loaded); `None` when converged.
+    pub decode: Option<EndpointId>,
+}
+
+/// Which ladder tier produced the current target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// P/D session affinity.
+    SessionAffinity,
+    /// P/D prefix-trie affinity.
+    TrieAffinity,
+    /// KV-exact scoring.
+    KvExact,
+    /// The fallback: P/D minimum load, or the rule's selector.
+    Fallback(SelectorKind),
+    /// Nothing was eligible.
+    Exhausted,
+}
+
+/// Which leg of a request failed to connect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Leg {
+    /// The target's main (prefill or converged) endpoint.
+    Endpoint,
+    /// The P/D decode endpoint.
+    Decode,
+}
+
+/// One request's routing state: its keys (computed once, reused by retries),
+/// overlaps, exclusions and current target.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    keys: Vec<BlockKey>,
+    overlaps: Vec<Overlap>,
+    slot_scratch: Vec<Overlap>,
+    excluded: Vec<bool>,
+    excluded_decode: Vec<bool>,
+    eligible: Vec<bool>,
+    loads: Vec<EndpointLoad>,
+    prompt_tokens: u32,
+    affinity_key: Option<u64>,
+    key_miss: Option<MissReason>,
+    miss: Option<MissReason>,
+    target: Option<Target>,
+    source: Source,
+    predicted_blocks: u32,
+    retries: u32,
+}
+
+impl Decision {
+    /// The current target, `None` once nothing eligible is left.
+    #[must_use]
+    pub fn target(&self) -> Option<Target> {
+        self.target
+    }
+
+    /// The tier that produced the current target.
+    #[must_use]
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// Why KV-exact did not decide, if it was tried and missed.
+    #[must_use]
+    pub fn miss(&self) -> Option<MissReason> {
+        self.miss
+    }
+
+    /// The scorer's overlap figure for the current target (blocks for the
+    /// overlap-count scorer, prefix blocks otherwise); 0 outside KV-exact.
+    #[must_use]
+    pub fn predicted_blocks(&self) -> u32 {
+        self.predicted_blocks
+    }
+
+    /// Cached tokens the current target should report, from its prefix overlap.
+    #[must_use]
+    pub fn predicted_cached_tokens(&self, block_size: u32) -> u32 {
+        let Some(t) = self.target else { return 0 };
+        let prefix = self
+            .overlaps
+            .get(t.endpoint.index())
+            .map_or(0, |o| o.prefix);
+        prefix.saturating_mul(block_size).min(self.prompt_tokens)
+    }
+
+    /// The prompt's block keys.
+    #[must_use]
+    pub fn keys(&self) -> &[BlockKey] {
+        &self.keys
+    }
+
+    /// Overlap per rule endpoint (zero where unknown).
+    #[must_use]
+    pub fn overlaps(&self) -> &[Overlap] {
+        &self.overlaps
+    }
+
+    /// Endpoints excluded by connect failures so far.
+    #[must_use]
+    pub fn is_excluded(&self, endpoint: EndpointId) -> bool {
+        self.excluded
+            .get(endpoint.index())
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Retries taken.
+    #[must_use]
+    pub fn retries(&self) -> u32 {
+        self.retries
+    }
+
+    /// Prompt length in tokens (0 when unknown).
+    #[must_use]
+    pub fn prompt_tokens(&self) -> u32 {
+        self.prompt_tokens
+    }
+}
+
+/// Folds the first `n` tokens into a 64-bit CHWBL key.
+fn token_prefix_key(tokens: &[TokenId], n: usize) -> u64 {
+    tokens
+        .iter()
+        .take(n)
+        .fold(0u64, |h, t| chain(h, u64::from(*t)))
+}
+
+impl Rule {
+    /// Runs the guard ladder for `request` and returns the decision; the host
+    /// connects to [`Decision::target`].
+    ///
+    /// `view` is the inventory index (its dense ids are the endpoints'
+    /// `inventory_slot`s), `load` and `health` are the host's live signals, `now`
+    /// is the host's monotonic time.
+    pub fn decide<V, L, H>(
+        &self,
+        request: &Request<'_>,
+        view: &V,
+        load: &L,
+        health: &H,
+        now: Duration,
+    ) -> Decision
+    where
+        V: InventoryView + ?Sized,
+        L: Load + ?Sized,
+        H: Health + ?Sized,
+    {
+        let n = self.config.endpoints.len();
+        let mut d = Decision {
+            keys: Vec::new(),
+            overlaps: vec![Overlap::default(); n],
+            slot_scratch: Vec::new(),
+            excluded: vec![false; n],
+            excluded_decode: vec![false; n],
+            eligible: vec![false; n],
+            loads: vec![EndpointLoad::default(); n],
+            prompt_tokens: 0,
+            affinity_key: None,
+            key_miss: None,
+            miss: None,
+            target: None,
+            source: Source::Exhausted,
+            predicted_blocks: 0,
+            retries: 0,
+        };
+        self.counters.decision();
+        self.prepare_keys(&mut d, request, view);
+        self.run_ladder(&mut d, request, load, health, now, true);
+        d
+    }
+
+    /// The host could not connect to `failed` of the current target: exclude it
+    /// and return the next target. After a KV-exact pick the next target is the
+    /// next best by overlap among eligible prefill endpoints — never a decode
+    /// endpoint, never round robin. Keys are not recomputed.
+    pub fn retry<L, H>(
+        &self,
+        d: &mut Decision,
+        failed: Leg,
+        request: &Request<'_>,
+        load: &L,
+        health: &H,
+        now: Duration,
+    ) -> Option<Target>
+    where
+        L: Load + ?Sized,
+        H: Health + ?Sized,
+    {
+        let current = d.target?;
+        self.counters.retry();
+        d.retries = d.retries.saturating_add(1);
+        if d.retries > self.config.thresholds.max_retries {
+            d.target = None;
+            d.source = Source::Exhausted;
+            self.counters.exhausted();
+            return None;
+        }
+        // A converged target has no decode leg: its only endpoint is what failed.
+        let failed = if current.decode.is_none() {
+            Leg::Endpoint
+        } else {
+            failed
+        };
+        match failed {
+            Leg::Endpoint => {
+                if let Some(x) = d.excluded.get_mut(current.endpoint.index()) {
+                    *x = true;
+                }
+                self.run_ladder(d, request, load, health, now, false);
+            }
+            Leg::Decode => {
+                if let Some(x) = current
+                    .decode
+                    .and_then(|e| d.excluded_decode.get_mut(e.index()))
+                {
+                    *x = true;
+                }
+                self.refresh_pool(d, load, health, now);
+                match self.pick_decode(d, health, now) {
+                    Some(decode) => {
+                        d.target = Some(Target {
+                            decode: Some(decode),
+                            ..current
+                        });
+                    }
+                    None => {
+                        d.target = None;
+                        d.source = Source::Exhausted;
+                        self.counters.exhausted();
+                    }
+                }
+            }
+        }
+        d.target
+    }
+
+    /// The backend answered: `cached_tokens` is its
+    /// `usage.prompt_tokens_details.cached_tokens`. Feeds predicted-vs-delivered
+    /// accuracy and the contract-drift alarm; returns `true` when this receipt
+    /// raised the alarm.
+    pub fn record_receipt(&self, d: &Decision, cached_tokens: u32) -> bool {
+        let Some(t) = d.target else { return false };
+        let predicted = d.predicted_cached_tokens(self.config.block_size);
+        let raised = self.counters.receipt(
+            t.endpoint.index(),
+            u64::from(predicted),
+            u64::from(cached_tokens),
+            self.config.thresholds.drift_alarm_after,
+        );
+        if raised {
+            tracing::warn!(
+                rule = %self.config.name,
+                endpoint = %t.endpoint,
+                "predicted KV hits keep delivering zero cached tokens: hash contract drift?"
+            );
+        }
+        raised
+    }
+
+    fn prepare_keys<V: InventoryView + ?Sized>(
+        &self,
+        d: &mut Decision,
+        request: &Request<'_>,
+        view: &V,
+    ) {
+        let n_prefix = self.config.thresholds.chwbl_prefix_tokens;
+        d.affinity_key = request.session.map(|s| hash_bytes(s.as_bytes()));
+        let kv = self.config.choice == Choice::KvExact;
+        let result: Result<(), MissReason> = match request.prompt {
+            PromptInput::Missing(m) => Err(m.into()),
+            PromptInput::Tokens([]) => Err(MissReason::EmptyPrompt),
+            PromptInput::Tokens(tokens) => {
+                d.prompt_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+                d.affinity_key
+                    .get_or_insert_with(|| token_prefix_key(tokens, n_prefix));
+                match (&self.keys, kv) {
+                    (_, false) => Ok(()),
+                    (None, true) => Err(MissReason::NoHasher),
+                    (Some(p), true) => p.keys(tokens, &mut d.keys).map_err(|e| {
+                        tracing::debug!(rule = %self.config.name, error = %e, "prompt hashing failed");
+                        MissReason::HashError
+                    }),
+                }
+            }
+            PromptInput::Keys {
+                keys,
+                contract,
+                prompt_tokens,
+            } => {
+                d.prompt_tokens = prompt_tokens;
+                if contract == &self.config.contract {
+                    d.keys.extend_from_slice(keys);
+                    let per_block = usize::try_from(self.config.block_size).unwrap_or(1).max(1);
+                    let k = n_prefix.div_ceil(per_block).min(keys.len());
+                    if let Some(key) = k.checked_sub(1).and_then(|i| keys.get(i)) {
+                        d.affinity_key.get_or_insert(key.0);
+                    }
+                    Ok(())
+                } else {
+                    Err(MissReason::ContractMismatch)
+                }
+            }
+        };
+        if d.affinity_key.is_none() {
+            d.affinity_key = request.text.map(|t| {
+                let end = t.len().min(n_prefix.saturating_mul(4));
+                hash_bytes(t.as_bytes().get(..end).unwrap_or_default())
+            });
+        }
+        if !kv {
+            return;
+        }
+        if let Err(miss) = result {
+            d.key_miss = Some(miss);
+            return;
+        }
+        if d.keys.is_empty() {
+            d.key_miss = Some(MissReason::NoKeys);
+            return;
+        }
+        let slots = view.endpoint_count();
+        let mapped = self
+            .config
+            .endpoints
+            .iter()
+            .any(|e| e.inventory_slot.is_some_and(|s| (s as usize) < slots));
+        if !mapped {
+            d.key_miss = Some(MissReason::NoInventory);
+            return;
+        }
+        d.slot_scratch.clear();
+        d.slot_scratch.resize(slots, Overlap::default());
+        view.score(&d.keys, &mut d.slot_scratch);
+        for (o, e) in d.overlaps.iter_mut().zip(&self.config.endpoints) {
+            if let Some(s) = e
+                .inventory_slot
+                .and_then(|s| d.slot_scratch.get(s as usize))
+            {
+                *o = *s;
+            }
+        }
+    }
+
+    /// Recomputes loads and main-leg eligibility (not excluded, available, and a
+    /// prefill role in P/D).
+    fn refresh_pool<L: Load + ?Sized, H: Health + ?Sized>(
+        &self,
+        d: &mut Decision,
+        load: &L,
+        health: &H,
+        now: Duration,
+    ) {
+        let pd = self.config.topology == Topology::PrefillDecode;
+        for (i, e) in crate::endpoint::enumerate(&self.config.endpoints) {
+            let ix = i.index();
+            if let Some(l) = d.loads.get_mut(ix) {
+                *l = load.load(i);
+            }
+            let ok = !d.excluded.get(ix).copied().unwrap_or(true)
+                && (!pd || e.role.can_prefill())
+                && health.availability(i, now).is_available();
+            if let Some(x) = d.eligible.get_mut(ix) {
+                *x = ok;
+            }
+        }
+    }
+
+    fn pick_decode<H: Health + ?Sized>(
+        &self,
+        d: &Decision,
+        health: &H,
+        now: Duration,
+    ) -> Option<EndpointId> {
+        let eligible: Vec<bool> = crate::endpoint::enumerate(&self.config.endpoints)
+            .map(|(i, e)| {
+                e.role.can_decode()
+                    && !d.excluded_decode.get(i.index()).copied().unwrap_or(true)
+                    && health.availability(i, now).is_available()
+            })
+            .collect();
+        let pool = Pool {
+            endpoints: &self.config.endpoints,
+            eligible: &eligible,
+            loads: &d.loads,
+        };
+        let turn = self.decode_turns.fetch_add(1, Ordering::Relaxed);
+        pool.least_loaded(turn)
+            .and_then(|i| u32::try_from(i).ok())
+            .map(EndpointId)
+    }
+
+    fn run_ladder<L: Load + ?Sized, H: Health + ?Sized>(
+        &self,
+        d: &mut Decision,
+        request: &Request<'_>,
+        load: &L,
+        health: &H,
+        now: Duration,
+        first: bool,
+    ) {
+        self.refresh_pool(d, load, health, now);
+        let pd = self.config.topology == Topology::PrefillDecode;
+        let picked = self.pick_main(d, request, now, first);
+        if picked.is_none() || d.source != Source::KvExact {
+            d.predicted_blocks = 0;
+        }
+        let Some(index) = picked.and_then(|i| u32::try_from(i).ok()) else {
+            d.target = None;
+            d.source = Source::Exhausted;
+            self.counters.exhausted();
+            return;
+        };
+        let endpoint = EndpointId(index);
+        let decode = if pd {
+            match self.pick_decode(d, health, now) {
+                Some(e) => Some(e),
+                None => {
+                    d.target = None;
+                    d.source = Source::Exhausted;
+                    self.counters.exhausted();
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        d.target = Some(Target { endpoint, decode });
+        if pd {
+            if let Some(s) = request.session {
+                self.sessions.lock().remember(s, endpoint, now);
+            }
+            if let Some(t) = request.text {
+                self.trie.lock().remember(t, endpoint, now);
+            }
+        }
+    }
+
+    /// The main-leg endpoint index, setting `d.source` (and KV bookkeeping).
+    fn pick_main(
+        &self,
+        d: &mut Decision,
+        request: &Request<'_>,
+        now: Duration,
+        first: bool,
+    ) -> Option<usize> {
+        let cfg = &self.config;
+        let pd = cfg.topology == Topology::PrefillDecode;
+        let pool = Pool {
+            endpoints: &cfg.endpoints,
+            eligible: &d.eligible,
+            loads: &d.loads,
+        };
+        let scoring = |sticky| KvScoring {
+            overlaps: &d.overlaps,
+            prompt_tokens: d.prompt_tokens,
+            block_size: cfg.block_size,
+            min_blocks: cfg.thresholds.min_overlap_blocks.max(1),
+            sticky,
+        };
+        // A retry after a KV-exact pick stays in the tier: next best by overlap.
+        if !first && d.source == Source::KvExact {
+            return match cfg.scorer.pick(&pool, &scoring(true)) {
+                KvPick::Winner {
+                    index,
+                    predicted_blocks,
+                    diverted,
+                } => {
+                    d.predicted_blocks = predicted_blocks;
+                    self.counters.hit(index, predicted_blocks, diverted);
+                    Some(index)
+                }
+                KvPick::Miss(_) => None,
+            };
+        }
+        if pd {
+            let eligible = |e: EndpointId| d.eligible.get(e.index()).copied().unwrap_or(false);
+            if let Some(e) = request
+                .session
+                .and_then(|s| self.sessions.lock().get(s, now))
+            {
+                if eligible(e) {
+                    d.source = Source::SessionAffinity;
+                    self.counters.session_affinity();
+                    return Some(e.index());
+                }
+            }
+            if let Some(m) = request.text.and_then(|t| self.trie.lock().lookup(t, now)) {
+                if eligible(m.endpoint) {
+                    d.source = Source::TrieAffinity;
+                    self.counters.trie_affinity();
+                    return Some(m.endpoint.index());
+                }
+            }
+        }
+        if cfg.choice == Choice::KvExact {
+            let pick = match d.key_miss {
+                Some(miss) => KvPick::Miss(miss),
+                None => cfg.scorer.pick(&pool, &scoring(false)),
+            };
+            match pick {
+                KvPick::Winner {
+                    index,
+                    predicted_blocks,
+                    diverted,
+                } => {
+                    d.source = Source::KvExact;
+                    d.predicted_blocks = predicted_blocks;
+                    self.counters.hit(index, predicted_blocks, diverted);
+                    return Some(index);
+                }
+                KvPick::Miss(reason) => {
+                    if d.miss.is_none() {
+                        self.counters.miss(reason);
+                    }
+                    d.miss = Some(reason);
+                }
+            }
+        }
+        let kind = match (cfg.choice, pd) {
+            (Choice::RoundRobin, _) => SelectorKind::RoundRobin,
+            (Choice::ContentAffinity, _) => SelectorKind::Chwbl,
+            (Choice::KvExact, true) => SelectorKind::LeastLoad,
+            (Choice::KvExact, false) => cfg.fallback,
+        };
+        let picked = self.selector.select(
+            kind,
+            &pool,
+            d.affinity_key,
+            cfg.thresholds.chwbl_load_factor,
+        );
+        if picked.is_some() {
+            d.source = Source::Fallback(kind);
+            self.counters.fallback();
+        }
+        picked
+    }
+}

@@ -1,0 +1,136 @@
+//! The candidate set of one decision step: which endpoints are eligible and what
+//! load they carry, plus the bounded-load limit shared by CHWBL and the
+//! load-aware scorer.
+
+use crate::endpoint::Endpoint;
+use crate::load::EndpointLoad;
+
+/// Eligible endpoints and their loads, indexed by rule endpoint position.
+pub(crate) struct Pool<'a> {
+    pub(crate) endpoints: &'a [Endpoint],
+    pub(crate) eligible: &'a [bool],
+    pub(crate) loads: &'a [EndpointLoad],
+}
+
+impl<'a> Pool<'a> {
+    /// `(index, endpoint, load)` of every eligible endpoint, in endpoint order.
+    pub(crate) fn candidates(
+        &self,
+    ) -> impl Iterator<Item = (usize, &'a Endpoint, EndpointLoad)> + '_ {
+        self.endpoints
+            .iter()
+            .zip(self.eligible)
+            .zip(self.loads)
+            .enumerate()
+            .filter(|(_, ((_, ok), _))| **ok)
+            .map(|(i, ((e, _), l))| (i, e, *l))
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        !self.eligible.iter().any(|ok| *ok)
+    }
+
+    pub(crate) fn load_of(&self, i: usize) -> EndpointLoad {
+        self.loads.get(i).copied().unwrap_or_default()
+    }
+
+    pub(crate) fn capacity_of(&self, i: usize) -> u32 {
+        self.endpoints.get(i).map_or(1, Endpoint::capacity_or_one)
+    }
+
+    /// The bounded-load limit over the eligible endpoints with factor `c`.
+    pub(crate) fn bound(&self, c: f64) -> LoadBound {
+        let (mut in_flight, mut capacity) = (0u64, 0u64);
+        for (_, e, l) in self.candidates() {
+            in_flight += u64::from(l.in_flight);
+            capacity += u64::from(e.capacity_or_one());
+        }
+        LoadBound {
+            total_in_flight: in_flight,
+            total_capacity: capacity.max(1),
+            factor: if c.is_finite() && c >= 1.0 { c } else { 1.0 },
+        }
+    }
+
+    /// Index of the least-utilised eligible endpoint (`in_flight / capacity`, then
+    /// queued prefill tokens); among exact ties the `turn`-th one, so a
+    /// round-robin counter only ever breaks ties.
+    pub(crate) fn least_loaded(&self, turn: u64) -> Option<usize> {
+        let mut best: Option<(usize, EndpointLoad, u32)> = None;
+        let mut ties = 0u64;
+        for (i, e, l) in self.candidates() {
+            let cap = e.capacity_or_one();
+            match best {
+                None => {
+                    best = Some((i, l, cap));
+                    ties = 1;
+                }
+                Some((_, bl, bcap)) => match compare_load(l, cap, bl, bcap) {
+                    std::cmp::Ordering::Less => {
+                        best = Some((i, l, cap));
+                        ties = 1;
+                    }
+                    std::cmp::Ordering::Equal => ties += 1,
+                    std::cmp::Ordering::Greater => {}
+                },
+            }
+        }
+        let (_, bl, bcap) = best?;
+        let mut k = turn % ties.max(1);
+        for (i, e, l) in self.candidates() {
+            if compare_load(l, e.capacity_or_one(), bl, bcap).is_eq() {
+                if k == 0 {
+                    return Some(i);
+                }
+                k -= 1;
+            }
+        }
+        None
+    }
+}
+
+/// Orders loads by utilisation, then queued prefill tokens per unit of capacity.
+pub(crate) fn compare_load(
+    a: EndpointLoad,
+    acap: u32,
+    b: EndpointLoad,
+    bcap: u32,
+) -> std::cmp::Ordering {
+    let util =
+        (u64::from(a.in_flight) * u64::from(bcap)).cmp(&(u64::from(b.in_flight) * u64::from(acap)));
+    util.then_with(|| {
+        (u128::from(a.queued_prefill_tokens) * u128::from(bcap))
+            .cmp(&(u128::from(b.queued_prefill_tokens) * u128::from(acap)))
+    })
+}
+
+/// Consistent-hashing-with-bounded-loads limit: endpoint `e` may take one more
+/// request while `in_flight_e + 1 ≤ ⌈c · (Σ in_flight + 1) · cap_e / Σ cap⌉`
+/// (for equal capacities: at most `c` times the mean load after this request).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadBound {
+    /// Σ in-flight over the eligible endpoints.
+    pub total_in_flight: u64,
+    /// Σ capacity over the eligible endpoints (≥ 1).
+    pub total_capacity: u64,
+    /// `c = 1 + ε`, at least 1.
+    pub factor: f64,
+}
+
+impl LoadBound {
+    /// The most requests an endpoint of capacity `capacity` may hold after
+    /// taking this one.
+    #[must_use]
+    pub fn limit(&self, capacity: u32) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let share = (self.total_in_flight as f64 + 1.0) * f64::from(capacity.max(1))
+            / self.total_capacity as f64;
+        (self.factor * share).ceil()
+    }
+
+    /// Whether an endpoint with `in_flight` requests may take one more.
+    #[must_use]
+    pub fn admits(&self, in_flight: u32, capacity: u32) -> bool {
+        f64::from(in_flight) + 1.0 <= self.limit(capacity)
+    }
+}

@@ -1,0 +1,271 @@
+//! Rule configuration and the shared per-rule state.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::affinity::{AffinityConfig, PrefixTrie, SessionMap};
+use crate::chwbl::Ring;
+use crate::counters::RuleCounters;
+use crate::endpoint::Endpoint;
+use crate::keys::{ContractId, KeyMode, PromptKeys};
+use crate::scorer::Scorer;
+use crate::selector::{SelectorKind, SelectorState};
+
+/// The routing choice of a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Choice {
+    /// Spread requests round robin.
+    RoundRobin,
+    /// Consistent hashing with bounded loads over a request-derived key.
+    ContentAffinity,
+    /// Match the prompt's block keys against endpoint inventories.
+    #[default]
+    KvExact,
+}
+
+/// How the rule's endpoints are organised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Topology {
+    /// One role-less pool: KV-exact scores every endpoint; a miss uses the rule's
+    /// fallback selector.
+    #[default]
+    Converged,
+    /// Prefill/decode: session and trie affinity, then KV-exact over prefill
+    /// endpoints, then P/D minimum load; every decision names a decode endpoint too.
+    PrefillDecode,
+}
+
+/// Numeric knobs of a rule.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Thresholds {
+    /// Fewest overlapping blocks that count as a KV-exact hit (≥ 1).
+    pub min_overlap_blocks: u32,
+    /// CHWBL load bound `c` (≥ 1; 1.25 lets an endpoint reach 125 % of the mean).
+    pub chwbl_load_factor: f64,
+    /// CHWBL virtual nodes per unit of weight.
+    pub chwbl_virtual_nodes: u32,
+    /// Tokens of the prompt that form the CHWBL key when there is no session id.
+    pub chwbl_prefix_tokens: usize,
+    /// Retries after connect failures before the decision gives up.
+    pub max_retries: u32,
+    /// Consecutive zero-cached receipts after predicted hits that raise the
+    /// drift alarm.
+    pub drift_alarm_after: u64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            min_overlap_blocks: 1,
+            chwbl_load_factor: 1.25,
+            chwbl_virtual_nodes: 64,
+            chwbl_prefix_tokens: 256,
+            max_retries: 3,
+            drift_alarm_after: 8,
+        }
+    }
+}
+
+/// Everything that defines a rule.
+#[derive(Clone, Debug)]
+pub struct RuleConfig {
+    /// Rule name (metrics label).
+    pub name: String,
+    /// Endpoints; position `i` is `EndpointId(i)`.
+    pub endpoints: Vec<Endpoint>,
+    /// Routing choice.
+    pub choice: Choice,
+    /// Converged or P/D.
+    pub topology: Topology,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// The hash contract prompt keys and inventories follow.
+    pub contract: ContractId,
+    /// Engine keys or re-keyed.
+    pub key_mode: KeyMode,
+    /// KV-exact scorer.
+    pub scorer: Scorer,
+    /// Converged fallback selector (used when `choice` is KV-exact).
+    pub fallback: SelectorKind,
+    /// Numeric knobs.
+    pub thresholds: Thresholds,
+    /// P/D affinity bounds.
+    pub affinity: AffinityConfig,
+    /// Seed of the pseudo-random selectors (decisions are reproducible per seed).
+    pub seed: u64,
+}
+
+impl RuleConfig {
+    /// A KV-exact rule with default scorer, thresholds and affinity bounds.
+    #[must_use]
+    pub fn kv_exact(
+        name: &str,
+        topology: Topology,
+        endpoints: Vec<Endpoint>,
+        block_size: u32,
+        contract: ContractId,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            endpoints,
+            choice: Choice::KvExact,
+            topology,
+            block_size,
+            contract,
+            key_mode: KeyMode::EngineKeys,
+            scorer: Scorer::OverlapCount,
+            fallback: SelectorKind::RoundRobin,
+            thresholds: Thresholds::default(),
+            affinity: AffinityConfig::default(),
+            seed: 0,
+        }
+    }
+}
+
+/// A rule that cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    /// No endpoints.
+    #[error("rule {0:?} has no endpoints")]
+    NoEndpoints(String),
+    /// More endpoints than dense ids allow.
+    #[error("rule has {0} endpoints; at most {max} are supported", max = u32::MAX)]
+    TooManyEndpoints(usize),
+    /// `block_size` is 0.
+    #[error("block size must be at least 1")]
+    ZeroBlockSize,
+    /// A P/D rule without a prefill-capable or decode-capable endpoint.
+    #[error("a prefill/decode rule needs at least one prefill and one decode endpoint")]
+    IncompletePrefillDecode,
+    /// Two endpoints claim the same inventory slot.
+    #[error("inventory slot {0} is mapped to two endpoints")]
+    DuplicateInventorySlot(u32),
+    /// The key provider follows another contract than the rule.
+    #[error("key provider follows contract {provider}, the rule expects {rule}")]
+    ContractMismatch {
+        /// The rule's contract.
+        rule: ContractId,
+        /// The provider's contract.
+        provider: ContractId,
+    },
+    /// The key provider's block size or key mode differs from the rule's.
+    #[error("key provider geometry (block size {provider_block_size}, {provider_mode:?}) differs from the rule's")]
+    GeometryMismatch {
+        /// Provider block size.
+        provider_block_size: u32,
+        /// Provider key mode.
+        provider_mode: KeyMode,
+    },
+}
+
+/// A built rule: configuration plus the state decisions share (counters,
+/// round-robin turns, affinity maps). Decisions take `&self`; the rule is `Sync`.
+pub struct Rule {
+    pub(crate) config: RuleConfig,
+    pub(crate) keys: Option<Arc<dyn PromptKeys>>,
+    pub(crate) counters: RuleCounters,
+    pub(crate) selector: SelectorState,
+    pub(crate) decode_turns: std::sync::atomic::AtomicU64,
+    pub(crate) sessions: Mutex<SessionMap>,
+    pub(crate) trie: Mutex<PrefixTrie>,
+}
+
+impl std::fmt::Debug for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rule")
+            .field("config", &self.config)
+            .field("has_key_provider", &self.keys.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Rule {
+    /// Validates `config` and builds the rule. `keys` hashes token ids; without
+    /// it the rule accepts only precomputed keys.
+    ///
+    /// # Errors
+    /// [`RuleError`] for an inconsistent configuration.
+    pub fn new(config: RuleConfig, keys: Option<Arc<dyn PromptKeys>>) -> Result<Self, RuleError> {
+        if config.endpoints.is_empty() {
+            return Err(RuleError::NoEndpoints(config.name.clone()));
+        }
+        if u32::try_from(config.endpoints.len()).is_err() {
+            return Err(RuleError::TooManyEndpoints(config.endpoints.len()));
+        }
+        if config.block_size == 0 {
+            return Err(RuleError::ZeroBlockSize);
+        }
+        if config.topology == Topology::PrefillDecode
+            && !(config.endpoints.iter().any(|e| e.role.can_prefill())
+                && config.endpoints.iter().any(|e| e.role.can_decode()))
+        {
+            return Err(RuleError::IncompletePrefillDecode);
+        }
+        let mut slots: Vec<u32> = config
+            .endpoints
+            .iter()
+            .filter_map(|e| e.inventory_slot)
+            .collect();
+        slots.sort_unstable();
+        if let Some(w) = slots.windows(2).find(|w| w.first() == w.get(1)) {
+            return Err(RuleError::DuplicateInventorySlot(
+                w.first().copied().unwrap_or(0),
+            ));
+        }
+        if let Some(p) = &keys {
+            if p.contract() != &config.contract {
+                return Err(RuleError::ContractMismatch {
+                    rule: config.contract.clone(),
+                    provider: p.contract().clone(),
+                });
+            }
+            if p.block_size() != config.block_size || p.key_mode() != config.key_mode {
+                return Err(RuleError::GeometryMismatch {
+                    provider_block_size: p.block_size(),
+                    provider_mode: p.key_mode(),
+                });
+            }
+        }
+        let ring = Ring::new(&config.endpoints, config.thresholds.chwbl_virtual_nodes);
+        Ok(Self {
+            counters: RuleCounters::new(config.endpoints.len()),
+            selector: SelectorState::new(ring, config.seed),
+            decode_turns: std::sync::atomic::AtomicU64::new(0),
+            sessions: Mutex::new(SessionMap::new(&config.affinity)),
+            trie: Mutex::new(PrefixTrie::new(&config.affinity)),
+            keys,
+            config,
+        })
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &RuleConfig {
+        &self.config
+    }
+
+    /// The endpoints, in id order.
+    #[must_use]
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.config.endpoints
+    }
+
+    /// Live counters.
+    #[must_use]
+    pub fn counters(&self) -> &RuleCounters {
+        &self.counters
+    }
+
+    /// Sessions currently remembered (bounded by the affinity config).
+    #[must_use]
+    pub fn session_count(&self) -> usize {
+        self.sessions.lock().len()
+    }
+
+    /// Prefix-trie nodes currently held (bounded by the affinity config).
+    #[must_use]
+    pub fn trie_nodes(&self) -> usize {
+        self.trie.lock().len()
+    }
+}
