@@ -6,6 +6,7 @@ mod gateway;
 mod mock_engine;
 mod parity;
 mod sim;
+mod tokenize;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +52,9 @@ enum Command {
     /// ingest code) and compare routing policies on a workload
     /// (`kvroute sim gen ...`, `kvroute sim run ...`).
     Sim(sim::SimArgs),
+    /// Show the rendered prompt, token ids and block keys kvroute computes for one
+    /// OpenAI request (`--contract` adds the keys): the tool for debugging a 0 % hit rate.
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,5 +68,6 @@ fn main() -> ExitCode {
         Command::MockEngine(args) => mock_engine::run(&args),
         Command::Serve(args) => gateway::run(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Tokenize(args) => tokenize::run(&args),
     }
 }
