@@ -1,6 +1,7 @@
 //! `kvroute`: the example gateway binary — parity checker, tokenizer debugger,
 //! HTTP gateway, mock engine, demo and fleet simulator.
 
+mod demo;
 mod engine_model;
 mod gateway;
 mod mock_engine;
@@ -26,6 +27,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start mock engines and the gateway on loopback, drive a multi-tenant
+    /// shared-prefix chat workload through RR, CHWBL and KV-exact, and print a
+    /// comparison table.
+    Demo(demo::DemoArgs),
     /// Verify golden vectors and fixtures (hash vectors, event fixtures, chat cases)
     /// against kvroute's implementation. Walks directories; prints one line per
     /// failing case and ends with `N passed, M failed`.
@@ -65,6 +70,7 @@ fn main() -> ExitCode {
             model_dir,
             verbose,
         } => parity::run(&paths, model_dir.as_deref(), verbose),
+        Command::Demo(args) => demo::run(&args),
         Command::MockEngine(args) => mock_engine::run(&args),
         Command::Serve(args) => gateway::run(&args),
         Command::Sim(args) => sim::run(&args),

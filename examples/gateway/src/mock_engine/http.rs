@@ -105,7 +105,11 @@ async fn restart(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn cache_state(State(app): State<Arc<App>>) -> Response {
-    Json(json!({"cached_blocks": app.engine.cached_blocks()})).into_response()
+    Json(json!({
+        "cached_blocks": app.engine.cached_blocks(),
+        "requests": app.next_id.load(Ordering::Relaxed),
+    }))
+    .into_response()
 }
 
 fn unix_secs() -> u64 {

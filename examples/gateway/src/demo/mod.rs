@@ -1,0 +1,266 @@
+//! `kvroute demo`: mock engines and the gateway on loopback, one multi-tenant
+//! shared-prefix chat workload driven through RR, CHWBL and KV-exact, and a
+//! comparison table on stdout (progress goes to stderr).
+
+mod table;
+mod workload;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+use crate::gateway::{self, ServeConfig};
+use crate::mock_engine;
+use table::PolicyReport;
+
+/// Model slug the engines serve and the gateway routes.
+const MODEL: &str = "qwen3";
+/// Hash contract of the mock engines' defaults (vLLM 0.33, sha256_cbor, 16-token blocks).
+const CONTRACT: &str = "vllm@0.33.0:sha256_cbor:block=16:seed=0";
+/// Tenants, each with its own long system prompt.
+const TENANTS: usize = 8;
+
+/// `kvroute demo` options.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Mock engines to start.
+    #[arg(long, default_value_t = 4)]
+    pub engines: usize,
+    /// Chat requests per policy.
+    #[arg(long, default_value_t = 200)]
+    pub requests: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Model directory (tokenizer); defaults to the repo's golden/tokenizers/qwen3.
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
+    /// Workload seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// KV capacity of each engine, in 16-token blocks (small so eviction matters).
+    #[arg(long, default_value_t = 160)]
+    pub capacity_blocks: u32,
+}
+
+/// Runs the demo; exit 0 when every policy completed.
+pub fn run(args: &DemoArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kvroute demo: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(demo(args)) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("\nkvroute demo: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The policies compared: label and the rule keys that select it. `kv-exact`
+/// uses the load-aware bounded scorer.
+const POLICIES: &[(&str, &str)] = &[
+    ("rr", "choice = \"round_robin\"\nselector = \"round_robin\"\n"),
+    (
+        "chwbl",
+        "choice = \"content_affinity\"\nselector = \"chwbl\"\n",
+    ),
+    (
+        "kv-exact",
+        "choice = \"kv_exact\"\nscorer = \"load_aware\"\nselector = \"chwbl\"\nmin_overlap_blocks = 2\n",
+    ),
+    // The same without load balancing: shows what the bounded-load slack costs.
+    (
+        "kv-exact-overlap",
+        "choice = \"kv_exact\"\nscorer = \"overlap_count\"\nselector = \"chwbl\"\nmin_overlap_blocks = 2\n",
+    ),
+];
+
+async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
+    let model_dir = args.model_dir.clone().unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../golden/tokenizers/qwen3")
+    });
+    let model_dir = model_dir
+        .canonicalize()
+        .with_context(|| format!("model directory {}", model_dir.display()))?;
+    let engines = start_engines(args, &model_dir).await?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let requests = workload::generate(TENANTS, args.requests, args.seed);
+    let mut reports = Vec::new();
+    for (policy, keys) in POLICIES {
+        for e in &engines {
+            let url = format!("http://{}/admin/restart-publisher", e.http);
+            client.post(&url).send().await?.error_for_status()?;
+        }
+        let before = engine_requests(&client, &engines).await?;
+        let toml = gateway_toml(&model_dir, &engines, keys, policy.starts_with("kv-exact"));
+        let config = ServeConfig::from_toml(&toml, &model_dir).context("demo gateway config")?;
+        let gw = gateway::start(&config).await?;
+        let admin = format!("http://{}", gw.admin);
+        if policy.starts_with("kv-exact") {
+            wait_subscribed(&client, &admin).await?;
+        }
+        let url = format!("http://{}/v1/chat/completions", gw.proxy);
+        let total = requests.len();
+        let outcomes = workload::drive(&client, &url, MODEL, &requests, args.concurrency, |n| {
+            eprint!("\r[{policy}] {n}/{total}   ");
+            let _ = std::io::stderr().flush();
+        })
+        .await?;
+        eprintln!();
+        let after = engine_requests(&client, &engines).await?;
+        let counters: Value = get_json(&client, &format!("{admin}/admin/counters")).await?;
+        let endpoints: Value = get_json(&client, &format!("{admin}/admin/endpoints")).await?;
+        gw.shutdown().await;
+        let tiers = counters["rules"]["demo"]["tiers"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| v.as_u64().filter(|n| *n > 0).map(|n| (k.clone(), n)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let sum = |key: &str| -> u64 {
+            endpoints["endpoints"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|e| e[key].as_u64()).sum())
+                .unwrap_or(0)
+        };
+        reports.push(PolicyReport {
+            policy,
+            outcomes,
+            per_endpoint: after
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
+            tiers,
+            predicted: sum("predicted_cached_tokens"),
+            delivered: sum("delivered_cached_tokens"),
+        });
+    }
+    for e in engines {
+        e.server.abort();
+    }
+    Ok(table::render(&reports))
+}
+
+async fn start_engines(
+    args: &DemoArgs,
+    model_dir: &Path,
+) -> anyhow::Result<Vec<mock_engine::Running>> {
+    #[derive(clap::Parser)]
+    struct EngineCli {
+        #[command(flatten)]
+        args: mock_engine::Args,
+    }
+    let dir = model_dir.display().to_string();
+    let capacity = args.capacity_blocks.to_string();
+    let mut out = Vec::new();
+    for _ in 0..args.engines.max(1) {
+        let cli = <EngineCli as clap::Parser>::try_parse_from([
+            "mock-engine",
+            "--port",
+            "0",
+            "--zmq-port",
+            "0",
+            "--model-dir",
+            &dir,
+            "--model",
+            MODEL,
+            "--capacity-blocks",
+            &capacity,
+            "--prefill-us-per-token",
+            "20",
+            "--prefill-step-us",
+            "500",
+            "--decode-us-per-token",
+            "1000",
+        ])?;
+        out.push(mock_engine::start(&cli.args).await?);
+    }
+    Ok(out)
+}
+
+fn gateway_toml(
+    model_dir: &Path,
+    engines: &[mock_engine::Running],
+    keys: &str,
+    events: bool,
+) -> String {
+    let mut s = format!(
+        "listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[models]]\nslug = \"{MODEL}\"\ndir = {:?}\n\n[[rules]]\nname = \"demo\"\nmodels = [\"{MODEL}\"]\ndefault = true\ntopology = \"converged\"\ncontract = \"{CONTRACT}\"\n{keys}\n",
+        model_dir.display().to_string()
+    );
+    for e in engines {
+        s.push_str(&format!(
+            "[[rules.endpoints]]\nurl = \"http://{}\"\nengine = \"vllm\"\n",
+            e.http
+        ));
+        if let (true, Some(zmq)) = (events, e.zmq_port) {
+            s.push_str(&format!("zmq = \"tcp://*:{zmq}\"\n"));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+async fn get_json(client: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
+    Ok(client
+        .get(url)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
+/// Requests each engine has served so far.
+async fn engine_requests(
+    client: &reqwest::Client,
+    engines: &[mock_engine::Running],
+) -> anyhow::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for e in engines {
+        let v = get_json(client, &format!("http://{}/admin/cache", e.http)).await?;
+        out.push(v["requests"].as_u64().unwrap_or(0));
+    }
+    Ok(out)
+}
+
+/// Waits until the gateway's KV-event subscribers are all connected.
+async fn wait_subscribed(client: &reqwest::Client, admin: &str) -> anyhow::Result<()> {
+    for _ in 0..200 {
+        let v = get_json(client, &format!("{admin}/admin/endpoints")).await?;
+        let connected = v["endpoints"].as_array().is_some_and(|eps| {
+            eps.iter().all(|e| {
+                e["subscribers"]
+                    .as_array()
+                    .is_some_and(|s| !s.is_empty() && s.iter().all(|x| x["connected"] == true))
+            })
+        });
+        if connected {
+            // Give the PUB/SUB handshake a moment so the first events are not lost.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("the gateway's KV-event subscribers did not connect")
+}

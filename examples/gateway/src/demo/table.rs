@@ -1,0 +1,101 @@
+//! Per-policy results and the comparison table.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::workload::Outcome;
+
+/// One policy's measured results.
+#[derive(Clone, Debug)]
+pub struct PolicyReport {
+    /// Policy label (`rr`, `chwbl`, `kv-exact`).
+    pub policy: &'static str,
+    /// Per-request outcomes.
+    pub outcomes: Vec<Outcome>,
+    /// Requests each engine served, in engine order.
+    pub per_endpoint: Vec<u64>,
+    /// Non-zero decision tiers, `tier=count`.
+    pub tiers: Vec<(String, u64)>,
+    /// Σ predicted cached tokens the gateway recorded.
+    pub predicted: u64,
+    /// Σ delivered cached tokens the gateway recorded.
+    pub delivered: u64,
+}
+
+impl PolicyReport {
+    /// Cached prompt tokens as a percentage of all prompt tokens.
+    pub fn cached_percent(&self) -> f64 {
+        let prompt: u64 = self.outcomes.iter().map(|o| o.prompt_tokens).sum();
+        let cached: u64 = self.outcomes.iter().map(|o| o.cached_tokens).sum();
+        if prompt == 0 {
+            0.0
+        } else {
+            100.0 * cached as f64 / prompt as f64
+        }
+    }
+
+    /// TTFT at quantile `q` (nearest rank).
+    pub fn ttft(&self, q: f64) -> Duration {
+        let mut t: Vec<Duration> = self.outcomes.iter().map(|o| o.ttft).collect();
+        t.sort();
+        let rank = ((q * t.len() as f64).ceil() as usize).saturating_sub(1);
+        t.get(rank.min(t.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// Renders the comparison table.
+pub fn render(reports: &[PolicyReport]) -> String {
+    let mut rows = vec![[
+        "policy".to_owned(),
+        "cached-token %".to_owned(),
+        "TTFT p50".to_owned(),
+        "TTFT p99".to_owned(),
+        "requests per endpoint".to_owned(),
+        "decisions by tier".to_owned(),
+        "predicted / delivered cached".to_owned(),
+    ]];
+    for r in reports {
+        let tiers = r
+            .tiers
+            .iter()
+            .map(|(t, n)| format!("{t}={n}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        rows.push([
+            r.policy.to_owned(),
+            format!("{:.1}%", r.cached_percent()),
+            format!("{:.1} ms", r.ttft(0.5).as_secs_f64() * 1e3),
+            format!("{:.1} ms", r.ttft(0.99).as_secs_f64() * 1e3),
+            r.per_endpoint
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("/"),
+            if tiers.is_empty() {
+                "-".to_owned()
+            } else {
+                tiers
+            },
+            format!("{} / {}", r.predicted, r.delivered),
+        ]);
+    }
+    let widths: Vec<usize> = (0..7)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for (i, row) in rows.iter().enumerate() {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+        if i == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            let _ = writeln!(out, "|-{}-|", rule.join("-|-"));
+        }
+    }
+    out
+}

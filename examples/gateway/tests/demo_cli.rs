@@ -1,0 +1,56 @@
+//! `kvroute demo` end to end: real mock engines (real qwen3 tokenizer, real
+//! prefix caches publishing KV events) behind the in-process gateway.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+/// Table rows keyed by policy: the cells after the policy name.
+fn rows(table: &str) -> BTreeMap<String, Vec<String>> {
+    table
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|-"))
+        .map(|l| {
+            let cells: Vec<String> = l
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_owned())
+                .collect();
+            (cells[0].clone(), cells[1..].to_vec())
+        })
+        .collect()
+}
+
+fn cached_percent(cells: &[String]) -> f64 {
+    cells[0].trim_end_matches('%').parse().unwrap()
+}
+
+#[test]
+fn demo_compares_three_policies_and_kv_exact_reuses_more_than_round_robin() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["demo", "--requests", "40", "--engines", "3"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains("[kv-exact] 40/40"), "no progress: {stderr}");
+    let rows = rows(&stdout);
+    for policy in ["rr", "chwbl", "kv-exact"] {
+        assert!(rows.contains_key(policy), "no {policy} row:\n{stdout}");
+    }
+    // Every request was served by exactly one of the three engines.
+    for (policy, cells) in &rows {
+        if policy == "policy" {
+            continue;
+        }
+        let served: u64 = cells[3].split('/').map(|n| n.parse::<u64>().unwrap()).sum();
+        assert_eq!(served, 40, "{policy}:\n{stdout}");
+    }
+    let rr = cached_percent(&rows["rr"]);
+    let kv = cached_percent(&rows["kv-exact"]);
+    assert!(kv > rr, "kv-exact {kv}% <= rr {rr}%:\n{stdout}");
+    assert!(
+        rows["kv-exact"][4].contains("kv_exact="),
+        "kv-exact made no KV-exact decisions:\n{stdout}"
+    );
+}
