@@ -4,7 +4,8 @@
 //!   (stores of new 16-block chains plus removes of old ones, steady size).
 //! * `score_512_keys_64x100k`: one prompt of 512 keys against 64 endpoints of
 //!   100 K keys each, for a no-overlap and a half-overlap layout.
-//! * `clear_1m`: clearing an endpoint that holds 1 M keys.
+//! * `clear_1m`: clearing an endpoint that holds 1 M keys, without a capacity
+//!   bound (bank scan) and with one (insertion ring).
 
 use std::time::{Duration, Instant};
 
@@ -114,19 +115,28 @@ fn clear(c: &mut Criterion) {
     let mut g = c.benchmark_group("clear_1m");
     g.sample_size(10);
     let keys: Vec<BlockKey> = (0..1_000_000).map(key).collect();
-    g.bench_function("one_endpoint_of_4", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let index = SharedIndex::new(4, IndexConfig::default());
-                index.store(EndpointId(2), Medium::Gpu, &keys).unwrap();
-                let start = Instant::now();
-                index.clear_endpoint(EndpointId(2)).unwrap();
-                total += start.elapsed();
-            }
-            total
-        })
-    });
+    for (name, capacity) in [
+        ("one_endpoint_of_4", usize::MAX),
+        ("one_endpoint_of_4_bounded", 1 << 21),
+    ] {
+        let config = IndexConfig {
+            capacity_per_endpoint: capacity,
+            ..IndexConfig::default()
+        };
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let index = SharedIndex::new(4, config.clone());
+                    index.store(EndpointId(2), Medium::Gpu, &keys).unwrap();
+                    let start = Instant::now();
+                    index.clear_endpoint(EndpointId(2)).unwrap();
+                    total += start.elapsed();
+                }
+                total
+            })
+        });
+    }
     g.finish();
 }
 

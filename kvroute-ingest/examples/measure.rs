@@ -5,8 +5,17 @@
 //! cargo run --release -p kvroute-ingest --example measure -- rss no_overlap
 //! cargo run --release -p kvroute-ingest --example measure -- rss full_overlap
 //! cargo run --release -p kvroute-ingest --example measure -- rss half_overlap
+//! cargo run --release -p kvroute-ingest --example measure -- rss no_overlap 100
+//! cargo run --release -p kvroute-ingest --example measure -- rss no_overlap 64 2097152
 //! cargo run --release -p kvroute-ingest --example measure -- stall
+//! cargo run --release -p kvroute-ingest --example measure -- stall 2097152
 //! ```
+//!
+//! `rss <layout> [endpoints] [capacity]` stores 10 M (endpoint, key) pairs over
+//! `endpoints` (64 by default) with an optional per-endpoint capacity bound (by
+//! default none). `stall [capacity]` clears an endpoint holding 1 M keys while a
+//! reader thread scores 512 keys in a loop, and prints the clear's duration and
+//! the reader's longest score call during and outside the clear.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,24 +37,31 @@ fn rss_kib() -> u64 {
         .unwrap()
 }
 
-fn rss(layout: &str) {
-    const EPS: u64 = 64;
-    const PER: u64 = 156_250; // 64 × 156 250 = 10 M pairs
+fn config(capacity: Option<&String>) -> IndexConfig {
+    IndexConfig {
+        capacity_per_endpoint: capacity.map_or(usize::MAX, |c| c.parse().unwrap()),
+        ..IndexConfig::default()
+    }
+}
+
+fn rss(layout: &str, endpoints: u64, config: IndexConfig) {
+    const PAIRS: u64 = 10_000_000;
+    let (eps, per) = (endpoints, PAIRS / endpoints);
     let stride = match layout {
-        "no_overlap" => PER,
-        "half_overlap" => PER / 2,
+        "no_overlap" => per,
+        "half_overlap" => per / 2,
         "full_overlap" => 0,
         other => panic!("unknown layout {other}"),
     };
-    let config = IndexConfig::default();
+    let capacity = config.capacity_per_endpoint;
     let before = rss_kib();
-    let index = SharedIndex::new(EPS as usize, config);
+    let index = SharedIndex::new(eps as usize, config);
     let mut chunk = Vec::with_capacity(4096);
-    for e in 0..EPS {
+    for e in 0..eps {
         let mut i = e * stride;
-        while i < e * stride + PER {
+        while i < e * stride + per {
             chunk.clear();
-            chunk.extend((i..(i + 4096).min(e * stride + PER)).map(key));
+            chunk.extend((i..(i + 4096).min(e * stride + per)).map(key));
             index
                 .store(EndpointId(e as u32), Medium::Gpu, &chunk)
                 .unwrap();
@@ -53,14 +69,15 @@ fn rss(layout: &str) {
         }
     }
     let after = rss_kib();
-    let pairs = EPS * PER;
+    let pairs = eps * per;
     let distinct = if stride == 0 {
-        PER
+        per
     } else {
-        stride * (EPS - 1) + PER
+        stride * (eps - 1) + per
     };
     println!(
-        "layout={layout} pairs={pairs} distinct_keys={distinct} rss_delta={} MiB \
+        "layout={layout} endpoints={eps} capacity={capacity} pairs={pairs} \
+         distinct_keys={distinct} rss_delta={} MiB \
          bytes_per_pair={:.1} memory_bytes()={} MiB ({:.1} B/pair)",
         (after - before) / 1024,
         (after - before) as f64 * 1024.0 / pairs as f64,
@@ -69,9 +86,10 @@ fn rss(layout: &str) {
     );
 }
 
-fn stall() {
+fn stall(config: IndexConfig) {
     const N: u64 = 1_000_000;
-    let index = Arc::new(SharedIndex::new(64, IndexConfig::default()));
+    let capacity = config.capacity_per_endpoint;
+    let index = Arc::new(SharedIndex::new(64, config));
     let keys: Vec<BlockKey> = (0..N).map(key).collect();
     index.store(EndpointId(5), Medium::Gpu, &keys).unwrap();
     index
@@ -85,21 +103,15 @@ fn stall() {
             (index.clone(), stop.clone(), phase.clone(), prompt.clone());
         std::thread::spawn(move || {
             let mut out = vec![Overlap::default(); 64];
-            let (mut worst_idle, mut worst_clear, mut n_clear) =
-                (Duration::ZERO, Duration::ZERO, 0u64);
+            let (mut idle, mut during) = (Vec::with_capacity(1 << 20), Vec::with_capacity(1 << 20));
             while !stop.load(Ordering::Acquire) {
-                let during = phase.load(Ordering::Acquire);
+                let in_clear = phase.load(Ordering::Acquire);
                 let t = Instant::now();
                 index.score(&prompt, &mut out);
                 let d = t.elapsed();
-                if during {
-                    worst_clear = worst_clear.max(d);
-                    n_clear += 1;
-                } else {
-                    worst_idle = worst_idle.max(d);
-                }
+                if in_clear { &mut during } else { &mut idle }.push(d);
             }
-            (worst_idle, worst_clear, n_clear)
+            (idle, during)
         })
     };
     std::thread::sleep(Duration::from_millis(300));
@@ -110,19 +122,48 @@ fn stall() {
     phase.store(false, Ordering::Release);
     std::thread::sleep(Duration::from_millis(100));
     stop.store(true, Ordering::Release);
-    let (idle, during, n) = reader.join().unwrap();
+    let (mut idle, mut during) = reader.join().unwrap();
     println!(
-        "clear of {} keys took {clear:?}; reader: {n} scores (512 keys) during the clear, \
-         longest {during:?}; longest outside the clear {idle:?}",
+        "capacity={capacity}: clear of {} keys took {clear:?}",
         stats.cleared
     );
+    println!("  reader during the clear:  {}", summary(&mut during));
+    println!("  reader outside the clear: {}", summary(&mut idle));
+}
+
+/// Count, median, p99 and max of score-call latencies. On a shared machine the
+/// max includes the reader being descheduled; the clear's own stall shows as the
+/// gap between the two phases' high percentiles.
+fn summary(samples: &mut [Duration]) -> String {
+    samples.sort_unstable();
+    let at = |q: f64| {
+        samples
+            .get(((samples.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or_default()
+    };
+    format!(
+        "{} scores, p50 {:?}, p99 {:?}, p99.9 {:?}, max {:?}",
+        samples.len(),
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        at(1.0)
+    )
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("rss") => rss(args.get(2).map_or("no_overlap", String::as_str)),
-        Some("stall") => stall(),
-        _ => eprintln!("usage: measure rss <no_overlap|half_overlap|full_overlap> | stall"),
+        Some("rss") => rss(
+            args.get(2).map_or("no_overlap", String::as_str),
+            args.get(3).map_or(64, |e| e.parse().unwrap()),
+            config(args.get(4)),
+        ),
+        Some("stall") => stall(config(args.get(2))),
+        _ => eprintln!(
+            "usage: measure rss <no_overlap|half_overlap|full_overlap> [endpoints] [capacity] \
+             | stall [capacity]"
+        ),
     }
 }

@@ -8,7 +8,7 @@
 //! verified and mismatched block, and logs an error on the first mismatch (and
 //! again at every power of two).
 
-use kvroute_core::{BlockKey, Digest};
+use kvroute_core::{BlockHasher, BlockKey, ContractError, Digest, HashContract, RequestExtras};
 
 use crate::event::BlockStored;
 
@@ -100,5 +100,108 @@ impl AttestCounters {
         } else {
             ContractStatus::Unknown
         }
+    }
+}
+
+/// A [`KeyAttestor`] backed by a kvroute-core [`BlockHasher`]: recomputes the keys
+/// of text-only stored events under the endpoint's [`HashContract`].
+///
+/// Events that carry per-block extras (LoRA, multimodal, cache salt, prompt
+/// embeds) are reported [`Unverifiable`]: the event does not carry enough of
+/// the request to rebuild them. A chained event needs its parent's full digest
+/// (remembered by [`crate::EndpointIngest`] from earlier verified blocks) unless
+/// the contract chains on the 64-bit key (SGLang legacy, TensorRT-LLM, re-key),
+/// in which case the parent key is enough.
+///
+/// ```
+/// use std::sync::Arc;
+/// use kvroute_core::{BlockKey, EndpointId, HashContract, RequestExtras};
+/// use kvroute_ingest::attest::{ContractAttestor, ContractStatus};
+/// use kvroute_ingest::{
+///     BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, KvEvent,
+///     SharedIndex,
+/// };
+///
+/// let contract: HashContract = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse()?;
+/// let attestor = ContractAttestor::new(&contract)?;
+///
+/// // What a correctly configured engine would publish for 32 tokens.
+/// let hasher = contract.hasher()?;
+/// let tokens: Vec<u32> = (1000..1032).collect();
+/// let mut keys = Vec::new();
+/// let root = hasher.root(&RequestExtras::NONE)?;
+/// hasher.hash_chain(&RequestExtras::NONE, &root, 0, &tokens, &mut keys, None)?;
+///
+/// let index = SharedIndex::new(1, IndexConfig::default());
+/// let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine)
+///     .with_attestor(Arc::new(attestor));
+/// let batch = EventBatch {
+///     events: vec![KvEvent::Stored(BlockStored {
+///         keys,
+///         token_ids: tokens,
+///         block_size: 16,
+///         ..Default::default()
+///     })],
+///     ..Default::default()
+/// };
+/// let _ = ingest.apply_batch(&batch, &index);
+/// assert_eq!(ingest.contract_status(), ContractStatus::Verified { blocks: 2 });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct ContractAttestor {
+    hasher: BlockHasher,
+}
+
+impl ContractAttestor {
+    /// An attestor for `contract` (validated and prepared once).
+    pub fn new(contract: &HashContract) -> Result<Self, ContractError> {
+        Ok(Self {
+            hasher: contract.hasher()?,
+        })
+    }
+
+    /// An attestor around an already prepared hasher.
+    #[must_use]
+    pub fn from_hasher(hasher: BlockHasher) -> Self {
+        Self { hasher }
+    }
+}
+
+impl KeyAttestor for ContractAttestor {
+    fn recompute(
+        &self,
+        parent: ParentLink<'_>,
+        stored: &BlockStored,
+        keys: &mut Vec<BlockKey>,
+        digests: &mut Vec<Digest>,
+    ) -> Result<(), Unverifiable> {
+        if stored.lora_name.is_some()
+            || stored.cache_salt.is_some()
+            || stored.extra_keys.iter().any(Option::is_some)
+        {
+            return Err(Unverifiable {
+                reason: "per-block extras",
+            });
+        }
+        let extras = RequestExtras::NONE;
+        let parent = match parent {
+            ParentLink::Root => self
+                .hasher
+                .root(&extras)
+                .map_err(|_| Unverifiable { reason: "root" })?,
+            ParentLink::Digest(d) => *d,
+            ParentLink::KeyOnly(k) => self.hasher.parent_from_key(k).ok_or(Unverifiable {
+                reason: "parent digest unknown",
+            })?,
+        };
+        // Without extras the absolute block position does not enter the hash, so
+        // a chained event can start at index 0.
+        self.hasher
+            .hash_chain(&extras, &parent, 0, &stored.token_ids, keys, Some(digests))
+            .map(|_| ())
+            .map_err(|_| Unverifiable {
+                reason: "hash error",
+            })
     }
 }

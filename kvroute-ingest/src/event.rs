@@ -97,3 +97,95 @@ pub struct EventBatch {
     /// The events, in engine order.
     pub events: Vec<KvEvent>,
 }
+
+/// Order-sensitive accumulator for [`EventBatch::fingerprint`]: one multiply per
+/// word, a full finalizer at the end. Detects accidental differences; not meant
+/// to resist a publisher crafting collisions (it could fake any batch anyway).
+struct Fold(u64);
+
+impl Fold {
+    #[inline]
+    fn word(&mut self, x: u64) {
+        self.0 = (self.0 ^ x)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        self.word(b.len() as u64);
+        for chunk in b.chunks(8) {
+            let mut w = [0u8; 8];
+            w.iter_mut().zip(chunk).for_each(|(d, s)| *d = *s);
+            self.word(u64::from_le_bytes(w));
+        }
+    }
+
+    fn finish(self) -> u64 {
+        crate::index::mix(self.0)
+    }
+}
+
+impl EventBatch {
+    /// A 64-bit digest of the batch's content: timestamp, DP rank and every
+    /// event's keys, parent, tier, group, block size, token count and first
+    /// and last tokens, LoRA name and cache salt. Not the sequence number.
+    ///
+    /// The same publisher replaying a batch reproduces it exactly; a different
+    /// process that numbered a different batch alike almost surely does not
+    /// (its timestamp alone differs). [`crate::seq::SeqWindow`] compares it to
+    /// verify a resume.
+    ///
+    /// ```
+    /// use kvroute_core::BlockKey;
+    /// use kvroute_ingest::{BlockRemoved, EventBatch, KvEvent};
+    ///
+    /// let a = EventBatch {
+    ///     seq: 4,
+    ///     timestamp: 1.5,
+    ///     events: vec![KvEvent::Removed(BlockRemoved { keys: vec![BlockKey(9)], ..Default::default() })],
+    ///     ..Default::default()
+    /// };
+    /// let mut b = a.clone();
+    /// assert_eq!(a.fingerprint(), b.fingerprint());
+    /// b.timestamp = 1.75;
+    /// assert_ne!(a.fingerprint(), b.fingerprint());
+    /// ```
+    #[must_use]
+    pub fn fingerprint(&self) -> u64 {
+        let mut f = Fold(0x243f_6a88_85a3_08d3);
+        f.word(self.timestamp.to_bits());
+        f.word(self.dp_rank.map_or(u64::MAX, u64::from));
+        f.word(self.events.len() as u64);
+        for event in &self.events {
+            match event {
+                KvEvent::Stored(s) => {
+                    f.word(1);
+                    f.word(s.keys.len() as u64);
+                    s.keys.iter().for_each(|k| f.word(k.0));
+                    f.word(s.parent.map_or(u64::MAX, |p| p.0));
+                    f.word(s.token_ids.len() as u64);
+                    f.word(s.token_ids.first().map_or(0, |t| u64::from(*t)));
+                    f.word(s.token_ids.last().map_or(0, |t| u64::from(*t)));
+                    f.word(u64::from(s.block_size) << 1 | u64::from(s.partial_last_block));
+                    f.word((s.medium.index() as u64) << 32 | u64::from(s.group));
+                    f.word(s.extra_keys.iter().filter(|e| e.is_some()).count() as u64);
+                    f.bytes(s.lora_name.as_deref().unwrap_or("").as_bytes());
+                    f.bytes(s.cache_salt.as_deref().unwrap_or("").as_bytes());
+                }
+                KvEvent::Removed(r) => {
+                    f.word(2);
+                    f.word(r.keys.len() as u64);
+                    r.keys.iter().for_each(|k| f.word(k.0));
+                    f.word((r.medium.index() as u64) << 32 | u64::from(r.group));
+                }
+                KvEvent::Moved(m) => {
+                    f.word(3);
+                    f.word(m.key.0);
+                    f.word((m.from.index() as u64) << 8 | m.to.index() as u64);
+                }
+                KvEvent::AllCleared => f.word(4),
+            }
+        }
+        f.finish()
+    }
+}

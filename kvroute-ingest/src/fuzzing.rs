@@ -3,7 +3,7 @@
 //! [`seq_window`] decodes a byte string into a random stream of batches (stores,
 //! removes, moves, clears; duplicate, gapped and regressed sequence numbers;
 //! reconnects, bootstraps and replay ends; several endpoints across two index
-//! banks and several DP ranks), applies it to [`EndpointIngest`]s over one
+//! banks and several DP ranks; verified resumes with exact re-sends), applies it to [`EndpointIngest`]s over one
 //! [`SharedIndex`] and to a naive [`Model`], and asserts after every step that the
 //! window decisions, every (endpoint, tier, key) reference count and the scores
 //! of a few prompts agree. Asserting is the point of this module: the fuzzer and
@@ -16,7 +16,7 @@ use kvroute_core::{BlockKey, EndpointId, Medium};
 use crate::event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
 use crate::index::{IndexConfig, SharedIndex};
 use crate::ingest::{EndpointIngest, IngestConfig, KeyMode};
-use crate::seq::{ClearReason, DropReason, RestartPolicy, SeqAction, SeqWindowConfig};
+use crate::seq::{ClearReason, DropReason, ReplayEnd, RestartPolicy, SeqAction, SeqWindowConfig};
 use crate::view::{InventoryView, Overlap};
 
 /// Keys are drawn from `0..KEY_UNIVERSE`.
@@ -24,13 +24,44 @@ pub const KEY_UNIVERSE: u64 = 24;
 const TIERS: [Medium; 2] = [Medium::Gpu, Medium::Cpu];
 const RANKS: u32 = 2;
 
-/// The naive sequence window: the rules table of [`crate::seq`], restated with
-/// signed differences.
+/// What the model window expects after a reconnect.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum ModelResume {
+    #[default]
+    Steady,
+    Reconnected,
+    Verifying,
+}
+
+/// The naive sequence window: the rules tables of [`crate::seq`], restated with
+/// signed differences, keeping the whole last accepted batch (compared with
+/// `==` where the implementation compares digests).
 #[derive(Clone, Debug, Default)]
 pub struct ModelWindow {
     last: Option<u64>,
-    reconnected: bool,
+    last_batch: Option<EventBatch>,
+    resume: ModelResume,
     replaying: bool,
+}
+
+impl ModelWindow {
+    fn restart(&mut self, policy: RestartPolicy, seq: Option<u64>) -> SeqAction {
+        match policy {
+            RestartPolicy::Clear => {
+                self.last = seq;
+                if seq.is_none() {
+                    self.last_batch = None;
+                }
+                SeqAction::ClearThenApply(ClearReason::Restart)
+            }
+            RestartPolicy::Replay => {
+                self.last = None;
+                self.last_batch = None;
+                self.replaying = true;
+                SeqAction::ClearThenReplay { from: 0 }
+            }
+        }
+    }
 }
 
 /// Naive model of a set of endpoint inventories and their windows.
@@ -54,15 +85,34 @@ impl Model {
         }
     }
 
-    /// The model window's decision for batch `seq` of stream `(ep, rank)`.
-    pub fn decide(&mut self, ep: u32, rank: Option<u32>, seq: u64) -> SeqAction {
-        let (window, policy) = (i128::from(self.window), self.policy);
+    /// The model window's decision for `batch` of stream `(ep, rank)`.
+    pub fn decide(&mut self, ep: u32, rank: Option<u32>, batch: &EventBatch) -> SeqAction {
         let w = self.windows.entry((ep, rank)).or_default();
-        let reconnected = std::mem::replace(&mut w.reconnected, false);
+        let action = Self::judge(w, self.window, self.policy, batch);
+        if action.applies() {
+            w.last_batch = Some(batch.clone());
+        }
+        action
+    }
+
+    fn judge(
+        w: &mut ModelWindow,
+        window: u64,
+        policy: RestartPolicy,
+        batch: &EventBatch,
+    ) -> SeqAction {
+        let (seq, window) = (batch.seq, i128::from(window));
+        let resume = std::mem::take(&mut w.resume);
         let Some(last) = w.last else {
             w.last = Some(seq);
             return SeqAction::Apply;
         };
+        if resume == ModelResume::Verifying {
+            if seq == last && w.last_batch.as_ref() == Some(batch) {
+                return SeqAction::Drop(DropReason::Duplicate);
+            }
+            return w.restart(policy, Some(seq));
+        }
         let d = i128::from(seq) - i128::from(last);
         if d >= 1 {
             w.last = Some(seq);
@@ -79,25 +129,40 @@ impl Model {
                 }
             };
         }
-        let restart = reconnected || (!w.replaying && (-d > window || (seq == 0 && last > 0)));
+        let restart = resume == ModelResume::Reconnected
+            || (!w.replaying && (-d > window || (seq == 0 && last > 0)));
         if restart {
-            return match policy {
-                RestartPolicy::Clear => {
-                    w.last = Some(seq);
-                    SeqAction::ClearThenApply(ClearReason::Restart)
-                }
-                RestartPolicy::Replay => {
-                    w.last = None;
-                    w.replaying = true;
-                    SeqAction::ClearThenReplay { from: 0 }
-                }
-            };
+            return w.restart(policy, Some(seq));
         }
         SeqAction::Drop(if d == 0 {
             DropReason::Duplicate
         } else {
             DropReason::Old
         })
+    }
+
+    /// The model's answer to a resume of stream `(ep, rank)`.
+    pub fn resume(&mut self, ep: u32, rank: Option<u32>) -> Option<u64> {
+        let w = self.windows.entry((ep, rank)).or_default();
+        let last = w.last?;
+        w.resume = ModelResume::Verifying;
+        w.replaying = true;
+        Some(last)
+    }
+
+    /// The model's verdict when the replay of stream `(ep, rank)` ends.
+    pub fn replay_finished(&mut self, ep: u32, rank: Option<u32>, completed: bool) -> ReplayEnd {
+        let policy = self.policy;
+        let w = self.windows.entry((ep, rank)).or_default();
+        w.replaying = false;
+        if !(completed && w.resume == ModelResume::Verifying) {
+            return ReplayEnd::Continue;
+        }
+        w.resume = ModelResume::Steady;
+        match w.restart(policy, None) {
+            SeqAction::ClearThenReplay { from } => ReplayEnd::ClearThenReplay { from },
+            _ => ReplayEnd::Clear(ClearReason::Restart),
+        }
     }
 
     /// Empties endpoint `ep`.
@@ -246,7 +311,7 @@ pub fn seq_window(data: &[u8]) {
         .map(|e| EndpointIngest::new(EndpointId(*e), config.clone(), KeyMode::Engine))
         .collect();
     let mut model = Model::new(window);
-    let mut sent: BTreeMap<(u32, Option<u32>), u64> = BTreeMap::new();
+    let mut sent: BTreeMap<(u32, Option<u32>), EventBatch> = BTreeMap::new();
 
     let mut steps = 0;
     while let Some(op) = b.next() {
@@ -265,7 +330,27 @@ pub fn seq_window(data: &[u8]) {
             0 => {
                 ingest.on_reconnect(rank);
                 let w = model.windows.entry((ep, rank)).or_default();
-                w.reconnected = w.last.is_some();
+                w.resume = if w.last.is_some() {
+                    ModelResume::Reconnected
+                } else {
+                    ModelResume::Steady
+                };
+            }
+            3 => {
+                let from = ingest.on_resume(rank);
+                assert_eq!(from, model.resume(ep, rank), "resume replay start");
+            }
+            4 => {
+                let completed = b.byte() % 2 == 0;
+                let verdict = ingest.on_replay_finished(rank, completed, &index);
+                assert_eq!(
+                    verdict,
+                    model.replay_finished(ep, rank, completed),
+                    "replay end verdict"
+                );
+                if verdict.clears() {
+                    model.clear(ep);
+                }
             }
             1 => {
                 let from = ingest.on_bootstrap(rank);
@@ -282,28 +367,40 @@ pub fn seq_window(data: &[u8]) {
                 model.windows.entry((ep, rank)).or_default().replaying = false;
             }
             _ => {
-                let prev = sent.get(&(ep, rank)).copied();
+                let prev = sent.get(&(ep, rank)).map(|b| b.seq);
                 let base = prev.unwrap_or(0);
-                let seq = match b.byte() % 10 {
-                    0..=4 => prev.map_or(0, |p| p + 1),
-                    5 => base,
-                    6 => base + 2 + u64::from(b.byte() % 8),
-                    7 => base + 9 + u64::from(b.byte()),
-                    8 => base.saturating_sub(1 + u64::from(b.byte() % 12)),
-                    _ => 0,
+                let choice = b.byte() % 11;
+                let batch = match (choice, sent.get(&(ep, rank))) {
+                    // The publisher sends (or replays) the very same batch again.
+                    (10, Some(previous)) => previous.clone(),
+                    _ => {
+                        let seq = match choice {
+                            0..=4 => prev.map_or(0, |p| p + 1),
+                            5 => base,
+                            6 => base + 2 + u64::from(b.byte() % 8),
+                            7 => base + 9 + u64::from(b.byte()),
+                            8 => base.saturating_sub(1 + u64::from(b.byte() % 12)),
+                            _ => 0,
+                        };
+                        let n_events = b.byte() % 4;
+                        let events: Vec<KvEvent> =
+                            (0..n_events).map(|_| random_event(&mut b)).collect();
+                        EventBatch {
+                            seq,
+                            timestamp: 0.0,
+                            dp_rank: rank,
+                            events,
+                        }
+                    }
                 };
-                sent.insert((ep, rank), seq);
-                let n_events = b.byte() % 4;
-                let events: Vec<KvEvent> = (0..n_events).map(|_| random_event(&mut b)).collect();
-                let batch = EventBatch {
-                    seq,
-                    timestamp: 0.0,
-                    dp_rank: rank,
-                    events,
-                };
+                sent.insert((ep, rank), batch.clone());
                 let outcome = ingest.apply_batch(&batch, &index);
-                let expected = model.decide(ep, rank, seq);
-                assert_eq!(outcome.action, expected, "window decision for seq {seq}");
+                let expected = model.decide(ep, rank, &batch);
+                assert_eq!(
+                    outcome.action, expected,
+                    "window decision for seq {}",
+                    batch.seq
+                );
                 if expected.clears() {
                     model.clear(ep);
                 }

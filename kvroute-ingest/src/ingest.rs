@@ -54,7 +54,7 @@ use crate::attest::{AttestCounters, ContractStatus, KeyAttestor, ParentLink};
 use crate::event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
 use crate::index::{KeyMap, SharedIndex, WriteStats};
 use crate::rekey::BlockRekeyer;
-use crate::seq::{DropReason, SeqAction, SeqCounters, SeqWindow, SeqWindowConfig};
+use crate::seq::{DropReason, ReplayEnd, SeqAction, SeqCounters, SeqWindow, SeqWindowConfig};
 
 /// How an endpoint's inventory is keyed.
 #[derive(Clone)]
@@ -310,6 +310,17 @@ impl EndpointIngest {
         }
     }
 
+    /// The transport of `dp_rank`'s stream reconnected and can verify continuity
+    /// through a replay: request a replay from the returned sequence number (the
+    /// last accepted batch). `None`: nothing to verify (no batch accepted yet, or
+    /// the rank exceeds the stream limit). Batches go through
+    /// [`Self::apply_batch`] as usual, which digests them with
+    /// [`EventBatch::fingerprint`]; see [`SeqWindow::on_resume`].
+    #[must_use]
+    pub fn on_resume(&mut self, dp_rank: Option<u32>) -> Option<u64> {
+        self.window(dp_rank).and_then(SeqWindow::on_resume)
+    }
+
     /// The subscriber of `dp_rank` (re)starts: the sequence number to request a
     /// replay from (`None` when the rank would exceed the stream limit).
     #[must_use]
@@ -324,6 +335,26 @@ impl EndpointIngest {
         }
     }
 
+    /// The replay of `dp_rank` ended; `completed` when the publisher sent its end
+    /// marker. If that proves a restart during a resume, the endpoint is cleared
+    /// here and the verdict says whether to request a replay from 0
+    /// ([`SeqWindow::on_replay_finished`]).
+    pub fn on_replay_finished(
+        &mut self,
+        dp_rank: Option<u32>,
+        completed: bool,
+        index: &SharedIndex,
+    ) -> ReplayEnd {
+        let verdict = self
+            .window(dp_rank)
+            .map_or(ReplayEnd::Continue, |w| w.on_replay_finished(completed));
+        if verdict.clears() {
+            let writes = self.clear(index);
+            self.counters.writes += writes;
+        }
+        verdict
+    }
+
     /// Runs `batch` through its stream's window and applies it to `index`.
     pub fn apply_batch(&mut self, batch: &EventBatch, index: &SharedIndex) -> Outcome {
         self.counters.batches += 1;
@@ -335,7 +366,7 @@ impl EndpointIngest {
                 events_applied: 0,
             };
         };
-        let action = window.on_batch(batch.seq);
+        let action = window.on_batch_with_digest(batch.seq, batch.fingerprint());
         let mut writes = WriteStats::default();
         if action.clears() {
             writes += self.clear(index);

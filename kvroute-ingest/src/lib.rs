@@ -15,6 +15,7 @@ pub mod rekey;
 pub mod seq;
 pub mod view;
 
+pub use attest::{ContractAttestor, ContractStatus, KeyAttestor};
 pub use event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
 pub use index::{EndpointInventory, IndexConfig, IndexError, SharedIndex, WriteStats};
 pub use ingest::{EndpointIngest, IngestConfig, IngestCounters, KeyMode, Outcome};

@@ -39,6 +39,36 @@
 //! inventory (a near reconnect), one beyond it clears, one at or below `last`
 //! is a restart.
 //!
+//! **Verified resumes.** Sequence numbers cannot show a restart that happened
+//! while we were disconnected once the new process has published past `last`:
+//! its next batch looks like a small forward gap. A transport with a replay
+//! service (vLLM's and SGLang's ZeroMQ ROUTER socket) reports the reconnect with
+//! [`SeqWindow::on_resume`] instead, requests a replay from the number it
+//! returns (`last` itself, not `last + 1`), and passes each batch's content
+//! digest ([`SeqWindow::on_batch_with_digest`]). Then:
+//!
+//! | first input after `on_resume` | meaning | action |
+//! |---|---|---|
+//! | batch `last` with the digest we applied | same publisher | drop (duplicate); resume verified |
+//! | batch `last` with another digest (or none) | a different process numbered a different batch `last` | restart |
+//! | batch `s < last` | a new process | restart |
+//! | batch `s > last` | the publisher no longer holds `last`: restarted, or overwrote its buffer; unverifiable | restart |
+//! | replay ended complete, no batch ([`SeqWindow::on_replay_finished`]) | the publisher's newest batch is older than `last` | restart |
+//! | replay failed or timed out | no evidence yet | wait: the next batch decides |
+//!
+//! Why these signals and not others: a publisher process never numbers two
+//! different batches alike and its replay buffer serves the exact batches it
+//! published, so a digest mismatch at `last` proves a new process, and the
+//! buffer always holds its newest batches, so a complete replay from `last`
+//! that is empty proves its numbering is below `last`. A forward batch in place
+//! of `last` proves nothing either way, so the inventory is cleared rather than
+//! trusted (a cold endpoint costs a few cache misses; a stale one misroutes
+//! until its keys age out). Weaker evidence was rejected: a `BlockStored` whose
+//! parent we do not hold also follows any kept gap or capacity eviction, and
+//! the engine's timestamps move forward across a restart just as within one
+//! process (and wall clocks can step back), so neither distinguishes a restart.
+//! The adapter must deliver the replayed batches before buffered live ones.
+//!
 //! ```
 //! use kvroute_ingest::seq::{ClearReason, SeqAction, SeqWindow, SeqWindowConfig};
 //!
@@ -175,6 +205,13 @@ pub struct SeqCounters {
     pub replays_requested: u64,
     /// Replays reported finished.
     pub replays_done: u64,
+    /// Resumes reported with [`SeqWindow::on_resume`] (something to verify).
+    pub resumes: u64,
+    /// Resumes whose replayed batch `last` matched the one applied.
+    pub resumes_verified: u64,
+    /// Restarts found by a resume check (digest mismatch, a batch other than
+    /// `last`, or an empty complete replay); also counted in `restarts`.
+    pub resume_restarts: u64,
 }
 
 impl std::ops::AddAssign for SeqCounters {
@@ -191,7 +228,45 @@ impl std::ops::AddAssign for SeqCounters {
         self.near_reconnects += o.near_reconnects;
         self.replays_requested += o.replays_requested;
         self.replays_done += o.replays_done;
+        self.resumes += o.resumes;
+        self.resumes_verified += o.resumes_verified;
+        self.resume_restarts += o.resume_restarts;
     }
+}
+
+/// What the end of a replay means for the inventory
+/// ([`SeqWindow::on_replay_finished`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum ReplayEnd {
+    /// Nothing to do.
+    Continue,
+    /// The publisher restarted: clear the endpoint (no batch to apply).
+    Clear(ClearReason),
+    /// The publisher restarted: clear the endpoint and request a replay from `from`.
+    ClearThenReplay {
+        /// First sequence number to replay.
+        from: u64,
+    },
+}
+
+impl ReplayEnd {
+    /// True when the endpoint must be cleared.
+    #[must_use]
+    pub fn clears(self) -> bool {
+        !matches!(self, ReplayEnd::Continue)
+    }
+}
+
+/// What the window expects after the transport reconnected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resume {
+    /// Connected, nothing pending.
+    Steady,
+    /// [`SeqWindow::on_reconnect`]: the next batch is judged by number only.
+    Reconnected,
+    /// [`SeqWindow::on_resume`]: the next batch must be `last` with its digest.
+    Verifying,
 }
 
 /// One stream's sequence window. See the [module docs](self).
@@ -199,7 +274,9 @@ impl std::ops::AddAssign for SeqCounters {
 pub struct SeqWindow {
     config: SeqWindowConfig,
     last: Option<u64>,
-    reconnected: bool,
+    /// Content digest of the batch accepted at `last`, when the caller gave one.
+    last_digest: Option<u64>,
+    resume: Resume,
     replaying: bool,
     counters: SeqCounters,
 }
@@ -211,7 +288,8 @@ impl SeqWindow {
         Self {
             config,
             last: None,
-            reconnected: false,
+            last_digest: None,
+            resume: Resume::Steady,
             replaying: false,
             counters: SeqCounters::default(),
         }
@@ -236,14 +314,43 @@ impl SeqWindow {
         &self.counters
     }
 
-    /// Decides what to do with batch `seq`.
+    /// Decides what to do with batch `seq` (no content digest: a resume check
+    /// at `last` then cannot confirm continuity, see the [module docs](self)).
     pub fn on_batch(&mut self, seq: u64) -> SeqAction {
-        let reconnected = std::mem::take(&mut self.reconnected);
+        self.decide(seq, None)
+    }
+
+    /// Decides what to do with batch `seq` whose content digest is `digest` (any
+    /// hash of the payload or of the decoded batch that the same publisher's
+    /// replay reproduces, e.g. [`crate::EventBatch::fingerprint`]).
+    pub fn on_batch_with_digest(&mut self, seq: u64, digest: u64) -> SeqAction {
+        self.decide(seq, Some(digest))
+    }
+
+    fn decide(&mut self, seq: u64, digest: Option<u64>) -> SeqAction {
+        let action = self.judge(seq, digest);
+        if action.applies() {
+            self.last_digest = digest;
+        }
+        action
+    }
+
+    fn judge(&mut self, seq: u64, digest: Option<u64>) -> SeqAction {
+        let resume = std::mem::replace(&mut self.resume, Resume::Steady);
         let Some(last) = self.last else {
             self.counters.first += 1;
             self.last = Some(seq);
             return SeqAction::Apply;
         };
+        if resume == Resume::Verifying {
+            if seq == last && digest.is_some() && digest == self.last_digest {
+                self.counters.resumes_verified += 1;
+                self.counters.duplicates += 1;
+                return SeqAction::Drop(DropReason::Duplicate);
+            }
+            self.counters.resume_restarts += 1;
+            return self.restart(Some(seq));
+        }
         if seq > last {
             self.last = Some(seq);
             let missed = seq - last - 1;
@@ -251,7 +358,7 @@ impl SeqWindow {
                 self.counters.gaps_cleared += 1;
                 return SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { missed });
             }
-            if reconnected {
+            if resume == Resume::Reconnected {
                 self.counters.near_reconnects += 1;
             }
             if missed == 0 {
@@ -262,7 +369,7 @@ impl SeqWindow {
             self.counters.missed_in_kept_gaps += missed;
             return SeqAction::ApplyAfterGap { missed };
         }
-        let restart = reconnected
+        let restart = resume == Resume::Reconnected
             || (!self.replaying && (last - seq > self.config.window || (seq == 0 && last > 0)));
         if !restart {
             if seq == last {
@@ -272,14 +379,26 @@ impl SeqWindow {
             self.counters.old += 1;
             return SeqAction::Drop(DropReason::Old);
         }
+        self.restart(Some(seq))
+    }
+
+    /// A restart: with `seq`, the batch that revealed it (applied under
+    /// [`RestartPolicy::Clear`]); without, a restart found at a replay's end.
+    fn restart(&mut self, seq: Option<u64>) -> SeqAction {
         self.counters.restarts += 1;
-        match self.config.on_restart {
-            RestartPolicy::Clear => {
+        match (self.config.on_restart, seq) {
+            (RestartPolicy::Clear, Some(seq)) => {
                 self.last = Some(seq);
                 SeqAction::ClearThenApply(ClearReason::Restart)
             }
-            RestartPolicy::Replay => {
+            (RestartPolicy::Clear, None) => {
                 self.last = None;
+                self.last_digest = None;
+                SeqAction::ClearThenApply(ClearReason::Restart)
+            }
+            (RestartPolicy::Replay, _) => {
+                self.last = None;
+                self.last_digest = None;
                 self.replaying = true;
                 self.counters.replays_requested += 1;
                 SeqAction::ClearThenReplay { from: 0 }
@@ -291,7 +410,59 @@ impl SeqWindow {
     /// decides between a near reconnect, a far one and a restart.
     pub fn on_reconnect(&mut self) {
         self.counters.reconnects += 1;
-        self.reconnected = self.last.is_some();
+        self.resume = if self.last.is_some() {
+            Resume::Reconnected
+        } else {
+            Resume::Steady
+        };
+    }
+
+    /// The transport reconnected and will verify continuity: request a replay
+    /// from the returned sequence number (the last accepted batch) and pass
+    /// batches with [`Self::on_batch_with_digest`]. `None` when nothing was
+    /// accepted yet (there is nothing to verify; no replay is needed for it).
+    /// See the resume table in the [module docs](self).
+    ///
+    /// ```
+    /// use kvroute_ingest::seq::{ClearReason, DropReason, SeqAction, SeqWindow, SeqWindowConfig};
+    ///
+    /// let mut w = SeqWindow::new(SeqWindowConfig::default());
+    /// assert_eq!(w.on_batch_with_digest(7, 0xaa), SeqAction::Apply);
+    /// // Same engine: its replay starts with our batch 7, unchanged.
+    /// assert_eq!(w.on_resume(), Some(7));
+    /// assert_eq!(w.on_batch_with_digest(7, 0xaa), SeqAction::Drop(DropReason::Duplicate));
+    /// assert_eq!(w.on_batch_with_digest(8, 0xbb), SeqAction::Apply);
+    /// // Restarted engine that already published past 8: its batch 8 differs.
+    /// assert_eq!(w.on_resume(), Some(8));
+    /// assert_eq!(w.on_batch_with_digest(8, 0xcc), SeqAction::ClearThenApply(ClearReason::Restart));
+    /// assert_eq!((w.counters().resumes_verified, w.counters().resume_restarts), (1, 1));
+    /// ```
+    #[must_use]
+    pub fn on_resume(&mut self) -> Option<u64> {
+        self.counters.reconnects += 1;
+        let last = self.last?;
+        self.counters.resumes += 1;
+        self.counters.replays_requested += 1;
+        self.resume = Resume::Verifying;
+        self.replaying = true;
+        Some(last)
+    }
+
+    /// The replay requested by [`Self::on_bootstrap`] or [`Self::on_resume`] ended.
+    /// `completed`: the publisher sent its end marker (as opposed to an error or
+    /// a timeout). A complete replay from `last` that delivered no batch while a
+    /// resume was pending proves a restart.
+    pub fn on_replay_finished(&mut self, completed: bool) -> ReplayEnd {
+        self.on_replay_done();
+        if !(completed && self.resume == Resume::Verifying) {
+            return ReplayEnd::Continue;
+        }
+        self.resume = Resume::Steady;
+        self.counters.resume_restarts += 1;
+        match self.restart(None) {
+            SeqAction::ClearThenReplay { from } => ReplayEnd::ClearThenReplay { from },
+            _ => ReplayEnd::Clear(ClearReason::Restart),
+        }
     }
 
     /// The subscriber starts (or re-bootstraps): returns the sequence number to

@@ -6,13 +6,15 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{capture_rank, load, vllm_batch, CoreAttestor};
+use common::{capture_rank, contract_attestor, load, vllm_batch};
 use kvroute_core::{BlockKey, EndpointId, Medium};
 use kvroute_ingest::attest::ContractStatus;
 use kvroute_ingest::fuzzing::{check, Model};
 use kvroute_ingest::rekey::{BlockRekeyer, XxhChainRekeyer};
-use kvroute_ingest::seq::SeqAction;
-use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, KeyMode, KvEvent, SharedIndex};
+use kvroute_ingest::seq::{ClearReason, ReplayEnd, SeqAction};
+use kvroute_ingest::{
+    EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, KvEvent, SharedIndex,
+};
 
 const EP: EndpointId = EndpointId(0);
 
@@ -52,7 +54,7 @@ fn live_stream_matches_reference_model_step_by_step() {
     let mut saw_clear = false;
     for batch in &batches {
         let outcome = ingest.apply_batch(batch, &index);
-        assert_eq!(outcome.action, model.decide(0, batch.dp_rank, batch.seq));
+        assert_eq!(outcome.action, model.decide(0, batch.dp_rank, batch));
         assert_eq!(outcome.action, SeqAction::Apply, "the capture is gap-free");
         model.apply(0, &batch.events);
         // check() compares refcounts of small keys only; compare real keys here.
@@ -146,7 +148,7 @@ fn attestation_verifies_every_block_under_the_engines_contract() {
     let batches = capture_rank(0);
     let index = SharedIndex::new(1, IndexConfig::default());
     let mut ingest =
-        engine_ingest().with_attestor(Arc::new(CoreAttestor::new(&fixture_contract())));
+        engine_ingest().with_attestor(Arc::new(contract_attestor(&fixture_contract())));
     for b in &batches {
         let _ = ingest.apply_batch(b, &index);
     }
@@ -171,7 +173,7 @@ fn attestation_flags_a_wrong_seed_loudly() {
     let batches = capture_rank(0);
     let spec = fixture_contract().replace("seed=0", "seed=42");
     let index = SharedIndex::new(1, IndexConfig::default());
-    let mut ingest = engine_ingest().with_attestor(Arc::new(CoreAttestor::new(&spec)));
+    let mut ingest = engine_ingest().with_attestor(Arc::new(contract_attestor(&spec)));
     for b in &batches {
         let _ = ingest.apply_batch(b, &index);
     }
@@ -337,4 +339,70 @@ fn bootstrap_replay_after_buffer_overflow_applies_what_is_left() {
         SeqAction::Drop(_)
     ));
     assert_eq!(ingest.seq_counters().replays_done, 1);
+}
+
+/// The capture up to the batch after which the inventory is largest (the full
+/// capture ends with everything evicted).
+fn fullest_prefix(batches: Vec<EventBatch>) -> Vec<EventBatch> {
+    let index = SharedIndex::new(1, IndexConfig::default());
+    let mut ingest = engine_ingest();
+    let mut best = (0, 0);
+    for (i, b) in batches.iter().enumerate() {
+        let _ = ingest.apply_batch(b, &index);
+        best = best.max((index.inventory(EP).total(), i));
+    }
+    batches[..=best.1].to_vec()
+}
+
+#[test]
+fn resume_keeps_the_captured_inventory_when_the_engine_replays_our_last_batch() {
+    let batches = fullest_prefix(capture_rank(0));
+    let index = SharedIndex::new(1, IndexConfig::default());
+    let mut ingest = engine_ingest();
+    for b in &batches {
+        let _ = ingest.apply_batch(b, &index);
+    }
+    let held = index.inventory(EP);
+    assert!(held.total() > 0);
+    let last = batches.last().unwrap();
+    assert_eq!(ingest.on_resume(Some(0)), Some(last.seq));
+    // Same process: its replay starts with the identical batch.
+    let outcome = ingest.apply_batch(last, &index);
+    assert!(matches!(outcome.action, SeqAction::Drop(_)));
+    assert!(ingest
+        .on_replay_finished(Some(0), true, &index)
+        .eq(&ReplayEnd::Continue));
+    assert_eq!(index.inventory(EP), held);
+    assert_eq!(ingest.seq_counters().resumes_verified, 1);
+}
+
+#[test]
+fn resume_clears_when_a_restarted_engine_numbers_another_batch_like_our_last() {
+    let batches = fullest_prefix(capture_rank(0));
+    let index = SharedIndex::new(1, IndexConfig::default());
+    let mut ingest = engine_ingest();
+    for b in &batches {
+        let _ = ingest.apply_batch(b, &index);
+    }
+    let last = batches.last().unwrap();
+    assert_eq!(ingest.on_resume(Some(0)), Some(last.seq));
+    // The new process's batch with our last number: its first captured batch,
+    // renumbered.
+    let mut impostor = batches[0].clone();
+    impostor.seq = last.seq;
+    let outcome = ingest.apply_batch(&impostor, &index);
+    assert_eq!(
+        outcome.action,
+        SeqAction::ClearThenApply(ClearReason::Restart)
+    );
+    let mut model = Model::new(IngestConfig::default().window);
+    model.apply(EP.0, &impostor.events);
+    check(&index, &model, &[EP.0]);
+
+    // An empty complete replay after a resume clears too.
+    assert!(ingest.on_resume(Some(0)).is_some());
+    let verdict = ingest.on_replay_finished(Some(0), true, &index);
+    assert_eq!(verdict, ReplayEnd::Clear(ClearReason::Restart));
+    assert_eq!(index.inventory(EP).total(), 0);
+    assert_eq!(ingest.seq_counters().resume_restarts, 2);
 }

@@ -63,4 +63,43 @@ proptest! {
         prop_assert_eq!(after[0], Overlap::default());
         prop_assert!(index.keys(EndpointId(0), Medium::Gpu).is_empty());
     }
+
+    #[test]
+    fn long_prompts_score_like_a_naive_scan(
+        stores in proptest::collection::vec((0u32..3, 0usize..3, proptest::collection::vec(0u64..90, 0..120)), 0..12),
+        prompt in proptest::collection::vec(0u64..100, 0..700),
+        shards in 1usize..300,
+    ) {
+        // Prompts longer than one shard-grouped chunk, endpoints in two banks,
+        // keys shared by up to three endpoints and tiers, any shard count.
+        let slots = [0u32, 5, 64];
+        let index = SharedIndex::new(65, IndexConfig { shards, ..IndexConfig::default() });
+        let mut held: std::collections::BTreeSet<(u32, usize, u64)> = Default::default();
+        for (e, tier, keys) in &stores {
+            let ep = slots[*e as usize];
+            let ks: Vec<BlockKey> = keys.iter().map(|k| BlockKey(*k)).collect();
+            index.store(EndpointId(ep), Medium::ALL[*tier], &ks).unwrap();
+            held.extend(keys.iter().map(|k| (ep, *tier, *k)));
+        }
+        let keys: Vec<BlockKey> = prompt.iter().map(|k| BlockKey(*k)).collect();
+        let mut out = vec![Overlap::default(); 65];
+        index.score(&keys, &mut out);
+        for (ep, got) in out.iter().enumerate() {
+            let ep = ep as u32;
+            let mut want = Overlap::default();
+            let mut in_prefix = true;
+            for k in &prompt {
+                let fastest = (0..4).find(|t| held.contains(&(ep, *t, *k)));
+                want.blocks += u32::from(fastest.is_some());
+                match (in_prefix, fastest) {
+                    (true, Some(t)) => {
+                        want.prefix += 1;
+                        want.prefix_by_medium[t] += 1;
+                    }
+                    _ => in_prefix = false,
+                }
+            }
+            prop_assert_eq!(*got, want, "endpoint {}", ep);
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! The window's rules table, one scenario per row, and its counters.
 
 use kvroute_ingest::seq::{
-    ClearReason, DropReason, RestartPolicy, SeqAction, SeqWindow, SeqWindowConfig,
+    ClearReason, DropReason, ReplayEnd, RestartPolicy, SeqAction, SeqWindow, SeqWindowConfig,
 };
 
 fn window(w: u64, on_restart: RestartPolicy) -> SeqWindow {
@@ -127,4 +127,113 @@ fn extreme_sequence_numbers_do_not_overflow() {
             missed: u64::MAX - 1
         }
     );
+}
+
+fn resumed(policy: RestartPolicy) -> SeqWindow {
+    let mut w = window(8, policy);
+    for (seq, digest) in [(10, 0xa), (11, 0xb)] {
+        assert!(w.on_batch_with_digest(seq, digest).applies());
+    }
+    assert_eq!(w.on_resume(), Some(11));
+    w
+}
+
+#[test]
+fn resume_verified_by_the_replayed_last_batch_keeps_the_inventory() {
+    let mut w = resumed(RestartPolicy::Clear);
+    assert_eq!(
+        w.on_batch_with_digest(11, 0xb),
+        SeqAction::Drop(DropReason::Duplicate)
+    );
+    // The rest of the replay, then live traffic, as usual.
+    assert_eq!(w.on_batch_with_digest(12, 0xc), SeqAction::Apply);
+    assert_eq!(w.on_replay_finished(true), ReplayEnd::Continue);
+    assert_eq!(
+        w.on_batch_with_digest(14, 0xe),
+        SeqAction::ApplyAfterGap { missed: 1 }
+    );
+    let c = w.counters();
+    assert_eq!(
+        (c.resumes, c.resumes_verified, c.resume_restarts, c.restarts),
+        (1, 1, 0, 0)
+    );
+}
+
+#[test]
+fn resume_detects_a_restart_that_published_past_our_last_sequence() {
+    // A new process numbered a different batch 11: digests differ.
+    let mut w = resumed(RestartPolicy::Clear);
+    assert_eq!(
+        w.on_batch_with_digest(11, 0xbad),
+        SeqAction::ClearThenApply(ClearReason::Restart)
+    );
+    assert_eq!(w.on_batch_with_digest(12, 0xc), SeqAction::Apply);
+    // Without the resume check, a small forward gap would have kept the inventory.
+    let mut legacy = window(8, RestartPolicy::Clear);
+    let _ = feed(&mut legacy, &[10, 11]);
+    legacy.on_reconnect();
+    assert_eq!(legacy.on_batch(14), SeqAction::ApplyAfterGap { missed: 2 });
+    // The publisher no longer has 11 and sends 14 first: unverifiable, cleared.
+    let mut w = resumed(RestartPolicy::Clear);
+    assert_eq!(
+        w.on_batch_with_digest(14, 0xe),
+        SeqAction::ClearThenApply(ClearReason::Restart)
+    );
+    // Older than 11 right after a resume: a new process.
+    let mut w = resumed(RestartPolicy::Replay);
+    assert_eq!(
+        w.on_batch_with_digest(3, 0x3),
+        SeqAction::ClearThenReplay { from: 0 }
+    );
+    assert_eq!(w.on_batch_with_digest(0, 0x0), SeqAction::Apply);
+    let c = w.counters();
+    assert_eq!((c.resume_restarts, c.restarts), (1, 1));
+}
+
+#[test]
+fn resume_without_digests_cannot_verify_and_restarts() {
+    let mut w = window(8, RestartPolicy::Clear);
+    let _ = feed(&mut w, &[10, 11]);
+    assert_eq!(w.on_resume(), Some(11));
+    assert_eq!(
+        w.on_batch(11),
+        SeqAction::ClearThenApply(ClearReason::Restart)
+    );
+}
+
+#[test]
+fn an_empty_complete_replay_from_last_is_a_restart_an_incomplete_one_waits() {
+    let mut w = resumed(RestartPolicy::Clear);
+    assert_eq!(
+        w.on_replay_finished(true),
+        ReplayEnd::Clear(ClearReason::Restart)
+    );
+    // The window starts over: the new process's next batch is a first batch.
+    assert_eq!(w.on_batch_with_digest(5, 0x5), SeqAction::Apply);
+    assert_eq!(w.counters().first, 2);
+
+    let mut w = resumed(RestartPolicy::Replay);
+    assert_eq!(
+        w.on_replay_finished(true),
+        ReplayEnd::ClearThenReplay { from: 0 }
+    );
+    assert!(w.replaying());
+
+    // Timed out: no evidence; the next batch decides (here: verified).
+    let mut w = resumed(RestartPolicy::Clear);
+    assert_eq!(w.on_replay_finished(false), ReplayEnd::Continue);
+    assert_eq!(
+        w.on_batch_with_digest(11, 0xb),
+        SeqAction::Drop(DropReason::Duplicate)
+    );
+    assert_eq!(w.counters().resumes_verified, 1);
+}
+
+#[test]
+fn resume_before_any_batch_has_nothing_to_verify() {
+    let mut w = window(8, RestartPolicy::Clear);
+    assert_eq!(w.on_resume(), None);
+    assert_eq!(w.on_replay_finished(true), ReplayEnd::Continue);
+    assert_eq!(w.on_batch_with_digest(40, 1), SeqAction::Apply);
+    assert_eq!(w.counters().resumes, 0);
 }

@@ -25,26 +25,42 @@
 //!   absent key is counted and ignored.
 //! * **Tiers are independent.** A key can be present in several tiers of one
 //!   endpoint; a remove from the CPU tier leaves the GPU copy.
-//! * **Capacity** is bounded per (endpoint, tier) by
-//!   [`IndexConfig::capacity_per_endpoint`]. Each endpoint keeps an insertion ring
-//!   per tier (one entry each time a key becomes present); when a store exceeds
-//!   the bound, entries are popped from the front until one names a key that is
-//!   still present, and that key is evicted whatever its reference count. A key
-//!   that was removed and stored again may therefore be evicted at its earlier
-//!   ring position: eviction is "oldest insertion first" on that ring, not an
-//!   exact LRU. Evictions are counted.
+//! * **Capacity** is unbounded by default: engines report their own evictions
+//!   (`BlockRemoved`), so the inventory tracks the engine's cache size. A bound
+//!   per (endpoint, tier) is set with [`IndexConfig::capacity_per_endpoint`] as a
+//!   safety net against lost removes. With a bound, each endpoint keeps an
+//!   insertion ring per tier (one entry each time a key becomes present); when a
+//!   store exceeds the bound, entries are popped from the front until one names
+//!   a key that is still present, and that key is evicted whatever its reference
+//!   count. A key that was removed and stored again may therefore be evicted at
+//!   its earlier ring position: eviction is "oldest insertion first" on that
+//!   ring, not an exact LRU. Evictions are counted. The ring costs 8–16 bytes
+//!   per (endpoint, key) pair, which is why unbounded indexes keep none.
 //! * **Clearing** an endpoint hides it from readers at once (one atomic store of a
-//!   per-bank mask), then purges its keys by walking its rings, taking each shard
-//!   lock for a single key. Readers never wait for more than one key's update; the
-//!   clearing writer pays O(keys of that endpoint), which its own stores prepaid.
-//!   No other endpoint is touched.
+//!   per-bank mask), then purges its keys 128 at a time under a shard's write
+//!   lock. With a ring it takes the keys from the ring, grouped by shard;
+//!   without one it scans the bank's shards, collecting the endpoint's keys
+//!   under a shard's read lock (readers proceed). Either way a reader
+//!   waits for at most one small batch of updates; the clearing writer pays
+//!   O(keys of the endpoint) with a ring, O(keys of the bank) without. No other
+//!   endpoint's inventory changes.
+//!
+//! # Memory
+//!
+//! A table entry is 12 bytes (key + a 32-bit holder code listing up to four
+//! holders inline; keys held by more endpoints spill a 64-bit mask to a side
+//! vector) plus one control byte, so a key held by one endpoint costs 13 bytes
+//! divided by the table's load factor (between 7/16 and 7/8, as hash tables
+//! double). Shared keys cost one entry for all their holders.
+//! [`SharedIndex::memory_bytes`] reports the figure for a metrics gauge.
 //!
 //! # Concurrency
 //!
-//! Readers (`score`) take a shard read lock per key lookup; writers take a shard
-//! write lock per key. One writer per endpoint is expected (the endpoint's
-//! ingest); each endpoint's rings sit behind their own mutex, which readers never
-//! take, so misuse is safe, only serialised.
+//! Readers (`score`) group the prompt's keys by shard and take each shard's read
+//! lock once per call (per 256 keys); writers take a shard write lock per key.
+//! One writer per endpoint is expected (the endpoint's ingest); each endpoint's
+//! rings sit behind their own mutex, which readers never take, so misuse is
+//! safe, only serialised. No thread ever holds two shard locks at once.
 //!
 //! ```
 //! use kvroute_core::{BlockKey, EndpointId, Medium};
@@ -72,19 +88,29 @@ use kvroute_core::{BlockKey, EndpointId, Medium};
 use parking_lot::{Mutex, RwLock};
 
 use crate::view::{InventoryView, Overlap};
-use shard::mix;
+pub(crate) use shard::mix;
 pub(crate) use shard::KeyMap;
 use shard::{RemoveEffect, Shard, StoreEffect};
 use sliced::SlicedCounters;
 
 /// Endpoints per bank (bits of a holder mask).
 const BANK_WIDTH: usize = 64;
+/// `capacity` value meaning "no bound".
+const UNBOUNDED: u64 = u64::MAX;
+/// Keys purged per write-lock acquisition when clearing without a ring.
+const PURGE_BATCH: usize = 128;
+/// Prompt keys looked up per shard-grouped pass (stack buffers, no allocation).
+const SCORE_CHUNK: usize = 256;
+/// Buckets of the per-chunk counting sort by shard.
+const SORT_BUCKETS: usize = 256;
 
 /// Configuration of a [`SharedIndex`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexConfig {
     /// Most keys one endpoint may hold in one tier; a store beyond it evicts the
-    /// oldest inserted key of that tier.
+    /// oldest inserted key of that tier. [`usize::MAX`] (the default) means
+    /// unbounded: no insertion ring is kept, which saves 8–16 bytes per
+    /// (endpoint, key) pair (see the [module docs](self)).
     pub capacity_per_endpoint: usize,
     /// Lock shards per bank of 64 endpoints (rounded up to a power of two).
     pub shards: usize,
@@ -93,7 +119,7 @@ pub struct IndexConfig {
 impl Default for IndexConfig {
     fn default() -> Self {
         Self {
-            capacity_per_endpoint: 1 << 21,
+            capacity_per_endpoint: usize::MAX,
             shards: 64,
         }
     }
@@ -225,7 +251,7 @@ impl SharedIndex {
             banks,
             endpoints: (0..endpoints).map(|_| Mutex::default()).collect(),
             shard_shift: 64 - shards.trailing_zeros(),
-            capacity: config.capacity_per_endpoint as u64,
+            capacity: u64::try_from(config.capacity_per_endpoint).unwrap_or(UNBOUNDED),
         }
     }
 
@@ -233,6 +259,12 @@ impl SharedIndex {
     #[must_use]
     pub fn endpoint_slots(&self) -> usize {
         self.endpoints.len()
+    }
+
+    /// True when a capacity bound is configured (and insertion rings are kept).
+    #[inline]
+    fn bounded(&self) -> bool {
+        self.capacity != UNBOUNDED
     }
 
     fn locate(&self, e: EndpointId) -> Result<(&Bank, u32, &Mutex<EndpointKeys>), IndexError> {
@@ -247,13 +279,8 @@ impl SharedIndex {
 
     #[inline]
     fn shard<'a>(&self, bank: &'a Bank, key: u64) -> &'a RwLock<Shard> {
-        let i = if self.shard_shift >= 64 {
-            0
-        } else {
-            (mix(key.rotate_left(17)) >> self.shard_shift) as usize
-        };
-        // `i` < shards by construction of `shard_shift`.
-        &bank.shards[i % bank.shards.len()].0
+        // The index is < shards by construction of `shard_shift`.
+        &bank.shards[self.shard_index(key) % bank.shards.len()].0
     }
 
     /// Stores `keys` for endpoint `e` in tier `medium`.
@@ -275,11 +302,14 @@ impl SharedIndex {
             match effect {
                 StoreEffect::Inserted => {
                     stats.inserted += 1;
-                    if let (Some(ring), Some(live)) =
-                        (slot.rings.get_mut(tier), slot.live.get_mut(tier))
-                    {
-                        ring.push_back(key.0);
+                    if let Some(live) = slot.live.get_mut(tier) {
                         *live += 1;
+                    }
+                    if !self.bounded() {
+                        continue;
+                    }
+                    if let Some(ring) = slot.rings.get_mut(tier) {
+                        ring.push_back(key.0);
                     }
                     if slot.live.get(tier).is_some_and(|l| *l > self.capacity) {
                         stats.evicted += self.evict_one(bank, bit, tier, slot);
@@ -339,6 +369,9 @@ impl SharedIndex {
     /// Removes the ring entries of keys no longer present (and repeated entries)
     /// once they outnumber the live keys, so churn cannot grow a ring unboundedly.
     fn maybe_compact(&self, bank: &Bank, bit: u32, tier: usize, slot: &mut EndpointKeys) {
+        if !self.bounded() {
+            return;
+        }
         let live = slot.live.get(tier).copied().unwrap_or(0);
         let Some(ring) = slot.rings.get_mut(tier) else {
             return;
@@ -358,13 +391,36 @@ impl SharedIndex {
         let mut slot = slot.lock();
         bank.hidden.fetch_or(flag, Ordering::AcqRel);
         let mut stats = WriteStats::default();
+        let mut batch = Vec::new();
         for tier in 0..4 {
-            let Some(ring) = slot.rings.get_mut(tier).map(std::mem::take) else {
+            if slot.live.get(tier).is_some_and(|l| *l == 0) {
                 continue;
-            };
-            for key in &ring {
-                if self.shard(bank, *key).write().purge(tier, *key, bit) {
-                    stats.cleared += 1;
+            }
+            let ring = slot.rings.get_mut(tier).map(std::mem::take);
+            match ring {
+                Some(ring) if self.bounded() => {
+                    // Grouped by shard so each write lock covers a batch of keys.
+                    let mut by_shard: Vec<(usize, u64)> =
+                        ring.iter().map(|k| (self.shard_index(*k), *k)).collect();
+                    drop(ring);
+                    by_shard.sort_unstable();
+                    for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
+                        let Some((index, _)) = group.first() else {
+                            continue;
+                        };
+                        let shard = &bank.shards[*index % bank.shards.len()].0;
+                        for keys in group.chunks(PURGE_BATCH) {
+                            let mut guard = shard.write();
+                            for (_, key) in keys {
+                                stats.cleared += u64::from(guard.purge(tier, *key, bit));
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    for shard in bank.shards.iter() {
+                        stats.cleared += purge_scanned(&shard.0, tier, bit, &mut batch);
+                    }
                 }
             }
             if let Some(live) = slot.live.get_mut(tier) {
@@ -395,25 +451,23 @@ impl SharedIndex {
             .refcount(medium.index(), key.0, bit)
     }
 
-    /// The keys endpoint `e` holds in tier `medium`, sorted (diagnostics; O(keys)).
+    /// The keys endpoint `e` holds in tier `medium`, sorted (diagnostics; O(keys
+    /// of the endpoint's bank): it scans the bank's tables).
     #[must_use]
     pub fn keys(&self, e: EndpointId, medium: Medium) -> Vec<BlockKey> {
         let Ok((bank, bit, slot)) = self.locate(e) else {
             return Vec::new();
         };
         let tier = medium.index();
-        let slot = slot.lock();
-        let mut out: Vec<BlockKey> = slot
-            .rings
-            .get(tier)
-            .into_iter()
-            .flatten()
-            .filter(|k| self.shard(bank, **k).read().contains(tier, **k, bit))
-            .map(|k| BlockKey(*k))
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        out
+        // Held so the endpoint's writer cannot interleave with the scan.
+        let _slot = slot.lock();
+        let mut raw = Vec::new();
+        for shard in bank.shards.iter() {
+            shard.0.read().collect_keys(tier, bit, &mut raw);
+        }
+        raw.sort_unstable();
+        raw.dedup();
+        raw.into_iter().map(BlockKey).collect()
     }
 
     /// Size and eviction count of endpoint `e`'s inventory.
@@ -454,39 +508,120 @@ impl SharedIndex {
         tables + rings
     }
 
+    #[inline]
+    fn shard_index(&self, key: u64) -> usize {
+        if self.shard_shift >= 64 {
+            0
+        } else {
+            (mix(key.rotate_left(17)) >> self.shard_shift) as usize
+        }
+    }
+
+    /// Looks up the tier masks of `chunk` in `bank`, taking each shard's read lock
+    /// once: keys are bucketed by shard (a counting sort on the stack) and visited
+    /// shard by shard; `masks[i]` receives key `i`'s masks.
+    fn lookup_chunk(&self, bank: &Bank, chunk: &[BlockKey], masks: &mut [[u64; 4]; SCORE_CHUNK]) {
+        let mut shard_of = [0u16; SCORE_CHUNK];
+        let mut starts = [0u16; SORT_BUCKETS + 1];
+        for (slot, key) in shard_of.iter_mut().zip(chunk) {
+            // Above SORT_BUCKETS shards, several shards share a bucket; the walk
+            // below then re-locks when the shard changes, which stays correct.
+            *slot = (self.shard_index(key.0) % (1 << 16)) as u16;
+            if let Some(c) = starts.get_mut(usize::from(*slot) % SORT_BUCKETS + 1) {
+                *c += 1;
+            }
+        }
+        for b in 1..starts.len() {
+            let prev = starts.get(b - 1).copied().unwrap_or(0);
+            if let Some(c) = starts.get_mut(b) {
+                *c += prev;
+            }
+        }
+        let mut order = [0u16; SCORE_CHUNK];
+        for (i, s) in shard_of.iter().enumerate().take(chunk.len()) {
+            if let Some(next) = starts.get_mut(usize::from(*s) % SORT_BUCKETS) {
+                if let Some(o) = order.get_mut(usize::from(*next)) {
+                    *o = i as u16;
+                }
+                *next += 1;
+            }
+        }
+        let mut held: Option<(u16, parking_lot::RwLockReadGuard<'_, Shard>)> = None;
+        for &i in order.iter().take(chunk.len()) {
+            let i = usize::from(i);
+            let (Some(key), Some(s), Some(dst)) = (chunk.get(i), shard_of.get(i), masks.get_mut(i))
+            else {
+                continue;
+            };
+            let guard = match &mut held {
+                Some((cur, guard)) if *cur == *s => guard,
+                _ => {
+                    drop(held.take());
+                    let lock = &bank.shards[usize::from(*s) % bank.shards.len()].0;
+                    &mut held.insert((*s, lock.read())).1
+                }
+            };
+            *dst = guard.masks(key.0);
+        }
+    }
+
     fn score_bank(&self, bank: &Bank, keys: &[BlockKey], out: &mut [Overlap]) {
         let active = bank.active & !bank.hidden.load(Ordering::Acquire);
         let mut blocks = SlicedCounters::ZERO;
         let mut by_tier = [SlicedCounters::ZERO; 4];
         let mut alive = active;
         if active != 0 {
-            for key in keys {
-                let [gpu, cpu, disk, ext] = self.shard(bank, key.0).read().masks(key.0);
-                let any = (gpu | cpu | disk | ext) & active;
-                blocks.add(any);
-                alive &= any;
-                if alive != 0 {
-                    // Each prefix block counts once, in the fastest tier holding it.
-                    by_tier[0].add(gpu & alive);
-                    by_tier[1].add(cpu & alive & !gpu);
-                    by_tier[2].add(disk & alive & !(gpu | cpu));
-                    by_tier[3].add(ext & alive & !(gpu | cpu | disk));
+            let mut masks = [[0u64; 4]; SCORE_CHUNK];
+            for chunk in keys.chunks(SCORE_CHUNK) {
+                self.lookup_chunk(bank, chunk, &mut masks);
+                for &[gpu, cpu, disk, ext] in masks.iter().take(chunk.len()) {
+                    let any = (gpu | cpu | disk | ext) & active;
+                    blocks.add(any);
+                    alive &= any;
+                    if alive != 0 {
+                        // Each prefix block counts once, in the fastest tier holding it.
+                        by_tier[0].add(gpu & alive);
+                        by_tier[1].add(cpu & alive & !gpu);
+                        by_tier[2].add(disk & alive & !(gpu | cpu));
+                        by_tier[3].add(ext & alive & !(gpu | cpu | disk));
+                    }
                 }
             }
         }
+        let mut block_counts = [0u32; BANK_WIDTH];
+        blocks.spread(&mut block_counts);
+        let mut tier_counts = [[0u32; BANK_WIDTH]; 4];
+        for (counter, dst) in by_tier.iter().zip(&mut tier_counts) {
+            counter.spread(dst);
+        }
         for (bit, slot) in out.iter_mut().enumerate().take(BANK_WIDTH) {
-            let bit = bit as u32;
             let mut overlap = Overlap {
-                blocks: blocks.get(bit),
+                blocks: block_counts.get(bit).copied().unwrap_or(0),
                 ..Overlap::default()
             };
-            for (dst, src) in overlap.prefix_by_medium.iter_mut().zip(&by_tier) {
-                *dst = src.get(bit);
+            for (dst, src) in overlap.prefix_by_medium.iter_mut().zip(&tier_counts) {
+                *dst = src.get(bit).copied().unwrap_or(0);
             }
             overlap.prefix = overlap.prefix_by_medium.iter().sum();
             *slot = overlap;
         }
     }
+}
+
+/// Purges endpoint `bit`'s keys of `tier` from one shard: the keys are collected
+/// under the read lock (readers keep going), then dropped [`PURGE_BATCH`] at a
+/// time under the write lock, so a reader waits for at most one batch.
+fn purge_scanned(shard: &RwLock<Shard>, tier: usize, bit: u32, batch: &mut Vec<u64>) -> u64 {
+    batch.clear();
+    shard.read().collect_keys(tier, bit, batch);
+    let mut purged = 0;
+    for keys in batch.chunks(PURGE_BATCH) {
+        let mut guard = shard.write();
+        for key in keys {
+            purged += u64::from(guard.purge(tier, *key, bit));
+        }
+    }
+    purged
 }
 
 impl InventoryView for SharedIndex {

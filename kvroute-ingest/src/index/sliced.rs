@@ -28,12 +28,28 @@ impl SlicedCounters {
     }
 
     /// The value of counter `bit` (0..64).
+    #[cfg(test)]
     pub(crate) fn get(&self, bit: u32) -> u32 {
         let mut value = 0u32;
         for (i, plane) in self.planes.iter().enumerate() {
             value |= (((plane >> (bit & 63)) & 1) as u32) << i;
         }
         value
+    }
+
+    /// Writes every counter into `out` (indexed by bit). Visits only set bits, so
+    /// a bank where few endpoints hold any key costs a handful of steps.
+    #[inline]
+    pub(crate) fn spread(&self, out: &mut [u32; 64]) {
+        for (i, plane) in self.planes.iter().enumerate() {
+            let mut rest = *plane;
+            while rest != 0 {
+                if let Some(slot) = out.get_mut(rest.trailing_zeros() as usize) {
+                    *slot |= 1 << i;
+                }
+                rest &= rest - 1;
+            }
+        }
     }
 }
 
@@ -55,8 +71,11 @@ mod tests {
                 *n += ((x >> bit) & 1) as u32;
             }
         }
+        let mut spread = [0u32; 64];
+        sliced.spread(&mut spread);
         for (bit, n) in naive.iter().enumerate() {
             assert_eq!(sliced.get(bit as u32), *n, "counter {bit}");
+            assert_eq!(spread[bit], *n, "spread counter {bit}");
         }
     }
 }

@@ -1,12 +1,12 @@
 //! Test helpers: the vLLM golden fixtures' `decoded_payload` (a generic msgpack
-//! decode as JSON) turned into engine-neutral batches, and an attestor built on
-//! kvroute-core's hasher.
+//! decode as JSON) turned into engine-neutral batches, and the library's
+//! contract attestor for a spec string.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 
-use kvroute_core::{BlockHasher, BlockKey, Digest, HashContract, Medium, RequestExtras};
-use kvroute_ingest::attest::{KeyAttestor, ParentLink, Unverifiable};
+use kvroute_core::{BlockKey, HashContract, Medium};
+use kvroute_ingest::attest::ContractAttestor;
 use kvroute_ingest::{BlockRemoved, BlockStored, EventBatch, KvEvent};
 use serde_json::Value;
 
@@ -97,44 +97,7 @@ pub fn capture_rank(rank: usize) -> Vec<EventBatch> {
         .collect()
 }
 
-/// Attests text-only events with a kvroute-core contract.
-pub struct CoreAttestor(pub BlockHasher);
-
-impl CoreAttestor {
-    pub fn new(spec: &str) -> Self {
-        Self(spec.parse::<HashContract>().unwrap().hasher().unwrap())
-    }
-}
-
-impl KeyAttestor for CoreAttestor {
-    fn recompute(
-        &self,
-        parent: ParentLink<'_>,
-        stored: &BlockStored,
-        keys: &mut Vec<BlockKey>,
-        digests: &mut Vec<Digest>,
-    ) -> Result<(), Unverifiable> {
-        if stored.lora_name.is_some() || stored.extra_keys.iter().any(Option::is_some) {
-            return Err(Unverifiable {
-                reason: "extra keys",
-            });
-        }
-        let extras = RequestExtras::NONE;
-        let parent = match parent {
-            ParentLink::Root => self
-                .0
-                .root(&extras)
-                .map_err(|_| Unverifiable { reason: "root" })?,
-            ParentLink::Digest(d) => *d,
-            ParentLink::KeyOnly(k) => self.0.parent_from_key(k).ok_or(Unverifiable {
-                reason: "parent digest unknown",
-            })?,
-        };
-        self.0
-            .hash_chain(&extras, &parent, 0, &stored.token_ids, keys, Some(digests))
-            .map(|_| ())
-            .map_err(|_| Unverifiable {
-                reason: "hash error",
-            })
-    }
+/// The library's contract attestor for a contract spec string.
+pub fn contract_attestor(spec: &str) -> ContractAttestor {
+    ContractAttestor::new(&spec.parse::<HashContract>().unwrap()).unwrap()
 }
