@@ -37,11 +37,13 @@ pub enum MissReason {
     /// Endpoints holding blocks exist but every one is excluded, down or
     /// behind an open breaker (or nothing is eligible at all).
     AllCandidatesFiltered,
+    /// The prompt exceeds the host's routing limit and was not tokenized.
+    PromptTooLong,
 }
 
 impl MissReason {
     /// Number of reasons (size of per-reason arrays).
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 14;
 
     /// Every reason, in [`MissReason::index`] order.
     pub const ALL: [MissReason; Self::COUNT] = [
@@ -58,6 +60,7 @@ impl MissReason {
         MissReason::ZeroOverlap,
         MissReason::BelowThreshold,
         MissReason::AllCandidatesFiltered,
+        MissReason::PromptTooLong,
     ];
 
     /// Stable array index.
@@ -83,6 +86,7 @@ impl MissReason {
             MissReason::ZeroOverlap => "zero_overlap",
             MissReason::BelowThreshold => "below_threshold",
             MissReason::AllCandidatesFiltered => "all_candidates_filtered",
+            MissReason::PromptTooLong => "prompt_too_long",
         }
     }
 }
@@ -95,6 +99,7 @@ impl From<MissBeforeKeys> for MissReason {
             MissBeforeKeys::NoTokenizer => MissReason::NoTokenizer,
             MissBeforeKeys::TokenizeError => MissReason::TokenizeError,
             MissBeforeKeys::EmptyPrompt => MissReason::EmptyPrompt,
+            MissBeforeKeys::PromptTooLong => MissReason::PromptTooLong,
         }
     }
 }

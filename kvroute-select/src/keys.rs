@@ -97,6 +97,9 @@ pub enum MissBeforeKeys {
     TokenizeError,
     /// The prompt was empty.
     EmptyPrompt,
+    /// The prompt exceeds the host's routing limit (characters or tokens), so
+    /// it was not tokenized or hashed: bounded work per request.
+    PromptTooLong,
 }
 
 /// The prompt as the gateway hands it to selection.

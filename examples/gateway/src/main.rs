@@ -1,6 +1,7 @@
 //! `kvroute`: the example gateway binary — parity checker, tokenizer debugger,
 //! HTTP gateway, mock engine, demo and fleet simulator.
 
+mod bench;
 mod demo;
 mod engine_model;
 mod gateway;
@@ -27,6 +28,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Load-test components on loopback (`kvroute bench gateway`: mock engines
+    /// direct vs through the gateway; bounded request count).
+    Bench(bench::BenchArgs),
     /// Start mock engines and the gateway on loopback, drive a multi-tenant
     /// shared-prefix chat workload through RR, CHWBL and KV-exact, and print a
     /// comparison table.
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
             model_dir,
             verbose,
         } => parity::run(&paths, model_dir.as_deref(), verbose),
+        Command::Bench(args) => bench::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::MockEngine(args) => mock_engine::run(&args),
         Command::Serve(args) => gateway::run(&args),

@@ -4,66 +4,13 @@
 mod gateway_support;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, Request, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Router;
+use axum::body::Bytes;
+use axum::http::StatusCode;
 use gateway_support::*;
 use serde_json::{json, Value};
-
-/// An upstream that echoes what reached it; `/v1/die` starts a stream and then
-/// drops the connection.
-async fn echo_upstream() -> SocketAddr {
-    async fn handle(req: Request<Body>) -> Response {
-        let (parts, body) = req.into_parts();
-        if parts.uri.path() == "/v1/die" {
-            let chunks = futures_util::stream::unfold(0u8, |step| async move {
-                match step {
-                    0 => Some((
-                        Ok::<Bytes, std::io::Error>(Bytes::from_static(
-                            b"data: {\"partial\": true}\n\n",
-                        )),
-                        1,
-                    )),
-                    1 => {
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                        Some((Err(std::io::Error::other("engine died")), 2))
-                    }
-                    _ => None,
-                }
-            });
-            return Response::builder()
-                .header("content-type", "text/event-stream")
-                .body(Body::from_stream(chunks))
-                .unwrap();
-        }
-        let headers: &HeaderMap = &parts.headers;
-        let body = axum::body::to_bytes(body, 1 << 20)
-            .await
-            .unwrap_or_default();
-        axum::Json(json!({
-            "path": parts.uri.path(),
-            "host": headers.get("host").and_then(|v| v.to_str().ok()),
-            "len": body.len(),
-            "usage": {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}},
-        }))
-        .into_response()
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = Router::new().fallback(handle);
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
-/// A port nothing listens on.
-fn closed_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
 
 const TOKEN: &str = "s3cret-admin-token";
 

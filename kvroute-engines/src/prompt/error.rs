@@ -54,6 +54,13 @@ pub enum PromptMiss {
     /// The engine's input check refuses the ids (empty, too long, out of vocabulary).
     #[error("engine would refuse the prompt: {0}")]
     EngineInput(String),
+    /// The prompt text is longer than the router's [`super::PromptLimits`]: it
+    /// was not tokenized, so the work per request stays bounded.
+    #[error("prompt has more than {limit} characters (router limit)")]
+    PromptTooLong {
+        /// The limit in force.
+        limit: usize,
+    },
 }
 
 impl PromptMiss {
@@ -75,6 +82,7 @@ impl PromptMiss {
             Self::Unsupported(_) => "unsupported",
             Self::Tokenize(_) => "tokenize",
             Self::EngineInput(_) => "engine_input",
+            Self::PromptTooLong { .. } => "prompt_too_long",
         }
     }
 }

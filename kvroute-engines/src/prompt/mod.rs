@@ -87,6 +87,74 @@ impl TokenizerPool {
     }
 }
 
+/// Bounds on the work one request may cost the router before it gives up on
+/// KV routing (a [`PromptMiss::PromptTooLong`] miss, never a client error).
+///
+/// Tokenizing is linear in the prompt but far from free (a few MB of text costs
+/// the router a CPU-second); the body size limit alone does not bound it tightly.
+///
+/// ```
+/// use kvroute_engines::prompt::{pyvalue::parse_json, prompt_tokens_limited, Endpoint,
+///     ModelOptions, ModelTokenizer, PromptLimits, PromptMiss};
+/// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
+/// let tok = ModelTokenizer::load(&dir, &ModelOptions::default()).unwrap();
+/// let body = parse_json(br#"{"model": "m", "prompt": "a rather long prompt"}"#).unwrap();
+/// let limits = PromptLimits { max_chars: 8 };
+/// let miss = prompt_tokens_limited(&tok, Endpoint::Completions, &body, limits).unwrap_err();
+/// assert_eq!(miss, PromptMiss::PromptTooLong { limit: 8 });
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptLimits {
+    /// Most characters (Unicode scalar values) of prompt text tokenized: a
+    /// completions prompt (all elements of a list together), or a chat
+    /// request's message strings before and its rendered prompt after templating.
+    pub max_chars: usize,
+}
+
+impl Default for PromptLimits {
+    /// No limit.
+    fn default() -> Self {
+        Self {
+            max_chars: usize::MAX,
+        }
+    }
+}
+
+impl PromptLimits {
+    /// `Err` when `chars` already counted exceed the limit.
+    fn check(self, chars: usize) -> Result<(), PromptMiss> {
+        if chars > self.max_chars {
+            Err(PromptMiss::PromptTooLong {
+                limit: self.max_chars,
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Adds `text`'s characters to `total` and checks the limit; counting only
+    /// happens when the byte length could exceed it (chars ≤ bytes).
+    fn add(self, total: &mut usize, text: &str) -> Result<(), PromptMiss> {
+        let chars = if total.saturating_add(text.len()) <= self.max_chars {
+            text.len()
+        } else {
+            text.chars().count()
+        };
+        *total = total.saturating_add(chars);
+        self.check(*total)
+    }
+}
+
+/// Adds the characters of every string inside `v` (dict keys excluded) to `total`.
+fn add_strings(limits: PromptLimits, total: &mut usize, v: &PyValue) -> Result<(), PromptMiss> {
+    match v {
+        PyValue::Str(s) => limits.add(total, s),
+        PyValue::List(items) => items.iter().try_for_each(|i| add_strings(limits, total, i)),
+        PyValue::Dict(d) => d.values().try_for_each(|i| add_strings(limits, total, i)),
+        _ => Ok(()),
+    }
+}
+
 /// A parsed body → prompt tokens with a given model's tokenizer (the model
 /// slug in the body is reported, not checked).
 pub fn prompt_tokens(
@@ -94,17 +162,36 @@ pub fn prompt_tokens(
     endpoint: Endpoint,
     body: &PyValue,
 ) -> Result<PromptTokens, PromptMiss> {
+    prompt_tokens_limited(tok, endpoint, body, PromptLimits::default())
+}
+
+/// [`prompt_tokens`] that refuses, before tokenizing, prompt text beyond
+/// `limits` ([`PromptMiss::PromptTooLong`]).
+pub fn prompt_tokens_limited(
+    tok: &ModelTokenizer,
+    endpoint: Endpoint,
+    body: &PyValue,
+    limits: PromptLimits,
+) -> Result<PromptTokens, PromptMiss> {
     let req = request::extract(endpoint, body)?;
     let common = req.common().clone();
     let mut truncated = false;
     let engine_prompts = match &req {
         OpenAiRequest::Chat(chat) => {
+            // Message text bounds the rendering work; the rendered prompt
+            // (template text added) bounds the tokenizing.
+            let mut chars = 0;
+            chat.messages
+                .iter()
+                .try_for_each(|m| add_strings(limits, &mut chars, m))?;
             let (_, rendered) = render_chat(tok, chat)?;
+            limits.add(&mut 0, &rendered)?;
             let ids = tok.encode(&rendered, common.add_special_tokens)?;
             vec![finish(tok, &common, Some(rendered), ids, &mut truncated)?]
         }
         OpenAiRequest::Completions(c) => match &c.prompt {
             CompletionPrompt::Text(text) => {
+                limits.add(&mut 0, text)?;
                 let ids = tok.encode(text, common.add_special_tokens)?;
                 vec![finish(
                     tok,
@@ -123,13 +210,17 @@ pub fn prompt_tokens(
                     &mut truncated,
                 )?]
             }
-            CompletionPrompt::Texts(texts) => texts
-                .iter()
-                .map(|t| {
-                    let ids = tok.encode(t, common.add_special_tokens)?;
-                    finish(tok, &common, Some(t.clone()), ids, &mut truncated)
-                })
-                .collect::<Result<_, _>>()?,
+            CompletionPrompt::Texts(texts) => {
+                let mut chars = 0;
+                texts.iter().try_for_each(|t| limits.add(&mut chars, t))?;
+                texts
+                    .iter()
+                    .map(|t| {
+                        let ids = tok.encode(t, common.add_special_tokens)?;
+                        finish(tok, &common, Some(t.clone()), ids, &mut truncated)
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             CompletionPrompt::IdLists(lists) => lists
                 .iter()
                 .map(|ids| finish(tok, &common, None, checked_ids(tok, ids)?, &mut truncated))
@@ -217,4 +308,86 @@ fn finish(
         rendered,
         token_ids: ids,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen3() -> ModelTokenizer {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
+        ModelTokenizer::load(&dir, &ModelOptions::default()).unwrap()
+    }
+
+    fn body(json: &serde_json::Value) -> PyValue {
+        pyvalue::parse_json(json.to_string().as_bytes()).unwrap()
+    }
+
+    fn limited(
+        tok: &ModelTokenizer,
+        e: Endpoint,
+        v: &serde_json::Value,
+        max: usize,
+    ) -> Result<PromptTokens, PromptMiss> {
+        prompt_tokens_limited(tok, e, &body(v), PromptLimits { max_chars: max })
+    }
+
+    #[test]
+    fn prompt_limit_counts_characters_and_refuses_before_tokenizing() {
+        let tok = qwen3();
+        // 10 characters, 20 UTF-8 bytes: the limit is in characters.
+        let text = "é".repeat(10);
+        let v = serde_json::json!({"model": "m", "prompt": text});
+        let full = prompt_tokens(&tok, Endpoint::Completions, &body(&v)).unwrap();
+        assert_eq!(limited(&tok, Endpoint::Completions, &v, 10).unwrap(), full);
+        assert_eq!(
+            limited(&tok, Endpoint::Completions, &v, 9),
+            Err(PromptMiss::PromptTooLong { limit: 9 })
+        );
+        // A list prompt counts all its elements together.
+        let v = serde_json::json!({"model": "m", "prompt": ["abcdef", "ghijkl"]});
+        assert_eq!(
+            limited(&tok, Endpoint::Completions, &v, 12)
+                .unwrap()
+                .engine_prompts
+                .len(),
+            2
+        );
+        assert_eq!(
+            limited(&tok, Endpoint::Completions, &v, 11)
+                .unwrap_err()
+                .kind(),
+            "prompt_too_long"
+        );
+        // Token-id prompts are not tokenized: no character limit applies.
+        let v = serde_json::json!({"model": "m", "prompt": [1, 2, 3]});
+        assert!(limited(&tok, Endpoint::Completions, &v, 0).is_ok());
+    }
+
+    #[test]
+    fn chat_limit_applies_to_message_text_and_to_the_rendered_prompt() {
+        let tok = qwen3();
+        let v = serde_json::json!({"model": "m", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "0123456789"}]}]});
+        let rendered = prompt_tokens(&tok, Endpoint::Chat, &body(&v))
+            .unwrap()
+            .engine_prompts[0]
+            .rendered
+            .clone()
+            .unwrap();
+        let n = rendered.chars().count();
+        assert!(limited(&tok, Endpoint::Chat, &v, n).is_ok());
+        // Over the rendered length but not over the message text: refused after rendering.
+        assert_eq!(
+            limited(&tok, Endpoint::Chat, &v, n - 1),
+            Err(PromptMiss::PromptTooLong { limit: n - 1 })
+        );
+        // Message strings ("user", "text", "0123456789" = 18 chars) over the
+        // limit: refused before rendering.
+        assert_eq!(
+            limited(&tok, Endpoint::Chat, &v, 17),
+            Err(PromptMiss::PromptTooLong { limit: 17 })
+        );
+    }
 }

@@ -449,5 +449,15 @@ mod tests {
     fn depth_is_bounded() {
         let deep = "[".repeat(MAX_DEPTH + 5);
         assert!(parse_json(deep.as_bytes()).is_err());
+        let at_limit = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert!(parse_json(at_limit.as_bytes()).is_ok());
+        // A hostile body: refused at the bound, whatever the nesting (no stack
+        // overflow, no work beyond the first MAX_DEPTH levels).
+        for open in ["[", "{\"a\":"] {
+            let hostile = open.repeat(100_000);
+            let err = parse_json(hostile.as_bytes()).unwrap_err();
+            assert_eq!(err.reason, "nesting too deep");
+            assert!(err.offset <= open.len() * (MAX_DEPTH + 1), "{err:?}");
+        }
     }
 }

@@ -118,8 +118,15 @@ pub struct LimitsConfig {
     /// Longest silence between two upstream body chunks before the response is
     /// aborted.
     pub upstream_idle_timeout_ms: u64,
-    /// Prompts longer than this are not tokenized for routing (miss, still proxied).
+    /// Prompts with more tokens than this are not routed by KV (a
+    /// `prompt_too_long` miss; the request is still proxied by the rule's
+    /// selector). Applies to token-id prompts and to tokenizer output.
     pub max_prompt_tokens: usize,
+    /// Prompt text with more characters than this is not even tokenized (a
+    /// `prompt_too_long` miss, still proxied): bounds the tokenizing work one
+    /// request can cost the gateway. Chat requests count their message strings
+    /// before rendering and the rendered prompt after.
+    pub max_prompt_chars: usize,
     /// Time in-flight requests get to finish on shutdown.
     pub shutdown_grace_ms: u64,
 }
@@ -133,6 +140,7 @@ impl Default for LimitsConfig {
             connect_timeout_ms: 2_000,
             upstream_idle_timeout_ms: 300_000,
             max_prompt_tokens: 262_144,
+            max_prompt_chars: 1 << 20,
             shutdown_grace_ms: 10_000,
         }
     }
@@ -234,6 +242,12 @@ pub struct RuleDoc {
     /// Retries after connect failures.
     #[serde(default)]
     pub max_retries: Option<u32>,
+    /// Bounded-load slack ε of the `load_aware` scorer (default 0.25): no
+    /// endpoint takes a request that would put it above `⌈(1+ε)·mean⌉`
+    /// capacity-weighted load unless every eligible one would be. 0 balances
+    /// strictly; larger values favour cache affinity over balance.
+    #[serde(default)]
+    pub load_slack: Option<f64>,
     /// Endpoints.
     pub endpoints: Vec<EndpointDoc>,
 }
@@ -424,8 +438,14 @@ impl ServeConfig {
             }
         }
         let limits = file.limits;
-        if limits.max_body_bytes == 0 {
-            return Err(invalid("limits.max_body_bytes", "must be at least 1"));
+        for (name, v) in [
+            ("limits.max_body_bytes", limits.max_body_bytes),
+            ("limits.max_prompt_tokens", limits.max_prompt_tokens),
+            ("limits.max_prompt_chars", limits.max_prompt_chars),
+        ] {
+            if v == 0 {
+                return Err(invalid(name, "must be at least 1"));
+            }
         }
         for (name, v) in [
             (
@@ -582,7 +602,7 @@ impl RuleSpec {
         let scorer = match doc.scorer.as_str() {
             "overlap_count" => Scorer::OverlapCount,
             "longest_prefix" => Scorer::LongestPrefix,
-            "load_aware" => Scorer::LoadAware(LoadAwareConfig::default()),
+            "load_aware" => Scorer::LoadAware(load_aware_config(doc.load_slack, &f("load_slack"))?),
             other => {
                 return Err(invalid(
                     f("scorer"),
@@ -590,6 +610,15 @@ impl RuleSpec {
                 ))
             }
         };
+        if doc.load_slack.is_some() && !matches!(scorer, Scorer::LoadAware(_)) {
+            return Err(invalid(
+                f("load_slack"),
+                format!(
+                    "only applies to scorer = \"load_aware\" (this rule uses {:?})",
+                    doc.scorer
+                ),
+            ));
+        }
         let selector = match doc.selector.as_str() {
             "round_robin" => SelectorKind::RoundRobin,
             "least_load" => SelectorKind::LeastLoad,
@@ -679,6 +708,24 @@ impl RuleSpec {
             endpoints,
         })
     }
+}
+
+/// Largest accepted `load_slack`: beyond it the bound never binds in practice.
+const MAX_LOAD_SLACK: f64 = 100.0;
+
+/// The load-aware scorer's parameters with the rule's slack, if given.
+fn load_aware_config(slack: Option<f64>, field: &str) -> Result<LoadAwareConfig, ConfigError> {
+    let mut cfg = LoadAwareConfig::default();
+    if let Some(eps) = slack {
+        if !eps.is_finite() || !(0.0..=MAX_LOAD_SLACK).contains(&eps) {
+            return Err(invalid(
+                field,
+                format!("{eps} is out of range; expected a number from 0 to {MAX_LOAD_SLACK}"),
+            ));
+        }
+        cfg.epsilon = eps;
+    }
+    Ok(cfg)
 }
 
 impl EndpointSpec {
@@ -864,5 +911,71 @@ mod tests {
         }
         let two_defaults = "name = \"a\"\ndefault = true\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://a:1\"\n[[rules]]\nname = \"b\"\ndefault = true\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://b:1\"\n";
         assert!(rule_error(two_defaults).contains("already the default rule"));
+    }
+
+    #[test]
+    fn load_slack_sets_the_load_aware_epsilon_and_is_validated() {
+        let rule = |extra: &str| {
+            format!(
+                "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{extra}\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1\"\n"
+            )
+        };
+        let scorer =
+            |text: &str| ServeConfig::from_toml(text, Path::new(".")).map(|c| c.rules[0].scorer);
+        assert_eq!(
+            scorer(&rule("scorer = \"load_aware\"\nload_slack = 0.5")).unwrap(),
+            Scorer::LoadAware(LoadAwareConfig {
+                epsilon: 0.5,
+                ..LoadAwareConfig::default()
+            })
+        );
+        assert_eq!(
+            scorer(&rule("scorer = \"load_aware\"")).unwrap(),
+            Scorer::LoadAware(LoadAwareConfig::default())
+        );
+        assert_eq!(
+            scorer(&rule("scorer = \"load_aware\"\nload_slack = 0")).unwrap(),
+            Scorer::LoadAware(LoadAwareConfig {
+                epsilon: 0.0,
+                ..LoadAwareConfig::default()
+            })
+        );
+        for (extra, want) in [
+            ("scorer = \"load_aware\"\nload_slack = -0.1", "out of range"),
+            ("scorer = \"load_aware\"\nload_slack = nan", "out of range"),
+            ("scorer = \"load_aware\"\nload_slack = inf", "out of range"),
+            (
+                "scorer = \"load_aware\"\nload_slack = 1000.0",
+                "out of range",
+            ),
+            (
+                "load_slack = 0.5",
+                "only applies to scorer = \"load_aware\"",
+            ),
+        ] {
+            let err = scorer(&rule(extra)).unwrap_err().to_string();
+            assert!(err.starts_with("rules[0].load_slack: "), "{extra}: {err}");
+            assert!(err.contains(want), "{extra}: {err}");
+        }
+        // The admin API's JSON documents take the same field.
+        let err = rule_from_json(
+            br#"{"name": "r", "models": ["m"], "choice": "round_robin", "scorer": "load_aware",
+                 "load_slack": -1, "endpoints": [{"url": "http://127.0.0.1:1"}]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("rule.load_slack: "), "{err}");
+    }
+
+    #[test]
+    fn zero_limits_are_refused_by_name() {
+        for field in ["max_body_bytes", "max_prompt_tokens", "max_prompt_chars"] {
+            let text = format!("listen = \"127.0.0.1:0\"\n[limits]\n{field} = 0\n");
+            let err = ServeConfig::from_toml(&text, Path::new("."))
+                .map(|_| String::new())
+                .unwrap_or_else(|e| e.to_string());
+            assert_eq!(err, format!("limits.{field}: must be at least 1"));
+        }
+        assert_eq!(LimitsConfig::default().max_prompt_chars, 1 << 20);
     }
 }

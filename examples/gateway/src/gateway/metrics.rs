@@ -72,6 +72,9 @@ impl Histogram {
 pub enum Outcome {
     /// Forwarded and answered by an upstream (any status).
     Proxied,
+    /// A non-completion request (`/v1/models`, `/v1/embeddings`, ...) forwarded
+    /// without a KV decision, so it is not a KV miss.
+    Passthrough,
     /// Body over the size limit.
     TooLarge,
     /// Body not received in time.
@@ -90,6 +93,7 @@ impl Outcome {
     fn label(self) -> &'static str {
         match self {
             Outcome::Proxied => "proxied",
+            Outcome::Passthrough => "passthrough",
             Outcome::TooLarge => "body_too_large",
             Outcome::BodyTimeout => "body_timeout",
             Outcome::NoRule => "no_rule",
@@ -144,6 +148,16 @@ impl GatewayMetrics {
             .lock()
             .entry((rule.to_owned(), tier_label(source)))
             .or_default() += 1;
+    }
+
+    /// Requests of `rule` (`""` when none) with `outcome` so far.
+    #[must_use]
+    pub fn outcome_count(&self, rule: &str, outcome: Outcome) -> u64 {
+        self.outcomes
+            .lock()
+            .get(&(rule.to_owned(), outcome))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Decisions of `rule` made by `tier` so far.

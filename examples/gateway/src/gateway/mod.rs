@@ -8,6 +8,7 @@
 //! | [`inventory`] | KV-event sinks and the per-rule inventory view |
 //! | [`proxy`] | `/v1/*`: body → tokens → decision → upstream |
 //! | [`upstream`] | client, header hygiene, streaming tee with receipts |
+//! | [`passthrough`] | non-completion `/v1/*` requests, no KV decision |
 //! | [`pd`] | vLLM disaggregated two-step bodies |
 //! | [`health`] | active probes feeding the breakers |
 //! | [`admin`] | REST admin API + `/metrics` |
@@ -24,6 +25,7 @@ pub mod config;
 pub mod health;
 pub mod inventory;
 pub mod metrics;
+pub mod passthrough;
 pub mod pd;
 pub mod proxy;
 pub mod state;
@@ -198,10 +200,25 @@ async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+/// The `RUST_LOG` filter (default `info`). The tokenizer library logs prompt
+/// text character by character at trace level — user data in the log and a
+/// large slowdown — so it stays at `warn` unless `RUST_LOG` names it.
+fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
+    let spec = rust_log.filter(|s| !s.trim().is_empty()).unwrap_or("info");
+    let filter = tracing_subscriber::EnvFilter::try_new(spec)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if spec.contains("tokenizers") {
+        return filter;
+    }
+    match "tokenizers=warn".parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    }
+}
+
 /// Runs `kvroute serve` until SIGINT / SIGTERM.
 pub fn run(args: &ServeArgs) -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -238,4 +255,20 @@ pub fn run(args: &ServeArgs) -> ExitCode {
         running.shutdown().await;
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn tokenizer_trace_stays_off_unless_asked_for() {
+        for spec in [None, Some(""), Some("trace"), Some("debug,kvroute=trace")] {
+            let f = log_filter(spec).to_string();
+            assert!(f.contains("tokenizers=warn"), "{spec:?}: {f}");
+        }
+        let f = log_filter(Some("info,tokenizers=trace")).to_string();
+        assert!(!f.contains("tokenizers=warn"), "{f}");
+        assert!(f.contains("tokenizers=trace"), "{f}");
+    }
 }

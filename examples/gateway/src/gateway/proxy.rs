@@ -14,13 +14,16 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use kvroute_core::TokenId;
-use kvroute_engines::prompt::{self, pyvalue, request, Endpoint as ApiEndpoint, PromptMiss};
+use kvroute_engines::prompt::{
+    self, pyvalue, request, Endpoint as ApiEndpoint, PromptLimits, PromptMiss,
+};
 use kvroute_select::{
     route, Availability, ConnectFailure, Decision, Endpoint, Health, Leg, Load, MissBeforeKeys,
     PromptInput, Proxy, Request as SelectRequest, RouteError, Target,
 };
 
 use super::metrics::Outcome;
+use super::passthrough::{self, Forward};
 use super::pd;
 use super::state::{Gateway, RuleRuntime};
 use super::upstream::{read_small, TeeBody, UpstreamError};
@@ -48,13 +51,30 @@ fn miss_of(m: &PromptMiss) -> MissBeforeKeys {
         PromptMiss::NotJson(_) => MissBeforeKeys::NotJson,
         PromptMiss::NoModel => MissBeforeKeys::NoModel,
         PromptMiss::UnknownModel(_) | PromptMiss::ModelLoad { .. } => MissBeforeKeys::NoTokenizer,
+        PromptMiss::PromptTooLong { .. } => MissBeforeKeys::PromptTooLong,
         _ => MissBeforeKeys::TokenizeError,
     }
 }
 
+/// The `model` of a pass-through body, if it is JSON naming one (parsed on the
+/// blocking pool: bodies can be megabytes).
+async fn model_only(body: &Bytes) -> Option<String> {
+    if body.is_empty() {
+        return None;
+    }
+    let body = body.clone();
+    tokio::task::spawn_blocking(move || {
+        let value = pyvalue::parse_json(&body).ok()?;
+        request::model_of(&value).map(str::to_owned)
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
 /// Parses and tokenizes (on the blocking pool: tokenizing a long prompt is
-/// CPU work). Never fails: every problem is a typed miss.
-async fn tokenize(gw: &Arc<Gateway>, api: Option<ApiEndpoint>, body: &Bytes) -> Prompt {
+/// CPU work; [`PromptLimits`] bound it). Never fails: every problem is a typed miss.
+async fn tokenize(gw: &Arc<Gateway>, api: ApiEndpoint, body: &Bytes) -> Prompt {
     let gw2 = Arc::clone(gw);
     let body2 = body.clone();
     let job = tokio::task::spawn_blocking(move || {
@@ -76,17 +96,13 @@ async fn tokenize(gw: &Arc<Gateway>, api: Option<ApiEndpoint>, body: &Bytes) -> 
                 text: None,
             };
         };
-        let Some(api) = api else {
-            return Prompt {
-                model,
-                tokens: Err(MissBeforeKeys::EmptyPrompt),
-                text: None,
-            };
+        let limits = PromptLimits {
+            max_chars: gw2.limits.max_prompt_chars,
         };
         let tokens = gw2
             .tokenizers
             .get(m)
-            .and_then(|tok| prompt::prompt_tokens(&tok, api, &value));
+            .and_then(|tok| prompt::prompt_tokens_limited(&tok, api, &value, limits));
         match tokens {
             Ok(p) => {
                 let first = p.engine_prompts.into_iter().next();
@@ -98,7 +114,7 @@ async fn tokenize(gw: &Arc<Gateway>, api: Option<ApiEndpoint>, body: &Bytes) -> 
                         tokens = ids.len(),
                         "prompt over max_prompt_tokens: not routed by KV"
                     );
-                    Err(MissBeforeKeys::TokenizeError)
+                    Err(MissBeforeKeys::PromptTooLong)
                 } else {
                     Ok(ids)
                 };
@@ -201,6 +217,25 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
     } else {
         None
     };
+    let Some(api) = api else {
+        // Not a completion: no prompt to route on, so no KV decision either.
+        let model = model_only(&body).await;
+        let Some(rt) = gw.rule_for_model(model.as_deref()) else {
+            gw.metrics.outcome("", Outcome::NoRule);
+            return error(
+                StatusCode::NOT_FOUND,
+                "no_route",
+                no_rule_message(model.as_ref()),
+            );
+        };
+        let req = Forward {
+            method: parts.method.clone(),
+            path_and_query: &path_and_query,
+            headers: &parts.headers,
+            body,
+        };
+        return passthrough::forward(&gw, &rt, req).await;
+    };
     let prompt = if body.is_empty() {
         Prompt {
             model: None,
@@ -212,11 +247,11 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
     };
     let Some(rt) = gw.rule_for_model(prompt.model.as_deref()) else {
         gw.metrics.outcome("", Outcome::NoRule);
-        let msg = match &prompt.model {
-            Some(m) => format!("no rule serves model {m:?} and there is no default rule"),
-            None => "the request names no model and there is no default rule".to_owned(),
-        };
-        return error(StatusCode::NOT_FOUND, "no_route", msg);
+        return error(
+            StatusCode::NOT_FOUND,
+            "no_route",
+            no_rule_message(prompt.model.as_ref()),
+        );
     };
     let session = parts
         .headers
@@ -265,6 +300,13 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
             tracing::warn!(rule = %name, error = %e, "upstream failed");
             error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string())
         }
+    }
+}
+
+fn no_rule_message(model: Option<&String>) -> String {
+    match model {
+        Some(m) => format!("no rule serves model {m:?} and there is no default rule"),
+        None => "the request names no model and there is no default rule".to_owned(),
     }
 }
 

@@ -191,6 +191,9 @@ pub struct Gateway {
     pub client: UpstreamClient,
     /// Gateway counters.
     pub metrics: GatewayMetrics,
+    /// Rotates the starting endpoint of pass-through requests among equally
+    /// loaded ones.
+    pub passthrough_turn: AtomicU32,
     epoch: Instant,
 }
 
@@ -220,6 +223,7 @@ impl Gateway {
             rules: RwLock::new(BTreeMap::new()),
             client: UpstreamClient::new(config.limits.connect_timeout()),
             metrics: GatewayMetrics::default(),
+            passthrough_turn: AtomicU32::new(0),
             epoch: Instant::now(),
         });
         for spec in &config.rules {

@@ -46,11 +46,16 @@ impl Proc {
         } else {
             Stdio::null()
         };
+        Self::spawn_with(args, "info", stderr)
+    }
+
+    /// Spawns with `RUST_LOG=rust_log` and stderr (the tracing output) sent to `stderr`.
+    fn spawn_with(args: &[String], rust_log: &str, stderr: Stdio) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
             .args(args)
             .stdout(Stdio::piped())
             .stderr(stderr)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .spawn()
             .expect("spawn kvroute");
         let out = child.stdout.take().unwrap();
@@ -178,6 +183,16 @@ impl Gateway {
     /// Starts `kvroute serve` with `toml` (listeners are forced to ephemeral
     /// loopback ports by the caller's text).
     pub fn start(toml: &str) -> Self {
+        Self::start_inner(toml, None)
+    }
+
+    /// Like [`Gateway::start`] with `RUST_LOG=rust_log` and the tracing output
+    /// (stderr) written to `log`.
+    pub fn start_logged(toml: &str, rust_log: &str, log: std::fs::File) -> Self {
+        Self::start_inner(toml, Some((rust_log, log)))
+    }
+
+    fn start_inner(toml: &str, logged: Option<(&str, std::fs::File)>) -> Self {
         let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
         file.write_all(toml.as_bytes()).unwrap();
         file.flush().unwrap();
@@ -186,7 +201,10 @@ impl Gateway {
             "--config".to_owned(),
             file.path().to_str().unwrap().to_owned(),
         ];
-        let proc = Proc::spawn(&args);
+        let proc = match logged {
+            Some((level, log)) => Proc::spawn_with(&args, level, Stdio::from(log)),
+            None => Proc::spawn(&args),
+        };
         let line = proc.line("kvroute serve: proxy=");
         let addr = |key: &str| -> SocketAddr {
             line.split(key)
@@ -326,4 +344,67 @@ pub fn cached_tokens(v: &Value) -> u64 {
     v["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap_or(0)
+}
+
+/// An upstream that echoes what reached it (path, Host, body length, the
+/// `authorization` header); `/v1/die` starts a stream and then drops the
+/// connection.
+pub async fn echo_upstream() -> SocketAddr {
+    use axum::body::{Body, Bytes};
+    use axum::http::Request;
+    use axum::response::{IntoResponse, Response};
+
+    async fn handle(req: Request<Body>) -> Response {
+        let (parts, body) = req.into_parts();
+        if parts.uri.path() == "/v1/die" {
+            let chunks = futures_util::stream::unfold(0u8, |step| async move {
+                match step {
+                    0 => Some((
+                        Ok::<Bytes, std::io::Error>(Bytes::from_static(
+                            b"data: {\"partial\": true}\n\n",
+                        )),
+                        1,
+                    )),
+                    1 => {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Some((Err(std::io::Error::other("engine died")), 2))
+                    }
+                    _ => None,
+                }
+            });
+            return Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(chunks))
+                .unwrap();
+        }
+        let header = |name: &str| {
+            parts
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let body = axum::body::to_bytes(body, 64 << 20)
+            .await
+            .unwrap_or_default();
+        axum::Json(serde_json::json!({
+            "path": parts.uri.path(),
+            "host": header("host"),
+            "authorization": header("authorization"),
+            "len": body.len(),
+            "usage": {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}},
+        }))
+        .into_response()
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().fallback(handle);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// A port nothing listens on.
+pub fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
 }

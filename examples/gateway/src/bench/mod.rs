@@ -1,0 +1,357 @@
+//! `kvroute bench gateway`: the gateway's own cost, measured on loopback.
+//!
+//! Starts `--engines` mock engines (real prefix caches, the real tokenizer,
+//! KV events over ZeroMQ) and the gateway in this process, then sends the same
+//! bounded list of completions twice with `--concurrency` closed-loop clients:
+//! once straight to the engines (round robin) and once through the gateway
+//! (KV-exact routing: parse, tokenize, hash, score, proxy). The engines' service
+//! time is fixed (`--service-us` per request, no per-token cost), so the
+//! difference between the two runs is what the gateway adds.
+//!
+//! ```text
+//! kvroute bench gateway --engines 4 --concurrency 64 --requests 20000
+//! ```
+
+mod load;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::gateway::metrics::Outcome;
+use crate::gateway::{self, ServeConfig};
+use crate::mock_engine;
+use load::{Job, RunStats};
+
+/// Model slug the engines serve and the gateway routes.
+const MODEL: &str = "qwen3";
+/// The mock engines' default contract (vLLM 0.33, sha256_cbor, 16-token blocks).
+const CONTRACT: &str = "vllm@0.33.0:sha256_cbor:block=16:seed=0";
+/// Rule name in the generated gateway configuration.
+const RULE: &str = "bench";
+/// Tenants whose prompts share a prefix (so KV-exact routing has hits).
+const TENANTS: usize = 8;
+
+/// `kvroute bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Load-test the gateway against mock engines on loopback: the same requests
+    /// direct and through the gateway; prints requests/s, errors, p50/p99 of
+    /// both and what the gateway adds.
+    Gateway(GatewayBenchArgs),
+}
+
+/// `kvroute bench gateway`.
+#[derive(Args, Debug, Clone)]
+pub struct GatewayBenchArgs {
+    /// Mock engines to start.
+    #[arg(long, default_value_t = 2)]
+    pub engines: usize,
+    /// Concurrent clients (closed loop: each sends its next request when the
+    /// previous answer is read).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Requests per run (each run sends exactly this many).
+    #[arg(long, default_value_t = 2_000)]
+    pub requests: usize,
+    /// Words per prompt (about 1.5 tokens each); half is a per-tenant prefix.
+    #[arg(long, default_value_t = 96)]
+    pub prompt_words: usize,
+    /// Fixed engine service time per prefill step, µs (no per-token cost).
+    #[arg(long, default_value_t = 200)]
+    pub service_us: u32,
+    /// Model directory (tokenizer); defaults to the repo's golden/tokenizers/qwen3.
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The whole report.
+#[derive(Debug, Serialize)]
+pub struct GatewayBenchReport {
+    /// Engines started.
+    pub engines: usize,
+    /// Concurrent clients.
+    pub concurrency: usize,
+    /// Engine service time per prefill step, µs.
+    pub service_us: u32,
+    /// Straight to the engines.
+    pub direct: RunStats,
+    /// Through the gateway.
+    pub gateway: RunStats,
+    /// gateway p50 − direct p50, ms.
+    pub added_p50_ms: f64,
+    /// gateway p99 − direct p99, ms.
+    pub added_p99_ms: f64,
+    /// Requests the gateway counted as proxied.
+    pub gateway_proxied: u64,
+    /// Gateway decisions by ladder tier.
+    pub decisions: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Runs `kvroute bench ...`.
+pub fn run(args: &BenchArgs) -> ExitCode {
+    let BenchCommand::Gateway(g) = &args.command;
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kvroute bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bench_gateway(g)) {
+        Ok(report) => {
+            if g.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("kvroute bench: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                print!("{}", render(&report));
+            }
+            if report.direct.errors + report.gateway.errors > 0 {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("kvroute bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Vocabulary of the generated prompts.
+const WORDS: [&str; 16] = [
+    "cache", "prefix", "block", "token", "engine", "router", "policy", "tenant", "request",
+    "answer", "budget", "window", "shard", "replica", "latency", "batch",
+];
+
+/// `n` words picked deterministically from `seed`.
+fn words(seed: u64, n: usize) -> String {
+    let mut out = String::new();
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for _ in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let w = WORDS.get((x % WORDS.len() as u64) as usize).unwrap_or(&"x");
+        out.push(' ');
+        out.push_str(w);
+    }
+    out
+}
+
+/// Request `i`'s body: a per-tenant prefix, then words unique to `i`.
+fn body(i: usize, prompt_words: usize) -> Vec<u8> {
+    let tenant = (i % TENANTS) as u64;
+    let half = prompt_words / 2;
+    let prompt = format!(
+        "Tenant {tenant} instructions:{} Question {i}:{}",
+        words(tenant + 1, half),
+        words(i as u64 + 1_000, prompt_words - half)
+    );
+    json!({"model": MODEL, "prompt": prompt, "max_tokens": 1})
+        .to_string()
+        .into_bytes()
+}
+
+async fn start_engines(
+    args: &GatewayBenchArgs,
+    model_dir: &Path,
+) -> anyhow::Result<Vec<mock_engine::Running>> {
+    #[derive(clap::Parser)]
+    struct EngineCli {
+        #[command(flatten)]
+        args: mock_engine::Args,
+    }
+    let dir = model_dir.display().to_string();
+    let step = args.service_us.to_string();
+    let running = args.concurrency.max(1).to_string();
+    let mut out = Vec::new();
+    for _ in 0..args.engines.max(1) {
+        let cli = <EngineCli as clap::Parser>::try_parse_from([
+            "mock-engine",
+            "--port",
+            "0",
+            "--zmq-port",
+            "0",
+            "--model-dir",
+            &dir,
+            "--model",
+            MODEL,
+            "--max-running",
+            &running,
+            "--prefill-us-per-token",
+            "0",
+            "--prefill-step-us",
+            &step,
+            "--decode-us-per-token",
+            "0",
+        ])?;
+        out.push(mock_engine::start(&cli.args).await?);
+    }
+    Ok(out)
+}
+
+fn gateway_toml(model_dir: &Path, engines: &[mock_engine::Running]) -> String {
+    let mut s = format!(
+        "listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[health]\ninterval_ms = 0\n\n\
+         [[models]]\nslug = \"{MODEL}\"\ndir = {:?}\n\n\
+         [[rules]]\nname = \"{RULE}\"\nmodels = [\"{MODEL}\"]\ndefault = true\nchoice = \"kv_exact\"\n\
+         contract = \"{CONTRACT}\"\nscorer = \"load_aware\"\nselector = \"least_load\"\n\n",
+        model_dir.display().to_string()
+    );
+    for e in engines {
+        s.push_str(&format!(
+            "[[rules.endpoints]]\nurl = \"http://{}\"\nengine = \"vllm\"\n",
+            e.http
+        ));
+        if let Some(zmq) = e.zmq_port {
+            s.push_str(&format!("zmq = \"tcp://*:{zmq}\"\n"));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Waits (bounded) for the tokenizer and every KV-event subscriber.
+async fn wait_ready(gw: &Arc<gateway::Gateway>) -> anyhow::Result<()> {
+    let g = Arc::clone(gw);
+    tokio::task::spawn_blocking(move || g.tokenizers.get(MODEL).map(|_| ()))
+        .await?
+        .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
+    for _ in 0..400 {
+        let connected = gw.rules_snapshot().iter().all(|rt| {
+            rt.endpoints
+                .iter()
+                .flat_map(|e| &e.subscribers)
+                .all(|s| s.snapshot().connected)
+        });
+        if connected {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    anyhow::bail!("the gateway's KV-event subscribers did not connect within 10 s")
+}
+
+/// Runs both passes and collects the report.
+pub async fn bench_gateway(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
+    let model_dir = args.model_dir.clone().unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../golden/tokenizers/qwen3")
+    });
+    let model_dir = model_dir
+        .canonicalize()
+        .with_context(|| format!("model directory {}", model_dir.display()))?;
+    let engines = start_engines(args, &model_dir).await?;
+    let config = ServeConfig::from_toml(&gateway_toml(&model_dir, &engines), &model_dir)
+        .context("bench gateway config")?;
+    let gw = gateway::start(&config).await?;
+    wait_ready(&gw.gateway).await?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(args.concurrency.max(1))
+        .build()?;
+    let n = args.requests;
+    let direct_jobs: Vec<Job> = (0..n)
+        .map(|i| Job {
+            url: format!(
+                "http://{}/v1/completions",
+                engines.get(i % engines.len()).map_or(gw.proxy, |e| e.http)
+            ),
+            body: body(i, args.prompt_words),
+        })
+        .collect();
+    let gateway_jobs: Vec<Job> = (0..n)
+        .map(|i| Job {
+            url: format!("http://{}/v1/completions", gw.proxy),
+            body: body(i, args.prompt_words),
+        })
+        .collect();
+    eprintln!("kvroute bench: direct, {n} requests ...");
+    let direct = load::run(&client, Arc::new(direct_jobs), args.concurrency).await;
+    eprintln!("kvroute bench: through the gateway, {n} requests ...");
+    let through = load::run(&client, Arc::new(gateway_jobs), args.concurrency).await;
+    let gateway_proxied = gw.gateway.metrics.outcome_count(RULE, Outcome::Proxied);
+    let decisions = ["kv_exact", "fallback", "exhausted"]
+        .iter()
+        .map(|t| {
+            let count = gw.gateway.metrics.tier_count(RULE, t);
+            ((*t).to_owned(), json!(count))
+        })
+        .collect();
+    gw.shutdown().await;
+    for e in engines {
+        e.server.abort();
+    }
+    Ok(GatewayBenchReport {
+        engines: args.engines.max(1),
+        concurrency: args.concurrency.max(1),
+        service_us: args.service_us,
+        added_p50_ms: through.p50_ms - direct.p50_ms,
+        added_p99_ms: through.p99_ms - direct.p99_ms,
+        direct,
+        gateway: through,
+        gateway_proxied,
+        decisions,
+    })
+}
+
+fn render(r: &GatewayBenchReport) -> String {
+    let mut s = format!(
+        "kvroute bench gateway: {} engines (service {} µs/request), {} concurrent clients\n\n",
+        r.engines, r.service_us, r.concurrency
+    );
+    s.push_str(&format!(
+        "{:<8} {:>9} {:>7} {:>10} {:>9} {:>9}\n",
+        "path", "requests", "errors", "req/s", "p50 ms", "p99 ms"
+    ));
+    for (name, run) in [("direct", &r.direct), ("gateway", &r.gateway)] {
+        s.push_str(&format!(
+            "{name:<8} {:>9} {:>7} {:>10.0} {:>9.3} {:>9.3}\n",
+            run.requests, run.errors, run.requests_per_second, run.p50_ms, run.p99_ms
+        ));
+    }
+    s.push_str(&format!(
+        "\ngateway adds: p50 {:+.3} ms, p99 {:+.3} ms\n",
+        r.added_p50_ms, r.added_p99_ms
+    ));
+    let tiers: Vec<String> = r
+        .decisions
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    s.push_str(&format!(
+        "gateway decisions: {} (proxied {})\n",
+        tiers.join(", "),
+        r.gateway_proxied
+    ));
+    for (name, run) in [("direct", &r.direct), ("gateway", &r.gateway)] {
+        if let Some(e) = &run.first_error {
+            s.push_str(&format!("first {name} error: {e}\n"));
+        }
+    }
+    s
+}

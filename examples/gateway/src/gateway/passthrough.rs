@@ -1,0 +1,126 @@
+//! Requests that are not completions (`GET /v1/models`, `/v1/embeddings`, ...):
+//! forwarded to one available endpoint of the rule without a KV decision, so
+//! they never count as KV misses (they are counted as the `passthrough` outcome).
+//!
+//! The endpoint is the least loaded available one (ties rotate); a connect
+//! failure marks the endpoint's breaker and tries the next one, up to the rule's
+//! retry budget.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use kvroute_core::EndpointId;
+
+use super::metrics::Outcome;
+use super::proxy::error;
+use super::state::{Gateway, RuleRuntime};
+use super::upstream::{copy_headers, OnEnd, TeeBody};
+
+/// What to forward.
+pub struct Forward<'a> {
+    /// Client method.
+    pub method: Method,
+    /// Path and query only (never the client's authority).
+    pub path_and_query: &'a str,
+    /// Client headers (hop-by-hop ones are dropped by the client).
+    pub headers: &'a HeaderMap,
+    /// The body read once.
+    pub body: Bytes,
+}
+
+/// Available endpoints, least in-flight first; ties start at a rotating offset.
+fn candidates(gw: &Gateway, rt: &RuleRuntime) -> Vec<usize> {
+    let now = gw.now();
+    let n = rt.endpoints.len();
+    let turn = gw.passthrough_turn.fetch_add(1, Ordering::Relaxed) as usize;
+    let mut order: Vec<usize> = (0..n)
+        .map(|k| (turn.wrapping_add(k)) % n.max(1))
+        .filter(|&i| rt.is_available(i, now))
+        .collect();
+    order.sort_by_key(|&i| rt.endpoints.get(i).map_or(u32::MAX, |e| e.in_flight()));
+    order
+}
+
+/// Forwards `req` through `rt` and streams the answer back.
+pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>) -> Response {
+    let name = rt.spec.doc.name.as_str();
+    let attempts = usize::try_from(rt.rule.config().thresholds.max_retries)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1);
+    let mut failures = Vec::new();
+    for i in candidates(gw, rt).into_iter().take(attempts) {
+        let Some(ep) = rt.endpoints.get(i) else {
+            continue;
+        };
+        let id = EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
+        let guard = rt.start_request(id);
+        let sent = gw
+            .client
+            .send(
+                &ep.spec.base,
+                req.method.clone(),
+                req.path_and_query,
+                req.headers,
+                req.body.clone(),
+            )
+            .await;
+        match sent {
+            Ok(resp) => {
+                ep.success();
+                gw.metrics.outcome(name, Outcome::Passthrough);
+                let (parts, incoming) = resp.into_parts();
+                let gw2 = Arc::clone(gw);
+                let on_end: OnEnd = Box::new(move |_, clean| {
+                    if !clean {
+                        gw2.metrics.aborted_streams.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                let tee = TeeBody::new(
+                    incoming,
+                    &parts.headers,
+                    gw.limits.upstream_idle_timeout(),
+                    on_end,
+                    vec![Box::new(guard)],
+                );
+                let mut builder = Response::builder().status(parts.status);
+                if let Some(h) = builder.headers_mut() {
+                    copy_headers(&parts.headers, h, false);
+                }
+                return builder.body(Body::new(tee)).unwrap_or_else(|_| {
+                    error(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_error",
+                        "bad upstream response",
+                    )
+                });
+            }
+            Err(e) if e.is_connect() => {
+                ep.failure(gw.now());
+                tracing::warn!(rule = %name, endpoint = %ep.spec.url, error = %e,
+                    "pass-through connect failed; trying the next endpoint");
+                failures.push(format!("{}: connect failed ({e})", ep.spec.url));
+            }
+            Err(e) => {
+                gw.metrics.outcome(name, Outcome::UpstreamError);
+                tracing::warn!(rule = %name, endpoint = %ep.spec.url, error = %e,
+                    "pass-through upstream failed");
+                return error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string());
+            }
+        }
+    }
+    gw.metrics.outcome(name, Outcome::NoEndpoint);
+    let why = if failures.is_empty() {
+        "every endpoint is admin down or behind an open circuit breaker".to_owned()
+    } else {
+        failures.join("; ")
+    };
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_endpoint",
+        format!("rule {name:?}: no endpoint available for a pass-through request [{why}]"),
+    )
+}
