@@ -144,6 +144,10 @@ pub struct DecodeStats {
     pub capacity_events: u64,
     /// TensorRT-LLM `updated` events without a cache-level change (priority only).
     pub priority_only_updates: u64,
+    /// TensorRT-LLM blocks that left the GPU tier but could not be remembered
+    /// because the decoder's off-GPU tier map was full: a later `removed` of such a
+    /// block is applied to the GPU tier (the copy in the other tier goes stale).
+    pub untracked_offloaded_blocks: u64,
 }
 
 impl DecodeStats {
@@ -160,6 +164,7 @@ impl DecodeStats {
         self.smaller_window_events += other.smaller_window_events;
         self.capacity_events += other.capacity_events;
         self.priority_only_updates += other.priority_only_updates;
+        self.untracked_offloaded_blocks += other.untracked_offloaded_blocks;
     }
 }
 
@@ -231,7 +236,9 @@ pub mod fuzzing {
     }
 
     /// Decodes `data` as a TensorRT-LLM drain twice (the second run sees the window
-    /// state of the first).
+    /// and tier state of the first). Every `Removed` must name the tier a reference
+    /// model of the emitted events puts the block in, and a decoder with a tiny
+    /// tier-map bound must keep to it.
     pub fn trtllm_events(data: &[u8]) {
         let mut stats = DecodeStats::default();
         let mut dec = trtllm::TrtllmDecoder::new(32);
@@ -239,8 +246,33 @@ pub mod fuzzing {
         let second = dec.decode_drain(data, &mut stats);
         assert_eq!(stats.batches + stats.malformed_payloads, 2);
         assert_eq!(first.is_ok(), second.is_ok());
-        if let (Ok(a), Ok(b)) = (first, second) {
+        if let (Ok(a), Ok(b)) = (&first, &second) {
             assert_eq!(a.len(), b.len());
+        }
+        let mut tiers = std::collections::HashMap::new();
+        for batch in first.iter().chain(second.iter()).flatten() {
+            for event in &batch.events {
+                match event {
+                    KvEvent::Stored(s) => s.keys.iter().for_each(|k| {
+                        tiers.insert(k.0, s.medium);
+                    }),
+                    KvEvent::Moved(m) => {
+                        tiers.insert(m.key.0, m.to);
+                    }
+                    KvEvent::Removed(r) => {
+                        for k in &r.keys {
+                            let want = tiers.remove(&k.0).unwrap_or(kvroute_core::Medium::Gpu);
+                            assert_eq!(r.medium, want, "removed block {}", k.0);
+                        }
+                    }
+                    KvEvent::AllCleared => {}
+                }
+            }
+        }
+        let mut small = trtllm::TrtllmDecoder::new(32).with_off_gpu_limit(2);
+        for _ in 0..2 {
+            let _ = small.decode_drain(data, &mut stats);
+            assert!(small.tracked_off_gpu_blocks() <= 2);
         }
     }
 }

@@ -20,8 +20,17 @@
 //!   level and salt; `block_size` is the configured `tokens_per_block`, and a block
 //!   with fewer tokens sets `partial_last_block` (and ends its run). Hashes are `u64`
 //!   (C++ `size_t`), including values above 2^63.
-//! * `removed` → [`KvEvent::Removed`] with medium GPU: TensorRT-LLM does not say
-//!   which tier the block left.
+//! * `removed` → [`KvEvent::Removed`] in the tier the block is in. The event names
+//!   no tier because a TensorRT-LLM block lives in exactly one cache level at a
+//!   time (it is stored at a level, offloading *moves* it: `updated` with an
+//!   `old_value → new_value` diff) and `removed` means it left the reuse tree
+//!   wherever it was (fixtures 06/07 and their `resident_full_block_hashes_after`,
+//!   which list residents of every level together). The decoder therefore remembers
+//!   the tier of every block it saw leave (or be stored outside) the GPU level, in
+//!   a bounded map; any other block is on the GPU. A block that left the GPU while
+//!   the map was full is counted in [`DecodeStats::untracked_offloaded_blocks`] and
+//!   its removal goes to the GPU tier (its other copy goes stale: a lost
+//!   optimisation, never a wrong answer).
 //! * `updated` with a `cache_level` diff → [`KvEvent::Moved`] (level 0 = GPU,
 //!   1 = host).
 //! * `window_size`: only the largest window seen so far is kept (variable sliding
@@ -54,7 +63,13 @@ pub struct TrtllmDecoder {
     tokens_per_block: u32,
     largest_window: Option<u64>,
     capacity: Option<Vec<u64>>,
+    /// Tier of every block known to sit outside the GPU level; absent = GPU.
+    off_gpu: hashbrown::HashMap<u64, Medium>,
+    off_gpu_limit: usize,
 }
+
+/// Default bound of the off-GPU tier map (≈ 16 MiB at most).
+pub const DEFAULT_OFF_GPU_BLOCKS: usize = 1 << 20;
 
 const EVENT_KEYS: &[&str] = &[
     "event_id",
@@ -85,6 +100,39 @@ impl TrtllmDecoder {
             tokens_per_block,
             largest_window: None,
             capacity: None,
+            off_gpu: hashbrown::HashMap::new(),
+            off_gpu_limit: DEFAULT_OFF_GPU_BLOCKS,
+        }
+    }
+
+    /// Bounds how many off-GPU blocks (host-offloaded) the decoder remembers the
+    /// tier of ([`DEFAULT_OFF_GPU_BLOCKS`] by default; the engine's host cache size
+    /// in blocks is enough).
+    #[must_use]
+    pub fn with_off_gpu_limit(mut self, blocks: usize) -> Self {
+        self.off_gpu_limit = blocks;
+        self
+    }
+
+    /// The tier `key` is in as far as the events seen so far say.
+    #[must_use]
+    pub fn tier_of(&self, key: BlockKey) -> Medium {
+        self.off_gpu.get(&key.0).copied().unwrap_or(Medium::Gpu)
+    }
+
+    /// Blocks currently remembered as outside the GPU tier.
+    #[must_use]
+    pub fn tracked_off_gpu_blocks(&self) -> usize {
+        self.off_gpu.len()
+    }
+
+    fn set_tier(&mut self, key: BlockKey, medium: Medium, stats: &mut DecodeStats) {
+        if medium == Medium::Gpu {
+            self.off_gpu.remove(&key.0);
+        } else if self.off_gpu.len() < self.off_gpu_limit || self.off_gpu.contains_key(&key.0) {
+            self.off_gpu.insert(key.0, medium);
+        } else {
+            stats.untracked_offloaded_blocks += 1;
         }
     }
 
@@ -104,6 +152,7 @@ impl TrtllmDecoder {
     pub fn reset(&mut self) {
         self.largest_window = None;
         self.capacity = None;
+        self.off_gpu = hashbrown::HashMap::new();
     }
 
     /// Decodes one drain body (`[]` when idle).
@@ -218,7 +267,18 @@ impl TrtllmDecoder {
                 self.capacity = Some(caps);
                 stats.capacity_events += 1;
             }
-            Some("stored") => self.stored(data, group, out, stats)?,
+            Some("stored") => {
+                let start = out.len();
+                self.stored(data, group, out, stats)?;
+                // Only once the whole event parsed: a dropped event changes nothing.
+                for event in out.get(start..).unwrap_or_default() {
+                    if let KvEvent::Stored(stored) = event {
+                        for key in &stored.keys {
+                            self.set_tier(*key, stored.medium, stats);
+                        }
+                    }
+                }
+            }
             Some("removed") => {
                 count_unknown(data, &["type", "block_hashes"], stats);
                 let keys = data
@@ -228,11 +288,7 @@ impl TrtllmDecoder {
                     .iter()
                     .map(hash)
                     .collect::<Result<Vec<_>, _>>()?;
-                out.push(KvEvent::Removed(BlockRemoved {
-                    keys,
-                    medium: Medium::Gpu,
-                    group,
-                }));
+                self.removed(keys, group, out);
             }
             Some("updated") => {
                 count_unknown(
@@ -251,6 +307,7 @@ impl TrtllmDecoder {
                         };
                         let from = level_medium(level("old_value")?, stats);
                         let to = level_medium(level("new_value")?, stats);
+                        self.set_tier(key, to, stats);
                         out.push(KvEvent::Moved(BlockMoved { key, from, to }));
                     }
                 }
@@ -259,6 +316,40 @@ impl TrtllmDecoder {
             None => return Err("data has no type".into()),
         }
         Ok(())
+    }
+
+    /// `Removed` events for the tiers the blocks are in; the blocks leave the tier
+    /// map.
+    fn removed(&mut self, keys: Vec<BlockKey>, group: u32, out: &mut Vec<KvEvent>) {
+        if keys.iter().all(|k| !self.off_gpu.contains_key(&k.0)) {
+            out.push(KvEvent::Removed(BlockRemoved {
+                keys,
+                medium: Medium::Gpu,
+                group,
+            }));
+            return;
+        }
+        // Runs of consecutive blocks in the same tier keep the engine's order.
+        let mut run: Option<BlockRemoved> = None;
+        for key in keys {
+            let medium = self.off_gpu.remove(&key.0).unwrap_or(Medium::Gpu);
+            match &mut run {
+                Some(r) if r.medium == medium => r.keys.push(key),
+                _ => {
+                    let next = BlockRemoved {
+                        keys: vec![key],
+                        medium,
+                        group,
+                    };
+                    if let Some(done) = run.replace(next) {
+                        out.push(KvEvent::Removed(done));
+                    }
+                }
+            }
+        }
+        if let Some(done) = run {
+            out.push(KvEvent::Removed(done));
+        }
     }
 
     fn stored(
@@ -368,4 +459,181 @@ fn level_medium(level: u64, stats: &mut DecodeStats) -> Medium {
 fn count_unknown(obj: &Map<String, Value>, known: &[&str], stats: &mut DecodeStats) {
     let unknown = obj.keys().filter(|k| !known.contains(&k.as_str())).count();
     stats.unknown_fields += unknown as u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn golden(rel: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../golden/trtllm-events")
+            .join(rel);
+        std::fs::read(path).unwrap()
+    }
+
+    fn removals(batches: &[EventBatch]) -> Vec<(Medium, Vec<u64>)> {
+        batches
+            .iter()
+            .flat_map(|b| &b.events)
+            .filter_map(|e| match e {
+                KvEvent::Removed(r) => Some((r.medium, r.keys.iter().map(|k| k.0).collect())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Golden flow 02 → 07: block 6281115329494198917 is stored on the GPU and then
+    /// offloaded to the host (`updated`, level 0 → 1). Its later `removed` (schema of
+    /// fixture 06, which names no tier) must leave the host tier, while a block that
+    /// never left the GPU is removed from the GPU.
+    #[test]
+    fn removed_applies_to_the_tier_the_block_is_in() {
+        let mut dec = TrtllmDecoder::new(32);
+        let mut stats = DecodeStats::default();
+        for f in [
+            "classic/01_startup_created.json",
+            "classic/02_context_blocks_stored.json",
+            "classic/03_release_stores_rest_incl_partial.json",
+            "classic/07_offload_updated_cache_level.json",
+        ] {
+            dec.decode_drain(&golden(f), &mut stats).unwrap();
+        }
+        let offloaded = 6281115329494198917u64;
+        assert_eq!(dec.tier_of(BlockKey(offloaded)), Medium::Cpu);
+        let on_gpu = 13121859508051604645u64;
+        assert_eq!(dec.tier_of(BlockKey(on_gpu)), Medium::Gpu);
+
+        let body = format!(
+            r#"[{{"event_id": 6, "window_size": 8192,
+                 "data": {{"type": "removed", "block_hashes": [{on_gpu}, {offloaded}]}}}}]"#
+        );
+        let batches = dec.decode_drain(body.as_bytes(), &mut stats).unwrap();
+        assert_eq!(
+            removals(&batches),
+            vec![(Medium::Gpu, vec![on_gpu]), (Medium::Cpu, vec![offloaded])]
+        );
+        // Gone from the tier map: a re-store on the GPU and removal go to the GPU.
+        assert_eq!(dec.tier_of(BlockKey(offloaded)), Medium::Gpu);
+        assert_eq!(stats.untracked_offloaded_blocks, 0);
+    }
+
+    #[test]
+    fn golden_coalesced_removal_of_gpu_blocks_stays_on_the_gpu() {
+        let mut dec = TrtllmDecoder::new(32);
+        let mut stats = DecodeStats::default();
+        let batches = dec
+            .decode_drain(
+                &golden("classic/06_eviction_removed_coalesced.json"),
+                &mut stats,
+            )
+            .unwrap();
+        assert_eq!(
+            removals(&batches),
+            vec![(Medium::Gpu, vec![1571258491847846631, 2862714622994288290])]
+        );
+    }
+
+    #[test]
+    fn blocks_stored_on_the_host_level_are_removed_from_the_host() {
+        let mut dec = TrtllmDecoder::new(2);
+        let mut stats = DecodeStats::default();
+        let body = br#"[{"event_id": 1, "data": {"type": "stored", "parent_hash": null, "blocks": [
+            {"type": "stored_block", "block_hash": 11, "tokens": [1, 2], "cache_level": 1},
+            {"type": "stored_block", "block_hash": 12, "tokens": [3, 4], "cache_level": 0}]}},
+          {"event_id": 2, "data": {"type": "removed", "block_hashes": [11, 12]}}]"#;
+        let batches = dec.decode_drain(body, &mut stats).unwrap();
+        assert_eq!(
+            removals(&batches),
+            vec![(Medium::Cpu, vec![11]), (Medium::Gpu, vec![12])]
+        );
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Store(u64, u64),
+        Move(u64, u64, u64),
+        Remove(Vec<u64>),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u64..6, 0u64..3).prop_map(|(k, l)| Op::Store(k, l)),
+            (0u64..6, 0u64..3, 0u64..3).prop_map(|(k, a, b)| Op::Move(k, a, b)),
+            proptest::collection::vec(0u64..6, 1..4).prop_map(Op::Remove),
+        ]
+    }
+
+    fn level(l: u64) -> Medium {
+        [Medium::Gpu, Medium::Cpu, Medium::External][l as usize]
+    }
+
+    proptest::proptest! {
+        /// Against a model that remembers every block's last stored / moved-to tier:
+        /// each removed block is removed from exactly that tier, in engine order.
+        #[test]
+        fn removals_follow_a_reference_tier_model(
+            ops in proptest::collection::vec(op(), 0..40),
+            split in 0usize..40,
+        ) {
+            let events: Vec<String> = ops.iter().enumerate().map(|(id, op)| {
+                let data = match op {
+                    Op::Store(k, l) => format!(
+                        r#"{{"type":"stored","parent_hash":null,"blocks":[{{"type":"stored_block",
+                           "block_hash":{k},"tokens":[1,2],"cache_level":{l}}}]}}"#),
+                    Op::Move(k, a, b) => format!(
+                        r#"{{"type":"updated","block_hash":{k},"cache_level":{{"type":"event_diff",
+                           "new_value":{b},"old_value":{a}}}}}"#),
+                    Op::Remove(keys) => format!(r#"{{"type":"removed","block_hashes":{keys:?}}}"#),
+                };
+                format!(r#"{{"event_id":{id},"data":{data}}}"#)
+            }).collect();
+            let split = split.min(events.len());
+            let mut dec = TrtllmDecoder::new(2);
+            let mut stats = DecodeStats::default();
+            let mut got = Vec::new();
+            for drain in [&events[..split], &events[split..]] {
+                let body = format!("[{}]", drain.join(","));
+                for batch in dec.decode_drain(body.as_bytes(), &mut stats).unwrap() {
+                    for e in batch.events {
+                        if let KvEvent::Removed(r) = e {
+                            got.extend(r.keys.iter().map(|k| (k.0, r.medium)));
+                        }
+                    }
+                }
+            }
+            let mut model = std::collections::HashMap::new();
+            let mut want = Vec::new();
+            for op in &ops {
+                match op {
+                    Op::Store(k, l) => { model.insert(*k, level(*l)); }
+                    Op::Move(k, _, b) => { model.insert(*k, level(*b)); }
+                    Op::Remove(keys) => want.extend(
+                        keys.iter().map(|k| (*k, model.remove(k).unwrap_or(Medium::Gpu)))),
+                }
+            }
+            proptest::prop_assert_eq!(got, want);
+            proptest::prop_assert_eq!(stats.malformed_events, 0);
+        }
+    }
+
+    #[test]
+    fn off_gpu_map_is_bounded_and_counts_what_it_cannot_track() {
+        let mut dec = TrtllmDecoder::new(2).with_off_gpu_limit(1);
+        let mut stats = DecodeStats::default();
+        let moved = |id: u64, key: u64| {
+            format!(
+                r#"{{"event_id": {id}, "data": {{"type": "updated", "block_hash": {key},
+                   "cache_level": {{"type": "event_diff", "new_value": 1, "old_value": 0}}}}}}"#
+            )
+        };
+        let body = format!("[{}, {}]", moved(1, 21), moved(2, 22));
+        dec.decode_drain(body.as_bytes(), &mut stats).unwrap();
+        assert_eq!(dec.tier_of(BlockKey(21)), Medium::Cpu);
+        assert_eq!(dec.tier_of(BlockKey(22)), Medium::Gpu);
+        assert_eq!(stats.untracked_offloaded_blocks, 1);
+        dec.reset();
+        assert_eq!(dec.tier_of(BlockKey(21)), Medium::Gpu);
+    }
 }

@@ -36,7 +36,10 @@ pub trait SeqIngest: Send {
     fn disconnected(&mut self) {}
     /// A replay asked for by [`SeqIngest::connected`] or an outcome's `replay_from`
     /// ended (also when it could not be sent: no replay endpoint, error, timeout).
-    fn replay_done(&mut self, _outcome: &ReplayOutcome) {}
+    /// What its end proved (see [`FrameSink::on_replay_done`]).
+    fn replay_done(&mut self, _outcome: &ReplayOutcome) -> FrameReport {
+        FrameReport::default()
+    }
 }
 
 /// [`FrameSink`] that decodes vLLM or SGLang payloads into a [`SeqIngest`].
@@ -88,7 +91,8 @@ impl<I: SeqIngest> FrameSink for DecodingSink<I> {
             _ => vllm::decode_into(frame.payload, frame.seq, &mut self.batch, &mut self.stats),
         };
         if let Err(e) = decoded {
-            tracing::warn!(seq = frame.seq, error = %e, "undecodable KV event payload dropped");
+            // The transport logs the drop with its endpoint; the reason is here.
+            tracing::debug!(seq = frame.seq, error = %e, "undecodable KV event payload");
             return FrameReport {
                 decode_error: true,
                 ..FrameReport::default()
@@ -123,8 +127,8 @@ impl<I: SeqIngest> FrameSink for DecodingSink<I> {
         self.ingest.disconnected();
     }
 
-    fn on_replay_done(&mut self, outcome: &ReplayOutcome) {
-        self.ingest.replay_done(outcome);
+    fn on_replay_done(&mut self, outcome: &ReplayOutcome) -> FrameReport {
+        self.ingest.replay_done(outcome)
     }
 }
 

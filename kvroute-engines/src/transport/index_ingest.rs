@@ -9,11 +9,11 @@
 
 use std::sync::Arc;
 
-use kvroute_ingest::seq::{ClearReason, SeqAction};
+use kvroute_ingest::seq::{ClearReason, ReplayEnd, SeqAction};
 use kvroute_ingest::{EndpointIngest, EventBatch, SharedIndex};
 
 use super::decoding_sink::{IngestOutcome, SeqIngest};
-use super::sink::{FrameSource, ReplayOutcome};
+use super::sink::{FrameReport, FrameSource, ReplayOutcome, SinkAction};
 use super::trtllm_sink::BatchApplier;
 
 /// One endpoint's ingest state plus the shared index it writes.
@@ -94,18 +94,45 @@ impl SeqIngest for IndexIngest {
     }
 
     fn connected(&mut self) -> Option<u64> {
-        if std::mem::replace(&mut self.connected_before, true) {
-            self.ingest.on_reconnect(self.dp_rank);
+        let reconnect = std::mem::replace(&mut self.connected_before, true);
+        if !self.bootstrap {
+            if reconnect {
+                self.ingest.on_reconnect(self.dp_rank);
+            }
+            return None;
         }
-        if self.bootstrap {
-            self.ingest.on_bootstrap(self.dp_rank)
-        } else {
-            None
+        // With a replay socket a reconnect resumes from our last batch, whose
+        // digest tells a live engine from one that restarted and published past
+        // our last sequence while we were away.
+        if reconnect {
+            if let Some(last) = self.ingest.on_resume(self.dp_rank) {
+                return Some(last);
+            }
         }
+        self.ingest.on_bootstrap(self.dp_rank)
     }
 
-    fn replay_done(&mut self, _outcome: &ReplayOutcome) {
-        self.ingest.on_replay_done(self.dp_rank);
+    fn replay_done(&mut self, outcome: &ReplayOutcome) -> FrameReport {
+        let end = self
+            .ingest
+            .on_replay_finished(self.dp_rank, outcome.completed, &self.index);
+        if !end.clears() {
+            return FrameReport::default();
+        }
+        tracing::info!(
+            endpoint = self.ingest.endpoint().0,
+            from = outcome.requested_from,
+            "engine replay ends before our last sequence: restart; inventory cleared"
+        );
+        FrameReport {
+            cleared: true,
+            restart: true,
+            action: match end {
+                ReplayEnd::ClearThenReplay { from } => SinkAction::Replay { from_seq: from },
+                _ => SinkAction::Continue,
+            },
+            ..FrameReport::default()
+        }
     }
 }
 
@@ -122,7 +149,7 @@ impl BatchApplier for IndexIngest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::sink::{Frame, FrameSink, SinkAction};
+    use crate::transport::sink::{Frame, FrameSink};
     use crate::transport::{DecodingSink, EngineKind};
     use kvroute_core::{BlockKey, EndpointId, Medium};
     use kvroute_ingest::{IndexConfig, IngestConfig, KeyMode};

@@ -30,6 +30,8 @@ pub struct SubscriberMetrics {
     replay_duplicates_dropped: AtomicU64,
     decode_errors: AtomicU64,
     malformed_frames: AtomicU64,
+    oversized_frames: AtomicU64,
+    last_rejected_seq: AtomicU64,
     other_topic_frames: AtomicU64,
     dial_failures: AtomicU64,
     connects: AtomicU64,
@@ -58,6 +60,8 @@ impl Default for SubscriberMetrics {
             replay_duplicates_dropped: AtomicU64::new(0),
             decode_errors: AtomicU64::new(0),
             malformed_frames: AtomicU64::new(0),
+            oversized_frames: AtomicU64::new(0),
+            last_rejected_seq: AtomicU64::new(NO_SEQ),
             other_topic_frames: AtomicU64::new(0),
             dial_failures: AtomicU64::new(0),
             connects: AtomicU64::new(0),
@@ -103,6 +107,11 @@ pub struct MetricsSnapshot {
     pub decode_errors: u64,
     /// Messages without the `[topic, seq(8), payload]` shape.
     pub malformed_frames: u64,
+    /// Messages dropped because they exceed the subscriber's `max_message_bytes`.
+    pub oversized_frames: u64,
+    /// Sequence number of the last message dropped as malformed, oversized or
+    /// undecodable, when it carried a readable one (the log line names it too).
+    pub last_rejected_seq: Option<u64>,
     /// Messages whose topic is not ours (prefix-matched by ZeroMQ, exact-checked here).
     pub other_topic_frames: u64,
     /// Dial / bind attempts that failed.
@@ -143,6 +152,11 @@ impl SubscriberMetrics {
             replay_duplicates_dropped: self.replay_duplicates_dropped.load(Relaxed),
             decode_errors: self.decode_errors.load(Relaxed),
             malformed_frames: self.malformed_frames.load(Relaxed),
+            oversized_frames: self.oversized_frames.load(Relaxed),
+            last_rejected_seq: {
+                let seq = self.last_rejected_seq.load(Relaxed);
+                (seq != NO_SEQ).then_some(seq)
+            },
             other_topic_frames: self.other_topic_frames.load(Relaxed),
             dial_failures: self.dial_failures.load(Relaxed),
             connects: self.connects.load(Relaxed),
@@ -168,8 +182,20 @@ impl SubscriberMetrics {
         self.dial_failures.fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn malformed(&self) {
+    pub(crate) fn malformed(&self, seq: Option<u64>) {
         self.malformed_frames.fetch_add(1, Relaxed);
+        self.rejected(seq);
+    }
+
+    pub(crate) fn oversized(&self, seq: Option<u64>) {
+        self.oversized_frames.fetch_add(1, Relaxed);
+        self.rejected(seq);
+    }
+
+    fn rejected(&self, seq: Option<u64>) {
+        if let Some(seq) = seq {
+            self.last_rejected_seq.store(seq, Relaxed);
+        }
     }
 
     pub(crate) fn other_topic(&self) {
@@ -213,8 +239,19 @@ impl SubscriberMetrics {
         if report.ignored {
             self.ignored.fetch_add(1, Relaxed);
         }
+        if report.decode_error {
+            self.rejected(Some(seq));
+        }
         if let Some(ts) = report.engine_timestamp {
             self.staleness(ts);
+        }
+    }
+
+    /// What the end of a replay proved (a restart clears the inventory).
+    pub(crate) fn replay_end(&self, report: &FrameReport) {
+        self.count(report.events_applied, false, report.gap, report.cleared);
+        if report.restart {
+            self.restarts.fetch_add(1, Relaxed);
         }
     }
 

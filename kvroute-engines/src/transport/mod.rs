@@ -36,7 +36,7 @@ pub use sink::{
     DrainReport, DrainSink, Frame, FrameReport, FrameSink, FrameSource, ReplayOutcome, SinkAction,
 };
 #[cfg(feature = "zmq")]
-pub use zmq_subscriber::{ZmqSubscriber, ZmqSubscriberConfig};
+pub use zmq_subscriber::{ZmqSubscriber, ZmqSubscriberConfig, DEFAULT_MAX_MESSAGE_BYTES};
 
 pub use trtllm_sink::{BatchApplier, Continuity, EventIdTracker, TrtllmSink};
 

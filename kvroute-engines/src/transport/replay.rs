@@ -32,14 +32,18 @@ mod client {
 
     /// Asks `endpoint`'s ROUTER for every batch with seq ≥ `from_seq` and feeds each
     /// reply for `topic` to `sink` (as [`FrameSource::Replay`]), within `timeout`
-    /// overall. Replay requests the sink makes while replaying are ignored.
+    /// overall. Replies larger than `max_message_bytes` are dropped and counted.
+    /// Replay requests the sink makes while replaying are ignored.
     ///
-    /// Never fails: errors end the replay early with `completed == false`.
+    /// Never fails: errors end the replay early with `completed == false`. The
+    /// caller reports the outcome to [`FrameSink::on_replay_done`], also when
+    /// the replay could not even be sent.
     pub async fn request_replay<S: FrameSink + ?Sized>(
         endpoint: &str,
         topic: &[u8],
         from_seq: u64,
         timeout: Duration,
+        max_message_bytes: usize,
         sink: &mut S,
         metrics: &SubscriberMetrics,
     ) -> ReplayOutcome {
@@ -86,6 +90,17 @@ mod client {
                     break;
                 }
             };
+            let size: usize = message.iter().map(|b| b.len()).sum();
+            if size > max_message_bytes {
+                metrics.oversized(None);
+                tracing::warn!(
+                    endpoint,
+                    size,
+                    limit = max_message_bytes,
+                    "replay: oversized reply dropped"
+                );
+                continue;
+            }
             let frames: Vec<&[u8]> = message.iter().map(|b| b.as_ref()).collect();
             match ReplayReply::parse(&frames) {
                 Ok(ReplayReply::End) => {
@@ -118,12 +133,11 @@ mod client {
                     }
                 }
                 Err(e) => {
-                    metrics.malformed();
+                    metrics.malformed(None);
                     tracing::warn!(endpoint, error = %e, "replay: bad reply");
                 }
             }
         }
-        sink.on_replay_done(&outcome);
         outcome
     }
 }

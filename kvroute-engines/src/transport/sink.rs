@@ -92,8 +92,13 @@ pub trait FrameSink: Send {
     /// The peer went away (engine stopped or restarted, network failure).
     fn on_disconnected(&mut self) {}
 
-    /// A replay finished (end marker, timeout or error).
-    fn on_replay_done(&mut self, _outcome: &ReplayOutcome) {}
+    /// A replay finished (end marker, timeout, error, or no replay endpoint).
+    /// The report says what its end proved: `cleared`/`restart` when the
+    /// engine's buffer showed a restart (e.g. it ends before the last batch we
+    /// applied), and `action` may ask for one more replay.
+    fn on_replay_done(&mut self, _outcome: &ReplayOutcome) -> FrameReport {
+        FrameReport::default()
+    }
 }
 
 /// How a replay request ended.

@@ -131,6 +131,8 @@ impl<A: BatchApplier> DrainSink for TrtllmSink<A> {
                     );
                     report.cleared = true;
                     self.applier.clear();
+                    // A new process: its tiers, window and capacity start afresh.
+                    self.decoder.reset();
                 }
             }
             report.events_applied = report
@@ -157,6 +159,51 @@ mod tests {
         assert_eq!(t.observe(Some(0), 0), Continuity::Restart);
         assert_eq!(t.observe(None, u64::MAX), Continuity::First);
         assert_eq!(t.observe(None, 7), Continuity::Restart);
+    }
+
+    /// Golden flow through the real ingest: a block offloaded to the host (fixture
+    /// 07) and then removed (the fixture-06 event shape, which names no tier) leaves
+    /// the index entirely, while the blocks still on the GPU stay.
+    #[test]
+    fn removed_offloaded_block_leaves_the_host_tier_of_the_index() {
+        use crate::transport::IndexIngest;
+        use kvroute_core::{BlockKey, EndpointId, Medium};
+        use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, KeyMode, SharedIndex};
+        use std::sync::Arc;
+
+        let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
+        let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+        let mut sink = TrtllmSink::new(32, IndexIngest::new(ingest, index.clone(), None, false));
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../golden/trtllm-events/classic");
+        for f in [
+            "01_startup_created.json",
+            "02_context_blocks_stored.json",
+            "03_release_stores_rest_incl_partial.json",
+            "04_shared_prefix_new_branch.json",
+            "05_empty_drain.json",
+            "06_eviction_removed_coalesced.json",
+            "07_offload_updated_cache_level.json",
+        ] {
+            let report = sink.on_drain(&std::fs::read(dir.join(f)).unwrap());
+            assert!(!report.cleared && !report.decode_error, "{f}: {report:?}");
+        }
+        let (offloaded, on_gpu) = (
+            BlockKey(6281115329494198917),
+            BlockKey(13121859508051604645),
+        );
+        let has = |k, m| index.contains(EndpointId(0), k, m);
+        assert!(has(offloaded, Medium::Cpu) && !has(offloaded, Medium::Gpu));
+        assert!(has(on_gpu, Medium::Gpu));
+
+        let removed = br#"[{"event_id": 6, "window_size": 8192,
+            "data": {"type": "removed", "block_hashes": [6281115329494198917]}}]"#;
+        let report = sink.on_drain(removed);
+        assert_eq!(report.events_applied, 1);
+        assert!(!has(offloaded, Medium::Cpu) && !has(offloaded, Medium::Gpu));
+        assert!(has(on_gpu, Medium::Gpu));
+        let writes = sink.applier().endpoint_ingest().counters().writes;
+        assert_eq!(writes.remove_absent, 0, "{writes:?}");
     }
 
     proptest::proptest! {

@@ -45,7 +45,17 @@ pub struct ZmqSubscriberConfig {
     pub retry_max: Duration,
     /// Upper bound of one replay exchange.
     pub replay_timeout: Duration,
+    /// Largest message (all frames together) handed to the sink; bigger ones are
+    /// dropped and counted (`oversized_frames`). The `zeromq` crate has no receive
+    /// size limit of its own, so this bounds what reaches the decoder, not what the
+    /// socket buffers while reading one message.
+    pub max_message_bytes: usize,
 }
+
+/// Default [`ZmqSubscriberConfig::max_message_bytes`]: 16 MiB, ~6000× a typical
+/// vLLM batch (2.7 KB) and ~20× the batch of one 128K-token prefill at block size 16
+/// (8192 blocks of 16 token ids ≈ 0.75 MB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 impl ZmqSubscriberConfig {
     /// Defaults: empty topic, no replay, 250 ms dial timeout, retries from 10 ms
@@ -62,7 +72,15 @@ impl ZmqSubscriberConfig {
             retry_initial: Duration::from_millis(10),
             retry_max: Duration::from_millis(200),
             replay_timeout: Duration::from_secs(2),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
+    }
+
+    /// Sets the largest accepted message size in bytes.
+    #[must_use]
+    pub fn max_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_message_bytes = bytes;
+        self
     }
 
     /// Sets the topic filter.
@@ -278,13 +296,25 @@ impl ZmqSubscriber {
         sink: &mut S,
         conn: &mut Connection,
     ) {
+        let endpoint = &self.config.endpoint.address;
+        let size: usize = message.iter().map(|f| f.len()).sum();
+        if size > self.config.max_message_bytes {
+            let seq = readable_seq(message);
+            self.metrics.oversized(seq);
+            tracing::warn!(%endpoint, ?seq, size, limit = self.config.max_message_bytes,
+                "zmq subscriber: oversized message dropped");
+            return;
+        }
         let (3, Some(topic), Some(seq), Some(payload)) = (
             message.len(),
             message.get(0),
             message.get(1),
             message.get(2),
         ) else {
-            self.metrics.malformed();
+            let seq = readable_seq(message);
+            self.metrics.malformed(seq);
+            tracing::warn!(%endpoint, ?seq, frames = message.len(),
+                "zmq subscriber: message without [topic, seq, payload] dropped");
             return;
         };
         let parsed = LiveMessage::parse(&[topic.as_ref(), seq.as_ref(), payload.as_ref()]);
@@ -294,7 +324,10 @@ impl ZmqSubscriber {
             payload,
         }) = parsed
         else {
-            self.metrics.malformed();
+            let seq = readable_seq(message);
+            self.metrics.malformed(seq);
+            tracing::warn!(%endpoint, ?seq, seq_bytes = message.get(1).map_or(0, |f| f.len()),
+                "zmq subscriber: malformed message dropped");
             return;
         };
         if topic != self.config.topic.as_bytes() {
@@ -315,34 +348,54 @@ impl ZmqSubscriber {
             source: FrameSource::Live,
         });
         self.metrics.frame(seq, FrameSource::Live, &report);
+        if report.decode_error {
+            tracing::warn!(%endpoint, seq, len = payload.len(),
+                "zmq subscriber: undecodable KV event payload dropped");
+        }
         self.act(report.action, sink, conn).await;
     }
 
     async fn act<S: FrameSink>(&self, action: SinkAction, sink: &mut S, conn: &mut Connection) {
-        let SinkAction::Replay { from_seq } = action else {
-            return;
-        };
-        let Some(endpoint) = &self.config.replay_endpoint else {
-            // Every replay request gets exactly one `on_replay_done`, so a sink that
-            // entered a replaying state leaves it.
-            sink.on_replay_done(&ReplayOutcome {
-                requested_from: from_seq,
-                ..ReplayOutcome::default()
-            });
-            return;
-        };
-        let outcome = request_replay(
-            endpoint,
-            self.config.topic.as_bytes(),
-            from_seq,
-            self.config.replay_timeout,
-            sink,
-            &self.metrics,
-        )
-        .await;
-        tracing::debug!(?outcome, "zmq subscriber: replay done");
-        if let Some(last) = outcome.last_seq {
-            conn.replayed_through = Some(last);
+        let mut action = action;
+        // A replay's end may prove a restart and ask for one more replay (from
+        // 0); a third request in a row is not followed.
+        for _ in 0..2 {
+            let SinkAction::Replay { from_seq } = action else {
+                return;
+            };
+            let outcome = match &self.config.replay_endpoint {
+                Some(endpoint) => {
+                    request_replay(
+                        endpoint,
+                        self.config.topic.as_bytes(),
+                        from_seq,
+                        self.config.replay_timeout,
+                        self.config.max_message_bytes,
+                        sink,
+                        &self.metrics,
+                    )
+                    .await
+                }
+                // Every replay request gets exactly one `on_replay_done`, so a
+                // sink that entered a replaying state leaves it.
+                None => ReplayOutcome {
+                    requested_from: from_seq,
+                    ..ReplayOutcome::default()
+                },
+            };
+            tracing::debug!(?outcome, "zmq subscriber: replay done");
+            if let Some(last) = outcome.last_seq {
+                conn.replayed_through = Some(last);
+            }
+            let report = sink.on_replay_done(&outcome);
+            self.metrics.replay_end(&report);
+            action = report.action;
         }
     }
+}
+
+/// Frame 1 as a sequence number when it is the 8-byte big-endian field.
+fn readable_seq(message: &ZmqMessage) -> Option<u64> {
+    let bytes: [u8; 8] = message.get(1)?.as_ref().try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
 }

@@ -249,8 +249,9 @@ impl FrameSink for Recorder {
         self.record.lock().unwrap().disconnected += 1;
     }
 
-    fn on_replay_done(&mut self, outcome: &ReplayOutcome) {
+    fn on_replay_done(&mut self, outcome: &ReplayOutcome) -> FrameReport {
         self.record.lock().unwrap().replays.push(*outcome);
+        FrameReport::default()
     }
 }
 

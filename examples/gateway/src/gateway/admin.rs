@@ -253,7 +253,7 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
             let contract = if ev.drift_alarm {
                 "drift_alarm"
             } else {
-                rt.inventory.attestation.status()
+                rt.inventory.contract_status()
             };
             out.push(json!({
                 "rule": rt.spec.doc.name,

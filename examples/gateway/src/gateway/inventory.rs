@@ -1,66 +1,39 @@
 //! The gateway's ingest glue: per rule one [`SharedIndex`] (slot `i` = endpoint
 //! `i`) written by one [`EndpointIngest`] per endpoint (sequence windows per DP
-//! rank, clears, counters — all `kvroute-ingest`), fed by one ZeroMQ subscriber
-//! per (endpoint, rank). Selection reads the index through [`InventoryView`].
+//! rank, clears, counters, contract attestation — all `kvroute-ingest`), fed by
+//! one ZeroMQ subscriber per (endpoint, rank). Selection reads the index through
+//! [`InventoryView`].
 //!
-//! One addition on top of the library's window: replay bootstraps every
-//! (re)connect from the *last* sequence seen rather than the next, and the
-//! engine's batch at that sequence must be the one we applied (same payload
-//! digest). A different payload, or an engine whose replay buffer ends before
-//! it, means the engine restarted while we were away — a restart the sequence
+//! Every (re)connect resumes through the library's window
+//! ([`EndpointIngest::on_resume`]): the replay starts at the *last* batch we
+//! applied, whose digest must match — otherwise (or if the engine's replay ends
+//! before it) the engine restarted while we were away, a restart the sequence
 //! numbers alone cannot show once the new engine has published past our last
 //! sequence.
 //!
-//! Contract attestation: a stored batch with no parent starts at the chain root,
-//! so re-hashing its tokens with the rule's contract must reproduce the engine's
-//! keys; matches and mismatches are counted (the admin API shows the verdict).
+//! Contract attestation: each endpoint's ingest carries a
+//! [`ContractAttestor`] for the rule's contract; the admin API and `/metrics`
+//! show the verdict summed over the rule's endpoints.
 
-use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kvroute_core::{BlockHasher, BlockKey, EndpointId, RequestExtras};
+use kvroute_core::{BlockHasher, BlockKey, EndpointId};
 use kvroute_engines::events::{self, DecodeStats};
 use kvroute_engines::transport::{
     EngineKind, Frame, FrameReport, FrameSink, FrameSource, ReplayOutcome, SinkAction,
 };
-use kvroute_ingest::seq::{ClearReason, SeqAction};
+use kvroute_ingest::attest::{AttestCounters, ContractAttestor, ContractStatus, KeyAttestor};
+use kvroute_ingest::seq::{ClearReason, ReplayEnd, SeqAction};
 use kvroute_ingest::{
     EndpointIngest, EventBatch, IndexConfig, IngestConfig, InventoryView, KeyMode, KvEvent,
     Overlap, SharedIndex,
 };
 use parking_lot::Mutex;
 
-/// Attestation counters of one rule.
-#[derive(Debug, Default)]
-pub struct Attestation {
-    /// Root batches whose keys our contract reproduced.
-    pub matched: AtomicU64,
-    /// Root batches whose keys differ: the contract is wrong for this engine.
-    pub mismatched: AtomicU64,
-}
-
-impl Attestation {
-    /// `unverified`, `verified` or `mismatch`.
-    #[must_use]
-    pub fn status(&self) -> &'static str {
-        match (
-            self.matched.load(Ordering::Relaxed),
-            self.mismatched.load(Ordering::Relaxed),
-        ) {
-            (_, m) if m > 0 => "mismatch",
-            (0, 0) => "unverified",
-            _ => "verified",
-        }
-    }
-}
-
 /// Every inventory of one rule.
 pub struct RuleInventory {
     index: SharedIndex,
     ingests: Vec<Mutex<EndpointIngest>>,
-    /// Attestation verdicts.
-    pub attestation: Attestation,
 }
 
 impl std::fmt::Debug for RuleInventory {
@@ -71,24 +44,55 @@ impl std::fmt::Debug for RuleInventory {
     }
 }
 
-fn fresh_ingest(slot: usize) -> EndpointIngest {
-    EndpointIngest::new(
+fn new_ingest(slot: usize, attestor: Option<&Arc<dyn KeyAttestor>>) -> EndpointIngest {
+    let ingest = EndpointIngest::new(
         EndpointId(u32::try_from(slot).unwrap_or(u32::MAX)),
         IngestConfig::default(),
         KeyMode::Engine,
-    )
+    );
+    match attestor {
+        Some(a) => ingest.with_attestor(Arc::clone(a)),
+        None => ingest,
+    }
 }
 
 impl RuleInventory {
-    /// Inventories for `endpoints` endpoint slots.
+    /// Inventories for `endpoints` endpoint slots; `contract` (the rule's
+    /// hasher) attests the engines' stored keys.
     #[must_use]
-    pub fn new(endpoints: usize) -> Self {
+    pub fn new(endpoints: usize, contract: Option<BlockHasher>) -> Self {
+        let attestor =
+            contract.map(|h| Arc::new(ContractAttestor::from_hasher(h)) as Arc<dyn KeyAttestor>);
         Self {
             index: SharedIndex::new(endpoints, IndexConfig::default()),
             ingests: (0..endpoints)
-                .map(|i| Mutex::new(fresh_ingest(i)))
+                .map(|i| Mutex::new(new_ingest(i, attestor.as_ref())))
                 .collect(),
-            attestation: Attestation::default(),
+        }
+    }
+
+    /// Attestation counts summed over the rule's endpoints.
+    #[must_use]
+    pub fn attestation(&self) -> AttestCounters {
+        let mut sum = AttestCounters::default();
+        for i in &self.ingests {
+            let c = i.lock().attest_counters();
+            sum.verified_blocks += c.verified_blocks;
+            sum.mismatched_blocks += c.mismatched_blocks;
+            sum.unverifiable_events += c.unverifiable_events;
+        }
+        sum
+    }
+
+    /// `unverified`, `unverifiable`, `verified` or `mismatch` (any endpoint's
+    /// mismatch makes the rule's contract wrong for that engine).
+    #[must_use]
+    pub fn contract_status(&self) -> &'static str {
+        match self.attestation().status() {
+            ContractStatus::Unknown => "unverified",
+            ContractStatus::Unverifiable { .. } => "unverifiable",
+            ContractStatus::Verified { .. } => "verified",
+            ContractStatus::Mismatch { .. } => "mismatch",
         }
     }
 
@@ -106,16 +110,6 @@ impl RuleInventory {
         self.ingests
             .get(slot)
             .map_or(0, |i| i.lock().counters().clears)
-    }
-
-    /// Forgets everything about endpoint `slot` (engine restart seen by replay).
-    fn reset(&self, slot: usize) {
-        if let Some(i) = self.ingests.get(slot) {
-            *i.lock() = fresh_ingest(slot);
-        }
-        let _ = self
-            .index
-            .clear_endpoint(EndpointId(u32::try_from(slot).unwrap_or(u32::MAX)));
     }
 }
 
@@ -135,92 +129,28 @@ pub struct RankSink {
     slot: usize,
     rank: u32,
     engine: EngineKind,
-    hasher: Option<BlockHasher>,
-    last_seq: Option<u64>,
-    /// Digest of the payload applied at `last_seq`.
-    last_digest: u64,
     stats: DecodeStats,
     batch: EventBatch,
-    scratch: Vec<BlockKey>,
 }
 
 impl RankSink {
-    /// A sink for DP rank `rank` of endpoint slot `slot`; `hasher` (the rule's
-    /// contract) attests root batches.
+    /// A sink for DP rank `rank` of endpoint slot `slot`.
     #[must_use]
-    pub fn new(
-        inventory: Arc<RuleInventory>,
-        slot: usize,
-        rank: u32,
-        engine: EngineKind,
-        hasher: Option<BlockHasher>,
-    ) -> Self {
+    pub fn new(inventory: Arc<RuleInventory>, slot: usize, rank: u32, engine: EngineKind) -> Self {
         Self {
             inventory,
             slot,
             rank,
             engine,
-            hasher,
-            last_seq: None,
-            last_digest: 0,
             stats: DecodeStats::default(),
             batch: EventBatch::default(),
-            scratch: Vec::new(),
         }
     }
-
-    fn attest(&mut self) {
-        let Some(h) = &self.hasher else { return };
-        for e in &self.batch.events {
-            let KvEvent::Stored(s) = e else { continue };
-            let plain = s.parent.is_none()
-                && s.lora_name.is_none()
-                && s.cache_salt.is_none()
-                && s.extra_keys.iter().all(Option::is_none)
-                && !s.partial_last_block
-                && !s.keys.is_empty()
-                && s.token_ids.len() == s.keys.len() * s.block_size as usize;
-            if !plain {
-                continue;
-            }
-            self.scratch.clear();
-            if h.hash_prompt(&s.token_ids, &RequestExtras::NONE, &mut self.scratch)
-                .is_err()
-            {
-                continue;
-            }
-            let counter = if self.scratch == s.keys {
-                &self.inventory.attestation.matched
-            } else {
-                &self.inventory.attestation.mismatched
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-fn digest(payload: &[u8]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    payload.hash(&mut h);
-    h.finish()
 }
 
 impl FrameSink for RankSink {
     fn on_frame(&mut self, frame: Frame<'_>) -> FrameReport {
         let mut report = FrameReport::default();
-        let payload_digest = digest(frame.payload);
-        if frame.source == FrameSource::Replay
-            && self.last_seq == Some(frame.seq)
-            && payload_digest != self.last_digest
-        {
-            tracing::info!(
-                seq = frame.seq,
-                "replayed batch differs from the one applied: engine restarted; inventory cleared"
-            );
-            self.inventory.reset(self.slot);
-            report.restart = true;
-            report.cleared = true;
-        }
         let decoded = match self.engine {
             EngineKind::Sglang => events::sglang::decode_into(
                 frame.payload,
@@ -260,14 +190,18 @@ impl FrameSink for RankSink {
                 report.cleared = true;
                 report.gap = matches!(reason, ClearReason::GapBeyondWindow { .. });
                 report.restart = matches!(reason, ClearReason::Restart);
+                if report.restart && frame.source == FrameSource::Replay {
+                    tracing::info!(
+                        seq = frame.seq,
+                        "replayed batch differs from the one applied: engine restarted; inventory cleared"
+                    );
+                }
             }
             SeqAction::ClearThenReplay { from } => {
                 report.cleared = true;
                 report.action = SinkAction::Replay { from_seq: from };
             }
         }
-        self.last_seq = Some(frame.seq);
-        self.last_digest = payload_digest;
         if self
             .batch
             .events
@@ -276,42 +210,54 @@ impl FrameSink for RankSink {
         {
             report.cleared = true;
         }
-        if outcome.action.applies() {
-            self.attest();
-        }
         report.events_applied = outcome.events_applied;
         report
     }
 
     fn on_connected(&mut self) -> SinkAction {
-        let from = self.inventory.ingests.get(self.slot).and_then(|i| {
-            let mut i = i.lock();
-            i.on_reconnect(Some(self.rank));
-            i.on_bootstrap(Some(self.rank))
-        });
-        // From our last batch (to check it is still the engine's), else the library's.
-        match (self.last_seq, from) {
-            (Some(last), _) => SinkAction::Replay { from_seq: last },
-            (None, Some(from)) => SinkAction::Replay { from_seq: from },
-            (None, None) => SinkAction::Continue,
+        let Some(ingest) = self.inventory.ingests.get(self.slot) else {
+            return SinkAction::Continue;
+        };
+        let mut ingest = ingest.lock();
+        // Resume from our last batch (to check it is still the engine's), else
+        // bootstrap the whole buffer.
+        match ingest.on_resume(Some(self.rank)) {
+            Some(last) => SinkAction::Replay { from_seq: last },
+            None => ingest
+                .on_bootstrap(Some(self.rank))
+                .map_or(SinkAction::Continue, |from| SinkAction::Replay {
+                    from_seq: from,
+                }),
         }
     }
 
     fn on_disconnected(&mut self) {}
 
-    fn on_replay_done(&mut self, outcome: &ReplayOutcome) {
-        if let Some(i) = self.inventory.ingests.get(self.slot) {
-            i.lock().on_replay_done(Some(self.rank));
+    fn on_replay_done(&mut self, outcome: &ReplayOutcome) -> FrameReport {
+        let Some(ingest) = self.inventory.ingests.get(self.slot) else {
+            return FrameReport::default();
+        };
+        let end = ingest.lock().on_replay_finished(
+            Some(self.rank),
+            outcome.completed,
+            &self.inventory.index,
+        );
+        if !end.clears() {
+            return FrameReport::default();
         }
-        // The engine holds nothing from our last sequence on: it restarted (its
-        // new batches, if any, carry smaller sequence numbers).
-        if outcome.completed
-            && outcome.batches == 0
-            && self.last_seq.is_some_and(|l| l == outcome.requested_from)
-        {
-            tracing::info!(last = ?self.last_seq, "engine replay ends before our last sequence: restart; inventory cleared");
-            self.inventory.reset(self.slot);
-            self.last_seq = None;
+        // The engine's buffer ends before our last batch: it restarted.
+        tracing::info!(
+            from = outcome.requested_from,
+            "engine replay ends before our last sequence: restart; inventory cleared"
+        );
+        FrameReport {
+            cleared: true,
+            restart: true,
+            action: match end {
+                ReplayEnd::ClearThenReplay { from } => SinkAction::Replay { from_seq: from },
+                _ => SinkAction::Continue,
+            },
+            ..FrameReport::default()
         }
     }
 }
@@ -336,7 +282,7 @@ mod tests {
 
     #[test]
     fn ingest_writes_the_rules_index_by_endpoint_slot() {
-        let inv = RuleInventory::new(2);
+        let inv = RuleInventory::new(2, None);
         for (slot, batch) in [(0, stored(0, &[1, 2])), (1, stored(0, &[2, 3]))] {
             let o = inv.ingests[slot].lock().apply_batch(&batch, &inv.index);
             assert!(o.action.applies());
@@ -346,7 +292,7 @@ mod tests {
         assert_eq!((out[0].prefix, out[0].blocks), (2, 2));
         assert_eq!((out[1].prefix, out[1].blocks), (0, 2));
         assert_eq!(inv.blocks(0), 2);
-        inv.reset(0);
+        let _ = inv.ingests[0].lock().clear(&inv.index);
         assert_eq!(inv.blocks(0), 0);
         assert_eq!(inv.blocks(1), 2);
     }

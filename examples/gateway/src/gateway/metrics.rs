@@ -347,11 +347,11 @@ pub fn render(gw: &Gateway) -> String {
             "kvroute_exhausted_total{{rule=\"{rule}\"}} {}",
             snap.exhausted
         );
+        let att = rt.inventory.attestation();
         let _ = writeln!(
             contract,
-            "kvroute_contract_attestations_total{{rule=\"{rule}\",result=\"match\"}} {}\nkvroute_contract_attestations_total{{rule=\"{rule}\",result=\"mismatch\"}} {}",
-            rt.inventory.attestation.matched.load(Ordering::Relaxed),
-            rt.inventory.attestation.mismatched.load(Ordering::Relaxed)
+            "kvroute_contract_attestations_total{{rule=\"{rule}\",result=\"match\"}} {}\nkvroute_contract_attestations_total{{rule=\"{rule}\",result=\"mismatch\"}} {}\nkvroute_contract_attestations_total{{rule=\"{rule}\",result=\"unverifiable\"}} {}",
+            att.verified_blocks, att.mismatched_blocks, att.unverifiable_events
         );
         for (i, (ep, ev)) in rt.endpoints.iter().zip(&snap.endpoints).enumerate() {
             let l = format!(
@@ -458,7 +458,7 @@ pub fn render(gw: &Gateway) -> String {
         (
             "kvroute_contract_attestations_total",
             "counter",
-            "Root KV batches re-hashed with the rule's contract.",
+            "Stored KV blocks re-hashed with the rule's contract (match, mismatch); stored events that cannot be re-hashed (unverifiable).",
             &contract,
         ),
         (

@@ -369,8 +369,8 @@ impl Gateway {
         cfg.thresholds = thresholds;
         let provider = keys.map(|k| k as Arc<dyn PromptKeys>);
         let rule = Rule::new(cfg, provider).map_err(|e| lib_err(&e))?;
-        let inventory = Arc::new(RuleInventory::new(spec.endpoints.len()));
         let hasher = spec.contract.as_ref().and_then(|c| c.hasher().ok());
+        let inventory = Arc::new(RuleInventory::new(spec.endpoints.len(), hasher));
         let mut pending = Vec::new();
         let breaker = BreakerConfig {
             failure_threshold: self.health.failure_threshold,
@@ -386,13 +386,7 @@ impl Gateway {
                 }
                 let subscriber = ZmqSubscriber::new(cfg);
                 subscribers.push(subscriber.metrics());
-                let sink = RankSink::new(
-                    Arc::clone(&inventory),
-                    slot,
-                    src.rank,
-                    e.engine,
-                    hasher.clone(),
-                );
+                let sink = RankSink::new(Arc::clone(&inventory), slot, src.rank, e.engine);
                 pending.push(Pending {
                     subscriber,
                     sink,
