@@ -4,7 +4,10 @@
 //! while the subscriber is gone, so the subscriber comes back to a sequence gap:
 //!
 //! * near: fewer batches missed than the window (64) → inventory kept, gap counted;
-//! * far: more than the window missed → inventory cleared, gap and clear counted.
+//! * far: more than the window missed → inventory cleared, gap and clear counted;
+//! * with a replay socket: the reconnect resumes from our last batch, recovering
+//!   what the cut lost — or, if the engine restarted meanwhile and published past
+//!   our last seq, proving the restart by that batch's digest.
 //!
 //! Real peer: tests/python/kv_publisher.py (pyzmq XPUB). The number of missed
 //! batches follows from the publish rate × the cut; each test checks that its
@@ -128,4 +131,132 @@ fn far_cut_clears_the_inventory_and_counts_it() {
     );
     assert_eq!((m.gaps, m.clears), (1, 1), "{m:?}");
     assert_eq!((seq.gaps_kept, seq.gaps_cleared), (0, 1), "{seq:?}");
+}
+
+/// The engine restarts while we are cut off and publishes past our last sequence
+/// before we come back: by numbers alone its batch `last + 1` looks like the next
+/// one and the dead process's blocks would stay. With a replay socket the
+/// reconnect resumes from our *last* batch; the new process's batch at that seq
+/// differs, which proves the restart: the old inventory goes and the new process's
+/// buffer is applied.
+#[test]
+fn restart_during_a_cut_past_our_last_seq_is_detected_by_the_resume_digest() {
+    const BEFORE: u64 = 20;
+    const AFTER: u64 = 40;
+    let port = free_port_pair();
+    let replay_port = free_port_pair();
+    let relay = Relay::start(([127, 0, 0, 1], port).into());
+    let mut config = RigConfig::new(
+        ZmqSubscriberConfig::new(ZmqEndpoint::connect(format!(
+            "tcp://127.0.0.1:{}",
+            relay.port
+        )))
+        .replay_endpoint(format!("tcp://127.0.0.1:{replay_port}"))
+        .retry(Duration::from_millis(10), Duration::from_millis(100)),
+    );
+    config.bootstrap = true;
+    let rig = Rig::start(config);
+    let mut publisher = Peer::publisher(
+        &[
+            "--engine",
+            "vllm",
+            "--socket",
+            "xpub",
+            "--endpoint",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--replay-endpoint",
+            &format!("tcp://127.0.0.1:{replay_port}"),
+        ],
+        &format!(
+            r#"[{{"op":"wait_subscriber"}},{{"op":"publish","count":{BEFORE},"rate":500}},
+                {{"op":"wait_stdin"}},{{"op":"restart","down_ms":100}},
+                {{"op":"publish","count":{AFTER},"rate":2000}},{{"op":"serve","ms":15000}}]"#
+        ),
+    );
+    publisher.expect("PUBLISHED", T);
+    rig.wait_for("the first process's blocks", T, |r| {
+        (0..BEFORE).all(|s| r.has(synthetic_key(0, s)))
+    });
+    relay.sever();
+    publisher.send_line("restart");
+    publisher.expect("PUBLISHED epoch=1", T);
+    relay.resume();
+    rig.wait_for("the new process's blocks from our last seq on", T, |r| {
+        (BEFORE - 1..AFTER).all(|s| r.has(synthetic_key(1, s)))
+    });
+    for s in 0..BEFORE {
+        assert!(
+            !rig.has(synthetic_key(0, s)),
+            "dead process's seq {s} cleared"
+        );
+    }
+    let (m, sink) = rig.finish();
+    let seq = sink.inner.ingest().endpoint_ingest().seq_counters();
+    println!("FAULT restart during cut: metrics {m:?}; seq counters {seq:?}");
+    assert!(m.restarts >= 1 && m.clears >= 1, "{m:?}");
+    assert!(
+        seq.resumes >= 1 && seq.resume_restarts >= 1,
+        "the resume found the restart: {seq:?}"
+    );
+}
+
+/// The same cut without a restart: the resume's replay starts with our last batch,
+/// unchanged, so nothing is cleared and the batches published during the cut are
+/// recovered from the engine's buffer (no gap at all).
+#[test]
+fn cut_with_replay_resumes_verified_and_recovers_the_missed_batches() {
+    const BEFORE: u64 = 20;
+    const DURING: u64 = 30;
+    let port = free_port_pair();
+    let replay_port = free_port_pair();
+    let relay = Relay::start(([127, 0, 0, 1], port).into());
+    let mut config = RigConfig::new(
+        ZmqSubscriberConfig::new(ZmqEndpoint::connect(format!(
+            "tcp://127.0.0.1:{}",
+            relay.port
+        )))
+        .replay_endpoint(format!("tcp://127.0.0.1:{replay_port}"))
+        .retry(Duration::from_millis(10), Duration::from_millis(100)),
+    );
+    config.bootstrap = true;
+    let rig = Rig::start(config);
+    let mut publisher = Peer::publisher(
+        &[
+            "--engine",
+            "vllm",
+            "--socket",
+            "xpub",
+            "--endpoint",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--replay-endpoint",
+            &format!("tcp://127.0.0.1:{replay_port}"),
+        ],
+        &format!(
+            r#"[{{"op":"wait_subscriber"}},{{"op":"publish","count":{BEFORE},"rate":500}},
+                {{"op":"wait_stdin"}},{{"op":"publish","count":{DURING},"rate":2000}},
+                {{"op":"serve","ms":15000}}]"#
+        ),
+    );
+    publisher.expect("PUBLISHED", T);
+    rig.wait_for("the blocks before the cut", T, |r| {
+        (0..BEFORE).all(|s| r.has(synthetic_key(0, s)))
+    });
+    relay.sever();
+    publisher.send_line("publish");
+    publisher.expect("PUBLISHED", T);
+    relay.resume();
+    rig.wait_for(
+        "every block, including those published during the cut",
+        T,
+        |r| (0..BEFORE + DURING).all(|s| r.has(synthetic_key(0, s))),
+    );
+    let (m, sink) = rig.finish();
+    let seq = sink.inner.ingest().endpoint_ingest().seq_counters();
+    println!("FAULT cut with replay: metrics {m:?}; seq counters {seq:?}");
+    assert_eq!((m.clears, m.restarts, m.gaps), (0, 0, 0), "{m:?}");
+    assert_eq!(
+        (seq.resumes_verified, seq.resume_restarts),
+        (1, 0),
+        "{seq:?}"
+    );
 }
