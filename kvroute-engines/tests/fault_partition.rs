@@ -133,16 +133,11 @@ fn far_cut_clears_the_inventory_and_counts_it() {
     assert_eq!((seq.gaps_kept, seq.gaps_cleared), (0, 1), "{seq:?}");
 }
 
-/// The engine restarts while we are cut off and publishes past our last sequence
-/// before we come back: by numbers alone its batch `last + 1` looks like the next
-/// one and the dead process's blocks would stay. With a replay socket the
-/// reconnect resumes from our *last* batch; the new process's batch at that seq
-/// differs, which proves the restart: the old inventory goes and the new process's
-/// buffer is applied.
-#[test]
-fn restart_during_a_cut_past_our_last_seq_is_detected_by_the_resume_digest() {
-    const BEFORE: u64 = 20;
-    const AFTER: u64 = 40;
+/// A subscriber behind a relay with a replay socket (bootstrap and resume), and a
+/// publisher that publishes `BEFORE` batches, waits for a line on stdin, then runs
+/// `during` (JSON steps) and serves replays. Returns once the subscriber holds
+/// the first `BEFORE` batches.
+fn replay_rig(during: &str) -> (Rig, Relay, Peer) {
     let port = free_port_pair();
     let replay_port = free_port_pair();
     let relay = Relay::start(([127, 0, 0, 1], port).into());
@@ -169,14 +164,30 @@ fn restart_during_a_cut_past_our_last_seq_is_detected_by_the_resume_digest() {
         ],
         &format!(
             r#"[{{"op":"wait_subscriber"}},{{"op":"publish","count":{BEFORE},"rate":500}},
-                {{"op":"wait_stdin"}},{{"op":"restart","down_ms":100}},
-                {{"op":"publish","count":{AFTER},"rate":2000}},{{"op":"serve","ms":15000}}]"#
+                {{"op":"wait_stdin"}},{during},{{"op":"serve","ms":15000}}]"#
         ),
     );
     publisher.expect("PUBLISHED", T);
-    rig.wait_for("the first process's blocks", T, |r| {
+    rig.wait_for("the blocks before the cut", T, |r| {
         (0..BEFORE).all(|s| r.has(synthetic_key(0, s)))
     });
+    (rig, relay, publisher)
+}
+
+const BEFORE: u64 = 20;
+
+/// The engine restarts while we are cut off and publishes past our last sequence
+/// before we come back: by numbers alone its batch `last + 1` looks like the next
+/// one and the dead process's blocks would stay. With a replay socket the
+/// reconnect resumes from our *last* batch; the new process's batch at that seq
+/// differs, which proves the restart: the old inventory goes and the new process's
+/// buffer is applied.
+#[test]
+fn restart_during_a_cut_past_our_last_seq_is_detected_by_the_resume_digest() {
+    const AFTER: u64 = 40;
+    let (rig, relay, mut publisher) = replay_rig(&format!(
+        r#"{{"op":"restart","down_ms":100}},{{"op":"publish","count":{AFTER},"rate":2000}}"#
+    ));
     relay.sever();
     publisher.send_line("restart");
     publisher.expect("PUBLISHED epoch=1", T);
@@ -205,42 +216,10 @@ fn restart_during_a_cut_past_our_last_seq_is_detected_by_the_resume_digest() {
 /// recovered from the engine's buffer (no gap at all).
 #[test]
 fn cut_with_replay_resumes_verified_and_recovers_the_missed_batches() {
-    const BEFORE: u64 = 20;
     const DURING: u64 = 30;
-    let port = free_port_pair();
-    let replay_port = free_port_pair();
-    let relay = Relay::start(([127, 0, 0, 1], port).into());
-    let mut config = RigConfig::new(
-        ZmqSubscriberConfig::new(ZmqEndpoint::connect(format!(
-            "tcp://127.0.0.1:{}",
-            relay.port
-        )))
-        .replay_endpoint(format!("tcp://127.0.0.1:{replay_port}"))
-        .retry(Duration::from_millis(10), Duration::from_millis(100)),
-    );
-    config.bootstrap = true;
-    let rig = Rig::start(config);
-    let mut publisher = Peer::publisher(
-        &[
-            "--engine",
-            "vllm",
-            "--socket",
-            "xpub",
-            "--endpoint",
-            &format!("tcp://127.0.0.1:{port}"),
-            "--replay-endpoint",
-            &format!("tcp://127.0.0.1:{replay_port}"),
-        ],
-        &format!(
-            r#"[{{"op":"wait_subscriber"}},{{"op":"publish","count":{BEFORE},"rate":500}},
-                {{"op":"wait_stdin"}},{{"op":"publish","count":{DURING},"rate":2000}},
-                {{"op":"serve","ms":15000}}]"#
-        ),
-    );
-    publisher.expect("PUBLISHED", T);
-    rig.wait_for("the blocks before the cut", T, |r| {
-        (0..BEFORE).all(|s| r.has(synthetic_key(0, s)))
-    });
+    let (rig, relay, mut publisher) = replay_rig(&format!(
+        r#"{{"op":"publish","count":{DURING},"rate":2000}}"#
+    ));
     relay.sever();
     publisher.send_line("publish");
     publisher.expect("PUBLISHED", T);

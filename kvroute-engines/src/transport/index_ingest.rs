@@ -9,11 +9,11 @@
 
 use std::sync::Arc;
 
-use kvroute_ingest::seq::{ClearReason, ReplayEnd, SeqAction};
+use kvroute_ingest::seq::{ClearReason, SeqAction};
 use kvroute_ingest::{EndpointIngest, EventBatch, SharedIndex};
 
 use super::decoding_sink::{IngestOutcome, SeqIngest};
-use super::sink::{FrameReport, FrameSource, ReplayOutcome, SinkAction};
+use super::sink::{FrameReport, FrameSource, ReplayOutcome};
 use super::trtllm_sink::BatchApplier;
 
 /// One endpoint's ingest state plus the shared index it writes.
@@ -116,23 +116,14 @@ impl SeqIngest for IndexIngest {
         let end = self
             .ingest
             .on_replay_finished(self.dp_rank, outcome.completed, &self.index);
-        if !end.clears() {
-            return FrameReport::default();
+        if end.clears() {
+            tracing::info!(
+                endpoint = self.ingest.endpoint().0,
+                from = outcome.requested_from,
+                "engine replay ends before our last sequence: restart; inventory cleared"
+            );
         }
-        tracing::info!(
-            endpoint = self.ingest.endpoint().0,
-            from = outcome.requested_from,
-            "engine replay ends before our last sequence: restart; inventory cleared"
-        );
-        FrameReport {
-            cleared: true,
-            restart: true,
-            action: match end {
-                ReplayEnd::ClearThenReplay { from } => SinkAction::Replay { from_seq: from },
-                _ => SinkAction::Continue,
-            },
-            ..FrameReport::default()
-        }
+        FrameReport::from(end)
     }
 }
 
@@ -149,7 +140,7 @@ impl BatchApplier for IndexIngest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::sink::{Frame, FrameSink};
+    use crate::transport::sink::{Frame, FrameSink, SinkAction};
     use crate::transport::{DecodingSink, EngineKind};
     use kvroute_core::{BlockKey, EndpointId, Medium};
     use kvroute_ingest::{IndexConfig, IngestConfig, KeyMode};

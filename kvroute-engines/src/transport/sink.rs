@@ -62,6 +62,24 @@ pub struct FrameReport {
     pub engine_timestamp: Option<f64>,
 }
 
+impl From<kvroute_ingest::seq::ReplayEnd> for FrameReport {
+    /// The report of a replay's end as the ingest window judged it: a restart
+    /// clears, and may ask for a replay from 0.
+    fn from(end: kvroute_ingest::seq::ReplayEnd) -> Self {
+        use kvroute_ingest::seq::ReplayEnd;
+        let restart = end.clears();
+        FrameReport {
+            cleared: restart,
+            restart,
+            action: match end {
+                ReplayEnd::ClearThenReplay { from } => SinkAction::Replay { from_seq: from },
+                ReplayEnd::Continue | ReplayEnd::Clear(_) => SinkAction::Continue,
+            },
+            ..FrameReport::default()
+        }
+    }
+}
+
 /// Consumer of ZeroMQ KV-event frames for one endpoint (one subscriber).
 ///
 /// ```
