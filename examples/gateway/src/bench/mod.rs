@@ -181,38 +181,19 @@ async fn start_engines(
     args: &GatewayBenchArgs,
     model_dir: &Path,
 ) -> anyhow::Result<Vec<mock_engine::Running>> {
-    #[derive(clap::Parser)]
-    struct EngineCli {
-        #[command(flatten)]
-        args: mock_engine::Args,
-    }
-    let dir = model_dir.display().to_string();
     let step = args.service_us.to_string();
     let running = args.concurrency.max(1).to_string();
-    let mut out = Vec::new();
-    for _ in 0..args.engines.max(1) {
-        let cli = <EngineCli as clap::Parser>::try_parse_from([
-            "mock-engine",
-            "--port",
-            "0",
-            "--zmq-port",
-            "0",
-            "--model-dir",
-            &dir,
-            "--model",
-            MODEL,
-            "--max-running",
-            &running,
-            "--prefill-us-per-token",
-            "0",
-            "--prefill-step-us",
-            &step,
-            "--decode-us-per-token",
-            "0",
-        ])?;
-        out.push(mock_engine::start(&cli.args).await?);
-    }
-    Ok(out)
+    let flags = [
+        "--max-running",
+        &running,
+        "--prefill-us-per-token",
+        "0",
+        "--prefill-step-us",
+        &step,
+        "--decode-us-per-token",
+        "0",
+    ];
+    mock_engine::start_local_fleet(args.engines, model_dir, MODEL, &flags).await
 }
 
 fn gateway_toml(model_dir: &Path, engines: &[mock_engine::Running]) -> String {

@@ -165,37 +165,18 @@ async fn start_engines(
     args: &DemoArgs,
     model_dir: &Path,
 ) -> anyhow::Result<Vec<mock_engine::Running>> {
-    #[derive(clap::Parser)]
-    struct EngineCli {
-        #[command(flatten)]
-        args: mock_engine::Args,
-    }
-    let dir = model_dir.display().to_string();
     let capacity = args.capacity_blocks.to_string();
-    let mut out = Vec::new();
-    for _ in 0..args.engines.max(1) {
-        let cli = <EngineCli as clap::Parser>::try_parse_from([
-            "mock-engine",
-            "--port",
-            "0",
-            "--zmq-port",
-            "0",
-            "--model-dir",
-            &dir,
-            "--model",
-            MODEL,
-            "--capacity-blocks",
-            &capacity,
-            "--prefill-us-per-token",
-            "20",
-            "--prefill-step-us",
-            "500",
-            "--decode-us-per-token",
-            "1000",
-        ])?;
-        out.push(mock_engine::start(&cli.args).await?);
-    }
-    Ok(out)
+    let flags = [
+        "--capacity-blocks",
+        &capacity,
+        "--prefill-us-per-token",
+        "20",
+        "--prefill-step-us",
+        "500",
+        "--decode-us-per-token",
+        "1000",
+    ];
+    mock_engine::start_local_fleet(args.engines, model_dir, MODEL, &flags).await
 }
 
 fn gateway_toml(

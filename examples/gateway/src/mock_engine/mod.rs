@@ -153,6 +153,41 @@ pub struct Running {
     pub server: tokio::task::JoinHandle<()>,
 }
 
+/// Starts `count` engines on ephemeral loopback ports (HTTP and ZeroMQ) serving
+/// `model` from `model_dir`, each configured by the `mock-engine` command-line
+/// flags in `flags` (in-process fleets for `kvroute demo` and `kvroute bench`).
+pub async fn start_local_fleet(
+    count: usize,
+    model_dir: &std::path::Path,
+    model: &str,
+    flags: &[&str],
+) -> anyhow::Result<Vec<Running>> {
+    #[derive(clap::Parser)]
+    struct EngineCli {
+        #[command(flatten)]
+        args: Args,
+    }
+    let dir = model_dir.display().to_string();
+    let mut argv = vec![
+        "mock-engine",
+        "--port",
+        "0",
+        "--zmq-port",
+        "0",
+        "--model-dir",
+        &dir,
+        "--model",
+        model,
+    ];
+    argv.extend_from_slice(flags);
+    let cli = <EngineCli as clap::Parser>::try_parse_from(&argv)?;
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count.max(1) {
+        out.push(start(&cli.args).await?);
+    }
+    Ok(out)
+}
+
 /// Binds everything and starts serving on the current tokio runtime.
 pub async fn start(args: &Args) -> anyhow::Result<Running> {
     let contract = args.contract()?;
