@@ -191,32 +191,29 @@ impl TrtllmDecoder {
         let mut out = Vec::with_capacity(events.len());
         for (index, ev) in events.iter().enumerate() {
             stats.events += 1;
-            let id = ev.get("event_id").and_then(Value::as_u64);
+            // An event without an id cannot be placed in the sequence, so it is
+            // dropped before it can touch the tier map: the ingest never sees it.
+            let Some(id) = ev.get("event_id").and_then(Value::as_u64) else {
+                stats.malformed_events += 1;
+                tracing::debug!(index, "TensorRT-LLM event without event_id dropped");
+                continue;
+            };
             let rank = ev
                 .get("attention_dp_rank")
                 .and_then(Value::as_u64)
                 .and_then(|r| u32::try_from(r).ok());
             let mut batch = EventBatch {
-                seq: id.unwrap_or(0),
+                seq: id,
                 timestamp: 0.0,
                 dp_rank: rank,
                 events: Vec::new(),
             };
-            match self.event(ev, &mut batch.events, stats) {
-                Ok(()) if id.is_some() => out.push(batch),
-                Ok(()) => {
-                    stats.malformed_events += 1;
-                    tracing::debug!(index, "TensorRT-LLM event without event_id dropped");
-                }
-                Err(what) => {
-                    stats.malformed_events += 1;
-                    tracing::debug!(index, what, "malformed TensorRT-LLM event dropped");
-                    if id.is_some() {
-                        batch.events.clear();
-                        out.push(batch);
-                    }
-                }
+            if let Err(what) = self.event(ev, &mut batch.events, stats) {
+                stats.malformed_events += 1;
+                tracing::debug!(index, what, "malformed TensorRT-LLM event dropped");
+                batch.events.clear();
             }
+            out.push(batch);
         }
         stats.batches += 1;
         Ok(out)
