@@ -159,10 +159,88 @@ fn decision_from_tokens(c: &mut Criterion) {
     }
 }
 
+/// Simulator-like shape: many endpoints, a short prompt, so the per-decision
+/// buffers (one entry per endpoint) rather than scoring dominate.
+const MANY: usize = 256;
+
+fn many_endpoints() -> (Rule, KeySetInventory, LoadTable, Vec<BlockKey>, ContractId) {
+    let contract = ContractId::new("bench/bs16");
+    let endpoints: Vec<Endpoint> = (0..MANY)
+        .map(|i| Endpoint::new(format!("w{i}"), Role::Both).with_inventory_slot(i as u32))
+        .collect();
+    let cfg = RuleConfig::kv_exact(
+        "bench",
+        Topology::Converged,
+        endpoints,
+        BLOCK as u32,
+        contract.clone(),
+    );
+    let rule = Rule::new(cfg, None).unwrap();
+    let keys: Vec<BlockKey> = (0..128u64)
+        .map(|i| BlockKey(0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i + 1)))
+        .collect();
+    let mut inv = KeySetInventory::new(MANY);
+    for slot in 0..MANY {
+        inv.store(slot, keys[..slot % keys.len()].iter().copied());
+    }
+    let mut load = LoadTable::new(MANY);
+    for i in 0..MANY {
+        load.set(
+            kvroute_core::EndpointId(i as u32),
+            EndpointLoad {
+                in_flight: (i % 5) as u32,
+                queued_prefill_tokens: 0,
+            },
+        );
+    }
+    (rule, inv, load, keys, contract)
+}
+
+fn decision_many_endpoints(c: &mut Criterion) {
+    let (rule, inv, load, keys, contract) = many_endpoints();
+    let req = Request::new(PromptInput::Keys {
+        keys: &keys,
+        contract: &contract,
+        prompt_tokens: 2048,
+    });
+    c.bench_function("decide/precomputed_keys/2k_tokens/256_endpoints", |b| {
+        b.iter(|| {
+            black_box(
+                rule.decide(
+                    black_box(&req),
+                    &inv,
+                    &load,
+                    &AlwaysAvailable,
+                    Duration::ZERO,
+                )
+                .target(),
+            )
+        })
+    });
+    let mut d = kvroute_select::Decision::new();
+    c.bench_function(
+        "decide_into/reused/precomputed_keys/2k_tokens/256_endpoints",
+        |b| {
+            b.iter(|| {
+                rule.decide_into(
+                    &mut d,
+                    black_box(&req),
+                    &inv,
+                    &load,
+                    &AlwaysAvailable,
+                    Duration::ZERO,
+                );
+                black_box(d.target())
+            })
+        },
+    );
+}
+
 criterion_group!(
     benches,
     decision_from_keys,
     decision_from_keys_shared_index,
-    decision_from_tokens
+    decision_from_tokens,
+    decision_many_endpoints
 );
 criterion_main!(benches);

@@ -1,6 +1,8 @@
 //! [`PromptKeys`] backed by `kvroute-core`'s contract hashers.
 
-use kvroute_core::{BlockHasher, BlockKey, ContractError, HashContract, RequestExtras, TokenId};
+use kvroute_core::{
+    BlockHasher, BlockKey, ContractError, HashContract, HashError, RequestExtras, TokenId,
+};
 
 use crate::keys::{ContractId, KeyMode, KeysError, PromptKeys};
 
@@ -12,8 +14,10 @@ impl From<&HashContract> for ContractId {
     }
 }
 
-/// Hashes prompts with a [`HashContract`] (no per-request extras: LoRA, cache
-/// salt and multimodal requests need a provider that carries them).
+/// Hashes prompts with a [`HashContract`], per-request extras included
+/// ([`PromptKeys::keys_with_extras`]: vLLM `cache_salt`, LoRA adapter, …).
+/// Extras the contract has no place for are refused with
+/// [`KeysError::ExtraNotSupported`], never hashed away.
 ///
 /// ```
 /// use kvroute_core::HashContract;
@@ -24,6 +28,13 @@ impl From<&HashContract> for ContractId {
 /// keys.keys(&(0..40).collect::<Vec<u32>>(), &mut out).unwrap();
 /// assert_eq!(out.len(), 2);
 /// assert_eq!(keys.contract().as_str(), "vllm@0.33.0:sha256_cbor:block=16:seed=0");
+///
+/// // A salted request changes block 0's key, and with it every later one.
+/// let salted = kvroute_core::RequestExtras { cache_salt: Some("tenant-a".into()), ..Default::default() };
+/// let mut salted_keys = Vec::new();
+/// keys.keys_with_extras(&(0..40).collect::<Vec<u32>>(), &salted, &mut salted_keys).unwrap();
+/// assert_eq!(salted_keys.len(), 2);
+/// assert_ne!(salted_keys[0], out[0]);
 /// ```
 #[derive(Clone, Debug)]
 pub struct ContractKeys {
@@ -63,9 +74,29 @@ impl PromptKeys for ContractKeys {
     }
 
     fn keys(&self, tokens: &[TokenId], out: &mut Vec<BlockKey>) -> Result<(), KeysError> {
+        self.keys_with_extras(tokens, &RequestExtras::NONE, out)
+    }
+
+    fn keys_with_extras(
+        &self,
+        tokens: &[TokenId],
+        extras: &RequestExtras,
+        out: &mut Vec<BlockKey>,
+    ) -> Result<(), KeysError> {
+        let before = out.len();
         self.hasher
-            .hash_prompt(tokens, &RequestExtras::NONE, out)
+            .hash_prompt(tokens, extras, out)
             .map(|_| ())
-            .map_err(|e| KeysError::Hashing(e.to_string()))
+            .map_err(|e| {
+                // Never leave keys of a refused request behind.
+                out.truncate(before);
+                match e {
+                    HashError::ExtraNotSupported { field, .. } => KeysError::ExtraNotSupported {
+                        field,
+                        reason: e.to_string(),
+                    },
+                    other => KeysError::Hashing(other.to_string()),
+                }
+            })
     }
 }

@@ -39,11 +39,15 @@ pub enum MissReason {
     AllCandidatesFiltered,
     /// The prompt exceeds the host's routing limit and was not tokenized.
     PromptTooLong,
+    /// The request carries an extra (cache salt, LoRA adapter, multimodal
+    /// items, …) that the rule's key provider or hash contract cannot mix into
+    /// block keys: hashing without it would give keys no engine publishes.
+    ExtrasUnsupported,
 }
 
 impl MissReason {
     /// Number of reasons (size of per-reason arrays).
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 15;
 
     /// Every reason, in [`MissReason::index`] order.
     pub const ALL: [MissReason; Self::COUNT] = [
@@ -61,6 +65,7 @@ impl MissReason {
         MissReason::BelowThreshold,
         MissReason::AllCandidatesFiltered,
         MissReason::PromptTooLong,
+        MissReason::ExtrasUnsupported,
     ];
 
     /// Stable array index.
@@ -87,6 +92,7 @@ impl MissReason {
             MissReason::BelowThreshold => "below_threshold",
             MissReason::AllCandidatesFiltered => "all_candidates_filtered",
             MissReason::PromptTooLong => "prompt_too_long",
+            MissReason::ExtrasUnsupported => "extras_unsupported",
         }
     }
 }

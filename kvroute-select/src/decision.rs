@@ -11,7 +11,7 @@ use kvroute_ingest::{InventoryView, Overlap};
 use crate::bounded::{chain, hash_bytes};
 use crate::counters::MissReason;
 use crate::health::Health;
-use crate::keys::{PromptInput, Request};
+use crate::keys::{KeysError, PromptInput, Request};
 use crate::load::{EndpointLoad, Load};
 use crate::pool::Pool;
 use crate::rule::{Choice, Rule, Topology};
@@ -28,7 +28,7 @@ pub struct Target {
 }
 
 /// Which ladder tier produced the current target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Source {
     /// P/D session affinity.
     SessionAffinity,
@@ -38,7 +38,8 @@ pub enum Source {
     KvExact,
     /// The fallback: P/D minimum load, or the rule's selector.
     Fallback(SelectorKind),
-    /// Nothing was eligible.
+    /// Nothing was eligible (also: no decision made yet).
+    #[default]
     Exhausted,
 }
 
@@ -53,7 +54,11 @@ pub enum Leg {
 
 /// One request's routing state: its keys (computed once, reused by retries),
 /// overlaps, exclusions and current target.
-#[derive(Clone, Debug)]
+///
+/// Its buffers are sized by the rule's endpoint count. A host that decides
+/// many requests keeps one `Decision` and passes it to [`Rule::decide_into`]:
+/// the buffers are reused, so steady-state decisions do not allocate.
+#[derive(Clone, Debug, Default)]
 pub struct Decision {
     keys: Vec<BlockKey>,
     overlaps: Vec<Overlap>,
@@ -61,6 +66,7 @@ pub struct Decision {
     excluded: Vec<bool>,
     excluded_decode: Vec<bool>,
     eligible: Vec<bool>,
+    decode_eligible: Vec<bool>,
     loads: Vec<EndpointLoad>,
     prompt_tokens: u32,
     affinity_key: Option<u64>,
@@ -73,6 +79,39 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// An empty decision (no target) whose buffers [`Rule::decide_into`] fills
+    /// and reuses.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Clears every field and sizes the per-endpoint buffers for `n` endpoints,
+    /// keeping their capacity.
+    fn reset(&mut self, n: usize) {
+        fn fill<T: Copy>(v: &mut Vec<T>, n: usize, value: T) {
+            v.clear();
+            v.resize(n, value);
+        }
+        self.keys.clear();
+        self.slot_scratch.clear();
+        fill(&mut self.overlaps, n, Overlap::default());
+        fill(&mut self.excluded, n, false);
+        fill(&mut self.excluded_decode, n, false);
+        fill(&mut self.eligible, n, false);
+        // Filled by `pick_decode` when a P/D decision needs it.
+        self.decode_eligible.clear();
+        fill(&mut self.loads, n, EndpointLoad::default());
+        self.prompt_tokens = 0;
+        self.affinity_key = None;
+        self.key_miss = None;
+        self.miss = None;
+        self.target = None;
+        self.source = Source::Exhausted;
+        self.predicted_blocks = 0;
+        self.retries = 0;
+    }
+
     /// The current target, `None` once nothing eligible is left.
     #[must_use]
     pub fn target(&self) -> Option<Target> {
@@ -171,28 +210,50 @@ impl Rule {
         L: Load + ?Sized,
         H: Health + ?Sized,
     {
-        let n = self.config.endpoints.len();
-        let mut d = Decision {
-            keys: Vec::new(),
-            overlaps: vec![Overlap::default(); n],
-            slot_scratch: Vec::new(),
-            excluded: vec![false; n],
-            excluded_decode: vec![false; n],
-            eligible: vec![false; n],
-            loads: vec![EndpointLoad::default(); n],
-            prompt_tokens: 0,
-            affinity_key: None,
-            key_miss: None,
-            miss: None,
-            target: None,
-            source: Source::Exhausted,
-            predicted_blocks: 0,
-            retries: 0,
-        };
-        self.counters.decision();
-        self.prepare_keys(&mut d, request, view);
-        self.run_ladder(&mut d, request, load, health, now, true);
+        let mut d = Decision::new();
+        self.decide_into(&mut d, request, view, load, health, now);
         d
+    }
+
+    /// [`Rule::decide`] into a caller-owned `d`, overwriting whatever decision
+    /// it held and reusing its buffers: a host that keeps one `Decision` per
+    /// worker decides without allocating once the buffers have grown.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kvroute_core::BlockKey;
+    /// use kvroute_select::*;
+    /// let c = ContractId::new("example/bs4");
+    /// let eps = vec![Endpoint::new("a:1", Role::Both).with_inventory_slot(0),
+    ///                Endpoint::new("b:1", Role::Both).with_inventory_slot(1)];
+    /// let rule = Rule::new(RuleConfig::kv_exact("r", Topology::Converged, eps, 4, c.clone()), None).unwrap();
+    /// let mut inv = KeySetInventory::new(2);
+    /// inv.store(1, [BlockKey(7)]);
+    /// let (load, mut d) = (LoadTable::new(2), Decision::new());
+    /// for _ in 0..3 {
+    ///     let keys = [BlockKey(7)];
+    ///     let req = Request::new(PromptInput::Keys { keys: &keys, contract: &c, prompt_tokens: 4 });
+    ///     rule.decide_into(&mut d, &req, &inv, &load, &AlwaysAvailable, Duration::ZERO);
+    ///     assert_eq!(d.target().map(|t| t.endpoint.index()), Some(1));
+    /// }
+    /// ```
+    pub fn decide_into<V, L, H>(
+        &self,
+        d: &mut Decision,
+        request: &Request<'_>,
+        view: &V,
+        load: &L,
+        health: &H,
+        now: Duration,
+    ) where
+        V: InventoryView + ?Sized,
+        L: Load + ?Sized,
+        H: Health + ?Sized,
+    {
+        d.reset(self.config.endpoints.len());
+        self.counters.decision();
+        self.prepare_keys(d, request, view);
+        self.run_ladder(d, request, load, health, now, true);
     }
 
     /// The host could not connect to `failed` of the current target: exclude it
@@ -302,10 +363,17 @@ impl Rule {
                 match (&self.keys, kv) {
                     (_, false) => Ok(()),
                     (None, true) => Err(MissReason::NoHasher),
-                    (Some(p), true) => p.keys(tokens, &mut d.keys).map_err(|e| {
-                        tracing::debug!(rule = %self.config.name, error = %e, "prompt hashing failed");
-                        MissReason::HashError
-                    }),
+                    (Some(p), true) => p
+                        .keys_with_extras(tokens, request.extras(), &mut d.keys)
+                        .map_err(|e| {
+                            tracing::debug!(rule = %self.config.name, error = %e, "prompt hashing failed");
+                            match e {
+                                KeysError::ExtraNotSupported { .. } => {
+                                    MissReason::ExtrasUnsupported
+                                }
+                                KeysError::Hashing(_) => MissReason::HashError,
+                            }
+                        }),
                 }
             }
             PromptInput::Keys {
@@ -393,20 +461,23 @@ impl Rule {
 
     fn pick_decode<H: Health + ?Sized>(
         &self,
-        d: &Decision,
+        d: &mut Decision,
         health: &H,
         now: Duration,
     ) -> Option<EndpointId> {
-        let eligible: Vec<bool> = crate::endpoint::enumerate(&self.config.endpoints)
-            .map(|(i, e)| {
-                e.role.can_decode()
-                    && !d.excluded_decode.get(i.index()).copied().unwrap_or(true)
-                    && health.availability(i, now).is_available()
-            })
-            .collect();
+        let excluded = &d.excluded_decode;
+        d.decode_eligible.clear();
+        d.decode_eligible
+            .extend(
+                crate::endpoint::enumerate(&self.config.endpoints).map(|(i, e)| {
+                    e.role.can_decode()
+                        && !excluded.get(i.index()).copied().unwrap_or(true)
+                        && health.availability(i, now).is_available()
+                }),
+            );
         let pool = Pool {
             endpoints: &self.config.endpoints,
-            eligible: &eligible,
+            eligible: &d.decode_eligible,
             loads: &d.loads,
         };
         let turn = self.decode_turns.fetch_add(1, Ordering::Relaxed);

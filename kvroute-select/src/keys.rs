@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use kvroute_core::{BlockKey, TokenId};
+use kvroute_core::{BlockKey, RequestExtras, TokenId};
 
 /// Names one hash contract (engine, version range, algorithm, seed, block size,
 /// extra keys). Two contracts match only when their names are equal; the
@@ -61,6 +61,36 @@ pub enum KeysError {
     /// The hasher refused the input (e.g. a token id outside the contract's range).
     #[error("block hashing failed: {0}")]
     Hashing(String),
+    /// The request carries an extra the provider (or its contract) cannot mix
+    /// into keys. Never hashed without it: those keys would match nothing.
+    #[error("request extra `{field}` is not supported: {reason}")]
+    ExtraNotSupported {
+        /// The [`RequestExtras`] field that is set.
+        field: &'static str,
+        /// Why (the contract's hint, or "this provider hashes token ids only").
+        reason: String,
+    },
+}
+
+/// No extras, as a `'static` the accessors can hand out.
+static NO_EXTRAS: RequestExtras = RequestExtras::NONE;
+
+/// The first [`RequestExtras`] field that is set, `None` for a plain request.
+/// Allocation-free, so the plain-request hot path stays cheap.
+#[must_use]
+pub(crate) fn first_set_extra(e: &RequestExtras) -> Option<&'static str> {
+    [
+        ("lora", e.lora.is_some()),
+        ("mm_features", !e.mm_features.is_empty()),
+        ("cache_salt", e.cache_salt.is_some()),
+        ("prompt_embeds", !e.prompt_embeds.is_empty()),
+        ("sglang_extra_key", e.sglang_extra_key.is_some()),
+        ("trtllm_lora_task_id", e.trtllm_lora_task_id.is_some()),
+        ("trtllm_cache_salt_id", e.trtllm_cache_salt_id.is_some()),
+        ("trtllm_token_extra_ids", e.trtllm_token_extra_ids.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(name, set)| set.then_some(name))
 }
 
 /// Turns a prompt's token ids into block keys under one contract.
@@ -81,6 +111,51 @@ pub trait PromptKeys: Send + Sync {
     /// # Errors
     /// [`KeysError`] when the contract cannot hash this input.
     fn keys(&self, tokens: &[TokenId], out: &mut Vec<BlockKey>) -> Result<(), KeysError>;
+
+    /// Like [`PromptKeys::keys`] for a request with per-request `extras`
+    /// (vLLM `cache_salt`, LoRA adapter, …).
+    ///
+    /// The default hashes plain requests with [`PromptKeys::keys`] and refuses
+    /// any extra with [`KeysError::ExtraNotSupported`]: a provider that cannot
+    /// honour an extra must never return keys computed without it. Providers
+    /// that can (e.g. [`crate::ContractKeys`]) override this.
+    ///
+    /// # Errors
+    /// [`KeysError`] when the contract cannot hash this input or these extras.
+    ///
+    /// ```
+    /// use kvroute_core::{BlockKey, RequestExtras, TokenId};
+    /// use kvroute_select::{ContractId, KeysError, PromptKeys};
+    /// struct Plain(ContractId);
+    /// impl PromptKeys for Plain {
+    ///     fn contract(&self) -> &ContractId { &self.0 }
+    ///     fn block_size(&self) -> u32 { 4 }
+    ///     fn keys(&self, t: &[TokenId], out: &mut Vec<BlockKey>) -> Result<(), KeysError> {
+    ///         out.extend(t.chunks_exact(4).map(|c| BlockKey(u64::from(c[0]))));
+    ///         Ok(())
+    ///     }
+    /// }
+    /// let p = Plain(ContractId::new("plain/bs4"));
+    /// let salted = RequestExtras { cache_salt: Some("tenant-a".into()), ..RequestExtras::NONE };
+    /// let mut out = Vec::new();
+    /// let err = p.keys_with_extras(&[1, 2, 3, 4], &salted, &mut out).unwrap_err();
+    /// assert!(matches!(err, KeysError::ExtraNotSupported { field: "cache_salt", .. }));
+    /// assert!(out.is_empty());
+    /// ```
+    fn keys_with_extras(
+        &self,
+        tokens: &[TokenId],
+        extras: &RequestExtras,
+        out: &mut Vec<BlockKey>,
+    ) -> Result<(), KeysError> {
+        match first_set_extra(extras) {
+            None => self.keys(tokens, out),
+            Some(field) => Err(KeysError::ExtraNotSupported {
+                field,
+                reason: "this key provider hashes token ids only".to_owned(),
+            }),
+        }
+    }
 }
 
 /// A miss that happened before any key existed (in the gateway's body parsing or
@@ -137,6 +212,11 @@ pub struct Request<'a> {
     pub session: Option<&'a str>,
     /// Prompt text (P/D prefix-trie affinity, CHWBL key when no tokens exist).
     pub text: Option<&'a str>,
+    /// Per-request hash inputs besides the tokens (cache salt, LoRA adapter, …);
+    /// `None` is a plain request. Used when the rule hashes
+    /// [`PromptInput::Tokens`]; precomputed [`PromptInput::Keys`] must already
+    /// include them.
+    pub extras: Option<&'a RequestExtras>,
 }
 
 impl<'a> Request<'a> {
@@ -147,6 +227,7 @@ impl<'a> Request<'a> {
             prompt,
             session: None,
             text: None,
+            extras: None,
         }
     }
 
@@ -162,5 +243,27 @@ impl<'a> Request<'a> {
     pub const fn with_text(mut self, text: &'a str) -> Self {
         self.text = Some(text);
         self
+    }
+
+    /// Adds per-request hash extras (e.g. vLLM's `cache_salt`).
+    ///
+    /// ```
+    /// use kvroute_core::RequestExtras;
+    /// use kvroute_select::{PromptInput, Request};
+    /// let salted = RequestExtras { cache_salt: Some("tenant-a".into()), ..RequestExtras::NONE };
+    /// let tokens = [1u32, 2, 3];
+    /// let req = Request::new(PromptInput::Tokens(&tokens)).with_extras(&salted);
+    /// assert_eq!(req.extras().cache_salt.as_deref(), Some("tenant-a"));
+    /// ```
+    #[must_use]
+    pub const fn with_extras(mut self, extras: &'a RequestExtras) -> Self {
+        self.extras = Some(extras);
+        self
+    }
+
+    /// The request's extras ([`RequestExtras::NONE`] when none were added).
+    #[must_use]
+    pub fn extras(&self) -> &'a RequestExtras {
+        self.extras.unwrap_or(&NO_EXTRAS)
     }
 }

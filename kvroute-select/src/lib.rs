@@ -47,7 +47,17 @@
 //! ```
 //!
 //! Hosts that prefer a driver implement [`Proxy`] and call [`route`]; see its docs
-//! for a minimal host.
+//! for a minimal host. Hosts deciding many requests in a loop keep one
+//! [`Decision`] and call [`Rule::decide_into`]: no allocation per decision.
+//!
+//! ## Per-request hash extras
+//!
+//! Engines mix more than tokens into block keys (vLLM: `cache_salt` into block
+//! 0, the LoRA adapter into every block). A host passes them with
+//! [`Request::with_extras`]; [`ContractKeys`] hashes them with the contract's
+//! rules. A provider or contract that cannot reproduce an extra refuses it
+//! ([`KeysError::ExtraNotSupported`]) and the decision records the miss
+//! [`MissReason::ExtrasUnsupported`] instead of predicting hits with wrong keys.
 #![deny(missing_docs)]
 
 mod affinity;

@@ -64,6 +64,62 @@ proptest! {
         }
     }
 
+    /// A `Decision` reused through `decide_into` (and dirtied by a rule of
+    /// another size in between) decides and retries exactly like a fresh
+    /// `decide` on an identical rule, request after request.
+    #[test]
+    fn reused_decision_decides_like_a_fresh_one(
+        inventories in proptest::collection::vec(proptest::collection::hash_set(0u64..16, 0..10), 2..7),
+        prompts in proptest::collection::vec(proptest::collection::vec(0u64..20, 0..10), 1..12),
+        pd in any::<bool>(),
+        retries in 0usize..3,
+    ) {
+        let n = inventories.len();
+        let c = ContractId::new("c");
+        let role = |i: usize| match (pd, i % 2) {
+            (false, _) => Role::Both,
+            (true, 0) => Role::Prefill,
+            (true, _) => Role::Decode,
+        };
+        let eps = (0..n).map(|i| Endpoint::new(format!("e{i}"), role(i)).with_inventory_slot(i as u32)).collect();
+        let topology = if pd { Topology::PrefillDecode } else { Topology::Converged };
+        let cfg = RuleConfig::kv_exact("p", topology, eps, 16, c.clone());
+        let fresh_rule = Rule::new(cfg.clone(), None).unwrap();
+        let reused_rule = Rule::new(cfg, None).unwrap();
+        let other_eps = (0..n + 3).map(|i| Endpoint::new(format!("o{i}"), Role::Both).with_inventory_slot(i as u32)).collect();
+        let other = Rule::new(RuleConfig::kv_exact("o", Topology::Converged, other_eps, 16, c.clone()), None).unwrap();
+        let mut inv = KeySetInventory::new(n + 3);
+        for (i, set) in inventories.iter().enumerate() {
+            inv.store(i, set.iter().map(|k| BlockKey(*k)));
+        }
+        let load = LoadTable::new(n + 3);
+        let now = Duration::ZERO;
+        let mut reused = Decision::new();
+        for prompt in &prompts {
+            let keys: Vec<BlockKey> = prompt.iter().map(|k| BlockKey(*k)).collect();
+            let req = Request::new(PromptInput::Keys { keys: &keys, contract: &c, prompt_tokens: 16 * keys.len() as u32 });
+            other.decide_into(&mut reused, &req, &inv, &load, &AlwaysAvailable, now);
+            let mut fresh = fresh_rule.decide(&req, &inv, &load, &AlwaysAvailable, now);
+            reused_rule.decide_into(&mut reused, &req, &inv, &load, &AlwaysAvailable, now);
+            for step in 0..=retries {
+                prop_assert_eq!(fresh.target(), reused.target());
+                prop_assert_eq!(fresh.source(), reused.source());
+                prop_assert_eq!(fresh.miss(), reused.miss());
+                prop_assert_eq!(fresh.predicted_blocks(), reused.predicted_blocks());
+                prop_assert_eq!(fresh.keys(), reused.keys());
+                prop_assert_eq!(fresh.overlaps(), reused.overlaps());
+                prop_assert_eq!(fresh.retries(), reused.retries());
+                if step < retries {
+                    let leg = if step % 2 == 1 { Leg::Decode } else { Leg::Endpoint };
+                    let a = fresh_rule.retry(&mut fresh, leg, &req, &load, &AlwaysAvailable, now);
+                    let b = reused_rule.retry(&mut reused, leg, &req, &load, &AlwaysAvailable, now);
+                    prop_assert_eq!(a, b);
+                }
+            }
+        }
+        prop_assert_eq!(fresh_rule.counters().snapshot().misses, reused_rule.counters().snapshot().misses);
+    }
+
     /// Retrying until exhaustion visits every eligible endpoint exactly once and
     /// never an excluded one, in non-increasing overlap order after a KV pick.
     #[test]

@@ -73,7 +73,8 @@ pub struct CommonFields {
     pub truncate_prompt_tokens: Option<i64>,
     /// `truncation_side`.
     pub truncation_side: TruncationSide,
-    /// `cache_salt`: ids unchanged, block 0's hash changes.
+    /// `cache_salt`: ids unchanged, block 0's hash changes. Always non-empty
+    /// (vLLM refuses an empty salt; `null` is the same as absent).
     pub cache_salt: Option<String>,
     /// `max_tokens` / `max_completion_tokens` (only `0` matters: it changes what `-1` truncates to).
     pub max_tokens: Option<i64>,
@@ -190,6 +191,18 @@ fn opt_string(d: &PyDict, name: &str) -> Result<Option<String>, PromptMiss> {
     }
 }
 
+/// `cache_salt` as vLLM validates it: absent or `null` → none; a string must
+/// be non-empty; anything else is refused (never silently dropped: the salt
+/// changes block 0's key, so routing without it would predict wrong hits).
+fn cache_salt(d: &PyDict) -> Result<Option<String>, PromptMiss> {
+    match opt_string(d, "cache_salt")? {
+        Some(s) if s.is_empty() => Err(PromptMiss::RequestValidation(
+            "cache_salt: must be a non-empty string if provided".into(),
+        )),
+        salt => Ok(salt),
+    }
+}
+
 fn common_fields(
     d: &PyDict,
     model: &str,
@@ -212,6 +225,7 @@ fn common_fields(
             )))
         }
     };
+    let cache_salt = cache_salt(d)?;
     let max_tokens = match opt_int(d, "max_completion_tokens")? {
         Some(n) => Some(n),
         None => opt_int(d, "max_tokens")?,
@@ -221,7 +235,7 @@ fn common_fields(
         add_special_tokens: opt_bool(d, "add_special_tokens", add_special_default)?,
         truncate_prompt_tokens,
         truncation_side,
-        cache_salt: opt_string(d, "cache_salt")?,
+        cache_salt,
         max_tokens,
     })
 }
@@ -397,6 +411,29 @@ mod tests {
             .map_err(|e| e.kind()),
             Err("render_rule")
         );
+    }
+
+    #[test]
+    fn cache_salt_is_extracted_from_both_endpoints_and_validated() {
+        let salt = |endpoint: Endpoint, json: &str| {
+            ex(endpoint, json)
+                .map(|r| r.common().cache_salt.clone())
+                .map_err(|e| (e.kind(), e.to_string()))
+        };
+        let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"cache_salt":SALT}"#;
+        let completion = r#"{"model":"m","prompt":"hi","cache_salt":SALT}"#;
+        for (endpoint, body) in [(Endpoint::Chat, chat), (Endpoint::Completions, completion)] {
+            let with = |v: &str| salt(endpoint, &body.replace("SALT", v));
+            assert_eq!(with(r#""tenant-42""#), Ok(Some("tenant-42".to_owned())));
+            assert_eq!(with("null"), Ok(None));
+            let without = body.replace(r#","cache_salt":SALT"#, "");
+            assert_eq!(salt(endpoint, &without), Ok(None));
+            for bad in ["42", "true", r#"["a"]"#, r#"{"a":1}"#, "\"\""] {
+                let err = with(bad).unwrap_err();
+                assert_eq!(err.0, "request_validation", "{bad}: {err:?}");
+                assert!(err.1.contains("cache_salt"), "{bad}: {err:?}");
+            }
+        }
     }
 
     #[test]

@@ -4,13 +4,13 @@
 //! Validation turns a document into a [`RuleSpec`] (typed, checked) or a
 //! [`ConfigError`] whose message names the field at fault.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper::Uri;
-use kvroute_core::HashContract;
+use kvroute_core::{HashContract, HashError, LoraAdapter, RequestExtras};
 use kvroute_engines::transport::EngineKind;
 use kvroute_select::{Choice, LoadAwareConfig, Role, Scorer, SelectorKind, Topology};
 use serde::{Deserialize, Serialize};
@@ -248,8 +248,32 @@ pub struct RuleDoc {
     /// strictly; larger values favour cache affinity over balance.
     #[serde(default)]
     pub load_slack: Option<f64>,
+    /// LoRA adapters the rule's engines serve (`[[rules.lora]]`). vLLM runs a
+    /// request whose `model` is an adapter's name on that adapter and keys its
+    /// KV blocks with the adapter's name and path, so KV-exact must hash them
+    /// too. Per rule because the hash contract is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lora: Vec<LoraDoc>,
     /// Endpoints.
     pub endpoints: Vec<EndpointDoc>,
+}
+
+/// One `[[rules.lora]]` entry: vLLM's `--lora-modules <model>=<path>`.
+///
+/// ```toml
+/// [[rules.lora]]
+/// model = "sql-lora"            # the adapter name clients send as `model`
+/// path = "/adapters/sql-lora"   # the path exactly as given to vLLM
+/// ```
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LoraDoc {
+    /// The adapter's `lora_name`: the `model` requests name. Must also be
+    /// listed in the rule's `models` (that is how requests reach the rule).
+    pub model: String,
+    /// The adapter's `lora_path`, byte for byte as the engine was given it:
+    /// vLLM ≥ 0.31 hashes it into every block key.
+    pub path: String,
 }
 
 fn default_choice() -> String {
@@ -286,6 +310,10 @@ pub struct EndpointDoc {
     /// ZeroMQ topic.
     #[serde(default)]
     pub topic: String,
+    /// TensorRT-LLM only: poll `<url>/kv_cache_events` for KV events. The drain
+    /// is destructive — exactly one consumer per engine in the whole fleet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
     /// Data-parallel ranks publishing (rank r on port + r).
     #[serde(default = "one")]
     pub dp_ranks: u32,
@@ -320,6 +348,8 @@ pub struct EndpointSpec {
     pub engine: EngineKind,
     /// KV-event subscriptions, one per DP rank (empty without events).
     pub events: Vec<EventSource>,
+    /// TensorRT-LLM drain URL (`<url>/kv_cache_events`) when `drain = true`.
+    pub drain: Option<String>,
     /// Weight.
     pub weight: u32,
     /// Capacity.
@@ -356,6 +386,24 @@ pub struct RuleSpec {
     pub selector: SelectorKind,
     /// Endpoints.
     pub endpoints: Vec<EndpointSpec>,
+    /// LoRA adapters by the model name requests use for them.
+    pub lora: BTreeMap<String, LoraAdapter>,
+}
+
+impl RuleSpec {
+    /// The hash extras of a request for `model` with vLLM `cache_salt`: the
+    /// rule's LoRA adapter for that model name, if any, and the salt. With
+    /// `[[rules.lora]] model = "sql", path = "/adapters/sql"`, a request for
+    /// `"sql"` gets `lora = {name: "sql", path: "/adapters/sql"}`; a request
+    /// for the base model gets none.
+    #[must_use]
+    pub fn request_extras(&self, model: Option<&str>, cache_salt: Option<String>) -> RequestExtras {
+        RequestExtras {
+            lora: model.and_then(|m| self.lora.get(m)).cloned(),
+            cache_salt,
+            ..RequestExtras::NONE
+        }
+    }
 }
 
 /// The validated file.
@@ -686,11 +734,11 @@ impl RuleSpec {
         if choice == Choice::KvExact
             && !endpoints
                 .iter()
-                .any(|e| e.role.can_prefill() && !e.events.is_empty())
+                .any(|e| e.role.can_prefill() && (!e.events.is_empty() || e.drain.is_some()))
         {
             return Err(invalid(
                 f("endpoints"),
-                "a kv_exact rule needs at least one prefill-capable endpoint with a `zmq` KV-event endpoint",
+                "a kv_exact rule needs at least one prefill-capable endpoint with a `zmq` KV-event endpoint (or `drain = true` for trtllm)",
             ));
         }
         if let (Some(n), true) = (doc.min_overlap_blocks, choice == Choice::KvExact) {
@@ -698,6 +746,7 @@ impl RuleSpec {
                 return Err(invalid(f("min_overlap_blocks"), "must be at least 1"));
             }
         }
+        let lora = lora_adapters(&doc, contract.as_ref(), at)?;
         Ok(Self {
             doc,
             choice,
@@ -706,8 +755,69 @@ impl RuleSpec {
             scorer,
             selector,
             endpoints,
+            lora,
         })
     }
+}
+
+/// Validates `[[rules.lora]]`: non-empty unique names that are among the
+/// rule's `models`, non-empty paths, and a contract that keys LoRA adapters
+/// (asked of the hasher itself, so the check follows kvroute-core exactly).
+fn lora_adapters(
+    doc: &RuleDoc,
+    contract: Option<&HashContract>,
+    at: &str,
+) -> Result<BTreeMap<String, LoraAdapter>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for (i, l) in doc.lora.iter().enumerate() {
+        let f = |name: &str| format!("{at}.lora[{i}].{name}");
+        if l.model.is_empty() {
+            return Err(invalid(f("model"), "is empty"));
+        }
+        if !doc.models.contains(&l.model) {
+            return Err(invalid(
+                f("model"),
+                format!(
+                    "{:?} is not in {at}.models; list it there so its requests reach this rule",
+                    l.model
+                ),
+            ));
+        }
+        if l.path.is_empty() {
+            return Err(invalid(
+                f("path"),
+                "is empty; give the adapter path exactly as the engine was given it",
+            ));
+        }
+        let adapter = LoraAdapter {
+            name: l.model.clone(),
+            path: l.path.clone(),
+        };
+        let Some(c) = contract else {
+            return Err(invalid(
+                format!("{at}.lora"),
+                "LoRA adapters change block keys; they need a kv_exact rule with a `contract`",
+            ));
+        };
+        let probe = RequestExtras {
+            lora: Some(adapter.clone()),
+            ..RequestExtras::NONE
+        };
+        let refused = c
+            .hasher()
+            .ok()
+            .and_then(|h| h.hash_prompt(&[], &probe, &mut Vec::new()).err());
+        if let Some(e @ HashError::ExtraNotSupported { .. }) = refused {
+            return Err(invalid(format!("{at}.lora"), format!("contract {c}: {e}")));
+        }
+        if out.insert(l.model.clone(), adapter).is_some() {
+            return Err(invalid(
+                f("model"),
+                format!("adapter {:?} is listed twice", l.model),
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// Largest accepted `load_slack`: beyond it the bound never binds in practice.
@@ -791,7 +901,7 @@ impl EndpointSpec {
             if engine == EngineKind::TensorRtLlm {
                 return Err(invalid(
                     f("zmq"),
-                    "TensorRT-LLM publishes no ZeroMQ events (its /kv_cache_events drain is not supported by `kvroute serve` yet)",
+                    "TensorRT-LLM publishes no ZeroMQ events; set `drain = true` to poll its /kv_cache_events",
                 ));
             }
             let host = authority.host();
@@ -818,12 +928,23 @@ impl EndpointSpec {
         } else if e.replay.is_some() {
             return Err(invalid(f("replay"), "a replay endpoint needs `zmq` too"));
         }
+        let drain = match (e.drain, engine) {
+            (false, _) => None,
+            (true, EngineKind::TensorRtLlm) => Some(format!("http://{authority}/kv_cache_events")),
+            (true, _) => {
+                return Err(invalid(
+                    f("drain"),
+                    "only TensorRT-LLM is drained over HTTP; other engines publish over `zmq`",
+                ))
+            }
+        };
         Ok(Self {
             url: e.url.clone(),
             base,
             role,
             engine,
             events,
+            drain,
             weight: e.weight,
             capacity: e.capacity,
         })
@@ -965,6 +1086,102 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.starts_with("rule.load_slack: "), "{err}");
+    }
+
+    fn lora_rule(contract: &str, lora: &str) -> Result<RuleSpec, String> {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"base\", \"sql\"]\n{contract}\n{lora}\n[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\nzmq = \"tcp://*:5557\"\n"
+        );
+        ServeConfig::from_toml(&text, Path::new("."))
+            .map(|mut c| c.rules.remove(0))
+            .map_err(|e| e.to_string())
+    }
+
+    const VLLM: &str = "contract = \"vllm@0.33.0:sha256_cbor:block=16:seed=0\"";
+
+    #[test]
+    fn lora_adapters_map_model_names_to_hash_extras() {
+        let rule = lora_rule(
+            VLLM,
+            "[[rules.lora]]\nmodel = \"sql\"\npath = \"/adapters/sql-lora\"\n",
+        )
+        .unwrap();
+        let sql = rule.request_extras(Some("sql"), Some("tenant-a".to_owned()));
+        assert_eq!(
+            sql.lora,
+            Some(LoraAdapter {
+                name: "sql".to_owned(),
+                path: "/adapters/sql-lora".to_owned()
+            })
+        );
+        assert_eq!(sql.cache_salt.as_deref(), Some("tenant-a"));
+        assert_eq!(rule.request_extras(Some("base"), None), RequestExtras::NONE);
+        assert_eq!(rule.request_extras(None, None), RequestExtras::NONE);
+        let salted = rule.request_extras(Some("base"), Some("s".to_owned()));
+        assert_eq!(
+            (salted.lora, salted.cache_salt.as_deref()),
+            (None, Some("s"))
+        );
+        // The admin API takes the same shape and lists it back.
+        let json = serde_json::to_value(&rule.doc).unwrap();
+        assert_eq!(json["lora"][0]["path"], "/adapters/sql-lora");
+        let again = rule_from_json(json.to_string().as_bytes()).unwrap();
+        assert_eq!(again.lora, rule.lora);
+    }
+
+    #[test]
+    fn invalid_lora_entries_name_the_field_at_fault() {
+        let entry = |model: &str, path: &str| {
+            format!("[[rules.lora]]\nmodel = \"{model}\"\npath = \"{path}\"\n")
+        };
+        let cases = [
+            (
+                VLLM.to_owned(),
+                entry("", "/a"),
+                "rules[0].lora[0].model: is empty",
+            ),
+            (
+                VLLM.to_owned(),
+                entry("other", "/a"),
+                "rules[0].lora[0].model: \"other\" is not in rules[0].models",
+            ),
+            (
+                VLLM.to_owned(),
+                entry("sql", ""),
+                "rules[0].lora[0].path: is empty",
+            ),
+            (
+                VLLM.to_owned(),
+                format!("{}{}", entry("sql", "/a"), entry("sql", "/b")),
+                "rules[0].lora[1].model: adapter \"sql\" is listed twice",
+            ),
+            (
+                "choice = \"round_robin\"".to_owned(),
+                entry("sql", "/a"),
+                "rules[0].lora: LoRA adapters change block keys",
+            ),
+            // SGLang keys a LoRA by an internal uuid; older vLLM by another layout.
+            (
+                "contract = \"sglang@0.5.23:sha256_page_chain:page=16\"".to_owned(),
+                entry("sql", "/a"),
+                "rules[0].lora: contract",
+            ),
+            (
+                "choice = \"round_robin\"\nunknown_field = 1".to_owned(),
+                String::new(),
+                "unknown field",
+            ),
+        ];
+        for (contract, lora, want) in cases {
+            let err = lora_rule(&contract, &lora).map(|_| ()).unwrap_err();
+            assert!(err.contains(want), "want {want:?} in {err:?}");
+        }
+        let typo = lora_rule(
+            VLLM,
+            "[[rules.lora]]\nmodel = \"sql\"\npath = \"/a\"\nint_id = 1\n",
+        )
+        .unwrap_err();
+        assert!(typo.contains("unknown field"), "{typo}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use kvroute_core::TokenId;
+use kvroute_core::{RequestExtras, TokenId};
 use kvroute_engines::prompt::{
     self, pyvalue, request, Endpoint as ApiEndpoint, PromptLimits, PromptMiss,
 };
@@ -44,6 +44,19 @@ struct Prompt {
     model: Option<String>,
     tokens: Result<Vec<TokenId>, MissBeforeKeys>,
     text: Option<String>,
+    /// The body's `cache_salt` (vLLM mixes it into block 0's key).
+    cache_salt: Option<String>,
+}
+
+impl Prompt {
+    fn missed(model: Option<String>, miss: MissBeforeKeys) -> Self {
+        Self {
+            model,
+            tokens: Err(miss),
+            text: None,
+            cache_salt: None,
+        }
+    }
 }
 
 fn miss_of(m: &PromptMiss) -> MissBeforeKeys {
@@ -80,21 +93,11 @@ async fn tokenize(gw: &Arc<Gateway>, api: ApiEndpoint, body: &Bytes) -> Prompt {
     let job = tokio::task::spawn_blocking(move || {
         let value = match pyvalue::parse_json(&body2) {
             Ok(v) => v,
-            Err(_) => {
-                return Prompt {
-                    model: None,
-                    tokens: Err(MissBeforeKeys::NotJson),
-                    text: None,
-                }
-            }
+            Err(_) => return Prompt::missed(None, MissBeforeKeys::NotJson),
         };
         let model = request::model_of(&value).map(str::to_owned);
         let Some(m) = &model else {
-            return Prompt {
-                model,
-                tokens: Err(MissBeforeKeys::NoModel),
-                text: None,
-            };
+            return Prompt::missed(model, MissBeforeKeys::NoModel);
         };
         let limits = PromptLimits {
             max_chars: gw2.limits.max_prompt_chars,
@@ -122,23 +125,17 @@ async fn tokenize(gw: &Arc<Gateway>, api: ApiEndpoint, body: &Bytes) -> Prompt {
                     model,
                     tokens,
                     text,
+                    cache_salt: p.cache_salt,
                 }
             }
             Err(e) => {
                 tracing::debug!(kind = e.kind(), "no prompt tokens");
-                Prompt {
-                    model,
-                    tokens: Err(miss_of(&e)),
-                    text: None,
-                }
+                Prompt::missed(model, miss_of(&e))
             }
         }
     });
-    job.await.unwrap_or(Prompt {
-        model: None,
-        tokens: Err(MissBeforeKeys::TokenizeError),
-        text: None,
-    })
+    job.await
+        .unwrap_or(Prompt::missed(None, MissBeforeKeys::TokenizeError))
 }
 
 /// Reads the body once: Content-Length checked first, then a bounded,
@@ -237,11 +234,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         return passthrough::forward(&gw, &rt, req).await;
     };
     let prompt = if body.is_empty() {
-        Prompt {
-            model: None,
-            tokens: Err(MissBeforeKeys::NoModel),
-            text: None,
-        }
+        Prompt::missed(None, MissBeforeKeys::NoModel)
     } else {
         tokenize(&gw, api, &body).await
     };
@@ -268,6 +261,14 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
     }
     if let Some(t) = &prompt.text {
         sreq = sreq.with_text(t);
+    }
+    // cache_salt and the model's LoRA adapter change the engine's block keys:
+    // selection must hash them too, or salted / adapter requests never hit.
+    let extras = rt
+        .spec
+        .request_extras(prompt.model.as_deref(), prompt.cache_salt.clone());
+    if extras != RequestExtras::NONE {
+        sreq = sreq.with_extras(&extras);
     }
     let host = Host {
         gw: &gw,

@@ -31,7 +31,7 @@ use kvroute_ingest::{
     EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, KvEvent, SharedIndex,
 };
 use kvroute_select::{
-    AlwaysAvailable, ContractId, LoadBound, LoadTable, PromptInput, Request, Rule, Source,
+    AlwaysAvailable, ContractId, Decision, LoadBound, LoadTable, PromptInput, Request, Rule, Source,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -170,6 +170,7 @@ pub fn simulate(
         spare_events: Vec::new(),
         admissions: Vec::new(),
         keys: Vec::new(),
+        decision: Decision::new(),
         ttft_us: vec![u64::MAX; requests],
         e2e_us: vec![u64::MAX; requests],
         cached: vec![0; requests],
@@ -210,6 +211,8 @@ struct Sim<'a> {
     spare_events: Vec<Vec<KvEvent>>,
     admissions: Vec<Admission<u32>>,
     keys: Vec<BlockKey>,
+    /// Reused by every routing decision (no per-request allocation).
+    decision: Decision,
     ttft_us: Vec<u64>,
     e2e_us: Vec<u64>,
     cached: Vec<u32>,
@@ -325,9 +328,15 @@ impl Sim<'_> {
             prompt_tokens: req.input_tokens,
         });
         let now = Duration::from_micros(t);
-        let decision = self
-            .rule
-            .decide(&request, &self.index, &self.loads, &AlwaysAvailable, now);
+        self.rule.decide_into(
+            &mut self.decision,
+            &request,
+            &self.index,
+            &self.loads,
+            &AlwaysAvailable,
+            now,
+        );
+        let decision = &self.decision;
         let Some(target) = decision.target() else {
             self.rejected += 1;
             return false;
@@ -339,7 +348,6 @@ impl Sim<'_> {
                 *p = predicted;
             }
         }
-        drop(decision);
         // The gateway's estimate of the prefill work this request queues.
         let prefill = req.input_tokens.saturating_sub(predicted);
         if let Some(q) = self.prefill_tokens.get_mut(r) {
