@@ -12,10 +12,14 @@
 //! before the new subscription reaches it. Tearing the socket down on disconnect
 //! lets us redial at once, tell the sink (so it can ask for a replay of what was
 //! missed) and count the event. `tests/interop_restart.rs` measures both.
+//!
+//! Bad frames (malformed, oversized, undecodable) are counted exactly in the
+//! metrics, but their warnings are rate-limited per subscriber ([`BadFrameLog`]):
+//! a peer spraying garbage must not turn into a log flood.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqMessage};
@@ -198,6 +202,7 @@ impl ZmqSubscriber {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut backoff = self.config.retry_initial;
         let mut rate = RateMeter::new(std::time::Instant::now());
+        let mut bad_log = BadFrameLog::new(BAD_FRAME_BURST, BAD_FRAME_INTERVAL);
         loop {
             let mut socket = self.socket();
             let mut monitor = socket.monitor();
@@ -244,7 +249,7 @@ impl ZmqSubscriber {
                         None => break Exit::Redial,
                     },
                     message = socket.recv() => match message {
-                        Ok(message) => self.live_message(&message, &mut sink, &mut conn).await,
+                        Ok(message) => self.live_message(&message, &mut sink, &mut conn, &mut bad_log).await,
                         Err(e) => {
                             tracing::debug!(error = %e, "zmq subscriber: receive error");
                             if self.config.endpoint.role == SocketRole::Connect {
@@ -256,7 +261,13 @@ impl ZmqSubscriber {
                             }
                         }
                     },
-                    _ = tick.tick() => rate.tick(&self.metrics, std::time::Instant::now()),
+                    _ = tick.tick() => {
+                        let now = Instant::now();
+                        rate.tick(&self.metrics, now);
+                        if let Some(summary) = bad_log.flush(now) {
+                            summary.log(&self.config.endpoint.address);
+                        }
+                    }
                 }
             };
             drop(socket);
@@ -295,14 +306,17 @@ impl ZmqSubscriber {
         message: &ZmqMessage,
         sink: &mut S,
         conn: &mut Connection,
+        bad_log: &mut BadFrameLog,
     ) {
         let endpoint = &self.config.endpoint.address;
         let size: usize = message.iter().map(|f| f.len()).sum();
         if size > self.config.max_message_bytes {
             let seq = readable_seq(message);
             self.metrics.oversized(seq);
-            tracing::warn!(%endpoint, ?seq, size, limit = self.config.max_message_bytes,
-                "zmq subscriber: oversized message dropped");
+            if bad_log.admit(BadFrame::Oversized, Instant::now(), endpoint) {
+                tracing::warn!(%endpoint, ?seq, size, limit = self.config.max_message_bytes,
+                    "zmq subscriber: oversized message dropped");
+            }
             return;
         }
         let (3, Some(topic), Some(seq), Some(payload)) = (
@@ -313,8 +327,10 @@ impl ZmqSubscriber {
         ) else {
             let seq = readable_seq(message);
             self.metrics.malformed(seq);
-            tracing::warn!(%endpoint, ?seq, frames = message.len(),
-                "zmq subscriber: message without [topic, seq, payload] dropped");
+            if bad_log.admit(BadFrame::Malformed, Instant::now(), endpoint) {
+                tracing::warn!(%endpoint, ?seq, frames = message.len(),
+                    "zmq subscriber: message without [topic, seq, payload] dropped");
+            }
             return;
         };
         let parsed = LiveMessage::parse(&[topic.as_ref(), seq.as_ref(), payload.as_ref()]);
@@ -326,8 +342,10 @@ impl ZmqSubscriber {
         else {
             let seq = readable_seq(message);
             self.metrics.malformed(seq);
-            tracing::warn!(%endpoint, ?seq, seq_bytes = message.get(1).map_or(0, |f| f.len()),
-                "zmq subscriber: malformed message dropped");
+            if bad_log.admit(BadFrame::Malformed, Instant::now(), endpoint) {
+                tracing::warn!(%endpoint, ?seq, seq_bytes = message.get(1).map_or(0, |f| f.len()),
+                    "zmq subscriber: malformed message dropped");
+            }
             return;
         };
         if topic != self.config.topic.as_bytes() {
@@ -348,7 +366,7 @@ impl ZmqSubscriber {
             source: FrameSource::Live,
         });
         self.metrics.frame(seq, FrameSource::Live, &report);
-        if report.decode_error {
+        if report.decode_error && bad_log.admit(BadFrame::Undecodable, Instant::now(), endpoint) {
             tracing::warn!(%endpoint, seq, len = payload.len(),
                 "zmq subscriber: undecodable KV event payload dropped");
         }
@@ -394,8 +412,212 @@ impl ZmqSubscriber {
     }
 }
 
+/// Bad-frame warnings logged one by one per [`BAD_FRAME_INTERVAL`]; the rest of
+/// that interval are summarised in one line.
+const BAD_FRAME_BURST: u32 = 10;
+
+/// Length of one bad-frame logging window.
+const BAD_FRAME_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Why a message was dropped (the summary counts each kind).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BadFrame {
+    Malformed = 0,
+    Oversized = 1,
+    Undecodable = 2,
+}
+
+/// Warnings a [`BadFrameLog`] held back during one window, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Suppressed {
+    malformed: u64,
+    oversized: u64,
+    undecodable: u64,
+    /// How long the window ran.
+    over: Duration,
+}
+
+impl Suppressed {
+    fn total(&self) -> u64 {
+        self.malformed + self.oversized + self.undecodable
+    }
+
+    fn log(&self, endpoint: &str) {
+        tracing::warn!(%endpoint, suppressed = self.total(), malformed = self.malformed,
+            oversized = self.oversized, undecodable = self.undecodable, over = ?self.over,
+            "zmq subscriber: further bad-message warnings suppressed (counted in the metrics)");
+    }
+}
+
+/// Rate limit of one subscriber's bad-frame warnings: in each window of
+/// `interval` the first `burst` are logged, the others only counted; the count
+/// is logged in one summary line once the window is over (at the next bad frame
+/// or the next [`BadFrameLog::flush`], whichever comes first). The metrics count
+/// every frame regardless — this only decides what reaches the log.
+#[derive(Debug)]
+struct BadFrameLog {
+    burst: u32,
+    interval: Duration,
+    window_start: Option<Instant>,
+    logged: u32,
+    held: [u64; 3],
+}
+
+impl BadFrameLog {
+    fn new(burst: u32, interval: Duration) -> Self {
+        Self {
+            burst,
+            interval,
+            window_start: None,
+            logged: 0,
+            held: [0; 3],
+        }
+    }
+
+    /// Records one bad frame at `now`: `true` when its warning should be logged.
+    /// A summary of the previous window, if it held any back, is logged first.
+    fn admit(&mut self, kind: BadFrame, now: Instant, endpoint: &str) -> bool {
+        if let Some(summary) = self.flush(now) {
+            summary.log(endpoint);
+        }
+        if self.window_start.is_none() {
+            self.window_start = Some(now);
+        }
+        if self.logged < self.burst {
+            self.logged += 1;
+            return true;
+        }
+        if let Some(n) = self.held.get_mut(kind as usize) {
+            *n = n.saturating_add(1);
+        }
+        false
+    }
+
+    /// Ends the window if `interval` has passed since it began, returning what it
+    /// held back (`None` when the window is still open or held nothing).
+    fn flush(&mut self, now: Instant) -> Option<Suppressed> {
+        let start = self.window_start?;
+        let over = now.saturating_duration_since(start);
+        if over < self.interval {
+            return None;
+        }
+        let [malformed, oversized, undecodable] = std::mem::take(&mut self.held);
+        self.window_start = None;
+        self.logged = 0;
+        let summary = Suppressed {
+            malformed,
+            oversized,
+            undecodable,
+            over,
+        };
+        (summary.total() > 0).then_some(summary)
+    }
+}
+
 /// Frame 1 as a sequence number when it is the 8-byte big-endian field.
 fn readable_seq(message: &ZmqMessage) -> Option<u64> {
     let bytes: [u8; 8] = message.get(1)?.as_ref().try_into().ok()?;
     Some(u64::from_be_bytes(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_frame_log_logs_a_burst_then_one_summary_per_window() {
+        let t0 = Instant::now();
+        let sec = Duration::from_secs(1);
+        let mut log = BadFrameLog::new(3, 10 * sec);
+        let kinds = [
+            BadFrame::Malformed,
+            BadFrame::Oversized,
+            BadFrame::Undecodable,
+        ];
+        // A flood of 100 frames within the first window: 3 logged, 97 held.
+        let mut logged = 0;
+        let mut held = [0u64; 3];
+        for i in 0..100u32 {
+            let kind = kinds[i as usize % 3];
+            if log.admit(kind, t0 + Duration::from_millis(u64::from(i)), "ep") {
+                logged += 1;
+            } else {
+                held[kind as usize] += 1;
+            }
+        }
+        assert_eq!(logged, 3);
+        assert_eq!(held.iter().sum::<u64>(), 97);
+        // Nothing to summarise while the window is open.
+        assert_eq!(log.flush(t0 + 9 * sec), None);
+        // The window ends: one summary with exact per-kind counts.
+        let summary = log.flush(t0 + 10 * sec).expect("summary");
+        assert_eq!(
+            [summary.malformed, summary.oversized, summary.undecodable],
+            held
+        );
+        assert_eq!(summary.total(), 97);
+        assert_eq!(summary.over, 10 * sec);
+        // Said once.
+        assert_eq!(log.flush(t0 + 20 * sec), None);
+        // A new window logs a fresh burst.
+        assert!(log.admit(BadFrame::Malformed, t0 + 30 * sec, "ep"));
+    }
+
+    #[test]
+    fn bad_frame_log_without_overflow_has_nothing_to_summarise() {
+        let t0 = Instant::now();
+        let mut log = BadFrameLog::new(5, Duration::from_secs(1));
+        for i in 0..5 {
+            assert!(log.admit(BadFrame::Undecodable, t0 + Duration::from_millis(i), "ep"));
+        }
+        assert_eq!(log.flush(t0 + Duration::from_secs(2)), None);
+    }
+
+    proptest::proptest! {
+        /// Against a model: every bad frame is either logged or counted in
+        /// exactly one summary, and at most `burst` are logged per window.
+        #[test]
+        fn every_bad_frame_is_logged_or_summarised(
+            burst in 0u32..5,
+            steps in proptest::collection::vec((0u64..4000, 0usize..3, proptest::bool::ANY), 0..200),
+        ) {
+            let kinds = [BadFrame::Malformed, BadFrame::Oversized, BadFrame::Undecodable];
+            let interval = Duration::from_millis(1000);
+            let t0 = Instant::now();
+            let mut log = BadFrameLog::new(burst, interval);
+            let (mut now, mut logged, mut summarised, mut frames) = (t0, 0u64, 0u64, 0u64);
+            let mut window: Option<(Instant, u32)> = None;
+            for (advance_ms, kind, is_tick) in steps {
+                now += Duration::from_millis(advance_ms);
+                if is_tick {
+                    if let Some(s) = log.flush(now) {
+                        summarised += s.total();
+                    }
+                    continue;
+                }
+                frames += 1;
+                // Model: windows start at the first bad frame after the last one ended.
+                let in_window = match window {
+                    Some((start, n)) if now.duration_since(start) < interval => Some((start, n)),
+                    _ => None,
+                };
+                let (start, n) = in_window.unwrap_or((now, 0));
+                let expect_log = n < burst;
+                window = Some((start, if expect_log { n + 1 } else { n }));
+                let before = log.held.iter().sum::<u64>();
+                let flushed = log.window_start.is_some_and(|s| now.duration_since(s) >= interval);
+                if flushed {
+                    summarised += before;
+                }
+                proptest::prop_assert_eq!(log.admit(kinds[kind], now, "ep"), expect_log);
+                if expect_log {
+                    logged += 1;
+                }
+            }
+            if let Some(s) = log.flush(now + interval) {
+                summarised += s.total();
+            }
+            proptest::prop_assert_eq!(logged + summarised, frames);
+        }
+    }
 }

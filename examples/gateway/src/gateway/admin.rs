@@ -234,7 +234,7 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
         let snap = rt.rule.counters().snapshot();
         for (i, ep) in rt.endpoints.iter().enumerate() {
             let ev = snap.endpoints.get(i).copied().unwrap_or_default();
-            let subscribers: Vec<Value> = ep
+            let mut subscribers: Vec<Value> = ep
                 .spec
                 .events
                 .iter()
@@ -242,14 +242,31 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
                 .map(|(src, m)| {
                     let s = m.snapshot();
                     json!({
+                        "transport": "zmq",
                         "rank": src.rank, "address": src.zmq.address, "replay": src.replay,
                         "connected": s.connected, "last_seq": s.last_seq,
                         "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
                         "restarts": s.restarts, "decode_errors": s.decode_errors,
                         "dial_failures": s.dial_failures, "replays_requested": s.replays_requested,
+                        "malformed_frames": s.malformed_frames,
+                        "oversized_frames": s.oversized_frames,
+                        "last_rejected_seq": s.last_rejected_seq,
                     })
                 })
                 .collect();
+            if let (Some(m), Some(url)) = (&ep.drain, &ep.spec.drain) {
+                let s = m.snapshot();
+                subscribers.push(json!({
+                    "transport": "trtllm_drain",
+                    "rank": Value::Null, "address": url, "replay": Value::Null,
+                    "connected": s.connected, "last_seq": s.last_seq,
+                    "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
+                    "restarts": s.restarts, "decode_errors": s.decode_errors,
+                    "polls": s.polls, "poll_failures": s.poll_failures,
+                }));
+            }
+            let seq = rt.inventory.seq_counters(i);
+            let ingest = rt.inventory.ingest_counters(i);
             let contract = if ev.drift_alarm {
                 "drift_alarm"
             } else {
@@ -268,6 +285,16 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
                 "in_flight": ep.in_flight(),
                 "inventory_blocks": rt.inventory.blocks(i),
                 "inventory_clears": rt.inventory.ingest_clears(i),
+                "ingest": {
+                    "resumes": seq.resumes,
+                    "resumes_verified": seq.resumes_verified,
+                    "resume_restarts": seq.resume_restarts,
+                    "restarts": seq.restarts,
+                    "key_mode": if rt.inventory.is_rekeyed() { "rekey" } else { "engine" },
+                    "rekey_orphan_blocks": ingest.rekey_orphan_blocks,
+                    "rekey_untokenized_blocks": ingest.rekey_untokenized_blocks,
+                    "remove_unmapped": ingest.remove_unmapped,
+                },
                 "contract": rt.spec.contract.as_ref().map(ToString::to_string),
                 "contract_status": contract,
                 "subscribers": subscribers,

@@ -14,19 +14,31 @@
 //! Contract attestation: each endpoint's ingest carries a
 //! [`ContractAttestor`] for the rule's contract; the admin API and `/metrics`
 //! show the verdict summed over the rule's endpoints.
+//!
+//! Re-key contracts (`rekey:xxh3_64_chain:...`): the ingest recomputes
+//! kvroute's own keys from the token ids of each stored event, chained through
+//! the parent's internal key, and maps engine keys to them so removals still
+//! apply ([`KeyMode::Rekey`]). The prompt side hashes with the same contract, so
+//! engines whose keys cannot be reproduced (vLLM with a random `PYTHONHASHSEED`,
+//! salted TensorRT-LLM, SGLang before 0.5.6) become routable. Engine keys are
+//! not attested then: they are opaque by assumption.
+//!
+//! TensorRT-LLM endpoints are drained over HTTP instead; [`DrainApplier`] feeds
+//! the same per-endpoint ingest.
 
 use std::sync::Arc;
 
-use kvroute_core::{BlockHasher, BlockKey, EndpointId};
+use kvroute_core::{BlockKey, EndpointId, HashContract};
 use kvroute_engines::events::{self, DecodeStats};
 use kvroute_engines::transport::{
-    EngineKind, Frame, FrameReport, FrameSink, FrameSource, ReplayOutcome, SinkAction,
+    BatchApplier, EngineKind, Frame, FrameReport, FrameSink, FrameSource, ReplayOutcome, SinkAction,
 };
 use kvroute_ingest::attest::{AttestCounters, ContractAttestor, ContractStatus, KeyAttestor};
-use kvroute_ingest::seq::{ClearReason, ReplayEnd, SeqAction};
+use kvroute_ingest::rekey::{BlockRekeyer, XxhChainRekeyer};
+use kvroute_ingest::seq::{ClearReason, SeqAction, SeqCounters};
 use kvroute_ingest::{
-    EndpointIngest, EventBatch, IndexConfig, IngestConfig, InventoryView, KeyMode, KvEvent,
-    Overlap, SharedIndex,
+    EndpointIngest, EventBatch, IndexConfig, IngestConfig, IngestCounters, InventoryView, KeyMode,
+    KvEvent, Overlap, SharedIndex,
 };
 use parking_lot::Mutex;
 
@@ -34,6 +46,7 @@ use parking_lot::Mutex;
 pub struct RuleInventory {
     index: SharedIndex,
     ingests: Vec<Mutex<EndpointIngest>>,
+    rekeyed: bool,
 }
 
 impl std::fmt::Debug for RuleInventory {
@@ -44,11 +57,16 @@ impl std::fmt::Debug for RuleInventory {
     }
 }
 
-fn new_ingest(slot: usize, attestor: Option<&Arc<dyn KeyAttestor>>) -> EndpointIngest {
+fn new_ingest(
+    slot: usize,
+    rekeyer: Option<&Arc<dyn BlockRekeyer>>,
+    attestor: Option<&Arc<dyn KeyAttestor>>,
+) -> EndpointIngest {
+    let mode = rekeyer.map_or(KeyMode::Engine, |r| KeyMode::Rekey(Arc::clone(r)));
     let ingest = EndpointIngest::new(
         EndpointId(u32::try_from(slot).unwrap_or(u32::MAX)),
         IngestConfig::default(),
-        KeyMode::Engine,
+        mode,
     );
     match attestor {
         Some(a) => ingest.with_attestor(Arc::clone(a)),
@@ -56,19 +74,63 @@ fn new_ingest(slot: usize, attestor: Option<&Arc<dyn KeyAttestor>>) -> EndpointI
     }
 }
 
+/// The ingest-side re-keyer of a re-key contract (`None` for engine-key contracts).
+#[must_use]
+pub fn rekeyer_for(contract: &HashContract) -> Option<Arc<dyn BlockRekeyer>> {
+    match contract {
+        // `xxh3_64_chain` is the only re-key algorithm; the prompt side hashes it
+        // through kvroute-core's hasher with the same seed.
+        HashContract::Rekey(c) => Some(Arc::new(XxhChainRekeyer { seed: c.seed })),
+        _ => None,
+    }
+}
+
 impl RuleInventory {
-    /// Inventories for `endpoints` endpoint slots; `contract` (the rule's
-    /// hasher) attests the engines' stored keys.
+    /// Inventories for `endpoints` endpoint slots. An engine-key `contract`
+    /// attests the engines' stored keys; a re-key contract makes every
+    /// endpoint's ingest re-key stored blocks from their tokens.
     #[must_use]
-    pub fn new(endpoints: usize, contract: Option<BlockHasher>) -> Self {
-        let attestor =
-            contract.map(|h| Arc::new(ContractAttestor::from_hasher(h)) as Arc<dyn KeyAttestor>);
+    pub fn new(endpoints: usize, contract: Option<&HashContract>) -> Self {
+        let rekeyer = contract.and_then(rekeyer_for);
+        let attestor = match (&rekeyer, contract) {
+            (None, Some(c)) => c
+                .hasher()
+                .ok()
+                .map(|h| Arc::new(ContractAttestor::from_hasher(h)) as Arc<dyn KeyAttestor>),
+            _ => None,
+        };
         Self {
             index: SharedIndex::new(endpoints, IndexConfig::default()),
             ingests: (0..endpoints)
-                .map(|i| Mutex::new(new_ingest(i, attestor.as_ref())))
+                .map(|i| Mutex::new(new_ingest(i, rekeyer.as_ref(), attestor.as_ref())))
                 .collect(),
+            rekeyed: rekeyer.is_some(),
         }
+    }
+
+    /// Whether the inventories hold re-keyed (internal) keys.
+    #[must_use]
+    pub fn is_rekeyed(&self) -> bool {
+        self.rekeyed
+    }
+
+    /// Sequence-window counters of endpoint `slot`, summed over its DP ranks
+    /// (resumes, verified resumes, restarts found by a resume, ...).
+    #[must_use]
+    pub fn seq_counters(&self, slot: usize) -> SeqCounters {
+        self.ingests
+            .get(slot)
+            .map(|i| i.lock().seq_counters())
+            .unwrap_or_default()
+    }
+
+    /// Event-level counters of endpoint `slot` (re-key skips among them).
+    #[must_use]
+    pub fn ingest_counters(&self, slot: usize) -> IngestCounters {
+        self.ingests
+            .get(slot)
+            .map(|i| *i.lock().counters())
+            .unwrap_or_default()
     }
 
     /// Attestation counts summed over the rule's endpoints.
@@ -85,9 +147,13 @@ impl RuleInventory {
     }
 
     /// `unverified`, `unverifiable`, `verified` or `mismatch` (any endpoint's
-    /// mismatch makes the rule's contract wrong for that engine).
+    /// mismatch makes the rule's contract wrong for that engine); `rekeyed` for a
+    /// re-key contract, whose engine keys are not checked.
     #[must_use]
     pub fn contract_status(&self) -> &'static str {
+        if self.rekeyed {
+            return "rekeyed";
+        }
         match self.attestation().status() {
             ContractStatus::Unknown => "unverified",
             ContractStatus::Unverifiable { .. } => "unverifiable",
@@ -120,6 +186,40 @@ impl InventoryView for RuleInventory {
 
     fn score(&self, keys: &[BlockKey], out: &mut [Overlap]) {
         self.index.score(keys, out);
+    }
+}
+
+/// The [`BatchApplier`] of one TensorRT-LLM endpoint's drain poller: decoded
+/// drains go through the endpoint's ingest (sequence window on `event_id`, key
+/// mode, attestation) into the rule's index.
+pub struct DrainApplier {
+    inventory: Arc<RuleInventory>,
+    slot: usize,
+}
+
+impl DrainApplier {
+    /// The applier of endpoint slot `slot`.
+    #[must_use]
+    pub fn new(inventory: Arc<RuleInventory>, slot: usize) -> Self {
+        Self { inventory, slot }
+    }
+}
+
+impl BatchApplier for DrainApplier {
+    fn apply(&mut self, batch: &EventBatch) -> u32 {
+        let Some(ingest) = self.inventory.ingests.get(self.slot) else {
+            return 0;
+        };
+        ingest
+            .lock()
+            .apply_batch(batch, &self.inventory.index)
+            .events_applied
+    }
+
+    fn clear(&mut self) {
+        if let Some(ingest) = self.inventory.ingests.get(self.slot) {
+            let _ = ingest.lock().clear(&self.inventory.index);
+        }
     }
 }
 
@@ -242,23 +342,14 @@ impl FrameSink for RankSink {
             outcome.completed,
             &self.inventory.index,
         );
-        if !end.clears() {
-            return FrameReport::default();
+        if end.clears() {
+            // The engine's buffer ends before our last batch: it restarted.
+            tracing::info!(
+                from = outcome.requested_from,
+                "engine replay ends before our last sequence: restart; inventory cleared"
+            );
         }
-        // The engine's buffer ends before our last batch: it restarted.
-        tracing::info!(
-            from = outcome.requested_from,
-            "engine replay ends before our last sequence: restart; inventory cleared"
-        );
-        FrameReport {
-            cleared: true,
-            restart: true,
-            action: match end {
-                ReplayEnd::ClearThenReplay { from } => SinkAction::Replay { from_seq: from },
-                _ => SinkAction::Continue,
-            },
-            ..FrameReport::default()
-        }
+        FrameReport::from(end)
     }
 }
 
@@ -295,5 +386,99 @@ mod tests {
         let _ = inv.ingests[0].lock().clear(&inv.index);
         assert_eq!(inv.blocks(0), 0);
         assert_eq!(inv.blocks(1), 2);
+    }
+
+    /// Keys a prompt side would compute with `contract` (kvroute-core's hasher).
+    fn prompt_keys(contract: &HashContract, tokens: &[u32]) -> Vec<BlockKey> {
+        let mut keys = Vec::new();
+        contract
+            .hasher()
+            .unwrap()
+            .hash_prompt(tokens, &kvroute_core::RequestExtras::NONE, &mut keys)
+            .unwrap();
+        keys
+    }
+
+    /// A re-key rule ignores the engine's (opaque) keys: stored blocks are keyed
+    /// from their tokens, chained through the parent's internal key, and the
+    /// prompt side's keys for the same contract find them; a removal by engine
+    /// key still applies.
+    #[test]
+    fn rekey_rule_keys_stored_blocks_like_the_prompt_side() {
+        let contract: HashContract = "rekey:xxh3_64_chain:block=4:seed=1337".parse().unwrap();
+        let inv = RuleInventory::new(1, Some(&contract));
+        assert!(inv.is_rekeyed());
+        assert_eq!(inv.contract_status(), "rekeyed");
+        let tokens: Vec<u32> = (100..116).collect();
+        // Two events: blocks 0-1 at the root, then 2-3 under engine key 0xB.
+        let first = EventBatch {
+            seq: 0,
+            events: vec![KvEvent::Stored(BlockStored {
+                keys: vec![BlockKey(0xA0), BlockKey(0xB)],
+                token_ids: tokens[..8].to_vec(),
+                block_size: 4,
+                ..BlockStored::default()
+            })],
+            ..EventBatch::default()
+        };
+        let second = EventBatch {
+            seq: 1,
+            events: vec![KvEvent::Stored(BlockStored {
+                keys: vec![BlockKey(0xC0), BlockKey(0xD0)],
+                parent: Some(BlockKey(0xB)),
+                token_ids: tokens[8..].to_vec(),
+                block_size: 4,
+                ..BlockStored::default()
+            })],
+            ..EventBatch::default()
+        };
+        let mut applier = DrainApplier::new(Arc::new(inv), 0);
+        assert_eq!(applier.apply(&first), 1);
+        assert_eq!(applier.apply(&second), 1);
+        let inv = Arc::clone(&applier.inventory);
+        let keys = prompt_keys(&contract, &tokens);
+        assert_eq!(keys.len(), 4);
+        let mut out = [Overlap::default()];
+        inv.score(&keys, &mut out);
+        assert_eq!(out[0].prefix, 4, "{out:?}");
+        // Engine keys are not in the index.
+        inv.score(&[BlockKey(0xA0)], &mut out);
+        assert_eq!(out[0].blocks, 0);
+        // Removing engine key 0xD0 removes the internal key of block 3.
+        let removed = EventBatch {
+            seq: 2,
+            events: vec![KvEvent::Removed(kvroute_ingest::BlockRemoved {
+                keys: vec![BlockKey(0xD0)],
+                ..Default::default()
+            })],
+            ..EventBatch::default()
+        };
+        assert_eq!(applier.apply(&removed), 1);
+        inv.score(&keys, &mut out);
+        assert_eq!(out[0].prefix, 3, "{out:?}");
+        let c = inv.ingest_counters(0);
+        assert_eq!((c.rekey_orphan_blocks, c.remove_unmapped), (0, 0), "{c:?}");
+    }
+
+    /// The golden TensorRT-LLM drains through the gateway's drain applier, under
+    /// the engine-key contract: blocks land and their keys attest.
+    #[test]
+    fn golden_trtllm_drains_fill_the_rule_inventory() {
+        use kvroute_engines::transport::{DrainSink, TrtllmSink};
+        let contract: HashContract = "trtllm:v1_block_key:block=32".parse().unwrap();
+        let inv = Arc::new(RuleInventory::new(1, Some(&contract)));
+        let mut sink = TrtllmSink::new(32, DrainApplier::new(Arc::clone(&inv), 0));
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../golden/trtllm-events/classic");
+        for f in ["01_startup_created.json", "02_context_blocks_stored.json"] {
+            let report = sink.on_drain(&std::fs::read(dir.join(f)).unwrap());
+            assert!(!report.cleared && !report.decode_error, "{f}: {report:?}");
+        }
+        assert!(inv.blocks(0) > 0);
+        let att = inv.attestation();
+        assert!(att.verified_blocks > 0, "{att:?}");
+        assert_eq!(att.mismatched_blocks, 0, "{att:?}");
+        assert_eq!(inv.contract_status(), "verified");
+        assert!(inv.seq_counters(0).first > 0);
     }
 }

@@ -193,7 +193,7 @@ fn role_label(r: Role) -> &'static str {
 }
 
 /// Subscriber metric families, in the order `render` fills them.
-const SUBSCRIBER_METRICS: [(&str, &str, &str); 8] = [
+const SUBSCRIBER_METRICS: [(&str, &str, &str); 11] = [
     (
         "kvroute_subscriber_connected",
         "gauge",
@@ -233,6 +233,51 @@ const SUBSCRIBER_METRICS: [(&str, &str, &str); 8] = [
         "kvroute_subscriber_replays_total",
         "counter",
         "Replay requests sent.",
+    ),
+    (
+        "kvroute_subscriber_malformed_frames_total",
+        "counter",
+        "Messages without the [topic, seq, payload] shape, dropped.",
+    ),
+    (
+        "kvroute_subscriber_oversized_frames_total",
+        "counter",
+        "Messages over the subscriber's size limit, dropped.",
+    ),
+    (
+        "kvroute_subscriber_polls_total",
+        "counter",
+        "TensorRT-LLM drains attempted (HTTP poller only).",
+    ),
+];
+
+/// Per-endpoint ingest (sequence window) metric families, in the order
+/// `render` fills them.
+const INGEST_METRICS: [(&str, &str, &str); 5] = [
+    (
+        "kvroute_ingest_resumes_total",
+        "counter",
+        "Reconnects that resumed from the last applied batch (something to verify).",
+    ),
+    (
+        "kvroute_ingest_resumes_verified_total",
+        "counter",
+        "Resumes whose replayed last batch matched the one applied.",
+    ),
+    (
+        "kvroute_ingest_resume_restarts_total",
+        "counter",
+        "Engine restarts found by a resume check (also counted as restarts).",
+    ),
+    (
+        "kvroute_ingest_rekey_orphan_blocks_total",
+        "counter",
+        "Re-key rules: stored blocks skipped because their parent is unknown.",
+    ),
+    (
+        "kvroute_ingest_rekey_untokenized_blocks_total",
+        "counter",
+        "Re-key rules: stored blocks skipped because the event lacks their tokens.",
     ),
 ];
 
@@ -322,6 +367,8 @@ pub fn render(gw: &Gateway) -> String {
     let mut drift = String::new();
     let mut inventory = String::new();
     let mut subs: [String; SUBSCRIBER_METRICS.len()] = Default::default();
+    let mut ingest: [String; INGEST_METRICS.len()] = Default::default();
+    let mut rejected_seq = String::new();
     let mut breaker = String::new();
     let mut inflight = String::new();
     let mut contract = String::new();
@@ -387,9 +434,28 @@ pub fn render(gw: &Gateway) -> String {
                 "kvroute_endpoint_available{{{l}}} {}",
                 u8::from(rt.is_available(i, now))
             );
-            for (src, s) in ep.spec.events.iter().zip(&ep.subscribers) {
-                let s = s.snapshot();
-                let sl = format!("{l},rank=\"{}\"", src.rank);
+            let seq = rt.inventory.seq_counters(i);
+            let counters = rt.inventory.ingest_counters(i);
+            let values = [
+                seq.resumes,
+                seq.resumes_verified,
+                seq.resume_restarts,
+                counters.rekey_orphan_blocks,
+                counters.rekey_untokenized_blocks,
+            ];
+            for (body, v) in ingest.iter_mut().zip(values) {
+                let _ = writeln!(body, "{{{l}}} {v}");
+            }
+            let ranks = ep
+                .spec
+                .events
+                .iter()
+                .zip(&ep.subscribers)
+                .map(|(src, m)| (src.rank.to_string(), m))
+                .chain(ep.drain.iter().map(|m| ("drain".to_owned(), m)));
+            for (rank, m) in ranks {
+                let s = m.snapshot();
+                let sl = format!("{l},rank=\"{rank}\"");
                 let values = [
                     u64::from(s.connected),
                     s.events_applied,
@@ -399,9 +465,18 @@ pub fn render(gw: &Gateway) -> String {
                     s.decode_errors,
                     s.dial_failures,
                     s.replays_requested,
+                    s.malformed_frames,
+                    s.oversized_frames,
+                    s.polls,
                 ];
                 for (body, v) in subs.iter_mut().zip(values) {
                     let _ = writeln!(body, "{{{sl}}} {v}");
+                }
+                if let Some(seq) = s.last_rejected_seq {
+                    let _ = writeln!(
+                        rejected_seq,
+                        "kvroute_subscriber_last_rejected_seq{{{sl}}} {seq}"
+                    );
                 }
             }
         }
@@ -483,11 +558,22 @@ pub fn render(gw: &Gateway) -> String {
         header(&mut out, name, kind, help);
         out.push_str(body);
     }
-    for ((name, kind, help), body) in SUBSCRIBER_METRICS.iter().zip(&subs) {
+    for ((name, kind, help), body) in SUBSCRIBER_METRICS
+        .iter()
+        .zip(&subs)
+        .chain(INGEST_METRICS.iter().zip(&ingest))
+    {
         header(&mut out, name, kind, help);
         for line in body.lines() {
             let _ = writeln!(out, "{name}{line}");
         }
     }
+    header(
+        &mut out,
+        "kvroute_subscriber_last_rejected_seq",
+        "gauge",
+        "Sequence number of the last message dropped as malformed, oversized or undecodable (absent until one carried a readable sequence).",
+    );
+    out.push_str(&rejected_seq);
     out
 }

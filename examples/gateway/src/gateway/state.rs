@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use kvroute_core::EndpointId;
 use kvroute_engines::prompt::TokenizerPool;
-use kvroute_engines::transport::{SubscriberMetrics, ZmqSubscriber, ZmqSubscriberConfig};
+use kvroute_engines::transport::{
+    SubscriberMetrics, TrtllmPoller, TrtllmPollerConfig, TrtllmSink, ZmqSubscriber,
+    ZmqSubscriberConfig,
+};
 use kvroute_select::{
     AdminState, Availability, BreakerConfig, BreakerState, CircuitBreaker, ContractKeys, Endpoint,
     EndpointLoad, Health, Load, PromptKeys, Rule, RuleConfig, Thresholds,
@@ -20,7 +23,7 @@ use tokio::sync::watch;
 use super::config::{
     check_rule_set, ConfigError, EndpointSpec, HealthConfig, LimitsConfig, RuleSpec, ServeConfig,
 };
-use super::inventory::{RankSink, RuleInventory};
+use super::inventory::{DrainApplier, RankSink, RuleInventory};
 use super::metrics::GatewayMetrics;
 use super::upstream::UpstreamClient;
 
@@ -36,6 +39,8 @@ pub struct EndpointRuntime {
     pub probe_ok: Mutex<Option<bool>>,
     /// One per DP rank subscriber, in `spec.events` order.
     pub subscribers: Vec<Arc<SubscriberMetrics>>,
+    /// The TensorRT-LLM drain poller's metrics (`spec.drain` set).
+    pub drain: Option<Arc<SubscriberMetrics>>,
 }
 
 impl EndpointRuntime {
@@ -333,7 +338,7 @@ impl Gateway {
                 let ep = Endpoint::new(e.url.clone(), e.role)
                     .with_weight(e.weight)
                     .with_capacity(e.capacity);
-                if e.events.is_empty() {
+                if e.events.is_empty() && e.drain.is_none() {
                     ep
                 } else {
                     ep.with_inventory_slot(u32::try_from(i).unwrap_or(u32::MAX))
@@ -369,8 +374,10 @@ impl Gateway {
         cfg.thresholds = thresholds;
         let provider = keys.map(|k| k as Arc<dyn PromptKeys>);
         let rule = Rule::new(cfg, provider).map_err(|e| lib_err(&e))?;
-        let hasher = spec.contract.as_ref().and_then(|c| c.hasher().ok());
-        let inventory = Arc::new(RuleInventory::new(spec.endpoints.len(), hasher));
+        let inventory = Arc::new(RuleInventory::new(
+            spec.endpoints.len(),
+            spec.contract.as_ref(),
+        ));
         let mut pending = Vec::new();
         let breaker = BreakerConfig {
             failure_threshold: self.health.failure_threshold,
@@ -387,10 +394,23 @@ impl Gateway {
                 let subscriber = ZmqSubscriber::new(cfg);
                 subscribers.push(subscriber.metrics());
                 let sink = RankSink::new(Arc::clone(&inventory), slot, src.rank, e.engine);
-                pending.push(Pending {
+                pending.push(Pending::Zmq {
                     subscriber,
                     sink,
                     what: format!("{} rank {} ({})", e.url, src.rank, src.zmq.address),
+                });
+            }
+            let mut drain = None;
+            if let Some(url) = &e.drain {
+                let poller = TrtllmPoller::new(TrtllmPollerConfig::new(url.clone()))
+                    .map_err(|err| lib_err(&err))?;
+                drain = Some(poller.metrics());
+                let sink =
+                    TrtllmSink::new(block_size, DrainApplier::new(Arc::clone(&inventory), slot));
+                pending.push(Pending::Drain {
+                    poller,
+                    sink,
+                    url: url.clone(),
                 });
             }
             endpoints.push(EndpointRuntime {
@@ -400,6 +420,7 @@ impl Gateway {
                 admin_down: AtomicBool::new(false),
                 probe_ok: Mutex::new(None),
                 subscribers,
+                drain,
             });
         }
         let (stop, _) = watch::channel(false);
@@ -421,18 +442,48 @@ impl Gateway {
             let stopped = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            tracing::info!(rule = %rt.spec.doc.name, subscriber = %p.what, "starting KV-event subscriber");
-            tokio::spawn(async move {
-                let _ = p.subscriber.run(p.sink, stopped).await;
-            });
+            match p {
+                Pending::Zmq {
+                    subscriber,
+                    sink,
+                    what,
+                } => {
+                    tracing::info!(rule = %rt.spec.doc.name, subscriber = %what, "starting KV-event subscriber");
+                    tokio::spawn(async move {
+                        let _ = subscriber.run(sink, stopped).await;
+                    });
+                }
+                Pending::Drain { poller, sink, url } => {
+                    tracing::warn!(
+                        rule = %rt.spec.doc.name,
+                        %url,
+                        "starting TensorRT-LLM KV-event DRAIN poller: every POST to /kv_cache_events \
+                         CONSUMES the engine's events, so this must be the ONLY consumer of this engine \
+                         (no second gateway replica, script or curl); a competing consumer shows up as \
+                         steady event_id gaps and clears"
+                    );
+                    tokio::spawn(async move {
+                        let _ = poller.run(sink, stopped).await;
+                    });
+                }
+            }
         }
         super::health::spawn_probes(self, rt);
     }
 }
 
 /// A subscriber built with its rule, started once the rule is installed.
-struct Pending {
-    subscriber: ZmqSubscriber,
-    sink: RankSink,
-    what: String,
+enum Pending {
+    /// One ZeroMQ subscriber (endpoint, DP rank).
+    Zmq {
+        subscriber: ZmqSubscriber,
+        sink: RankSink,
+        what: String,
+    },
+    /// One TensorRT-LLM drain poller (endpoint).
+    Drain {
+        poller: TrtllmPoller,
+        sink: TrtllmSink<DrainApplier>,
+        url: String,
+    },
 }
