@@ -87,6 +87,11 @@ pub struct IngestConfig {
     /// Most parent digests remembered for attesting later events of a chain
     /// (the cache is emptied when full).
     pub attest_links: usize,
+    /// The prompt side's block size (the contract's). A `BlockStored` of another
+    /// size can never match a prompt's keys, in any key mode: such blocks are
+    /// still applied but counted in [`IngestCounters::block_size_mismatches`],
+    /// logged as errors and reported as a contract mismatch. `None`: unchecked.
+    pub expected_block_size: Option<u32>,
 }
 
 impl Default for IngestConfig {
@@ -96,6 +101,7 @@ impl Default for IngestConfig {
             scored_group: Some(0),
             max_streams: 64,
             attest_links: 1 << 16,
+            expected_block_size: None,
         }
     }
 }
@@ -127,6 +133,9 @@ pub struct IngestCounters {
     pub rekey_conflicts: u64,
     /// Re-key: removes of engine keys with no mapping.
     pub remove_unmapped: u64,
+    /// Stored blocks whose event's block size differs from
+    /// [`IngestConfig::expected_block_size`].
+    pub block_size_mismatches: u64,
     /// Index writes.
     pub writes: WriteStats,
 }
@@ -259,12 +268,35 @@ impl EndpointIngest {
             .map(|(_, w)| w)
     }
 
-    /// The hash-contract status from attestation.
+    /// The hash-contract status from attestation and the block-size check (a
+    /// block-size mismatch counts as mismatched blocks).
     #[must_use]
     pub fn contract_status(&self) -> ContractStatus {
-        self.attesting
+        let attested = self
+            .attesting
             .as_ref()
-            .map_or(ContractStatus::Unknown, |a| a.counters.status())
+            .map_or(ContractStatus::Unknown, |a| a.counters.status());
+        match (self.counters.block_size_mismatches, attested) {
+            (0, status) => status,
+            (
+                wrong,
+                ContractStatus::Mismatch {
+                    mismatched,
+                    verified,
+                },
+            ) => ContractStatus::Mismatch {
+                mismatched: mismatched + wrong,
+                verified,
+            },
+            (wrong, ContractStatus::Verified { blocks }) => ContractStatus::Mismatch {
+                mismatched: wrong,
+                verified: blocks,
+            },
+            (wrong, _) => ContractStatus::Mismatch {
+                mismatched: wrong,
+                verified: 0,
+            },
+        }
     }
 
     /// Attestation counters (zero without an attestor).
@@ -415,6 +447,31 @@ impl EndpointIngest {
         keep
     }
 
+    /// False (counted and logged) when `stored` has another block size than the
+    /// contract's.
+    fn block_size_matches(&mut self, stored: &BlockStored) -> bool {
+        let Some(expected) = self.config.expected_block_size else {
+            return true;
+        };
+        if stored.block_size == expected {
+            return true;
+        }
+        let before = self.counters.block_size_mismatches;
+        let after = before + stored.keys.len() as u64;
+        self.counters.block_size_mismatches = after;
+        // Loud but bounded: the first time and whenever the count passes a power of two.
+        if before == 0 || (after > before && before.ilog2() != after.ilog2()) {
+            tracing::error!(
+                endpoint = self.endpoint.0,
+                engine_block_size = stored.block_size,
+                expected,
+                blocks = self.counters.block_size_mismatches,
+                "engine block size differs from the contract's: its blocks can never match a prompt"
+            );
+        }
+        false
+    }
+
     fn apply_event(&mut self, event: &KvEvent, index: &SharedIndex) -> Option<WriteStats> {
         let result = match event {
             KvEvent::Stored(s) => {
@@ -422,7 +479,10 @@ impl EndpointIngest {
                     return None;
                 }
                 self.counters.stored_events += 1;
-                self.attest(s);
+                // A block of the wrong size is one mismatch, not also an attestation one.
+                if self.block_size_matches(s) {
+                    self.attest(s);
+                }
                 self.store(s, index)
             }
             KvEvent::Removed(r) => {

@@ -59,13 +59,20 @@ impl std::fmt::Debug for RuleInventory {
 
 fn new_ingest(
     slot: usize,
+    contract: Option<&HashContract>,
     rekeyer: Option<&Arc<dyn BlockRekeyer>>,
     attestor: Option<&Arc<dyn KeyAttestor>>,
 ) -> EndpointIngest {
     let mode = rekeyer.map_or(KeyMode::Engine, |r| KeyMode::Rekey(Arc::clone(r)));
+    let config = IngestConfig {
+        // Engine blocks of another size never match the prompt side's keys:
+        // counted and shown as a contract mismatch (also in re-key mode).
+        expected_block_size: contract.map(|c| c.block_size().get()),
+        ..IngestConfig::default()
+    };
     let ingest = EndpointIngest::new(
         EndpointId(u32::try_from(slot).unwrap_or(u32::MAX)),
-        IngestConfig::default(),
+        config,
         mode,
     );
     match attestor {
@@ -102,7 +109,7 @@ impl RuleInventory {
         Self {
             index: SharedIndex::new(endpoints, IndexConfig::default()),
             ingests: (0..endpoints)
-                .map(|i| Mutex::new(new_ingest(i, rekeyer.as_ref(), attestor.as_ref())))
+                .map(|i| Mutex::new(new_ingest(i, contract, rekeyer.as_ref(), attestor.as_ref())))
                 .collect(),
             rekeyed: rekeyer.is_some(),
         }
@@ -135,12 +142,15 @@ impl RuleInventory {
 
     /// Attestation counts summed over the rule's endpoints.
     #[must_use]
+    /// Blocks whose engine block size differs from the contract's count as
+    /// mismatched (in re-key mode too: they can never match a prompt).
     pub fn attestation(&self) -> AttestCounters {
         let mut sum = AttestCounters::default();
         for i in &self.ingests {
-            let c = i.lock().attest_counters();
+            let i = i.lock();
+            let c = i.attest_counters();
             sum.verified_blocks += c.verified_blocks;
-            sum.mismatched_blocks += c.mismatched_blocks;
+            sum.mismatched_blocks += c.mismatched_blocks + i.counters().block_size_mismatches;
             sum.unverifiable_events += c.unverifiable_events;
         }
         sum
@@ -148,13 +158,15 @@ impl RuleInventory {
 
     /// `unverified`, `unverifiable`, `verified` or `mismatch` (any endpoint's
     /// mismatch makes the rule's contract wrong for that engine); `rekeyed` for a
-    /// re-key contract, whose engine keys are not checked.
+    /// re-key contract, whose engine keys are not checked (its block size is:
+    /// a different engine block size is a `mismatch` there too).
     #[must_use]
     pub fn contract_status(&self) -> &'static str {
-        if self.rekeyed {
+        let status = self.attestation().status();
+        if self.rekeyed && !matches!(status, ContractStatus::Mismatch { .. }) {
             return "rekeyed";
         }
-        match self.attestation().status() {
+        match status {
             ContractStatus::Unknown => "unverified",
             ContractStatus::Unverifiable { .. } => "unverifiable",
             ContractStatus::Verified { .. } => "verified",
@@ -403,6 +415,32 @@ mod tests {
     /// from their tokens, chained through the parent's internal key, and the
     /// prompt side's keys for the same contract find them; a removal by engine
     /// key still applies.
+    /// An engine publishing blocks of another size than the rule's contract can
+    /// never be hit: the rule says `mismatch`, in re-key mode too.
+    #[test]
+    fn an_engine_block_size_other_than_the_contracts_is_a_mismatch() {
+        for c in [
+            "rekey:xxh3_64_chain:block=16:seed=1337",
+            "vllm@0.33.0:sha256_cbor:block=16:seed=0",
+        ] {
+            let contract: HashContract = c.parse().unwrap();
+            let inv = RuleInventory::new(1, Some(&contract));
+            let batch = EventBatch {
+                seq: 0,
+                events: vec![KvEvent::Stored(BlockStored {
+                    keys: vec![BlockKey(1), BlockKey(2)],
+                    token_ids: (0..64).collect(),
+                    block_size: 32,
+                    ..BlockStored::default()
+                })],
+                ..EventBatch::default()
+            };
+            let _ = inv.ingests[0].lock().apply_batch(&batch, &inv.index);
+            assert_eq!(inv.contract_status(), "mismatch", "{c}");
+            assert_eq!(inv.attestation().mismatched_blocks, 2, "{c}");
+        }
+    }
+
     #[test]
     fn rekey_rule_keys_stored_blocks_like_the_prompt_side() {
         let contract: HashContract = "rekey:xxh3_64_chain:block=4:seed=1337".parse().unwrap();
