@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the Python virtualenv that the interop tests use as real
 # ZeroMQ / HTTP peers: pyzmq (libzmq) and msgspec, the libraries vLLM and SGLang
-# publish their KV events with. Idempotent; fails loudly.
+# publish their KV events with, and vLLM 0.33.0's own wheel (installed with
+# --no-deps: tests/python/vllm_standin.py runs its KV-cache modules without
+# torch) plus the light packages those modules and the stand-in import.
+# Idempotent (a quick version check when everything is in place); fails loudly.
+# A fresh install downloads ~340 MB (the vLLM wheel) and takes ~1 min.
 #
 #   scripts/python-env.sh            # -> .venv/bin/python at the repo root
 #   KVROUTE_PYTHON=python3.12 scripts/python-env.sh
@@ -11,7 +15,15 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${repo_root}/.venv"
 python="${KVROUTE_PYTHON:-python3}"
 # Versions the golden fixtures were generated with (see golden/vllm-events/README.md).
-requirements=("pyzmq==27.3.0" "msgspec==0.23.0")
+requirements=("pyzmq==27.3.0" "msgspec==0.23.0"
+    # vllm_standin.py: what vllm.distributed.kv_events, vllm.v1.core.{block_pool,
+    # kv_cache_utils}, vllm.utils.{hashing,network_utils} and vllm.config.kv_events
+    # import, the Qwen3 tokenizer and the chat template engine (versions as in
+    # golden/chat/README.md where listed there).
+    "cbor2==6.3.0" "xxhash==4.1.0" "pydantic==2.14.4" "psutil==7.2.2" "urllib3==2.8.0"
+    "tokenizers==0.23.3" "jinja2==3.1.6")
+# Installed without its dependencies (torch, CUDA kernels...): only its sources are used.
+nodeps=("vllm==0.33.0")
 
 if ! command -v "${python}" >/dev/null 2>&1; then
     echo "python-env: '${python}' not found; install Python >= 3.9 or set KVROUTE_PYTHON" >&2
@@ -23,7 +35,7 @@ if [ ! -x "${venv}/bin/python" ]; then
     "${python}" -m venv "${venv}"
 fi
 
-if "${venv}/bin/python" - "${requirements[@]}" <<'PY' 2>/dev/null
+if "${venv}/bin/python" - "${requirements[@]}" "${nodeps[@]}" <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version
 for req in sys.argv[1:]:
@@ -32,9 +44,12 @@ for req in sys.argv[1:]:
         sys.exit(1)
 PY
 then
-    echo "python-env: ${venv} already has ${requirements[*]}" >&2
+    echo "python-env: ${venv} already has ${requirements[*]} ${nodeps[*]}" >&2
 else
     "${venv}/bin/python" -m pip install --disable-pip-version-check --quiet "${requirements[@]}"
+    "${venv}/bin/python" -m pip install --disable-pip-version-check --quiet --no-deps "${nodeps[@]}"
 fi
 
 "${venv}/bin/python" -c 'import zmq, msgspec; print("python-env: ok, libzmq", zmq.zmq_version(), "pyzmq", zmq.__version__, "msgspec", msgspec.__version__)'
+# The stand-in's loader imports vLLM's cache modules (no torch) and fails if a placeholder is used.
+"${venv}/bin/python" "${repo_root}/tests/python/vllm_loader.py"
