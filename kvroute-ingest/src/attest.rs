@@ -78,6 +78,9 @@ pub struct AttestCounters {
     pub mismatched_blocks: u64,
     /// Stored events that could not be recomputed.
     pub unverifiable_events: u64,
+    /// Mismatched blocks that start a chain (no parent): the contract's root
+    /// (seed, algorithm, first-block extras) differs, not only a chained step.
+    pub mismatched_root_blocks: u64,
 }
 
 impl AttestCounters {

@@ -42,6 +42,9 @@ pub struct ModelWindow {
     last_batch: Option<EventBatch>,
     resume: ModelResume,
     replaying: bool,
+    jump_candidate: Option<u64>,
+    /// Batches of the current publisher the inventory lacks.
+    pub missing: u64,
 }
 
 impl ModelWindow {
@@ -72,6 +75,8 @@ pub struct Model {
     windows: BTreeMap<(u32, Option<u32>), ModelWindow>,
     window: u64,
     policy: RestartPolicy,
+    max_seq: u64,
+    max_jump: u64,
 }
 
 impl Model {
@@ -81,18 +86,83 @@ impl Model {
         Self {
             window: config.window,
             policy: config.on_restart,
+            max_seq: config.max_seq,
+            max_jump: config.max_jump,
             ..Self::default()
         }
     }
 
     /// The model window's decision for `batch` of stream `(ep, rank)`.
     pub fn decide(&mut self, ep: u32, rank: Option<u32>, batch: &EventBatch) -> SeqAction {
+        let (max_seq, max_jump) = (self.max_seq, self.max_jump);
         let w = self.windows.entry((ep, rank)).or_default();
+        let seq = batch.seq;
+        // Implausible numbers: checked before anything else, `last` untouched.
+        let candidate = w.jump_candidate.take();
+        if seq > max_seq {
+            return SeqAction::Drop(DropReason::Implausible);
+        }
+        if let Some(last) = w.last {
+            let jump = i128::from(seq) - i128::from(last) - 1;
+            let confirmed = candidate.is_some_and(|c| i128::from(c) + 1 == i128::from(seq));
+            if jump > i128::from(max_jump) && !confirmed {
+                w.jump_candidate = Some(seq);
+                return SeqAction::Drop(DropReason::Implausible);
+            }
+        }
+        let first = w.last.is_none();
         let action = Self::judge(w, self.window, self.policy, batch);
         if action.applies() {
             w.last_batch = Some(batch.clone());
         }
+        match action {
+            SeqAction::Apply if first => w.missing = seq,
+            SeqAction::ApplyAfterGap { missed } => w.missing += missed,
+            SeqAction::ClearThenApply(_) => w.missing = seq,
+            _ => {}
+        }
+        if action.clears() {
+            self.lost(ep, rank);
+        }
+        if action.applies()
+            && batch
+                .events
+                .iter()
+                .any(|e| matches!(e, KvEvent::AllCleared))
+        {
+            self.lost(ep, rank);
+            if let Some(w) = self.windows.get_mut(&(ep, rank)) {
+                w.missing = 0;
+            }
+        }
         action
+    }
+
+    /// Endpoint `ep` was cleared for stream `except`'s reason (or none): every
+    /// other stream's accepted batches are gone from the inventory.
+    pub fn lost(&mut self, ep: u32, except: Option<u32>) {
+        self.lost_except(ep, Some(except));
+    }
+
+    fn lost_except(&mut self, ep: u32, except: Option<Option<u32>>) {
+        for ((e, r), w) in &mut self.windows {
+            if *e == ep && Some(*r) != except {
+                if let Some(last) = w.last {
+                    w.missing = last.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    /// Endpoint `ep` was cleared by the host: every stream lost its batches.
+    pub fn lost_all(&mut self, ep: u32) {
+        self.lost_except(ep, None);
+    }
+
+    /// The model's missing-batch count of stream `(ep, rank)`.
+    #[must_use]
+    pub fn missing(&self, ep: u32, rank: Option<u32>) -> Option<u64> {
+        self.windows.get(&(ep, rank)).map(|w| w.missing)
     }
 
     fn judge(
@@ -159,10 +229,12 @@ impl Model {
             return ReplayEnd::Continue;
         }
         w.resume = ModelResume::Steady;
-        match w.restart(policy, None) {
+        let end = match w.restart(policy, None) {
             SeqAction::ClearThenReplay { from } => ReplayEnd::ClearThenReplay { from },
             _ => ReplayEnd::Clear(ClearReason::Restart),
-        }
+        };
+        self.lost(ep, rank);
+        end
     }
 
     /// Empties endpoint `ep`.
@@ -292,6 +364,9 @@ pub fn seq_window(data: &[u8]) {
         } else {
             RestartPolicy::Replay
         },
+        // Small limits so that random streams cross them.
+        max_seq: u64::MAX - u64::from(b.byte() % 4) * 1000,
+        max_jump: 4 + u64::from(b.byte()),
     };
     // Endpoint slots 0, 1 and 65 exercise two banks of the index.
     let slots: [u32; 3] = [0, 1, 65];
@@ -358,7 +433,7 @@ pub fn seq_window(data: &[u8]) {
                 w.replaying = true;
                 assert_eq!(
                     from,
-                    Some(w.last.map_or(0, |l| l + 1)),
+                    Some(w.last.map_or(0, |l| l.saturating_add(1))),
                     "bootstrap replay start"
                 );
             }
@@ -380,6 +455,10 @@ pub fn seq_window(data: &[u8]) {
                             6 => base + 2 + u64::from(b.byte() % 8),
                             7 => base + 9 + u64::from(b.byte()),
                             8 => base.saturating_sub(1 + u64::from(b.byte() % 12)),
+                            // u64 extremes (a forged or corrupted number) and the
+                            // successor of a previous one (a confirmed jump).
+                            9 if b.byte() % 2 == 0 => u64::MAX - u64::from(b.byte()) * 13,
+                            9 => prev.map_or(0, |p| p.saturating_add(1)),
                             _ => 0,
                         };
                         let n_events = b.byte() % 4;
@@ -407,6 +486,16 @@ pub fn seq_window(data: &[u8]) {
                 if expected.applies() {
                     model.apply(ep, &batch.events);
                 }
+            }
+        }
+        for (i, &ep) in slots.iter().enumerate() {
+            for rank in [None, Some(0), Some(1)] {
+                let got = ingests[i].stream(rank).map(|w| w.missing_batches());
+                assert_eq!(
+                    got,
+                    model.missing(ep, rank),
+                    "missing batches ep{ep} {rank:?}"
+                );
             }
         }
         check(&index, &model, &slots);

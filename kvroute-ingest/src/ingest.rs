@@ -21,7 +21,18 @@
 //!   through the parent's internal key, and keeps engine key → (internal key,
 //!   outstanding stores) so `BlockRemoved` and tier moves still work. A stored
 //!   event whose parent is unknown, or whose blocks lack tokens, cannot be
-//!   re-keyed; it is counted and skipped.
+//!   re-keyed; it is counted and skipped. The map is bounded
+//!   ([`IngestConfig::max_rekey_entries`]): entries whose internal key left the
+//!   index are dropped first, and a store that would still exceed the bound is
+//!   skipped and counted ([`IngestCounters::rekey_map_full`]).
+//! * **Completeness.** Each stream's window counts the batches of the engine's
+//!   current process the inventory is known to lack
+//!   ([`crate::seq::SeqWindow::missing_batches`]); an endpoint is
+//!   [`Completeness::Partial`] while any stream lacks some. A clear caused by one
+//!   stream (or by the host) makes every other stream's batches missing; an
+//!   `AllBlocksCleared` makes its own stream complete again. The transition to
+//!   partial is logged once at WARN with the endpoint's name (its URL in the
+//!   gateway) and counted; the return to complete at INFO.
 //!
 //! ```
 //! use kvroute_core::{BlockKey, EndpointId, Medium};
@@ -92,7 +103,13 @@ pub struct IngestConfig {
     /// still applied but counted in [`IngestCounters::block_size_mismatches`],
     /// logged as errors and reported as a contract mismatch. `None`: unchecked.
     pub expected_block_size: Option<u32>,
+    /// Most entries of the re-key map (engine key → internal key). The default,
+    /// [`DEFAULT_REKEY_ENTRIES`], is twice the index's default capacity per tier.
+    pub max_rekey_entries: usize,
 }
+
+/// Default [`IngestConfig::max_rekey_entries`]: 2^21 (≈ 40 MiB at most).
+pub const DEFAULT_REKEY_ENTRIES: usize = 1 << 21;
 
 impl Default for IngestConfig {
     fn default() -> Self {
@@ -102,6 +119,37 @@ impl Default for IngestConfig {
             max_streams: 64,
             attest_links: 1 << 16,
             expected_block_size: None,
+            max_rekey_entries: DEFAULT_REKEY_ENTRIES,
+        }
+    }
+}
+
+/// Whether an endpoint's inventory holds everything its engine reported
+/// ([`EndpointIngest::completeness`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completeness {
+    /// No batch seen yet.
+    Unknown,
+    /// Every batch of the engine's current process(es) since their start or
+    /// their last `AllBlocksCleared` was applied.
+    Complete,
+    /// Some batches are known missing (late or failed bootstrap replay, gaps,
+    /// clears): the inventory under-reports until an `AllBlocksCleared` or a
+    /// restart seen from batch 0.
+    Partial {
+        /// Batches known missing, summed over the endpoint's streams.
+        missing_batches: u64,
+    },
+}
+
+impl Completeness {
+    /// `unknown`, `complete` or `partial` (metrics and admin API).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Completeness::Unknown => "unknown",
+            Completeness::Complete => "complete",
+            Completeness::Partial { .. } => "partial",
         }
     }
 }
@@ -138,6 +186,15 @@ pub struct IngestCounters {
     pub block_size_mismatches: u64,
     /// Index writes.
     pub writes: WriteStats,
+    /// Re-key: blocks skipped because the re-key map was full.
+    pub rekey_map_full: u64,
+    /// Replays that failed or timed out (no end marker).
+    pub replays_incomplete: u64,
+    /// Replays whose first batch was after the requested one (the engine's
+    /// buffer no longer reached back).
+    pub replays_late: u64,
+    /// Transitions of the endpoint to [`Completeness::Partial`].
+    pub partial_episodes: u64,
 }
 
 /// What [`EndpointIngest::apply_batch`] did.
@@ -181,6 +238,9 @@ struct Attesting {
 /// One endpoint's ingest state machine. See the [module docs](self).
 pub struct EndpointIngest {
     endpoint: EndpointId,
+    name: Arc<str>,
+    /// Whether the last completeness check found the endpoint partial.
+    partial: bool,
     config: IngestConfig,
     streams: Vec<(Option<u32>, SeqWindow)>,
     rekeying: Option<Rekeying>,
@@ -193,6 +253,7 @@ impl std::fmt::Debug for EndpointIngest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EndpointIngest")
             .field("endpoint", &self.endpoint)
+            .field("name", &self.name)
             .field("streams", &self.streams.len())
             .field("rekey", &self.rekeying.is_some())
             .field("attest", &self.attesting.is_some())
@@ -215,6 +276,8 @@ impl EndpointIngest {
         };
         Self {
             endpoint,
+            name: Arc::from(endpoint.to_string()),
+            partial: false,
             config,
             streams: Vec::new(),
             rekeying,
@@ -222,6 +285,69 @@ impl EndpointIngest {
             counters: IngestCounters::default(),
             scratch: Vec::new(),
         }
+    }
+
+    /// Names the endpoint in logs (the gateway uses its URL; the slot number
+    /// by default).
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The name used in logs.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the inventory holds everything the engine reported (see
+    /// "Completeness" in the [module docs](self)).
+    #[must_use]
+    pub fn completeness(&self) -> Completeness {
+        if self.streams.iter().all(|(_, w)| w.last_seq().is_none()) {
+            return Completeness::Unknown;
+        }
+        match self.missing_batches() {
+            0 => Completeness::Complete,
+            missing_batches => Completeness::Partial { missing_batches },
+        }
+    }
+
+    /// Batches known missing, summed over the streams.
+    #[must_use]
+    pub fn missing_batches(&self) -> u64 {
+        self.streams
+            .iter()
+            .fold(0u64, |sum, (_, w)| sum.saturating_add(w.missing_batches()))
+    }
+
+    /// The most likely reason for a contract mismatch, derived from which checks
+    /// fail (`None` while none fails). Tokenizer and chat-template differences
+    /// cannot show here: attestation recomputes keys from the token ids the
+    /// engine reports, so they show on the prompt side (a verified contract
+    /// whose predictions never hit).
+    #[must_use]
+    pub fn likely_mismatch_cause(&self) -> Option<&'static str> {
+        if self.counters.block_size_mismatches > 0 {
+            return Some(
+                "block size: the engine's blocks hold another number of tokens than the contract's",
+            );
+        }
+        let a = self.attest_counters();
+        if a.mismatched_blocks == 0 {
+            return None;
+        }
+        Some(if a.verified_blocks == 0 {
+            "hash seed or algorithm: no recomputed key matches (e.g. vLLM's PYTHONHASHSEED or \
+             --prefix-caching-hash-algo, or another engine version)"
+        } else if a.mismatched_root_blocks == 0 {
+            "chained keys only: first blocks match, later ones differ (extra keys or a \
+             different parent chaining)"
+        } else {
+            "part of the stream differs: engines with different seeds or versions behind \
+             one endpoint?"
+        })
     }
 
     /// Enables attestation of stored events with `attestor`.
@@ -320,19 +446,46 @@ impl EndpointIngest {
                 .as_ref()
                 .map_or(0, |a| a.links.allocation_size())
             + self.scratch.capacity() * std::mem::size_of::<BlockKey>()
+            + self.streams.capacity() * std::mem::size_of::<(Option<u32>, SeqWindow)>()
     }
 
-    fn window(&mut self, dp_rank: Option<u32>) -> Option<&mut SeqWindow> {
-        let pos = match self.streams.iter().position(|(r, _)| *r == dp_rank) {
-            Some(pos) => pos,
+    fn stream_pos(&mut self, dp_rank: Option<u32>) -> Option<usize> {
+        match self.streams.iter().position(|(r, _)| *r == dp_rank) {
+            Some(pos) => Some(pos),
             None if self.streams.len() < self.config.max_streams => {
                 self.streams
                     .push((dp_rank, SeqWindow::new(self.config.window)));
-                self.streams.len() - 1
+                Some(self.streams.len() - 1)
             }
-            None => return None,
-        };
+            None => None,
+        }
+    }
+
+    fn window(&mut self, dp_rank: Option<u32>) -> Option<&mut SeqWindow> {
+        let pos = self.stream_pos(dp_rank)?;
         self.streams.get_mut(pos).map(|(_, w)| w)
+    }
+
+    /// Logs and counts a change between complete and partial.
+    fn check_completeness(&mut self) {
+        let missing = self.missing_batches();
+        let partial = missing > 0;
+        if partial == std::mem::replace(&mut self.partial, partial) {
+            return;
+        }
+        if partial {
+            self.counters.partial_episodes += 1;
+            tracing::warn!(
+                endpoint = %self.name,
+                missing_batches = missing,
+                replays_late = self.counters.replays_late,
+                replays_incomplete = self.counters.replays_incomplete,
+                "inventory is partial: engine batches were never applied (late or failed replay, \
+                 gap or clear); it under-reports until an AllBlocksCleared or an engine restart"
+            );
+        } else {
+            tracing::info!(endpoint = %self.name, "inventory complete again");
+        }
     }
 
     /// The transport of `dp_rank`'s stream reconnected.
@@ -377,20 +530,59 @@ impl EndpointIngest {
         completed: bool,
         index: &SharedIndex,
     ) -> ReplayEnd {
+        let Some(pos) = self.stream_pos(dp_rank) else {
+            return ReplayEnd::Continue;
+        };
         let verdict = self
-            .window(dp_rank)
-            .map_or(ReplayEnd::Continue, |w| w.on_replay_finished(completed));
+            .streams
+            .get_mut(pos)
+            .map_or(ReplayEnd::Continue, |(_, w)| {
+                w.on_replay_finished(completed)
+            });
         if verdict.clears() {
-            let writes = self.clear(index);
+            let writes = self.clear_for(index, Some(pos));
             self.counters.writes += writes;
         }
+        self.check_completeness();
         verdict
+    }
+
+    /// [`Self::on_replay_finished`] with what the transport saw of the replay:
+    /// one that asked for `requested_from` and failed or timed out, or whose
+    /// first batch `first_seq` came later, is counted (and shows in the
+    /// endpoint's [`Completeness`] through the batches it could not deliver).
+    pub fn on_replay_report(
+        &mut self,
+        dp_rank: Option<u32>,
+        requested_from: u64,
+        first_seq: Option<u64>,
+        completed: bool,
+        index: &SharedIndex,
+    ) -> ReplayEnd {
+        let late = first_seq.is_some_and(|f| f > requested_from);
+        if late {
+            self.counters.replays_late += 1;
+        }
+        if !completed {
+            self.counters.replays_incomplete += 1;
+        }
+        if late || !completed {
+            tracing::warn!(
+                endpoint = %self.name,
+                requested_from,
+                ?first_seq,
+                completed,
+                "KV-event replay did not deliver from the requested batch: the inventory misses \
+                 what the engine published before"
+            );
+        }
+        self.on_replay_finished(dp_rank, completed, index)
     }
 
     /// Runs `batch` through its stream's window and applies it to `index`.
     pub fn apply_batch(&mut self, batch: &EventBatch, index: &SharedIndex) -> Outcome {
         self.counters.batches += 1;
-        let Some(window) = self.window(batch.dp_rank) else {
+        let Some(pos) = self.stream_pos(batch.dp_rank) else {
             self.counters.stream_limit_drops += 1;
             return Outcome {
                 action: SeqAction::Drop(DropReason::StreamLimit),
@@ -398,15 +590,18 @@ impl EndpointIngest {
                 events_applied: 0,
             };
         };
-        let action = window.on_batch_with_digest(batch.seq, batch.fingerprint());
+        let action = match self.streams.get_mut(pos) {
+            Some((_, window)) => window.on_batch_with_digest(batch.seq, batch.fingerprint()),
+            None => SeqAction::Drop(DropReason::StreamLimit),
+        };
         let mut writes = WriteStats::default();
         if action.clears() {
-            writes += self.clear(index);
+            writes += self.clear_for(index, Some(pos));
         }
         let mut events_applied = 0;
         if action.applies() {
             for event in &batch.events {
-                if let Some(w) = self.apply_event(event, index) {
+                if let Some(w) = self.apply_event(event, index, pos) {
                     writes += w;
                     events_applied += 1;
                 }
@@ -416,6 +611,7 @@ impl EndpointIngest {
         if writes.evicted > 0 {
             self.after_evictions(writes.evicted, index);
         }
+        self.check_completeness();
         Outcome {
             action,
             writes,
@@ -423,8 +619,33 @@ impl EndpointIngest {
         }
     }
 
-    /// Empties the endpoint (inventory, re-key map, attestation links).
+    /// Empties the endpoint (inventory, re-key map, attestation links). Every
+    /// stream's batches so far count as missing.
     pub fn clear(&mut self, index: &SharedIndex) -> WriteStats {
+        let writes = self.clear_for(index, None);
+        self.check_completeness();
+        writes
+    }
+
+    /// Empties the endpoint and forgets every stream's sequence state, so the
+    /// next batch of each starts afresh (e.g. after a drain whose events were
+    /// lost undecoded: the next `event_id` must not be judged against the lost
+    /// ones).
+    pub fn reset(&mut self, index: &SharedIndex) -> WriteStats {
+        let writes = self.clear_for(index, None);
+        self.streams.clear();
+        self.check_completeness();
+        writes
+    }
+
+    /// Empties the endpoint because of stream `cause` (whose window already
+    /// accounts for its own missing batches; `None`: the host's reason).
+    fn clear_for(&mut self, index: &SharedIndex, cause: Option<usize>) -> WriteStats {
+        for (i, (_, w)) in self.streams.iter_mut().enumerate() {
+            if Some(i) != cause {
+                w.mark_lost();
+            }
+        }
         self.counters.clears += 1;
         if let Some(r) = &mut self.rekeying {
             r.map = KeyMap::default();
@@ -462,7 +683,7 @@ impl EndpointIngest {
         // Loud but bounded: the first time and whenever the count passes a power of two.
         if before == 0 || (after > before && before.ilog2() != after.ilog2()) {
             tracing::error!(
-                endpoint = self.endpoint.0,
+                endpoint = %self.name,
                 engine_block_size = stored.block_size,
                 expected,
                 blocks = self.counters.block_size_mismatches,
@@ -472,7 +693,12 @@ impl EndpointIngest {
         false
     }
 
-    fn apply_event(&mut self, event: &KvEvent, index: &SharedIndex) -> Option<WriteStats> {
+    fn apply_event(
+        &mut self,
+        event: &KvEvent,
+        index: &SharedIndex,
+        stream: usize,
+    ) -> Option<WriteStats> {
         let result = match event {
             KvEvent::Stored(s) => {
                 if !self.in_scored_group(s.group) {
@@ -498,7 +724,12 @@ impl EndpointIngest {
             }
             KvEvent::AllCleared => {
                 self.counters.all_cleared_events += 1;
-                return Some(self.clear(index));
+                let writes = self.clear_for(index, Some(stream));
+                // The engine emptied its cache: nothing of this stream is missing.
+                if let Some((_, w)) = self.streams.get_mut(stream) {
+                    w.mark_complete();
+                }
+                return Some(writes);
             }
         };
         match result {
@@ -535,6 +766,13 @@ impl EndpointIngest {
             .checked_div(bs)
             .map_or(0, |blocks| s.keys.len().min(blocks));
         self.counters.rekey_untokenized_blocks += (s.keys.len() - full) as u64;
+        if r.map.len().saturating_add(full) > self.config.max_rekey_entries {
+            compact_rekey_map(r, self.endpoint, index);
+            if r.map.len().saturating_add(full) > self.config.max_rekey_entries {
+                self.counters.rekey_map_full += s.keys.len() as u64;
+                return Ok(WriteStats::default());
+            }
+        }
         self.scratch.clear();
         let tokens = s.token_ids.get(..full * bs).unwrap_or_default();
         r.rekeyer
@@ -608,13 +846,7 @@ impl EndpointIngest {
         if r.evicted_since_compact.saturating_mul(2) < r.map.len() as u64 {
             return;
         }
-        let e = self.endpoint;
-        r.map.retain(|_, (internal, _)| {
-            Medium::ALL
-                .iter()
-                .any(|m| index.contains(e, BlockKey(*internal), *m))
-        });
-        r.evicted_since_compact = 0;
+        compact_rekey_map(r, self.endpoint, index);
     }
 
     fn attest(&mut self, s: &BlockStored) {
@@ -633,7 +865,7 @@ impl EndpointIngest {
         let result = a.attestor.recompute(parent, s, &mut a.keys, &mut a.digests);
         if let Err(err) = result {
             a.counters.unverifiable_events += 1;
-            tracing::debug!(endpoint = %self.endpoint, %err, "stored event not attestable");
+            tracing::debug!(endpoint = %self.name, %err, "stored event not attestable");
             return;
         }
         if a.keys.is_empty() {
@@ -641,6 +873,9 @@ impl EndpointIngest {
             return;
         }
         let before = a.counters.mismatched_blocks;
+        if s.parent.is_none() && a.keys.first() != s.keys.first() {
+            a.counters.mismatched_root_blocks += 1;
+        }
         for (i, (mine, theirs)) in a.keys.iter().zip(&s.keys).enumerate() {
             if mine == theirs {
                 a.counters.verified_blocks += 1;
@@ -658,7 +893,7 @@ impl EndpointIngest {
         // Loud but bounded: log on the first mismatch and at every power of two.
         if after > before && (before == 0 || (after.ilog2() != before.ilog2())) {
             tracing::error!(
-                endpoint = %self.endpoint,
+                endpoint = %self.name,
                 mismatched_blocks = after,
                 verified_blocks = a.counters.verified_blocks,
                 "hash contract mismatch: engine block keys differ from the configured contract \
@@ -666,4 +901,14 @@ impl EndpointIngest {
             );
         }
     }
+}
+
+/// Drops the re-key entries whose internal key is no longer in the index.
+fn compact_rekey_map(r: &mut Rekeying, endpoint: EndpointId, index: &SharedIndex) {
+    r.map.retain(|_, (internal, _)| {
+        Medium::ALL
+            .iter()
+            .any(|m| index.contains(endpoint, BlockKey(*internal), *m))
+    });
+    r.evicted_since_compact = 0;
 }

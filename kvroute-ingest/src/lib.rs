@@ -18,5 +18,8 @@ pub mod view;
 pub use attest::{ContractAttestor, ContractStatus, KeyAttestor};
 pub use event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
 pub use index::{EndpointInventory, IndexConfig, IndexError, SharedIndex, WriteStats};
-pub use ingest::{EndpointIngest, IngestConfig, IngestCounters, KeyMode, Outcome};
-pub use view::{InventoryView, Overlap};
+pub use ingest::{
+    Completeness, EndpointIngest, IngestConfig, IngestCounters, KeyMode, Outcome,
+    DEFAULT_REKEY_ENTRIES,
+};
+pub use view::{InventoryHealth, InventoryView, Overlap};

@@ -69,6 +69,36 @@
 //! process (and wall clocks can step back), so neither distinguishes a restart.
 //! The adapter must deliver the replayed batches before buffered live ones.
 //!
+//! **Implausible numbers.** A publisher numbers its batches from 0, one per
+//! engine step, so a number above [`SeqWindowConfig::max_seq`] (2^48 by default:
+//! ~9 years at a million batches a second) cannot come from a real engine, and a
+//! jump of more than [`SeqWindowConfig::max_jump`] batches past `last` is
+//! implausible on a stream we stayed subscribed to. Accepting such a number as the
+//! new `last` would make every later real batch look old or duplicate and discard
+//! the live stream, so:
+//!
+//! | batch `s` | action |
+//! |---|---|
+//! | `s > max_seq` | drop ([`DropReason::Implausible`]), `last` unchanged |
+//! | `s > last + 1 + max_jump`, and the previous batch was not `s - 1` | drop ([`DropReason::Implausible`]), remember `s` |
+//! | `s > last + 1 + max_jump`, right after an implausible `s - 1` | a real jump (e.g. a long silent cut): judged as usual (a gap beyond the window clears) |
+//!
+//! A real stream that jumped is followed from its second batch on; one forged or
+//! corrupted number never moves `last`. The rule applies to replayed and live
+//! batches alike and is checked before the resume verification, which then
+//! judges the next plausible batch.
+//!
+//! **Completeness.** Besides the action, each window tracks how many of the
+//! current publisher process's batches it knows the inventory lacks
+//! ([`SeqWindow::missing_batches`]): a first batch at `s` (a subscriber started
+//! over a warm engine, or a bootstrap replay whose answer starts at `s` because
+//! the engine's buffer no longer reaches back, or failed) misses `s`; a gap kept
+//! inside the window adds its missed batches; a clear (gap beyond the window or a
+//! restart at `s`) leaves only what batch `s` and later carry, so `s` are missing.
+//! The count returns to 0 only when the inventory provably equals the engine's
+//! again: a batch carrying `AllBlocksCleared` ([`SeqWindow::mark_complete`], called
+//! by [`crate::EndpointIngest`]), or a new process seen from its batch 0.
+//!
 //! ```
 //! use kvroute_ingest::seq::{ClearReason, SeqAction, SeqWindow, SeqWindowConfig};
 //!
@@ -99,13 +129,41 @@ pub struct SeqWindowConfig {
     pub window: u64,
     /// What a detected engine restart does.
     pub on_restart: RestartPolicy,
+    /// Highest sequence number accepted at all (see "Implausible numbers" in the
+    /// [module docs](self)).
+    pub max_seq: u64,
+    /// Largest forward jump past the last accepted batch taken from a single
+    /// batch; a longer one needs its successor to confirm it.
+    pub max_jump: u64,
 }
+
+/// Default [`SeqWindowConfig::max_seq`]: 2^48.
+pub const DEFAULT_MAX_SEQ: u64 = 1 << 48;
+/// Default [`SeqWindowConfig::max_jump`]: 2^20 batches (hours of engine steps).
+pub const DEFAULT_MAX_JUMP: u64 = 1 << 20;
 
 impl Default for SeqWindowConfig {
     fn default() -> Self {
         Self {
             window: 64,
             on_restart: RestartPolicy::Clear,
+            max_seq: DEFAULT_MAX_SEQ,
+            max_jump: DEFAULT_MAX_JUMP,
+        }
+    }
+}
+
+impl SeqWindowConfig {
+    /// The policy a destructive drain (TensorRT-LLM `/kv_cache_events`) needs:
+    /// its `event_id`s count every event, so any gap means events were lost
+    /// (another consumer, a buffer overflow, a timed-out drain) and clears;
+    /// there is no replay, so a restart clears and applies.
+    #[must_use]
+    pub fn destructive_drain() -> Self {
+        Self {
+            window: 0,
+            on_restart: RestartPolicy::Clear,
+            ..Self::default()
         }
     }
 }
@@ -120,6 +178,9 @@ pub enum DropReason {
     /// The batch's DP rank would exceed the endpoint's stream limit (produced by
     /// [`crate::EndpointIngest`], never by the window itself).
     StreamLimit,
+    /// The number is above [`SeqWindowConfig::max_seq`], or jumps further than
+    /// [`SeqWindowConfig::max_jump`] without confirmation.
+    Implausible,
 }
 
 /// Why the endpoint must be cleared.
@@ -212,6 +273,10 @@ pub struct SeqCounters {
     /// Restarts found by a resume check (digest mismatch, a batch other than
     /// `last`, or an empty complete replay); also counted in `restarts`.
     pub resume_restarts: u64,
+    /// Batches dropped as implausible (beyond `max_seq`, or an unconfirmed jump).
+    pub implausible: u64,
+    /// Jumps beyond `max_jump` confirmed by the next batch and followed.
+    pub jumps_confirmed: u64,
 }
 
 impl std::ops::AddAssign for SeqCounters {
@@ -231,6 +296,8 @@ impl std::ops::AddAssign for SeqCounters {
         self.resumes += o.resumes;
         self.resumes_verified += o.resumes_verified;
         self.resume_restarts += o.resume_restarts;
+        self.implausible += o.implausible;
+        self.jumps_confirmed += o.jumps_confirmed;
     }
 }
 
@@ -278,6 +345,11 @@ pub struct SeqWindow {
     last_digest: Option<u64>,
     resume: Resume,
     replaying: bool,
+    /// The last batch dropped as an implausible jump (a next batch one above it
+    /// confirms the jump).
+    jump_candidate: Option<u64>,
+    /// Batches of the current publisher process the inventory is known to lack.
+    missing: u64,
     counters: SeqCounters,
 }
 
@@ -291,7 +363,31 @@ impl SeqWindow {
             last_digest: None,
             resume: Resume::Steady,
             replaying: false,
+            jump_candidate: None,
+            missing: 0,
             counters: SeqCounters::default(),
+        }
+    }
+
+    /// Batches of the current publisher process whose effects the inventory is
+    /// known to lack (0: complete as far as this stream can tell). See
+    /// "Completeness" in the [module docs](self).
+    #[must_use]
+    pub fn missing_batches(&self) -> u64 {
+        self.missing
+    }
+
+    /// The inventory provably holds everything this stream's publisher holds
+    /// (it applied an `AllBlocksCleared` of this stream).
+    pub fn mark_complete(&mut self) {
+        self.missing = 0;
+    }
+
+    /// The inventory lost this stream's contribution (the endpoint was cleared
+    /// for another stream's reason): every batch accepted so far is missing.
+    pub fn mark_lost(&mut self) {
+        if let Some(last) = self.last {
+            self.missing = last.saturating_add(1);
         }
     }
 
@@ -328,11 +424,48 @@ impl SeqWindow {
     }
 
     fn decide(&mut self, seq: u64, digest: Option<u64>) -> SeqAction {
+        if self.implausible(seq) {
+            self.counters.implausible += 1;
+            return SeqAction::Drop(DropReason::Implausible);
+        }
         let action = self.judge(seq, digest);
         if action.applies() {
             self.last_digest = digest;
         }
+        self.track_missing(seq, action);
         action
+    }
+
+    /// True when `seq` must be dropped as implausible; remembers an unconfirmed
+    /// jump, and forgets it on any other batch.
+    fn implausible(&mut self, seq: u64) -> bool {
+        let candidate = self.jump_candidate.take();
+        if seq > self.config.max_seq {
+            return true;
+        }
+        let Some(last) = self.last else {
+            return false;
+        };
+        if seq <= last || seq - last - 1 <= self.config.max_jump {
+            return false;
+        }
+        if candidate.and_then(|c| c.checked_add(1)) == Some(seq) {
+            self.counters.jumps_confirmed += 1;
+            return false;
+        }
+        self.jump_candidate = Some(seq);
+        true
+    }
+
+    fn track_missing(&mut self, seq: u64, action: SeqAction) {
+        match action {
+            SeqAction::ApplyAfterGap { missed } => {
+                self.missing = self.missing.saturating_add(missed);
+            }
+            // Only batch `seq` and later reach the inventory.
+            SeqAction::ClearThenApply(_) => self.missing = seq,
+            _ => {}
+        }
     }
 
     fn judge(&mut self, seq: u64, digest: Option<u64>) -> SeqAction {
@@ -340,6 +473,8 @@ impl SeqWindow {
         let Some(last) = self.last else {
             self.counters.first += 1;
             self.last = Some(seq);
+            // Batches 0..seq of this publisher were never seen.
+            self.missing = seq;
             return SeqAction::Apply;
         };
         if resume == Resume::Verifying {

@@ -38,4 +38,36 @@ pub trait InventoryView {
     /// endpoint `e`'s inventory. `out.len()` must be at least `endpoint_count()`;
     /// extra entries are left untouched.
     fn score(&self, keys: &[BlockKey], out: &mut [Overlap]);
+
+    /// How far endpoint `endpoint`'s inventory can be trusted. The default (for
+    /// views without attestation or sequence tracking) claims nothing.
+    ///
+    /// Scoring is not changed by it: a partial inventory under-reports (a block
+    /// it lacks only costs a lost optimisation), so its hits are still real;
+    /// a mismatched contract makes every lookup of that endpoint miss, and
+    /// selection can count such misses as `contract_mismatch` instead of
+    /// `zero_overlap`.
+    fn health(&self, _endpoint: usize) -> InventoryHealth {
+        InventoryHealth::default()
+    }
+}
+
+/// What an inventory knows about its own completeness and hash contract
+/// ([`InventoryView::health`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InventoryHealth {
+    /// The engine's keys provably differ from the prompt side's (attestation
+    /// or block-size check failed): its inventory can never match a prompt.
+    pub contract_mismatch: bool,
+    /// Batches of the engine's current process whose effects the inventory is
+    /// known to lack (0: complete as far as the sequence numbers tell).
+    pub missing_batches: u64,
+}
+
+impl InventoryHealth {
+    /// True when batches are known missing.
+    #[must_use]
+    pub fn partial(&self) -> bool {
+        self.missing_batches > 0
+    }
 }

@@ -8,6 +8,7 @@ fn window(w: u64, on_restart: RestartPolicy) -> SeqWindow {
     SeqWindow::new(SeqWindowConfig {
         window: w,
         on_restart,
+        ..SeqWindowConfig::default()
     })
 }
 
@@ -118,7 +119,13 @@ fn reconnect_before_any_batch_is_just_a_first_batch() {
 
 #[test]
 fn extreme_sequence_numbers_do_not_overflow() {
-    let mut w = window(u64::MAX, RestartPolicy::Clear);
+    // Plausibility limits lifted so that the arithmetic itself is exercised.
+    let mut w = SeqWindow::new(SeqWindowConfig {
+        window: u64::MAX,
+        max_seq: u64::MAX,
+        max_jump: u64::MAX,
+        ..SeqWindowConfig::default()
+    });
     let actions = feed(&mut w, &[u64::MAX, 0, u64::MAX]);
     assert_eq!(actions[1], SeqAction::ClearThenApply(ClearReason::Restart));
     assert_eq!(
@@ -236,4 +243,100 @@ fn resume_before_any_batch_has_nothing_to_verify() {
     assert_eq!(w.on_replay_finished(true), ReplayEnd::Continue);
     assert_eq!(w.on_batch_with_digest(40, 1), SeqAction::Apply);
     assert_eq!(w.counters().resumes, 0);
+}
+
+/// Issue 15 #5: one replayed batch at u64::MAX − 1 must not become the high-water
+/// mark (before the fix every later live batch was dropped as old or duplicate).
+#[test]
+fn a_batch_at_u64_extremes_is_dropped_and_the_live_stream_continues() {
+    for policy in [RestartPolicy::Clear, RestartPolicy::Replay] {
+        let mut w = window(64, policy);
+        assert_eq!(w.on_batch(3), SeqAction::Apply);
+        for poison in [u64::MAX - 1, u64::MAX, 1 << 50] {
+            assert_eq!(w.on_batch(poison), SeqAction::Drop(DropReason::Implausible));
+        }
+        for seq in 4..22 {
+            assert_eq!(w.on_batch(seq), SeqAction::Apply, "{policy:?} seq {seq}");
+        }
+        assert_eq!(w.last_seq(), Some(21));
+        assert_eq!(w.counters().implausible, 3);
+        // Also as the very first batch of a stream.
+        let mut fresh = window(64, policy);
+        assert_eq!(
+            fresh.on_batch(u64::MAX - 1),
+            SeqAction::Drop(DropReason::Implausible)
+        );
+        assert_eq!(fresh.on_batch(0), SeqAction::Apply);
+    }
+}
+
+/// A jump beyond `max_jump` from a single batch is dropped; the same jump
+/// confirmed by the next batch is a real one (a long silent cut) and is followed.
+#[test]
+fn a_far_jump_needs_confirmation_by_its_successor() {
+    let mut w = SeqWindow::new(SeqWindowConfig {
+        max_jump: 1000,
+        ..SeqWindowConfig::default()
+    });
+    assert_eq!(w.on_batch(10), SeqAction::Apply);
+    assert_eq!(w.on_batch(5_000), SeqAction::Drop(DropReason::Implausible));
+    // The live stream is unharmed, and the stale candidate is forgotten.
+    assert_eq!(w.on_batch(11), SeqAction::Apply);
+    assert_eq!(w.on_batch(5_001), SeqAction::Drop(DropReason::Implausible));
+    assert_eq!(
+        w.on_batch(5_002),
+        SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { missed: 4_990 })
+    );
+    assert_eq!(w.on_batch(5_003), SeqAction::Apply);
+    assert_eq!(
+        (w.counters().implausible, w.counters().jumps_confirmed),
+        (2, 1)
+    );
+    // Inside the bound a jump is judged as before.
+    assert_eq!(
+        w.on_batch(5_900),
+        SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { missed: 896 })
+    );
+}
+
+/// An implausible replayed batch during a resume does not consume the
+/// verification: the next plausible batch is judged by it.
+#[test]
+fn an_implausible_batch_does_not_answer_a_resume() {
+    let mut w = window(64, RestartPolicy::Clear);
+    assert_eq!(w.on_batch_with_digest(7, 0xaa), SeqAction::Apply);
+    assert_eq!(w.on_resume(), Some(7));
+    assert_eq!(
+        w.on_batch_with_digest(u64::MAX - 1, 0xbb),
+        SeqAction::Drop(DropReason::Implausible)
+    );
+    assert_eq!(
+        w.on_batch_with_digest(7, 0xaa),
+        SeqAction::Drop(DropReason::Duplicate)
+    );
+    assert_eq!(w.counters().resumes_verified, 1);
+}
+
+/// Issue 14 #1: a stream whose first batch is not 0 (a late bootstrap replay
+/// or a subscriber started over a warm engine) knows the batches it lacks;
+/// gaps add to them, a restart from 0 makes it complete.
+#[test]
+fn missing_batches_follow_late_starts_gaps_and_restarts() {
+    let mut w = window(64, RestartPolicy::Clear);
+    assert_eq!(w.missing_batches(), 0);
+    assert_eq!(w.on_batch(326), SeqAction::Apply);
+    assert_eq!(w.missing_batches(), 326);
+    assert_eq!(w.on_batch(330), SeqAction::ApplyAfterGap { missed: 3 });
+    assert_eq!(w.missing_batches(), 329);
+    w.mark_complete();
+    assert_eq!(w.missing_batches(), 0);
+    assert!(w.on_batch(500).clears());
+    assert_eq!(w.missing_batches(), 500);
+    assert_eq!(
+        w.on_batch(0),
+        SeqAction::ClearThenApply(ClearReason::Restart)
+    );
+    assert_eq!(w.missing_batches(), 0);
+    w.mark_lost();
+    assert_eq!(w.missing_batches(), 1);
 }
