@@ -486,3 +486,167 @@ pub(super) fn parse(
     }
     Ok(combine(&ranks))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample(line: &str) -> Result<Sample<'_>, LoadReportError> {
+        let (_, end) = line_name(line.as_bytes()).expect("a sample line");
+        parse_sample(line.as_bytes(), end, 1)
+    }
+
+    #[test]
+    fn names_colons_escapes_and_spacing() {
+        let s = sample(
+            "  vllm:cache_config_info{ a = \"x\\\"y\\\\z\\nw\" , b=\"['p, q=r']\",} 1.0 1733045000000",
+        )
+        .unwrap();
+        assert_eq!(s.name, "vllm:cache_config_info");
+        assert_eq!(s.label("a"), Some("x\"y\\z\nw"));
+        assert_eq!(s.label("b"), Some("['p, q=r']"));
+        assert_eq!(s.value, 1.0);
+        let s = sample("x{} +Inf").unwrap();
+        assert!(s.labels.is_empty() && s.value == f64::INFINITY);
+        assert!(sample("x NaN").unwrap().value.is_nan());
+        assert_eq!(sample("x\t-1.5e3").unwrap().value, -1500.0);
+        // Unknown escapes stay literal.
+        assert_eq!(
+            sample(r#"x{a="c:\dir"} 1"#).unwrap().label("a"),
+            Some(r"c:\dir")
+        );
+    }
+
+    #[test]
+    fn comments_blanks_and_other_names_are_not_samples() {
+        for line in [
+            "",
+            "   ",
+            "# HELP x y",
+            "#x 1",
+            "{a=\"b\"} 1",
+            "1x 2",
+            "x-y 1",
+            "é 1",
+        ] {
+            assert!(line_name(line.as_bytes()).is_none(), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn broken_sample_lines_name_the_problem() {
+        for (line, reason) in [
+            ("x", "sample without a value"),
+            ("x{a=\"b\"}", "sample without a value"),
+            ("x{a=\"b\" 1", "expected ',' or '}' after a label"),
+            ("x{a=\"b 1", "unterminated label value"),
+            ("x{a=b} 1", "label value not quoted"),
+            ("x{a} 1", "label without '='"),
+            ("x{1=\"b\"} 1", "invalid label name"),
+            ("x{a=\"b\",", "unterminated label set"),
+            ("x one", "value is not a number"),
+            ("x 1 2 3", "trailing characters after the sample"),
+            ("x 1 now", "timestamp is not a number"),
+        ] {
+            match sample(line) {
+                Err(LoadReportError::Syntax { line: 1, reason: r }) => {
+                    assert_eq!(r, reason, "{line:?}")
+                }
+                other => panic!("{line:?}: {other:?}"),
+            }
+        }
+        let invalid_utf8 = b"x{a=\"\xff\"} 1";
+        assert!(matches!(
+            parse_sample(invalid_utf8, 1, 4),
+            Err(LoadReportError::Syntax { line: 4, .. })
+        ));
+    }
+
+    #[test]
+    fn too_many_labels_are_refused() {
+        let labels: Vec<String> = (0..=MAX_LABELS).map(|i| format!("l{i}=\"v\"")).collect();
+        let line = format!("x{{{}}} 1", labels.join(","));
+        assert!(matches!(
+            sample(&line),
+            Err(LoadReportError::Syntax {
+                reason: "too many labels",
+                ..
+            })
+        ));
+    }
+
+    fn simple_name() -> impl Strategy<Value = String> {
+        "[a-zA-Z_][a-zA-Z0-9_]{0,20}"
+    }
+
+    fn simple_value() -> impl Strategy<Value = String> {
+        "[a-zA-Z0-9 ._/-]{1,20}"
+    }
+
+    proptest! {
+        /// On the grammar `prometheus-parse` handles (no colons in names, no
+        /// commas, equals signs, quotes or escapes in label values) both parsers
+        /// read every line the same.
+        #[test]
+        fn agrees_with_prometheus_parse(
+            lines in proptest::collection::vec(
+                (simple_name(),
+                 proptest::collection::btree_map("[a-zA-Z_][a-zA-Z0-9_]{0,10}", simple_value(), 0..5),
+                 -1.0e12f64..1.0e12),
+                1..20),
+        ) {
+            let text: Vec<String> = lines
+                .iter()
+                .map(|(name, labels, value)| {
+                    let l: Vec<String> =
+                        labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+                    if l.is_empty() {
+                        format!("{name} {value}")
+                    } else {
+                        format!("{name}{{{}}} {value}", l.join(","))
+                    }
+                })
+                .collect();
+            let theirs = prometheus_parse::Scrape::parse(
+                text.iter().map(|l| Ok::<_, std::io::Error>(l.clone())),
+            )
+            .unwrap();
+            prop_assert_eq!(theirs.samples.len(), text.len());
+            for (line, t) in text.iter().zip(&theirs.samples) {
+                let ours = sample(line).unwrap();
+                prop_assert_eq!(ours.name, t.metric.as_str());
+                let value = match t.value {
+                    prometheus_parse::Value::Untyped(v) => v,
+                    ref other => panic!("{other:?}"),
+                };
+                prop_assert_eq!(ours.value, value);
+                prop_assert_eq!(ours.labels.len(), t.labels.len());
+                for (k, v) in &ours.labels {
+                    prop_assert_eq!(t.labels.get(*k), Some(v.as_ref()));
+                }
+            }
+        }
+
+        /// Any line, parsed or refused, never panics, and a parsed value is what
+        /// the line spelled.
+        #[test]
+        fn any_line_is_total(line in "\\PC{0,80}") {
+            if let Some((_, end)) = line_name(line.as_bytes()) {
+                let _ = parse_sample(line.as_bytes(), end, 1);
+            }
+        }
+    }
+
+    #[test]
+    fn prometheus_parse_cannot_read_engine_names() {
+        // Why this parser exists: the crate drops every `vllm:` sample.
+        let text = ["vllm:num_requests_running{engine=\"0\"} 3.0".to_owned()];
+        let theirs = prometheus_parse::Scrape::parse(
+            text.iter().map(|l| Ok::<_, std::io::Error>(l.clone())),
+        )
+        .unwrap();
+        assert!(theirs.samples.is_empty());
+        assert_eq!(sample(&text[0]).unwrap().value, 3.0);
+    }
+}
