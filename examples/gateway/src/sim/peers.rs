@@ -8,8 +8,8 @@
 //! keys ([`PeerRequest`]); it returns a worker index. They are pure state
 //! machines: time comes in as `now_us`, randomness from a [`StdRng`] seeded at
 //! construction, and no pick allocates once the scratch buffers have grown to
-//! the fleet's size (SMG's approximate tree grows with what it was sent, up to
-//! its size bound).
+//! the fleet's size (SMG's approximate tree grows with what it was sent and is
+//! cut back to its size bound at each eviction run).
 //!
 //! | policy | peer, version read | formula | parameters (default) |
 //! |---|---|---|---|
