@@ -25,6 +25,11 @@ pub struct AffinityConfig {
     pub trie_max_depth: usize,
     /// Fraction of the prompt's chunks that must match for the trie to decide.
     pub trie_min_match: f64,
+    /// P/D ladder order. `false` (default): an exact KV-exact hit on a
+    /// prefill endpoint wins over the approximate trie match, which then only
+    /// decides requests KV-exact misses. `true`: the seed's order (trie
+    /// affinity before KV-exact).
+    pub trie_before_kv: bool,
 }
 
 impl Default for AffinityConfig {
@@ -37,6 +42,7 @@ impl Default for AffinityConfig {
             trie_chunk_bytes: 64,
             trie_max_depth: 256,
             trie_min_match: 0.5,
+            trie_before_kv: false,
         }
     }
 }

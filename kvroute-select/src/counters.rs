@@ -132,6 +132,7 @@ pub struct RuleCounters {
     fallbacks: AtomicU64,
     retries: AtomicU64,
     exhausted: AtomicU64,
+    implausible_receipts: AtomicU64,
     load_diversions: AtomicU64,
     predicted_blocks: AtomicU64,
     receipts: Vec<ReceiptCounters>,
@@ -183,6 +184,9 @@ pub struct CountersSnapshot {
     pub retries: u64,
     /// Decisions or retries that found no eligible endpoint.
     pub exhausted: u64,
+    /// Receipts refused because they claimed more cached tokens than the
+    /// prompt has (a broken or hostile upstream).
+    pub implausible_receipts: u64,
     /// Load-aware picks that passed over a better-overlap endpoint.
     pub load_diversions: u64,
     /// Σ predicted overlap blocks over KV-exact picks.
@@ -222,6 +226,7 @@ impl RuleCounters {
             fallbacks: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             exhausted: AtomicU64::new(0),
+            implausible_receipts: AtomicU64::new(0),
             load_diversions: AtomicU64::new(0),
             predicted_blocks: AtomicU64::new(0),
             receipts: (0..endpoints).map(|_| ReceiptCounters::default()).collect(),
@@ -266,6 +271,10 @@ impl RuleCounters {
 
     pub(crate) fn retry(&self) {
         bump(&self.retries);
+    }
+
+    pub(crate) fn implausible_receipt(&self) {
+        bump(&self.implausible_receipts);
     }
 
     pub(crate) fn exhausted(&self) {
@@ -324,6 +333,7 @@ impl RuleCounters {
             fallbacks: load(&self.fallbacks),
             retries: load(&self.retries),
             exhausted: load(&self.exhausted),
+            implausible_receipts: load(&self.implausible_receipts),
             load_diversions: load(&self.load_diversions),
             predicted_blocks: load(&self.predicted_blocks),
             drift_alarms_raised: load(&self.drift_alarms_raised),

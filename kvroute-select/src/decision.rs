@@ -62,6 +62,8 @@ pub enum Leg {
 pub struct Decision {
     keys: Vec<BlockKey>,
     overlaps: Vec<Overlap>,
+    /// Prefix blocks predicted entries credit, per endpoint (empty if none).
+    speculative: Vec<u32>,
     slot_scratch: Vec<Overlap>,
     excluded: Vec<bool>,
     excluded_decode: Vec<bool>,
@@ -94,6 +96,7 @@ impl Decision {
             v.resize(n, value);
         }
         self.keys.clear();
+        self.speculative.clear();
         self.slot_scratch.clear();
         fill(&mut self.overlaps, n, Overlap::default());
         fill(&mut self.excluded, n, false);
@@ -154,10 +157,35 @@ impl Decision {
         &self.keys
     }
 
-    /// Overlap per rule endpoint (zero where unknown).
+    /// Overlap per rule endpoint (zero where unknown), from the engines'
+    /// own events only.
     #[must_use]
     pub fn overlaps(&self) -> &[Overlap] {
         &self.overlaps
+    }
+
+    /// Prefix blocks that predicted entries (this rule's recent decisions
+    /// whose engine events have not arrived yet) credit to each endpoint;
+    /// empty when no entry matched. Never evidence: receipts and
+    /// [`Decision::predicted_cached_tokens`] read [`Decision::overlaps`] only.
+    #[must_use]
+    pub fn speculative_prefix(&self) -> &[u32] {
+        &self.speculative
+    }
+
+    /// Uncached prompt tokens the current target is predicted to prefill —
+    /// what a [`crate::LoadTracker`] charges it with.
+    #[must_use]
+    pub fn predicted_prefill_tokens(&self, block_size: u32) -> u32 {
+        let Some(t) = self.target else { return 0 };
+        let i = t.endpoint.index();
+        let indexed = self.overlaps.get(i).map_or(0, |o| o.prefix);
+        let spec = self.speculative.get(i).copied().unwrap_or(0);
+        let cached = indexed
+            .max(spec)
+            .saturating_mul(block_size)
+            .min(self.prompt_tokens);
+        self.prompt_tokens - cached
     }
 
     /// Endpoints excluded by connect failures so far.
@@ -253,6 +281,9 @@ impl Rule {
         d.reset(self.config.endpoints.len());
         self.counters.decision();
         self.prepare_keys(d, request, view);
+        if d.key_miss.is_none() && self.config.choice == Choice::KvExact {
+            self.speculate(d, now);
+        }
         self.run_ladder(d, request, load, health, now, true);
     }
 
@@ -325,8 +356,18 @@ impl Rule {
     /// `usage.prompt_tokens_details.cached_tokens`. Feeds predicted-vs-delivered
     /// accuracy and the contract-drift alarm; returns `true` when this receipt
     /// raised the alarm.
+    ///
+    /// A receipt claiming more cached tokens than the prompt has (when its
+    /// length is known) is refused and counted as implausible: it would skew
+    /// accuracy and hide drift.
     pub fn record_receipt(&self, d: &Decision, cached_tokens: u32) -> bool {
         let Some(t) = d.target else { return false };
+        if d.prompt_tokens > 0 && cached_tokens > d.prompt_tokens {
+            self.counters.implausible_receipt();
+            tracing::debug!(rule = %self.config.name, cached_tokens, prompt_tokens = d.prompt_tokens,
+                "receipt claims more cached tokens than the prompt has; ignored");
+            return false;
+        }
         let predicted = d.predicted_cached_tokens(self.config.block_size);
         let raised = self.counters.receipt(
             t.endpoint.index(),
@@ -435,6 +476,42 @@ impl Rule {
         }
     }
 
+    /// Credits each endpoint with the prompt prefix its predicted entries
+    /// cover. Keys are chained (key `j` depends on every earlier block), so an
+    /// entry for key `j` on endpoint `e` stands for the whole prefix `0..=j`.
+    /// The walk stops at the first key no entry names.
+    fn speculate(&self, d: &mut Decision, now: Duration) {
+        if self.config.predicted.capacity == 0 || d.keys.is_empty() {
+            return;
+        }
+        let map = self.predicted.lock();
+        if map.len() == 0 {
+            return;
+        }
+        let n = self.config.endpoints.len();
+        for (j, k) in d.keys.iter().enumerate() {
+            let Some(e) = map.get(k.0, now) else { break };
+            if d.speculative.is_empty() {
+                d.speculative.resize(n, 0);
+            }
+            if let Some(x) = d.speculative.get_mut(e as usize) {
+                *x = u32::try_from(j + 1).unwrap_or(u32::MAX);
+            }
+        }
+    }
+
+    /// Records that `endpoint` will hold the prompt's blocks soon.
+    fn predict(&self, d: &Decision, endpoint: EndpointId, now: Duration) {
+        let cfg = &self.config.predicted;
+        if cfg.capacity == 0 || d.keys.is_empty() {
+            return;
+        }
+        let mut map = self.predicted.lock();
+        for k in d.keys.iter().take(cfg.max_keys_per_request) {
+            map.insert(k.0, endpoint.0, now);
+        }
+    }
+
     /// Recomputes loads and main-leg eligibility (not excluded, available, and a
     /// prefill role in P/D).
     fn refresh_pool<L: Load + ?Sized, H: Health + ?Sized>(
@@ -522,6 +599,9 @@ impl Rule {
             None
         };
         d.target = Some(Target { endpoint, decode });
+        if self.config.choice == Choice::KvExact {
+            self.predict(d, endpoint, now);
+        }
         if pd {
             if let Some(s) = request.session {
                 self.sessions.lock().remember(s, endpoint, now);
@@ -530,6 +610,17 @@ impl Rule {
                 self.trie.lock().remember(t, endpoint, now);
             }
         }
+    }
+
+    /// P/D prefix-trie affinity: the endpoint that prefilled most of this
+    /// prompt's text recently, if eligible.
+    fn trie_pick(&self, eligible: &[bool], request: &Request<'_>, now: Duration) -> Option<usize> {
+        let m = request.text.and_then(|t| self.trie.lock().lookup(t, now))?;
+        if !eligible.get(m.endpoint.index()).copied().unwrap_or(false) {
+            return None;
+        }
+        self.counters.trie_affinity();
+        Some(m.endpoint.index())
     }
 
     /// The main-leg endpoint index, setting `d.source` (and KV bookkeeping).
@@ -553,6 +644,8 @@ impl Rule {
             block_size: cfg.block_size,
             min_blocks: cfg.thresholds.min_overlap_blocks.max(1),
             sticky,
+            speculative: &d.speculative,
+            tie_seed: d.keys.last().map_or(0, |k| k.0),
         };
         // A retry after a KV-exact pick stays in the tier: next best by overlap.
         if !first && d.source == Source::KvExact {
@@ -581,11 +674,10 @@ impl Rule {
                     return Some(e.index());
                 }
             }
-            if let Some(m) = request.text.and_then(|t| self.trie.lock().lookup(t, now)) {
-                if eligible(m.endpoint) {
+            if cfg.affinity.trie_before_kv {
+                if let Some(e) = self.trie_pick(&d.eligible, request, now) {
                     d.source = Source::TrieAffinity;
-                    self.counters.trie_affinity();
-                    return Some(m.endpoint.index());
+                    return Some(e);
                 }
             }
         }
@@ -611,6 +703,13 @@ impl Rule {
                     }
                     d.miss = Some(reason);
                 }
+            }
+        }
+        // The approximate trie decides only what the exact signal could not.
+        if pd && !cfg.affinity.trie_before_kv {
+            if let Some(e) = self.trie_pick(&d.eligible, request, now) {
+                d.source = Source::TrieAffinity;
+                return Some(e);
             }
         }
         let kind = match (cfg.choice, pd) {

@@ -8,9 +8,9 @@ use kvroute_core::{BlockKey, EndpointId};
 use kvroute_ingest::InventoryView;
 
 use crate::{
-    Availability, Choice, ContractId, Decision, Endpoint, EndpointLoad, Health, KeySetInventory,
-    Leg, LoadAwareConfig, LoadTable, MissBeforeKeys, PromptInput, Request, Role, Rule, RuleConfig,
-    Scorer, SelectorKind, Source, Topology,
+    Availability, Choice, ContractId, CostConfig, Decision, Endpoint, EndpointLoad, Health,
+    KeySetInventory, Leg, LoadAwareConfig, LoadTable, MissBeforeKeys, PromptInput, Request, Role,
+    Rule, RuleConfig, Scorer, SelectorKind, Source, Topology,
 };
 
 struct Bytes<'a>(&'a [u8]);
@@ -79,12 +79,17 @@ pub fn select_ladder(data: &[u8]) {
         1 => Choice::ContentAffinity,
         _ => Choice::KvExact,
     };
-    cfg.scorer = match b.next() % 3 {
+    cfg.scorer = match b.next() % 4 {
         0 => Scorer::OverlapCount,
         1 => Scorer::LongestPrefix,
-        _ => Scorer::LoadAware(LoadAwareConfig {
+        2 => Scorer::LoadAware(LoadAwareConfig {
             epsilon: f64::from(b.next() % 8) / 4.0,
             ..LoadAwareConfig::default()
+        }),
+        _ => Scorer::Cost(CostConfig {
+            load_factor: 1.0 + f64::from(b.next() % 8) / 4.0,
+            affinity_slack: f64::from(b.next() % 4) / 4.0,
+            ..CostConfig::default()
         }),
     };
     cfg.fallback = match b.next() % 6 {
@@ -227,7 +232,8 @@ pub fn check<V: InventoryView + ?Sized>(
             if rule.config().scorer == Scorer::OverlapCount {
                 o.blocks
             } else {
-                o.prefix
+                let spec = d.speculative_prefix().get(i.index()).copied().unwrap_or(0);
+                o.prefix.max(spec)
             }
         };
         match rule.config().scorer {
@@ -238,7 +244,12 @@ pub fn check<V: InventoryView + ?Sized>(
                     assert!(best >= rule.config().thresholds.min_overlap_blocks.max(1));
                 }
             }
-            Scorer::LoadAware(cfg) => {
+            Scorer::LoadAware(_) | Scorer::Cost(_) => {
+                let factor = match rule.config().scorer {
+                    Scorer::LoadAware(cfg) => 1.0 + cfg.epsilon.max(0.0),
+                    Scorer::Cost(cfg) => cfg.load_factor,
+                    _ => 1.0,
+                };
                 let (mut total, mut cap) = (0u64, 0u64);
                 let cands: Vec<EndpointId> = ids.filter(|i| eligible(*i)).collect();
                 for i in &cands {
@@ -248,7 +259,7 @@ pub fn check<V: InventoryView + ?Sized>(
                 let bound = crate::LoadBound {
                     total_in_flight: total,
                     total_capacity: cap.max(1),
-                    factor: 1.0 + cfg.epsilon.max(0.0),
+                    factor: factor.max(1.0),
                 };
                 let admits = |i: EndpointId| {
                     bound.admits(load.load(i).in_flight, eps[i.index()].capacity.max(1))

@@ -78,6 +78,7 @@ mod proxy;
 mod rule;
 mod scorer;
 mod selector;
+mod tracker;
 
 pub use affinity::AffinityConfig;
 pub use contract_keys::ContractKeys;
@@ -89,10 +90,11 @@ pub use health::{
     HealthTable,
 };
 pub use keys::{ContractId, KeyMode, KeysError, MissBeforeKeys, PromptInput, PromptKeys, Request};
-pub use load::{EndpointLoad, Load, LoadTable};
+pub use load::{CombinedLoad, EndpointLoad, EngineReport, Load, LoadTable, ReportedLoad};
 pub use memory_view::KeySetInventory;
 pub use pool::LoadBound;
 pub use proxy::{route, ConnectFailure, Proxy, RouteError, Routed};
-pub use rule::{Choice, Rule, RuleConfig, RuleError, Thresholds, Topology};
-pub use scorer::{LoadAwareConfig, Scorer};
+pub use rule::{Choice, PredictedConfig, Rule, RuleConfig, RuleError, Thresholds, Topology};
+pub use scorer::{CostConfig, LoadAwareConfig, Scorer};
 pub use selector::SelectorKind;
+pub use tracker::{LoadGuard, LoadTracker};

@@ -69,3 +69,174 @@ impl<L: Load + ?Sized> Load for &L {
         (**self).load(endpoint)
     }
 }
+
+/// What an engine reports about its own queue (e.g. polled from its metrics
+/// endpoint: vLLM `vllm:num_requests_running` / `vllm:num_requests_waiting`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineReport {
+    /// Requests the engine is running.
+    pub running: u32,
+    /// Requests waiting in the engine's queue.
+    pub waiting: u32,
+    /// KV-cache usage, 0..=1, if reported.
+    pub kv_usage: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Reported {
+    report: EngineReport,
+    /// This host's own in-flight count and prefill tokens on the endpoint when
+    /// the report was taken.
+    local_at_report: EndpointLoad,
+    at: std::time::Duration,
+    valid: bool,
+}
+
+/// Engine-reported load combined with this host's own in-flight accounting —
+/// what keeps several gateway replicas honest: each replica counts only its
+/// own requests, the engine counts everyone's.
+///
+/// Between two reports the combined load is the engine's figure plus what this
+/// host started or finished since (`local_now − local_at_report`), never below
+/// the host's own count; a report older than `max_age` is ignored. Prefill
+/// tokens of requests other replicas sent are estimated from this host's own
+/// mean per request on that endpoint.
+///
+/// Sans-IO: the host polls and calls [`ReportedLoad::update`] with its time;
+/// [`ReportedLoad::view`] composes with any local [`Load`] (as tower's `Load`
+/// combinators compose).
+///
+/// ```
+/// use std::time::Duration;
+/// use kvroute_core::EndpointId;
+/// use kvroute_select::{EndpointLoad, EngineReport, Load, LoadTable, ReportedLoad};
+///
+/// let mut local = LoadTable::new(1);
+/// local.set(EndpointId(0), EndpointLoad { in_flight: 2, queued_prefill_tokens: 200 });
+/// let reported = ReportedLoad::new(1, Duration::from_secs(5));
+/// // The engine runs 6 requests: 4 came from other replicas.
+/// reported.update(EndpointId(0), EngineReport { running: 6, ..Default::default() },
+///                 local.load(EndpointId(0)), Duration::ZERO);
+/// // One more of ours since the poll.
+/// local.set(EndpointId(0), EndpointLoad { in_flight: 3, queued_prefill_tokens: 300 });
+/// let view = reported.view(&local, Duration::from_secs(1));
+/// assert_eq!(view.load(EndpointId(0)).in_flight, 7);
+/// ```
+#[derive(Debug)]
+pub struct ReportedLoad {
+    slots: Box<[parking_lot::Mutex<Reported>]>,
+    max_age: std::time::Duration,
+}
+
+impl ReportedLoad {
+    /// Reports for `endpoints` endpoints, each trusted for `max_age`.
+    #[must_use]
+    pub fn new(endpoints: usize, max_age: std::time::Duration) -> Self {
+        Self {
+            slots: (0..endpoints)
+                .map(|_| parking_lot::Mutex::new(Reported::default()))
+                .collect(),
+            max_age,
+        }
+    }
+
+    /// Records a report of `endpoint` taken at `now`, with the host's own load
+    /// on it at that moment.
+    pub fn update(
+        &self,
+        endpoint: EndpointId,
+        report: EngineReport,
+        local_at_report: EndpointLoad,
+        now: std::time::Duration,
+    ) {
+        if let Some(s) = self.slots.get(endpoint.index()) {
+            *s.lock() = Reported {
+                report,
+                local_at_report,
+                at: now,
+                valid: true,
+            };
+        }
+    }
+
+    /// Forgets `endpoint`'s report (its engine went away).
+    pub fn invalidate(&self, endpoint: EndpointId) {
+        if let Some(s) = self.slots.get(endpoint.index()) {
+            s.lock().valid = false;
+        }
+    }
+
+    /// The last report of `endpoint` still fresh at `now`.
+    #[must_use]
+    pub fn report(&self, endpoint: EndpointId, now: std::time::Duration) -> Option<EngineReport> {
+        let r = *self.slots.get(endpoint.index())?.lock();
+        (r.valid && now.saturating_sub(r.at) <= self.max_age).then_some(r.report)
+    }
+
+    /// `local` combined with the reports, as of `now`.
+    #[must_use]
+    pub fn view<'a, L: Load + ?Sized>(
+        &'a self,
+        local: &'a L,
+        now: std::time::Duration,
+    ) -> CombinedLoad<'a, L> {
+        CombinedLoad {
+            reported: self,
+            local,
+            now,
+        }
+    }
+
+    fn combine(
+        &self,
+        endpoint: EndpointId,
+        local: EndpointLoad,
+        now: std::time::Duration,
+    ) -> EndpointLoad {
+        let Some(slot) = self.slots.get(endpoint.index()) else {
+            return local;
+        };
+        let r = *slot.lock();
+        if !r.valid || now.saturating_sub(r.at) > self.max_age {
+            return local;
+        }
+        let engine = i64::from(r.report.running) + i64::from(r.report.waiting);
+        let delta = i64::from(local.in_flight) - i64::from(r.local_at_report.in_flight);
+        let combined = (engine + delta).max(i64::from(local.in_flight));
+        let in_flight = u32::try_from(combined).unwrap_or(u32::MAX);
+        let others = u64::from(in_flight - local.in_flight);
+        let per_request = if local.in_flight > 0 {
+            local.queued_prefill_tokens / u64::from(local.in_flight)
+        } else {
+            0
+        };
+        EndpointLoad {
+            in_flight,
+            queued_prefill_tokens: local
+                .queued_prefill_tokens
+                .saturating_add(others.saturating_mul(per_request)),
+        }
+    }
+}
+
+/// A [`Load`] that is a host's own load corrected by engine reports; see
+/// [`ReportedLoad`].
+#[derive(Debug)]
+pub struct CombinedLoad<'a, L: ?Sized> {
+    reported: &'a ReportedLoad,
+    local: &'a L,
+    now: std::time::Duration,
+}
+
+impl<L: Load + ?Sized> Load for CombinedLoad<'_, L> {
+    fn load(&self, endpoint: EndpointId) -> EndpointLoad {
+        self.reported
+            .combine(endpoint, self.local.load(endpoint), self.now)
+    }
+}
+
+impl Load for std::sync::Arc<crate::tracker::LoadTracker> {
+    fn load(&self, endpoint: EndpointId) -> EndpointLoad {
+        (**self).load(endpoint)
+    }
+}

@@ -8,6 +8,7 @@
 //! step a [`Decision`] themselves.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvroute_ingest::InventoryView;
@@ -18,6 +19,7 @@ use crate::health::Health;
 use crate::keys::Request;
 use crate::load::Load;
 use crate::rule::Rule;
+use crate::tracker::{LoadGuard, LoadTracker};
 
 /// Why a connect attempt failed, as the host reports it.
 #[derive(Debug)]
@@ -31,13 +33,18 @@ pub struct ConnectFailure<E> {
     pub error: E,
 }
 
-/// A routed request: the host's connection and the decision behind it.
+/// A routed request: the host's connection, the decision behind it and the
+/// request's charge on the host's [`LoadTracker`].
 #[derive(Debug)]
 pub struct Routed<C> {
     /// What [`Proxy::connect`] returned.
     pub connection: C,
     /// The decision (target, source, predicted overlap, keys).
     pub decision: Decision,
+    /// Counts the request on its endpoint(s) since the decision; keep it with
+    /// the response body and drop it when the body ends, errors or is dropped
+    /// (call [`LoadGuard::first_byte`] when the first byte arrives).
+    pub guard: LoadGuard,
 }
 
 /// Routing gave up.
@@ -60,7 +67,8 @@ pub enum RouteError<E> {
 }
 
 /// What a proxy host provides. Load and health come from the [`Load`] and
-/// [`Health`] supertraits.
+/// [`Health`] supertraits; the [`Load`] a host reports must include what its
+/// [`Proxy::tracker`] counts (it may add engine-reported load on top).
 pub trait Proxy: Load + Health {
     /// Per-request state of the host.
     type Ctx: Send;
@@ -71,6 +79,11 @@ pub trait Proxy: Load + Health {
 
     /// The host's monotonic time.
     fn now(&self) -> Duration;
+
+    /// The tracker that counts this rule's requests in flight: [`route`]
+    /// charges the decision's target before the first connect and moves the
+    /// charge on every retry.
+    fn tracker(&self) -> &Arc<LoadTracker>;
 
     /// Connects to `target` (`endpoints` are the rule's, indexed by id).
     fn connect(
@@ -121,13 +134,14 @@ pub trait Proxy: Load + Health {
 ///
 /// ```
 /// use std::future::Future;
+/// use std::sync::Arc;
 /// use std::time::Duration;
 /// use kvroute_core::{BlockKey, EndpointId};
 /// use kvroute_select::*;
 ///
-/// struct Host { refused: EndpointId }
+/// struct Host { refused: EndpointId, tracker: Arc<LoadTracker> }
 /// impl Load for Host {
-///     fn load(&self, _: EndpointId) -> EndpointLoad { EndpointLoad::default() }
+///     fn load(&self, e: EndpointId) -> EndpointLoad { self.tracker.load(e) }
 /// }
 /// impl Health for Host {
 ///     fn availability(&self, _: EndpointId, _: Duration) -> Availability { Availability::Available }
@@ -137,6 +151,7 @@ pub trait Proxy: Load + Health {
 ///     type Connection = String;
 ///     type Error = &'static str;
 ///     fn now(&self) -> Duration { Duration::ZERO }
+///     fn tracker(&self) -> &Arc<LoadTracker> { &self.tracker }
 ///     fn connect(&self, _: &mut (), t: Target, eps: &[Endpoint])
 ///         -> impl Future<Output = Result<String, ConnectFailure<&'static str>>> + Send {
 ///         let r = if t.endpoint == self.refused {
@@ -158,12 +173,17 @@ pub trait Proxy: Load + Health {
 /// inv.store(0, [BlockKey(1)]);
 /// let keys = [BlockKey(1)];
 /// let req = Request::new(PromptInput::Keys { keys: &keys, contract: &contract, prompt_tokens: 4 });
-/// let host = Host { refused: EndpointId(0) };
+/// let host = Host { refused: EndpointId(0), tracker: Arc::new(LoadTracker::new(2)) };
 ///
 /// let routed = block_on(route(&host, &rule, &inv, &req, &mut ())).unwrap();
 /// assert_eq!(routed.connection, "b:1");
+/// // Counted on the endpoint that answered, from the decision on.
+/// assert_eq!(host.tracker.load(EndpointId(1)).in_flight, 1);
+/// assert_eq!(host.tracker.load(EndpointId(0)).in_flight, 0);
 /// host.complete(&rule, &mut (), &routed.decision, Some(0));
 /// assert_eq!(rule.counters().snapshot().retries, 1);
+/// drop(routed.guard); // the response body ended
+/// assert_eq!(host.tracker.load(EndpointId(1)).in_flight, 0);
 ///
 /// fn block_on<F: Future>(f: F) -> F::Output {
 ///     let mut f = std::pin::pin!(f);
@@ -189,18 +209,30 @@ where
 {
     let mut decision = rule.decide(request, view, proxy, proxy, proxy.now());
     proxy.on_decision(ctx, &decision);
+    let block_size = rule.config().block_size;
+    let mut guard: Option<LoadGuard> = None;
     loop {
         let Some(target) = decision.target() else {
             return Err(RouteError::NoEndpoint {
                 decision: Box::new(decision),
             });
         };
+        let prefill = decision.predicted_prefill_tokens(block_size);
+        match guard.as_mut() {
+            Some(g) => g.retarget(target, prefill),
+            None => guard = Some(proxy.tracker().charge(target, prefill)),
+        }
         match proxy.connect(ctx, target, rule.endpoints()).await {
             Ok(connection) => {
+                let guard = match guard {
+                    Some(g) => g,
+                    None => proxy.tracker().charge(target, prefill),
+                };
                 return Ok(Routed {
                     connection,
                     decision,
-                })
+                    guard,
+                });
             }
             Err(failure) => {
                 proxy.on_connect_failure(ctx, target, &failure);

@@ -67,6 +67,33 @@ impl Default for Thresholds {
     }
 }
 
+/// Predicted entries: at decision time the chosen endpoint is credited with the
+/// prompt's block keys for `ttl`, so a burst of requests sharing a new prefix
+/// co-locates before the engine's first `BlockStored` arrives. They extend the
+/// prefix the scorers see, are superseded by the engine's own events, and are
+/// never evidence (receipts, hit accounting and the drift alarm read the
+/// engine-reported inventory only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PredictedConfig {
+    /// How long a prediction stands (covers the engine's queueing and the
+    /// event path; a stale one costs a lost optimisation, never a wrong answer).
+    pub ttl: std::time::Duration,
+    /// Most keys remembered per rule (oldest dropped first); 0 disables.
+    pub capacity: usize,
+    /// Most leading keys of one prompt recorded.
+    pub max_keys_per_request: usize,
+}
+
+impl Default for PredictedConfig {
+    fn default() -> Self {
+        Self {
+            ttl: std::time::Duration::from_secs(5),
+            capacity: 1 << 16,
+            max_keys_per_request: 8192,
+        }
+    }
+}
+
 /// Everything that defines a rule.
 #[derive(Clone, Debug)]
 pub struct RuleConfig {
@@ -92,6 +119,8 @@ pub struct RuleConfig {
     pub thresholds: Thresholds,
     /// P/D affinity bounds.
     pub affinity: AffinityConfig,
+    /// Predicted entries (KV-exact rules).
+    pub predicted: PredictedConfig,
     /// Seed of the pseudo-random selectors (decisions are reproducible per seed).
     pub seed: u64,
 }
@@ -114,10 +143,11 @@ impl RuleConfig {
             block_size,
             contract,
             key_mode: KeyMode::EngineKeys,
-            scorer: Scorer::OverlapCount,
-            fallback: SelectorKind::RoundRobin,
+            scorer: Scorer::default(),
+            fallback: SelectorKind::LeastLoad,
             thresholds: Thresholds::default(),
             affinity: AffinityConfig::default(),
+            predicted: PredictedConfig::default(),
             seed: 0,
         }
     }
@@ -169,6 +199,7 @@ pub struct Rule {
     pub(crate) decode_turns: std::sync::atomic::AtomicU64,
     pub(crate) sessions: Mutex<SessionMap>,
     pub(crate) trie: Mutex<PrefixTrie>,
+    pub(crate) predicted: Mutex<crate::bounded::BoundedMap<u32>>,
 }
 
 impl std::fmt::Debug for Rule {
@@ -234,6 +265,10 @@ impl Rule {
             decode_turns: std::sync::atomic::AtomicU64::new(0),
             sessions: Mutex::new(SessionMap::new(&config.affinity)),
             trie: Mutex::new(PrefixTrie::new(&config.affinity)),
+            predicted: Mutex::new(crate::bounded::BoundedMap::new(
+                config.predicted.capacity,
+                config.predicted.ttl,
+            )),
             keys,
             config,
         })

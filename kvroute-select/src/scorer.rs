@@ -32,12 +32,80 @@ impl Default for LoadAwareConfig {
     }
 }
 
+/// Parameters of the default KV-exact scorer, [`Scorer::Cost`].
+///
+/// The scorer predicts each eligible endpoint's time to first token for this
+/// request, in prefill-token equivalents, and picks the smallest:
+///
+/// ```text
+/// cached_e = Σ_tier prefix_blocks_e,tier · block_size · tier_weight_tier   (≤ prompt_tokens)
+/// cost_e   = ( queued_prefill_tokens_e                                   // work already waiting there
+///            + prefill_weight · (prompt_tokens − cached_e)               // this request's own prefill there
+///            + decode_tokens_per_request · in_flight_e                   // decode steps that share the engine
+///            ) / capacity_e
+/// ```
+///
+/// The request's own uncached prefill counts `prefill_weight` (default 2)
+/// times: once as its own wait, once as work the fleet spends on it — every
+/// later request on that endpoint queues behind it, and prefilling a prefix
+/// another endpoint already holds duplicates that cache. With weight 1 the
+/// scorer minimises this request's TTFT alone and spreads a burst that shares
+/// a new prefix over every idle endpoint, prefilling it once per endpoint.
+///
+/// Only the *longest cached prefix* is credited (`prefix`, not the any-position
+/// count): vLLM and SGLang reuse the prefix up to the first missing block, so a
+/// block matched after it saves nothing. Among the endpoints the bounded-load
+/// cap admits (no endpoint above `⌈load_factor · mean⌉` in-flight requests,
+/// capacity-weighted, as CHWBL bounds load), the least cost wins; ties go to the
+/// less loaded endpoint, then to a per-prompt rotation — never to endpoint
+/// order. Affinity: the longest-prefix endpoint is kept when its cost is within
+/// `affinity_slack` of the best (relative), so small queue differences do not
+/// spread one conversation's cache over the fleet.
+///
+/// A prompt whose first block is held everywhere (a shared system prompt)
+/// saves the same on every endpoint, so the queue terms decide: no collapse.
+/// An endpoint with an empty inventory (restarted, newly added) carries no
+/// queue, so load pulls requests to it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostConfig {
+    /// Value of one cached token by tier ([`kvroute_core::Medium::index`]: GPU,
+    /// CPU, disk, external); slower tiers save less prefill.
+    pub tier_weights: [f64; 4],
+    /// Prefill-token equivalent of one request in flight (its decode steps
+    /// share the engine's batches with new prefills).
+    pub decode_tokens_per_request: f64,
+    /// Weight of the request's own uncached prefill against the queue (≥ 1).
+    pub prefill_weight: f64,
+    /// Keep the longest-prefix endpoint while its cost is at most
+    /// `(1 + affinity_slack)` times the best cost.
+    pub affinity_slack: f64,
+    /// Bounded-load factor `c ≥ 1`: an endpoint may take a request while its
+    /// in-flight count stays within `⌈c · (Σ in-flight + 1) · cap / Σ cap⌉`.
+    /// `f64::INFINITY` disables the cap.
+    pub load_factor: f64,
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        Self {
+            tier_weights: [1.0, 0.6, 0.3, 0.2],
+            decode_tokens_per_request: 16.0,
+            prefill_weight: 2.0,
+            affinity_slack: 0.1,
+            load_factor: 1.25,
+        }
+    }
+}
+
 /// How KV-exact ranks endpoints.
-#[derive(Clone, Copy, Debug, PartialEq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scorer {
+    /// The default: least predicted time to first token (queued prefill work
+    /// plus this request's uncached prefill), under a bounded-load cap; see
+    /// [`CostConfig`].
+    Cost(CostConfig),
     /// Reference behaviour: the most prompt blocks found anywhere in the
     /// inventory; ties go to the first endpoint.
-    #[default]
     OverlapCount,
     /// The longest run of found blocks from block 0 — what the engine's prefix
     /// cache can reuse; ties go to the first endpoint.
@@ -45,6 +113,12 @@ pub enum Scorer {
     /// Least predicted work: uncached prefill tokens (tier-weighted) plus queued
     /// work, among endpoints under the bounded-load cap.
     LoadAware(LoadAwareConfig),
+}
+
+impl Default for Scorer {
+    fn default() -> Self {
+        Scorer::Cost(CostConfig::default())
+    }
 }
 
 /// The KV tier's answer for one step.
@@ -70,18 +144,31 @@ pub(crate) struct KvScoring<'a> {
     /// Retry inside the tier: rank every eligible endpoint, zero overlap
     /// included, never leave the tier.
     pub(crate) sticky: bool,
+    /// Prefix blocks credited by predicted entries (recent decisions whose
+    /// engine events have not arrived yet), per endpoint; empty when none.
+    pub(crate) speculative: &'a [u32],
+    /// Rotates exact ties per prompt (derived from the prompt's first key).
+    pub(crate) tie_seed: u64,
 }
 
 impl Scorer {
     fn overlap_figure(&self, o: &Overlap) -> u32 {
         match self {
             Scorer::OverlapCount => o.blocks,
-            Scorer::LongestPrefix | Scorer::LoadAware(_) => o.prefix,
+            Scorer::LongestPrefix | Scorer::LoadAware(_) | Scorer::Cost(_) => o.prefix,
         }
     }
 
     pub(crate) fn pick(&self, pool: &Pool<'_>, s: &KvScoring<'_>) -> KvPick {
-        let figure = |i: usize| s.overlaps.get(i).map_or(0, |o| self.overlap_figure(o));
+        let figure = |i: usize| {
+            let indexed = s.overlaps.get(i).map_or(0, |o| self.overlap_figure(o));
+            match self {
+                // Predicted entries only extend prefixes, which only the
+                // prefix-based scorers read.
+                Scorer::OverlapCount => indexed,
+                _ => indexed.max(s.speculative.get(i).copied().unwrap_or(0)),
+            }
+        };
         // Argmax of the overlap figure, first endpoint on ties.
         let mut best: Option<(usize, u32)> = None;
         for (i, _, _) in pool.candidates() {
@@ -95,7 +182,7 @@ impl Scorer {
         };
         if !s.sticky {
             if best_figure == 0 {
-                let held_elsewhere = s.overlaps.iter().any(|o| self.overlap_figure(o) > 0);
+                let held_elsewhere = (0..s.overlaps.len()).any(|i| figure(i) > 0);
                 return KvPick::Miss(if held_elsewhere {
                     MissReason::AllCandidatesFiltered
                 } else {
@@ -112,6 +199,7 @@ impl Scorer {
                 predicted_blocks: best_figure,
                 diverted: false,
             },
+            Scorer::Cost(cfg) => pick_cost(cfg, pool, s, &figure, best_figure),
             Scorer::LoadAware(cfg) => {
                 let bound = pool.bound(1.0 + cfg.epsilon.max(0.0));
                 let mut pick: Option<(usize, f64, bool)> = None;
@@ -137,6 +225,102 @@ impl Scorer {
                 }
             }
         }
+    }
+}
+
+/// Tokens of the prompt endpoint `i` holds, tier-weighted (predicted entries
+/// count as device-resident).
+fn cached_tokens(tier_weights: &[f64; 4], s: &KvScoring<'_>, i: usize, prefix: u32) -> f64 {
+    let o = s.overlaps.get(i).copied().unwrap_or_default();
+    let bs = f64::from(s.block_size);
+    let by_medium: u32 = o.prefix_by_medium.iter().sum();
+    // Views that do not split by tier report everything as device-resident;
+    // so do the blocks only predicted entries credit.
+    let untiered = prefix.saturating_sub(by_medium.min(prefix));
+    let mut cached = f64::from(untiered) * bs * tier_weights[0];
+    let mut left = prefix.saturating_sub(untiered);
+    for (n, w) in o.prefix_by_medium.iter().zip(tier_weights) {
+        let n = (*n).min(left);
+        left -= n;
+        cached += f64::from(n) * bs * w;
+    }
+    cached.min(f64::from(s.prompt_tokens))
+}
+
+/// [`CostConfig`]'s predicted time to first token of endpoint `i`, in
+/// prefill-token equivalents per unit of capacity.
+pub(crate) fn predicted_cost(
+    cfg: &CostConfig,
+    s: &KvScoring<'_>,
+    i: usize,
+    prefix: u32,
+    load: crate::load::EndpointLoad,
+    capacity: u32,
+) -> f64 {
+    let uncached =
+        (f64::from(s.prompt_tokens) - cached_tokens(&cfg.tier_weights, s, i, prefix)).max(0.0);
+    #[allow(clippy::cast_precision_loss)]
+    let queued = load.queued_prefill_tokens as f64;
+    let decode = cfg.decode_tokens_per_request.max(0.0) * f64::from(load.in_flight);
+    let own = cfg.prefill_weight.max(1.0) * uncached;
+    (queued + own + decode) / f64::from(capacity.max(1))
+}
+
+fn pick_cost(
+    cfg: &CostConfig,
+    pool: &Pool<'_>,
+    s: &KvScoring<'_>,
+    figure: &dyn Fn(usize) -> u32,
+    best_figure: u32,
+) -> KvPick {
+    let capped = cfg.load_factor.is_finite();
+    let bound = pool.bound(cfg.load_factor);
+    let admitted_any = capped
+        && pool
+            .candidates()
+            .any(|(_, e, l)| bound.admits(l.in_flight, e.capacity_or_one()));
+    // (index, cost, utilisation, tie rank, prefix)
+    let mut best: Option<(usize, f64, f64, u64, u32)> = None;
+    let mut longest: Option<(usize, f64, u32)> = None;
+    for (i, e, l) in pool.candidates() {
+        let cap = e.capacity_or_one();
+        if admitted_any && !bound.admits(l.in_flight, cap) {
+            continue;
+        }
+        let prefix = figure(i);
+        let c = predicted_cost(cfg, s, i, prefix, l, cap);
+        let util = f64::from(l.in_flight) / f64::from(cap);
+        let rank = crate::bounded::mix64(s.tie_seed ^ (i as u64).wrapping_mul(0x9e37_79b9));
+        let better = match best {
+            None => true,
+            Some((_, bc, bu, br, _)) => {
+                c < bc || (c == bc && (util < bu || (util == bu && rank < br)))
+            }
+        };
+        if better {
+            best = Some((i, c, util, rank, prefix));
+        }
+        let longer = match longest {
+            None => true,
+            Some((_, lc, lp)) => prefix > lp || (prefix == lp && c < lc),
+        };
+        if longer {
+            longest = Some((i, c, prefix));
+        }
+    }
+    let Some((mut index, best_cost, _, _, mut prefix)) = best else {
+        return KvPick::Miss(MissReason::AllCandidatesFiltered);
+    };
+    if let Some((li, lc, lp)) = longest {
+        if lp > prefix && lc <= best_cost * (1.0 + cfg.affinity_slack.max(0.0)) {
+            index = li;
+            prefix = lp;
+        }
+    }
+    KvPick::Winner {
+        index,
+        predicted_blocks: prefix,
+        diverted: prefix < best_figure,
     }
 }
 

@@ -9,11 +9,28 @@ use kvroute_select::*;
 
 const T0: Duration = Duration::from_secs(1000);
 
+/// The ladder's reference configuration: argmax overlap, round robin on a
+/// miss, no predicted entries — so each decision depends only on the
+/// inventory and loads given (the default cost scorer and predicted entries
+/// have their own tests in `cost_policy.rs`).
+fn reference(mut cfg: RuleConfig) -> RuleConfig {
+    cfg.scorer = Scorer::OverlapCount;
+    cfg.fallback = SelectorKind::RoundRobin;
+    cfg.predicted.capacity = 0;
+    cfg
+}
+
 fn converged(n: u32, contract: &ContractId) -> RuleConfig {
     let eps = (0..n)
         .map(|i| Endpoint::new(format!("ep{i}"), Role::Both).with_inventory_slot(i))
         .collect();
-    RuleConfig::kv_exact("t", Topology::Converged, eps, 16, contract.clone())
+    reference(RuleConfig::kv_exact(
+        "t",
+        Topology::Converged,
+        eps,
+        16,
+        contract.clone(),
+    ))
 }
 
 fn pd(contract: &ContractId) -> RuleConfig {
@@ -23,7 +40,13 @@ fn pd(contract: &ContractId) -> RuleConfig {
         Endpoint::new("p1", Role::Prefill).with_inventory_slot(1),
         Endpoint::new("d1", Role::Decode),
     ];
-    RuleConfig::kv_exact("pd", Topology::PrefillDecode, eps, 16, contract.clone())
+    reference(RuleConfig::kv_exact(
+        "pd",
+        Topology::PrefillDecode,
+        eps,
+        16,
+        contract.clone(),
+    ))
 }
 
 fn keys_req<'a>(keys: &'a [BlockKey], c: &'a ContractId) -> Request<'a> {
@@ -506,4 +529,58 @@ fn retries_are_bounded() {
         None
     );
     assert_eq!(d.source(), Source::Exhausted);
+}
+
+/// Issue 14: in P/D the approximate trie must not shadow an exact KV hit on
+/// another prefill endpoint (default); the seed's order stays selectable.
+#[test]
+fn pd_exact_hit_beats_an_approximate_trie_match_by_default() {
+    let c = ContractId::new("c");
+    let text = "You are a helpful assistant. Answer briefly. Question: what is KV routing?";
+    let keys = [BlockKey(31), BlockKey(32)];
+    let run = |trie_before_kv: bool| {
+        let mut cfg = pd(&c);
+        cfg.affinity.trie_chunk_bytes = 8;
+        cfg.affinity.trie_before_kv = trie_before_kv;
+        let rule = Rule::new(cfg, None).unwrap();
+        let mut inv = KeySetInventory::new(2);
+        let load = LoadTable::new(4);
+        // p1 prefilled this text once (no KV events yet: the trie learns it).
+        let none: [BlockKey; 0] = [];
+        let mut busy = LoadTable::new(4);
+        busy.set(
+            EndpointId(0),
+            EndpointLoad {
+                in_flight: 5,
+                queued_prefill_tokens: 0,
+            },
+        );
+        let d = rule.decide(
+            &keys_req(&none, &c).with_text(text),
+            &inv,
+            &busy,
+            &AlwaysAvailable,
+            T0,
+        );
+        assert_eq!(d.target().unwrap().endpoint, EndpointId(2));
+        // Now p0's engine reports it holds the prompt's blocks exactly.
+        inv.store(0, keys);
+        let d = rule.decide(
+            &keys_req(&keys, &c).with_text(text),
+            &inv,
+            &load,
+            &AlwaysAvailable,
+            T0,
+        );
+        (
+            d.source(),
+            d.target().unwrap().endpoint,
+            rule.counters().snapshot(),
+        )
+    };
+    let (source, ep, snap) = run(false);
+    assert_eq!((source, ep), (Source::KvExact, EndpointId(0)));
+    assert_eq!(snap.hits_for(EndpointId(0)), 1);
+    let (source, ep, _) = run(true);
+    assert_eq!((source, ep), (Source::TrieAffinity, EndpointId(2)));
 }

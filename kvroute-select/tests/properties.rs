@@ -31,7 +31,8 @@ proptest! {
         let n = inventories.len();
         let c = ContractId::new("c");
         let eps = (0..n as u32).map(|i| Endpoint::new(format!("e{i}"), Role::Both).with_inventory_slot(i)).collect();
-        let cfg = RuleConfig::kv_exact("p", Topology::Converged, eps, 16, c.clone());
+        let mut cfg = RuleConfig::kv_exact("p", Topology::Converged, eps, 16, c.clone());
+        cfg.scorer = Scorer::OverlapCount;
         let mut inv = KeySetInventory::new(n);
         let mut health = HealthTable::new(n, BreakerConfig::default());
         for (i, set) in inventories.iter().enumerate() {
@@ -130,6 +131,7 @@ proptest! {
         let c = ContractId::new("c");
         let eps = (0..n as u32).map(|i| Endpoint::new(format!("e{i}"), Role::Both).with_inventory_slot(i)).collect();
         let mut cfg = RuleConfig::kv_exact("p", Topology::Converged, eps, 16, c.clone());
+        cfg.scorer = Scorer::OverlapCount;
         cfg.thresholds.max_retries = 100;
         let rule = Rule::new(cfg, None).unwrap();
         let mut inv = KeySetInventory::new(n);

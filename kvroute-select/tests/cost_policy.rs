@@ -1,0 +1,584 @@
+//! The default KV-exact policy: the cost formula, no collapse on a shared
+//! first block, ties by load and per prompt (never endpoint order), traffic
+//! back to an empty endpoint, predicted entries, and the load tracker's guards
+//! under random connect failures, retries and drops.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvroute_core::{BlockKey, EndpointId};
+use kvroute_select::*;
+use proptest::prelude::*;
+
+const BS: u32 = 16;
+
+fn rule(n: u32, cfg_fn: impl FnOnce(&mut RuleConfig)) -> (Rule, ContractId) {
+    let c = ContractId::new("cost/bs16");
+    let eps = (0..n)
+        .map(|i| Endpoint::new(format!("ep{i}"), Role::Both).with_inventory_slot(i))
+        .collect();
+    let mut cfg = RuleConfig::kv_exact("cost", Topology::Converged, eps, BS, c.clone());
+    cfg_fn(&mut cfg);
+    (Rule::new(cfg, None).unwrap(), c)
+}
+
+fn req<'a>(keys: &'a [BlockKey], c: &'a ContractId, tokens: u32) -> Request<'a> {
+    Request::new(PromptInput::Keys {
+        keys,
+        contract: c,
+        prompt_tokens: tokens,
+    })
+}
+
+fn chain(seed: u64, n: usize) -> Vec<BlockKey> {
+    (0..n as u64)
+        .map(|i| BlockKey(seed * 1_000_000 + i))
+        .collect()
+}
+
+#[test]
+fn the_default_rule_is_the_cost_scorer_with_least_load_fallback() {
+    let (r, _) = rule(2, |_| {});
+    assert_eq!(r.config().scorer, Scorer::Cost(CostConfig::default()));
+    assert_eq!(r.config().fallback, SelectorKind::LeastLoad);
+    assert!(r.config().predicted.capacity > 0);
+}
+
+/// The switch point follows the documented formula exactly: EP0 holds a
+/// 20-block prefix of a 400-token prompt (saves 320 tokens); with prefill
+/// weight 2 and λ = 16 it keeps the request while
+/// `queued_0 + 2·80 + 16·r_0 ≤ 2·400`.
+#[test]
+fn cached_prefix_is_weighed_against_queued_prefill_as_the_formula_says() {
+    let cfg = CostConfig {
+        affinity_slack: 0.0,
+        load_factor: f64::INFINITY,
+        ..CostConfig::default()
+    };
+    let (r, c) = rule(2, |x| {
+        x.scorer = Scorer::Cost(cfg);
+        x.predicted.capacity = 0;
+    });
+    let keys = chain(1, 25);
+    let mut inv = KeySetInventory::new(2);
+    inv.store(0, keys[..20].iter().copied());
+    let decide = |queued0: u64, in_flight0: u32| {
+        let mut load = LoadTable::new(2);
+        load.set(
+            EndpointId(0),
+            EndpointLoad {
+                in_flight: in_flight0,
+                queued_prefill_tokens: queued0,
+            },
+        );
+        let d = r.decide(
+            &req(&keys, &c, 400),
+            &inv,
+            &load,
+            &AlwaysAvailable,
+            Duration::ZERO,
+        );
+        d.target().unwrap().endpoint.0
+    };
+    // cost0 = q + 160 + 16·r, cost1 = 800.
+    assert_eq!(decide(0, 0), 0);
+    assert_eq!(decide(639, 0), 0);
+    assert_eq!(decide(641, 0), 1);
+    assert_eq!(decide(620, 1), 0); // 620 + 160 + 16 = 796 < 800
+    assert_eq!(decide(630, 1), 1); // 806 > 800
+}
+
+/// Only the longest prefix saves work: blocks found after the first miss
+/// count for nothing.
+#[test]
+fn blocks_after_the_first_miss_save_nothing() {
+    let (r, c) = rule(2, |x| x.predicted.capacity = 0);
+    let keys = chain(2, 10);
+    let mut inv = KeySetInventory::new(2);
+    // EP0: blocks 1..10 (block 0 missing); EP1: block 0 and 1 only.
+    inv.store(0, keys[1..].iter().copied());
+    inv.store(1, keys[..2].iter().copied());
+    let load = LoadTable::new(2);
+    let d = r.decide(
+        &req(&keys, &c, 160),
+        &inv,
+        &load,
+        &AlwaysAvailable,
+        Duration::ZERO,
+    );
+    assert_eq!(d.target().unwrap().endpoint, EndpointId(1));
+    assert_eq!(d.predicted_blocks(), 2);
+}
+
+/// Every prompt starts with the same block (a shared system prompt held by
+/// every endpoint): argmax overlap sends everything to one endpoint, the cost
+/// scorer spreads by load.
+#[test]
+fn a_block_every_prompt_shares_does_not_collapse_the_fleet() {
+    let run = |scorer: Scorer| {
+        let (r, c) = rule(4, |x| {
+            x.scorer = scorer;
+            x.predicted.capacity = 0;
+        });
+        let shared = BlockKey(42);
+        let mut inv = KeySetInventory::new(4);
+        for s in 0..4 {
+            inv.store(s, [shared]);
+        }
+        let tracker = Arc::new(LoadTracker::new(4));
+        let mut guards = std::collections::VecDeque::new();
+        let mut per = [0u32; 4];
+        for i in 0..400u64 {
+            let mut keys = vec![shared];
+            keys.extend(chain(100 + i, 30));
+            let d = r.decide(
+                &req(&keys, &c, 31 * BS),
+                &inv,
+                &*tracker,
+                &AlwaysAvailable,
+                Duration::ZERO,
+            );
+            let t = d.target().unwrap();
+            per[t.endpoint.index()] += 1;
+            guards.push_back(tracker.charge(t, d.predicted_prefill_tokens(BS)));
+            if guards.len() > 16 {
+                guards.pop_front();
+            }
+        }
+        per
+    };
+    let argmax = run(Scorer::OverlapCount);
+    assert_eq!(argmax[0], 400, "reference argmax collapses: {argmax:?}");
+    let cost = run(Scorer::default());
+    let (max, min) = (*cost.iter().max().unwrap(), *cost.iter().min().unwrap());
+    assert!(max <= 110 && min >= 90, "cost scorer spreads: {cost:?}");
+}
+
+/// Equal costs go to the less loaded endpoint, then rotate per prompt: a
+/// fresh fleet does not put every new prefix on endpoint 0.
+#[test]
+fn ties_go_by_load_then_per_prompt_never_endpoint_order() {
+    let (r, c) = rule(4, |x| x.predicted.capacity = 0);
+    let mut inv = KeySetInventory::new(4);
+    let shared = BlockKey(7);
+    for s in 0..4 {
+        inv.store(s, [shared]);
+    }
+    let mut load = LoadTable::new(4);
+    let mut seen = [0u32; 4];
+    for i in 0..64u64 {
+        let mut keys = vec![shared];
+        keys.extend(chain(500 + i, 4));
+        let d = r.decide(
+            &req(&keys, &c, 80),
+            &inv,
+            &load,
+            &AlwaysAvailable,
+            Duration::ZERO,
+        );
+        seen[d.target().unwrap().endpoint.index()] += 1;
+        // Same prompt, same answer.
+        let again = r.decide(
+            &req(&keys, &c, 80),
+            &inv,
+            &load,
+            &AlwaysAvailable,
+            Duration::ZERO,
+        );
+        assert_eq!(d.target(), again.target());
+    }
+    assert!(
+        seen.iter().all(|n| *n >= 6),
+        "per-prompt rotation: {seen:?}"
+    );
+    // Load breaks the tie first: endpoints 0..2 busy, 3 idle.
+    for e in 0..3 {
+        load.set(
+            EndpointId(e),
+            EndpointLoad {
+                in_flight: 1,
+                queued_prefill_tokens: 0,
+            },
+        );
+    }
+    let cfg = CostConfig {
+        decode_tokens_per_request: 0.0,
+        ..CostConfig::default()
+    };
+    let (r, c) = rule(4, |x| {
+        x.scorer = Scorer::Cost(cfg);
+        x.predicted.capacity = 0;
+    });
+    for i in 0..16u64 {
+        let mut keys = vec![shared];
+        keys.extend(chain(900 + i, 4));
+        let d = r.decide(
+            &req(&keys, &c, 80),
+            &inv,
+            &load,
+            &AlwaysAvailable,
+            Duration::ZERO,
+        );
+        assert_eq!(d.target().unwrap().endpoint, EndpointId(3));
+    }
+}
+
+/// A restarted endpoint (empty inventory) gets traffic back once the others'
+/// queues outweigh what their caches save.
+#[test]
+fn an_empty_endpoint_gets_traffic_back_under_load() {
+    let (r, c) = rule(3, |x| x.predicted.capacity = 0);
+    let keys = chain(3, 32);
+    let mut inv = KeySetInventory::new(3);
+    inv.store(0, keys.iter().copied());
+    inv.store(1, keys.iter().copied());
+    let tracker = Arc::new(LoadTracker::new(3));
+    let mut guards = Vec::new();
+    let mut to_empty = 0;
+    for _ in 0..60 {
+        let d = r.decide(
+            &req(&keys, &c, 32 * BS + 8),
+            &inv,
+            &*tracker,
+            &AlwaysAvailable,
+            Duration::ZERO,
+        );
+        let t = d.target().unwrap();
+        if t.endpoint == EndpointId(2) {
+            to_empty += 1;
+        }
+        guards.push(tracker.charge(t, d.predicted_prefill_tokens(BS)));
+    }
+    assert!(to_empty >= 10, "restarted endpoint got {to_empty} of 60");
+}
+
+/// A burst sharing a new prefix co-locates before any `BlockStored` arrives;
+/// predictions are not evidence and expire.
+/// Every endpoint already runs `base` long requests (decoding): the fleet is
+/// busy enough that the bounded-load cap leaves room for a burst.
+struct Busy<'a> {
+    tracker: &'a LoadTracker,
+    base: u32,
+}
+
+impl Load for Busy<'_> {
+    fn load(&self, e: EndpointId) -> EndpointLoad {
+        let mut l = self.tracker.load(e);
+        l.in_flight += self.base;
+        l
+    }
+}
+
+#[test]
+fn predicted_entries_co_locate_a_burst_and_expire() {
+    let (r, c) = rule(4, |_| {});
+    let inv = KeySetInventory::new(4); // no engine has reported anything yet
+    let tracker = Arc::new(LoadTracker::new(4));
+    let busy = Busy {
+        tracker: &tracker,
+        base: 8,
+    };
+    let prefix = chain(4, 40);
+    let mut first = None;
+    let mut guards = Vec::new();
+    for i in 0..4u64 {
+        let mut keys = prefix.clone();
+        keys.extend(chain(4000 + i, 2));
+        let d = r.decide(
+            &req(&keys, &c, 42 * BS),
+            &inv,
+            &busy,
+            &AlwaysAvailable,
+            Duration::ZERO,
+        );
+        let t = d.target().unwrap();
+        if i > 0 {
+            assert_eq!(Some(t.endpoint), first, "burst request {i} left the prefix");
+            assert_eq!(d.source(), Source::KvExact);
+            assert_eq!(d.speculative_prefix()[t.endpoint.index()], 40);
+            // Not evidence: nothing is predicted to be delivered.
+            assert_eq!(d.predicted_cached_tokens(BS), 0);
+            assert_eq!(d.predicted_prefill_tokens(BS), 2 * BS);
+        }
+        first.get_or_insert(t.endpoint);
+        guards.push(tracker.charge(t, d.predicted_prefill_tokens(BS)));
+    }
+    // After the TTL nothing is credited any more.
+    let ttl = r.config().predicted.ttl;
+    let d = r.decide(
+        &req(&prefix, &c, 40 * BS),
+        &inv,
+        &busy,
+        &AlwaysAvailable,
+        ttl,
+    );
+    assert!(d.speculative_prefix().iter().all(|x| *x == 0));
+    // Disabled: the burst is spread by load instead.
+    let (r, c) = rule(4, |x| x.predicted.capacity = 0);
+    let tracker = Arc::new(LoadTracker::new(4));
+    let mut used = std::collections::HashSet::new();
+    let mut guards = Vec::new();
+    for i in 0..4u64 {
+        let mut keys = prefix.clone();
+        keys.extend(chain(5000 + i, 2));
+        let d = r.decide(
+            &req(&keys, &c, 42 * BS),
+            &inv,
+            &*tracker,
+            &AlwaysAvailable,
+            Duration::ZERO,
+        );
+        let t = d.target().unwrap();
+        used.insert(t.endpoint);
+        guards.push(tracker.charge(t, d.predicted_prefill_tokens(BS)));
+    }
+    assert!(used.len() > 1);
+}
+
+/// A receipt above the prompt's length is refused and counted.
+#[test]
+fn implausible_receipts_are_refused() {
+    let (r, c) = rule(2, |_| {});
+    let keys = chain(6, 2);
+    let mut inv = KeySetInventory::new(2);
+    inv.store(0, keys.iter().copied());
+    let d = r.decide(
+        &req(&keys, &c, 40),
+        &inv,
+        &LoadTable::new(2),
+        &AlwaysAvailable,
+        Duration::ZERO,
+    );
+    assert!(!r.record_receipt(&d, 4_294_967_295));
+    r.record_receipt(&d, 32);
+    let s = r.counters().snapshot();
+    assert_eq!(s.implausible_receipts, 1);
+    assert_eq!(s.endpoints[0].receipts, 1);
+}
+
+/// The cost scorer's reference model: among endpoints under the bounded-load
+/// cap, the least cost wins; the longest prefix is kept within the slack.
+fn model_pick(
+    prefixes: &[u32],
+    loads: &[EndpointLoad],
+    prompt_tokens: u32,
+    cfg: &CostConfig,
+) -> (Option<u32>, f64) {
+    let n = prefixes.len();
+    let total: u64 = loads.iter().map(|l| u64::from(l.in_flight)).sum();
+    let limit = (cfg.load_factor * (total as f64 + 1.0) / n as f64).ceil();
+    let admitted: Vec<usize> = (0..n)
+        .filter(|i| f64::from(loads[*i].in_flight) + 1.0 <= limit)
+        .collect();
+    let cands: Vec<usize> = if admitted.is_empty() {
+        (0..n).collect()
+    } else {
+        admitted
+    };
+    let cost = |i: usize| {
+        let cached = (f64::from(prefixes[i]) * f64::from(BS)).min(f64::from(prompt_tokens));
+        loads[i].queued_prefill_tokens as f64
+            + cfg.prefill_weight * (f64::from(prompt_tokens) - cached)
+            + cfg.decode_tokens_per_request * f64::from(loads[i].in_flight)
+    };
+    let best = cands.iter().map(|&i| cost(i)).fold(f64::INFINITY, f64::min);
+    let longest = cands.iter().map(|&i| prefixes[i]).max().unwrap_or(0);
+    let best_of_longest = cands
+        .iter()
+        .filter(|&&i| prefixes[i] == longest)
+        .map(|&i| cost(i))
+        .fold(f64::INFINITY, f64::min);
+    if best_of_longest <= best * (1.0 + cfg.affinity_slack) {
+        (Some(longest), best_of_longest)
+    } else {
+        (None, best)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn cost_winner_matches_the_reference_model(
+        prefixes in proptest::collection::vec(0u32..12, 2..7),
+        loads in proptest::collection::vec((0u32..6, 0u64..400), 7),
+        slack in 0u32..4,
+        factor in 0u32..6,
+    ) {
+        let n = prefixes.len();
+        let cfg = CostConfig {
+            affinity_slack: f64::from(slack) / 4.0,
+            load_factor: 1.0 + f64::from(factor) / 4.0,
+            ..CostConfig::default()
+        };
+        let (r, c) = rule(n as u32, |x| {
+            x.scorer = Scorer::Cost(cfg);
+            x.predicted.capacity = 0;
+        });
+        let keys = chain(9, 12);
+        let mut inv = KeySetInventory::new(n);
+        for (i, p) in prefixes.iter().enumerate() {
+            inv.store(i, keys[..*p as usize].iter().copied());
+        }
+        let mut table = LoadTable::new(n);
+        let loads: Vec<EndpointLoad> = loads[..n]
+            .iter()
+            .map(|(f, q)| EndpointLoad { in_flight: *f, queued_prefill_tokens: *q })
+            .collect();
+        for (i, l) in loads.iter().enumerate() {
+            table.set(EndpointId(i as u32), *l);
+        }
+        let prompt_tokens = 12 * BS + 5;
+        let d = r.decide(&req(&keys, &c, prompt_tokens), &inv, &table, &AlwaysAvailable, Duration::ZERO);
+        let t = d.target().unwrap().endpoint.index();
+        if prefixes.iter().all(|p| *p == 0) {
+            prop_assert_eq!(d.miss(), Some(MissReason::ZeroOverlap));
+        } else {
+            prop_assert_eq!(d.source(), Source::KvExact);
+            let (p, cost) = model_pick(&prefixes, &loads, prompt_tokens, &cfg);
+            if let Some(p) = p {
+                prop_assert_eq!(prefixes[t], p, "loads {:?}", loads);
+            }
+            let chosen = {
+                let cached = (f64::from(prefixes[t]) * f64::from(BS)).min(f64::from(prompt_tokens));
+                loads[t].queued_prefill_tokens as f64
+                    + cfg.prefill_weight * (f64::from(prompt_tokens) - cached)
+                    + cfg.decode_tokens_per_request * f64::from(loads[t].in_flight)
+            };
+            prop_assert!((chosen - cost).abs() < 1e-9, "chosen {} model {}", chosen, cost);
+        }
+    }
+
+    /// Guards balance whatever happens to the request: connect failures and
+    /// retries move the charge, first bytes release prefill tokens, drops
+    /// release everything; at the end every counter is zero.
+    #[test]
+    fn tracker_guards_balance_under_failures_retries_and_drops(
+        ops in proptest::collection::vec((0u8..6, 0u32..4, 0u32..4, 0u32..500), 1..200),
+    ) {
+        let tracker = Arc::new(LoadTracker::new(4));
+        let mut live: Vec<LoadGuard> = Vec::new();
+        // Model: per endpoint (in_flight, prefill tokens) of each live guard.
+        let mut model: Vec<Option<(Target, u64, bool)>> = Vec::new();
+        for (op, a, b, tokens) in ops {
+            let target = Target {
+                endpoint: EndpointId(a),
+                decode: (op % 2 == 1 && a != b).then_some(EndpointId(b)),
+            };
+            match op {
+                0 | 1 => {
+                    live.push(tracker.charge(target, tokens));
+                    model.push(Some((target, u64::from(tokens), false)));
+                }
+                2 if !live.is_empty() => {
+                    let k = tokens as usize % live.len();
+                    live[k].retarget(target, tokens);
+                    model[k] = Some((target, u64::from(tokens), false));
+                }
+                3 if !live.is_empty() => {
+                    let k = tokens as usize % live.len();
+                    live[k].first_byte();
+                    if let Some((t, _, done)) = model[k] {
+                        model[k] = Some((t, 0, done));
+                    }
+                }
+                4 if !live.is_empty() => {
+                    let k = tokens as usize % live.len();
+                    live[k].prefill_leg_done();
+                    if let Some((t, _, _)) = model[k] {
+                        model[k] = Some((t, 0, t.decode.is_some()));
+                    }
+                }
+                _ if !live.is_empty() => {
+                    let k = tokens as usize % live.len();
+                    drop(live.swap_remove(k));
+                    model.swap_remove(k);
+                }
+                _ => {}
+            }
+            for e in 0..4u32 {
+                let (mut f, mut q) = (0u32, 0u64);
+                for (t, tok, main_done) in model.iter().flatten() {
+                    if t.endpoint.0 == e && !main_done {
+                        f += 1;
+                        q += tok;
+                    }
+                    if t.decode.map(|d| d.0) == Some(e) {
+                        f += 1;
+                    }
+                }
+                let got = tracker.load(EndpointId(e));
+                prop_assert_eq!((got.in_flight, got.queued_prefill_tokens), (f, q));
+            }
+        }
+        drop(live);
+        for e in 0..4u32 {
+            prop_assert_eq!(tracker.load(EndpointId(e)), EndpointLoad::default());
+        }
+    }
+
+    /// `route()` charges from the decision, moves the charge on each
+    /// retryable failure and hands back one guard on success; an error drops it.
+    #[test]
+    fn route_hands_back_one_guard_and_failures_leave_nothing(
+        refuse in proptest::collection::vec(any::<bool>(), 4),
+        fatal in any::<bool>(),
+    ) {
+        struct Host { refuse: Vec<bool>, fatal: bool, tracker: Arc<LoadTracker>, seen_in_flight: std::sync::Mutex<Vec<u32>> }
+        impl Load for Host {
+            fn load(&self, e: EndpointId) -> EndpointLoad { self.tracker.load(e) }
+        }
+        impl Health for Host {
+            fn availability(&self, _: EndpointId, _: Duration) -> Availability { Availability::Available }
+        }
+        impl Proxy for Host {
+            type Ctx = ();
+            type Connection = EndpointId;
+            type Error = ();
+            fn now(&self) -> Duration { Duration::ZERO }
+            fn tracker(&self) -> &Arc<LoadTracker> { &self.tracker }
+            fn connect(&self, _: &mut (), t: Target, _: &[Endpoint])
+                -> impl Future<Output = Result<EndpointId, ConnectFailure<()>>> + Send {
+                // While connecting, the request already counts on its endpoint.
+                self.seen_in_flight.lock().unwrap().push(self.tracker.load(t.endpoint).in_flight);
+                let r = if self.refuse[t.endpoint.index()] {
+                    Err(ConnectFailure { leg: Leg::Endpoint, retryable: !self.fatal, error: () })
+                } else {
+                    Ok(t.endpoint)
+                };
+                std::future::ready(r)
+            }
+        }
+        let (r, c) = rule(4, |x| x.thresholds.max_retries = 8);
+        let keys = chain(11, 3);
+        let mut inv = KeySetInventory::new(4);
+        inv.store(1, keys.iter().copied());
+        let host = Host { refuse: refuse.clone(), fatal, tracker: Arc::new(LoadTracker::new(4)), seen_in_flight: Default::default() };
+        let routed = block_on(route(&host, &r, &inv, &req(&keys, &c, 48), &mut ()));
+        prop_assert!(host.seen_in_flight.lock().unwrap().iter().all(|x| *x == 1));
+        match routed {
+            Ok(ok) => {
+                prop_assert!(!refuse[ok.connection.index()]);
+                let total: u32 = (0..4).map(|e| host.tracker.load(EndpointId(e)).in_flight).sum();
+                prop_assert_eq!(total, 1);
+                prop_assert_eq!(host.tracker.load(ok.connection).in_flight, 1);
+                drop(ok.guard);
+            }
+            Err(_) => {}
+        }
+        for e in 0..4u32 {
+            prop_assert_eq!(host.tracker.load(EndpointId(e)), EndpointLoad::default());
+        }
+    }
+}
+
+fn block_on<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
