@@ -5,6 +5,11 @@
 //! wildcard host (`*`, `0.0.0.0`, `::`) or an `ipc://` / `inproc://` address binds,
 //! anything else connects. Our SUB must do the opposite. Data-parallel rank `r`
 //! publishes on `port + r` (and replays on `replay_port + r`).
+//!
+//! When our socket binds, it binds exactly what the address names
+//! ([`ZmqEndpoint::bind_target`]): an IP literal as written, a host name on each
+//! address the name resolves to (`localhost` → loopback), and every interface
+//! only for a wildcard host (`*`, `0.0.0.0`, `::`) that the address spells out.
 
 use super::EngineKind;
 
@@ -44,6 +49,15 @@ pub enum EndpointError {
         /// The rank asked for.
         rank: u32,
     },
+    /// A host name to bind resolved to no address, or to a wildcard address
+    /// (which would listen on every interface although none was asked for).
+    #[error("cannot bind {host:?}: {reason}")]
+    BindName {
+        /// The host name.
+        host: String,
+        /// What the resolution returned.
+        reason: &'static str,
+    },
     /// `port + rank` is not a valid port.
     #[error("port {port} + data-parallel rank {rank} exceeds 65535")]
     PortOverflow {
@@ -77,10 +91,11 @@ impl ZmqEndpoint {
     /// (`--kv-events-config '{"endpoint": ...}'`), for data-parallel rank `dp_rank`.
     ///
     /// `engine_host` replaces a wildcard host when the engine binds (we must dial a
-    /// real address). When the engine connects, we bind the host it dials if it is an
-    /// IP literal and every interface (`0.0.0.0`) otherwise. SGLang's explicit
-    /// `"bind": true` on a non-wildcard endpoint is not visible in the string: build
-    /// that case with [`ZmqEndpoint::connect`].
+    /// real address). When the engine connects, we bind the host it dials: an IP
+    /// literal as written, a host name on the addresses it resolves to when the
+    /// subscriber starts (see [`ZmqEndpoint::bind_target`]) — never every
+    /// interface. SGLang's explicit `"bind": true` on a non-wildcard endpoint is
+    /// not visible in the string: build that case with [`ZmqEndpoint::connect`].
     ///
     /// ```
     /// use kvroute_engines::transport::{EngineKind, SocketRole, ZmqEndpoint};
@@ -92,6 +107,10 @@ impl ZmqEndpoint {
     /// // The engine dials the gateway: we listen.
     /// let ep = ZmqEndpoint::for_engine(EngineKind::Vllm, "tcp://10.0.0.1:5557", "10.0.0.7", 0).unwrap();
     /// assert_eq!((ep.address.as_str(), ep.role), ("tcp://10.0.0.1:5557", SocketRole::Bind));
+    ///
+    /// // ... on the name it dials, not on every interface.
+    /// let ep = ZmqEndpoint::for_engine(EngineKind::Vllm, "tcp://localhost:5557", "10.0.0.7", 0).unwrap();
+    /// assert_eq!((ep.address.as_str(), ep.role), ("tcp://localhost:5557", SocketRole::Bind));
     /// ```
     pub fn for_engine(
         engine: EngineKind,
@@ -109,14 +128,10 @@ impl ZmqEndpoint {
             } else if engine_endpoint.contains("::") {
                 // vLLM binds whenever the string contains "::" (an IPv6 literal).
                 Self::connect(endpoint)
-            } else if host
-                .trim_matches(['[', ']'])
-                .parse::<std::net::IpAddr>()
-                .is_ok()
-            {
-                Self::bind(endpoint)
             } else {
-                Self::bind(format!("tcp://0.0.0.0:{port}"))
+                // An IP literal binds as written; a name is resolved by the
+                // subscriber when it binds (bind_target), never widened to 0.0.0.0.
+                Self::bind(endpoint)
             });
         }
         if endpoint.starts_with("ipc://") {
@@ -127,6 +142,111 @@ impl ZmqEndpoint {
         }
         Err(EndpointError::Malformed(engine_endpoint.to_owned()))
     }
+}
+
+/// What a binding subscriber listens on, decided from the address alone (no I/O);
+/// see [`ZmqEndpoint::bind_target`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BindTarget {
+    /// Bind this address as written (a TCP IP literal, `ipc://…`).
+    Exact(String),
+    /// The address spells out a wildcard host (`*`, `0.0.0.0`, `::`): every
+    /// interface, as written by the operator. `*` becomes `0.0.0.0`.
+    Wildcard(String),
+    /// A host name: bind each address it resolves to
+    /// ([`resolved_bind_addresses`]).
+    Name {
+        /// The name.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+impl ZmqEndpoint {
+    /// Where a bound socket listens for this address.
+    ///
+    /// ```
+    /// use kvroute_engines::transport::ZmqEndpoint;
+    /// use kvroute_engines::transport::endpoint::BindTarget;
+    ///
+    /// let name = ZmqEndpoint::bind("tcp://localhost:5557").bind_target().unwrap();
+    /// assert_eq!(name, BindTarget::Name { host: "localhost".into(), port: 5557 });
+    /// let any = ZmqEndpoint::bind("tcp://*:5557").bind_target().unwrap();
+    /// assert_eq!(any, BindTarget::Wildcard("tcp://0.0.0.0:5557".into()));
+    /// ```
+    ///
+    /// # Errors
+    /// [`EndpointError::Malformed`] for a `tcp://` address without a port.
+    pub fn bind_target(&self) -> Result<BindTarget, EndpointError> {
+        let Some(rest) = self.address.strip_prefix("tcp://") else {
+            return Ok(BindTarget::Exact(self.address.clone()));
+        };
+        let (host, port) =
+            split_host_port(rest).ok_or_else(|| EndpointError::Malformed(self.address.clone()))?;
+        if host == "*" || host.is_empty() {
+            return Ok(BindTarget::Wildcard(format!("tcp://0.0.0.0:{port}")));
+        }
+        match host.trim_matches(['[', ']']).parse::<std::net::IpAddr>() {
+            Ok(ip) if ip.is_unspecified() => Ok(BindTarget::Wildcard(self.address.clone())),
+            Ok(_) => Ok(BindTarget::Exact(self.address.clone())),
+            Err(_) => Ok(BindTarget::Name {
+                host: host.to_owned(),
+                port,
+            }),
+        }
+    }
+}
+
+/// The `tcp://` addresses to bind for `host` given what it resolved to:
+/// each distinct address once, in resolution order.
+///
+/// # Errors
+/// [`EndpointError::BindName`] when the name resolved to nothing or to a
+/// wildcard address: binding that would accept peers on every interface,
+/// which the operator did not ask for.
+///
+/// ```
+/// use kvroute_engines::transport::endpoint::resolved_bind_addresses;
+///
+/// let v4 = std::net::Ipv4Addr::LOCALHOST.into();
+/// let v6 = std::net::Ipv6Addr::LOCALHOST.into();
+/// assert_eq!(
+///     resolved_bind_addresses("localhost", 5557, [v4, v6, v4]).unwrap(),
+///     ["tcp://127.0.0.1:5557", "tcp://[::1]:5557"]
+/// );
+/// ```
+pub fn resolved_bind_addresses(
+    host: &str,
+    port: u16,
+    resolved: impl IntoIterator<Item = std::net::IpAddr>,
+) -> Result<Vec<String>, EndpointError> {
+    let mut seen = Vec::new();
+    for ip in resolved {
+        if ip.is_unspecified() {
+            return Err(EndpointError::BindName {
+                host: host.to_owned(),
+                reason: "it resolves to a wildcard address",
+            });
+        }
+        if !seen.contains(&ip) {
+            seen.push(ip);
+        }
+    }
+    if seen.is_empty() {
+        return Err(EndpointError::BindName {
+            host: host.to_owned(),
+            reason: "it resolves to no address",
+        });
+    }
+    Ok(seen
+        .into_iter()
+        .map(|ip| match ip {
+            std::net::IpAddr::V4(v4) => format!("tcp://{v4}:{port}"),
+            std::net::IpAddr::V6(v6) => format!("tcp://[{v6}]:{port}"),
+        })
+        .collect())
 }
 
 /// The engines' `offset_endpoint_port`: `tcp://host:port` → `tcp://host:(port + rank)`.
@@ -224,7 +344,13 @@ mod tests {
             (
                 "tcp://gateway.local:5557",
                 0,
-                "tcp://0.0.0.0:5557",
+                "tcp://gateway.local:5557",
+                SocketRole::Bind,
+            ),
+            (
+                "tcp://localhost:5557",
+                2,
+                "tcp://localhost:5559",
                 SocketRole::Bind,
             ),
             (
@@ -253,5 +379,70 @@ mod tests {
             ZmqEndpoint::for_engine(EngineKind::Sglang, "udp://h:1", "h", 0),
             Err(EndpointError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn bind_target_never_widens_a_name() {
+        let t = |a: &str| ZmqEndpoint::bind(a).bind_target().unwrap();
+        assert_eq!(
+            t("tcp://127.0.0.1:1"),
+            BindTarget::Exact("tcp://127.0.0.1:1".into())
+        );
+        assert_eq!(
+            t("tcp://[::1]:1"),
+            BindTarget::Exact("tcp://[::1]:1".into())
+        );
+        assert_eq!(
+            t("tcp://*:1"),
+            BindTarget::Wildcard("tcp://0.0.0.0:1".into())
+        );
+        assert_eq!(
+            t("tcp://0.0.0.0:1"),
+            BindTarget::Wildcard("tcp://0.0.0.0:1".into())
+        );
+        assert_eq!(
+            t("tcp://[::]:1"),
+            BindTarget::Wildcard("tcp://[::]:1".into())
+        );
+        assert_eq!(
+            t("tcp://gateway.local:7"),
+            BindTarget::Name {
+                host: "gateway.local".into(),
+                port: 7
+            }
+        );
+        assert_eq!(
+            t("ipc:///run/kv.sock"),
+            BindTarget::Exact("ipc:///run/kv.sock".into())
+        );
+        assert!(matches!(
+            ZmqEndpoint::bind("tcp://host").bind_target(),
+            Err(EndpointError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn a_name_resolving_to_a_wildcard_or_nothing_is_refused() {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+        assert!(matches!(
+            resolved_bind_addresses("evil", 1, [IpAddr::V4(Ipv4Addr::UNSPECIFIED)]),
+            Err(EndpointError::BindName { .. })
+        ));
+        assert!(matches!(
+            resolved_bind_addresses(
+                "evil",
+                1,
+                [Ipv4Addr::LOCALHOST.into(), Ipv6Addr::UNSPECIFIED.into()]
+            ),
+            Err(EndpointError::BindName { .. })
+        ));
+        assert!(matches!(
+            resolved_bind_addresses("none", 1, []),
+            Err(EndpointError::BindName { .. })
+        ));
+        assert_eq!(
+            resolved_bind_addresses("h", 9, [IpAddr::from([10, 0, 0, 1])]).unwrap(),
+            ["tcp://10.0.0.1:9"]
+        );
     }
 }

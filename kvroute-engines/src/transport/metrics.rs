@@ -31,6 +31,7 @@ pub struct SubscriberMetrics {
     decode_errors: AtomicU64,
     malformed_frames: AtomicU64,
     oversized_frames: AtomicU64,
+    oversized_peers_dropped: AtomicU64,
     last_rejected_seq: AtomicU64,
     other_topic_frames: AtomicU64,
     dial_failures: AtomicU64,
@@ -61,6 +62,7 @@ impl Default for SubscriberMetrics {
             decode_errors: AtomicU64::new(0),
             malformed_frames: AtomicU64::new(0),
             oversized_frames: AtomicU64::new(0),
+            oversized_peers_dropped: AtomicU64::new(0),
             last_rejected_seq: AtomicU64::new(NO_SEQ),
             other_topic_frames: AtomicU64::new(0),
             dial_failures: AtomicU64::new(0),
@@ -109,6 +111,11 @@ pub struct MetricsSnapshot {
     pub malformed_frames: u64,
     /// Messages dropped because they exceed the subscriber's `max_message_bytes`.
     pub oversized_frames: u64,
+    /// Peer connections closed because a frame header declared, or a multipart
+    /// message grew past, `max_message_bytes` (or the part limit): refused on
+    /// the declared length before buffering. Each also counts in
+    /// `oversized_frames`.
+    pub oversized_peers_dropped: u64,
     /// Sequence number of the last message dropped as malformed, oversized or
     /// undecodable, when it carried a readable one (the log line names it too).
     pub last_rejected_seq: Option<u64>,
@@ -153,6 +160,7 @@ impl SubscriberMetrics {
             decode_errors: self.decode_errors.load(Relaxed),
             malformed_frames: self.malformed_frames.load(Relaxed),
             oversized_frames: self.oversized_frames.load(Relaxed),
+            oversized_peers_dropped: self.oversized_peers_dropped.load(Relaxed),
             last_rejected_seq: {
                 let seq = self.last_rejected_seq.load(Relaxed);
                 (seq != NO_SEQ).then_some(seq)
@@ -190,6 +198,11 @@ impl SubscriberMetrics {
     pub(crate) fn oversized(&self, seq: Option<u64>) {
         self.oversized_frames.fetch_add(1, Relaxed);
         self.rejected(seq);
+    }
+
+    pub(crate) fn oversized_peer_dropped(&self) {
+        self.oversized_peers_dropped.fetch_add(1, Relaxed);
+        self.oversized(None);
     }
 
     fn rejected(&self, seq: Option<u64>) {

@@ -24,7 +24,7 @@ mod client {
 
     use bytes::Bytes;
     use tokio::time::Instant;
-    use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqMessage};
+    use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
     use crate::events::{LiveMessage, ReplayReply};
     use crate::transport::metrics::SubscriberMetrics;
@@ -53,8 +53,9 @@ mod client {
             ..ReplayOutcome::default()
         };
         let deadline = Instant::now() + timeout;
-        let mut options = SocketOptions::default();
-        options.connect_timeout(timeout);
+        // The same receive limits as the subscriber: a reply declaring more
+        // than `max_message_bytes` ends the replay before it is buffered.
+        let options = crate::transport::zmq_subscriber::socket_options(max_message_bytes, timeout);
         let mut dealer = DealerSocket::with_options(options);
         match tokio::time::timeout_at(deadline, dealer.connect(endpoint)).await {
             Ok(Ok(())) => {}
@@ -82,6 +83,9 @@ mod client {
             let message = match tokio::time::timeout_at(deadline, dealer.recv()).await {
                 Ok(Ok(m)) => m,
                 Ok(Err(e)) => {
+                    if e.is_limit_exceeded() {
+                        metrics.oversized_peer_dropped();
+                    }
                     tracing::warn!(endpoint, error = %e, "replay: receive failed");
                     break;
                 }

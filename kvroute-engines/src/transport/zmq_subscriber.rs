@@ -16,6 +16,29 @@
 //! Bad frames (malformed, oversized, undecodable) are counted exactly in the
 //! metrics, but their warnings are rate-limited per subscriber ([`BadFrameLog`]):
 //! a peer spraying garbage must not turn into a log flood.
+//!
+//! # Bind or connect
+//!
+//! The role comes from the engine's own endpoint ([`ZmqEndpoint::for_engine`]):
+//! an engine that binds (a wildcard host such as `tcp://*:5557`, an IPv6
+//! literal, `ipc://`) is dialled at the rule's engine host; an engine that
+//! connects (any other `tcp://host:port`) is waited for on that host. A bound
+//! subscriber listens on exactly what the address names: an IP literal as
+//! written, a host name on each address it resolves to when the socket binds
+//! (`tcp://localhost:P` → 127.0.0.1 and/or ::1, never 0.0.0.0), and every
+//! interface only for a wildcard the address spells out (`tcp://*:P`,
+//! `tcp://0.0.0.0:P`). The bound addresses are logged at `info`.
+//!
+//! # Receive limits
+//!
+//! `max_message_bytes` is enforced twice. The socket refuses a frame whose
+//! header declares more than the limit, a multipart message whose parts would
+//! add up to more, or one with more than [`MAX_MESSAGE_PARTS`] parts, on the
+//! declared length before anything is buffered (our patched `zeromq`, see
+//! `patches/zeromq/PATCHES.md`): that peer's connection is closed and counted
+//! in `oversized_peers_dropped` (and `oversized_frames`). A connected
+//! subscriber then redials its engine; a bound one keeps listening. Messages
+//! that fit are checked again here, exactly, before they reach the sink.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,7 +47,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqMessage};
 
-use super::endpoint::{SocketRole, ZmqEndpoint};
+use super::endpoint::{
+    resolved_bind_addresses, BindTarget, EndpointError, SocketRole, ZmqEndpoint,
+};
 use super::metrics::{RateMeter, SubscriberMetrics};
 use super::replay::request_replay;
 use super::sink::{Frame, FrameSink, FrameSource, ReplayOutcome, SinkAction};
@@ -49,10 +74,10 @@ pub struct ZmqSubscriberConfig {
     pub retry_max: Duration,
     /// Upper bound of one replay exchange.
     pub replay_timeout: Duration,
-    /// Largest message (all frames together) handed to the sink; bigger ones are
-    /// dropped and counted (`oversized_frames`). The `zeromq` crate has no receive
-    /// size limit of its own, so this bounds what reaches the decoder, not what the
-    /// socket buffers while reading one message.
+    /// Largest message (all frames together) received. The socket refuses a
+    /// frame or multipart message declaring more before buffering it and drops
+    /// the peer (`oversized_peers_dropped`); so per peer connection at most
+    /// about this much is ever buffered. See the [module docs](self).
     pub max_message_bytes: usize,
 }
 
@@ -60,6 +85,23 @@ pub struct ZmqSubscriberConfig {
 /// vLLM batch (2.7 KB) and ~20× the batch of one 128K-token prefill at block size 16
 /// (8192 blocks of 16 token ids ≈ 0.75 MB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Most parts a received message may have: live batches have 3
+/// (`[topic, seq, payload]`), replay replies 4. Without a part limit a peer
+/// could send empty parts flagged MORE forever under any byte limit.
+pub const MAX_MESSAGE_PARTS: usize = 16;
+
+/// Socket options every subscriber and replay socket uses: the receive
+/// limits of the [module docs](self) and the dial timeout.
+pub(crate) fn socket_options(max_message_bytes: usize, dial_timeout: Duration) -> SocketOptions {
+    let mut options = SocketOptions::default();
+    options
+        .connect_timeout(dial_timeout)
+        .max_frame_size(max_message_bytes)
+        .max_message_size(max_message_bytes)
+        .max_message_parts(MAX_MESSAGE_PARTS);
+    options
+}
 
 impl ZmqSubscriberConfig {
     /// Defaults: empty topic, no replay, 250 ms dial timeout, retries from 10 ms
@@ -174,6 +216,20 @@ enum Exit {
     Redial,
 }
 
+/// Why a dial or bind failed (logged, counted in `dial_failures`, retried).
+#[derive(Debug, thiserror::Error)]
+enum EstablishError {
+    #[error(transparent)]
+    Zmq(#[from] zeromq::ZmqError),
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("resolving {host:?}: {source}")]
+    Resolve {
+        host: String,
+        source: std::io::Error,
+    },
+}
+
 impl ZmqSubscriber {
     /// A subscriber that has not started yet.
     #[must_use]
@@ -234,6 +290,16 @@ impl ZmqSubscriber {
                     () = &mut shutdown => break Exit::Shutdown,
                     event = monitor.next() => match event {
                         Some(SocketEvent::Accepted(..)) => self.peer_connected(&mut sink, &mut conn).await,
+                        Some(SocketEvent::AcceptFailed(e)) => {
+                            // A peer refused during the handshake (e.g. an
+                            // oversized READY command) never became a peer.
+                            if e.is_limit_exceeded() {
+                                self.peer_refused(&e, &mut bad_log);
+                            } else {
+                                tracing::debug!(endpoint = %self.config.endpoint.address,
+                                    error = %e, "zmq subscriber: handshake failed");
+                            }
+                        }
                         Some(SocketEvent::Disconnected(_)) => {
                             conn.peers = conn.peers.saturating_sub(1);
                             if conn.peers == 0 {
@@ -251,7 +317,11 @@ impl ZmqSubscriber {
                     message = socket.recv() => match message {
                         Ok(message) => self.live_message(&message, &mut sink, &mut conn, &mut bad_log).await,
                         Err(e) => {
-                            tracing::debug!(error = %e, "zmq subscriber: receive error");
+                            if e.is_limit_exceeded() {
+                                self.peer_refused(&e, &mut bad_log);
+                            } else {
+                                tracing::debug!(error = %e, "zmq subscriber: receive error");
+                            }
                             if self.config.endpoint.role == SocketRole::Connect {
                                 if conn.peers > 0 {
                                     self.metrics.set_connected(false);
@@ -280,16 +350,55 @@ impl ZmqSubscriber {
     }
 
     fn socket(&self) -> SubSocket {
-        let mut options = SocketOptions::default();
-        options.connect_timeout(self.config.dial_timeout);
-        SubSocket::with_options(options)
+        SubSocket::with_options(socket_options(
+            self.config.max_message_bytes,
+            self.config.dial_timeout,
+        ))
     }
 
-    async fn establish(&self, socket: &mut SubSocket) -> zeromq::ZmqResult<()> {
+    async fn establish(&self, socket: &mut SubSocket) -> Result<(), EstablishError> {
         socket.subscribe(&self.config.topic).await?;
         match self.config.endpoint.role {
-            SocketRole::Connect => socket.connect(&self.config.endpoint.address).await,
-            SocketRole::Bind => socket.bind(&self.config.endpoint.address).await.map(drop),
+            SocketRole::Connect => Ok(socket.connect(&self.config.endpoint.address).await?),
+            SocketRole::Bind => {
+                let addresses = self.bind_addresses().await?;
+                for address in &addresses {
+                    socket.bind(address).await?;
+                }
+                tracing::info!(endpoint = %self.config.endpoint.address, bound = ?addresses,
+                    "zmq subscriber: listening");
+                Ok(())
+            }
+        }
+    }
+
+    /// What a bound subscriber listens on: see the [module docs](self).
+    async fn bind_addresses(&self) -> Result<Vec<String>, EstablishError> {
+        match self.config.endpoint.bind_target()? {
+            BindTarget::Exact(address) | BindTarget::Wildcard(address) => Ok(vec![address]),
+            BindTarget::Name { host, port } => {
+                let resolved = tokio::net::lookup_host((host.as_str(), port))
+                    .await
+                    .map_err(|source| EstablishError::Resolve {
+                        host: host.clone(),
+                        source,
+                    })?;
+                Ok(resolved_bind_addresses(
+                    &host,
+                    port,
+                    resolved.map(|a| a.ip()),
+                )?)
+            }
+        }
+    }
+
+    /// A peer the socket closed for exceeding the receive limits.
+    fn peer_refused(&self, error: &zeromq::ZmqError, bad_log: &mut BadFrameLog) {
+        self.metrics.oversized_peer_dropped();
+        let endpoint = &self.config.endpoint.address;
+        if bad_log.admit(BadFrame::Oversized, Instant::now(), endpoint) {
+            tracing::warn!(%endpoint, %error, limit = self.config.max_message_bytes,
+                "zmq subscriber: peer dropped for an oversized frame or message (nothing buffered)");
         }
     }
 
