@@ -5,6 +5,7 @@
 //! |---|---|---|---|
 //! | vLLM, SGLang | ZeroMQ PUB → our SUB, `[topic, seq, payload]`; ROUTER replay | [`zmq_subscriber`], [`replay`] | `zmq` |
 //! | TensorRT-LLM | `POST /kv_cache_events` (destructive drain) | [`trtllm_poller`] | `trtllm-http` |
+//! | engine load (all) | `GET /metrics` → [`crate::parse_load`] on an interval | [`load_poller`] | `trtllm-http` |
 //! | llama.cpp | none: no KV event contract → [`TransportError::Unsupported`] | [`require_kv_events`] | — |
 //!
 //! The transports only move bytes: they own sockets, reconnects, replay and timers,
@@ -26,6 +27,8 @@ pub mod replay;
 pub mod zmq_subscriber;
 
 #[cfg(feature = "trtllm-http")]
+pub mod load_poller;
+#[cfg(feature = "trtllm-http")]
 pub mod trtllm_poller;
 
 pub use decoding_sink::{DecodingSink, IngestOutcome, SeqIngest};
@@ -40,6 +43,10 @@ pub use zmq_subscriber::{ZmqSubscriber, ZmqSubscriberConfig, DEFAULT_MAX_MESSAGE
 
 pub use trtllm_sink::{BatchApplier, Continuity, EventIdTracker, TrtllmSink};
 
+#[cfg(feature = "trtllm-http")]
+pub use load_poller::{
+    LoadPollError, LoadPollSnapshot, LoadPoller, LoadPollerConfig, LoadPollerMetrics,
+};
 #[cfg(feature = "trtllm-http")]
 pub use trtllm_poller::{TrtllmPoller, TrtllmPollerConfig};
 
