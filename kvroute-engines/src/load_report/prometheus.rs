@@ -623,7 +623,7 @@ mod tests {
                 prop_assert_eq!(ours.value, value);
                 prop_assert_eq!(ours.labels.len(), t.labels.len());
                 for (k, v) in &ours.labels {
-                    prop_assert_eq!(t.labels.get(*k), Some(v.as_ref()));
+                    prop_assert_eq!(t.labels.get(k), Some(v.as_ref()));
                 }
             }
         }
