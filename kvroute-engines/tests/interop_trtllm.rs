@@ -9,8 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use interop_support::{golden, runtime, Peer};
-use kvroute_engines::transport::{BatchApplier, TrtllmPoller, TrtllmPollerConfig, TrtllmSink};
-use kvroute_ingest::EventBatch;
+use kvroute_core::EndpointId;
+use kvroute_engines::transport::{
+    BatchApplier, IndexIngest, IngestOutcome, TrtllmPoller, TrtllmPollerConfig, TrtllmSink,
+};
+use kvroute_ingest::seq::SeqWindowConfig;
+use kvroute_ingest::{EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, SharedIndex};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -20,16 +24,46 @@ enum Op {
     Clear,
 }
 
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<Op>>>);
+/// The real ingest (sequence window with the destructive-drain policy) with a
+/// log of what it did, so the test sees the window's decisions.
+struct Log {
+    ops: Arc<Mutex<Vec<Op>>>,
+    ingest: IndexIngest,
+}
+
+impl Log {
+    fn new() -> (Self, Arc<Mutex<Vec<Op>>>) {
+        let ops = Arc::new(Mutex::new(Vec::new()));
+        let config = IngestConfig {
+            window: SeqWindowConfig::destructive_drain(),
+            ..IngestConfig::default()
+        };
+        let ingest = EndpointIngest::new(EndpointId(0), config, KeyMode::Engine);
+        let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
+        let ingest = IndexIngest::new(ingest, index, None, false);
+        (
+            Self {
+                ops: Arc::clone(&ops),
+                ingest,
+            },
+            ops,
+        )
+    }
+}
 
 impl BatchApplier for Log {
-    fn apply(&mut self, batch: &EventBatch) -> u32 {
-        self.0.lock().unwrap().push(Op::Apply(batch.seq));
-        batch.events.len() as u32
+    fn apply(&mut self, batch: &EventBatch) -> IngestOutcome {
+        let outcome = self.ingest.apply(batch);
+        let mut ops = self.ops.lock().unwrap();
+        if outcome.cleared {
+            ops.push(Op::Clear);
+        }
+        ops.push(Op::Apply(batch.seq));
+        outcome
     }
     fn clear(&mut self) {
-        self.0.lock().unwrap().push(Op::Clear);
+        self.ops.lock().unwrap().push(Op::Clear);
+        self.ingest.clear();
     }
 }
 
@@ -68,18 +102,18 @@ fn drains_with_errors_timeouts_gaps_and_garbage() {
         .backoff(Duration::from_millis(10), Duration::from_millis(40));
     let poller = TrtllmPoller::new(config).unwrap();
     let metrics = poller.metrics();
-    let log = Log::default();
+    let (log, ops) = Log::new();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = rt.spawn(poller.run(TrtllmSink::new(32, log.clone()), async move {
+    let task = rt.spawn(poller.run(TrtllmSink::new(32, log), async move {
         let _ = stopped.await;
     }));
 
     let deadline = Instant::now() + T;
-    while !log.0.lock().unwrap().contains(&Op::Apply(5)) {
+    while !ops.lock().unwrap().contains(&Op::Apply(5)) {
         assert!(
             Instant::now() < deadline,
             "event 5 never applied: {:?}",
-            log.0.lock().unwrap()
+            ops.lock().unwrap()
         );
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -90,7 +124,7 @@ fn drains_with_errors_timeouts_gaps_and_garbage() {
         .unwrap();
 
     assert_eq!(
-        *log.0.lock().unwrap(),
+        *ops.lock().unwrap(),
         vec![
             Op::Apply(0),
             Op::Apply(1),
@@ -122,9 +156,9 @@ fn unreachable_engine_is_retried_with_backoff_until_it_appears() {
         .backoff(Duration::from_millis(10), Duration::from_millis(40));
     let poller = TrtllmPoller::new(config).unwrap();
     let metrics = poller.metrics();
-    let log = Log::default();
+    let (log, ops) = Log::new();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = rt.spawn(poller.run(TrtllmSink::new(32, log.clone()), async move {
+    let task = rt.spawn(poller.run(TrtllmSink::new(32, log), async move {
         let _ = stopped.await;
     }));
     let deadline = Instant::now() + T;
@@ -139,7 +173,7 @@ fn unreachable_engine_is_retried_with_backoff_until_it_appears() {
         body("trtllm-events/classic/01_startup_created.json")
     ));
     server.expect("READY", T);
-    while !log.0.lock().unwrap().contains(&Op::Apply(0)) {
+    while !ops.lock().unwrap().contains(&Op::Apply(0)) {
         assert!(
             Instant::now() < deadline,
             "never drained after the engine came up"

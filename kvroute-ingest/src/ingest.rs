@@ -241,6 +241,8 @@ pub struct EndpointIngest {
     name: Arc<str>,
     /// Whether the last completeness check found the endpoint partial.
     partial: bool,
+    /// Whether the contract mismatch was logged.
+    mismatch_warned: bool,
     config: IngestConfig,
     streams: Vec<(Option<u32>, SeqWindow)>,
     rekeying: Option<Rekeying>,
@@ -278,6 +280,7 @@ impl EndpointIngest {
             endpoint,
             name: Arc::from(endpoint.to_string()),
             partial: false,
+            mismatch_warned: false,
             config,
             streams: Vec::new(),
             rekeying,
@@ -581,8 +584,20 @@ impl EndpointIngest {
 
     /// Runs `batch` through its stream's window and applies it to `index`.
     pub fn apply_batch(&mut self, batch: &EventBatch, index: &SharedIndex) -> Outcome {
+        self.apply_batch_on(batch.dp_rank, batch, index)
+    }
+
+    /// [`Self::apply_batch`] on the window of stream `dp_rank`, whatever rank the
+    /// payload names (a subscriber per DP rank knows its rank from its socket;
+    /// older engines leave it out of the payload).
+    pub fn apply_batch_on(
+        &mut self,
+        dp_rank: Option<u32>,
+        batch: &EventBatch,
+        index: &SharedIndex,
+    ) -> Outcome {
         self.counters.batches += 1;
-        let Some(pos) = self.stream_pos(batch.dp_rank) else {
+        let Some(pos) = self.stream_pos(dp_rank) else {
             self.counters.stream_limit_drops += 1;
             return Outcome {
                 action: SeqAction::Drop(DropReason::StreamLimit),
@@ -680,16 +695,14 @@ impl EndpointIngest {
         let before = self.counters.block_size_mismatches;
         let after = before + stored.keys.len() as u64;
         self.counters.block_size_mismatches = after;
-        // Loud but bounded: the first time and whenever the count passes a power of two.
-        if before == 0 || (after > before && before.ilog2() != after.ilog2()) {
-            tracing::error!(
-                endpoint = %self.name,
-                engine_block_size = stored.block_size,
-                expected,
-                blocks = self.counters.block_size_mismatches,
-                "engine block size differs from the contract's: its blocks can never match a prompt"
-            );
-        }
+        tracing::debug!(
+            endpoint = %self.name,
+            engine_block_size = stored.block_size,
+            expected,
+            blocks = after,
+            "engine block size differs from the contract's"
+        );
+        self.mismatch_seen();
         false
     }
 
@@ -767,7 +780,11 @@ impl EndpointIngest {
             .map_or(0, |blocks| s.keys.len().min(blocks));
         self.counters.rekey_untokenized_blocks += (s.keys.len() - full) as u64;
         if r.map.len().saturating_add(full) > self.config.max_rekey_entries {
-            compact_rekey_map(r, self.endpoint, index);
+            // Only evictions leave stale entries behind (removes drop theirs):
+            // without one since the last compaction, another would free nothing.
+            if r.evicted_since_compact > 0 {
+                compact_rekey_map(r, self.endpoint, index);
+            }
             if r.map.len().saturating_add(full) > self.config.max_rekey_entries {
                 self.counters.rekey_map_full += s.keys.len() as u64;
                 return Ok(WriteStats::default());
@@ -890,16 +907,27 @@ impl EndpointIngest {
             }
         }
         let after = a.counters.mismatched_blocks;
-        // Loud but bounded: log on the first mismatch and at every power of two.
-        if after > before && (before == 0 || (after.ilog2() != before.ilog2())) {
-            tracing::error!(
-                endpoint = %self.name,
-                mismatched_blocks = after,
-                verified_blocks = a.counters.verified_blocks,
-                "hash contract mismatch: engine block keys differ from the configured contract \
-                 (seed, algorithm, block size or tokenizer); KV-exact routing will miss on this endpoint"
-            );
+        if after > before {
+            self.mismatch_seen();
         }
+    }
+
+    /// Names a mismatched endpoint once, at WARN, with the most likely cause.
+    fn mismatch_seen(&mut self) {
+        if std::mem::replace(&mut self.mismatch_warned, true) {
+            return;
+        }
+        let a = self.attest_counters();
+        tracing::warn!(
+            endpoint = %self.name,
+            likely_cause = self.likely_mismatch_cause().unwrap_or("unknown"),
+            block_size_mismatches = self.counters.block_size_mismatches,
+            expected_block_size = ?self.config.expected_block_size,
+            mismatched_blocks = a.mismatched_blocks,
+            verified_blocks = a.verified_blocks,
+            "hash contract mismatch: this engine's block keys differ from the rule's contract; \
+             KV-exact routing misses on this endpoint (counted as contract_mismatch)"
+        );
     }
 }
 

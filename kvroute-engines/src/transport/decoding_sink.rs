@@ -21,6 +21,9 @@ pub struct IngestOutcome {
     pub restart: bool,
     /// Duplicate / stale batch, ignored.
     pub ignored: bool,
+    /// Ignored because its sequence number is implausible (beyond the window's
+    /// `max_seq`, or an unconfirmed far jump); also `ignored`.
+    pub rejected: bool,
     /// Ask the engine's replay socket for everything from this seq.
     pub replay_from: Option<u64>,
 }
@@ -111,6 +114,7 @@ impl<I: SeqIngest> FrameSink for DecodingSink<I> {
             cleared: outcome.cleared,
             restart: outcome.restart,
             ignored: outcome.ignored,
+            rejected: outcome.rejected,
             engine_timestamp: Some(self.batch.timestamp),
         }
     }

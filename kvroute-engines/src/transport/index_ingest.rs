@@ -1,22 +1,46 @@
 //! Glue to the ingest crate: [`IndexIngest`] drives one endpoint's
-//! [`EndpointIngest`] (sequence windows, key mode) writing the [`SharedIndex`] that
-//! scoring reads. It is the [`SeqIngest`] of a [`super::DecodingSink`] (vLLM /
-//! SGLang over ZeroMQ) and the [`BatchApplier`] of a [`super::TrtllmSink`].
+//! [`EndpointIngest`] (sequence windows, key mode, attestation, completeness)
+//! writing the [`SharedIndex`] that scoring reads. It is the [`SeqIngest`] of a
+//! [`super::DecodingSink`] (vLLM / SGLang over ZeroMQ) and the [`BatchApplier`]
+//! of a [`super::TrtllmSink`] — the one ingest path hosts use.
 //!
-//! For TensorRT-LLM build the [`EndpointIngest`] with `RestartPolicy::Clear` (there
-//! is no replay socket) and `KeyMode::Rekey` (its keys depend on salts and LoRA
-//! ids the events do not carry).
+//! * **Several DP ranks, one endpoint.** An engine with data parallelism
+//!   publishes one stream per rank (each on its own ports). Build one
+//!   [`SharedIngest`] per endpoint and one [`IndexIngest::shared`] per rank's
+//!   subscriber: each rank is judged in its own sequence window (the rank is the
+//!   subscriber's, whatever the payload says), all write the endpoint's one
+//!   inventory.
+//! * **Replay socket or not.** With a replay socket (`replay = true`) the first
+//!   connect bootstraps the engine's buffer and a reconnect resumes from our
+//!   last batch, whose digest proves continuity. Without one, a reconnect is
+//!   judged by sequence numbers alone ([`EndpointIngest::on_reconnect`]): a near
+//!   reconnect keeps the inventory — resuming would wait for a replay that can
+//!   never come and take the next live batch for a restart, clearing the
+//!   inventory on every network blip.
+//! * **TensorRT-LLM.** Build the [`EndpointIngest`] with
+//!   [`SeqWindowConfig::destructive_drain`] (every `event_id` gap clears: the
+//!   drain consumed the lost events) and pass `dp_rank = None` (the drain
+//!   interleaves the attention-DP ranks; each event names its own). The
+//!   capacity its `created` event reports bounds the endpoint's inventory.
+//!
+//! [`SeqWindowConfig::destructive_drain`]: kvroute_ingest::seq::SeqWindowConfig::destructive_drain
 
 use std::sync::Arc;
 
-use kvroute_ingest::seq::{ClearReason, SeqAction};
-use kvroute_ingest::{EndpointIngest, EventBatch, SharedIndex};
+use kvroute_core::Medium;
+use kvroute_ingest::seq::{ClearReason, DropReason, SeqAction};
+use kvroute_ingest::{EndpointIngest, EventBatch, Outcome, SharedIndex};
+use parking_lot::{Mutex, MutexGuard};
 
 use super::decoding_sink::{IngestOutcome, SeqIngest};
 use super::sink::{FrameReport, FrameSource, ReplayOutcome};
 use super::trtllm_sink::BatchApplier;
 
-/// One endpoint's ingest state plus the shared index it writes.
+/// One endpoint's ingest state, shared by the subscribers of its DP ranks.
+pub type SharedIngest = Arc<Mutex<EndpointIngest>>;
+
+/// One stream's (endpoint, DP rank) view of the endpoint's ingest state plus the
+/// shared index it writes.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -26,42 +50,77 @@ use super::trtllm_sink::BatchApplier;
 ///
 /// let index = Arc::new(SharedIndex::new(4, IndexConfig::default()));
 /// let ingest = EndpointIngest::new(EndpointId(2), IngestConfig::default(), KeyMode::Engine);
-/// // DP rank 0 as vLLM puts it in the payload; replay bootstrap on connect.
-/// let sink = DecodingSink::new(EngineKind::Vllm, IndexIngest::new(ingest, index, Some(0), true));
-/// assert!(sink.is_ok());
+/// let shared = IndexIngest::share(ingest);
+/// // Two DP ranks of endpoint 2, each with its own subscriber and replay socket.
+/// let rank0 = DecodingSink::new(
+///     EngineKind::Vllm,
+///     IndexIngest::shared(Arc::clone(&shared), Arc::clone(&index), Some(0), true),
+/// );
+/// let rank1 = DecodingSink::new(
+///     EngineKind::Vllm,
+///     IndexIngest::shared(Arc::clone(&shared), index, Some(1), true),
+/// );
+/// assert!(rank0.is_ok() && rank1.is_ok());
 /// ```
 #[derive(Debug)]
 pub struct IndexIngest {
-    ingest: EndpointIngest,
+    ingest: SharedIngest,
     index: Arc<SharedIndex>,
     dp_rank: Option<u32>,
-    bootstrap: bool,
+    replay: bool,
     connected_before: bool,
+    capacity: Option<[u64; 2]>,
 }
 
 impl IndexIngest {
-    /// `dp_rank` is the rank the engine writes into its payloads (`Some(r)` for
-    /// vLLM ≥ 0.9.2 and SGLang ≥ 0.5.17); `bootstrap` asks for a replay on every
-    /// (re)connect (needs the subscriber's replay endpoint).
+    /// A stream with its own (unshared) endpoint ingest. `dp_rank`: `Some(r)`
+    /// judges every batch in rank `r`'s window (a ZeroMQ subscriber of that
+    /// rank); `None` uses the rank each batch names (TensorRT-LLM drains).
+    /// `replay`: the subscriber has the engine's replay socket (bootstrap on
+    /// connect, resume on reconnect).
     #[must_use]
     pub fn new(
         ingest: EndpointIngest,
         index: Arc<SharedIndex>,
         dp_rank: Option<u32>,
-        bootstrap: bool,
+        replay: bool,
+    ) -> Self {
+        Self::shared(Self::share(ingest), index, dp_rank, replay)
+    }
+
+    /// Wraps an endpoint's ingest for sharing between its ranks' streams.
+    #[must_use]
+    pub fn share(ingest: EndpointIngest) -> SharedIngest {
+        Arc::new(Mutex::new(ingest))
+    }
+
+    /// One DP rank's stream of an endpoint whose ingest is `ingest` (see
+    /// [`Self::new`] for `dp_rank` and `replay`).
+    #[must_use]
+    pub fn shared(
+        ingest: SharedIngest,
+        index: Arc<SharedIndex>,
+        dp_rank: Option<u32>,
+        replay: bool,
     ) -> Self {
         Self {
             ingest,
             index,
             dp_rank,
-            bootstrap,
+            replay,
             connected_before: false,
+            capacity: None,
         }
     }
 
-    /// The ingest state (counters, windows).
+    /// The endpoint's ingest state (counters, windows, completeness), locked.
+    pub fn endpoint_ingest(&self) -> MutexGuard<'_, EndpointIngest> {
+        self.ingest.lock()
+    }
+
+    /// The shared handle of the endpoint's ingest state.
     #[must_use]
-    pub fn endpoint_ingest(&self) -> &EndpointIngest {
+    pub fn shared_ingest(&self) -> &SharedIngest {
         &self.ingest
     }
 
@@ -70,34 +129,45 @@ impl IndexIngest {
     pub fn index(&self) -> &Arc<SharedIndex> {
         &self.index
     }
+
+    fn judge_and_apply(&self, batch: &EventBatch) -> Outcome {
+        let rank = self.dp_rank.or(batch.dp_rank);
+        self.ingest.lock().apply_batch_on(rank, batch, &self.index)
+    }
+}
+
+/// The transport-facing summary of one window decision.
+fn summarize(outcome: &Outcome) -> IngestOutcome {
+    let action = outcome.action;
+    IngestOutcome {
+        applied: outcome.events_applied,
+        gap: matches!(
+            action,
+            SeqAction::ApplyAfterGap { .. }
+                | SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { .. })
+        ),
+        cleared: action.clears() || outcome.writes.cleared > 0,
+        restart: matches!(
+            action,
+            SeqAction::ClearThenApply(ClearReason::Restart) | SeqAction::ClearThenReplay { .. }
+        ),
+        ignored: matches!(action, SeqAction::Drop(_)),
+        rejected: matches!(action, SeqAction::Drop(DropReason::Implausible)),
+        replay_from: outcome.replay_from(),
+    }
 }
 
 impl SeqIngest for IndexIngest {
     fn ingest(&mut self, batch: &EventBatch, _source: FrameSource) -> IngestOutcome {
-        let outcome = self.ingest.apply_batch(batch, &self.index);
-        let action = outcome.action;
-        IngestOutcome {
-            applied: outcome.events_applied,
-            gap: matches!(
-                action,
-                SeqAction::ApplyAfterGap { .. }
-                    | SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { .. })
-            ),
-            cleared: action.clears(),
-            restart: matches!(
-                action,
-                SeqAction::ClearThenApply(ClearReason::Restart) | SeqAction::ClearThenReplay { .. }
-            ),
-            ignored: matches!(action, SeqAction::Drop(_)),
-            replay_from: outcome.replay_from(),
-        }
+        summarize(&self.judge_and_apply(batch))
     }
 
     fn connected(&mut self) -> Option<u64> {
         let reconnect = std::mem::replace(&mut self.connected_before, true);
-        if !self.bootstrap {
+        let mut ingest = self.ingest.lock();
+        if !self.replay {
             if reconnect {
-                self.ingest.on_reconnect(self.dp_rank);
+                ingest.on_reconnect(self.dp_rank);
             }
             return None;
         }
@@ -105,20 +175,25 @@ impl SeqIngest for IndexIngest {
         // digest tells a live engine from one that restarted and published past
         // our last sequence while we were away.
         if reconnect {
-            if let Some(last) = self.ingest.on_resume(self.dp_rank) {
+            if let Some(last) = ingest.on_resume(self.dp_rank) {
                 return Some(last);
             }
         }
-        self.ingest.on_bootstrap(self.dp_rank)
+        ingest.on_bootstrap(self.dp_rank)
     }
 
     fn replay_done(&mut self, outcome: &ReplayOutcome) -> FrameReport {
-        let end = self
-            .ingest
-            .on_replay_finished(self.dp_rank, outcome.completed, &self.index);
+        let mut ingest = self.ingest.lock();
+        let end = ingest.on_replay_report(
+            self.dp_rank,
+            outcome.requested_from,
+            outcome.first_seq,
+            outcome.completed,
+            &self.index,
+        );
         if end.clears() {
             tracing::info!(
-                endpoint = self.ingest.endpoint().0,
+                endpoint = ingest.name(),
                 from = outcome.requested_from,
                 "engine replay ends before our last sequence: restart; inventory cleared"
             );
@@ -128,12 +203,40 @@ impl SeqIngest for IndexIngest {
 }
 
 impl BatchApplier for IndexIngest {
-    fn apply(&mut self, batch: &EventBatch) -> u32 {
-        self.ingest.apply_batch(batch, &self.index).events_applied
+    fn apply(&mut self, batch: &EventBatch) -> IngestOutcome {
+        summarize(&self.judge_and_apply(batch))
     }
 
     fn clear(&mut self) {
-        let _ = self.ingest.clear(&self.index);
+        let _ = self.ingest.lock().reset(&self.index);
+    }
+
+    fn set_capacity(&mut self, blocks_per_level: &[u64]) {
+        let gpu = blocks_per_level.first().copied().unwrap_or(u64::MAX);
+        let host = blocks_per_level.get(1).copied().unwrap_or(u64::MAX);
+        if self.capacity == Some([gpu, host]) {
+            return;
+        }
+        self.capacity = Some([gpu, host]);
+        let ingest = self.ingest.lock();
+        let endpoint = ingest.endpoint();
+        for (medium, blocks) in [(Medium::Gpu, gpu), (Medium::Cpu, host)] {
+            // A level the engine does not have (0 blocks) keeps the default bound.
+            if blocks == 0 {
+                continue;
+            }
+            let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);
+            match self.index.set_capacity(endpoint, medium, blocks) {
+                Ok(w) => tracing::info!(
+                    endpoint = ingest.name(),
+                    ?medium,
+                    blocks,
+                    evicted = w.evicted,
+                    "inventory bounded by the engine's reported KV capacity"
+                ),
+                Err(err) => tracing::warn!(%err, "capacity of an endpoint outside the index"),
+            }
+        }
     }
 }
 
@@ -143,12 +246,21 @@ mod tests {
     use crate::transport::sink::{Frame, FrameSink, SinkAction};
     use crate::transport::{DecodingSink, EngineKind};
     use kvroute_core::{BlockKey, EndpointId, Medium};
-    use kvroute_ingest::{IndexConfig, IngestConfig, KeyMode};
+    use kvroute_ingest::{Completeness, IndexConfig, IngestConfig, KeyMode};
 
     fn payload(name: &str) -> Vec<u8> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../golden/vllm-events/v0.33.0/stream");
         std::fs::read(dir.join(name)).unwrap()
+    }
+
+    fn frame<'a>(seq: u64, payload: &'a [u8], source: FrameSource) -> Frame<'a> {
+        Frame {
+            topic: b"kv@vllm",
+            seq,
+            payload,
+            source,
+        }
     }
 
     #[test]
@@ -161,28 +273,105 @@ mod tests {
         )
         .unwrap();
         assert_eq!(sink.on_connected(), SinkAction::Replay { from_seq: 0 });
-        sink.on_replay_done(&ReplayOutcome::default());
-        let first = payload("01_store_prompt_two_blocks.msgpack");
-        let report = sink.on_frame(Frame {
-            topic: b"kv@vllm",
-            seq: 0,
-            payload: &first,
-            source: FrameSource::Live,
+        let _ = sink.on_replay_done(&ReplayOutcome {
+            completed: true,
+            ..ReplayOutcome::default()
         });
+        let first = payload("01_store_prompt_two_blocks.msgpack");
+        let report = sink.on_frame(frame(0, &first, FrameSource::Live));
         assert_eq!(report.events_applied, 1);
         // Keys from golden/vllm-events/v0.33.0/zmq_capture.json, seq 0.
         for key in [2491132359561299653u64, 2054623090183999839] {
             assert!(index.contains(EndpointId(0), BlockKey(key), Medium::Gpu));
         }
+        assert_eq!(
+            sink.ingest().endpoint_ingest().completeness(),
+            Completeness::Complete
+        );
         // seq 4 after 0: a gap inside the window keeps the inventory.
         let reset = payload("04_reset_prefix_cache.msgpack");
-        let report = sink.on_frame(Frame {
-            topic: b"kv@vllm",
-            seq: 4,
-            payload: &reset,
-            source: FrameSource::Live,
-        });
+        let report = sink.on_frame(frame(4, &reset, FrameSource::Live));
         assert!(report.gap);
         assert!(!index.contains(EndpointId(0), BlockKey(2491132359561299653), Medium::Gpu));
+        // Its AllBlocksCleared makes the inventory provably complete again.
+        assert_eq!(
+            sink.ingest().endpoint_ingest().completeness(),
+            Completeness::Complete
+        );
+    }
+
+    /// Issue 14 #5: without a replay socket a reconnect must not resume (the
+    /// gateway's old sink did: its window waited for a replay that never came
+    /// and took the next live batch for a restart, clearing the inventory).
+    #[test]
+    fn a_reconnect_without_replay_socket_keeps_the_inventory() {
+        let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
+        let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+        let mut sink = DecodingSink::new(
+            EngineKind::Vllm,
+            IndexIngest::new(ingest, index.clone(), Some(0), false),
+        )
+        .unwrap();
+        assert_eq!(sink.on_connected(), SinkAction::Continue);
+        let first = payload("01_store_prompt_two_blocks.msgpack");
+        let _ = sink.on_frame(frame(0, &first, FrameSource::Live));
+        sink.on_disconnected();
+        assert_eq!(sink.on_connected(), SinkAction::Continue);
+        let second = payload("02_store_third_block_after_decode.msgpack");
+        let report = sink.on_frame(frame(1, &second, FrameSource::Live));
+        assert!(!report.cleared && !report.restart, "{report:?}");
+        assert!(index.contains(EndpointId(0), BlockKey(2491132359561299653), Medium::Gpu));
+        let ingest = sink.ingest().endpoint_ingest();
+        assert_eq!(ingest.counters().clears, 0);
+        assert_eq!(ingest.seq_counters().near_reconnects, 1);
+    }
+
+    /// Two DP ranks of one endpoint share its ingest: each is judged in its own
+    /// window (by the subscriber's rank, not the payload's), both fill the one
+    /// inventory, and a bootstrap replay that starts late makes the endpoint
+    /// partial with the missing batches counted.
+    #[test]
+    fn dp_ranks_share_one_endpoint_ingest_and_late_replays_are_partial() {
+        let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
+        let shared = IndexIngest::share(
+            EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine)
+                .with_name("http://127.0.0.1:9/"),
+        );
+        let mut sinks: Vec<_> = [0, 1]
+            .map(|rank| {
+                DecodingSink::new(
+                    EngineKind::Vllm,
+                    IndexIngest::shared(Arc::clone(&shared), index.clone(), Some(rank), true),
+                )
+                .unwrap()
+            })
+            .into();
+        let first = payload("01_store_prompt_two_blocks.msgpack");
+        let second = payload("02_store_third_block_after_decode.msgpack");
+        // Rank 0: complete bootstrap from 0. Rank 1: the engine's buffer starts at 326.
+        for (rank, seq, body) in [(0usize, 0u64, &first), (1, 326, &second)] {
+            let sink = &mut sinks[rank];
+            assert_eq!(sink.on_connected(), SinkAction::Replay { from_seq: 0 });
+            let r = sink.on_frame(frame(seq, body, FrameSource::Replay));
+            assert_eq!(r.events_applied, 1);
+            let _ = sink.on_replay_done(&ReplayOutcome {
+                requested_from: 0,
+                batches: 1,
+                first_seq: Some(seq),
+                last_seq: Some(seq),
+                completed: true,
+            });
+        }
+        let ingest = shared.lock();
+        assert_eq!(ingest.seq_counters().first, 2, "one window per rank");
+        assert_eq!(
+            ingest.completeness(),
+            Completeness::Partial {
+                missing_batches: 326
+            }
+        );
+        assert_eq!(ingest.counters().replays_late, 1);
+        assert_eq!(ingest.counters().partial_episodes, 1);
+        assert_eq!(index.inventory(EndpointId(0)).total(), 3);
     }
 }

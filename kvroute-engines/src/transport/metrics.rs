@@ -32,6 +32,7 @@ pub struct SubscriberMetrics {
     malformed_frames: AtomicU64,
     oversized_frames: AtomicU64,
     oversized_peers_dropped: AtomicU64,
+    implausible_frames: AtomicU64,
     last_rejected_seq: AtomicU64,
     other_topic_frames: AtomicU64,
     dial_failures: AtomicU64,
@@ -63,6 +64,7 @@ impl Default for SubscriberMetrics {
             malformed_frames: AtomicU64::new(0),
             oversized_frames: AtomicU64::new(0),
             oversized_peers_dropped: AtomicU64::new(0),
+            implausible_frames: AtomicU64::new(0),
             last_rejected_seq: AtomicU64::new(NO_SEQ),
             other_topic_frames: AtomicU64::new(0),
             dial_failures: AtomicU64::new(0),
@@ -116,6 +118,10 @@ pub struct MetricsSnapshot {
     /// the declared length before buffering. Each also counts in
     /// `oversized_frames`.
     pub oversized_peers_dropped: u64,
+    /// Frames ignored because their sequence number is implausible for the
+    /// stream (beyond the window's `max_seq`, or an unconfirmed far jump); they
+    /// never move `last_seq`.
+    pub implausible_frames: u64,
     /// Sequence number of the last message dropped as malformed, oversized or
     /// undecodable, when it carried a readable one (the log line names it too).
     pub last_rejected_seq: Option<u64>,
@@ -161,6 +167,7 @@ impl SubscriberMetrics {
             malformed_frames: self.malformed_frames.load(Relaxed),
             oversized_frames: self.oversized_frames.load(Relaxed),
             oversized_peers_dropped: self.oversized_peers_dropped.load(Relaxed),
+            implausible_frames: self.implausible_frames.load(Relaxed),
             last_rejected_seq: {
                 let seq = self.last_rejected_seq.load(Relaxed);
                 (seq != NO_SEQ).then_some(seq)
@@ -235,7 +242,12 @@ impl SubscriberMetrics {
     }
 
     pub(crate) fn frame(&self, seq: u64, source: FrameSource, report: &FrameReport) {
-        self.last_seq.store(seq, Relaxed);
+        if report.rejected {
+            self.implausible_frames.fetch_add(1, Relaxed);
+            self.rejected(Some(seq));
+        } else {
+            self.last_seq.store(seq, Relaxed);
+        }
         match source {
             FrameSource::Live => self.frames_live.fetch_add(1, Relaxed),
             FrameSource::Replay => self.frames_replayed.fetch_add(1, Relaxed),

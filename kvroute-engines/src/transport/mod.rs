@@ -33,7 +33,7 @@ pub mod trtllm_poller;
 
 pub use decoding_sink::{DecodingSink, IngestOutcome, SeqIngest};
 pub use endpoint::{EndpointError, SocketRole, ZmqEndpoint};
-pub use index_ingest::IndexIngest;
+pub use index_ingest::{IndexIngest, SharedIngest};
 pub use metrics::{MetricsSnapshot, SubscriberMetrics};
 pub use sink::{
     DrainReport, DrainSink, Frame, FrameReport, FrameSink, FrameSource, ReplayOutcome, SinkAction,
@@ -41,7 +41,7 @@ pub use sink::{
 #[cfg(feature = "zmq")]
 pub use zmq_subscriber::{ZmqSubscriber, ZmqSubscriberConfig, DEFAULT_MAX_MESSAGE_BYTES};
 
-pub use trtllm_sink::{BatchApplier, Continuity, EventIdTracker, TrtllmSink};
+pub use trtllm_sink::{BatchApplier, TrtllmSink};
 
 #[cfg(feature = "trtllm-http")]
 pub use load_poller::{

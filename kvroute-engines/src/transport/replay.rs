@@ -122,8 +122,6 @@ mod client {
                         metrics.other_topic();
                         continue;
                     }
-                    outcome.first_seq.get_or_insert(seq);
-                    outcome.last_seq = Some(seq);
                     outcome.batches += 1;
                     let report = sink.on_frame(Frame {
                         topic,
@@ -132,6 +130,13 @@ mod client {
                         source: FrameSource::Replay,
                     });
                     metrics.frame(seq, FrameSource::Replay, &report);
+                    // A number the sink rejected as implausible (e.g. u64::MAX − 1)
+                    // must not become the replay's range: the subscriber drops
+                    // live frames inside it as already replayed.
+                    if !report.rejected {
+                        outcome.first_seq.get_or_insert(seq);
+                        outcome.last_seq = Some(seq);
+                    }
                     if report.action != SinkAction::Continue {
                         tracing::debug!(seq, "replay: nested replay request ignored");
                     }

@@ -58,6 +58,10 @@ pub struct FrameReport {
     pub restart: bool,
     /// The frame was a duplicate or stale and was ignored.
     pub ignored: bool,
+    /// The frame was ignored because its sequence number is implausible for the
+    /// stream (u64 extremes, an unconfirmed far jump): a replay must not take it
+    /// as the last batch it delivered.
+    pub rejected: bool,
     /// Engine timestamp of the batch, seconds since the Unix epoch.
     pub engine_timestamp: Option<f64>,
 }

@@ -25,14 +25,18 @@
 //!   absent key is counted and ignored.
 //! * **Tiers are independent.** A key can be present in several tiers of one
 //!   endpoint; a remove from the CPU tier leaves the GPU copy.
-//! * **Capacity** is unbounded by default: engines report their own evictions
-//!   (`BlockRemoved`), so the inventory tracks the engine's cache size. A bound
-//!   per (endpoint, tier) is set with [`IndexConfig::capacity_per_endpoint`] as a
-//!   safety net against lost removes. With a bound, each endpoint keeps an
-//!   insertion ring per tier (one entry each time a key becomes present); when a
-//!   store exceeds the bound, entries are popped from the front until one names
-//!   a key that is still present, and that key is evicted whatever its reference
-//!   count. A key that was removed and stored again may therefore be evicted at
+//! * **Capacity** is bounded per (endpoint, tier), by default at
+//!   [`DEFAULT_CAPACITY`] blocks: engines report their own evictions
+//!   (`BlockRemoved`), so a correct stream never reaches an engine-sized bound,
+//!   but a peer that only stores (lost removes, or a hostile publisher) must not
+//!   grow kvroute's memory. Set the engine's real figure per endpoint with
+//!   [`SharedIndex::set_capacity`] when it is known (TensorRT-LLM's `created`
+//!   event, vLLM/SGLang `num_gpu_blocks`); [`IndexConfig::capacity_per_endpoint`]
+//!   is the starting bound of every slot ([`usize::MAX`]: unbounded). Each
+//!   bounded (endpoint, tier) keeps an insertion ring (one entry each time a key
+//!   becomes present); when a store exceeds the bound, entries are popped from
+//!   the front until one names a key that is still present, and that key is
+//!   evicted whatever its reference count. A key that was removed and stored again may therefore be evicted at
 //!   its earlier ring position: eviction is "oldest insertion first" on that
 //!   ring, not an exact LRU. Evictions are counted. The ring costs 8–16 bytes
 //!   per (endpoint, key) pair, which is why unbounded indexes keep none.
@@ -103,14 +107,29 @@ const PURGE_BATCH: usize = 128;
 const SCORE_CHUNK: usize = 256;
 /// Buckets of the per-chunk counting sort by shard.
 const SORT_BUCKETS: usize = 256;
+/// Ring entries beyond twice the live keys tolerated before a compaction.
+const RING_SLACK: usize = 1024;
+
+/// Default [`IndexConfig::capacity_per_endpoint`]: 2^20 blocks per (endpoint,
+/// tier) — above the GPU block count of common engine deployments (an 80 GB GPU
+/// holds ~10^5 blocks of 16 tokens for a 7–8 B model), at most
+/// ≈ [`BUDGET_BYTES_PER_KEY`] × 2^20 ≈ 100 MiB per endpoint and tier.
+pub const DEFAULT_CAPACITY: usize = 1 << 20;
+
+/// Upper bound of heap bytes per block of capacity used by
+/// [`SharedIndex::memory_budget`]: a 12-byte table entry and its control byte
+/// at the lowest load factor (7/16) with one doubling of headroom, a
+/// duplicate-count entry, and the insertion ring with its compaction slack.
+pub const BUDGET_BYTES_PER_KEY: usize = 96;
 
 /// Configuration of a [`SharedIndex`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexConfig {
-    /// Most keys one endpoint may hold in one tier; a store beyond it evicts the
-    /// oldest inserted key of that tier. [`usize::MAX`] (the default) means
-    /// unbounded: no insertion ring is kept, which saves 8–16 bytes per
-    /// (endpoint, key) pair (see the [module docs](self)).
+    /// Most keys one endpoint may hold in one tier, for every slot until
+    /// [`SharedIndex::set_capacity`] changes it; a store beyond it evicts the
+    /// oldest inserted key of that tier. [`DEFAULT_CAPACITY`] by default;
+    /// [`usize::MAX`] means unbounded: no insertion ring is kept, which saves
+    /// 8–16 bytes per (endpoint, key) pair (see the [module docs](self)).
     pub capacity_per_endpoint: usize,
     /// Lock shards per bank of 64 endpoints (rounded up to a power of two).
     pub shards: usize,
@@ -119,7 +138,7 @@ pub struct IndexConfig {
 impl Default for IndexConfig {
     fn default() -> Self {
         Self {
-            capacity_per_endpoint: usize::MAX,
+            capacity_per_endpoint: DEFAULT_CAPACITY,
             shards: 64,
         }
     }
@@ -197,11 +216,28 @@ struct Bank {
     active: u64,
 }
 
-#[derive(Default)]
 struct EndpointKeys {
     rings: [VecDeque<u64>; 4],
     live: [u64; 4],
+    /// Bound per tier ([`UNBOUNDED`]: none, and no ring).
+    capacity: [u64; 4],
     evictions: u64,
+}
+
+impl EndpointKeys {
+    fn new(capacity: u64) -> Self {
+        Self {
+            rings: Default::default(),
+            live: [0; 4],
+            capacity: [capacity; 4],
+            evictions: 0,
+        }
+    }
+
+    #[inline]
+    fn bounded(&self, tier: usize) -> bool {
+        self.capacity.get(tier).is_some_and(|c| *c != UNBOUNDED)
+    }
 }
 
 /// The inventories of a fixed set of endpoint slots, shared between one writer
@@ -212,7 +248,6 @@ pub struct SharedIndex {
     banks: Box<[Bank]>,
     endpoints: Box<[Mutex<EndpointKeys>]>,
     shard_shift: u32,
-    capacity: u64,
 }
 
 impl std::fmt::Debug for SharedIndex {
@@ -220,7 +255,6 @@ impl std::fmt::Debug for SharedIndex {
         f.debug_struct("SharedIndex")
             .field("endpoints", &self.endpoints.len())
             .field("banks", &self.banks.len())
-            .field("capacity", &self.capacity)
             .finish_non_exhaustive()
     }
 }
@@ -247,24 +281,106 @@ impl SharedIndex {
                 }
             })
             .collect();
+        let capacity = u64::try_from(config.capacity_per_endpoint).unwrap_or(UNBOUNDED);
         Self {
             banks,
-            endpoints: (0..endpoints).map(|_| Mutex::default()).collect(),
+            endpoints: (0..endpoints)
+                .map(|_| Mutex::new(EndpointKeys::new(capacity)))
+                .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
-            capacity: u64::try_from(config.capacity_per_endpoint).unwrap_or(UNBOUNDED),
         }
+    }
+
+    /// Sets endpoint `e`'s bound in tier `medium` to `blocks` ([`usize::MAX`]:
+    /// unbounded), e.g. from the engine's reported KV capacity. Lowering it
+    /// evicts the oldest inserted keys at once; bounding a tier that was
+    /// unbounded first builds its ring from the keys present (in key order).
+    pub fn set_capacity(
+        &self,
+        e: EndpointId,
+        medium: Medium,
+        blocks: usize,
+    ) -> Result<WriteStats, IndexError> {
+        let (bank, bit, slot) = self.locate(e)?;
+        let tier = medium.index();
+        let capacity = u64::try_from(blocks).unwrap_or(UNBOUNDED);
+        let mut guard = slot.lock();
+        let slot: &mut EndpointKeys = &mut guard;
+        let was_bounded = slot.bounded(tier);
+        if let Some(c) = slot.capacity.get_mut(tier) {
+            *c = capacity;
+        }
+        let mut stats = WriteStats::default();
+        if capacity == UNBOUNDED {
+            if let Some(ring) = slot.rings.get_mut(tier) {
+                *ring = VecDeque::new();
+            }
+            return Ok(stats);
+        }
+        if !was_bounded {
+            let mut keys = Vec::new();
+            for shard in bank.shards.iter() {
+                shard.0.read().collect_keys(tier, bit, &mut keys);
+            }
+            keys.sort_unstable();
+            keys.dedup();
+            if let Some(ring) = slot.rings.get_mut(tier) {
+                *ring = keys.into();
+            }
+        }
+        while slot.live.get(tier).is_some_and(|l| *l > capacity) {
+            let evicted = self.evict_one(bank, bit, tier, slot);
+            if evicted == 0 {
+                break;
+            }
+            stats.evicted += evicted;
+        }
+        Ok(stats)
+    }
+
+    /// Endpoint `e`'s bound in tier `medium` (`None`: unbounded or no such slot).
+    #[must_use]
+    pub fn capacity(&self, e: EndpointId, medium: Medium) -> Option<u64> {
+        let (_, _, slot) = self.locate(e).ok()?;
+        let slot = slot.lock();
+        slot.capacity
+            .get(medium.index())
+            .copied()
+            .filter(|c| *c != UNBOUNDED)
+    }
+
+    /// The most heap bytes the index may hold under its current bounds
+    /// ([`BUDGET_BYTES_PER_KEY`] per block of capacity, plus fixed per-shard and
+    /// per-slot overhead and each ring's compaction slack); `None` while any
+    /// (endpoint, tier) is unbounded. [`Self::memory_bytes`] stays below it
+    /// whatever the peers send (tested under a flood of random stores).
+    #[must_use]
+    pub fn memory_budget(&self) -> Option<usize> {
+        let fixed = self.banks.len()
+            * self.banks.first().map_or(0, |b| b.shards.len())
+            * (std::mem::size_of::<PaddedShard>() + 4096)
+            + self.endpoints.len() * std::mem::size_of::<Mutex<EndpointKeys>>();
+        let mut total = fixed;
+        for slot in self.endpoints.iter() {
+            let slot = slot.lock();
+            for c in slot.capacity {
+                if c == UNBOUNDED {
+                    return None;
+                }
+                let c = usize::try_from(c).ok()?;
+                total = total
+                    .checked_add(c.checked_mul(BUDGET_BYTES_PER_KEY)?)?
+                    // Ring slack before a compaction, doubled by VecDeque growth.
+                    .checked_add(2 * RING_SLACK * std::mem::size_of::<u64>())?;
+            }
+        }
+        Some(total)
     }
 
     /// Number of endpoint slots.
     #[must_use]
     pub fn endpoint_slots(&self) -> usize {
         self.endpoints.len()
-    }
-
-    /// True when a capacity bound is configured (and insertion rings are kept).
-    #[inline]
-    fn bounded(&self) -> bool {
-        self.capacity != UNBOUNDED
     }
 
     fn locate(&self, e: EndpointId) -> Result<(&Bank, u32, &Mutex<EndpointKeys>), IndexError> {
@@ -305,15 +421,19 @@ impl SharedIndex {
                     if let Some(live) = slot.live.get_mut(tier) {
                         *live += 1;
                     }
-                    if !self.bounded() {
+                    if !slot.bounded(tier) {
                         continue;
                     }
                     if let Some(ring) = slot.rings.get_mut(tier) {
                         ring.push_back(key.0);
                     }
-                    if slot.live.get(tier).is_some_and(|l| *l > self.capacity) {
+                    let cap = slot.capacity.get(tier).copied().unwrap_or(UNBOUNDED);
+                    if slot.live.get(tier).is_some_and(|l| *l > cap) {
                         stats.evicted += self.evict_one(bank, bit, tier, slot);
                     }
+                    // Repeated store/remove churn of present keys grows the ring
+                    // without removes to trigger a compaction.
+                    self.maybe_compact(bank, bit, tier, slot);
                 }
                 StoreEffect::Duplicate => stats.duplicate_stores += 1,
             }
@@ -369,14 +489,14 @@ impl SharedIndex {
     /// Removes the ring entries of keys no longer present (and repeated entries)
     /// once they outnumber the live keys, so churn cannot grow a ring unboundedly.
     fn maybe_compact(&self, bank: &Bank, bit: u32, tier: usize, slot: &mut EndpointKeys) {
-        if !self.bounded() {
+        if !slot.bounded(tier) {
             return;
         }
         let live = slot.live.get(tier).copied().unwrap_or(0);
         let Some(ring) = slot.rings.get_mut(tier) else {
             return;
         };
-        if (ring.len() as u64) <= live.saturating_mul(2) + 1024 {
+        if (ring.len() as u64) <= live.saturating_mul(2) + RING_SLACK as u64 {
             return;
         }
         let mut seen = hashbrown::HashSet::with_capacity(live as usize);
@@ -396,9 +516,10 @@ impl SharedIndex {
             if slot.live.get(tier).is_some_and(|l| *l == 0) {
                 continue;
             }
+            let bounded = slot.bounded(tier);
             let ring = slot.rings.get_mut(tier).map(std::mem::take);
             match ring {
-                Some(ring) if self.bounded() => {
+                Some(ring) if bounded => {
                     // Grouped by shard so each write lock covers a batch of keys.
                     let mut by_shard: Vec<(usize, u64)> =
                         ring.iter().map(|k| (self.shard_index(*k), *k)).collect();

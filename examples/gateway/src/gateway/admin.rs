@@ -267,11 +267,18 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
             }
             let seq = rt.inventory.seq_counters(i);
             let ingest = rt.inventory.ingest_counters(i);
+            // Per endpoint: one engine on another seed must not mark the others.
             let contract = if ev.drift_alarm {
                 "drift_alarm"
             } else {
-                rt.inventory.contract_status()
+                rt.inventory.endpoint_contract_status(i)
             };
+            let completeness = rt.inventory.completeness(i);
+            let missing = match completeness {
+                kvroute_ingest::Completeness::Partial { missing_batches } => missing_batches,
+                _ => 0,
+            };
+            let att = rt.inventory.endpoint_attestation(i);
             out.push(json!({
                 "rule": rt.spec.doc.name,
                 "index": i,
@@ -285,7 +292,21 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
                 "in_flight": ep.in_flight(),
                 "inventory_blocks": rt.inventory.blocks(i),
                 "inventory_clears": rt.inventory.ingest_clears(i),
+                "inventory_status": completeness.as_str(),
+                "inventory_missing_batches": missing,
+                "inventory_capacity_blocks": rt.inventory.capacity(i, kvroute_core::Medium::Gpu),
+                "contract_mismatch_cause": rt.inventory.mismatch_cause(i),
+                "attestation": {
+                    "verified_blocks": att.verified_blocks,
+                    "mismatched_blocks": att.mismatched_blocks,
+                    "unverifiable_events": att.unverifiable_events,
+                },
                 "ingest": {
+                    "replays_late": ingest.replays_late,
+                    "replays_incomplete": ingest.replays_incomplete,
+                    "partial_episodes": ingest.partial_episodes,
+                    "implausible_batches": seq.implausible,
+                    "rekey_map_full": ingest.rekey_map_full,
                     "resumes": seq.resumes,
                     "resumes_verified": seq.resumes_verified,
                     "resume_restarts": seq.resume_restarts,

@@ -253,7 +253,7 @@ const SUBSCRIBER_METRICS: [(&str, &str, &str); 11] = [
 
 /// Per-endpoint ingest (sequence window) metric families, in the order
 /// `render` fills them.
-const INGEST_METRICS: [(&str, &str, &str); 5] = [
+const INGEST_METRICS: [(&str, &str, &str); 16] = [
     (
         "kvroute_ingest_resumes_total",
         "counter",
@@ -278,6 +278,61 @@ const INGEST_METRICS: [(&str, &str, &str); 5] = [
         "kvroute_ingest_rekey_untokenized_blocks_total",
         "counter",
         "Re-key rules: stored blocks skipped because the event lacks their tokens.",
+    ),
+    (
+        "kvroute_ingest_inventory_partial",
+        "gauge",
+        "1 while the endpoint's inventory is known to lack engine batches (late or failed bootstrap replay, gap, clear) until an AllBlocksCleared or an engine restart seen from batch 0.",
+    ),
+    (
+        "kvroute_ingest_missing_batches",
+        "gauge",
+        "Engine batches the endpoint's inventory is known to lack (summed over DP ranks).",
+    ),
+    (
+        "kvroute_ingest_partial_episodes_total",
+        "counter",
+        "Transitions of the endpoint's inventory to partial.",
+    ),
+    (
+        "kvroute_ingest_replays_late_total",
+        "counter",
+        "Replays whose first batch came after the requested one (the engine's buffer no longer reached back).",
+    ),
+    (
+        "kvroute_ingest_replays_incomplete_total",
+        "counter",
+        "Replays that failed or timed out before the engine's end marker.",
+    ),
+    (
+        "kvroute_ingest_implausible_batches_total",
+        "counter",
+        "Batches dropped because their sequence number is implausible (beyond max_seq, or an unconfirmed far jump).",
+    ),
+    (
+        "kvroute_ingest_contract_mismatch",
+        "gauge",
+        "1 when the endpoint's engine keys provably differ from the rule's contract (attestation or block size).",
+    ),
+    (
+        "kvroute_ingest_verified_blocks_total",
+        "counter",
+        "Stored blocks of this endpoint whose keys the rule's contract reproduces.",
+    ),
+    (
+        "kvroute_ingest_mismatched_blocks_total",
+        "counter",
+        "Stored blocks of this endpoint whose keys differ from the rule's contract (or whose block size does).",
+    ),
+    (
+        "kvroute_ingest_capacity_blocks",
+        "gauge",
+        "Bound of the endpoint's GPU-tier inventory (the engine's reported capacity, else the default).",
+    ),
+    (
+        "kvroute_ingest_rekey_map_full_total",
+        "counter",
+        "Re-key rules: stored blocks skipped because the re-key map was at its bound.",
     ),
 ];
 
@@ -372,6 +427,7 @@ pub fn render(gw: &Gateway) -> String {
     let mut breaker = String::new();
     let mut inflight = String::new();
     let mut contract = String::new();
+    let mut memory = String::new();
     let now = gw.now();
     for rt in &rules {
         let rule = esc(&rt.spec.doc.name);
@@ -393,6 +449,11 @@ pub fn render(gw: &Gateway) -> String {
             exhausted,
             "kvroute_exhausted_total{{rule=\"{rule}\"}} {}",
             snap.exhausted
+        );
+        let _ = writeln!(
+            memory,
+            "kvroute_inventory_memory_bytes{{rule=\"{rule}\"}} {}",
+            rt.inventory.memory_bytes()
         );
         let att = rt.inventory.attestation();
         let _ = writeln!(
@@ -436,12 +497,27 @@ pub fn render(gw: &Gateway) -> String {
             );
             let seq = rt.inventory.seq_counters(i);
             let counters = rt.inventory.ingest_counters(i);
+            let health = kvroute_ingest::InventoryView::health(&*rt.inventory, i);
+            let att = rt.inventory.endpoint_attestation(i);
             let values = [
                 seq.resumes,
                 seq.resumes_verified,
                 seq.resume_restarts,
                 counters.rekey_orphan_blocks,
                 counters.rekey_untokenized_blocks,
+                u64::from(health.partial()),
+                health.missing_batches,
+                counters.partial_episodes,
+                counters.replays_late,
+                counters.replays_incomplete,
+                seq.implausible,
+                u64::from(health.contract_mismatch),
+                att.verified_blocks,
+                att.mismatched_blocks,
+                rt.inventory
+                    .capacity(i, kvroute_core::Medium::Gpu)
+                    .unwrap_or(u64::MAX),
+                counters.rekey_map_full,
             ];
             for (body, v) in ingest.iter_mut().zip(values) {
                 let _ = writeln!(body, "{{{l}}} {v}");
@@ -541,6 +617,12 @@ pub fn render(gw: &Gateway) -> String {
             "gauge",
             "Blocks in the endpoint's inventory (all DP ranks).",
             &inventory,
+        ),
+        (
+            "kvroute_inventory_memory_bytes",
+            "gauge",
+            "Heap bytes of the rule's inventory index and ingest maps (bounded by the endpoints' capacities).",
+            &memory,
         ),
         (
             "kvroute_in_flight",

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use kvroute_core::EndpointId;
 use kvroute_engines::prompt::TokenizerPool;
 use kvroute_engines::transport::{
-    SubscriberMetrics, TrtllmPoller, TrtllmPollerConfig, TrtllmSink, ZmqSubscriber,
-    ZmqSubscriberConfig,
+    DecodingSink, IndexIngest, SubscriberMetrics, TrtllmPoller, TrtllmPollerConfig, TrtllmSink,
+    ZmqSubscriber, ZmqSubscriberConfig,
 };
 use kvroute_select::{
     AdminState, Availability, BreakerConfig, BreakerState, CircuitBreaker, ContractKeys, Endpoint,
@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use super::config::{
     check_rule_set, ConfigError, EndpointSpec, HealthConfig, LimitsConfig, RuleSpec, ServeConfig,
 };
-use super::inventory::{DrainApplier, RankSink, RuleInventory};
+use super::inventory::{RuleInventory, SlotSpec};
 use super::metrics::GatewayMetrics;
 use super::upstream::UpstreamClient;
 
@@ -374,10 +374,8 @@ impl Gateway {
         cfg.thresholds = thresholds;
         let provider = keys.map(|k| k as Arc<dyn PromptKeys>);
         let rule = Rule::new(cfg, provider).map_err(|e| lib_err(&e))?;
-        let inventory = Arc::new(RuleInventory::new(
-            spec.endpoints.len(),
-            spec.contract.as_ref(),
-        ));
+        let slots: Vec<SlotSpec> = spec.endpoints.iter().map(SlotSpec::from).collect();
+        let inventory = Arc::new(RuleInventory::new(&slots, spec.contract.as_ref()));
         let mut pending = Vec::new();
         let breaker = BreakerConfig {
             failure_threshold: self.health.failure_threshold,
@@ -393,7 +391,11 @@ impl Gateway {
                 }
                 let subscriber = ZmqSubscriber::new(cfg);
                 subscribers.push(subscriber.metrics());
-                let sink = RankSink::new(Arc::clone(&inventory), slot, src.rank, e.engine);
+                // Without a replay socket a reconnect is judged by sequence
+                // numbers alone (a blip keeps the inventory).
+                let sink = inventory
+                    .zmq_sink(slot, src.rank, e.engine, src.replay.is_some())
+                    .map_err(|err| lib_err(&err))?;
                 pending.push(Pending::Zmq {
                     subscriber,
                     sink,
@@ -405,8 +407,9 @@ impl Gateway {
                 let poller = TrtllmPoller::new(TrtllmPollerConfig::new(url.clone()))
                     .map_err(|err| lib_err(&err))?;
                 drain = Some(poller.metrics());
-                let sink =
-                    TrtllmSink::new(block_size, DrainApplier::new(Arc::clone(&inventory), slot));
+                let sink = inventory
+                    .drain_sink(slot, block_size)
+                    .map_err(|err| lib_err(&err))?;
                 pending.push(Pending::Drain {
                     poller,
                     sink,
@@ -477,13 +480,13 @@ enum Pending {
     /// One ZeroMQ subscriber (endpoint, DP rank).
     Zmq {
         subscriber: ZmqSubscriber,
-        sink: RankSink,
+        sink: DecodingSink<IndexIngest>,
         what: String,
     },
     /// One TensorRT-LLM drain poller (endpoint).
     Drain {
         poller: TrtllmPoller,
-        sink: TrtllmSink<DrainApplier>,
+        sink: TrtllmSink<IndexIngest>,
         url: String,
     },
 }
