@@ -36,6 +36,23 @@ struct State {
     payload: Vec<u8>,
 }
 
+/// The load figures `GET /metrics` exports, read from the worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSnapshot {
+    /// Admitted, unfinished requests.
+    pub running: u32,
+    /// Queued requests.
+    pub waiting: u32,
+    /// Blocks held by requests (pinned cached blocks plus key-less ones).
+    pub in_use_blocks: u32,
+    /// KV capacity in blocks.
+    pub capacity_blocks: u32,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Requests running at once at most.
+    pub max_running: u32,
+}
+
 /// A running engine model.
 pub struct Engine {
     state: Mutex<State>,
@@ -101,6 +118,30 @@ impl Engine {
             st.waiters.remove(&tag);
         }
         self.dispatch(&mut st);
+    }
+
+    /// Running and waiting requests and block use right now (finishes what is due
+    /// first, so a scrape never reports a request that has already completed).
+    pub fn load(&self) -> LoadSnapshot {
+        let snapshot = {
+            let mut st = self.state.lock();
+            let now = self.now_us();
+            st.worker.advance(now);
+            self.dispatch(&mut st);
+            let w = &st.worker;
+            let cache = w.cache();
+            LoadSnapshot {
+                running: w.running(),
+                waiting: u32::try_from(w.waiting()).unwrap_or(u32::MAX),
+                in_use_blocks: cache.used_blocks().saturating_sub(cache.evictable_blocks()),
+                capacity_blocks: cache.capacity(),
+                block_size: w.config().block_size,
+                max_running: w.config().max_running,
+            }
+        };
+        // Advancing may have admitted requests that finish before the driver's timer.
+        self.wake.notify_one();
+        snapshot
     }
 
     /// Cached blocks right now.

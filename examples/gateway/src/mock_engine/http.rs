@@ -1,5 +1,6 @@
 //! The OpenAI-compatible HTTP surface: completions and chat (JSON and SSE),
-//! models, health, the TensorRT-LLM drain and a restart hook for tests.
+//! models, health, the engine's load gauges (`GET /metrics`), the TensorRT-LLM
+//! drain and a restart hook for tests.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +17,9 @@ use kvroute_core::{BlockHasher, RequestExtras};
 use serde_json::{json, Value};
 
 use super::engine::{Engine, EventSink};
+use super::metrics::{render, Flavor};
 use super::tokenize::PromptSource;
+use super::wire::WireFormat;
 use super::Role;
 use crate::engine_model::{Admission, RequestSpec};
 
@@ -36,6 +39,8 @@ pub struct App {
     pub port: u16,
     /// Request id counter.
     pub next_id: AtomicU64,
+    /// `GET /metrics` calls (the TensorRT-LLM flavour's `iter`).
+    pub scrapes: AtomicU64,
 }
 
 /// All routes.
@@ -48,6 +53,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/kv_cache_events", post(kv_cache_events))
         .route("/admin/restart-publisher", post(restart))
         .route("/admin/cache", get(cache_state))
+        .route("/metrics", get(metrics))
         .with_state(app)
 }
 
@@ -102,6 +108,20 @@ async fn restart(State(app): State<Arc<App>>) -> Response {
     }
     app.engine.clear();
     Json(json!({"status": "restarted"})).into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let flavor = match app.engine.sink() {
+        EventSink::Zmq {
+            format: WireFormat::Sglang,
+            ..
+        } => Flavor::Sglang,
+        EventSink::Zmq { .. } => Flavor::Vllm,
+        EventSink::Trtllm(_) => Flavor::Trtllm,
+    };
+    let iteration = app.scrapes.fetch_add(1, Ordering::Relaxed);
+    let (body, content_type) = render(flavor, &app.model, iteration, &app.engine.load());
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 async fn cache_state(State(app): State<Arc<App>>) -> Response {

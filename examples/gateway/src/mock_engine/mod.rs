@@ -7,6 +7,7 @@
 
 mod engine;
 mod http;
+mod metrics;
 mod publisher;
 mod tokenize;
 mod trtllm;
@@ -251,6 +252,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         role: args.role,
         port: http.port(),
         next_id: std::sync::atomic::AtomicU64::new(0),
+        scrapes: std::sync::atomic::AtomicU64::new(0),
     });
     let router = http::router(app);
     let server = tokio::spawn(async move {
