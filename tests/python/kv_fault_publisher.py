@@ -15,6 +15,10 @@ payloads with the engines' declarations), plus:
   {"op": "flood_big", "count": n, "tokens": t}
                                           n stored batches as fast as possible, each
                                           carrying t token ids (payload ~ 5*t bytes)
+  {"op": "inject", "seq": s}              one live stored batch numbered s (the
+                                          synthetic block of seq 999999); seq unchanged
+  {"op": "poison_replay", "seq": s}       the replay buffer also answers that batch at
+                                          seq s (a hostile or corrupted ROUTER)
 Lines printed: the base ones plus `SENT_BAD seq=...` and `FLOODED ...`.
 """
 
@@ -89,6 +93,17 @@ def run_fault_script(pub: kv_publisher.Publisher, steps: list[dict]) -> None:
             for _ in range(int(step["count"])):
                 pub.send_payload(stored_batch(pub, [rng.getrandbits(63)], tokens))
             say(f"FLOODED next_seq={pub.seq} bytes_each={len(stored_batch(pub, [1], tokens))}")
+        elif op in ("inject", "poison_replay"):
+            seq = int(step["seq"])
+            a = pub.args
+            payload = kv_publisher.synthetic_batch(
+                a.engine, "stored", pub.epoch, 999_999, a.dp_rank_in_payload, a.block_size
+            )
+            if op == "inject":
+                pub.pub.send_multipart([pub.topic, seq.to_bytes(8, "big"), payload])
+            else:
+                pub.buffer.append((seq, payload))
+            say(f"SENT_BAD seq={seq} kind={op}")
         else:
             BASE_RUN_SCRIPT(pub, [step])
 
