@@ -129,6 +129,15 @@ pub struct LimitsConfig {
     pub max_prompt_chars: usize,
     /// Time in-flight requests get to finish on shutdown.
     pub shutdown_grace_ms: u64,
+    /// Time a new client connection gets to send its first byte (for HTTP/2,
+    /// its whole preface) before it is closed; hyper's header timeout only
+    /// starts after that.
+    pub first_byte_timeout_ms: u64,
+    /// Most client connections open at once on the proxy listener, lowered at
+    /// start to leave a quarter of the descriptor limit free. At the cap the
+    /// oldest connection that has not sent a byte is closed for the new one,
+    /// else the new one gets 503.
+    pub max_connections: usize,
 }
 
 impl Default for LimitsConfig {
@@ -142,6 +151,8 @@ impl Default for LimitsConfig {
             max_prompt_tokens: 262_144,
             max_prompt_chars: 1 << 20,
             shutdown_grace_ms: 10_000,
+            first_byte_timeout_ms: 10_000,
+            max_connections: 10_000,
         }
     }
 }
@@ -156,6 +167,11 @@ impl LimitsConfig {
     #[must_use]
     pub fn body_read_timeout(&self) -> Duration {
         Duration::from_millis(self.body_read_timeout_ms)
+    }
+    /// As a duration.
+    #[must_use]
+    pub fn first_byte_timeout(&self) -> Duration {
+        Duration::from_millis(self.first_byte_timeout_ms)
     }
     /// As a duration.
     #[must_use]

@@ -129,6 +129,10 @@ pub struct GatewayMetrics {
     pub aborted_streams: AtomicU64,
     /// Active health probes that failed.
     pub probe_failures: AtomicU64,
+    /// Proxy listener connections (see `connections`).
+    pub proxy_connections: std::sync::Arc<super::connections::ConnectionMetrics>,
+    /// Admin listener connections.
+    pub admin_connections: std::sync::Arc<super::connections::ConnectionMetrics>,
 }
 
 impl GatewayMetrics {
@@ -657,5 +661,12 @@ pub fn render(gw: &Gateway) -> String {
         "Sequence number of the last message dropped as malformed, oversized or undecodable (absent until one carried a readable sequence).",
     );
     out.push_str(&rejected_seq);
+    super::connections::render(
+        &mut out,
+        &[
+            ("proxy", &m.proxy_connections),
+            ("admin", &m.admin_connections),
+        ],
+    );
     out
 }

@@ -12,16 +12,20 @@
 //! | [`pd`] | vLLM disaggregated two-step bodies |
 //! | [`health`] | active probes feeding the breakers |
 //! | [`admin`] | REST admin API + `/metrics` |
+//! | [`connections`] | first-byte deadline, connection cap, accept errors |
 //! | [`metrics`] | Prometheus exposition |
 //!
 //! Security posture: the admin API binds loopback unless told otherwise (then a
 //! token is mandatory); requests go only to configured upstreams (the client's
 //! `Host` and absolute-URI targets are ignored); bodies are size- and
-//! time-limited; headers have a read timeout; secrets (the admin token, client
-//! `Authorization`) are never logged.
+//! time-limited; a new connection must send its first byte in time and headers
+//! have a read timeout; open connections are capped below the descriptor limit
+//! ([`connections`]); secrets (the admin token, client `Authorization`) are
+//! never logged.
 
 pub mod admin;
 pub mod config;
+pub mod connections;
 pub mod health;
 pub mod inventory;
 pub mod metrics;
@@ -34,6 +38,7 @@ pub mod upstream;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,22 +113,36 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
         .with_state(Arc::clone(&gateway));
     let admin_router = admin::router(Arc::clone(&gateway));
     let (shutdown, _) = watch::channel(false);
-    let header_timeout = config.limits.header_read_timeout();
-    let grace = Duration::from_millis(config.limits.shutdown_grace_ms);
+    let limits = &config.limits;
+    anyhow::ensure!(
+        limits.max_connections > 0 && limits.first_byte_timeout_ms > 0,
+        "limits.max_connections and limits.first_byte_timeout_ms must be at least 1"
+    );
+    let fds = connections::fd_limits();
+    let proxy_cap = connections::effective_cap(limits.max_connections, fds.map(|f| f.0));
+    log_fd_headroom(fds, limits.max_connections, proxy_cap);
+    let listener = |cap: usize, metrics: &Arc<connections::ConnectionMetrics>| Listening {
+        admission: Arc::new(connections::Admission::new(cap)),
+        metrics: Arc::clone(metrics),
+        header_timeout: limits.header_read_timeout(),
+        first_byte_timeout: limits.first_byte_timeout(),
+        grace: Duration::from_millis(limits.shutdown_grace_ms),
+    };
     let tasks = vec![
         tokio::spawn(serve(
             proxy_listener,
             proxy_router,
-            header_timeout,
+            listener(proxy_cap, &gateway.metrics.proxy_connections),
             shutdown.subscribe(),
-            grace,
         )),
         tokio::spawn(serve(
             admin_listener,
             admin_router,
-            header_timeout,
+            listener(
+                connections::ADMIN_MAX_CONNECTIONS,
+                &gateway.metrics.admin_connections,
+            ),
             shutdown.subscribe(),
-            grace,
         )),
     ];
     tracing::info!(%proxy, %admin, rules = gateway.rules_snapshot().len(), "kvroute serve up");
@@ -136,52 +155,136 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
     })
 }
 
-/// Accepts connections until `stop`, then drains them for at most `grace`.
+/// How one listener treats its connections.
+struct Listening {
+    admission: Arc<connections::Admission>,
+    metrics: Arc<connections::ConnectionMetrics>,
+    header_timeout: Duration,
+    first_byte_timeout: Duration,
+    grace: Duration,
+}
+
+/// Logs the descriptor limit against the connection cap: the figure an
+/// operator needs when connections are refused.
+fn log_fd_headroom(fds: Option<(u64, Option<u64>)>, configured: usize, cap: usize) {
+    match fds {
+        Some((soft, hard)) => {
+            tracing::info!(soft_nofile = soft, hard_nofile = ?hard, max_connections = configured,
+                effective_max_connections = cap,
+                admin_max_connections = connections::ADMIN_MAX_CONNECTIONS,
+                "descriptor headroom");
+            if cap < configured {
+                tracing::warn!(soft_nofile = soft, max_connections = configured,
+                    effective_max_connections = cap,
+                    "limits.max_connections lowered to leave a quarter of RLIMIT_NOFILE free; raise `ulimit -n` to allow more");
+            }
+        }
+        None => tracing::info!(
+            max_connections = configured,
+            "descriptor limit unknown (no /proc/self/limits); connection cap as configured"
+        ),
+    }
+}
+
+/// Accepts connections until `stop`, then drains them for at most `grace`;
+/// see [`connections`] for what happens to each.
 async fn serve(
     listener: TcpListener,
     router: Router,
-    header_timeout: Duration,
+    how: Listening,
     mut stop: watch::Receiver<bool>,
-    grace: Duration,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+        .header_read_timeout(how.header_timeout);
+    let builder = Arc::new(builder);
+    let mut backoff = connections::AcceptBackoff::default();
+    let mut errors = connections::AcceptErrorLog::default();
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((s, _)) => s,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let service = TowerToHyperService::new(router.clone());
-                let conn = builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
-            }
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             _ = stop.changed() => break,
-        }
+        };
+        let stream = match accepted {
+            Ok((s, _)) => {
+                backoff.reset();
+                s
+            }
+            Err(e) => {
+                // EMFILE and friends: count, say it once per window, back off
+                // instead of retrying (and logging) in a tight loop.
+                how.metrics.accept_errors.fetch_add(1, Ordering::Relaxed);
+                if let Some(suppressed) = errors.admit(std::time::Instant::now()) {
+                    tracing::warn!(error = %e, suppressed_since_last = suppressed,
+                        open = how.metrics.open.load(Ordering::Relaxed),
+                        "accept failed (counted in kvroute_accept_errors_total)");
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(backoff.next()) => {}
+                    _ = stop.changed() => break,
+                }
+                continue;
+            }
+        };
+        let accepted_at = tokio::time::Instant::now();
+        let Some(permit) = how.admission.admit(&how.metrics).await else {
+            how.admission.refuse(stream, &how.metrics);
+            continue;
+        };
+        how.metrics.accepted.fetch_add(1, Ordering::Relaxed);
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let builder = Arc::clone(&builder);
+        let shed = how.admission.register_silent();
+        let metrics = Arc::clone(&how.metrics);
+        let watcher = graceful.watcher();
+        let mut stop = stop.clone();
+        let deadline = accepted_at + how.first_byte_timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _open = OpenGuard::new(&metrics);
+            match connections::first_byte(&stream, shed, deadline, &mut stop).await {
+                connections::Prelude::Spoke => {}
+                connections::Prelude::TimedOut => {
+                    metrics.first_byte_timeouts.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                connections::Prelude::Closed => return,
+            }
+            let io = connections::PrefaceDeadline::new(stream, deadline, Arc::clone(&metrics));
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(io), service)
+                .into_owned();
+            if let Err(e) = watcher.watch(conn).await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown())
+    if tokio::time::timeout(how.grace, graceful.shutdown())
         .await
         .is_err()
     {
         tracing::warn!("shutdown grace period over; closing remaining connections");
+    }
+}
+
+/// Keeps the open-connections gauge while a connection task lives.
+struct OpenGuard(Arc<connections::ConnectionMetrics>);
+
+impl OpenGuard {
+    fn new(metrics: &Arc<connections::ConnectionMetrics>) -> Self {
+        metrics.open.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(metrics))
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

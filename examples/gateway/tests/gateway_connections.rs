@@ -1,0 +1,248 @@
+//! Connection hygiene of `kvroute serve` (issue 15, attacks 6 and 7), over real
+//! sockets on 127.0.0.1 in front of an in-test echo upstream:
+//!
+//! - connections that never send a byte, or stop inside the HTTP/2 preface, are
+//!   closed after `limits.first_byte_timeout_ms` and counted;
+//! - at `limits.max_connections` a new connection sheds the oldest silent one,
+//!   so a normal request succeeds while an attacker holds silent connections;
+//!   when every open connection has spoken, a new one gets `503` and is
+//!   counted; once connections close, normal requests succeed again;
+//! - the descriptor headroom is logged at start.
+
+mod gateway_support;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use gateway_support::*;
+
+/// A round-robin rule over the echo upstream (no KV events involved).
+fn config(echo: SocketAddr, limits: &str) -> String {
+    format!(
+        "{}[[rules]]\nname = \"rr\"\nmodels = [\"m\"]\ndefault = true\nchoice = \"round_robin\"\n\
+         [[rules.endpoints]]\nurl = \"http://{echo}\"\n",
+        config_head(&format!("[limits]\n{limits}\n[health]\ninterval_ms = 0\n")),
+    )
+}
+
+/// One request on a fresh connection (no pooling: the connection closes after).
+async fn normal_request(gw: &Gateway) -> u16 {
+    let client = reqwest::Client::builder()
+        .timeout(WAIT)
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    client
+        .post(gw.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .body(r#"{"model": "m", "prompt": "hello", "max_tokens": 1}"#)
+        .send()
+        .await
+        .map_or_else(
+            |e| {
+                println!("CONN normal request failed: {e:?}");
+                0
+            },
+            |r| r.status().as_u16(),
+        )
+}
+
+async fn metric(gw: &Gateway, line_prefix: &str) -> u64 {
+    let text = client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {line_prefix:?} in /metrics:\n{text}"))
+}
+
+/// Whether the server closed `s` (EOF or reset) within `within`.
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Sends one keep-alive request on a raw connection and reads the response
+/// (headers + `content-length` body); the connection stays open.
+fn raw_request(s: &mut TcpStream, path: &str) -> String {
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: keep-alive\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = String::from_utf8_lossy(&response).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if response.len() >= end + 4 + len {
+                return text;
+            }
+        }
+        assert!(Instant::now() < deadline, "no full response: {text:?}");
+        match s.read(&mut buf) {
+            Ok(0) => return text,
+            Ok(n) => response.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("reading the response: {e}; so far {text:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed_after_the_first_byte_timeout() {
+    let echo = echo_upstream().await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let gw = Gateway::start_logged(
+        &config(echo, "first_byte_timeout_ms = 500\n"),
+        "info",
+        log.reopen().unwrap(),
+    );
+    assert_eq!(normal_request(&gw).await, 200);
+    let proxy = gw.proxy;
+    let held = tokio::task::spawn_blocking(move || {
+        let mut held: Vec<TcpStream> = (0..200)
+            .map(|_| TcpStream::connect(proxy).unwrap())
+            .collect();
+        // Stalls inside the HTTP/2 preface: bytes arrived, protocol unknown.
+        for prefix in [&b"P"[..], b"PRI * HTTP/2.0\r\n"] {
+            let mut s = TcpStream::connect(proxy).unwrap();
+            s.write_all(prefix).unwrap();
+            held.push(s);
+        }
+        let started = Instant::now();
+        let open: Vec<usize> = held
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| (!closed_within(s, Duration::from_secs(10))).then_some(i))
+            .collect();
+        (open, started.elapsed())
+    });
+    let (still_open, took) = held.await.unwrap();
+    println!("CONN 202 silent/stalled connections closed within {took:?}");
+    assert!(
+        still_open.is_empty(),
+        "connections {still_open:?} (of 200 silent + 2 preface stalls) still open 10 s after a 500 ms first-byte timeout"
+    );
+    assert_eq!(
+        metric(
+            &gw,
+            "kvroute_connections_first_byte_timeouts_total{listener=\"proxy\"}"
+        )
+        .await,
+        202
+    );
+    // The gateway keeps serving.
+    assert_eq!(normal_request(&gw).await, 200);
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("descriptor headroom"))
+        .unwrap_or_else(|| panic!("no descriptor headroom line in the log:\n{text}"));
+    assert!(
+        line.contains("soft_nofile") && line.contains("effective_max_connections"),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_connection_cap_silent_connections_are_shed_and_talkers_refused() {
+    const CAP: usize = 20;
+    let echo = echo_upstream().await;
+    let gw = Gateway::start(&config(
+        echo,
+        &format!(
+            "max_connections = {CAP}\nfirst_byte_timeout_ms = 60000\nheader_read_timeout_ms = 60000\n"
+        ),
+    ));
+    let open_gauge = "kvroute_connections_open{listener=\"proxy\"}";
+    let proxy = gw.proxy;
+
+    // An attacker fills the cap with silent connections.
+    let mut silent: Vec<TcpStream> = (0..CAP)
+        .map(|_| TcpStream::connect(proxy).unwrap())
+        .collect();
+    eventually("the silent connections accepted", || async {
+        (metric(&gw, open_gauge).await == CAP as u64).then_some(())
+    })
+    .await;
+    // A normal request still succeeds: the oldest silent connection is shed.
+    assert_eq!(normal_request(&gw).await, 200);
+    assert_eq!(
+        metric(&gw, "kvroute_connections_shed_total{listener=\"proxy\"}").await,
+        1
+    );
+    let oldest = silent.remove(0);
+    let mut oldest = oldest;
+    assert!(
+        tokio::task::spawn_blocking(move || closed_within(&mut oldest, Duration::from_secs(10)))
+            .await
+            .unwrap(),
+        "the oldest silent connection was shed"
+    );
+    drop(silent);
+    eventually("the silent connections gone", || async {
+        (metric(&gw, open_gauge).await == 0).then_some(())
+    })
+    .await;
+
+    // Clients that have spoken are never shed: with CAP of them open, a new
+    // connection is refused with a 503.
+    let refused = tokio::task::spawn_blocking(move || {
+        let talkers: Vec<TcpStream> = (0..CAP)
+            .map(|_| {
+                let mut s = TcpStream::connect(proxy).unwrap();
+                let r = raw_request(&mut s, "/v1/models");
+                assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+                s
+            })
+            .collect();
+        let mut extra = TcpStream::connect(proxy).unwrap();
+        let answer = raw_request(&mut extra, "/v1/models");
+        (talkers, answer)
+    });
+    let (talkers, answer) = refused.await.unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 503") && answer.contains("connection limit reached"),
+        "{answer}"
+    );
+    assert_eq!(
+        metric(&gw, "kvroute_connections_refused_total{listener=\"proxy\"}").await,
+        1
+    );
+    // The admin API has its own cap: still reachable.
+    assert_eq!(metric(&gw, open_gauge).await, CAP as u64);
+    // Once they leave, normal requests succeed again.
+    drop(talkers);
+    eventually("the talkers gone", || async {
+        (metric(&gw, open_gauge).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(normal_request(&gw).await, 200);
+}
