@@ -45,6 +45,10 @@ torch, replaced by the smallest equivalent):
   `tokenizer.json` (`add_special_tokens=False` for chat). `--selfcheck-chat`
   compares this rendering and the ids with `golden/chat/qwen3_cases.json`
   (produced by vLLM's own renderer) for every plain-text chat case;
+* P/D: a body with `kv_transfer_params.do_remote_decode` gets the
+  `kv_transfer_params` vLLM's NixlConnector answers with (its blocks are freed at
+  once, not held until the decode side reads them); one with `do_remote_prefill`
+  reports the whole prompt as cached (the external tokens vLLM counts);
 * debug endpoints: `GET /debug/cached_blocks` (the 64-bit event keys of every
   hash in the pool's `cached_block_hash_to_block`, via vLLM's
   `maybe_convert_block_hash`), `GET /debug/stats`.
@@ -83,7 +87,7 @@ REPLY_WORDS = " The quick brown fox jumps over the lazy dog while seven wizards 
 class StandinRequest:
     """What `BlockPool` and the block hasher read from `vllm.v1.request.Request`."""
 
-    def __init__(self, request_id, prompt_token_ids, max_tokens, block_hasher, cache_salt=None):
+    def __init__(self, request_id, prompt_token_ids, max_tokens, block_hasher, cache_salt=None, remote_prefill=False):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
@@ -103,6 +107,8 @@ class StandinRequest:
         # Scheduler state (ours).
         self.blocks: list = []
         self.num_cached_tokens = 0
+        self.remote_prefill = remote_prefill
+        self.block_ids: list[int] = []
         self.reserved_blocks = 0
         self.done = False
         self.out: deque = deque()
@@ -201,6 +207,11 @@ class Engine:
         req.reserved_blocks = need_total - need_now
         self.reserved += req.reserved_blocks
         req.num_cached_tokens = len(computed) * bs
+        if req.remote_prefill:
+            # The prompt's KV arrived from the prefill instance: vLLM counts
+            # those external tokens as computed (and cached) too.
+            req.num_cached_tokens = req.num_prompt_tokens
+        req.block_ids = [b.block_id for b in req.blocks]
         num_full = req.num_tokens // bs
         self.pool.cache_full_blocks(
             request=req,
@@ -276,7 +287,7 @@ class Engine:
                     if not self._admit(req):
                         break
                     self.waiting.popleft()
-                    prefill_tokens += req.num_tokens - req.num_cached_tokens
+                    prefill_tokens += max(0, req.num_tokens - req.num_cached_tokens)
                     self.running.append(req)
                 still = []
                 for req in self.running:
@@ -533,13 +544,18 @@ def make_handler(engine: Engine, frontend: Frontend, model: str):
                     f"of {engine.capacity_tokens()} tokens",
                 )
                 return
+            params = body.get("kv_transfer_params") or {}
+            if not isinstance(params, dict):
+                params = {}
             req = StandinRequest(
                 request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 prompt_token_ids=ids,
                 max_tokens=max_tokens,
                 block_hasher=engine.hasher,
                 cache_salt=body.get("cache_salt"),
+                remote_prefill=bool(params.get("do_remote_prefill")) and engine.args.role != "prefill",
             )
+            req.remote_decode = bool(params.get("do_remote_decode")) and engine.args.role != "decode"
             engine.submit(req)
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -576,17 +592,27 @@ def make_handler(engine: Engine, frontend: Frontend, model: str):
             else:
                 choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
                 obj = "text_completion"
-            self._json(
-                200,
-                {
-                    "id": req.request_id,
-                    "object": obj,
-                    "created": created,
-                    "model": model,
-                    "choices": [choice],
-                    "usage": usage(req),
-                },
-            )
+            answer = {
+                "id": req.request_id,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": usage(req),
+            }
+            if req.remote_decode:
+                # What vLLM's NixlConnector hands back for the decode instance.
+                answer["kv_transfer_params"] = {
+                    "do_remote_prefill": True,
+                    "do_remote_decode": False,
+                    "remote_block_ids": req.block_ids,
+                    "remote_engine_id": f"standin-{self.server.server_address[1]}",
+                    "remote_request_id": req.request_id,
+                    "remote_host": "127.0.0.1",
+                    "remote_port": self.server.server_address[1],
+                    "tp_size": 1,
+                }
+            self._json(200, answer)
 
         def _chunk(self, payload: str) -> None:
             data = payload.encode()
@@ -648,6 +674,8 @@ def main() -> int:
     ap.add_argument("--buffer-steps", type=int, default=10_000, help="replay buffer (vLLM's default 10000)")
     ap.add_argument("--step-ms", type=float, default=1.0, help="time per engine step")
     ap.add_argument("--prefill-us-per-token", type=float, default=0.0, help="extra delay per uncached prompt token")
+    ap.add_argument("--role", default="both", choices=["both", "prefill", "decode"],
+                    help="P/D role (as a NixlConnector kv_producer / kv_consumer / kv_both)")
     ap.add_argument("--selfcheck-chat", action="store_true", help="check chat rendering against golden/chat and exit")
     args = ap.parse_args()
 

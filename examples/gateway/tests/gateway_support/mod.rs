@@ -408,3 +408,344 @@ pub fn closed_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
 }
+
+// ---------------------------------------------------------------------------------------
+// vLLM engine stand-ins (tests/python/vllm_standin.py): vLLM 0.33.0's own BlockPool,
+// block hasher and ZmqEventPublisher behind an OpenAI server, run from the repo's
+// `.venv` that `scripts/python-env.sh` creates.
+
+/// The venv interpreter; fails (never skips) when the venv or vLLM is missing.
+pub fn venv_python() -> PathBuf {
+    let py = repo().join(".venv/bin/python");
+    let ok = py.exists()
+        && Command::new(&py)
+            .args([
+                "-c",
+                "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('vllm', 'zmq', 'msgspec', 'cbor2', 'pydantic', 'tokenizers', 'jinja2')))",
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "{} with vllm==0.33.0 and its light dependencies is missing: run scripts/python-env.sh",
+        py.display()
+    );
+    py
+}
+
+/// How one stand-in runs.
+#[derive(Clone, Debug)]
+pub struct StandinOpts {
+    /// `--hash`: `sha256_cbor` or vLLM's default `sha256`.
+    pub hash: &'static str,
+    /// `PYTHONHASHSEED` (None = unset).
+    pub seed: Option<&'static str>,
+    /// KV capacity in blocks (including vLLM's null block).
+    pub num_blocks: u32,
+    /// Replay buffer, in steps.
+    pub buffer_steps: u32,
+    /// `both`, `prefill` or `decode`.
+    pub role: &'static str,
+    pub step_ms: f64,
+    pub prefill_us_per_token: f64,
+}
+
+impl Default for StandinOpts {
+    fn default() -> Self {
+        Self {
+            hash: "sha256_cbor",
+            seed: Some("0"),
+            num_blocks: 256,
+            buffer_steps: 10_000,
+            role: "both",
+            step_ms: 1.0,
+            prefill_us_per_token: 0.0,
+        }
+    }
+}
+
+/// A running stand-in, killed on drop.
+pub struct Standin {
+    child: Child,
+    pub http: SocketAddr,
+    pub zmq: u16,
+    pub replay: u16,
+    pub opts: StandinOpts,
+}
+
+impl Drop for Standin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Standin {
+    pub fn start(opts: StandinOpts) -> Self {
+        Self::start_on(opts, (0, 0, 0))
+    }
+
+    /// `ports` = (http, zmq, replay), 0 = chosen by the stand-in.
+    pub fn start_on(opts: StandinOpts, ports: (u16, u16, u16)) -> Self {
+        let py = venv_python();
+        let mut cmd = Command::new(py);
+        cmd.arg(repo().join("tests/python/vllm_standin.py"))
+            .args(["--port", &ports.0.to_string()])
+            .args(["--zmq-port", &ports.1.to_string()])
+            .args(["--replay-port", &ports.2.to_string()])
+            .args(["--model", MODEL, "--model-dir"])
+            .arg(model_dir())
+            .args(["--hash", opts.hash])
+            .args(["--num-blocks", &opts.num_blocks.to_string()])
+            .args(["--buffer-steps", &opts.buffer_steps.to_string()])
+            .args(["--role", opts.role])
+            .args(["--step-ms", &opts.step_ms.to_string()])
+            .args([
+                "--prefill-us-per-token",
+                &opts.prefill_us_per_token.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(if std::env::var_os("KVROUTE_TEST_STDERR").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
+        match opts.seed {
+            Some(s) => cmd.env("PYTHONHASHSEED", s),
+            None => cmd.env_remove("PYTHONHASHSEED"),
+        };
+        let mut child = cmd.spawn().expect("spawn vllm_standin.py");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + WAIT;
+        let line = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) if l.starts_with("vllm-standin: http=") => break l,
+                Ok(_) => {}
+                Err(_) => {
+                    let status = child.try_wait().ok().flatten();
+                    panic!("vllm_standin.py printed no start line within {WAIT:?} (exit: {status:?}; KVROUTE_TEST_STDERR=1 shows its stderr)")
+                }
+            }
+        };
+        let field = |key: &str| -> String {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+                .to_owned()
+        };
+        Self {
+            http: field("http=").parse().unwrap(),
+            zmq: field("zmq=").parse().unwrap(),
+            replay: field("replay=").parse().unwrap(),
+            child,
+            opts,
+        }
+    }
+
+    /// Kills the process (SIGKILL): the engine is gone, its cache with it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Kills the process and starts a fresh one on the same ports (an engine restart).
+    pub fn restart(&mut self) {
+        self.kill();
+        let fresh = Self::start_on(self.opts.clone(), (self.http.port(), self.zmq, self.replay));
+        *self = fresh;
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    /// A `[[rules.endpoints]]` table subscribing to this engine's events; `zmq`
+    /// and `replay` are the engine's own `--kv-events-config` endpoints.
+    pub fn endpoint_toml(&self, role: &str) -> String {
+        format!(
+            "[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"{role}\"\nengine = \"vllm\"\nzmq = \"tcp://*:{}\"\nreplay = \"tcp://127.0.0.1:{}\"\n\n",
+            self.http, self.zmq, self.replay
+        )
+    }
+
+    /// The 64-bit event keys the engine's `BlockPool` holds.
+    pub async fn cached_keys(&self) -> Vec<u64> {
+        let v = get_json(&self.url("/debug/cached_blocks"), None).await;
+        v["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_u64().unwrap())
+            .collect()
+    }
+
+    /// The engine's own counters (`/debug/stats`).
+    pub async fn stats(&self) -> Value {
+        get_json(&self.url("/debug/stats"), None).await
+    }
+}
+
+/// Runs `vllm_standin.py --selfcheck-chat`: its chat rendering and token ids must
+/// equal vLLM's own renderer's (golden/chat/qwen3_cases.json).
+pub fn standin_selfcheck() {
+    let out = Command::new(venv_python())
+        .arg(repo().join("tests/python/vllm_standin.py"))
+        .arg("--selfcheck-chat")
+        .output()
+        .expect("run vllm_standin.py --selfcheck-chat");
+    assert!(
+        out.status.success(),
+        "stand-in chat self-check failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A deterministic multi-turn chat workload: `sessions` conversations of
+/// `turns` turns, each opening with one of `systems` shared system prompts.
+pub struct ChatWorkload {
+    pub sessions: usize,
+    pub turns: usize,
+    pub systems: usize,
+    pub user_words: usize,
+    pub max_tokens: u32,
+    /// Conversations in flight at once (turns of one conversation are sequential).
+    pub concurrency: usize,
+}
+
+/// What the engines reported for a workload run (their own `usage`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WorkloadResult {
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+impl WorkloadResult {
+    pub fn cached_fraction(&self) -> f64 {
+        self.cached_tokens as f64 / self.prompt_tokens.max(1) as f64
+    }
+}
+
+impl ChatWorkload {
+    fn system_prompt(i: usize) -> String {
+        let mut s =
+            format!("You are assistant {i} of the kvroute interop fleet. Follow these rules.");
+        for k in 0..20 {
+            s.push_str(&format!(
+                " Rule {k} for desk {i}: answer briefly and cite source {}.",
+                k * 7 + i
+            ));
+        }
+        s
+    }
+
+    fn user_message(session: usize, turn: usize, words: usize) -> String {
+        let mut s = format!("Session {session} turn {turn} question:");
+        // A small LCG so the words differ between sessions without a rand dependency.
+        let mut x = (session as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (turn as u64 + 7).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        for _ in 0..words {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            s.push_str(&format!(" w{}", (x >> 40) % 5000));
+        }
+        s
+    }
+
+    /// Runs the workload against `base` (`http://host:port`), POSTing
+    /// `/v1/chat/completions`; every answer must be 200.
+    pub async fn run(&self, base: &str) -> WorkloadResult {
+        let client = client();
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..self.concurrency.max(1) {
+            let client = client.clone();
+            let next = next.clone();
+            let base = base.to_owned();
+            let (sessions, turns, systems, words, max_tokens) = (
+                self.sessions,
+                self.turns,
+                self.systems,
+                self.user_words,
+                self.max_tokens,
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut r = WorkloadResult::default();
+                loop {
+                    let s = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if s >= sessions {
+                        return r;
+                    }
+                    let mut messages = vec![serde_json::json!({
+                        "role": "system", "content": Self::system_prompt(s % systems.max(1))
+                    })];
+                    for t in 0..turns {
+                        messages.push(serde_json::json!({
+                            "role": "user", "content": Self::user_message(s, t, words)
+                        }));
+                        let body = serde_json::json!({
+                            "model": MODEL, "messages": messages, "max_tokens": max_tokens
+                        });
+                        let resp = client
+                            .post(format!("{base}/v1/chat/completions"))
+                            .json(&body)
+                            .send()
+                            .await
+                            .unwrap();
+                        let status = resp.status().as_u16();
+                        let v: Value = resp.json().await.unwrap_or(Value::Null);
+                        assert_eq!(status, 200, "session {s} turn {t}: {v}");
+                        r.requests += 1;
+                        r.prompt_tokens += v["usage"]["prompt_tokens"].as_u64().unwrap();
+                        r.cached_tokens += cached_tokens(&v);
+                        let reply = v["choices"][0]["message"]["content"]
+                            .as_str()
+                            .unwrap()
+                            .to_owned();
+                        messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+                    }
+                }
+            }));
+        }
+        let mut total = WorkloadResult::default();
+        for t in tasks {
+            let r = t.await.unwrap();
+            total.requests += r.requests;
+            total.prompt_tokens += r.prompt_tokens;
+            total.cached_tokens += r.cached_tokens;
+        }
+        total
+    }
+}
+
+/// Waits until every endpoint's inventory holds as many blocks as its engine's
+/// `BlockPool` (events settled); returns (inventory, engine) block counts.
+pub async fn wait_inventories_match(gw: &Gateway, engines: &[&Standin]) -> Vec<(u64, u64)> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let inv = inventory(gw).await;
+        let mut pairs = Vec::new();
+        for (i, e) in engines.iter().enumerate() {
+            pairs.push((inv[i], e.cached_keys().await.len() as u64));
+        }
+        if pairs.iter().all(|(a, b)| a == b) {
+            return pairs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "inventories never matched the engines' caches (inventory, engine): {pairs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
