@@ -24,7 +24,14 @@ const POISON: u64 = u64::MAX - 1;
 fn publisher(port: u16, replay_port: Option<u16>, script: &str) -> Peer {
     let endpoint = format!("tcp://127.0.0.1:{port}");
     let replay = replay_port.map(|p| format!("tcp://127.0.0.1:{p}"));
-    let mut args = vec!["--engine", "vllm", "--socket", "xpub", "--endpoint", &endpoint];
+    let mut args = vec![
+        "--engine",
+        "vllm",
+        "--socket",
+        "xpub",
+        "--endpoint",
+        &endpoint,
+    ];
     if let Some(r) = &replay {
         args.extend(["--replay-endpoint", r]);
     }

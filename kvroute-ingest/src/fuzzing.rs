@@ -450,10 +450,10 @@ pub fn seq_window(data: &[u8]) {
                     (10, Some(previous)) => previous.clone(),
                     _ => {
                         let seq = match choice {
-                            0..=4 => prev.map_or(0, |p| p + 1),
+                            0..=4 => prev.map_or(0, |p| p.saturating_add(1)),
                             5 => base,
-                            6 => base + 2 + u64::from(b.byte() % 8),
-                            7 => base + 9 + u64::from(b.byte()),
+                            6 => base.saturating_add(2 + u64::from(b.byte() % 8)),
+                            7 => base.saturating_add(9 + u64::from(b.byte())),
                             8 => base.saturating_sub(1 + u64::from(b.byte() % 12)),
                             // u64 extremes (a forged or corrupted number) and the
                             // successor of a previous one (a confirmed jump).

@@ -21,10 +21,11 @@
 //!   through the parent's internal key, and keeps engine key → (internal key,
 //!   outstanding stores) so `BlockRemoved` and tier moves still work. A stored
 //!   event whose parent is unknown, or whose blocks lack tokens, cannot be
-//!   re-keyed; it is counted and skipped. The map is bounded
-//!   ([`IngestConfig::max_rekey_entries`]): entries whose internal key left the
-//!   index are dropped first, and a store that would still exceed the bound is
-//!   skipped and counted ([`IngestCounters::rekey_map_full`]).
+//!   re-keyed; it is counted and skipped. The map is bounded by the endpoint's
+//!   capacity (see [`IngestConfig::max_rekey_entries`]): entries whose internal
+//!   key left the index are dropped first; a map still full of live entries
+//!   (many engine keys per internal key: a broken or hostile publisher) resets
+//!   the endpoint, counted in [`IngestCounters::rekey_map_full`].
 //! * **Completeness.** Each stream's window counts the batches of the engine's
 //!   current process the inventory is known to lack
 //!   ([`crate::seq::SeqWindow::missing_batches`]); an endpoint is
@@ -103,13 +104,15 @@ pub struct IngestConfig {
     /// still applied but counted in [`IngestCounters::block_size_mismatches`],
     /// logged as errors and reported as a contract mismatch. `None`: unchecked.
     pub expected_block_size: Option<u32>,
-    /// Most entries of the re-key map (engine key → internal key). The default,
-    /// [`DEFAULT_REKEY_ENTRIES`], is twice the index's default capacity per tier.
+    /// Most entries of the re-key map (engine key → internal key), at least: the
+    /// map may also hold as many entries as the endpoint's inventory can hold
+    /// keys over all tiers (a correct publisher needs one per key), plus 1024.
     pub max_rekey_entries: usize,
 }
 
-/// Default [`IngestConfig::max_rekey_entries`]: 2^21 (≈ 40 MiB at most).
-pub const DEFAULT_REKEY_ENTRIES: usize = 1 << 21;
+/// Default [`IngestConfig::max_rekey_entries`]: 2^16 (the bound then follows the
+/// index's capacity for the endpoint).
+pub const DEFAULT_REKEY_ENTRIES: usize = 1 << 16;
 
 impl Default for IngestConfig {
     fn default() -> Self {
@@ -186,7 +189,8 @@ pub struct IngestCounters {
     pub block_size_mismatches: u64,
     /// Index writes.
     pub writes: WriteStats,
-    /// Re-key: blocks skipped because the re-key map was full.
+    /// Re-key: endpoint resets because the re-key map was full of live entries
+    /// (more engine keys than the inventory can hold keys).
     pub rekey_map_full: u64,
     /// Replays that failed or timed out (no end marker).
     pub replays_incomplete: u64,
@@ -222,6 +226,10 @@ impl Outcome {
 
 struct Rekeying {
     rekeyer: Arc<dyn BlockRekeyer>,
+    /// Most map entries: the larger of [`IngestConfig::max_rekey_entries`] and
+    /// the keys the endpoint's inventory can hold (one engine key per internal
+    /// key), refreshed when the map fills.
+    limit: usize,
     /// Engine key → (internal key, stores not yet removed).
     map: KeyMap<(u64, u32)>,
     evicted_since_compact: u64,
@@ -272,6 +280,7 @@ impl EndpointIngest {
             KeyMode::Engine => None,
             KeyMode::Rekey(rekeyer) => Some(Rekeying {
                 rekeyer,
+                limit: config.max_rekey_entries,
                 map: KeyMap::default(),
                 evicted_since_compact: 0,
             }),
@@ -779,15 +788,38 @@ impl EndpointIngest {
             .checked_div(bs)
             .map_or(0, |blocks| s.keys.len().min(blocks));
         self.counters.rekey_untokenized_blocks += (s.keys.len() - full) as u64;
-        if r.map.len().saturating_add(full) > self.config.max_rekey_entries {
+        let mut reset = WriteStats::default();
+        if r.map.len().saturating_add(full) > r.limit {
+            let held: u64 = Medium::ALL
+                .iter()
+                .map(|m| index.capacity(self.endpoint, *m).unwrap_or(0))
+                .sum();
+            let held = usize::try_from(held).unwrap_or(usize::MAX);
+            r.limit = self.config.max_rekey_entries.max(held.saturating_add(1024));
+        }
+        if r.map.len().saturating_add(full) > r.limit {
             // Only evictions leave stale entries behind (removes drop theirs):
             // without one since the last compaction, another would free nothing.
             if r.evicted_since_compact > 0 {
                 compact_rekey_map(r, self.endpoint, index);
             }
-            if r.map.len().saturating_add(full) > self.config.max_rekey_entries {
-                self.counters.rekey_map_full += s.keys.len() as u64;
-                return Ok(WriteStats::default());
+            if r.map.len().saturating_add(full) > r.limit {
+                // More engine keys than the inventory can hold keys: only many
+                // engine keys per internal key get here (a hostile or broken
+                // publisher). Start the endpoint over rather than freeze it.
+                self.counters.rekey_map_full += 1;
+                r.map = KeyMap::default();
+                r.evicted_since_compact = 0;
+                tracing::warn!(
+                    endpoint = %self.name,
+                    limit = r.limit,
+                    "re-key map full of live entries: endpoint inventory reset"
+                );
+                self.counters.clears += 1;
+                for (_, w) in &mut self.streams {
+                    w.mark_lost();
+                }
+                reset = index.clear_endpoint(self.endpoint)?;
             }
         }
         self.scratch.clear();
@@ -803,11 +835,13 @@ impl EndpointIngest {
             entry.1 = entry.1.saturating_add(1);
         }
         let n = full.min(self.scratch.len());
-        index.store(
+        let mut writes = index.store(
             self.endpoint,
             s.medium,
             self.scratch.get(..n).unwrap_or_default(),
-        )
+        )?;
+        writes += reset;
+        Ok(writes)
     }
 
     fn remove(

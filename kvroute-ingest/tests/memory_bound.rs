@@ -109,9 +109,10 @@ fn flood(mode: &str) {
             for ingest in &ingests {
                 let own = ingest.memory_bytes();
                 peak_ingest = peak_ingest.max(own);
-                // Re-key map entries (24 B + control byte at load ≥ 7/16, one
-                // doubling) and the attestation links, plus scratch.
-                let bound = REKEY_ENTRIES * 128 + (1 << 16);
+                // Re-key map entries (24 B + control byte at load ≥ 7/16) up to
+                // its bound (the inventory's keys over all tiers + 1024), plus
+                // scratch.
+                let bound = (4 * CAPACITY + 1024).max(REKEY_ENTRIES) * 64 + (1 << 16);
                 assert!(
                     own <= bound,
                     "{mode}: ingest memory {own} B above {bound} B"
@@ -185,4 +186,48 @@ fn the_default_index_is_bounded() {
         .store(EndpointId(0), Medium::Gpu, &[BlockKey(1000)])
         .unwrap();
     assert_eq!(unbounded.inventory(EndpointId(0)).keys_by_medium[0], 40);
+}
+
+/// A publisher that stores the same tokens again and again under fresh engine
+/// keys (one internal key, ever more engine keys) cannot grow the re-key map
+/// past its bound: the endpoint is reset and counted instead.
+#[test]
+fn many_engine_keys_for_one_block_reset_instead_of_growing() {
+    let index = SharedIndex::new(
+        1,
+        IndexConfig {
+            capacity_per_endpoint: 256,
+            ..IndexConfig::default()
+        },
+    );
+    let config = IngestConfig {
+        max_rekey_entries: 512,
+        ..IngestConfig::default()
+    };
+    let mut ingest = EndpointIngest::new(
+        EndpointId(0),
+        config,
+        KeyMode::Rekey(Arc::new(XxhChainRekeyer { seed: 1337 })),
+    );
+    let mut rng = Lcg(7);
+    let mut peak = 0;
+    for seq in 0..20_000u64 {
+        let batch = EventBatch {
+            seq,
+            events: vec![KvEvent::Stored(BlockStored {
+                keys: vec![BlockKey(rng.next())],
+                token_ids: vec![1, 2, 3, 4],
+                block_size: 4,
+                ..BlockStored::default()
+            })],
+            ..EventBatch::default()
+        };
+        let _ = ingest.apply_batch(&batch, &index);
+        peak = peak.max(ingest.memory_bytes());
+    }
+    let resets = ingest.counters().rekey_map_full;
+    println!("re-key map under 20000 engine keys for one block: peak {peak} B, {resets} resets");
+    assert!(resets > 0);
+    // Bound: (4 tiers x 256 + 1024) entries.
+    assert!(peak <= (4 * 256 + 1024) * 64 + (1 << 16), "{peak}");
 }

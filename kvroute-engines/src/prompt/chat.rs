@@ -19,6 +19,25 @@ fn text_field(part_type: &str) -> Option<&'static str> {
     }
 }
 
+/// The non-text keys of vLLM 0.33's `MM_PARSER_MAP`
+/// (`renderers/chat_utils/chat_message.py`): parts vLLM accepts but this
+/// text-only path cannot render. Any other type is refused by vLLM itself
+/// (`parse_chat_message_content_part`, `:549-556`: "Unsupported chat content
+/// part type", a `VLLMValidationError` → HTTP 400).
+const MEDIA_PART_TYPES: &[&str] = &[
+    "input_image",
+    "image_url",
+    "image_embeds",
+    "audio_embeds",
+    "video_embeds",
+    "prompt_embeds",
+    "image_pil",
+    "audio_url",
+    "input_audio",
+    "video_url",
+    "tool_reference",
+];
+
 fn validation(msg: String) -> PromptMiss {
     PromptMiss::RequestValidation(msg)
 }
@@ -32,6 +51,12 @@ fn content_texts(content: Option<&PyValue>, idx: usize) -> Result<Vec<String>, P
         Some(PyValue::List(parts)) => {
             let mut out = Vec::with_capacity(parts.len());
             for (j, part) in parts.iter().enumerate() {
+                // A bare string part is text (`chat_message.py:458-462`; `str` is
+                // a member of `ChatCompletionContentPartParam`, types.py:279).
+                if let PyValue::Str(t) = part {
+                    out.push(t.clone());
+                    continue;
+                }
                 let p = part.as_dict().ok_or_else(|| {
                     validation(format!(
                         "messages[{idx}].content[{j}]: expected an object, got {}",
@@ -47,8 +72,13 @@ fn content_texts(content: Option<&PyValue>, idx: usize) -> Result<Vec<String>, P
                     }
                 };
                 let Some(key) = text_field(ty) else {
-                    return Err(PromptMiss::Unsupported(format!(
-                        "content part type {ty:?} (multimodal or unknown) on a text-only path"
+                    if MEDIA_PART_TYPES.contains(&ty) {
+                        return Err(PromptMiss::Unsupported(format!(
+                            "content part type {ty:?} (multimodal) on a text-only path"
+                        )));
+                    }
+                    return Err(PromptMiss::RenderValidation(format!(
+                        "messages[{idx}].content[{j}]: Unsupported chat content part type: {ty:?}"
                     )));
                 };
                 match p.get(key) {

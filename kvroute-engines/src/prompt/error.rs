@@ -85,4 +85,27 @@ impl PromptMiss {
             Self::PromptTooLong { .. } => "prompt_too_long",
         }
     }
+
+    /// True when the engine itself refuses the request with HTTP 400 (schema,
+    /// request rule, renderer, content part, template or input check): a
+    /// client error no routing choice changes, to be counted apart from
+    /// tokenizer failures and unsupported inputs.
+    ///
+    /// ```
+    /// use kvroute_engines::prompt::PromptMiss;
+    /// assert!(PromptMiss::RequestValidation("messages: field required".into()).is_request_error());
+    /// assert!(!PromptMiss::Unsupported("image_url".into()).is_request_error());
+    /// ```
+    #[must_use]
+    pub fn is_request_error(&self) -> bool {
+        matches!(
+            self,
+            Self::RequestValidation(_)
+                | Self::RequestRule(_)
+                | Self::RenderRule(_)
+                | Self::RenderValidation(_)
+                | Self::Template(_)
+                | Self::EngineInput(_)
+        )
+    }
 }

@@ -40,7 +40,7 @@ pub mod template;
 pub mod tokenizer;
 
 pub use error::PromptMiss;
-pub use request::{Endpoint, TruncationSide};
+pub use request::{Dialect, Endpoint, TruncationSide};
 pub use tokenizer::{ModelOptions, ModelTokenizer, TokenizerPool};
 
 use pyvalue::PyValue;
@@ -173,7 +173,20 @@ pub fn prompt_tokens_limited(
     body: &PyValue,
     limits: PromptLimits,
 ) -> Result<PromptTokens, PromptMiss> {
-    let req = request::extract(endpoint, body)?;
+    prompt_tokens_as(tok, endpoint, body, limits, request::Dialect::Vllm)
+}
+
+/// [`prompt_tokens_limited`] with `dialect`'s request validators where the
+/// engines differ (e.g. SGLang takes an empty `cache_salt` as none, vLLM
+/// refuses it): use the rule's engine.
+pub fn prompt_tokens_as(
+    tok: &ModelTokenizer,
+    endpoint: Endpoint,
+    body: &PyValue,
+    limits: PromptLimits,
+    dialect: request::Dialect,
+) -> Result<PromptTokens, PromptMiss> {
+    let req = request::extract_as(endpoint, body, dialect)?;
     let common = req.common().clone();
     let mut truncated = false;
     let engine_prompts = match &req {

@@ -191,15 +191,54 @@ fn opt_string(d: &PyDict, name: &str) -> Result<Option<String>, PromptMiss> {
     }
 }
 
-/// `cache_salt` as vLLM validates it: absent or `null` → none; a string must
-/// be non-empty; anything else is refused (never silently dropped: the salt
-/// changes block 0's key, so routing without it would predict wrong hits).
-fn cache_salt(d: &PyDict) -> Result<Option<String>, PromptMiss> {
-    match opt_string(d, "cache_salt")? {
-        Some(s) if s.is_empty() => Err(PromptMiss::RequestValidation(
-            "cache_salt: must be a non-empty string if provided".into(),
-        )),
-        salt => Ok(salt),
+/// Whose request validators apply where the engines differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Dialect {
+    /// vLLM 0.33 (the reference of this module).
+    #[default]
+    Vllm,
+    /// SGLang 0.5.x: the same OpenAI schema, but `cache_salt` is normalised, not
+    /// validated.
+    Sglang,
+}
+
+/// Longest `cache_salt` vLLM accepts (`_MAX_CACHE_SALT_LENGTH`).
+const MAX_CACHE_SALT_CHARS: usize = 128;
+
+/// `cache_salt` as the engine validates it; never silently dropped when the
+/// engine would use it (the salt changes block 0's key, so routing without it
+/// would predict wrong hits).
+///
+/// * vLLM 0.33 (`entrypoints/generate/base/protocol.py:42-56`, run by a
+///   `model_validator(mode="before")` of both requests,
+///   `chat_completion/protocol.py:568-574`): `None` passes; anything that is
+///   not a non-empty string of at most 128 characters without `@`, `/`, `\`
+///   or NUL raises `VLLMValidationError` → 400 (`request_rule`, before any field
+///   type check).
+/// * SGLang 0.5.23: `GenerateReqInput._normalize_cache_salt` turns a string into
+///   `value or None` (`managers/io_struct.py:873-875`) and `RadixKey` keeps
+///   `cache_salt or None` (`mem_cache/radix_cache.py:77`): an empty salt is no
+///   salt, the blocks are the unsalted ones.
+fn cache_salt(d: &PyDict, dialect: Dialect) -> Result<Option<String>, PromptMiss> {
+    let rule = |msg: &str| PromptMiss::RequestRule(format!("cache_salt: {msg}"));
+    match (dialect, field(d, "cache_salt")) {
+        (_, None) => Ok(None),
+        (Dialect::Sglang, Some(PyValue::Str(s))) => Ok((!s.is_empty()).then(|| s.clone())),
+        (Dialect::Sglang, Some(other)) => Err(invalid("cache_salt", "a string", other)),
+        (Dialect::Vllm, Some(PyValue::Str(s))) if s.is_empty() => {
+            Err(rule("must be a non-empty string if provided"))
+        }
+        (Dialect::Vllm, Some(PyValue::Str(s))) => {
+            if s.chars().count() > MAX_CACHE_SALT_CHARS
+                || s.chars().any(|c| matches!(c, '@' | '/' | '\\' | '\0'))
+            {
+                return Err(rule(
+                    "must be at most 128 characters and must not contain '@', '/', '\\', or NUL",
+                ));
+            }
+            Ok(Some(s.clone()))
+        }
+        (Dialect::Vllm, Some(_)) => Err(rule("must be a non-empty string if provided")),
     }
 }
 
@@ -207,6 +246,7 @@ fn common_fields(
     d: &PyDict,
     model: &str,
     add_special_default: bool,
+    dialect: Dialect,
 ) -> Result<CommonFields, PromptMiss> {
     let truncate_prompt_tokens = opt_int(d, "truncate_prompt_tokens")?;
     if let Some(n) = truncate_prompt_tokens {
@@ -225,7 +265,7 @@ fn common_fields(
             )))
         }
     };
-    let cache_salt = cache_salt(d)?;
+    let cache_salt = cache_salt(d, dialect)?;
     let max_tokens = match opt_int(d, "max_completion_tokens")? {
         Some(n) => Some(n),
         None => opt_int(d, "max_tokens")?,
@@ -252,6 +292,20 @@ fn common_fields(
 /// assert!(req.common.add_special_tokens);
 /// ```
 pub fn extract(endpoint: Endpoint, body: &PyValue) -> Result<OpenAiRequest, PromptMiss> {
+    extract_as(endpoint, body, Dialect::Vllm)
+}
+
+/// [`extract`] with `dialect`'s validators where the engines differ.
+///
+/// A body of the other endpoint's shape is a schema error, as in the engine
+/// (a completions body on the chat route lacks the required `messages`,
+/// `chat_completion/protocol.py:238`; a chat body on the completions route
+/// lacks `prompt`), never guessed from the body.
+pub fn extract_as(
+    endpoint: Endpoint,
+    body: &PyValue,
+    dialect: Dialect,
+) -> Result<OpenAiRequest, PromptMiss> {
     let d = body
         .as_dict()
         .ok_or_else(|| invalid("body", "a JSON object", body))?;
@@ -261,12 +315,14 @@ pub fn extract(endpoint: Endpoint, body: &PyValue) -> Result<OpenAiRequest, Prom
         Some(other) => return Err(invalid("model", "a string", other)),
     };
     match endpoint {
-        Endpoint::Chat => extract_chat(d, model).map(|c| OpenAiRequest::Chat(Box::new(c))),
-        Endpoint::Completions => extract_completion(d, model).map(OpenAiRequest::Completions),
+        Endpoint::Chat => extract_chat(d, model, dialect).map(|c| OpenAiRequest::Chat(Box::new(c))),
+        Endpoint::Completions => {
+            extract_completion(d, model, dialect).map(OpenAiRequest::Completions)
+        }
     }
 }
 
-fn extract_chat(d: &PyDict, model: &str) -> Result<ChatRequest, PromptMiss> {
+fn extract_chat(d: &PyDict, model: &str, dialect: Dialect) -> Result<ChatRequest, PromptMiss> {
     let messages = match d.get("messages") {
         Some(PyValue::List(l)) => l.clone(),
         Some(other) => return Err(invalid("messages", "a list", other)),
@@ -306,7 +362,7 @@ fn extract_chat(d: &PyDict, model: &str) -> Result<ChatRequest, PromptMiss> {
         ));
     }
     Ok(ChatRequest {
-        common: common_fields(d, model, false)?,
+        common: common_fields(d, model, false, dialect)?,
         messages,
         tools,
         add_generation_prompt,
@@ -327,7 +383,11 @@ fn id_list(items: &[PyValue]) -> Option<Vec<i64>> {
         .collect()
 }
 
-fn extract_completion(d: &PyDict, model: &str) -> Result<CompletionRequest, PromptMiss> {
+fn extract_completion(
+    d: &PyDict,
+    model: &str,
+    dialect: Dialect,
+) -> Result<CompletionRequest, PromptMiss> {
     if field(d, "prompt_embeds").is_some() {
         return Err(PromptMiss::Unsupported("prompt_embeds".into()));
     }
@@ -365,7 +425,7 @@ fn extract_completion(d: &PyDict, model: &str) -> Result<CompletionRequest, Prom
         Some(other) => return Err(invalid("prompt", "a string or a list", other)),
     };
     Ok(CompletionRequest {
-        common: common_fields(d, model, true)?,
+        common: common_fields(d, model, true, dialect)?,
         prompt,
     })
 }
@@ -428,12 +488,68 @@ mod tests {
             assert_eq!(with("null"), Ok(None));
             let without = body.replace(r#","cache_salt":SALT"#, "");
             assert_eq!(salt(endpoint, &without), Ok(None));
-            for bad in ["42", "true", r#"["a"]"#, r#"{"a":1}"#, "\"\""] {
+            // vLLM 0.33 `validate_cache_salt` (entrypoints/generate/base/protocol.py:42-56)
+            // runs in a `model_validator(mode="before")`: every bad value is a
+            // VLLMValidationError (request_rule), before field types are checked.
+            let long = format!("\"{}\"", "s".repeat(129));
+            for bad in [
+                "42",
+                "true",
+                r#"["a"]"#,
+                r#"{"a":1}"#,
+                "\"\"",
+                r#""a/b""#,
+                r#""a@b""#,
+                &long,
+            ] {
                 let err = with(bad).unwrap_err();
-                assert_eq!(err.0, "request_validation", "{bad}: {err:?}");
+                assert_eq!(err.0, "request_rule", "{bad}: {err:?}");
                 assert!(err.1.contains("cache_salt"), "{bad}: {err:?}");
             }
+            assert_eq!(
+                with(&format!("\"{}\"", "s".repeat(128))).map(|s| s.map(|s| s.len())),
+                Ok(Some(128))
+            );
         }
+    }
+
+    /// SGLang 0.5.23 normalises an empty salt to none (`io_struct.py:873-875`:
+    /// `value = self.cache_salt or None`; `radix_cache.py:77`:
+    /// `self.cache_salt = cache_salt or None`): its blocks are the unsalted
+    /// ones, so the request routes like one without a salt.
+    #[test]
+    fn sglang_takes_an_empty_cache_salt_as_none() {
+        let body = |salt: &str| {
+            parse_json(format!(r#"{{"model":"m","prompt":"hi","cache_salt":{salt}}}"#).as_bytes())
+                .unwrap()
+        };
+        let salt = |s: &str, dialect| {
+            extract_as(Endpoint::Completions, &body(s), dialect)
+                .map(|r| r.common().cache_salt.clone())
+                .map_err(|e| e.kind())
+        };
+        assert_eq!(salt("\"\"", Dialect::Sglang), Ok(None));
+        assert_eq!(salt("\"\"", Dialect::Vllm), Err("request_rule"));
+        assert_eq!(salt(r#""t""#, Dialect::Sglang), Ok(Some("t".to_owned())));
+        assert_eq!(salt("null", Dialect::Sglang), Ok(None));
+        assert_eq!(salt("42", Dialect::Sglang), Err("request_validation"));
+    }
+
+    /// A completions-shaped body on the chat route is a schema error (vLLM's
+    /// `ChatCompletionRequest.messages` is required, chat_completion/protocol.py:238),
+    /// and a chat body on the completions route lacks `prompt` — never re-read as
+    /// the other endpoint.
+    #[test]
+    fn a_body_of_the_other_endpoint_is_a_schema_error() {
+        let completion = parse_json(br#"{"model":"m","prompt":"hi"}"#).unwrap();
+        let err = extract(Endpoint::Chat, &completion).unwrap_err();
+        assert_eq!(err.kind(), "request_validation", "{err}");
+        assert!(err.to_string().contains("messages"), "{err}");
+        assert!(err.is_request_error());
+        let chat =
+            parse_json(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        let err = extract(Endpoint::Completions, &chat).unwrap_err();
+        assert!(err.is_request_error(), "{err}");
     }
 
     #[test]
