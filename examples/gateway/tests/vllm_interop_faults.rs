@@ -1,7 +1,8 @@
 //! Issue 14's failures 1–4 (and one more this harness found), reproduced with engines that run vLLM 0.33.0's own
 //! cache code (`tests/python/vllm_standin.py`, see `vllm_interop.rs`). Each test
 //! asserts the behaviour the issue specifies; the ones that fail on the code of
-//! their day are `#[ignore]`d with the reason, to be un-ignored with the fix.
+//! their day are `#[ignore]`d with the reason, to be un-ignored with the fix
+//! (`cargo test -p kvroute-gateway --test vllm_interop_faults -- --include-ignored`).
 
 mod gateway_support;
 
@@ -69,7 +70,6 @@ fn small_workload(sessions: usize, turns: usize) -> ChatWorkload {
 /// longer reaches back must say its inventory is partial (admin API, a WARN
 /// naming the endpoint's URL), not look complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pending issue 14 fix: a late replay (buffer no longer reaches seq 0) is not reported; inventory looks complete"]
 async fn late_bootstrap_replay_reads_partial() {
     let opts = StandinOpts {
         buffer_steps: 20,
@@ -83,7 +83,7 @@ async fn late_bootstrap_replay_reads_partial() {
             .await;
         assert_eq!(r.requests, 30);
         let batches = e.stats().await["batches"].as_u64().unwrap();
-        assert!(batches > 40, "{batches} batches");
+        assert!(batches > 30, "{batches} batches");
     }
     let eps_toml: String = engines.iter().map(|e| e.endpoint_toml("both")).collect();
     let (log, w) = log_file();
@@ -120,7 +120,6 @@ async fn late_bootstrap_replay_reads_partial() {
 /// Issue 14 (2): one engine of four on another PYTHONHASHSEED: only that
 /// endpoint is `mismatch` (the others `verified`), and one WARN names its URL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pending issue 14 fix: contract status is per rule, so all four endpoints read mismatch and the bad one is named only by index"]
 async fn one_engine_on_another_seed_is_the_only_mismatch() {
     let good = StandinOpts::default();
     let bad = StandinOpts {
@@ -169,9 +168,12 @@ async fn one_engine_on_another_seed_is_the_only_mismatch() {
 }
 
 /// Issue 14 (3): with a wrong seed for every engine, the misses are counted as
-/// `contract_mismatch`, not `zero_overlap`.
+/// `contract_mismatch`, not `zero_overlap`, and no hit is claimed. (Observed on
+/// the tree of 2026-12-01 10:10 UTC: every endpoint reads `mismatch`, yet the
+/// rule counts kv_exact decisions, hits and predicted_blocks while each
+/// endpoint's predicted_cached_tokens stays 0.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pending issue 14 fix: misses under a mismatched contract are counted as zero_overlap"]
+#[ignore = "pending issue 14 fix: under a mismatched contract the rule counts kv_exact hits and predicted_blocks no key can produce (receipts predict 0) and no contract_mismatch miss"]
 async fn wrong_seed_misses_are_contract_mismatch() {
     let bad = StandinOpts {
         seed: Some("1"),
@@ -199,12 +201,28 @@ async fn wrong_seed_misses_are_contract_mismatch() {
         |k: &str| after["misses"][k].as_u64().unwrap() - before["misses"][k].as_u64().unwrap();
     assert_eq!(delta("zero_overlap"), 0, "{before} -> {after}");
     assert!(delta("contract_mismatch") >= 24, "{before} -> {after}");
+    // No key can match: the counters must not claim hits the receipts do not.
+    let hits = |c: &Value| -> u64 {
+        c["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(hits(&after), hits(&before), "{before} -> {after}");
+    assert_eq!(
+        after["predicted_blocks"], before["predicted_blocks"],
+        "{after}"
+    );
+    for e in endpoints(&gw).await {
+        assert_eq!(e["predicted_cached_tokens"], 0, "{e}");
+    }
 }
 
 /// Issue 14 (4): in P/D, KV-exact decides the prefill endpoint when it holds
 /// the prefix; counters, receipts and the admin API agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pending issue 14 fix: P/D trie affinity shadows the exact KV signal (kv_exact tier ~0, hits 0, predicted_blocks 0)"]
 async fn pd_uses_the_exact_kv_signal() {
     let prefill = StandinOpts {
         role: "prefill",
@@ -240,7 +258,8 @@ async fn pd_uses_the_exact_kv_signal() {
         .iter()
         .map(|h| h.as_u64().unwrap())
         .sum();
-    assert!(hits >= kv, "{c}");
+    // A kv_exact-tier decision diverted for load is not a hit.
+    assert!(hits + c["load_diversions"].as_u64().unwrap() >= kv, "{c}");
     assert!(c["predicted_blocks"].as_u64().unwrap() > 0, "{c}");
     let eps = endpoints(&gw).await;
     let predicted: u64 = eps
