@@ -280,8 +280,8 @@ def main():
     write("vllm-0.33.0-starting.txt", vllm_body([(0, 0, 0, 0.0)], "Qwen/Qwen3-0.6B", None))
     write("sglang-0.5.23-dp2-priority.txt", sglang_body())
     write("trtllm-prometheus.txt", trtllm_prometheus_body())
-    # Two iterations of a two-rank attention-DP engine; the drain returns both.
-    # Ranks other than 0 report zero queued work (the executor zeroes them).
+    # Two iterations of a two-rank attention-DP engine; the drain returns both
+    # (the parser must use iteration 42 of each rank). Rank 1 has no queued work.
     rows = [
         trtllm_row(41, 0, 6, 3, 900, 5358, 1536),
         trtllm_row(41, 1, 4, 0, 700, 5358, 0),
