@@ -169,6 +169,29 @@ fn connected_subscriber_drops_a_hostile_engine_and_redials() {
     );
 }
 
+/// A peer that connects to a bound subscriber and never completes the ZMTP
+/// handshake is disconnected after `handshake_timeout`; so is one that stops
+/// after its greeting. A real publisher is applied afterwards.
+#[test]
+fn silent_peers_of_a_bound_subscriber_are_disconnected() {
+    let port = free_port_pair();
+    let rig = Rig::start(RigConfig::new(
+        ZmqSubscriberConfig::new(ZmqEndpoint::bind(format!("tcp://127.0.0.1:{port}")))
+            .handshake_timeout(Duration::from_millis(300)),
+    ));
+    wait_listening(port);
+    let mut silent: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let mut greeted = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    greeted.write_all(&greeting()).unwrap();
+    silent.push(greeted);
+    for (i, s) in silent.iter_mut().enumerate() {
+        assert_closed_by_peer(s, &format!("silent peer {i}"));
+    }
+    legitimate_publisher_is_applied(&rig, port);
+}
+
 /// Bind only what the operator said: `tcp://localhost:P` (how the subscriber
 /// side of an engine that dials `localhost` is derived) listens on loopback.
 #[test]

@@ -39,6 +39,8 @@
 //! in `oversized_peers_dropped` (and `oversized_frames`). A connected
 //! subscriber then redials its engine; a bound one keeps listening. Messages
 //! that fit are checked again here, exactly, before they reach the sink.
+//! A peer that connects to a bound subscriber and does not complete the ZMTP
+//! handshake within `handshake_timeout` (default 5 s) is disconnected.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -79,12 +81,21 @@ pub struct ZmqSubscriberConfig {
     /// the peer (`oversized_peers_dropped`); so per peer connection at most
     /// about this much is ever buffered. See the [module docs](self).
     pub max_message_bytes: usize,
+    /// A peer that connects to a bound subscriber must finish the ZMTP
+    /// handshake within this, or its connection is closed (a silent peer
+    /// would otherwise hold a descriptor forever).
+    pub handshake_timeout: Duration,
 }
 
 /// Default [`ZmqSubscriberConfig::max_message_bytes`]: 16 MiB, ~6000× a typical
 /// vLLM batch (2.7 KB) and ~20× the batch of one 128K-token prefill at block size 16
 /// (8192 blocks of 16 token ids ≈ 0.75 MB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Default [`ZmqSubscriberConfig::handshake_timeout`]: generous for an engine
+/// across a slow network (the handshake is two 64-byte greetings and two short
+/// READY commands), short enough that silent connections do not accumulate.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Most parts a received message may have: live batches have 3
 /// (`[topic, seq, payload]`), replay replies 4. Without a part limit a peer
@@ -97,6 +108,7 @@ pub(crate) fn socket_options(max_message_bytes: usize, dial_timeout: Duration) -
     let mut options = SocketOptions::default();
     options
         .connect_timeout(dial_timeout)
+        .accept_handshake_timeout(DEFAULT_HANDSHAKE_TIMEOUT)
         .max_frame_size(max_message_bytes)
         .max_message_size(max_message_bytes)
         .max_message_parts(MAX_MESSAGE_PARTS);
@@ -107,7 +119,8 @@ impl ZmqSubscriberConfig {
     /// Defaults: empty topic, no replay, 250 ms dial timeout, retries from 10 ms
     /// doubling to 200 ms (a refused dial is a cheap SYN/RST on the engine host, and
     /// every millisecond the engine is up before we resubscribe is lost stream),
-    /// 2 s replay timeout.
+    /// 2 s replay timeout, [`DEFAULT_MAX_MESSAGE_BYTES`],
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`].
     #[must_use]
     pub fn new(endpoint: ZmqEndpoint) -> Self {
         Self {
@@ -119,7 +132,15 @@ impl ZmqSubscriberConfig {
             retry_max: Duration::from_millis(200),
             replay_timeout: Duration::from_secs(2),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
         }
+    }
+
+    /// Sets the handshake timeout of accepted peers.
+    #[must_use]
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
     }
 
     /// Sets the largest accepted message size in bytes.
@@ -204,8 +225,10 @@ pub struct ZmqSubscriber {
 /// Per-connection state.
 #[derive(Debug, Default)]
 struct Connection {
-    /// Live frames with seq ≤ this were already delivered by a replay.
-    replayed_through: Option<u64>,
+    /// Live frames with seq in this range (first, last) were already delivered
+    /// by a replay. Below its first they were not: a replay answering one
+    /// forged high number must not swallow the live stream (issue 15 #5).
+    replayed: Option<(u64, u64)>,
     /// Peers currently connected (a bound socket may see an old and a new engine
     /// process overlap).
     peers: u32,
@@ -305,7 +328,7 @@ impl ZmqSubscriber {
                             if conn.peers == 0 {
                                 self.metrics.set_connected(false);
                                 sink.on_disconnected();
-                                conn.replayed_through = None;
+                                conn.replayed = None;
                             }
                             if self.config.endpoint.role == SocketRole::Connect {
                                 break Exit::Redial;
@@ -350,10 +373,9 @@ impl ZmqSubscriber {
     }
 
     fn socket(&self) -> SubSocket {
-        SubSocket::with_options(socket_options(
-            self.config.max_message_bytes,
-            self.config.dial_timeout,
-        ))
+        let mut options = socket_options(self.config.max_message_bytes, self.config.dial_timeout);
+        options.accept_handshake_timeout(self.config.handshake_timeout);
+        SubSocket::with_options(options)
     }
 
     async fn establish(&self, socket: &mut SubSocket) -> Result<(), EstablishError> {
@@ -461,13 +483,16 @@ impl ZmqSubscriber {
             self.metrics.other_topic();
             return;
         }
-        if conn.replayed_through.is_some_and(|through| seq <= through) {
+        if conn
+            .replayed
+            .is_some_and(|(first, last)| first <= seq && seq <= last)
+        {
             self.metrics.replay_duplicate();
             return;
         }
         // The first live frame past the replay ends the dedupe window: a later
         // smaller seq is a restart, not a duplicate.
-        conn.replayed_through = None;
+        conn.replayed = None;
         let report = sink.on_frame(Frame {
             topic,
             seq,
@@ -511,8 +536,8 @@ impl ZmqSubscriber {
                 },
             };
             tracing::debug!(?outcome, "zmq subscriber: replay done");
-            if let Some(last) = outcome.last_seq {
-                conn.replayed_through = Some(last);
+            if let (Some(first), Some(last)) = (outcome.first_seq, outcome.last_seq) {
+                conn.replayed = Some((first, last));
             }
             let report = sink.on_replay_done(&outcome);
             self.metrics.replay_end(&report);

@@ -359,6 +359,7 @@ pub struct SocketOptions {
     pub(crate) max_frame_size: Option<usize>,
     pub(crate) max_message_size: Option<usize>,
     pub(crate) max_message_parts: Option<usize>,
+    pub(crate) accept_handshake_timeout: Option<Duration>,
 }
 
 impl Default for SocketOptions {
@@ -372,6 +373,7 @@ impl Default for SocketOptions {
             max_frame_size: None,
             max_message_size: None,
             max_message_parts: None,
+            accept_handshake_timeout: None,
         }
     }
 }
@@ -463,6 +465,15 @@ impl SocketOptions {
     /// bound under any byte limit. Errors as [`CodecError::TooManyParts`].
     pub fn max_message_parts(&mut self, parts: usize) -> &mut Self {
         self.max_message_parts = Some(parts);
+        self
+    }
+
+    /// kvroute patch: closes an accepted connection that has not completed
+    /// the ZMTP handshake (greeting and READY) within `timeout`; it is
+    /// reported as `SocketEvent::AcceptFailed(ZmqError::ConnectTimeout(_))`.
+    /// Unlimited by default, like upstream.
+    pub fn accept_handshake_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.accept_handshake_timeout = Some(timeout);
         self
     }
 

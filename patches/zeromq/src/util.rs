@@ -191,7 +191,12 @@ pub(crate) async fn peer_connected(
     mut raw_socket: FramedIo,
     backend: Arc<dyn MultiPeerBackend>,
 ) -> ZmqResult<PeerIdentity> {
-    let peer_id = peer_handshake(&mut raw_socket, backend.clone()).await?;
+    // kvroute patch: this is the path of accepted connections; bound the
+    // handshake so a peer that connects and stays silent cannot hold its
+    // connection (and descriptor) forever.
+    let timeout = backend.socket_options().accept_handshake_timeout;
+    let peer_id =
+        run_with_timeout(timeout, peer_handshake(&mut raw_socket, backend.clone())).await?;
     backend.peer_connected(&peer_id, raw_socket).await;
     Ok(peer_id)
 }
