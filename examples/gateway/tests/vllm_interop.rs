@@ -181,6 +181,40 @@ async fn four_vllm_engines_sha256_cbor_seed_0() {
         kv.prompt_tokens
     );
 
+    // Streamed (SSE): the final usage chunk is the engine's receipt, and the
+    // gateway books it as exactly what it predicted.
+    let system = serde_json::json!({"role": "system", "content": ChatWorkload::system_prompt(0)});
+    let body = json!({"model": MODEL, "stream": true, "stream_options": {"include_usage": true},
+        "max_tokens": 4, "messages": [system, {"role": "user", "content": "A streamed question."}]});
+    let text = client()
+        .post(gw.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let usage: Value = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["usage"].is_object())
+        .expect("usage chunk");
+    let streamed = cached_tokens(&usage);
+    assert!(
+        streamed >= 16 * 10,
+        "the shared system prompt is cached: {usage}"
+    );
+    let (p2, d2) = eventually("the streamed receipt booked", || async {
+        let (p2, d2) = predicted_delivered(&endpoints(&gw).await);
+        (d2 > delivered).then_some((p2, d2))
+    })
+    .await;
+    assert_eq!(d2 - delivered, streamed);
+    assert_eq!(p2 - predicted, streamed);
+
     // An engine's reset_prefix_cache (AllBlocksCleared) empties only its inventory.
     let before = inventory(&gw).await;
     reset(&engines[2]).await;

@@ -637,7 +637,8 @@ impl WorkloadResult {
 }
 
 impl ChatWorkload {
-    fn system_prompt(i: usize) -> String {
+    /// The `i`-th shared system prompt.
+    pub fn system_prompt(i: usize) -> String {
         let mut s =
             format!("You are assistant {i} of the kvroute interop fleet. Follow these rules.");
         for k in 0..20 {
