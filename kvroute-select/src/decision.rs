@@ -715,7 +715,7 @@ impl Rule {
         let kind = match (cfg.choice, pd) {
             (Choice::RoundRobin, _) => SelectorKind::RoundRobin,
             (Choice::ContentAffinity, _) => SelectorKind::Chwbl,
-            (Choice::KvExact, true) => SelectorKind::LeastLoad,
+            (Choice::KvExact, true) => SelectorKind::LeastPrefill,
             (Choice::KvExact, false) => cfg.fallback,
         };
         let picked = self.selector.select(

@@ -92,9 +92,10 @@ pub fn select_ladder(data: &[u8]) {
             ..CostConfig::default()
         }),
     };
-    cfg.fallback = match b.next() % 6 {
+    cfg.fallback = match b.next() % 7 {
         0 => SelectorKind::RoundRobin,
         1 => SelectorKind::LeastLoad,
+        6 => SelectorKind::LeastPrefill,
         2 => SelectorKind::PowerOfTwoChoices,
         3 => SelectorKind::Chwbl,
         4 => SelectorKind::Random,

@@ -56,6 +56,19 @@ impl<'a> Pool<'a> {
     /// queued prefill tokens); among exact ties the `turn`-th one, so a
     /// round-robin counter only ever breaks ties.
     pub(crate) fn least_loaded(&self, turn: u64) -> Option<usize> {
+        self.least_by(turn, compare_load)
+    }
+
+    /// Like [`Pool::least_loaded`], queued prefill tokens first.
+    pub(crate) fn least_prefill(&self, turn: u64) -> Option<usize> {
+        self.least_by(turn, compare_prefill)
+    }
+
+    fn least_by(
+        &self,
+        turn: u64,
+        compare_load: fn(EndpointLoad, u32, EndpointLoad, u32) -> std::cmp::Ordering,
+    ) -> Option<usize> {
         let mut best: Option<(usize, EndpointLoad, u32)> = None;
         let mut ties = 0u64;
         for (i, e, l) in self.candidates() {
@@ -87,6 +100,21 @@ impl<'a> Pool<'a> {
         }
         None
     }
+}
+
+/// Orders loads by queued prefill tokens per unit of capacity, then utilisation.
+pub(crate) fn compare_prefill(
+    a: EndpointLoad,
+    acap: u32,
+    b: EndpointLoad,
+    bcap: u32,
+) -> std::cmp::Ordering {
+    (u128::from(a.queued_prefill_tokens) * u128::from(bcap))
+        .cmp(&(u128::from(b.queued_prefill_tokens) * u128::from(acap)))
+        .then_with(|| {
+            (u64::from(a.in_flight) * u64::from(bcap))
+                .cmp(&(u64::from(b.in_flight) * u64::from(acap)))
+        })
 }
 
 /// Orders loads by utilisation, then queued prefill tokens per unit of capacity.

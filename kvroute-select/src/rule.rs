@@ -144,7 +144,7 @@ impl RuleConfig {
             contract,
             key_mode: KeyMode::EngineKeys,
             scorer: Scorer::default(),
-            fallback: SelectorKind::LeastLoad,
+            fallback: SelectorKind::LeastPrefill,
             thresholds: Thresholds::default(),
             affinity: AffinityConfig::default(),
             predicted: PredictedConfig::default(),

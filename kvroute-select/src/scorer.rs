@@ -83,6 +83,10 @@ pub struct CostConfig {
     /// in-flight count stays within `⌈c · (Σ in-flight + 1) · cap / Σ cap⌉`.
     /// `f64::INFINITY` disables the cap.
     pub load_factor: f64,
+    /// Requests an endpoint may hold above that cap: at low load a factor
+    /// alone forbids an endpoint a second request while others have one,
+    /// which costs cache affinity and buys no latency.
+    pub load_headroom: u32,
 }
 
 impl Default for CostConfig {
@@ -93,6 +97,7 @@ impl Default for CostConfig {
             prefill_weight: 2.0,
             affinity_slack: 0.1,
             load_factor: 1.25,
+            load_headroom: 2,
         }
     }
 }
@@ -275,16 +280,18 @@ fn pick_cost(
 ) -> KvPick {
     let capped = cfg.load_factor.is_finite();
     let bound = pool.bound(cfg.load_factor);
+    let admits =
+        |in_flight: u32, cap: u32| bound.admits(in_flight.saturating_sub(cfg.load_headroom), cap);
     let admitted_any = capped
         && pool
             .candidates()
-            .any(|(_, e, l)| bound.admits(l.in_flight, e.capacity_or_one()));
+            .any(|(_, e, l)| admits(l.in_flight, e.capacity_or_one()));
     // (index, cost, utilisation, tie rank, prefix)
     let mut best: Option<(usize, f64, f64, u64, u32)> = None;
     let mut longest: Option<(usize, f64, u32)> = None;
     for (i, e, l) in pool.candidates() {
         let cap = e.capacity_or_one();
-        if admitted_any && !bound.admits(l.in_flight, cap) {
+        if admitted_any && !admits(l.in_flight, cap) {
             continue;
         }
         let prefix = figure(i);

@@ -16,6 +16,10 @@ pub enum SelectorKind {
     /// Least utilised (`in_flight / capacity`, then queued prefill tokens); round
     /// robin among exact ties.
     LeastLoad,
+    /// Least predicted prefill wait: queued prefill tokens per unit of
+    /// capacity, then utilisation; round robin among exact ties. What a
+    /// request that no endpoint has cached waits for before its first token.
+    LeastPrefill,
     /// Two pseudo-random candidates, the less loaded wins.
     PowerOfTwoChoices,
     /// Consistent hashing with bounded loads over the request's affinity key
@@ -71,6 +75,7 @@ impl SelectorState {
         match kind {
             SelectorKind::RoundRobin => nth(self.next_turn()),
             SelectorKind::LeastLoad => pool.least_loaded(self.next_turn()),
+            SelectorKind::LeastPrefill => pool.least_prefill(self.next_turn()),
             SelectorKind::Random => nth(self.next_random()),
             SelectorKind::PowerOfTwoChoices => {
                 let r = self.next_random();

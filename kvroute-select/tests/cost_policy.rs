@@ -41,7 +41,7 @@ fn chain(seed: u64, n: usize) -> Vec<BlockKey> {
 fn the_default_rule_is_the_cost_scorer_with_least_load_fallback() {
     let (r, _) = rule(2, |_| {});
     assert_eq!(r.config().scorer, Scorer::Cost(CostConfig::default()));
-    assert_eq!(r.config().fallback, SelectorKind::LeastLoad);
+    assert_eq!(r.config().fallback, SelectorKind::LeastPrefill);
     assert!(r.config().predicted.capacity > 0);
 }
 

@@ -34,6 +34,8 @@ fn fleet() -> FleetConfig {
         seed: 11,
         concurrency: None,
         tuning: Tuning::default(),
+        replicas: 1,
+        load_poll_us: 0,
     }
 }
 
@@ -60,7 +62,12 @@ fn get(r: &SimReport, p: Policy) -> &PolicyReport {
 fn kv_exact_beats_round_robin_on_tenants_and_ideal_bounds_everyone() {
     let r = run(Kind::Tenants, 2000, fleet(), &Policy::ALL);
     let rr = get(&r, Policy::RoundRobin).prefix_hit_ratio;
-    for p in [Policy::KvOverlap, Policy::KvPrefix, Policy::KvBounded] {
+    for p in [
+        Policy::KvOverlap,
+        Policy::KvPrefix,
+        Policy::KvBounded,
+        Policy::KvExact,
+    ] {
         let hit = get(&r, p).prefix_hit_ratio;
         assert!(hit > rr + 0.1, "{}: {hit} vs rr {rr}", p.name());
     }

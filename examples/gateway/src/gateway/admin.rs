@@ -234,6 +234,7 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
         let snap = rt.rule.counters().snapshot();
         for (i, ep) in rt.endpoints.iter().enumerate() {
             let ev = snap.endpoints.get(i).copied().unwrap_or_default();
+            let id = kvroute_core::EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
             let mut subscribers: Vec<Value> = ep
                 .spec
                 .events
@@ -289,7 +290,15 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
                 "admin_down": ep.is_admin_down(),
                 "breaker": breaker_label(ep.breaker_state(now)),
                 "probe_ok": *ep.probe_ok.lock(),
-                "in_flight": ep.in_flight(),
+                "in_flight": kvroute_select::Load::load(&*rt.tracker, id).in_flight,
+                "queued_prefill_tokens": kvroute_select::Load::load(&*rt.tracker, id).queued_prefill_tokens,
+                "load": {
+                    "in_flight": rt.load_of(id).in_flight,
+                    "queued_prefill_tokens": rt.load_of(id).queued_prefill_tokens,
+                    "engine_reported": rt.reported.report(id, gw.now()).map(|r| json!({
+                        "running": r.running, "waiting": r.waiting, "kv_usage": r.kv_usage,
+                    })),
+                },
                 "inventory_blocks": rt.inventory.blocks(i),
                 "inventory_clears": rt.inventory.ingest_clears(i),
                 "inventory_status": completeness.as_str(),

@@ -118,6 +118,12 @@ pub struct LimitsConfig {
     /// Longest silence between two upstream body chunks before the response is
     /// aborted.
     pub upstream_idle_timeout_ms: u64,
+    /// Longest wait for an upstream's status line and headers after sending
+    /// the request. Beyond it the attempt is a retryable connect failure
+    /// (nothing reached the client yet) counted against the endpoint's
+    /// breaker. Non-streamed engines send headers only when the whole answer
+    /// is ready, so this must exceed the longest non-streamed generation.
+    pub response_header_timeout_ms: u64,
     /// Prompts with more tokens than this are not routed by KV (a
     /// `prompt_too_long` miss; the request is still proxied by the rule's
     /// selector). Applies to token-id prompts and to tokenizer output.
@@ -148,6 +154,7 @@ impl Default for LimitsConfig {
             body_read_timeout_ms: 30_000,
             connect_timeout_ms: 2_000,
             upstream_idle_timeout_ms: 300_000,
+            response_header_timeout_ms: 120_000,
             max_prompt_tokens: 262_144,
             max_prompt_chars: 1 << 20,
             shutdown_grace_ms: 10_000,
@@ -182,6 +189,11 @@ impl LimitsConfig {
     #[must_use]
     pub fn upstream_idle_timeout(&self) -> Duration {
         Duration::from_millis(self.upstream_idle_timeout_ms)
+    }
+    /// As a duration.
+    #[must_use]
+    pub fn response_header_timeout(&self) -> Duration {
+        Duration::from_millis(self.response_header_timeout_ms)
     }
 }
 
@@ -245,11 +257,13 @@ pub struct RuleDoc {
     /// Hash contract, e.g. `vllm@0.33.0:sha256_cbor:block=16:seed=0` (KV-exact).
     #[serde(default)]
     pub contract: Option<String>,
-    /// `overlap_count`, `longest_prefix` or `load_aware`.
+    /// `cost` (the default: least predicted time to first token, see
+    /// `kvroute_select::CostConfig`), `overlap_count`, `longest_prefix` or
+    /// `load_aware`.
     #[serde(default = "default_scorer")]
     pub scorer: String,
-    /// Converged miss selector: `round_robin`, `least_load`, `p2c`, `chwbl`,
-    /// `random`, `weighted`.
+    /// Converged miss selector: `least_prefill` (default), `round_robin`,
+    /// `least_load`, `p2c`, `chwbl`, `random`, `weighted`.
     #[serde(default = "default_selector")]
     pub selector: String,
     /// Fewest overlapping blocks that count as a hit.
@@ -299,10 +313,10 @@ fn default_topology() -> String {
     "converged".to_owned()
 }
 fn default_scorer() -> String {
-    "overlap_count".to_owned()
+    "cost".to_owned()
 }
 fn default_selector() -> String {
-    "round_robin".to_owned()
+    "least_prefill".to_owned()
 }
 
 /// One endpoint of a rule.
@@ -522,6 +536,10 @@ impl ServeConfig {
                 "limits.upstream_idle_timeout_ms",
                 limits.upstream_idle_timeout_ms,
             ),
+            (
+                "limits.response_header_timeout_ms",
+                limits.response_header_timeout_ms,
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(name, "must be at least 1 ms"));
@@ -664,13 +682,14 @@ impl RuleSpec {
             }
         };
         let scorer = match doc.scorer.as_str() {
+            "cost" => Scorer::default(),
             "overlap_count" => Scorer::OverlapCount,
             "longest_prefix" => Scorer::LongestPrefix,
             "load_aware" => Scorer::LoadAware(load_aware_config(doc.load_slack, &f("load_slack"))?),
             other => {
                 return Err(invalid(
                     f("scorer"),
-                    format!("unknown scorer {other:?}; expected overlap_count, longest_prefix or load_aware"),
+                    format!("unknown scorer {other:?}; expected cost, overlap_count, longest_prefix or load_aware"),
                 ))
             }
         };
@@ -686,6 +705,7 @@ impl RuleSpec {
         let selector = match doc.selector.as_str() {
             "round_robin" => SelectorKind::RoundRobin,
             "least_load" => SelectorKind::LeastLoad,
+            "least_prefill" => SelectorKind::LeastPrefill,
             "p2c" => SelectorKind::PowerOfTwoChoices,
             "chwbl" => SelectorKind::Chwbl,
             "random" => SelectorKind::Random,
@@ -693,7 +713,7 @@ impl RuleSpec {
             other => {
                 return Err(invalid(
                     f("selector"),
-                    format!("unknown selector {other:?}; expected round_robin, least_load, p2c, chwbl, random or weighted"),
+                    format!("unknown selector {other:?}; expected least_prefill, round_robin, least_load, p2c, chwbl, random or weighted"),
                 ))
             }
         };

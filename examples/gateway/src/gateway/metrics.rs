@@ -430,6 +430,7 @@ pub fn render(gw: &Gateway) -> String {
     let mut rejected_seq = String::new();
     let mut breaker = String::new();
     let mut inflight = String::new();
+    let mut queued = String::new();
     let mut contract = String::new();
     let mut memory = String::new();
     let now = gw.now();
@@ -493,7 +494,14 @@ pub fn render(gw: &Gateway) -> String {
                 "kvroute_inventory_blocks{{{l}}} {}",
                 rt.inventory.blocks(i)
             );
-            let _ = writeln!(inflight, "kvroute_in_flight{{{l}}} {}", ep.in_flight());
+            let id = kvroute_core::EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
+            let own = kvroute_select::Load::load(&*rt.tracker, id);
+            let _ = writeln!(inflight, "kvroute_in_flight{{{l}}} {}", own.in_flight);
+            let _ = writeln!(
+                queued,
+                "kvroute_queued_prefill_tokens{{{l}}} {}",
+                own.queued_prefill_tokens
+            );
             let _ = writeln!(
                 breaker,
                 "kvroute_endpoint_available{{{l}}} {}",
@@ -631,8 +639,14 @@ pub fn render(gw: &Gateway) -> String {
         (
             "kvroute_in_flight",
             "gauge",
-            "Requests in flight per endpoint.",
+            "Requests this gateway has in flight per endpoint, from the routing decision until the response body ends or is dropped.",
             &inflight,
+        ),
+        (
+            "kvroute_queued_prefill_tokens",
+            "gauge",
+            "Predicted uncached prompt tokens of this gateway's requests not yet at their first response byte, per endpoint.",
+            &queued,
         ),
         (
             "kvroute_endpoint_available",

@@ -41,7 +41,10 @@ fn candidates(gw: &Gateway, rt: &RuleRuntime) -> Vec<usize> {
         .map(|k| (turn.wrapping_add(k)) % n.max(1))
         .filter(|&i| rt.is_available(i, now))
         .collect();
-    order.sort_by_key(|&i| rt.endpoints.get(i).map_or(u32::MAX, |e| e.in_flight()));
+    order.sort_by_key(|&i| {
+        rt.load_of(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)))
+            .in_flight
+    });
     order
 }
 
@@ -84,7 +87,7 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                     &parts.headers,
                     gw.limits.upstream_idle_timeout(),
                     on_end,
-                    vec![Box::new(guard)],
+                    Some(guard),
                 );
                 let mut builder = Response::builder().status(parts.status);
                 if let Some(h) = builder.headers_mut() {

@@ -288,7 +288,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
     match routed {
         Ok(r) => {
             gw.metrics.outcome(&name, Outcome::Proxied);
-            respond(&gw, &rt, r.connection, r.decision)
+            respond(&gw, &rt, r.connection, r.decision, r.guard)
         }
         Err(RouteError::NoEndpoint { decision }) => {
             gw.metrics.outcome(&name, Outcome::NoEndpoint);
@@ -398,6 +398,10 @@ impl Proxy for Host<'_> {
 
     fn now(&self) -> Duration {
         self.gw.now()
+    }
+
+    fn tracker(&self) -> &Arc<kvroute_select::LoadTracker> {
+        &self.rt.tracker
     }
 
     fn on_decision(&self, _ctx: &mut Ctx, decision: &Decision) {
@@ -546,16 +550,15 @@ fn respond(
     rt: &Arc<RuleRuntime>,
     conn: Connection,
     decision: Decision,
+    mut guard: kvroute_select::LoadGuard,
 ) -> Response {
     let (parts, incoming) = conn.response.into_parts();
-    let mut guards: Vec<Box<dyn Send + Sync>> = Vec::new();
-    if let Some(t) = decision.target() {
-        guards.push(Box::new(rt.start_request(t.endpoint)));
-        if let Some(d) = t.decode {
-            guards.push(Box::new(rt.start_request(d)));
-        }
-    }
     let pd_receipt = conn.prefill_cached;
+    if pd_receipt.is_some() {
+        // The two-step's prefill leg answered inside `connect`: the prefill
+        // endpoint is done with this request; the decode one stays charged.
+        guard.prefill_leg_done();
+    }
     if let Some(Some(c)) = pd_receipt {
         rt.rule.record_receipt(&decision, c);
     }
@@ -578,7 +581,7 @@ fn respond(
         &parts.headers,
         gw.limits.upstream_idle_timeout(),
         on_end,
-        guards,
+        Some(guard),
     );
     let mut builder = Response::builder().status(parts.status);
     if let Some(h) = builder.headers_mut() {

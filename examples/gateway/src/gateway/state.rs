@@ -15,7 +15,8 @@ use kvroute_engines::transport::{
 };
 use kvroute_select::{
     AdminState, Availability, BreakerConfig, BreakerState, CircuitBreaker, ContractKeys, Endpoint,
-    EndpointLoad, Health, Load, PromptKeys, Rule, RuleConfig, Thresholds,
+    EndpointLoad, Health, Load, LoadGuard, LoadTracker, PromptKeys, ReportedLoad, Rule, RuleConfig,
+    Thresholds,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
@@ -32,7 +33,6 @@ use super::upstream::UpstreamClient;
 pub struct EndpointRuntime {
     /// Its configuration.
     pub spec: EndpointSpec,
-    in_flight: AtomicU32,
     breaker: Mutex<CircuitBreaker>,
     admin_down: AtomicBool,
     /// Last active probe verdict (`None` before the first probe).
@@ -44,12 +44,6 @@ pub struct EndpointRuntime {
 }
 
 impl EndpointRuntime {
-    /// Requests in flight.
-    #[must_use]
-    pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
     /// Breaker state at `now`.
     #[must_use]
     pub fn breaker_state(&self, now: Duration) -> BreakerState {
@@ -88,6 +82,12 @@ pub struct RuleRuntime {
     pub inventory: Arc<RuleInventory>,
     /// Endpoints, in rule order.
     pub endpoints: Vec<EndpointRuntime>,
+    /// Requests in flight and predicted prefill tokens per endpoint, counted
+    /// from the decision until the response body ends or is dropped.
+    pub tracker: Arc<LoadTracker>,
+    /// The engines' own running / waiting counts, when polled.
+    pub reported: ReportedLoad,
+    epoch: Instant,
     /// Set to `true` when the rule is removed or replaced.
     stop: watch::Sender<bool>,
 }
@@ -120,16 +120,25 @@ impl RuleRuntime {
         self.endpoints.get(id.index())
     }
 
-    /// Marks a request started on `id`; the guard ends it.
+    /// Charges a request without a KV decision (pass-through) to `id`.
     #[must_use]
-    pub fn start_request(self: &Arc<Self>, id: EndpointId) -> InFlight {
-        if let Some(e) = self.endpoint(id) {
-            e.in_flight.fetch_add(1, Ordering::Relaxed);
-        }
-        InFlight {
-            rule: Arc::clone(self),
-            id,
-        }
+    pub fn start_request(&self, id: EndpointId) -> LoadGuard {
+        self.tracker.charge(
+            kvroute_select::Target {
+                endpoint: id,
+                decode: None,
+            },
+            0,
+        )
+    }
+
+    /// What selection sees of endpoint `id`: this gateway's own in-flight
+    /// accounting, corrected by the engine's reported queue when polled.
+    #[must_use]
+    pub fn load_of(&self, id: EndpointId) -> EndpointLoad {
+        self.reported
+            .view(&*self.tracker, self.epoch.elapsed())
+            .load(id)
     }
 
     /// A receiver that turns `true` when the rule goes away.
@@ -139,29 +148,9 @@ impl RuleRuntime {
     }
 }
 
-/// One in-flight request on one endpoint (decremented on drop).
-#[derive(Debug)]
-pub struct InFlight {
-    rule: Arc<RuleRuntime>,
-    id: EndpointId,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if let Some(e) = self.rule.endpoint(self.id) {
-            e.in_flight.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
 impl Load for RuleRuntime {
     fn load(&self, endpoint: EndpointId) -> EndpointLoad {
-        EndpointLoad {
-            in_flight: self
-                .endpoint(endpoint)
-                .map_or(0, EndpointRuntime::in_flight),
-            queued_prefill_tokens: 0,
-        }
+        self.load_of(endpoint)
     }
 }
 
@@ -226,7 +215,10 @@ impl Gateway {
             tokenizers,
             models: config.models.iter().map(|m| m.slug.clone()).collect(),
             rules: RwLock::new(BTreeMap::new()),
-            client: UpstreamClient::new(config.limits.connect_timeout()),
+            client: UpstreamClient::new(
+                config.limits.connect_timeout(),
+                config.limits.response_header_timeout(),
+            ),
             metrics: GatewayMetrics::default(),
             passthrough_turn: AtomicU32::new(0),
             epoch: Instant::now(),
@@ -418,7 +410,6 @@ impl Gateway {
             }
             endpoints.push(EndpointRuntime {
                 spec: e.clone(),
-                in_flight: AtomicU32::new(0),
                 breaker: Mutex::new(CircuitBreaker::new(breaker)),
                 admin_down: AtomicBool::new(false),
                 probe_ok: Mutex::new(None),
@@ -427,11 +418,15 @@ impl Gateway {
             });
         }
         let (stop, _) = watch::channel(false);
+        let n = endpoints.len();
         let rt = Arc::new(RuleRuntime {
             spec,
             rule,
             inventory,
             endpoints,
+            tracker: Arc::new(LoadTracker::new(n)),
+            reported: ReportedLoad::new(n, Duration::from_secs(5)),
+            epoch: self.epoch,
             stop,
         });
         Ok((rt, pending))

@@ -30,6 +30,11 @@ pub enum UpstreamError {
     /// The exchange failed after connecting (reset, malformed response).
     #[error("upstream request failed: {0}")]
     Request(String),
+    /// No response headers within the response-header timeout: the engine
+    /// holds the request (a hung or overloaded engine). Nothing reached the
+    /// client yet, so another endpoint may be tried.
+    #[error("no response headers within {0:?}")]
+    HeaderTimeout(Duration),
     /// The request could not be built.
     #[error("bad upstream request: {0}")]
     Build(String),
@@ -39,7 +44,10 @@ impl UpstreamError {
     /// Whether another endpoint may be tried.
     #[must_use]
     pub fn is_connect(&self) -> bool {
-        matches!(self, UpstreamError::Connect(_))
+        matches!(
+            self,
+            UpstreamError::Connect(_) | UpstreamError::HeaderTimeout(_)
+        )
     }
 }
 
@@ -47,6 +55,7 @@ impl UpstreamError {
 #[derive(Clone, Debug)]
 pub struct UpstreamClient {
     client: Client<HttpConnector, Full<Bytes>>,
+    header_timeout: Duration,
 }
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
@@ -90,9 +99,10 @@ pub fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, skip_length: bool) {
 }
 
 impl UpstreamClient {
-    /// A client with a TCP connect timeout.
+    /// A client with a TCP connect timeout and a response-header timeout
+    /// (from sending the request to the upstream's status line and headers).
     #[must_use]
-    pub fn new(connect_timeout: Duration) -> Self {
+    pub fn new(connect_timeout: Duration, header_timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(connect_timeout));
         connector.set_nodelay(true);
@@ -100,7 +110,10 @@ impl UpstreamClient {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        Self { client }
+        Self {
+            client,
+            header_timeout,
+        }
     }
 
     /// Sends `body` to `base` + `path_and_query`. Only the configured `base`
@@ -135,7 +148,11 @@ impl UpstreamClient {
         if let Ok(h) = HeaderValue::from_str(authority.as_str()) {
             req.headers_mut().insert(HOST, h);
         }
-        self.client.request(req).await.map_err(|e| {
+        let sent = tokio::time::timeout(self.header_timeout, self.client.request(req)).await;
+        let Ok(answer) = sent else {
+            return Err(UpstreamError::HeaderTimeout(self.header_timeout));
+        };
+        answer.map_err(|e| {
             if e.is_connect() {
                 UpstreamError::Connect(error_chain(&e))
             } else {
@@ -211,8 +228,9 @@ pub struct TeeBody {
     idle: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
     on_end: Option<OnEnd>,
-    /// Kept alive until the body is dropped (in-flight accounting).
-    _guards: Vec<Box<dyn Send + Sync>>,
+    /// The request's load charge: its prefill part ends at the first body
+    /// byte, the rest when the body ends or is dropped.
+    guard: Option<kvroute_select::LoadGuard>,
 }
 
 impl TeeBody {
@@ -223,7 +241,7 @@ impl TeeBody {
         headers: &HeaderMap,
         idle: Duration,
         on_end: OnEnd,
-        guards: Vec<Box<dyn Send + Sync>>,
+        guard: Option<kvroute_select::LoadGuard>,
     ) -> Self {
         let ct = headers
             .get(CONTENT_TYPE)
@@ -243,7 +261,7 @@ impl TeeBody {
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
             on_end: Some(on_end),
-            _guards: guards,
+            guard,
         }
     }
 
@@ -273,6 +291,9 @@ impl TeeBody {
     }
 
     fn finish(&mut self, clean: bool) {
+        // The request is over for the endpoint even if the client keeps the
+        // body object around.
+        self.guard = None;
         if clean {
             if let Watch::Json { buf } = &self.watch {
                 self.cached = serde_json::from_slice::<serde_json::Value>(buf)
@@ -318,6 +339,11 @@ impl HttpBody for TeeBody {
                 let deadline = tokio::time::Instant::now() + this.idle;
                 this.timer.as_mut().reset(deadline);
                 if let Some(data) = frame.data_ref() {
+                    if !data.is_empty() {
+                        if let Some(g) = this.guard.as_mut() {
+                            g.first_byte();
+                        }
+                    }
                     let data = data.clone();
                     this.scan(&data);
                 }

@@ -10,10 +10,15 @@
 //!   after an optional delay, or is lost with a given probability (the sequence
 //!   number is spent, so the window sees the gap);
 //! * each request is routed by [`Rule::decide`] over that index, with the
-//!   gateway's own load view in a [`LoadTable`]: requests in flight, and
-//!   queued prefill tokens = Σ over requests not yet at their first token of
-//!   (prompt tokens − cached tokens the index predicted for the chosen worker),
-//!   all of which a gateway knows from its own decisions and streams.
+//!   library's own [`LoadTracker`] as the load view — the same accounting the
+//!   gateway uses: a request counts from its decision until it finishes, and
+//!   its predicted uncached prompt tokens count as queued prefill until its
+//!   first token;
+//! * with several gateway replicas (`replicas > 1`) a seeded random front end
+//!   spreads requests over them; each replica has its own rule, tracker and
+//!   predicted entries, and sees the others only through the engines' own
+//!   running/waiting counts, polled every `load_poll_us` ([`ReportedLoad`]);
+//! * the peers' policies ([`super::peers`]) route from the same index and loads.
 //!
 //! Time is simulated microseconds; nothing reads a clock. Events at the same
 //! instant run in a fixed order — request completions, first tokens, event
@@ -23,6 +28,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet, VecDeque};
 use std::hash::BuildHasherDefault;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvroute_core::{BlockKey, EndpointId};
@@ -31,7 +37,8 @@ use kvroute_ingest::{
     EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, KvEvent, SharedIndex,
 };
 use kvroute_select::{
-    AlwaysAvailable, ContractId, Decision, LoadBound, LoadTable, PromptInput, Request, Rule, Source,
+    AlwaysAvailable, ContractId, Decision, EngineReport, Load, LoadBound, LoadGuard, LoadTracker,
+    PromptInput, ReportedLoad, Request, Rule, Source, Target,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -62,6 +69,11 @@ pub struct FleetConfig {
     pub concurrency: Option<u32>,
     /// Policy knobs.
     pub tuning: Tuning,
+    /// Gateway replicas behind a random front end (≥ 1).
+    pub replicas: usize,
+    /// Engine-reported load is polled this often (0: never; replicas then see
+    /// only their own requests).
+    pub load_poll_us: u64,
 }
 
 /// A policy that could not run.
@@ -79,8 +91,9 @@ pub enum FleetError {
 
 const FINISH: u8 = 0;
 const FIRST_TOKEN: u8 = 1;
+const POLL: u8 = 2;
 
-/// (time µs, kind, insertion order, worker, prompt tokens) — min-heap order.
+/// (time µs, kind, insertion order, worker, request) — min-heap order.
 type Timed = Reverse<(u64, u8, u64, u32, u32)>;
 
 /// Fraction of prompt tokens one infinite shared cache would serve: every
@@ -103,6 +116,72 @@ pub fn ideal_hit_ratio(workload: &Workload, block_size: u32) -> f64 {
     ratio(hit, total)
 }
 
+/// Fraction of prompt tokens one LRU cache holding the whole fleet's capacity
+/// (`capacity_blocks` blocks) would serve, requests in arrival order: the
+/// best any placement over that many blocks can do without knowing the future
+/// (a fleet partitions the capacity; duplicating a prefix on two workers
+/// spends it twice).
+#[must_use]
+pub fn pooled_hit_ratio(workload: &Workload, block_size: u32, capacity_blocks: u64) -> f64 {
+    let mut lru = Lru::new(capacity_blocks);
+    let mut keys = Vec::new();
+    let (mut hit, mut total) = (0u64, 0u64);
+    let bs = block_size.max(1);
+    for r in workload.requests() {
+        block_keys(workload.ids(r), r.input_tokens, bs, &mut keys);
+        let limit = (r.input_tokens.saturating_sub(1) / bs) as usize;
+        let prefix = keys.iter().take_while(|k| lru.contains(k.0)).count();
+        hit += (prefix.min(limit) as u64 * u64::from(bs)).min(u64::from(r.input_tokens));
+        total += u64::from(r.input_tokens);
+        for k in &keys {
+            lru.touch(k.0);
+        }
+    }
+    ratio(hit, total)
+}
+
+/// A least-recently-used set of keys: every touch appends `(key, stamp)` to a
+/// queue; a queue record is live while the map still holds its stamp.
+struct Lru {
+    map: std::collections::HashMap<u64, u64, BuildHasherDefault<KeyHasher>>,
+    order: VecDeque<(u64, u64)>,
+    capacity: u64,
+    stamp: u64,
+}
+
+impl Lru {
+    fn new(capacity: u64) -> Self {
+        Self {
+            map: std::collections::HashMap::default(),
+            order: VecDeque::new(),
+            capacity: capacity.max(1),
+            stamp: 0,
+        }
+    }
+
+    fn contains(&self, key: u64) -> bool {
+        self.map.contains_key(&key)
+    }
+
+    fn touch(&mut self, key: u64) {
+        self.stamp += 1;
+        self.map.insert(key, self.stamp);
+        self.order.push_back((key, self.stamp));
+        while self.map.len() as u64 > self.capacity {
+            let Some((k, st)) = self.order.pop_front() else {
+                break;
+            };
+            if self.map.get(&k) == Some(&st) {
+                self.map.remove(&k);
+            }
+        }
+        if self.order.len() > self.map.len() * 2 + 1024 {
+            let map = &self.map;
+            self.order.retain(|(k, st)| map.get(k) == Some(st));
+        }
+    }
+}
+
 #[allow(clippy::cast_precision_loss)]
 fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 {
@@ -123,11 +202,22 @@ pub fn simulate(
 ) -> Result<PolicyReport, FleetError> {
     let n = cfg.workers.max(1);
     let block_size = cfg.worker.block_size.max(1);
-    let rule_cfg = policy.rule_config(n, block_size, cfg.seed, cfg.tuning);
-    let rule = Rule::new(rule_cfg, None).map_err(|source| FleetError::Rule {
-        policy: policy.name(),
-        source,
-    })?;
+    let replicas = (0..cfg.replicas.max(1))
+        .map(|k| {
+            let seed = cfg.seed.wrapping_add(k as u64);
+            let rule_cfg = policy.rule_config(n, block_size, seed, cfg.tuning);
+            let rule = Rule::new(rule_cfg, None).map_err(|source| FleetError::Rule {
+                policy: policy.name(),
+                source,
+            })?;
+            Ok(Replica {
+                rule,
+                tracker: Arc::new(LoadTracker::new(n)),
+                reported: ReportedLoad::new(n, Duration::from_secs(3600)),
+                peer: policy.peer(n, seed),
+            })
+        })
+        .collect::<Result<Vec<_>, FleetError>>()?;
     let index_cfg = IndexConfig {
         capacity_per_endpoint: IndexConfig::default()
             .capacity_per_endpoint
@@ -139,6 +229,7 @@ pub fn simulate(
         window: SeqWindowConfig {
             window: cfg.seq_window,
             on_restart: RestartPolicy::Clear,
+            ..SeqWindowConfig::default()
         },
         ..IngestConfig::default()
     };
@@ -149,7 +240,7 @@ pub fn simulate(
         workload,
         policy,
         contract: ContractId::new(SIM_CONTRACT),
-        rule,
+        replicas,
         index: SharedIndex::new(n, index_cfg),
         ingests: (0..n)
             .map(|i| {
@@ -158,9 +249,8 @@ pub fn simulate(
             })
             .collect(),
         workers: (0..n).map(|_| Worker::new(cfg.worker)).collect(),
-        loads: LoadTable::new(n),
-        in_flight: vec![0; n],
-        queued: vec![0; n],
+        guards: (0..requests).map(|_| None).collect(),
+        front: StdRng::seed_from_u64(cfg.seed ^ 0x6672_6f6e_74),
         timed: BinaryHeap::new(),
         timed_seq: 0,
         deliveries: VecDeque::new(),
@@ -171,11 +261,13 @@ pub fn simulate(
         admissions: Vec::new(),
         keys: Vec::new(),
         decision: Decision::new(),
+        overlaps: Vec::new(),
+        views: Vec::new(),
         ttft_us: vec![u64::MAX; requests],
         e2e_us: vec![u64::MAX; requests],
         cached: vec![0; requests],
         predicted: vec![0; requests],
-        prefill_tokens: vec![0; requests],
+        request_replica: vec![0; requests],
         routed: vec![0; n],
         in_flight_area: vec![0; n],
         over_bound: 0,
@@ -189,19 +281,28 @@ pub fn simulate(
     Ok(sim.report())
 }
 
+/// One gateway replica: its own rule (counters, selector turns, predicted
+/// entries), its own in-flight tracker and its view of the engines' reports.
+struct Replica {
+    rule: Rule,
+    tracker: Arc<LoadTracker>,
+    reported: ReportedLoad,
+    peer: Option<Box<dyn super::peers::PeerPolicy>>,
+}
+
 struct Sim<'a> {
     cfg: &'a FleetConfig,
     block_size: u32,
     workload: &'a Workload,
     policy: Policy,
     contract: ContractId,
-    rule: Rule,
+    replicas: Vec<Replica>,
     index: SharedIndex,
     ingests: Vec<EndpointIngest>,
     workers: Vec<Worker<u32>>,
-    loads: LoadTable,
-    in_flight: Vec<u32>,
-    queued: Vec<u64>,
+    /// Each request's charge on its replica's tracker, from decision to finish.
+    guards: Vec<Option<LoadGuard>>,
+    front: StdRng,
     timed: BinaryHeap<Timed>,
     timed_seq: u64,
     deliveries: VecDeque<(u64, usize, EventBatch)>,
@@ -213,11 +314,14 @@ struct Sim<'a> {
     keys: Vec<BlockKey>,
     /// Reused by every routing decision (no per-request allocation).
     decision: Decision,
+    overlaps: Vec<kvroute_ingest::Overlap>,
+    views: Vec<super::peers::WorkerView>,
     ttft_us: Vec<u64>,
     e2e_us: Vec<u64>,
     cached: Vec<u32>,
     predicted: Vec<u32>,
-    prefill_tokens: Vec<u32>,
+    /// The replica each request went to.
+    request_replica: Vec<u32>,
     routed: Vec<u64>,
     in_flight_area: Vec<u128>,
     over_bound: u64,
@@ -237,6 +341,9 @@ impl Sim<'_> {
         if let Some(c) = self.cfg.concurrency {
             ready.extend(std::iter::repeat_n(0, (c.max(1) as usize).min(total)));
         }
+        if self.cfg.load_poll_us > 0 {
+            self.push_timed(self.cfg.load_poll_us, POLL, 0, 0);
+        }
         loop {
             let arrival = if next >= total {
                 None
@@ -247,21 +354,33 @@ impl Sim<'_> {
             };
             let timed = self.timed.peek().map(|Reverse(e)| e.0);
             let delivery = self.deliveries.front().map(|d| d.0);
+            // Polls alone never keep the loop going.
+            let only_polls = arrival.is_none()
+                && delivery.is_none()
+                && self.timed.iter().all(|Reverse(e)| e.1 == POLL);
+            if only_polls {
+                break;
+            }
             let Some(t) = [timed, delivery, arrival].into_iter().flatten().min() else {
                 break;
             };
             if timed == Some(t) {
-                let Some(Reverse((t, kind, _, w, tokens))) = self.timed.pop() else {
+                let Some(Reverse((t, kind, _, w, r))) = self.timed.pop() else {
                     break;
                 };
-                let w = w as usize;
-                if kind == FINISH {
-                    self.finish(w, t);
-                    if self.cfg.concurrency.is_some() {
-                        ready.push_back(t);
+                let (w, r) = (w as usize, r as usize);
+                match kind {
+                    FINISH => {
+                        self.finish(w, r, t);
+                        if self.cfg.concurrency.is_some() {
+                            ready.push_back(t);
+                        }
                     }
-                } else {
-                    self.first_token(w, tokens);
+                    FIRST_TOKEN => self.first_token(r),
+                    _ => {
+                        self.poll(t);
+                        self.push_timed(t + self.cfg.load_poll_us, POLL, 0, 0);
+                    }
                 }
             } else if delivery == Some(t) {
                 if let Some((_, w, batch)) = self.deliveries.pop_front() {
@@ -278,36 +397,63 @@ impl Sim<'_> {
         }
     }
 
-    fn set_load(&mut self, w: usize) {
-        let (Some(&in_flight), Some(&queued)) = (self.in_flight.get(w), self.queued.get(w)) else {
-            return;
-        };
-        if let Some(l) = self
-            .loads
-            .get_mut(EndpointId(u32::try_from(w).unwrap_or(u32::MAX)))
-        {
-            l.in_flight = in_flight;
-            l.queued_prefill_tokens = queued;
+    fn push_timed(&mut self, t: u64, kind: u8, w: u32, r: u32) {
+        self.timed_seq += 1;
+        self.timed.push(Reverse((t, kind, self.timed_seq, w, r)));
+    }
+
+    /// Every replica reads every engine's running / waiting counts, as the
+    /// gateway's metrics poller does.
+    fn poll(&mut self, t: u64) {
+        let now = Duration::from_micros(t);
+        for (w, worker) in self.workers.iter_mut().enumerate() {
+            worker.advance(t);
+            let report = EngineReport {
+                running: worker.running(),
+                waiting: u32::try_from(worker.waiting()).unwrap_or(u32::MAX),
+                kv_usage: None,
+            };
+            let id = EndpointId(u32::try_from(w).unwrap_or(u32::MAX));
+            for rep in &self.replicas {
+                rep.reported.update(id, report, rep.tracker.load(id), now);
+            }
         }
     }
 
-    fn finish(&mut self, w: usize, t: u64) {
+    fn finish(&mut self, w: usize, r: usize, t: u64) {
         if let Some(worker) = self.workers.get_mut(w) {
             worker.advance(t);
         }
-        if let Some(x) = self.in_flight.get_mut(w) {
-            *x = x.saturating_sub(1);
+        // The response ended: the request stops counting.
+        if let Some(g) = self.guards.get_mut(r) {
+            *g = None;
         }
-        self.set_load(w);
+        if let Some(rep) = self.replica_of(r) {
+            if let Some(p) = rep.peer.as_mut() {
+                p.on_finish(w, t);
+            }
+        }
         self.last_finish = self.last_finish.max(t);
         self.after_step(w, t);
     }
 
-    fn first_token(&mut self, w: usize, tokens: u32) {
-        if let Some(q) = self.queued.get_mut(w) {
-            *q = q.saturating_sub(u64::from(tokens));
+    fn replica_of(&mut self, r: usize) -> Option<&mut Replica> {
+        let k = self.replica_index(r);
+        self.replicas.get_mut(k)
+    }
+
+    /// The replica the front end sent request `r` to (recorded at routing).
+    fn replica_index(&self, r: usize) -> usize {
+        if self.replicas.len() <= 1 {
+            return 0;
         }
-        self.set_load(w);
+        self.request_replica.get(r).copied().unwrap_or(0) as usize
+    }
+
+    fn first_token(&mut self, r: usize) {
+        if let Some(Some(g)) = self.guards.get_mut(r) {
+            g.first_byte();
+        }
     }
 
     /// Routes request `r` arriving at `t`; false if no worker could take it.
@@ -322,38 +468,107 @@ impl Sim<'_> {
             self.block_size,
             &mut self.keys,
         );
-        let request = Request::new(PromptInput::Keys {
-            keys: &self.keys,
-            contract: &self.contract,
-            prompt_tokens: req.input_tokens,
-        });
+        let k = if self.replicas.len() > 1 {
+            self.front.gen_range(0..self.replicas.len())
+        } else {
+            0
+        };
+        if let Some(x) = self.request_replica.get_mut(r) {
+            *x = u32::try_from(k).unwrap_or(0);
+        }
         let now = Duration::from_micros(t);
-        self.rule.decide_into(
-            &mut self.decision,
-            &request,
-            &self.index,
-            &self.loads,
-            &AlwaysAvailable,
-            now,
-        );
-        let decision = &self.decision;
-        let Some(target) = decision.target() else {
-            self.rejected += 1;
+        let Some(rep) = self.replicas.get_mut(k) else {
             return false;
         };
-        let w = target.endpoint.index();
-        let predicted = decision.predicted_cached_tokens(self.block_size);
-        if decision.source() == Source::KvExact {
-            if let Some(p) = self.predicted.get_mut(r) {
-                *p = predicted;
+        let (target, prefill, predicted) = if let Some(peer) = rep.peer.as_mut() {
+            let n = self.workers.len();
+            self.overlaps.clear();
+            self.overlaps.resize(n, kvroute_ingest::Overlap::default());
+            kvroute_ingest::InventoryView::score(&self.index, &self.keys, &mut self.overlaps);
+            self.views.clear();
+            for (w, worker) in self.workers.iter_mut().enumerate() {
+                worker.advance(t);
+                let id = EndpointId(u32::try_from(w).unwrap_or(u32::MAX));
+                let l = if self.cfg.load_poll_us > 0 {
+                    rep.reported.view(&rep.tracker, now).load(id)
+                } else {
+                    rep.tracker.load(id)
+                };
+                let cap = u64::from(worker.config().capacity_blocks.max(1));
+                let used = u64::from(worker.cache().used_blocks());
+                #[allow(clippy::cast_precision_loss)]
+                self.views.push(super::peers::WorkerView {
+                    prefix_blocks: self.overlaps.get(w).map_or(0, |o| o.prefix),
+                    active_prefix_blocks: 0,
+                    in_flight: l.in_flight,
+                    waiting: u32::try_from(worker.waiting()).unwrap_or(u32::MAX),
+                    queued_prefill_tokens: l.queued_prefill_tokens,
+                    active_blocks: used,
+                    kv_usage: used as f64 / cap as f64,
+                    capacity_blocks: cap,
+                });
             }
+            let preq = super::peers::PeerRequest {
+                keys: &self.keys,
+                prompt_tokens: req.input_tokens,
+                block_size: self.block_size,
+            };
+            let w = peer.pick(&preq, &self.views, t).min(n.saturating_sub(1));
+            let prefix = self.overlaps.get(w).map_or(0, |o| o.prefix);
+            let cached = prefix.saturating_mul(self.block_size).min(req.input_tokens);
+            let target = Target {
+                endpoint: EndpointId(u32::try_from(w).unwrap_or(0)),
+                decode: None,
+            };
+            (target, req.input_tokens - cached, cached)
+        } else {
+            let request = Request::new(PromptInput::Keys {
+                keys: &self.keys,
+                contract: &self.contract,
+                prompt_tokens: req.input_tokens,
+            });
+            if self.cfg.load_poll_us > 0 {
+                let view = rep.reported.view(&rep.tracker, now);
+                rep.rule.decide_into(
+                    &mut self.decision,
+                    &request,
+                    &self.index,
+                    &view,
+                    &AlwaysAvailable,
+                    now,
+                );
+            } else {
+                rep.rule.decide_into(
+                    &mut self.decision,
+                    &request,
+                    &self.index,
+                    &rep.tracker,
+                    &AlwaysAvailable,
+                    now,
+                );
+            }
+            let decision = &self.decision;
+            let Some(target) = decision.target() else {
+                self.rejected += 1;
+                return false;
+            };
+            let predicted = if decision.source() == Source::KvExact {
+                decision.predicted_cached_tokens(self.block_size)
+            } else {
+                0
+            };
+            (
+                target,
+                decision.predicted_prefill_tokens(self.block_size),
+                predicted,
+            )
+        };
+        let w = target.endpoint.index();
+        if let Some(p) = self.predicted.get_mut(r) {
+            *p = predicted;
         }
-        // The gateway's estimate of the prefill work this request queues.
-        let prefill = req.input_tokens.saturating_sub(predicted);
-        if let Some(q) = self.prefill_tokens.get_mut(r) {
-            *q = prefill;
-        }
-        self.check_bound(w);
+        let guard = rep.tracker.charge(target, prefill);
+        self.check_bound(k, w);
         let spec = RequestSpec {
             keys: &self.keys,
             tokens: &[],
@@ -371,30 +586,35 @@ impl Sim<'_> {
             self.rejected += 1;
             return false;
         }
-        if let Some(x) = self.in_flight.get_mut(w) {
-            *x += 1;
-        }
-        if let Some(q) = self.queued.get_mut(w) {
-            *q += u64::from(prefill);
+        if let Some(g) = self.guards.get_mut(r) {
+            *g = Some(guard);
         }
         if let Some(x) = self.routed.get_mut(w) {
             *x += 1;
         }
-        self.set_load(w);
         self.after_step(w, t);
         true
     }
 
     /// Counts a placement that takes worker `w` above the bounded-load limit
-    /// `⌈(1+ε)·(Σ in-flight + 1)/n⌉` (the same limit `kv-bounded` enforces).
-    fn check_bound(&mut self, w: usize) {
+    /// `⌈(1+ε)·(Σ in-flight + 1)/n⌉` (the same limit `kv-bounded` enforces),
+    /// as the deciding replica sees the in-flight counts.
+    fn check_bound(&mut self, replica: usize, w: usize) {
+        let Some(rep) = self.replicas.get(replica) else {
+            return;
+        };
+        let n = self.workers.len();
+        let load = |i: usize| {
+            rep.tracker
+                .load(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)))
+                .in_flight
+        };
         let bound = LoadBound {
-            total_in_flight: self.in_flight.iter().map(|x| u64::from(*x)).sum(),
-            total_capacity: self.in_flight.len() as u64,
+            total_in_flight: (0..n).map(|i| u64::from(load(i))).sum(),
+            total_capacity: n as u64,
             factor: 1.0 + self.cfg.tuning.epsilon.max(0.0),
         };
-        let mine = self.in_flight.get(w).copied().unwrap_or(0);
-        if !bound.admits(mine, 1) {
+        if !bound.admits(load(w), 1) {
             self.over_bound += 1;
         }
     }
@@ -408,7 +628,7 @@ impl Sim<'_> {
         let wid = u32::try_from(w).unwrap_or(u32::MAX);
         for a in self.admissions.drain(..) {
             let r = a.tag as usize;
-            let tokens = self.prefill_tokens.get(r).copied().unwrap_or(0);
+            let tag = a.tag;
             if let Some(x) = self.ttft_us.get_mut(r) {
                 *x = a.first_token_us - a.submitted_us;
             }
@@ -427,11 +647,11 @@ impl Sim<'_> {
                 FIRST_TOKEN,
                 self.timed_seq,
                 wid,
-                tokens,
+                tag,
             )));
             self.timed_seq += 1;
             self.timed
-                .push(Reverse((a.finish_us, FINISH, self.timed_seq, wid, 0)));
+                .push(Reverse((a.finish_us, FINISH, self.timed_seq, wid, tag)));
         }
         self.publish(w, t);
     }
@@ -540,7 +760,13 @@ impl Sim<'_> {
             .iter()
             .map(|a| *a as f64 / makespan_us as f64)
             .collect();
-        let counters = self.rule.counters().snapshot();
+        let (mut kv_hits, mut fallbacks, mut load_diversions) = (0, 0, 0);
+        for rep in &self.replicas {
+            let c = rep.rule.counters().snapshot();
+            kv_hits += c.endpoints.iter().map(|e| e.hits).sum::<u64>();
+            fallbacks += c.fallbacks;
+            load_diversions += c.load_diversions;
+        }
         let mut seq = kvroute_ingest::seq::SeqCounters::default();
         let mut clears = 0;
         for ingest in &self.ingests {
@@ -554,6 +780,7 @@ impl Sim<'_> {
             served,
             rejected: self.rejected,
             prefix_hit_ratio: ratio(cached, prompt),
+            hit_over_pooled: 0.0,
             requests_with_hit: ratio(with_hit, served),
             ttft_ms: Summary::of_us(&mut ttft),
             e2e_ms: Summary::of_us(&mut e2e),
@@ -562,9 +789,9 @@ impl Sim<'_> {
             makespan_s,
             load: LoadReport::new(&avg_in_flight, &self.routed, self.over_bound, served),
             routing: RoutingReport {
-                kv_hits: counters.endpoints.iter().map(|e| e.hits).sum(),
-                fallbacks: counters.fallbacks,
-                load_diversions: counters.load_diversions,
+                kv_hits,
+                fallbacks,
+                load_diversions,
                 predicted_cached_tokens: predicted,
                 delivered_of_predicted: delivered_when_predicted,
                 prediction_accuracy: (predicted > 0)

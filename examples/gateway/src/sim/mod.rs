@@ -14,6 +14,7 @@
 //! ```
 
 pub mod fleet;
+pub mod peers;
 pub mod policy;
 pub mod report;
 pub mod trace;
@@ -118,8 +119,20 @@ pub struct RunArgs {
     #[arg(long)]
     concurrency: Option<u32>,
     /// KV events reach the router this many ms after the worker emits them.
-    #[arg(long, default_value_t = 0.0)]
+    /// The default is what the real path adds: vLLM publishes a step's
+    /// events when the step ends (one decode step of the cost model, 20 ms)
+    /// plus the ZeroMQ publish → applied median measured in BENCHMARKS.md
+    /// (≈ 0.06 ms).
+    #[arg(long, default_value_t = DEFAULT_EVENT_DELAY_MS)]
     event_delay_ms: f64,
+    /// Gateway replicas behind a random front end, each with its own
+    /// in-flight view.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Poll the engines' running/waiting counts this often (ms; 0 = never).
+    /// Default: 100 ms with several replicas, never with one.
+    #[arg(long)]
+    load_poll_ms: Option<f64>,
     /// Fraction of KV event batches lost (0..1).
     #[arg(long, default_value_t = 0.0)]
     event_loss: f64,
@@ -140,8 +153,27 @@ pub struct RunArgs {
     /// least-load, p2c).
     #[arg(long, default_value = "rr", value_parser = policy::parse_fallback)]
     bounded_fallback: kvroute_select::SelectorKind,
+    /// `kv-exact`: bounded-load factor c of the cost scorer (inf = no cap).
+    #[arg(long, default_value_t = kvroute_select::CostConfig::default().load_factor)]
+    cost_load_factor: f64,
+    /// `kv-exact`: requests above the bounded-load cap an endpoint may hold.
+    #[arg(long, default_value_t = kvroute_select::CostConfig::default().load_headroom)]
+    cost_load_headroom: u32,
+    /// `kv-exact`: relative cost slack within which the longest prefix is kept.
+    #[arg(long, default_value_t = kvroute_select::CostConfig::default().affinity_slack)]
+    cost_affinity_slack: f64,
+    /// `kv-exact`: prefill-token equivalent of one request in flight.
+    #[arg(long, default_value_t = kvroute_select::CostConfig::default().decode_tokens_per_request)]
+    cost_decode_tokens: f64,
+    /// `kv-exact`: weight of the request's own uncached prefill.
+    #[arg(long, default_value_t = kvroute_select::CostConfig::default().prefill_weight)]
+    cost_prefill_weight: f64,
+    /// `kv-exact`: turn predicted entries off.
+    #[arg(long)]
+    no_predicted: bool,
     /// Comma-separated policies: all, rr, least-load, p2c, chwbl, kv-overlap,
-    /// kv-prefix, kv-bounded.
+    /// kv-prefix, kv-bounded, kv-exact (the default scorer), dynamo-cost,
+    /// smg-cache-aware, llmd-weighted.
     #[arg(long, default_value = "all")]
     policies: String,
     /// Write the results as JSON.
@@ -151,6 +183,9 @@ pub struct RunArgs {
     #[arg(long)]
     svg: Option<PathBuf>,
 }
+
+/// Default KV event delay of `kvroute sim run`, ms (see `--event-delay-ms`).
+pub const DEFAULT_EVENT_DELAY_MS: f64 = 20.06;
 
 /// Runs `kvroute sim`.
 pub fn run(args: &SimArgs) -> ExitCode {
@@ -234,6 +269,11 @@ pub fn simulate_all(
             requests: workload.len() as u64,
             prompt_tokens: workload.prompt_tokens(),
             ideal_prefix_hit_ratio: fleet::ideal_hit_ratio(&workload, block_size),
+            pooled_prefix_hit_ratio: fleet::pooled_hit_ratio(
+                &workload,
+                block_size,
+                u64::from(f.worker.capacity_blocks) * f.workers as u64,
+            ),
         },
         fleet: FleetReport {
             workers: f.workers,
@@ -255,11 +295,21 @@ pub fn simulate_all(
             tokens_per_in_flight: f.tuning.tokens_per_in_flight,
             bounded_fallback: format!("{:?}", f.tuning.bounded_fallback),
             seed: f.seed,
+            replicas: f.replicas,
+            #[allow(clippy::cast_precision_loss)]
+            load_poll_ms: f.load_poll_us as f64 / 1000.0,
         },
         policies: Vec::with_capacity(plan.policies.len()),
     };
+    let pooled = report.workload.pooled_prefix_hit_ratio;
     for &p in &plan.policies {
-        report.policies.push(fleet::simulate(&workload, f, p)?);
+        let mut r = fleet::simulate(&workload, f, p)?;
+        r.hit_over_pooled = if pooled > 0.0 {
+            r.prefix_hit_ratio / pooled
+        } else {
+            0.0
+        };
+        report.policies.push(r);
     }
     Ok(report)
 }
@@ -285,6 +335,16 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
     let policies = Policy::parse_list(&args.policies).map_err(anyhow::Error::msg)?;
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let event_delay_us = (args.event_delay_ms * 1000.0).round() as u64;
+    anyhow::ensure!(args.replicas >= 1, "--replicas must be at least 1");
+    let poll_ms = args
+        .load_poll_ms
+        .unwrap_or(if args.replicas > 1 { 100.0 } else { 0.0 });
+    anyhow::ensure!(
+        poll_ms.is_finite() && poll_ms >= 0.0,
+        "--load-poll-ms must be a non-negative number"
+    );
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let load_poll_us = (poll_ms * 1000.0).round() as u64;
     Ok(RunPlan {
         fleet: FleetConfig {
             workers: args.workers,
@@ -310,7 +370,18 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
                 chwbl_factor: args.chwbl_factor,
                 tokens_per_in_flight: args.tokens_per_in_flight,
                 bounded_fallback: args.bounded_fallback,
+                cost: kvroute_select::CostConfig {
+                    load_factor: args.cost_load_factor,
+                    affinity_slack: args.cost_affinity_slack,
+                    decode_tokens_per_request: args.cost_decode_tokens,
+                    prefill_weight: args.cost_prefill_weight,
+                    load_headroom: args.cost_load_headroom,
+                    ..kvroute_select::CostConfig::default()
+                },
+                predicted: !args.no_predicted,
             },
+            replicas: args.replicas,
+            load_poll_us,
         },
         policies,
         time_scale: args.time_scale,

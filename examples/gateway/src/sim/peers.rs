@@ -42,7 +42,6 @@
 
 // The event loop in `fleet.rs` wires these in; until it does, the binary
 // only uses them from tests.
-#![allow(dead_code)]
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};

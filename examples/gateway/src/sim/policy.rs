@@ -10,9 +10,14 @@
 //! | `kv-overlap` | KV-exact, `Scorer::OverlapCount`, round-robin fallback (the reference behaviour) |
 //! | `kv-prefix` | KV-exact, `Scorer::LongestPrefix`, round-robin fallback |
 //! | `kv-bounded` | KV-exact, `Scorer::LoadAware` (bounded load, ε = 0.25 by default), round-robin fallback (`--bounded-fallback`) |
+//! | `kv-exact` | **the default**: exactly what `kvroute serve` runs for a KV-exact rule that names no scorer — `RuleConfig::kv_exact` untouched (`Scorer::Cost`, least-load fallback, predicted entries) |
+//! | `dynamo-cost` | NVIDIA Dynamo's KV router cost function, re-implemented in [`super::peers`] |
+//! | `smg-cache-aware` | SGLang Model Gateway's `cache_aware` policy (approximate tree, no events), [`super::peers`] |
+//! | `llmd-weighted` | llm-d's weighted prefix / queue / KV-utilisation scorers, [`super::peers`] |
 
 use kvroute_select::{
-    Choice, ContractId, Endpoint, LoadAwareConfig, Role, RuleConfig, Scorer, SelectorKind, Topology,
+    Choice, ContractId, CostConfig, Endpoint, LoadAwareConfig, Role, RuleConfig, Scorer,
+    SelectorKind, Topology,
 };
 
 /// One compared policy.
@@ -32,6 +37,14 @@ pub enum Policy {
     KvPrefix,
     /// KV-exact, load-aware with a bounded-load cap.
     KvBounded,
+    /// KV-exact with the library's default scorer (what `serve` runs).
+    KvExact,
+    /// NVIDIA Dynamo's cost function.
+    DynamoCost,
+    /// SGLang Model Gateway's `cache_aware`.
+    SmgCacheAware,
+    /// llm-d's weighted scorers.
+    LlmdWeighted,
 }
 
 /// Knobs of the load-bounded policies.
@@ -45,6 +58,11 @@ pub struct Tuning {
     pub tokens_per_in_flight: f64,
     /// `kv-bounded`: the selector used when no worker holds any of the prompt.
     pub bounded_fallback: SelectorKind,
+    /// `kv-exact`: the cost scorer's parameters (the library default unless
+    /// overridden on the command line).
+    pub cost: CostConfig,
+    /// `kv-exact`: predicted entries on (the library default) or off.
+    pub predicted: bool,
 }
 
 impl Default for Tuning {
@@ -54,6 +72,8 @@ impl Default for Tuning {
             chwbl_factor: 1.25,
             tokens_per_in_flight: LoadAwareConfig::default().tokens_per_in_flight,
             bounded_fallback: SelectorKind::RoundRobin,
+            cost: CostConfig::default(),
+            predicted: true,
         }
     }
 }
@@ -63,7 +83,7 @@ pub const SIM_CONTRACT: &str = "kvroute-sim/mooncake-chain";
 
 impl Policy {
     /// Every policy, in report order.
-    pub const ALL: [Policy; 7] = [
+    pub const ALL: [Policy; 11] = [
         Policy::RoundRobin,
         Policy::LeastLoad,
         Policy::PowerOfTwo,
@@ -71,6 +91,10 @@ impl Policy {
         Policy::KvOverlap,
         Policy::KvPrefix,
         Policy::KvBounded,
+        Policy::KvExact,
+        Policy::DynamoCost,
+        Policy::SmgCacheAware,
+        Policy::LlmdWeighted,
     ];
 
     /// The CLI / report name.
@@ -84,6 +108,23 @@ impl Policy {
             Policy::KvOverlap => "kv-overlap",
             Policy::KvPrefix => "kv-prefix",
             Policy::KvBounded => "kv-bounded",
+            Policy::KvExact => "kv-exact",
+            Policy::DynamoCost => "dynamo-cost",
+            Policy::SmgCacheAware => "smg-cache-aware",
+            Policy::LlmdWeighted => "llmd-weighted",
+        }
+    }
+
+    /// The peer re-implementation behind a peer policy (`None` for kvroute's
+    /// own rules).
+    #[must_use]
+    pub fn peer(self, workers: usize, seed: u64) -> Option<Box<dyn super::peers::PeerPolicy>> {
+        use super::peers::{DynamoCost, LlmdWeighted, SmgCacheAware};
+        match self {
+            Policy::DynamoCost => Some(Box::new(DynamoCost::new(workers, seed))),
+            Policy::SmgCacheAware => Some(Box::new(SmgCacheAware::new(workers, seed))),
+            Policy::LlmdWeighted => Some(Box::new(LlmdWeighted::new(workers, seed))),
+            _ => None,
         }
     }
 
@@ -124,7 +165,7 @@ impl Policy {
     pub fn uses_inventory(self) -> bool {
         matches!(
             self,
-            Policy::KvOverlap | Policy::KvPrefix | Policy::KvBounded
+            Policy::KvOverlap | Policy::KvPrefix | Policy::KvBounded | Policy::KvExact
         )
     }
 
@@ -154,8 +195,22 @@ impl Policy {
             Policy::Chwbl => cfg.choice = Choice::ContentAffinity,
             Policy::LeastLoad => cfg.fallback = SelectorKind::LeastLoad,
             Policy::PowerOfTwo => cfg.fallback = SelectorKind::PowerOfTwoChoices,
-            Policy::KvOverlap => cfg.scorer = Scorer::OverlapCount,
-            Policy::KvPrefix => cfg.scorer = Scorer::LongestPrefix,
+            // The peers route outside the rule; it only names them.
+            Policy::KvExact => {
+                cfg.scorer = Scorer::Cost(t.cost);
+                if !t.predicted {
+                    cfg.predicted.capacity = 0;
+                }
+            }
+            Policy::DynamoCost | Policy::SmgCacheAware | Policy::LlmdWeighted => {}
+            Policy::KvOverlap => {
+                cfg.scorer = Scorer::OverlapCount;
+                cfg.fallback = SelectorKind::RoundRobin;
+            }
+            Policy::KvPrefix => {
+                cfg.scorer = Scorer::LongestPrefix;
+                cfg.fallback = SelectorKind::RoundRobin;
+            }
             Policy::KvBounded => {
                 cfg.scorer = Scorer::LoadAware(LoadAwareConfig {
                     epsilon: t.epsilon,

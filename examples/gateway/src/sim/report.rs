@@ -133,6 +133,8 @@ pub struct PolicyReport {
     pub rejected: u64,
     /// Prompt tokens served from a worker's prefix cache over all prompt tokens.
     pub prefix_hit_ratio: f64,
+    /// `prefix_hit_ratio` over the workload's pooled bound.
+    pub hit_over_pooled: f64,
     /// Requests with at least one cached block.
     pub requests_with_hit: f64,
     /// Time to first token.
@@ -164,6 +166,8 @@ pub struct WorkloadReport {
     pub prompt_tokens: u64,
     /// Prefix-hit ratio of one infinite shared cache (an upper bound).
     pub ideal_prefix_hit_ratio: f64,
+    /// The `pooled` bound: one LRU cache with the fleet's total capacity.
+    pub pooled_prefix_hit_ratio: f64,
 }
 
 /// The fleet as configured.
@@ -205,6 +209,10 @@ pub struct FleetReport {
     pub bounded_fallback: String,
     /// Seed.
     pub seed: u64,
+    /// Gateway replicas behind a random front end.
+    pub replicas: usize,
+    /// Engine load poll interval, ms (0 = never).
+    pub load_poll_ms: f64,
 }
 
 /// A whole run: what `--json` writes. Holds no wall-clock figures, so the same
@@ -233,14 +241,23 @@ impl SimReport {
         );
         let _ = writeln!(
             s,
-            "ideal prefix-hit ratio (one infinite cache): {:.1}%",
-            w.ideal_prefix_hit_ratio * 100.0
+            "ideal prefix-hit ratio (one infinite cache): {:.1}%; pooled bound (one LRU cache of the fleet's capacity): {:.1}%",
+            w.ideal_prefix_hit_ratio * 100.0,
+            w.pooled_prefix_hit_ratio * 100.0
         );
+        if f.replicas > 1 {
+            let _ = writeln!(
+                s,
+                "{} gateway replicas behind a random front end; engine load polled every {} ms",
+                f.replicas, f.load_poll_ms
+            );
+        }
         let _ = writeln!(
             s,
-            "{:<11} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>7}",
+            "{:<15} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>7}",
             "policy",
             "hit%",
+            "/pool",
             "ttft_mean",
             "ttft_p50",
             "ttft_p99",
@@ -254,9 +271,10 @@ impl SimReport {
         for p in &self.policies {
             let _ = writeln!(
                 s,
-                "{:<11} {:>6.1} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>6.1}%",
+                "{:<15} {:>6.1} {:>6.2} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>6.1}%",
                 p.policy,
                 p.prefix_hit_ratio * 100.0,
+                p.hit_over_pooled,
                 p.ttft_ms.mean,
                 p.ttft_ms.p50,
                 p.ttft_ms.p99,
@@ -277,7 +295,7 @@ impl SimReport {
             {
                 let _ = writeln!(
                     s,
-                    "{:<11} events: {} batches, {} lost, {} gaps kept, {} cleared; prediction accuracy {:.1}%",
+                    "{:<15} events: {} batches, {} lost, {} gaps kept, {} cleared; prediction accuracy {:.1}%",
                     p.policy,
                     p.events.batches,
                     p.events.lost,
@@ -287,7 +305,7 @@ impl SimReport {
                 );
             }
         }
-        s.push_str("(ms; load_mx = time-averaged in-flight max/mean; route_mx = routed max/mean; ovr_bnd = placements above the bounded-load cap)\n");
+        s.push_str("(ms; /pool = hit ratio over the pooled bound; load_mx = time-averaged in-flight max/mean; route_mx = routed max/mean; ovr_bnd = placements above the bounded-load cap)\n");
         s
     }
 
