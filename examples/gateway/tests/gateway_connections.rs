@@ -160,6 +160,26 @@ async fn silent_connections_are_closed_after_the_first_byte_timeout() {
     );
     // The gateway keeps serving.
     assert_eq!(normal_request(&gw).await, 200);
+    // A complete HTTP/2 preface passes the guard: the server answers with its
+    // SETTINGS frame and the first-byte deadline no longer applies.
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(proxy).unwrap();
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+        s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap(); // empty SETTINGS
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut frame = [0u8; 9];
+        s.read_exact(&mut frame).unwrap();
+        assert_eq!(
+            frame[3], 4,
+            "the server's first HTTP/2 frame is SETTINGS: {frame:?}"
+        );
+        assert!(
+            !closed_within(&mut s, Duration::from_millis(1500)),
+            "an HTTP/2 connection past its preface is not cut by the first-byte deadline"
+        );
+    })
+    .await
+    .unwrap();
     let text = std::fs::read_to_string(log.path()).unwrap();
     let line = text
         .lines()
