@@ -167,56 +167,118 @@ async fn one_engine_on_another_seed_is_the_only_mismatch() {
     }
 }
 
-/// Issue 14 (3): with a wrong seed for every engine, the misses are counted as
-/// `contract_mismatch`, not `zero_overlap`, and no hit is claimed. (Observed on
-/// the tree of 2026-12-01 10:10 UTC: every endpoint reads `mismatch`, yet the
-/// rule counts kv_exact decisions, hits and predicted_blocks while each
-/// endpoint's predicted_cached_tokens stays 0.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pending issue 14 fix: under a mismatched contract the rule counts kv_exact hits and predicted_blocks no key can produce (receipts predict 0) and no contract_mismatch miss"]
-async fn wrong_seed_misses_are_contract_mismatch() {
-    let bad = StandinOpts {
-        seed: Some("1"),
-        ..StandinOpts::default()
-    };
-    let engines = [Standin::start(bad.clone()), Standin::start(bad)];
+/// The three ways an engine's contract differs from the rule's (issue 14 (3)):
+/// (what, engine options, the word the mismatch cause must name).
+fn wrong_contracts() -> [(&'static str, StandinOpts, &'static str); 3] {
+    [
+        (
+            "PYTHONHASHSEED=1",
+            StandinOpts {
+                seed: Some("1"),
+                ..StandinOpts::default()
+            },
+            "seed",
+        ),
+        (
+            "--prefix-caching-hash-algo sha256",
+            StandinOpts {
+                hash: "sha256",
+                ..StandinOpts::default()
+            },
+            "algorithm",
+        ),
+        (
+            "--block-size 32",
+            StandinOpts {
+                block_size: 32,
+                ..StandinOpts::default()
+            },
+            "block size",
+        ),
+    ]
+}
+
+/// Two engines with `opts` behind a `CONTRACT` rule, 12 chat requests through it.
+async fn mismatched_fleet(opts: &StandinOpts) -> ([Standin; 2], Gateway) {
+    let engines = [Standin::start(opts.clone()), Standin::start(opts.clone())];
     let eps_toml: String = engines.iter().map(|e| e.endpoint_toml("both")).collect();
     let gw = Gateway::start(&config("converged", CONTRACT, &eps_toml));
     wait_subscribed(&gw).await;
     let r = small_workload(4, 3).run(&gw.url("")).await;
     assert_eq!(r.requests, 12);
-    eventually("mismatch detected", || async {
-        let eps = endpoints(&gw).await;
-        eps.iter()
-            .all(|e| e["contract_status"] == "mismatch")
-            .then_some(())
-    })
-    .await;
-    let before = counters(&gw, "kv").await;
-    // The engines hit (their own keys), the gateway cannot predict anything.
-    let r = small_workload(6, 4).run(&gw.url("")).await;
-    assert!(r.cached_tokens > 0, "{r:?}");
-    let after = counters(&gw, "kv").await;
-    let delta =
-        |k: &str| after["misses"][k].as_u64().unwrap() - before["misses"][k].as_u64().unwrap();
-    assert_eq!(delta("zero_overlap"), 0, "{before} -> {after}");
-    assert!(delta("contract_mismatch") >= 24, "{before} -> {after}");
-    // No key can match: the counters must not claim hits the receipts do not.
-    let hits = |c: &Value| -> u64 {
-        c["hits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| h.as_u64().unwrap())
-            .sum()
-    };
-    assert_eq!(hits(&after), hits(&before), "{before} -> {after}");
-    assert_eq!(
-        after["predicted_blocks"], before["predicted_blocks"],
-        "{after}"
-    );
-    for e in endpoints(&gw).await {
-        assert_eq!(e["predicted_cached_tokens"], 0, "{e}");
+    (engines, gw)
+}
+
+/// Issue 14 (3), the status side: a seed, algorithm or block size that differs
+/// from the contract reads `mismatch` on every endpoint with the likely cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_contract_reads_mismatch_with_its_cause() {
+    for (what, opts, word) in wrong_contracts() {
+        let (_engines, gw) = mismatched_fleet(&opts).await;
+        let eps = eventually("mismatch detected", || async {
+            let eps = endpoints(&gw).await;
+            eps.iter()
+                .all(|e| e["contract_status"] == "mismatch")
+                .then_some(eps)
+        })
+        .await;
+        for e in &eps {
+            let cause = e["contract_mismatch_cause"].as_str().unwrap_or_default();
+            assert!(
+                cause.contains(word),
+                "{what}: cause {cause:?} should name {word:?}: {e}"
+            );
+        }
+    }
+}
+
+/// Issue 14 (3), the counting side: under a wrong seed, algorithm or block
+/// size the misses are counted as `contract_mismatch`, not `zero_overlap`, and
+/// no hit is claimed. (Observed on the tree of 2026-12-01 10:10 UTC with a
+/// wrong seed: every endpoint reads `mismatch`, yet the rule counts kv_exact
+/// decisions, hits and predicted_blocks while each endpoint's
+/// predicted_cached_tokens stays 0.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "pending issue 14 fix: under a mismatched contract the rule counts kv_exact hits and predicted_blocks no key can produce (receipts predict 0) and no contract_mismatch miss"]
+async fn wrong_contract_misses_are_contract_mismatch() {
+    for (what, opts, _) in wrong_contracts() {
+        let (_engines, gw) = mismatched_fleet(&opts).await;
+        eventually("mismatch detected", || async {
+            let eps = endpoints(&gw).await;
+            eps.iter()
+                .all(|e| e["contract_status"] == "mismatch")
+                .then_some(())
+        })
+        .await;
+        let before = counters(&gw, "kv").await;
+        // The engines hit (their own keys); the gateway cannot predict anything.
+        let r = small_workload(6, 4).run(&gw.url("")).await;
+        assert!(r.cached_tokens > 0, "{what}: {r:?}");
+        let after = counters(&gw, "kv").await;
+        let delta =
+            |k: &str| after["misses"][k].as_u64().unwrap() - before["misses"][k].as_u64().unwrap();
+        assert_eq!(delta("zero_overlap"), 0, "{what}: {before} -> {after}");
+        assert!(
+            delta("contract_mismatch") >= 24,
+            "{what}: {before} -> {after}"
+        );
+        // No key can match: the counters must not claim hits the receipts do not.
+        let hits = |c: &Value| -> u64 {
+            c["hits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h.as_u64().unwrap())
+                .sum()
+        };
+        assert_eq!(hits(&after), hits(&before), "{what}: {before} -> {after}");
+        assert_eq!(
+            after["predicted_blocks"], before["predicted_blocks"],
+            "{what}: {after}"
+        );
+        for e in endpoints(&gw).await {
+            assert_eq!(e["predicted_cached_tokens"], 0, "{what}: {e}");
+        }
     }
 }
 

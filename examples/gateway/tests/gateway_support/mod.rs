@@ -442,6 +442,8 @@ pub struct StandinOpts {
     pub seed: Option<&'static str>,
     /// KV capacity in blocks (including vLLM's null block).
     pub num_blocks: u32,
+    /// `--block-size`.
+    pub block_size: u32,
     /// Replay buffer, in steps.
     pub buffer_steps: u32,
     /// `both`, `prefill` or `decode`.
@@ -456,6 +458,7 @@ impl Default for StandinOpts {
             hash: "sha256_cbor",
             seed: Some("0"),
             num_blocks: 256,
+            block_size: 16,
             buffer_steps: 10_000,
             role: "both",
             step_ms: 1.0,
@@ -497,6 +500,7 @@ impl Standin {
             .arg(model_dir())
             .args(["--hash", opts.hash])
             .args(["--num-blocks", &opts.num_blocks.to_string()])
+            .args(["--block-size", &opts.block_size.to_string()])
             .args(["--buffer-steps", &opts.buffer_steps.to_string()])
             .args(["--role", opts.role])
             .args(["--step-ms", &opts.step_ms.to_string()])
