@@ -237,7 +237,10 @@ async fn wrong_contract_reads_mismatch_with_its_cause() {
 /// no hit is claimed. (Observed on the tree of 2026-12-01 10:10 UTC with a
 /// wrong seed: every endpoint reads `mismatch`, yet the rule counts kv_exact
 /// decisions, hits and predicted_blocks while each endpoint's
-/// predicted_cached_tokens stays 0.)
+/// predicted_cached_tokens stays 0: the hits come from the speculative
+/// overlap, the gateway's memory of keys it routed itself (`KvScoring::
+/// speculative` in kvroute-select), which engine events never confirm under
+/// a mismatched contract; receipts use the confirmed prefix only.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "pending issue 14 fix: under a mismatched contract the rule counts kv_exact hits and predicted_blocks no key can produce (receipts predict 0) and no contract_mismatch miss"]
 async fn wrong_contract_misses_are_contract_mismatch() {
