@@ -113,3 +113,46 @@ fn an_injected_live_batch_at_u64_max_is_dropped_and_counted() {
     assert_eq!((m.implausible_frames, m.clears), (2, 0), "{m:?}");
     assert_eq!(m.last_seq, Some(20));
 }
+
+/// A replay whose only answer is a plausible but far number (2^40, below
+/// `max_seq`) becomes the stream's first batch; the live stream below it is
+/// then a restart (cleared once, applied), never swallowed as "already
+/// replayed" (the subscriber's dedupe covers only the replayed range).
+#[test]
+fn a_replay_answering_only_a_far_number_is_followed_by_a_restart() {
+    let port = free_port_pair();
+    let replay_port = free_port_pair();
+    let mut config = RigConfig::new(
+        ZmqSubscriberConfig::new(ZmqEndpoint::connect(format!("tcp://127.0.0.1:{port}")))
+            .replay_endpoint(format!("tcp://127.0.0.1:{replay_port}")),
+    );
+    config.bootstrap = true;
+    let mut publisher = publisher(
+        port,
+        Some(replay_port),
+        &format!(
+            r#"[{{"op":"poison_replay","seq":{far}}},
+            {{"op":"wait_subscriber"}},
+            {{"op":"serve","ms":700}},
+            {{"op":"publish","count":18,"rate":200}},
+            {{"op":"serve","ms":5000}}]"#,
+            far = 1u64 << 40
+        ),
+    );
+    let rig = Rig::start(config);
+    publisher.expect("REPLAYED", T);
+    rig.wait_for("every live batch", T, |r| {
+        (0..18).all(|s| r.has(synthetic_key(0, s)))
+    });
+    let (m, sink) = rig.finish();
+    println!("SEQ INTEGRITY replay answering only 2^40: {m:?}");
+    let ingest = sink.inner.ingest().endpoint_ingest();
+    assert_eq!(m.replay_duplicates_dropped, 0, "{m:?}");
+    assert_eq!(ingest.seq_counters().restarts, 1);
+    assert!(!sink.inner.ingest().index().contains(
+        fault::EP,
+        kvroute_core::BlockKey(synthetic_key(0, 999_999)),
+        kvroute_core::Medium::Gpu
+    ));
+    assert_eq!(m.last_seq, Some(17));
+}

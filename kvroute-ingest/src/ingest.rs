@@ -579,7 +579,9 @@ impl EndpointIngest {
             self.counters.replays_incomplete += 1;
         }
         if late || !completed {
-            tracing::warn!(
+            // The WARN comes with the endpoint turning partial (the batches this
+            // replay could not deliver are counted there), once.
+            tracing::info!(
                 endpoint = %self.name,
                 requested_from,
                 ?first_seq,

@@ -62,6 +62,11 @@ pub struct InventoryHealth {
     /// Batches of the engine's current process whose effects the inventory is
     /// known to lack (0: complete as far as the sequence numbers tell).
     pub missing_batches: u64,
+    /// Clears of the endpoint's inventory so far (restart, gap, reset,
+    /// `AllBlocksCleared`): when it changes, anything predicted from the old
+    /// inventory (e.g. blocks a recent decision expected the engine to cache)
+    /// is void.
+    pub clears: u64,
 }
 
 impl InventoryHealth {

@@ -225,8 +225,10 @@ pub struct ZmqSubscriber {
 /// Per-connection state.
 #[derive(Debug, Default)]
 struct Connection {
-    /// Live frames with seq ≤ this were already delivered by a replay.
-    replayed_through: Option<u64>,
+    /// Live frames with seq in this range (first, last) were already delivered
+    /// by a replay. Below its first they were not: a replay answering one
+    /// forged high number must not swallow the live stream (issue 15 #5).
+    replayed: Option<(u64, u64)>,
     /// Peers currently connected (a bound socket may see an old and a new engine
     /// process overlap).
     peers: u32,
@@ -326,7 +328,7 @@ impl ZmqSubscriber {
                             if conn.peers == 0 {
                                 self.metrics.set_connected(false);
                                 sink.on_disconnected();
-                                conn.replayed_through = None;
+                                conn.replayed = None;
                             }
                             if self.config.endpoint.role == SocketRole::Connect {
                                 break Exit::Redial;
@@ -481,13 +483,16 @@ impl ZmqSubscriber {
             self.metrics.other_topic();
             return;
         }
-        if conn.replayed_through.is_some_and(|through| seq <= through) {
+        if conn
+            .replayed
+            .is_some_and(|(first, last)| first <= seq && seq <= last)
+        {
             self.metrics.replay_duplicate();
             return;
         }
         // The first live frame past the replay ends the dedupe window: a later
         // smaller seq is a restart, not a duplicate.
-        conn.replayed_through = None;
+        conn.replayed = None;
         let report = sink.on_frame(Frame {
             topic,
             seq,
@@ -531,8 +536,8 @@ impl ZmqSubscriber {
                 },
             };
             tracing::debug!(?outcome, "zmq subscriber: replay done");
-            if let Some(last) = outcome.last_seq {
-                conn.replayed_through = Some(last);
+            if let (Some(first), Some(last)) = (outcome.first_seq, outcome.last_seq) {
+                conn.replayed = Some((first, last));
             }
             let report = sink.on_replay_done(&outcome);
             self.metrics.replay_end(&report);

@@ -38,7 +38,7 @@ use kvroute_engines::transport::{
 };
 use kvroute_ingest::attest::{AttestCounters, ContractAttestor, ContractStatus, KeyAttestor};
 use kvroute_ingest::rekey::{BlockRekeyer, XxhChainRekeyer};
-use kvroute_ingest::seq::{SeqCounters, SeqWindowConfig};
+use kvroute_ingest::seq::{RestartPolicy, SeqCounters, SeqWindowConfig};
 use kvroute_ingest::{
     Completeness, EndpointIngest, IndexConfig, IngestConfig, IngestCounters, InventoryHealth,
     InventoryView, KeyMode, Overlap, SharedIndex,
@@ -68,6 +68,10 @@ pub struct SlotSpec {
     pub name: String,
     /// Fed by a destructive drain (TensorRT-LLM): any `event_id` gap clears.
     pub drain: bool,
+    /// Every DP rank has the engine's replay socket: a detected restart
+    /// replays the new process's buffer from 0 ([`RestartPolicy::Replay`]), so
+    /// what it stored before our re-dial is learned too.
+    pub replay: bool,
 }
 
 impl From<&EndpointSpec> for SlotSpec {
@@ -75,6 +79,7 @@ impl From<&EndpointSpec> for SlotSpec {
         Self {
             name: e.url.clone(),
             drain: e.drain.is_some(),
+            replay: !e.events.is_empty() && e.events.iter().all(|s| s.replay.is_some()),
         }
     }
 }
@@ -93,6 +98,11 @@ fn new_ingest(
         expected_block_size: contract.map(|c| c.block_size().get()),
         window: if spec.drain {
             SeqWindowConfig::destructive_drain()
+        } else if spec.replay {
+            SeqWindowConfig {
+                on_restart: RestartPolicy::Replay,
+                ..SeqWindowConfig::default()
+            }
         } else {
             SeqWindowConfig::default()
         },
@@ -280,14 +290,6 @@ impl RuleInventory {
         self.with(slot, EndpointIngest::likely_mismatch_cause)
     }
 
-    /// The rule's contract status over all endpoints (`mismatch` when any
-    /// endpoint is mismatched; see [`Self::endpoint_contract_status`] for
-    /// which).
-    #[must_use]
-    pub fn contract_status(&self) -> &'static str {
-        status_label(self.attestation().status(), self.rekeyed)
-    }
-
     /// Whether endpoint `slot`'s inventory holds everything its engine reported.
     #[must_use]
     pub fn completeness(&self, slot: usize) -> Completeness {
@@ -354,6 +356,7 @@ impl InventoryView for RuleInventory {
         self.with(endpoint, |i| InventoryHealth {
             contract_mismatch: matches!(i.contract_status(), ContractStatus::Mismatch { .. }),
             missing_batches: i.missing_batches(),
+            clears: i.counters().clears,
         })
     }
 }
@@ -369,6 +372,7 @@ mod tests {
             .map(|i| SlotSpec {
                 name: format!("http://127.0.0.1:{}", 8000 + i),
                 drain: false,
+                replay: false,
             })
             .collect()
     }
@@ -439,7 +443,7 @@ mod tests {
                 ..EventBatch::default()
             };
             let _ = inv.ingests[0].lock().apply_batch(&batch, &inv.index);
-            assert_eq!(inv.contract_status(), "mismatch", "{c}");
+            assert_eq!(inv.endpoint_contract_status(0), "mismatch", "{c}");
             assert_eq!(inv.attestation().mismatched_blocks, 2, "{c}");
         }
     }
@@ -449,7 +453,7 @@ mod tests {
         let contract: HashContract = "rekey:xxh3_64_chain:block=4:seed=1337".parse().unwrap();
         let inv = Arc::new(RuleInventory::new(&slots(1), Some(&contract)));
         assert!(inv.is_rekeyed());
-        assert_eq!(inv.contract_status(), "rekeyed");
+        assert_eq!(inv.endpoint_contract_status(0), "rekeyed");
         let tokens: Vec<u32> = (100..116).collect();
         // Two events: blocks 0-1 at the root, then 2-3 under engine key 0xB.
         let first = EventBatch {
@@ -510,6 +514,7 @@ mod tests {
         let spec = [SlotSpec {
             name: "http://127.0.0.1:8000".into(),
             drain: true,
+            replay: false,
         }];
         let inv = Arc::new(RuleInventory::new(&spec, Some(&contract)));
         let mut sink = inv.drain_sink(0, 32).unwrap();
@@ -523,7 +528,7 @@ mod tests {
         let att = inv.attestation();
         assert!(att.verified_blocks > 0, "{att:?}");
         assert_eq!(att.mismatched_blocks, 0, "{att:?}");
-        assert_eq!(inv.contract_status(), "verified");
+        assert_eq!(inv.endpoint_contract_status(0), "verified");
         assert!(inv.seq_counters(0).first > 0);
         // The `created` event bounded the endpoint (7454 GPU, 2048 host blocks).
         assert_eq!(inv.capacity(0, Medium::Gpu), Some(7454));
@@ -562,7 +567,7 @@ mod tests {
         assert_eq!(inv.endpoint_contract_status(0), "verified");
         assert_eq!(inv.endpoint_contract_status(1), "mismatch");
         assert_eq!(inv.endpoint_contract_status(2), "verified");
-        assert_eq!(inv.contract_status(), "mismatch");
+        assert_eq!(status_label(inv.attestation().status(), false), "mismatch");
         assert!(inv
             .mismatch_cause(1)
             .unwrap()
