@@ -326,6 +326,38 @@ mod tests {
         assert_eq!(ingest.seq_counters().near_reconnects, 1);
     }
 
+    /// Issue 14 Must 2: a bootstrap replay that fails or times out is a
+    /// detected gap: counted, and the first live batch's number tells how many
+    /// batches the inventory lacks.
+    #[test]
+    fn a_failed_bootstrap_replay_leaves_the_endpoint_partial() {
+        let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
+        let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+        let mut sink = DecodingSink::new(
+            EngineKind::Vllm,
+            IndexIngest::new(ingest, index.clone(), Some(0), true),
+        )
+        .unwrap();
+        assert_eq!(sink.on_connected(), SinkAction::Replay { from_seq: 0 });
+        let end = sink.on_replay_done(&ReplayOutcome {
+            requested_from: 0,
+            completed: false,
+            ..ReplayOutcome::default()
+        });
+        assert!(!end.cleared);
+        let first = payload("01_store_prompt_two_blocks.msgpack");
+        let _ = sink.on_frame(frame(41, &first, FrameSource::Live));
+        let ingest = sink.ingest().endpoint_ingest();
+        assert_eq!(ingest.counters().replays_incomplete, 1);
+        assert_eq!(
+            ingest.completeness(),
+            Completeness::Partial {
+                missing_batches: 41
+            }
+        );
+        assert_eq!(ingest.counters().partial_episodes, 1);
+    }
+
     /// Two DP ranks of one endpoint share its ingest: each is judged in its own
     /// window (by the subscriber's rank, not the payload's), both fill the one
     /// inventory, and a bootstrap replay that starts late makes the endpoint
