@@ -437,8 +437,10 @@ async fn rejected_frames_and_resume_counters_are_exported() {
     .await;
     assert_eq!(seen["last_rejected_seq"], 9, "{seen}");
 
-    // The engine's socket goes away and comes back: the subscriber reconnects
-    // and resumes from its last applied batch.
+    // The engine's socket goes away and comes back: the subscriber reconnects.
+    // This endpoint has no replay socket, so the reconnect is judged by
+    // sequence numbers alone (issue 14: resuming would wait for a replay that
+    // never comes and clear the inventory on the next batch); no resume.
     drop(publisher);
     let mut publisher = PubSocket::new();
     let deadline = Instant::now() + WAIT;
@@ -446,11 +448,13 @@ async fn rejected_frames_and_resume_counters_are_exported() {
         assert!(Instant::now() < deadline, "cannot rebind {address}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let eps = eventually("a resume after the reconnect", || async {
+    let eps = eventually("a reconnect", || async {
         let eps = endpoints(&gw).await;
-        (eps[0]["ingest"]["resumes"].as_u64().unwrap_or(0) > 0).then_some(eps)
+        (eps[0]["ingest"]["reconnects"].as_u64().unwrap_or(0) > 0).then_some(eps)
     })
     .await;
+    assert_eq!(eps[0]["ingest"]["resumes"], 0, "{}", eps[0]);
+    assert_eq!(eps[0]["inventory_clears"], 0, "{}", eps[0]);
     let ingest = &eps[0]["ingest"];
     let sub = &eps[0]["subscribers"][0];
 

@@ -316,6 +316,8 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
                     "partial_episodes": ingest.partial_episodes,
                     "implausible_batches": seq.implausible,
                     "rekey_map_full": ingest.rekey_map_full,
+                    "reconnects": seq.reconnects,
+                    "near_reconnects": seq.near_reconnects,
                     "resumes": seq.resumes,
                     "resumes_verified": seq.resumes_verified,
                     "resume_restarts": seq.resume_restarts,
