@@ -71,6 +71,10 @@ pub struct Decision {
     decode_eligible: Vec<bool>,
     loads: Vec<EndpointLoad>,
     prompt_tokens: u32,
+    /// Endpoints whose inventory reports a mismatched hash contract.
+    mismatched: Vec<bool>,
+    /// Every endpoint with an inventory is mismatched.
+    all_mismatched: bool,
     affinity_key: Option<u64>,
     key_miss: Option<MissReason>,
     miss: Option<MissReason>,
@@ -106,6 +110,8 @@ impl Decision {
         self.decode_eligible.clear();
         fill(&mut self.loads, n, EndpointLoad::default());
         self.prompt_tokens = 0;
+        fill(&mut self.mismatched, n, false);
+        self.all_mismatched = false;
         self.affinity_key = None;
         self.key_miss = None;
         self.miss = None;
@@ -466,14 +472,25 @@ impl Rule {
         d.slot_scratch.clear();
         d.slot_scratch.resize(slots, Overlap::default());
         view.score(&d.keys, &mut d.slot_scratch);
-        for (o, e) in d.overlaps.iter_mut().zip(&self.config.endpoints) {
-            if let Some(s) = e
-                .inventory_slot
-                .and_then(|s| d.slot_scratch.get(s as usize))
-            {
+        let mut slotted = 0usize;
+        let mut mismatched = 0usize;
+        for ((o, e), m) in d
+            .overlaps
+            .iter_mut()
+            .zip(&self.config.endpoints)
+            .zip(d.mismatched.iter_mut())
+        {
+            let Some(slot) = e.inventory_slot.filter(|s| (*s as usize) < slots) else {
+                continue;
+            };
+            if let Some(s) = d.slot_scratch.get(slot as usize) {
                 *o = *s;
             }
+            slotted += 1;
+            *m = view.health(slot as usize).contract_mismatch;
+            mismatched += usize::from(*m);
         }
+        d.all_mismatched = slotted > 0 && mismatched == slotted;
     }
 
     /// Credits each endpoint with the prompt prefix its predicted entries
@@ -493,6 +510,11 @@ impl Rule {
             let Some(e) = map.get(k.0, now) else { break };
             if d.speculative.is_empty() {
                 d.speculative.resize(n, 0);
+            }
+            // An engine whose keys provably differ never confirms a
+            // prediction: crediting it would claim hits that cannot exist.
+            if d.mismatched.get(e as usize).copied().unwrap_or(false) {
+                continue;
             }
             if let Some(x) = d.speculative.get_mut(e as usize) {
                 *x = u32::try_from(j + 1).unwrap_or(u32::MAX);
@@ -684,7 +706,13 @@ impl Rule {
         if cfg.choice == Choice::KvExact {
             let pick = match d.key_miss {
                 Some(miss) => KvPick::Miss(miss),
-                None => cfg.scorer.pick(&pool, &scoring(false)),
+                None => match cfg.scorer.pick(&pool, &scoring(false)) {
+                    // Nothing matched because no engine hashes like the rule.
+                    KvPick::Miss(MissReason::ZeroOverlap) if d.all_mismatched => {
+                        KvPick::Miss(MissReason::ContractMismatch)
+                    }
+                    other => other,
+                },
             };
             match pick {
                 KvPick::Winner {

@@ -250,7 +250,10 @@ fn an_empty_endpoint_gets_traffic_back_under_load() {
         }
         guards.push(tracker.charge(t, d.predicted_prefill_tokens(BS)));
     }
-    assert!(to_empty >= 10, "restarted endpoint got {to_empty} of 60");
+    // Requests never finish here, so the holders stay cheap (their cache
+    // saves ~1 000 tokens a request); the bounded-load cap still hands the
+    // empty endpoint its share once they run ahead.
+    assert!(to_empty >= 5, "restarted endpoint got {to_empty} of 60");
 }
 
 /// A burst sharing a new prefix co-locates before any `BlockStored` arrives;
@@ -369,7 +372,7 @@ fn model_pick(
     let total: u64 = loads.iter().map(|l| u64::from(l.in_flight)).sum();
     let limit = (cfg.load_factor * (total as f64 + 1.0) / n as f64).ceil();
     let admitted: Vec<usize> = (0..n)
-        .filter(|i| f64::from(loads[*i].in_flight) + 1.0 <= limit)
+        .filter(|i| f64::from(loads[*i].in_flight.saturating_sub(cfg.load_headroom)) + 1.0 <= limit)
         .collect();
     let cands: Vec<usize> = if admitted.is_empty() {
         (0..n).collect()
@@ -557,15 +560,12 @@ proptest! {
         let host = Host { refuse: refuse.clone(), fatal, tracker: Arc::new(LoadTracker::new(4)), seen_in_flight: Default::default() };
         let routed = block_on(route(&host, &r, &inv, &req(&keys, &c, 48), &mut ()));
         prop_assert!(host.seen_in_flight.lock().unwrap().iter().all(|x| *x == 1));
-        match routed {
-            Ok(ok) => {
-                prop_assert!(!refuse[ok.connection.index()]);
-                let total: u32 = (0..4).map(|e| host.tracker.load(EndpointId(e)).in_flight).sum();
-                prop_assert_eq!(total, 1);
-                prop_assert_eq!(host.tracker.load(ok.connection).in_flight, 1);
-                drop(ok.guard);
-            }
-            Err(_) => {}
+        if let Ok(ok) = routed {
+            prop_assert!(!refuse[ok.connection.index()]);
+            let total: u32 = (0..4).map(|e| host.tracker.load(EndpointId(e)).in_flight).sum();
+            prop_assert_eq!(total, 1);
+            prop_assert_eq!(host.tracker.load(ok.connection).in_flight, 1);
+            drop(ok.guard);
         }
         for e in 0..4u32 {
             prop_assert_eq!(host.tracker.load(EndpointId(e)), EndpointLoad::default());
@@ -581,4 +581,49 @@ fn block_on<F: Future>(f: F) -> F::Output {
             return v;
         }
     }
+}
+
+/// An inventory whose every endpoint reports a mismatched hash contract
+/// (attestation failed: the engines hash differently from the rule).
+struct Mismatched(KeySetInventory);
+
+impl kvroute_ingest::InventoryView for Mismatched {
+    fn endpoint_count(&self) -> usize {
+        self.0.endpoint_count()
+    }
+    fn score(&self, keys: &[BlockKey], out: &mut [kvroute_ingest::Overlap]) {
+        self.0.score(keys, out);
+    }
+    fn health(&self, _: usize) -> kvroute_ingest::InventoryHealth {
+        kvroute_ingest::InventoryHealth {
+            contract_mismatch: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// Issue 14: under a wrong contract every miss is `contract_mismatch`, and
+/// predicted entries never turn into claimed hits the engines cannot deliver.
+#[test]
+fn a_mismatched_contract_counts_contract_mismatch_and_predicts_nothing() {
+    use kvroute_ingest::InventoryView as _;
+    let (r, c) = rule(3, |_| {});
+    let view = Mismatched(KeySetInventory::new(3));
+    assert_eq!(view.endpoint_count(), 3);
+    let tracker = Arc::new(LoadTracker::new(3));
+    let keys = chain(12, 8);
+    for _ in 0..5 {
+        let d = r.decide(
+            &req(&keys, &c, 8 * BS),
+            &view,
+            &*tracker,
+            &AlwaysAvailable,
+            Duration::ZERO,
+        );
+        assert_eq!(d.miss(), Some(MissReason::ContractMismatch));
+        assert!(d.speculative_prefix().iter().all(|x| *x == 0));
+    }
+    let s = r.counters().snapshot();
+    assert_eq!(s.misses_for(MissReason::ContractMismatch), 5);
+    assert_eq!(s.endpoints.iter().map(|e| e.hits).sum::<u64>(), 0);
 }

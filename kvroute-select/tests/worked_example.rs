@@ -50,7 +50,8 @@ fn cold_then_warm_then_refused() {
     assert_eq!(cold.miss(), Some(MissReason::ZeroOverlap));
     assert_eq!(
         cold.source(),
-        Source::Fallback(kvroute_select::SelectorKind::LeastLoad)
+        // P/D minimum load, measured as the prefill work queued there.
+        Source::Fallback(kvroute_select::SelectorKind::LeastPrefill)
     );
     assert_eq!(
         cold.target(),

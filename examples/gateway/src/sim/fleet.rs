@@ -250,7 +250,7 @@ pub fn simulate(
             .collect(),
         workers: (0..n).map(|_| Worker::new(cfg.worker)).collect(),
         guards: (0..requests).map(|_| None).collect(),
-        front: StdRng::seed_from_u64(cfg.seed ^ 0x6672_6f6e_74),
+        front: StdRng::seed_from_u64(cfg.seed ^ 0x0066_726f_6e74),
         timed: BinaryHeap::new(),
         timed_seq: 0,
         deliveries: VecDeque::new(),

@@ -40,6 +40,10 @@
 //! * **llm-d** scrapes the queue and KV-usage gauges on an interval; the view
 //!   here is exact at decision time, which flatters it.
 
+// The `with_*` builders and inspection helpers are the documented knobs of
+// each peer for experiments and unit tests; `kvroute sim` runs the defaults.
+#![allow(dead_code)]
+
 // The event loop in `fleet.rs` wires these in; until it does, the binary
 // only uses them from tests.
 

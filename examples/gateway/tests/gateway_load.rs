@@ -1,0 +1,189 @@
+//! Load accounting through the real gateway (issue 13): a request counts on
+//! its endpoint from the routing decision — not from when the upstream's
+//! headers arrive — so a slow non-streaming engine's in-flight requests and
+//! queued prefill tokens are visible while it prefills, and they are released
+//! when the answer ends. A hung engine that never sends a status line is cut
+//! by the response-header timeout and the request retried elsewhere.
+
+mod gateway_support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gateway_support::*;
+use serde_json::Value;
+
+/// Requests an engine stand-in received and answered.
+#[derive(Default)]
+struct Seen {
+    received: AtomicUsize,
+    answered: AtomicUsize,
+}
+
+/// An engine stand-in that holds each request `delay` before answering
+/// (headers and body together, as a non-streaming engine does).
+async fn slow_engine(delay: Duration) -> (SocketAddr, Arc<Seen>) {
+    use axum::body::Body;
+    use axum::http::Request;
+    use axum::response::IntoResponse;
+    let seen = Arc::new(Seen::default());
+    let seen2 = Arc::clone(&seen);
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let seen = Arc::clone(&seen2);
+        async move {
+            let _ = axum::body::to_bytes(req.into_body(), 64 << 20).await;
+            seen.received.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            seen.answered.fetch_add(1, Ordering::SeqCst);
+            axum::Json(serde_json::json!({
+                "choices": [{"text": "ok"}],
+                "usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}},
+            }))
+            .into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, seen)
+}
+
+/// Accepts connections and reads, but never answers.
+async fn black_hole() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+            if held.len() > 64 {
+                held.remove(0);
+            }
+        }
+    });
+    addr
+}
+
+fn rule(endpoints: &[SocketAddr], limits: &str) -> String {
+    let mut s = format!(
+        "{}[[rules]]\nname = \"kv\"\nmodels = [\"{MODEL}\"]\ndefault = true\nchoice = \"kv_exact\"\ncontract = \"{CONTRACT}\"\n\n",
+        config_head(&format!("[limits]\n{limits}\n[health]\ninterval_ms = 0\n")),
+    );
+    for e in endpoints {
+        // Event sockets nothing publishes on: every request is a KV miss
+        // placed by the fallback selector, which reads the same load.
+        s.push_str(&format!(
+            "[[rules.endpoints]]\nurl = \"http://{e}\"\nzmq = \"tcp://127.0.0.1:{}\"\n\n",
+            closed_port()
+        ));
+    }
+    s
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefilling_non_streaming_request_counts_from_the_decision() {
+    let (engine, seen) = slow_engine(Duration::from_millis(3000)).await;
+    let gw = Gateway::start(&rule(&[engine], ""));
+    let text = prompt("slow", 400);
+    let reqs: Vec<_> = (0..3)
+        .map(|i| {
+            let url = gw.url("/v1/completions");
+            let body = serde_json::json!({"model": MODEL, "prompt": format!("{text} {i}"), "max_tokens": 4});
+            tokio::spawn(async move { client().post(url).json(&body).send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    // While the engine holds them (no response headers yet), all three count.
+    let load = eventually("three requests in flight while prefilling", || async {
+        let eps = get_json(&gw.admin_url("/admin/endpoints"), None).await;
+        let ep = eps["endpoints"][0].clone();
+        (ep["in_flight"].as_u64() == Some(3) && seen.received.load(Ordering::SeqCst) == 3)
+            .then_some(ep)
+    })
+    .await;
+    assert_eq!(
+        seen.answered.load(Ordering::SeqCst),
+        0,
+        "counted before any response header existed"
+    );
+    let queued = load["queued_prefill_tokens"].as_u64().unwrap();
+    assert!(
+        queued > 3 * 300,
+        "predicted uncached prompt tokens count as queued prefill: {load}"
+    );
+    let metrics = client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(metric(&metrics, "kvroute_in_flight{"), 3, "{metrics}");
+    assert_eq!(metric(&metrics, "kvroute_queued_prefill_tokens{"), queued);
+    for r in reqs {
+        assert_eq!(r.await.unwrap(), 200);
+    }
+    // Answered: nothing is left charged.
+    eventually("released after the bodies ended", || async {
+        let eps = get_json(&gw.admin_url("/admin/endpoints"), None).await;
+        let ep = &eps["endpoints"][0];
+        (ep["in_flight"].as_u64() == Some(0) && ep["queued_prefill_tokens"].as_u64() == Some(0))
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_releases_its_charge() {
+    let (engine, seen) = slow_engine(Duration::from_secs(30)).await;
+    let gw = Gateway::start(&rule(&[engine], ""));
+    let body = serde_json::json!({"model": MODEL, "prompt": prompt("gone", 50), "max_tokens": 4});
+    let url = gw.url("/v1/completions");
+    let pending = tokio::spawn(async move { client().post(url).json(&body).send().await });
+    eventually("the request is at the engine and counted", || async {
+        let eps = get_json(&gw.admin_url("/admin/endpoints"), None).await;
+        (eps["endpoints"][0]["in_flight"].as_u64() == Some(1)
+            && seen.received.load(Ordering::SeqCst) == 1)
+            .then_some(())
+    })
+    .await;
+    // The client goes away (its connection is dropped) long before the answer.
+    pending.abort();
+    assert_eq!(seen.answered.load(Ordering::SeqCst), 0);
+    eventually("the dropped request stops counting", || async {
+        let eps = get_json(&gw.admin_url("/admin/endpoints"), None).await;
+        (eps["endpoints"][0]["in_flight"].as_u64() == Some(0)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_engine_is_cut_by_the_header_timeout_and_the_request_retried() {
+    let hole = black_hole().await;
+    let (engine, seen) = slow_engine(Duration::from_millis(10)).await;
+    let gw = Gateway::start(&rule(&[hole, engine], "response_header_timeout_ms = 500"));
+    let started = Instant::now();
+    for i in 0..4 {
+        let (status, v): (u16, Value) = complete(&gw, &prompt(&format!("hung{i}"), 30), 4).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(
+        seen.answered.load(Ordering::SeqCst),
+        4,
+        "every request answered by the live engine"
+    );
+    let eps = get_json(&gw.admin_url("/admin/endpoints"), None).await;
+    assert_eq!(eps["endpoints"][0]["in_flight"].as_u64(), Some(0));
+    let counters = counters(&gw, "kv").await;
+    assert!(counters["retries"].as_u64().unwrap() >= 1, "{counters}");
+}
