@@ -1,8 +1,7 @@
 //! Issue 14's failures 1–4 (and one more this harness found), reproduced with engines that run vLLM 0.33.0's own
 //! cache code (`tests/python/vllm_standin.py`, see `vllm_interop.rs`). Each test
-//! asserts the behaviour the issue specifies; the ones that fail on the code of
-//! their day are `#[ignore]`d with the reason, to be un-ignored with the fix
-//! (`cargo test -p kvroute-gateway --test vllm_interop_faults -- --include-ignored`).
+//! asserts the behaviour the issue specifies; each failed on the code of issue
+//! 14's day and passes since its fix.
 
 mod gateway_support;
 
@@ -242,7 +241,6 @@ async fn wrong_contract_reads_mismatch_with_its_cause() {
 /// speculative` in kvroute-select), which engine events never confirm under
 /// a mismatched contract; receipts use the confirmed prefix only.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pending issue 14 fix: under a mismatched contract the rule counts kv_exact hits and predicted_blocks no key can produce (receipts predict 0) and no contract_mismatch miss"]
 async fn wrong_contract_misses_are_contract_mismatch() {
     for (what, opts, _) in wrong_contracts() {
         let (_engines, gw) = mismatched_fleet(&opts).await;
@@ -357,7 +355,6 @@ async fn pd_uses_the_exact_kv_signal() {
 /// it, so the gateway judges a restart and clears, but never replays the new
 /// process from 0: those blocks stay unknown although the engine holds them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pending issue 14 fix: after a restart detected by the resume replay, the new process's batches from seq 0 are not replayed"]
 async fn restart_learns_what_the_new_process_stored_before_the_redial() {
     let mut engine = Standin::start(StandinOpts::default());
     let gw = Gateway::start(&config(
