@@ -140,7 +140,8 @@ pub struct LimitsConfig {
     /// starts after that.
     pub first_byte_timeout_ms: u64,
     /// Most client connections open at once on the proxy listener, lowered at
-    /// start to leave a quarter of the descriptor limit free. At the cap the
+    /// start to `(RLIMIT_NOFILE − 256) / 2` (room for one upstream connection
+    /// per client connection). At the cap the
     /// oldest connection that has not sent a byte is closed for the new one,
     /// else the new one gets 503.
     pub max_connections: usize,

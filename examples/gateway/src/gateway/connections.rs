@@ -10,7 +10,8 @@
 //!   header timeout (HTTP/1, also between keep-alive requests) takes over.
 //! - **A cap on open connections** (`limits.max_connections` for the proxy,
 //!   [`ADMIN_MAX_CONNECTIONS`] for the admin API), clamped to the process's
-//!   descriptor limit. At the cap a new connection first sheds the oldest
+//!   descriptor limit ([`effective_cap`]: room for one upstream connection per
+//!   client connection). At the cap a new connection first sheds the oldest
 //!   connection that has not sent a byte yet (silent connections are what an
 //!   attacker holds; a client that sent a request is never shed); if none is
 //!   silent, the new one is refused with `503` and `Connection: close`.
@@ -150,16 +151,21 @@ pub fn fd_limits() -> Option<(u64, Option<u64>)> {
     Some((soft, hard))
 }
 
-/// The connection cap actually enforced: `configured`, lowered so that a
-/// quarter of the soft descriptor limit (at least 256) stays free for upstream
-/// connections, subscribers, tokenizer files and the admin listener.
+/// Descriptors kept out of the connection budget: listeners, subscribers and
+/// their sockets, tokenizer files, probes, the admin listener's connections.
+pub const FD_RESERVE: u64 = 256;
+
+/// The connection cap actually enforced: `configured`, lowered so that every
+/// client connection can also hold one upstream connection (a request in
+/// flight) within the soft descriptor limit, after [`FD_RESERVE`]:
+/// `(soft − 256) / 2`. At the cap the process cannot run out of descriptors
+/// (no `EMFILE` on accept).
 #[must_use]
 pub fn effective_cap(configured: usize, soft_fd_limit: Option<u64>) -> usize {
     let Some(soft) = soft_fd_limit else {
         return configured.max(1);
     };
-    let reserve = (soft / 4).max(256);
-    let room = usize::try_from(soft.saturating_sub(reserve)).unwrap_or(usize::MAX);
+    let room = usize::try_from(soft.saturating_sub(FD_RESERVE) / 2).unwrap_or(usize::MAX);
     configured.min(room).max(1)
 }
 
@@ -444,8 +450,9 @@ mod tests {
 
     #[test]
     fn cap_leaves_descriptor_headroom() {
-        assert_eq!(effective_cap(10_000, Some(20_000)), 10_000);
-        assert_eq!(effective_cap(10_000, Some(1024)), 768);
+        assert_eq!(effective_cap(10_000, Some(20_000)), 9_872);
+        assert_eq!(effective_cap(5_000, Some(20_000)), 5_000);
+        assert_eq!(effective_cap(10_000, Some(1024)), 384);
         assert_eq!(effective_cap(10_000, Some(100)), 1);
         assert_eq!(effective_cap(50, None), 50);
         assert_eq!(effective_cap(10_000, Some(1 << 20)), 10_000);

@@ -176,7 +176,7 @@ fn log_fd_headroom(fds: Option<(u64, Option<u64>)>, configured: usize, cap: usiz
             if cap < configured {
                 tracing::warn!(soft_nofile = soft, max_connections = configured,
                     effective_max_connections = cap,
-                    "limits.max_connections lowered to leave a quarter of RLIMIT_NOFILE free; raise `ulimit -n` to allow more");
+                    "limits.max_connections lowered so each client connection can also hold an upstream one within RLIMIT_NOFILE; raise `ulimit -n` to allow more");
             }
         }
         None => tracing::info!(
