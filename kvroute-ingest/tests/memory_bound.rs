@@ -231,3 +231,40 @@ fn many_engine_keys_for_one_block_reset_instead_of_growing() {
     // Bound: (4 tiers x 256 + 1024) entries.
     assert!(peak <= (4 * 256 + 1024) * 64 + (1 << 16), "{peak}");
 }
+
+/// A peer that knows the (public) shard hash fills one shard's table to the
+/// endpoint's capacity, lets those keys be evicted by filling the next shard,
+/// and so on. Tables shrink once three quarters are free, so the index stays
+/// within its budget (without shrinking, every shard kept its largest size:
+/// 64 shards × capacity).
+#[test]
+fn shard_targeted_floods_stay_within_the_budget() {
+    const CAP: usize = 2048;
+    let index = SharedIndex::new(
+        1,
+        IndexConfig {
+            capacity_per_endpoint: CAP,
+            shards: 64,
+        },
+    );
+    let budget = index.memory_budget().unwrap();
+    let mut candidate = 0u64;
+    let mut peak = 0;
+    for shard in 0..64 {
+        let mut keys = Vec::with_capacity(CAP);
+        while keys.len() < CAP {
+            candidate += 1;
+            if index.shard_of(BlockKey(candidate)) == shard {
+                keys.push(BlockKey(candidate));
+            }
+        }
+        index.store(EndpointId(0), Medium::Gpu, &keys).unwrap();
+        let used = index.memory_bytes();
+        peak = peak.max(used);
+        assert!(
+            used <= budget,
+            "after shard {shard}: {used} B above the budget {budget} B"
+        );
+    }
+    println!("shard-targeted flood, capacity {CAP}, 64 shards: peak {peak} B, budget {budget} B");
+}

@@ -629,6 +629,14 @@ impl SharedIndex {
         tables + rings
     }
 
+    /// The lock shard `key` lands in (tests of adversarial key choice; not a
+    /// stable API).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn shard_of(&self, key: BlockKey) -> usize {
+        self.shard_index(key.0)
+    }
+
     #[inline]
     fn shard_index(&self, key: u64) -> usize {
         if self.shard_shift >= 64 {

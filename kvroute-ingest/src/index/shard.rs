@@ -109,6 +109,9 @@ fn entry_hash(key: u64) -> u64 {
     mix(key)
 }
 
+/// Tables at most this large are never shrunk (their allocation is small).
+const SHRINK_ABOVE: usize = 64;
+
 #[inline]
 fn rehash(e: &Entry) -> u64 {
     entry_hash(e.key())
@@ -260,6 +263,15 @@ impl TierTable {
             if code & SPILLED != 0 {
                 self.release(code & !SPILLED);
             }
+            // A table keeps its largest size otherwise: keys that fill one shard,
+            // are evicted, then fill the next (chosen by a peer that knows the
+            // shard hash) would grow every shard to the endpoint's capacity.
+            // Halving when three quarters are free keeps the index within its
+            // budget; the hysteresis keeps the rehash cost amortised O(1).
+            let capacity = self.entries.capacity();
+            if capacity > SHRINK_ABOVE && self.entries.len() < capacity / 4 {
+                self.entries.shrink_to(self.entries.len() * 2, rehash);
+            }
         } else {
             let new = self.encode(rest, Some(code));
             if let Some(e) = self.entries.find_mut(hash, |e| e.key() == key) {
@@ -325,6 +337,7 @@ impl Shard {
                 *count -= 1;
                 if *count == 0 {
                     self.dups.remove(&dk);
+                    self.shrink_dups();
                 }
                 return RemoveEffect::Decremented;
             }
@@ -342,10 +355,18 @@ impl Shard {
         if !table.unset(key, flag) {
             return false;
         }
-        if !self.dups.is_empty() {
-            self.dups.remove(&dup_key(key, bit, tier));
+        if !self.dups.is_empty() && self.dups.remove(&dup_key(key, bit, tier)).is_some() {
+            self.shrink_dups();
         }
         true
+    }
+
+    /// The duplicate counts shrink like the tables (see `TierTable::unset`).
+    fn shrink_dups(&mut self) {
+        let capacity = self.dups.capacity();
+        if capacity > SHRINK_ABOVE && self.dups.len() < capacity / 4 {
+            self.dups.shrink_to(self.dups.len() * 2);
+        }
     }
 
     pub(crate) fn contains(&self, tier: usize, key: u64, bit: u32) -> bool {
