@@ -63,10 +63,15 @@ pub struct TrtllmDecoder {
     tokens_per_block: u32,
     largest_window: Option<u64>,
     capacity: Option<Vec<u64>>,
+    /// Last announced capacity per attention-DP rank (bounded).
+    rank_capacity: Vec<(Option<u32>, Vec<u64>)>,
     /// Tier of every block known to sit outside the GPU level; absent = GPU.
     off_gpu: hashbrown::HashMap<u64, Medium>,
     off_gpu_limit: usize,
 }
+
+/// Attention-DP ranks whose `created` capacity is remembered.
+const MAX_CAPACITY_RANKS: usize = 64;
 
 /// Default bound of the off-GPU tier map (≈ 16 MiB at most).
 pub const DEFAULT_OFF_GPU_BLOCKS: usize = 1 << 20;
@@ -100,6 +105,7 @@ impl TrtllmDecoder {
             tokens_per_block,
             largest_window: None,
             capacity: None,
+            rank_capacity: Vec::new(),
             off_gpu: hashbrown::HashMap::new(),
             off_gpu_limit: DEFAULT_OFF_GPU_BLOCKS,
         }
@@ -148,10 +154,29 @@ impl TrtllmDecoder {
         self.capacity.as_deref()
     }
 
+    /// The endpoint's capacity per cache level: the last `created` figure of
+    /// every attention-DP rank, summed (each rank has its own cache; the
+    /// endpoint's inventory is their union).
+    #[must_use]
+    pub fn total_capacity(&self) -> Option<Vec<u64>> {
+        let mut total: Option<Vec<u64>> = None;
+        for (_, caps) in &self.rank_capacity {
+            let sum = total.get_or_insert_with(|| vec![0; caps.len()]);
+            if sum.len() < caps.len() {
+                sum.resize(caps.len(), 0);
+            }
+            for (s, c) in sum.iter_mut().zip(caps) {
+                *s = s.saturating_add(*c);
+            }
+        }
+        total
+    }
+
     /// Forgets the window and capacity state (after an engine restart).
     pub fn reset(&mut self) {
         self.largest_window = None;
         self.capacity = None;
+        self.rank_capacity.clear();
         self.off_gpu = hashbrown::HashMap::new();
     }
 
@@ -261,6 +286,19 @@ impl TrtllmDecoder {
                     .map(Value::as_u64)
                     .collect::<Option<Vec<u64>>>()
                     .ok_or("num_blocks_per_cache_level is not a list of counts")?;
+                let rank = obj
+                    .get("attention_dp_rank")
+                    .and_then(Value::as_u64)
+                    .and_then(|r| u32::try_from(r).ok());
+                let known = self.rank_capacity.len();
+                match self.rank_capacity.iter_mut().find(|(r, _)| *r == rank) {
+                    Some((_, c)) => c.clone_from(&caps),
+                    // Bounded like the ingest's streams: a peer cannot grow it.
+                    None if known < MAX_CAPACITY_RANKS => {
+                        self.rank_capacity.push((rank, caps.clone()));
+                    }
+                    None => {}
+                }
                 self.capacity = Some(caps);
                 stats.capacity_events += 1;
             }

@@ -83,8 +83,8 @@ impl<A: BatchApplier> DrainSink for TrtllmSink<A> {
                 return report;
             }
         };
-        if let Some(caps) = self.decoder.capacity() {
-            self.applier.set_capacity(caps);
+        if let Some(caps) = self.decoder.total_capacity() {
+            self.applier.set_capacity(&caps);
         }
         for batch in &batches {
             report.events = report
@@ -193,6 +193,23 @@ mod tests {
         let _ = sink.on_drain(&created);
         assert_eq!(index.capacity(EndpointId(0), Medium::Gpu), Some(7454));
         assert_eq!(index.capacity(EndpointId(0), Medium::Cpu), Some(2048));
+    }
+
+    /// With attention DP every rank announces its own cache: the endpoint's
+    /// bound is their sum.
+    #[test]
+    fn attention_dp_ranks_add_their_capacity() {
+        let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
+        let mut sink = drain_sink(&index);
+        let created = |rank: u32, gpu: u64| {
+            format!(
+                r#"{{"event_id": 0, "attention_dp_rank": {rank}, "window_size": 8192,
+                "data": {{"type": "created", "num_blocks_per_cache_level": [{gpu}, 0]}}}}"#
+            )
+        };
+        let body = format!("[{},{}]", created(0, 1000), created(1, 1500));
+        let _ = sink.on_drain(body.as_bytes());
+        assert_eq!(index.capacity(EndpointId(0), Medium::Gpu), Some(2500));
     }
 
     /// An event_id at u64 extremes is dropped, not taken as the rank's last id.
