@@ -75,6 +75,9 @@ pub struct Decision {
     mismatched: Vec<bool>,
     /// Every endpoint with an inventory is mismatched.
     all_mismatched: bool,
+    /// Each endpoint's inventory clears so far (predictions made before a
+    /// clear are void).
+    clears: Vec<u64>,
     affinity_key: Option<u64>,
     key_miss: Option<MissReason>,
     miss: Option<MissReason>,
@@ -111,6 +114,7 @@ impl Decision {
         fill(&mut self.loads, n, EndpointLoad::default());
         self.prompt_tokens = 0;
         fill(&mut self.mismatched, n, false);
+        fill(&mut self.clears, n, 0);
         self.all_mismatched = false;
         self.affinity_key = None;
         self.key_miss = None;
@@ -214,6 +218,16 @@ impl Decision {
     pub fn prompt_tokens(&self) -> u32 {
         self.prompt_tokens
     }
+}
+
+/// A predicted entry: the endpoint and the low 32 bits of its inventory's
+/// clear count when the prediction was made.
+fn pack(endpoint: u32, clears: u32) -> u64 {
+    (u64::from(clears) << 32) | u64::from(endpoint)
+}
+
+fn unpack(entry: u64) -> (u32, u32) {
+    ((entry & 0xffff_ffff) as u32, (entry >> 32) as u32)
 }
 
 /// Folds the first `n` tokens into a 64-bit CHWBL key.
@@ -474,11 +488,12 @@ impl Rule {
         view.score(&d.keys, &mut d.slot_scratch);
         let mut slotted = 0usize;
         let mut mismatched = 0usize;
-        for ((o, e), m) in d
+        for (((o, e), m), c) in d
             .overlaps
             .iter_mut()
             .zip(&self.config.endpoints)
             .zip(d.mismatched.iter_mut())
+            .zip(d.clears.iter_mut())
         {
             let Some(slot) = e.inventory_slot.filter(|s| (*s as usize) < slots) else {
                 continue;
@@ -487,7 +502,9 @@ impl Rule {
                 *o = *s;
             }
             slotted += 1;
-            *m = view.health(slot as usize).contract_mismatch;
+            let health = view.health(slot as usize);
+            *m = health.contract_mismatch;
+            *c = health.clears;
             mismatched += usize::from(*m);
         }
         d.all_mismatched = slotted > 0 && mismatched == slotted;
@@ -507,7 +524,14 @@ impl Rule {
         }
         let n = self.config.endpoints.len();
         for (j, k) in d.keys.iter().enumerate() {
-            let Some(e) = map.get(k.0, now) else { break };
+            let Some(entry) = map.get(k.0, now) else {
+                break;
+            };
+            let (e, clears) = unpack(entry);
+            // The engine dropped its cache since: the prediction is void.
+            if d.clears.get(e as usize).map(|c| *c as u32) != Some(clears) {
+                continue;
+            }
             if d.speculative.is_empty() {
                 d.speculative.resize(n, 0);
             }
@@ -528,9 +552,11 @@ impl Rule {
         if cfg.capacity == 0 || d.keys.is_empty() {
             return;
         }
+        let clears = d.clears.get(endpoint.index()).copied().unwrap_or(0) as u32;
+        let entry = pack(endpoint.0, clears);
         let mut map = self.predicted.lock();
         for k in d.keys.iter().take(cfg.max_keys_per_request) {
-            map.insert(k.0, endpoint.0, now);
+            map.insert(k.0, entry, now);
         }
     }
 
@@ -660,6 +686,11 @@ impl Rule {
             eligible: &d.eligible,
             loads: &d.loads,
         };
+        let tie_turn = if cfg.choice == Choice::KvExact {
+            self.tie_turns.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        };
         let scoring = |sticky| KvScoring {
             overlaps: &d.overlaps,
             prompt_tokens: d.prompt_tokens,
@@ -667,7 +698,7 @@ impl Rule {
             min_blocks: cfg.thresholds.min_overlap_blocks.max(1),
             sticky,
             speculative: &d.speculative,
-            tie_seed: d.keys.last().map_or(0, |k| k.0),
+            tie_turn,
         };
         // A retry after a KV-exact pick stays in the tier: next best by overlap.
         if !first && d.source == Source::KvExact {

@@ -197,9 +197,12 @@ pub struct Rule {
     pub(crate) counters: RuleCounters,
     pub(crate) selector: SelectorState,
     pub(crate) decode_turns: std::sync::atomic::AtomicU64,
+    /// Rotates the cost scorer's exact ties (apart from the selector's
+    /// round-robin turn, which only fallback decisions advance).
+    pub(crate) tie_turns: std::sync::atomic::AtomicU64,
     pub(crate) sessions: Mutex<SessionMap>,
     pub(crate) trie: Mutex<PrefixTrie>,
-    pub(crate) predicted: Mutex<crate::bounded::BoundedMap<u32>>,
+    pub(crate) predicted: Mutex<crate::bounded::BoundedMap<u64>>,
 }
 
 impl std::fmt::Debug for Rule {
@@ -263,6 +266,7 @@ impl Rule {
             counters: RuleCounters::new(config.endpoints.len()),
             selector: SelectorState::new(ring, config.seed),
             decode_turns: std::sync::atomic::AtomicU64::new(0),
+            tie_turns: std::sync::atomic::AtomicU64::new(0),
             sessions: Mutex::new(SessionMap::new(&config.affinity)),
             trie: Mutex::new(PrefixTrie::new(&config.affinity)),
             predicted: Mutex::new(crate::bounded::BoundedMap::new(

@@ -56,8 +56,9 @@ impl Default for LoadAwareConfig {
 /// count): vLLM and SGLang reuse the prefix up to the first missing block, so a
 /// block matched after it saves nothing. Among the endpoints the bounded-load
 /// cap admits (no endpoint above `⌈load_factor · mean⌉` in-flight requests,
-/// capacity-weighted, as CHWBL bounds load), the least cost wins; ties go to the
-/// less loaded endpoint, then to a per-prompt rotation — never to endpoint
+/// capacity-weighted, plus `load_headroom` requests, as CHWBL bounds load),
+/// the least cost wins; costs within `tie_tokens` are ties, which go to the
+/// less loaded endpoint, then rotate as round robin does — never to endpoint
 /// order. Affinity: the longest-prefix endpoint is kept when its cost is within
 /// `affinity_slack` of the best (relative), so small queue differences do not
 /// spread one conversation's cache over the fleet.
@@ -83,6 +84,10 @@ pub struct CostConfig {
     /// in-flight count stays within `⌈c · (Σ in-flight + 1) · cap / Σ cap⌉`.
     /// `f64::INFINITY` disables the cap.
     pub load_factor: f64,
+    /// Costs closer than this (prefill-token equivalents) count as a tie, so
+    /// near-equal endpoints take turns as under round robin instead of the
+    /// noise in queue estimates deciding.
+    pub tie_tokens: f64,
     /// Requests an endpoint may hold above that cap: at low load a factor
     /// alone forbids an endpoint a second request while others have one,
     /// which costs cache affinity and buys no latency.
@@ -98,6 +103,7 @@ impl Default for CostConfig {
             affinity_slack: 0.1,
             load_factor: 1.25,
             load_headroom: 2,
+            tie_tokens: 0.0,
         }
     }
 }
@@ -152,8 +158,10 @@ pub(crate) struct KvScoring<'a> {
     /// Prefix blocks credited by predicted entries (recent decisions whose
     /// engine events have not arrived yet), per endpoint; empty when none.
     pub(crate) speculative: &'a [u32],
-    /// Rotates exact ties per prompt (derived from the prompt's first key).
-    pub(crate) tie_seed: u64,
+    /// Rotates exact ties: the rule's turn counter, so equal endpoints take
+    /// turns as under round robin (the most regular spread), never endpoint
+    /// order.
+    pub(crate) tie_turn: u64,
 }
 
 impl Scorer {
@@ -297,11 +305,14 @@ fn pick_cost(
         let prefix = figure(i);
         let c = predicted_cost(cfg, s, i, prefix, l, cap);
         let util = f64::from(l.in_flight) / f64::from(cap);
-        let rank = crate::bounded::mix64(s.tie_seed ^ (i as u64).wrapping_mul(0x9e37_79b9));
+        let n = pool.endpoints.len().max(1) as u64;
+        let rank = (i as u64 + n - s.tie_turn % n) % n;
         let better = match best {
             None => true,
             Some((_, bc, bu, br, _)) => {
-                c < bc || (c == bc && (util < bu || (util == bu && rank < br)))
+                let band = cfg.tie_tokens.max(0.0);
+                c < bc - band
+                    || ((c - bc).abs() <= band && (util < bu || (util == bu && rank < br)))
             }
         };
         if better {

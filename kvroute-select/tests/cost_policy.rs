@@ -155,10 +155,10 @@ fn a_block_every_prompt_shares_does_not_collapse_the_fleet() {
     assert!(max <= 110 && min >= 90, "cost scorer spreads: {cost:?}");
 }
 
-/// Equal costs go to the less loaded endpoint, then rotate per prompt: a
-/// fresh fleet does not put every new prefix on endpoint 0.
+/// Equal costs go to the less loaded endpoint, then rotate as round robin
+/// does: a fresh fleet does not put every new prefix on endpoint 0.
 #[test]
-fn ties_go_by_load_then_per_prompt_never_endpoint_order() {
+fn ties_go_by_load_then_rotate_never_endpoint_order() {
     let (r, c) = rule(4, |x| x.predicted.capacity = 0);
     let mut inv = KeySetInventory::new(4);
     let shared = BlockKey(7);
@@ -178,20 +178,8 @@ fn ties_go_by_load_then_per_prompt_never_endpoint_order() {
             Duration::ZERO,
         );
         seen[d.target().unwrap().endpoint.index()] += 1;
-        // Same prompt, same answer.
-        let again = r.decide(
-            &req(&keys, &c, 80),
-            &inv,
-            &load,
-            &AlwaysAvailable,
-            Duration::ZERO,
-        );
-        assert_eq!(d.target(), again.target());
     }
-    assert!(
-        seen.iter().all(|n| *n >= 6),
-        "per-prompt rotation: {seen:?}"
-    );
+    assert_eq!(seen, [16; 4], "rotation: {seen:?}");
     // Load breaks the tie first: endpoints 0..2 busy, 3 idle.
     for e in 0..3 {
         load.set(
@@ -626,4 +614,70 @@ fn a_mismatched_contract_counts_contract_mismatch_and_predicts_nothing() {
     let s = r.counters().snapshot();
     assert_eq!(s.misses_for(MissReason::ContractMismatch), 5);
     assert_eq!(s.endpoints.iter().map(|e| e.hits).sum::<u64>(), 0);
+}
+
+/// An inventory that reports how often each endpoint's cache was cleared.
+struct Cleared {
+    inner: KeySetInventory,
+    clears: std::cell::Cell<u64>,
+}
+
+impl kvroute_ingest::InventoryView for Cleared {
+    fn endpoint_count(&self) -> usize {
+        self.inner.endpoint_count()
+    }
+    fn score(&self, keys: &[BlockKey], out: &mut [kvroute_ingest::Overlap]) {
+        self.inner.score(keys, out);
+    }
+    fn health(&self, _: usize) -> kvroute_ingest::InventoryHealth {
+        kvroute_ingest::InventoryHealth {
+            clears: self.clears.get(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A restart (the engine's inventory cleared) voids what was predicted for
+/// it: the old prompt is no longer credited there.
+#[test]
+fn an_inventory_clear_voids_earlier_predictions() {
+    use kvroute_ingest::InventoryView as _;
+    let (r, c) = rule(2, |_| {});
+    let view = Cleared {
+        inner: KeySetInventory::new(2),
+        clears: std::cell::Cell::new(0),
+    };
+    assert_eq!(view.endpoint_count(), 2);
+    let keys = chain(13, 6);
+    let load = LoadTable::new(2);
+    let first = r.decide(
+        &req(&keys, &c, 6 * BS),
+        &view,
+        &load,
+        &AlwaysAvailable,
+        Duration::ZERO,
+    );
+    let e = first.target().unwrap().endpoint.index();
+    let again = r.decide(
+        &req(&keys, &c, 6 * BS),
+        &view,
+        &load,
+        &AlwaysAvailable,
+        Duration::ZERO,
+    );
+    assert_eq!(again.speculative_prefix()[e], 6);
+    view.clears.set(1);
+    let after = r.decide(
+        &req(&keys, &c, 6 * BS),
+        &view,
+        &load,
+        &AlwaysAvailable,
+        Duration::ZERO,
+    );
+    assert!(
+        after.speculative_prefix().iter().all(|x| *x == 0),
+        "{:?}",
+        after.speculative_prefix()
+    );
+    assert_eq!(after.miss(), Some(MissReason::ZeroOverlap));
 }

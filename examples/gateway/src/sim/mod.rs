@@ -168,6 +168,9 @@ pub struct RunArgs {
     /// `kv-exact`: weight of the request's own uncached prefill.
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().prefill_weight)]
     cost_prefill_weight: f64,
+    /// `kv-exact`: costs closer than this many tokens are ties.
+    #[arg(long, default_value_t = kvroute_select::CostConfig::default().tie_tokens)]
+    cost_tie_tokens: f64,
     /// `kv-exact`: turn predicted entries off.
     #[arg(long)]
     no_predicted: bool,
@@ -376,6 +379,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
                     decode_tokens_per_request: args.cost_decode_tokens,
                     prefill_weight: args.cost_prefill_weight,
                     load_headroom: args.cost_load_headroom,
+                    tie_tokens: args.cost_tie_tokens,
                     ..kvroute_select::CostConfig::default()
                 },
                 predicted: !args.no_predicted,
