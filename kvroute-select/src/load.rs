@@ -100,7 +100,8 @@ struct Reported {
 /// host started or finished since (`local_now − local_at_report`), never below
 /// the host's own count; a report older than `max_age` is ignored. Prefill
 /// tokens of requests other replicas sent are estimated from this host's own
-/// mean per request on that endpoint.
+/// mean of queued prefill tokens per request in flight, over all endpoints
+/// (engines report request counts, not the prefill work still queued).
 ///
 /// Sans-IO: the host polls and calls [`ReportedLoad::update`] with its time;
 /// [`ReportedLoad::view`] composes with any local [`Load`] (as tower's `Load`
@@ -180,10 +181,17 @@ impl ReportedLoad {
         local: &'a L,
         now: std::time::Duration,
     ) -> CombinedLoad<'a, L> {
+        let (mut tokens, mut requests) = (0u64, 0u64);
+        for i in 0..self.slots.len() {
+            let l = local.load(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)));
+            tokens = tokens.saturating_add(l.queued_prefill_tokens);
+            requests += u64::from(l.in_flight);
+        }
         CombinedLoad {
             reported: self,
             local,
             now,
+            per_request: tokens.checked_div(requests).unwrap_or(0),
         }
     }
 
@@ -192,6 +200,7 @@ impl ReportedLoad {
         endpoint: EndpointId,
         local: EndpointLoad,
         now: std::time::Duration,
+        per_request: u64,
     ) -> EndpointLoad {
         let Some(slot) = self.slots.get(endpoint.index()) else {
             return local;
@@ -205,11 +214,6 @@ impl ReportedLoad {
         let combined = (engine + delta).max(i64::from(local.in_flight));
         let in_flight = u32::try_from(combined).unwrap_or(u32::MAX);
         let others = u64::from(in_flight - local.in_flight);
-        let per_request = if local.in_flight > 0 {
-            local.queued_prefill_tokens / u64::from(local.in_flight)
-        } else {
-            0
-        };
         EndpointLoad {
             in_flight,
             queued_prefill_tokens: local
@@ -226,12 +230,18 @@ pub struct CombinedLoad<'a, L: ?Sized> {
     reported: &'a ReportedLoad,
     local: &'a L,
     now: std::time::Duration,
+    /// This host's queued prefill tokens per request in flight.
+    per_request: u64,
 }
 
 impl<L: Load + ?Sized> Load for CombinedLoad<'_, L> {
     fn load(&self, endpoint: EndpointId) -> EndpointLoad {
-        self.reported
-            .combine(endpoint, self.local.load(endpoint), self.now)
+        self.reported.combine(
+            endpoint,
+            self.local.load(endpoint),
+            self.now,
+            self.per_request,
+        )
     }
 }
 

@@ -118,6 +118,11 @@ pub struct LimitsConfig {
     /// Longest silence between two upstream body chunks before the response is
     /// aborted.
     pub upstream_idle_timeout_ms: u64,
+    /// Poll each engine's own metrics (running / waiting requests, KV
+    /// capacity) this often, in ms; 0 turns it off. The reports correct this
+    /// gateway's in-flight counts for requests other replicas sent, and bound
+    /// each endpoint's inventory to the engine's KV capacity.
+    pub engine_load_poll_ms: u64,
     /// Longest wait for an upstream's status line and headers after sending
     /// the request. Beyond it the attempt is a retryable connect failure
     /// (nothing reached the client yet) counted against the endpoint's
@@ -156,6 +161,7 @@ impl Default for LimitsConfig {
             connect_timeout_ms: 2_000,
             upstream_idle_timeout_ms: 300_000,
             response_header_timeout_ms: 120_000,
+            engine_load_poll_ms: 500,
             max_prompt_tokens: 262_144,
             max_prompt_chars: 1 << 20,
             shutdown_grace_ms: 10_000,

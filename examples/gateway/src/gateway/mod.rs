@@ -26,6 +26,7 @@
 pub mod admin;
 pub mod config;
 pub mod connections;
+pub mod engine_load;
 pub mod health;
 pub mod inventory;
 pub mod metrics;

@@ -120,6 +120,12 @@ impl RuleRuntime {
         self.endpoints.get(id.index())
     }
 
+    /// The gateway's monotonic time (the library's `now`).
+    #[must_use]
+    pub fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
     /// Charges a request without a KV decision (pass-through) to `id`.
     #[must_use]
     pub fn start_request(&self, id: EndpointId) -> LoadGuard {
@@ -467,6 +473,9 @@ impl Gateway {
             }
         }
         super::health::spawn_probes(self, rt);
+        if self.limits.engine_load_poll_ms > 0 {
+            super::engine_load::spawn(rt, Duration::from_millis(self.limits.engine_load_poll_ms));
+        }
     }
 }
 
