@@ -420,7 +420,8 @@ async fn rejected_frames_and_resume_counters_are_exported() {
         (1..=20).contains(&logged),
         "{logged} warning lines for a flood of {flood}"
     );
-    // Over the 16 MiB limit, carrying sequence number 9.
+    // Over the 16 MiB limit, carrying sequence number 9: the peer is dropped
+    // and redialled.
     let seen = send_until(
         &gw,
         &mut publisher,
@@ -435,7 +436,9 @@ async fn rejected_frames_and_resume_counters_are_exported() {
         |s| s["oversized_frames"].as_u64().unwrap_or(0) > 0,
     )
     .await;
-    assert_eq!(seen["last_rejected_seq"], 9, "{seen}");
+    // Refused at its frame header, before a byte of it is buffered (issue 15,
+    // the patched zeromq framing): its sequence number is never read.
+    assert_eq!(seen["last_rejected_seq"], 7, "{seen}");
 
     // The engine's socket goes away and comes back: the subscriber reconnects.
     // This endpoint has no replay socket, so the reconnect is judged by
@@ -483,7 +486,7 @@ async fn rejected_frames_and_resume_counters_are_exported() {
     }
     assert_eq!(
         sample(&metrics, "kvroute_subscriber_last_rejected_seq", &labels),
-        Some(9)
+        Some(7)
     );
     let resumes = sample(&metrics, "kvroute_ingest_resumes_total", &ep_labels).unwrap();
     assert!(resumes >= ingest["resumes"].as_u64().unwrap(), "{metrics}");
