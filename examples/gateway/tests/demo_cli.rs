@@ -20,8 +20,10 @@ fn rows(table: &str) -> BTreeMap<String, Vec<String>> {
         .collect()
 }
 
+/// Cells after the policy name: scorer, cached-token %, TTFT p50, TTFT p99,
+/// requests per endpoint, decisions by tier, predicted / delivered.
 fn cached_percent(cells: &[String]) -> f64 {
-    cells[0].trim_end_matches('%').parse().unwrap()
+    cells[1].trim_end_matches('%').parse().unwrap()
 }
 
 #[test]
@@ -43,14 +45,21 @@ fn demo_compares_three_policies_and_kv_exact_reuses_more_than_round_robin() {
         if policy == "policy" {
             continue;
         }
-        let served: u64 = cells[3].split('/').map(|n| n.parse::<u64>().unwrap()).sum();
+        let served: u64 = cells[4].split('/').map(|n| n.parse::<u64>().unwrap()).sum();
         assert_eq!(served, 40, "{policy}:\n{stdout}");
     }
     let rr = cached_percent(&rows["rr"]);
     let kv = cached_percent(&rows["kv-exact"]);
     assert!(kv > rr, "kv-exact {kv}% <= rr {rr}%:\n{stdout}");
+    // The rows say what they run, and the run says what it showed.
+    assert!(rows["kv-exact"][0].starts_with("default"), "{stdout}");
     assert!(
-        rows["kv-exact"][4].contains("kv_exact="),
+        stdout.starts_with("kvroute demo: 40 multi-turn chat requests"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\nresult: "), "{stdout}");
+    assert!(
+        rows["kv-exact"][5].contains("kv_exact="),
         "kv-exact made no KV-exact decisions:\n{stdout}"
     );
 }

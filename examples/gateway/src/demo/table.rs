@@ -10,6 +10,8 @@ use super::workload::Outcome;
 pub struct PolicyReport {
     /// Policy label (`rr`, `chwbl`, `kv-exact`).
     pub policy: &'static str,
+    /// The scorer / selector behind it, as shown in the table.
+    pub scorer: &'static str,
     /// Per-request outcomes.
     pub outcomes: Vec<Outcome>,
     /// Requests each engine served, in engine order.
@@ -49,6 +51,7 @@ impl PolicyReport {
 pub fn render(reports: &[PolicyReport]) -> String {
     let mut rows = vec![[
         "policy".to_owned(),
+        "scorer".to_owned(),
         "cached-token %".to_owned(),
         "TTFT p50".to_owned(),
         "TTFT p99".to_owned(),
@@ -65,6 +68,7 @@ pub fn render(reports: &[PolicyReport]) -> String {
             .join(" ");
         rows.push([
             r.policy.to_owned(),
+            r.scorer.to_owned(),
             format!("{:.1}%", r.cached_percent()),
             format!("{:.1} ms", r.ttft(0.5).as_secs_f64() * 1e3),
             format!("{:.1} ms", r.ttft(0.99).as_secs_f64() * 1e3),
@@ -81,7 +85,7 @@ pub fn render(reports: &[PolicyReport]) -> String {
             format!("{} / {}", r.predicted, r.delivered),
         ]);
     }
-    let widths: Vec<usize> = (0..7)
+    let widths: Vec<usize> = (0..8)
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -97,5 +101,40 @@ pub fn render(reports: &[PolicyReport]) -> String {
             let _ = writeln!(out, "|-{}-|", rule.join("-|-"));
         }
     }
+    out.push_str(LEGEND);
+    out.push_str(&verdict(reports));
     out
+}
+
+const LEGEND: &str = "\n\
+cached-token %: prompt tokens the engines served from their prefix cache (their own \
+usage.prompt_tokens_details.cached_tokens) over all prompt tokens. TTFT: request sent to first \
+streamed byte, through the gateway. requests per endpoint: what each engine answered. decisions \
+by tier: which ladder step chose the endpoint. predicted / delivered: cached tokens the gateway \
+predicted from the engines' KV events vs what the engines reported.\n";
+
+/// The closing line: which row won on cache and latency.
+fn verdict(reports: &[PolicyReport]) -> String {
+    let best = |f: &dyn Fn(&PolicyReport) -> f64, max: bool| {
+        reports
+            .iter()
+            .max_by(|a, b| {
+                let (x, y) = (f(a), f(b));
+                let o = x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal);
+                if max {
+                    o
+                } else {
+                    o.reverse()
+                }
+            })
+            .map_or("-", |r| r.policy)
+    };
+    let cached = best(&|r| r.cached_percent(), true);
+    let p50 = best(&|r| r.ttft(0.5).as_secs_f64(), false);
+    let p99 = best(&|r| r.ttft(0.99).as_secs_f64(), false);
+    if cached == p50 && p50 == p99 {
+        format!("\nresult: {cached} caches the most and has the lowest TTFT p50 and p99.\n")
+    } else {
+        format!("\nresult: most cached {cached}; lowest TTFT p50 {p50}; lowest TTFT p99 {p99}.\n")
+    }
 }

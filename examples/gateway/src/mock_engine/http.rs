@@ -314,6 +314,9 @@ fn stream(app: Arc<App>, reply: Reply, include_usage: bool) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
         if reply.kind == Kind::Chat {
+            // vLLM sends the role chunk with the first output, i.e. after
+            // prefill: what a client measures as time to first token.
+            tokio::time::sleep_until(app.engine.instant(reply.token_time_us(0)).into()).await;
             let first = reply.chunk(
                 json!({"index": 0, "delta": {"role": "assistant", "content": ""},
                                            "logprobs": null, "finish_reason": null}),
