@@ -6,8 +6,10 @@
 //! Payload companions (`*.msgpack`) are verified through their JSON file and are a
 //! failure when orphaned. A directory holding `tokenizer_config.json` plus
 //! `tokenizer.json[.gz]` is a model directory: its files are assets for chat
-//! cases, not cases. Documentation and generator scripts (`*.md`, `*.txt`, `*.py`,
-//! `*.sh`) are listed, not checked.
+//! cases, not cases. Engine-metrics cases (a JSON array of `{file, dialect,
+//! expect}`) parse each named body with `kvroute_engines::parse_load`; the bodies
+//! they name are verified through them. Documentation and generator scripts
+//! (`*.md`, `*.txt`, `*.py`, `*.sh`) are listed, not checked.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -109,10 +111,27 @@ pub fn check_paths(paths: &[PathBuf], model_dir: Option<&Path>) -> ParityReport 
         .filter(|f| has_ext(f, "json"))
         .map(|f| f.with_extension(""))
         .collect();
+    let metrics_bodies: BTreeSet<PathBuf> = files
+        .iter()
+        .filter(|f| has_ext(f, "json"))
+        .filter_map(|f| {
+            let v: Value = serde_json::from_slice(&std::fs::read(f).ok()?).ok()?;
+            let dir = f.parent()?.to_path_buf();
+            Some(
+                metrics_cases(&v)?
+                    .into_iter()
+                    .map(move |(b, _, _)| dir.join(b)),
+            )
+        })
+        .flatten()
+        .collect();
 
     for file in &files {
         let label = file.display().to_string();
         if file.parent().is_some_and(|d| model_dirs.contains(d)) {
+            continue;
+        }
+        if metrics_bodies.contains(file) {
             continue;
         }
         if has_ext(file, "json") {
@@ -162,6 +181,9 @@ fn check_json_file(
         golden.record(label, "fixture", &problems);
         return report.absorb(label, golden);
     }
+    if let Some(cases) = metrics_cases(&value) {
+        return check_metrics_cases(file, &cases, label, report);
+    }
     let schema = value
         .get("meta")
         .and_then(|m| m.get("schema"))
@@ -174,6 +196,75 @@ fn check_json_file(
         "-",
         "unrecognised JSON: not a hash-vector, event-fixture or chat-case file",
     );
+}
+
+/// `(body file, dialect, expected report)` of an engine-metrics case file.
+fn metrics_cases(value: &Value) -> Option<Vec<(String, String, Value)>> {
+    let cases = value.as_array()?;
+    if cases.is_empty() {
+        return None;
+    }
+    cases
+        .iter()
+        .map(|c| {
+            Some((
+                c.get("file")?.as_str()?.to_owned(),
+                c.get("dialect")?.as_str()?.to_owned(),
+                c.get("expect")?.clone(),
+            ))
+        })
+        .collect()
+}
+
+fn check_metrics_cases(
+    file: &Path,
+    cases: &[(String, String, Value)],
+    label: &str,
+    report: &mut ParityReport,
+) {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let mut golden = GoldenReport::new();
+    for (body, dialect, expect) in cases {
+        let problems: Vec<String> = match (
+            dialect.parse::<kvroute_engines::MetricsDialect>(),
+            std::fs::read(dir.join(body)),
+        ) {
+            (Err(e), _) => vec![format!("dialect {dialect:?}: {e}")],
+            (_, Err(e)) => vec![format!("cannot read {body}: {e}")],
+            (Ok(d), Ok(bytes)) => match kvroute_engines::parse_load(d, &bytes) {
+                Err(e) => vec![format!("parse: {e}")],
+                Ok(r) => {
+                    let got = serde_json::json!({
+                        "running": r.running, "waiting": r.waiting, "kv_usage": r.kv_usage,
+                        "kv_capacity_blocks": r.kv_capacity_blocks, "block_size": r.block_size,
+                        "kv_capacity_tokens": r.kv_capacity_tokens,
+                        "waiting_prefill_tokens": r.waiting_prefill_tokens, "ranks": r.ranks,
+                    });
+                    expect
+                        .as_object()
+                        .map(|m| {
+                            m.iter()
+                                .filter(|(k, want)| !same_number(&got[k.as_str()], want))
+                                .map(|(k, want)| {
+                                    format!("{k}: expected {want} got {}", got[k.as_str()])
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_else(|| vec!["expect is not an object".to_owned()])
+                }
+            },
+        };
+        golden.record(label, body, &problems);
+    }
+    report.absorb(label, golden);
+}
+
+/// Equal JSON values, numbers compared as f64 within 1e-9.
+fn same_number(a: &Value, b: &Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => (x - y).abs() <= 1e-9,
+        _ => a == b,
+    }
 }
 
 fn check_chat_file(

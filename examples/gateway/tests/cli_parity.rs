@@ -37,8 +37,8 @@ fn every_golden_case_passes() {
     assert_eq!(failed, 0, "{text}");
     // 94 hash-vector cases (vLLM 54, SGLang 13 + legacy 6, Dynamo 6, re-key 8,
     // TRT-LLM 7) + 62 event fixtures + 50 chat cases: a file that silently
-    // stopped being checked changes this number.
-    assert_eq!(passed, 94 + 62 + 50, "{text}");
+    // stopped being checked changes this number. + 9 engine-metrics pages.
+    assert_eq!(passed, 94 + 62 + 50 + 9, "{text}");
     assert!(!text.contains("FAIL"), "{text}");
 }
 
@@ -83,4 +83,21 @@ fn an_empty_tree_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, out) = parity(&[dir.path()]);
     assert!(!ok, "{out}");
+}
+
+#[test]
+fn an_engine_metrics_case_that_disagrees_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = golden().join("engine-metrics");
+    std::fs::copy(src.join("vllm-0.33.0-dp2.txt"), dir.path().join("page.txt")).unwrap();
+    let cases =
+        r#"[{"file": "page.txt", "dialect": "vllm", "expect": {"running": 12, "waiting": 4}}]"#;
+    std::fs::write(dir.path().join("cases.json"), cases).unwrap();
+    let (ok, out) = parity(&[dir.path()]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("waiting: expected 4 got 3"), "{out}");
+    assert!(
+        !out.contains("page.txt -: "),
+        "the body is a companion, not a case: {out}"
+    );
 }
