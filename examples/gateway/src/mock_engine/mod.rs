@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use axum::serve::ListenerExt as _;
 use kvroute_core::{HashContract, Medium};
 
 use crate::engine_model::{CostModel, WorkerConfig};
@@ -256,6 +257,11 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     });
     let router = http::router(app);
     let server = tokio::spawn(async move {
+        // Like uvicorn under vLLM and SGLang: no Nagle, or each streamed chunk after
+        // the first waits for the client's delayed ACK (~40 ms on Linux).
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         if let Err(e) = axum::serve(listener, router).await {
             tracing::error!(error = %e, "mock engine HTTP server failed");
         }

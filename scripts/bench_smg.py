@@ -1,0 +1,602 @@
+#!/usr/bin/env python3
+"""kvroute (default KV-exact policy) against SGLang Model Gateway `cache_aware`.
+
+Both gateways sit in front of the same 4 `kvroute mock-engine` processes on
+127.0.0.1. A closed-loop multi-turn chat workload (conversations grow turn by
+turn, so every turn repeats the previous turns' prefix) is driven against each
+gateway in turn, interleaved, for every (concurrency, streaming) cell and run.
+Before each measurement the engines' prefix caches are emptied
+(`POST /admin/restart-publisher`, which also clears the mock's cache) and the
+gateway under test is started fresh, so neither gateway inherits state.
+
+The load generator is this asyncio + aiohttp (+ uvloop) client: the Rust
+generator of `kvroute bench gateway` starts its own engines and gateway
+in-process and sends single-turn, non-streamed completions only, so it cannot
+be pointed at SMG. The client's CPU use is recorded per measurement
+(`client_cpu`: process CPU seconds / wall seconds, 1.0 = one core saturated)
+so a client-bound result is visible.
+
+Run through scripts/bench_smg.sh (venv, build, cleanup trap).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+try:
+    import uvloop
+except ImportError:  # the venv installs it; plain asyncio still works
+    uvloop = None
+
+MODEL = "qwen3"
+ENGINES = 4
+HOST = "127.0.0.1"
+
+WORDS = (
+    "policy customer account refund shipping invoice support ticket priority "
+    "escalate verify identity order product warranty return window days manager "
+    "approval discount loyalty member tier billing address payment card declined "
+    "retry schedule delivery courier tracking number status delayed apology credit "
+    "voucher always never politely confirm summarize answer briefly clearly"
+).split()
+
+PROCS: list[subprocess.Popen] = []
+
+
+def log(msg: str) -> None:
+    print(f"[bench_smg {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (bound then released together)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def spawn(cmd: list[str], logfile: Path) -> subprocess.Popen:
+    out = open(logfile, "ab")
+    # Own process group, so stop() takes the whole tree (smg's Python launcher
+    # and its Rust child) and nothing else.
+    p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    PROCS.append(p)
+    write_pidfile()
+    return p
+
+
+def write_pidfile() -> None:
+    # The live groups only, so the shell's trap can end them even if this process
+    # is killed, and never signals a recycled pid of an exited one.
+    pidfile = os.environ.get("BENCH_SMG_PIDFILE")
+    if pidfile:
+        with open(pidfile, "w") as f:
+            f.write("".join(f"{q.pid}\n" for q in PROCS))
+
+
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
+    if p in PROCS:
+        PROCS.remove(p)
+        write_pidfile()
+
+
+def stop_all() -> None:
+    for p in list(PROCS):
+        stop(p)
+
+
+def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        req.add_header("content-type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""
+
+
+def wait_until(what: str, pred, proc: subprocess.Popen | None, timeout: float, logfile: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = logfile.read_text(errors="replace")[-3000:] if logfile else ""
+            raise RuntimeError(f"{what}: process exited with {proc.returncode}\n{tail}")
+        if pred():
+            return
+        time.sleep(0.1)
+    tail = logfile.read_text(errors="replace")[-3000:] if logfile else ""
+    raise RuntimeError(f"{what}: not ready within {timeout:.0f} s\n{tail}")
+
+
+def warm_body() -> bytes:
+    # Shorter than one 16-token block: loads tokenizers/connections, caches nothing.
+    return json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    ).encode()
+
+
+@dataclass
+class Engine:
+    http: int
+    zmq: int
+    replay: int
+    proc: subprocess.Popen | None = None
+
+
+def start_engines(args, tmp: Path) -> list[Engine]:
+    ports = free_ports(3 * ENGINES)
+    engines = [Engine(ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(ENGINES)]
+    for i, e in enumerate(engines):
+        cmd = [
+            args.kvroute, "mock-engine",
+            "--port", str(e.http), "--zmq-port", str(e.zmq), "--replay-port", str(e.replay),
+            "--model-dir", args.model_dir, "--model", MODEL,
+            "--capacity-blocks", str(args.capacity_blocks),
+            "--max-running", str(args.max_running),
+            "--prefill-us-per-token", str(args.prefill_us_per_token),
+            "--prefill-step-us", str(args.prefill_step_us),
+            "--decode-us-per-token", str(args.decode_us_per_token),
+        ]
+        e.proc = spawn(cmd, tmp / f"engine{i}.log")
+    for i, e in enumerate(engines):
+        wait_until(
+            f"engine {i}",
+            lambda e=e: http("GET", f"http://{HOST}:{e.http}/health")[0] == 200,
+            e.proc, 30, tmp / f"engine{i}.log",
+        )
+    return engines
+
+
+def reset_engines(engines: list[Engine]) -> None:
+    for e in engines:
+        status, body = http("POST", f"http://{HOST}:{e.http}/admin/restart-publisher", b"{}", timeout=10)
+        if status != 200:
+            raise RuntimeError(f"engine :{e.http} cache reset answered {status}: {body[:200]!r}")
+        status, body = http("GET", f"http://{HOST}:{e.http}/admin/cache")
+        cached = json.loads(body).get("cached_blocks") if status == 200 else None
+        if cached not in (0, None):
+            raise RuntimeError(f"engine :{e.http} still holds {cached} blocks after reset")
+
+
+def kvroute_toml(args, engines: list[Engine], listen: int, admin: int) -> str:
+    s = (
+        f'listen = "{HOST}:{listen}"\n[admin]\nlisten = "{HOST}:{admin}"\n'
+        # health probes every second, like SMG's default-ish cadence; irrelevant here
+        f'[health]\ninterval_ms = 1000\n\n'
+        f'[[models]]\nslug = "{MODEL}"\ndir = {json.dumps(str(Path(args.model_dir).resolve()))}\n\n'
+        f'[[rules]]\nname = "{MODEL}"\nmodels = ["{MODEL}"]\ndefault = true\nchoice = "kv_exact"\n'
+        f'topology = "converged"\ncontract = "vllm@0.33.0:sha256_cbor:block=16:seed=0"\n'
+        # no `scorer` line: the default KV-exact policy is what is measured
+        f'selector = "round_robin"\n\n'
+    )
+    for e in engines:
+        s += (
+            f'[[rules.endpoints]]\nurl = "http://{HOST}:{e.http}"\nengine = "vllm"\n'
+            f'zmq = "tcp://*:{e.zmq}"\nreplay = "tcp://*:{e.replay}"\n\n'
+        )
+    return s
+
+
+@dataclass
+class Gateway:
+    name: str
+    url: str
+    proc: subprocess.Popen
+    logfile: Path
+
+
+def start_kvroute(args, engines, tmp: Path, tag: str) -> Gateway:
+    listen, admin = free_ports(2)
+    cfg = tmp / "kvroute.toml"
+    cfg.write_text(kvroute_toml(args, engines, listen, admin))
+    logfile = tmp / f"kvroute-{tag}.log"
+    p = spawn([args.kvroute, "serve", "--config", str(cfg)], logfile)
+
+    def subscribers_connected() -> bool:
+        status, body = http("GET", f"http://{HOST}:{admin}/admin/endpoints")
+        if status != 200:
+            return False
+        text = body.decode(errors="replace")
+        return text.count('"connected":true') + text.count('"connected": true') >= ENGINES and (
+            '"connected":false' not in text and '"connected": false' not in text
+        )
+
+    wait_until("kvroute subscribers", subscribers_connected, p, 60, logfile)
+    url = f"http://{HOST}:{listen}"
+    wait_until(
+        "kvroute proxy",
+        lambda: http("POST", f"{url}/v1/chat/completions", warm_body(), timeout=30)[0] == 200,
+        p, 60, logfile,
+    )
+    return Gateway("kvroute", url, p, logfile)
+
+
+def start_smg(args, engines, tmp: Path, tag: str) -> Gateway:
+    port, prom = free_ports(2)
+    logfile = tmp / f"smg-{tag}.log"
+    cmd = [
+        args.smg, "launch",
+        "--host", HOST, "--port", str(port),
+        "--prometheus-host", HOST, "--prometheus-port", str(prom),
+        "--policy", "cache_aware",
+        "--log-level", "warn",
+        "--worker-urls", *[f"http://{HOST}:{e.http}" for e in engines],
+    ]
+    p = spawn(cmd, logfile)
+    url = f"http://{HOST}:{port}"
+    wait_until(
+        "smg proxy",
+        lambda: http("POST", f"{url}/v1/chat/completions", warm_body(), timeout=30)[0] == 200,
+        p, 120, logfile,
+    )
+    # All workers registered (SMG adds them asynchronously after start).
+    def all_workers() -> bool:
+        status, body = http("GET", f"{url}/workers")
+        if status != 200:
+            return True  # no such listing in this version: the warm-up answered
+        try:
+            healthy = {
+                w.get("url") for w in json.loads(body).get("workers", []) if w.get("is_healthy")
+            }
+        except (ValueError, AttributeError):
+            return False
+        return all(f"http://{HOST}:{e.http}" in healthy for e in engines)
+
+    wait_until("smg workers", all_workers, p, 60, logfile)
+    return Gateway("smg", url, p, logfile)
+
+
+# ---------------------------------------------------------------- workload
+
+
+class SplitMix:
+    def __init__(self, seed: int) -> None:
+        self.s = seed & 0xFFFFFFFFFFFFFFFF
+
+    def below(self, n: int) -> int:
+        self.s = (self.s + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        z = self.s
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        z ^= z >> 31
+        return z % max(n, 1)
+
+    def words(self, n: int) -> str:
+        return " ".join(WORDS[self.below(len(WORDS))] for _ in range(n))
+
+
+def conversations(requests: int, tenants: int, seed: int) -> list[tuple[str, list[str]]]:
+    """(system prompt, user turns) per conversation; exactly `requests` turns in all."""
+    rng = SplitMix(seed)
+    systems = [f"Tenant {t} assistant rules: {rng.words(250)}" for t in range(tenants)]
+    out, total, c = [], 0, 0
+    while total < requests:
+        turns = min(3 + rng.below(8), requests - total)  # 3..10 turns
+        system = systems[rng.below(tenants)]
+        users = [f"Conversation {c} turn {k}: {rng.words(20 + rng.below(21))}?" for k in range(turns)]
+        out.append((system, users))
+        total += turns
+        c += 1
+    return out
+
+
+@dataclass
+class Sample:
+    latency: float
+    ttft: float | None
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class Tally:
+    samples: list[Sample] = field(default_factory=list)
+    errors: int = 0
+    first_error: str | None = None
+
+    def fail(self, msg: str) -> None:
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = msg
+
+
+async def one_turn(session: aiohttp.ClientSession, url: str, messages: list, stream: bool, max_tokens: int, tally: Tally):
+    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens}
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    data = json.dumps(body).encode()
+    t0 = time.perf_counter()
+    async with session.post(url, data=data, headers={"content-type": "application/json"}) as resp:
+        if resp.status != 200:
+            text = await resp.text()
+            tally.fail(f"HTTP {resp.status}: {text[:200]}")
+            return None
+        if not stream:
+            raw = await resp.read()
+            latency = time.perf_counter() - t0
+            v = json.loads(raw)
+            content = v["choices"][0]["message"]["content"]
+            usage = v.get("usage") or {}
+            ttft = None
+        else:
+            ttft = None
+            parts: list[str] = []
+            usage = {}
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    line = event.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        continue
+                    v = json.loads(payload)
+                    if v.get("usage"):
+                        usage = v["usage"]
+                    for ch in v.get("choices") or ():
+                        piece = (ch.get("delta") or {}).get("content")
+                        if piece:
+                            if ttft is None:
+                                ttft = time.perf_counter() - t0
+                            parts.append(piece)
+            latency = time.perf_counter() - t0
+            content = "".join(parts)
+    prompt = int(usage.get("prompt_tokens") or 0)
+    if prompt <= 0:
+        tally.fail(f"no usage.prompt_tokens (stream={stream})")
+        return None
+    cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+    tally.samples.append(Sample(latency, ttft if ttft is not None else latency, prompt, cached))
+    return content
+
+
+async def drive(url: str, convs, concurrency: int, stream: bool, max_tokens: int, timeout: float) -> tuple[Tally, float, float]:
+    tally = Tally()
+    endpoint = f"{url}/v1/chat/completions"
+    nxt = iter(range(len(convs)))
+    conn = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=False)
+    to = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=conn, timeout=to) as session:
+
+        async def worker() -> None:
+            for ci in nxt:  # shared iterator: each conversation is taken once
+                system, users = convs[ci]
+                messages = [{"role": "system", "content": system}]
+                for u in users:
+                    messages.append({"role": "user", "content": u})
+                    try:
+                        reply = await one_turn(session, endpoint, messages, stream, max_tokens, tally)
+                    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
+                        tally.fail(f"{type(e).__name__}: {e}")
+                        reply = None
+                    if reply is None:
+                        break  # the conversation cannot continue without its answer
+                    messages.append({"role": "assistant", "content": reply})
+
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(concurrency))), timeout)
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+    return tally, wall, cpu / wall if wall > 0 else 0.0
+
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    rank = max(1, min(len(s), int(-(-p / 100.0 * len(s) // 1))))
+    return s[rank - 1]
+
+
+def summarize(tally: Tally, wall: float, client_cpu: float, stream: bool) -> dict:
+    lat = [s.latency * 1e3 for s in tally.samples]
+    prompt = sum(s.prompt_tokens for s in tally.samples)
+    cached = sum(s.cached_tokens for s in tally.samples)
+    r = {
+        "requests": len(tally.samples),
+        "errors": tally.errors,
+        "first_error": tally.first_error,
+        "seconds": round(wall, 4),
+        "requests_per_second": round(len(tally.samples) / wall, 2) if wall > 0 else 0.0,
+        "p50_ms": round(pct(lat, 50), 3),
+        "p99_ms": round(pct(lat, 99), 3),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cached_fraction": round(cached / prompt, 4) if prompt else 0.0,
+        "client_cpu": round(client_cpu, 3),
+    }
+    if stream:
+        ttft = [s.ttft * 1e3 for s in tally.samples]
+        r["ttft_p50_ms"] = round(pct(ttft, 50), 3)
+        r["ttft_p99_ms"] = round(pct(ttft, 99), 3)
+    return r
+
+
+# ---------------------------------------------------------------- main
+
+
+def median(rows: list[dict], key: str) -> float:
+    vals = [r[key] for r in rows if key in r]
+    return statistics.median(vals) if vals else 0.0
+
+
+def table(cells: dict, runs: int) -> str:
+    out = []
+    for (conc, stream), by_gw in cells.items():
+        out.append(f"\n### concurrency {conc}, {'streamed' if stream else 'non-streamed'} (median of {runs} runs)\n")
+        head = "| gateway | req/s | p50 ms | p99 ms |"
+        sep = "|---|---:|---:|---:|"
+        if stream:
+            head += " TTFT p50 ms | TTFT p99 ms |"
+            sep += "---:|---:|"
+        head += " cached fraction | errors | client CPU |"
+        sep += "---:|---:|---:|"
+        out += [head, sep]
+        for gw, rows in by_gw.items():
+            line = (
+                f"| {gw} | {median(rows, 'requests_per_second'):.0f} | {median(rows, 'p50_ms'):.1f} "
+                f"| {median(rows, 'p99_ms'):.1f} |"
+            )
+            if stream:
+                line += f" {median(rows, 'ttft_p50_ms'):.1f} | {median(rows, 'ttft_p99_ms'):.1f} |"
+            line += (
+                f" {median(rows, 'cached_fraction'):.3f} | {sum(r['errors'] for r in rows)} "
+                f"| {median(rows, 'client_cpu'):.2f} |"
+            )
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kvroute", required=True, help="path of the kvroute binary")
+    ap.add_argument("--smg", required=True, help="path of the smg console script")
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--concurrency", default="8,32")
+    ap.add_argument("--modes", default="nonstream,stream", help="comma list of nonstream, stream")
+    ap.add_argument("--tenants", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--capacity-blocks", type=int, default=4096)
+    ap.add_argument("--max-running", type=int, default=64)
+    ap.add_argument("--prefill-us-per-token", type=int, default=20)
+    ap.add_argument("--prefill-step-us", type=int, default=500)
+    ap.add_argument("--decode-us-per-token", type=int, default=500)
+    ap.add_argument("--run-timeout", type=float, default=600.0, help="seconds one measurement may take")
+    ap.add_argument("--json", help="write all figures here")
+    ap.add_argument("--logs", help="directory for process logs (default: a temp dir)")
+    args = ap.parse_args()
+    if uvloop is not None:
+        uvloop.install()
+
+    tmp = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="bench_smg."))
+    tmp.mkdir(parents=True, exist_ok=True)
+    log(f"logs in {tmp}")
+    concs = [int(c) for c in args.concurrency.split(",") if c]
+    modes = [m.strip() == "stream" for m in args.modes.split(",") if m.strip()]
+    convs = conversations(args.requests, args.tenants, args.seed)
+    log(f"workload: {args.requests} requests in {len(convs)} conversations over {args.tenants} tenants")
+
+    def on_signal(signum, _frame):
+        stop_all()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    cells: dict = {(c, s): {"kvroute": [], "smg": []} for c in concs for s in modes}
+    try:
+        engines = start_engines(args, tmp)
+        log(f"engines on :{', :'.join(str(e.http) for e in engines)}")
+        for run in range(args.runs):
+            for conc in concs:
+                for stream in modes:
+                    for name, start in (("kvroute", start_kvroute), ("smg", start_smg)):
+                        tag = f"r{run}-c{conc}-{'s' if stream else 'n'}"
+                        reset_engines(engines)
+                        gw = start(args, engines, tmp, tag)
+                        try:
+                            tally, wall, cpu = asyncio.run(
+                                drive(gw.url, convs, conc, stream, args.max_tokens, args.run_timeout)
+                            )
+                        finally:
+                            stop(gw.proc)
+                        r = summarize(tally, wall, cpu, stream)
+                        r["run"] = run
+                        cells[(conc, stream)][name].append(r)
+                        log(
+                            f"run {run} c={conc} {'stream' if stream else 'plain'} {name}: "
+                            f"{r['requests_per_second']} req/s p50 {r['p50_ms']} p99 {r['p99_ms']} "
+                            f"cached {r['cached_fraction']} errors {r['errors']} client_cpu {r['client_cpu']}"
+                            + (f" first_error {r['first_error']}" if r["first_error"] else "")
+                        )
+    finally:
+        stop_all()
+
+    print(table(cells, args.runs))
+    if args.json:
+        doc = {
+            "config": {
+                k: getattr(args, k)
+                for k in (
+                    "requests", "runs", "tenants", "seed", "max_tokens", "capacity_blocks",
+                    "max_running", "prefill_us_per_token", "prefill_step_us", "decode_us_per_token",
+                )
+            }
+            | {"engines": ENGINES, "conversations": len(convs), "client": "python asyncio+aiohttp"
+               + ("+uvloop" if uvloop else ""), "smg_policy": "cache_aware",
+               "kvroute_policy": "kv_exact default scorer"},
+            "cells": [
+                {
+                    "concurrency": c,
+                    "stream": s,
+                    "gateways": {
+                        gw: {
+                            "median": {
+                                k: median(rows, k)
+                                for k in ("requests_per_second", "p50_ms", "p99_ms", "ttft_p50_ms",
+                                          "ttft_p99_ms", "cached_fraction", "client_cpu")
+                                if rows and k in rows[0]
+                            },
+                            "runs": rows,
+                        }
+                        for gw, rows in by_gw.items()
+                    },
+                }
+                for (c, s), by_gw in cells.items()
+            ],
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        log(f"JSON written to {args.json}")
+    bad = sum(r["errors"] for by_gw in cells.values() for rows in by_gw.values() for r in rows)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

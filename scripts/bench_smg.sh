@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# kvroute (default KV-exact policy) vs SGLang Model Gateway `cache_aware`, both in
+# front of the same 4 `kvroute mock-engine` processes on 127.0.0.1.
+#
+#   scripts/bench_smg.sh [--json FILE]
+#
+# Environment (defaults in brackets):
+#   REQUESTS [2000]  chat requests per measurement (multi-turn conversations)
+#   RUNS [3]         interleaved runs (kvroute, smg, kvroute, smg, ...); medians reported
+#   CONCURRENCY [8,32]   MODES [nonstream,stream]
+#   OUT              JSON output file (same as --json)
+#   SMG_VERSION [1.13.0]  smg package installed into .venv-smg/
+#   ENGINE flags: CAPACITY_BLOCKS [4096] MAX_RUNNING [64] PREFILL_US_PER_TOKEN [20]
+#                 PREFILL_STEP_US [500] DECODE_US_PER_TOKEN [500] MAX_TOKENS [8]
+#   BENCH_TIMEOUT [5400]  seconds the whole benchmark may take
+#   SKIP_BUILD [0]   1: do not run cargo build, use target/release/kvroute as it is
+#
+# Prints one markdown table per (concurrency, streaming). Exit 1 if any request failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+JSON_OUT=${OUT:-}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --json) JSON_OUT=$2; shift 2 ;;
+        --json=*) JSON_OUT=${1#--json=}; shift ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+
+VENV=$ROOT/.venv-smg
+SMG_VERSION=${SMG_VERSION:-1.13.0}
+
+# 1. venv with smg (ships its Rust gateway) and the load generator's client libs.
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('smg') != '$SMG_VERSION')" 2>/dev/null \
+    || ! "$VENV/bin/python" -c "import aiohttp, uvloop" 2>/dev/null; then
+    timeout 900 "$VENV/bin/pip" install --quiet --disable-pip-version-check \
+        "smg==$SMG_VERSION" "aiohttp>=3.9,<4" "uvloop>=0.19"
+fi
+echo "smg $("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('smg'))") in $VENV" >&2
+
+# 2. the gateway binary (also the mock engine).
+# SKIP_BUILD=1 uses the binary as it is (e.g. while the tree is mid-edit).
+KVROUTE=$ROOT/target/release/kvroute
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    timeout 1800 cargo build --release -p kvroute-gateway >&2
+fi
+[ -x "$KVROUTE" ] || { echo "no $KVROUTE: build it first" >&2; exit 1; }
+echo "kvroute binary: $KVROUTE ($(date -u -r "$KVROUTE" +%FT%TZ))" >&2
+
+# 3. run; everything started below is killed on exit.
+PY_PID=
+PIDFILE=$(mktemp -t bench_smg.pids.XXXXXX)
+export BENCH_SMG_PIDFILE=$PIDFILE
+cleanup() {
+    if [ -n "$PY_PID" ] && kill -0 "$PY_PID" 2>/dev/null; then
+        kill -TERM -- "-$PY_PID" 2>/dev/null || kill -TERM "$PY_PID" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$PY_PID" 2>/dev/null || break; sleep 0.2; done
+        kill -KILL -- "-$PY_PID" 2>/dev/null || true
+    fi
+    # Engines and gateways lead their own process groups; end those the helper started.
+    while read -r pid; do
+        [ -n "$pid" ] && kill -KILL -- "-$pid" 2>/dev/null || true
+    done < "$PIDFILE"
+    rm -f "$PIDFILE"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ARGS=(
+    --kvroute "$KVROUTE" --smg "$VENV/bin/smg" --model-dir "$ROOT/golden/tokenizers/qwen3"
+    --requests "${REQUESTS:-2000}" --runs "${RUNS:-3}"
+    --concurrency "${CONCURRENCY:-8,32}" --modes "${MODES:-nonstream,stream}"
+    --capacity-blocks "${CAPACITY_BLOCKS:-4096}" --max-running "${MAX_RUNNING:-64}"
+    --prefill-us-per-token "${PREFILL_US_PER_TOKEN:-20}" --prefill-step-us "${PREFILL_STEP_US:-500}"
+    --decode-us-per-token "${DECODE_US_PER_TOKEN:-500}" --max-tokens "${MAX_TOKENS:-8}"
+)
+[ -n "$JSON_OUT" ] && ARGS+=(--json "$JSON_OUT")
+
+# setsid: the helper leads its own process group, which cleanup() kills whole.
+setsid timeout "${BENCH_TIMEOUT:-5400}" "$VENV/bin/python" "$ROOT/scripts/bench_smg.py" "${ARGS[@]}" &
+PY_PID=$!
+wait "$PY_PID"
