@@ -33,7 +33,13 @@ async fn slow_engine(delay: Duration) -> (SocketAddr, Arc<Seen>) {
     let app = axum::Router::new().fallback(move |req: Request<Body>| {
         let seen = Arc::clone(&seen2);
         async move {
+            // The gateway also polls `/metrics` (engine-reported load): only
+            // completions count here.
+            let completion = req.uri().path().starts_with("/v1/");
             let _ = axum::body::to_bytes(req.into_body(), 64 << 20).await;
+            if !completion {
+                return axum::http::StatusCode::NOT_FOUND.into_response();
+            }
             seen.received.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(delay).await;
             seen.answered.fetch_add(1, Ordering::SeqCst);

@@ -208,6 +208,56 @@ async fn admin_api_creates_updates_and_deletes_rules_at_run_time() {
             .contains("rule.endpoints[0].url"),
         "{v}"
     );
+    // Issue 15 #13: names and endpoints that could never be served or deleted
+    // are refused with the field at fault.
+    for (doc, field) in [
+        (
+            json!({"name": "x".repeat(100_000), "models": ["m"], "choice": "round_robin",
+                   "endpoints": [{"url": format!("http://{echo}")}]}),
+            "rule.name",
+        ),
+        (
+            json!({"name": "p0", "models": ["m"], "choice": "round_robin",
+                   "endpoints": [{"url": "http://127.0.0.1:0"}]}),
+            "rule.endpoints[0].url",
+        ),
+        (
+            json!({"name": "ipc", "models": ["m"], "choice": "round_robin",
+                   "endpoints": [{"url": "ipc:///tmp/x"}]}),
+            "rule.endpoints[0].url",
+        ),
+        (
+            json!({"name": "w0", "models": ["m"], "choice": "round_robin",
+                   "endpoints": [{"url": format!("http://{echo}"), "weight": 0}]}),
+            "rule.endpoints[0].weight",
+        ),
+    ] {
+        let r = post(doc).await.unwrap();
+        assert_eq!(r.status(), 400, "{field}");
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(field),
+            "{field}: {v}"
+        );
+    }
+    // Issue 15 #11: dot segments never reach an engine.
+    // Sent raw: an HTTP client library would resolve them before sending.
+    for path in [
+        "/v1/../health",
+        "/v1/%2e%2e/health",
+        "/v1//../../etc/passwd",
+    ] {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut tcp = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+        );
+        tcp.write_all(req.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(WAIT, tcp.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+    }
 
     // A KV rule whose engine is not up yet: accepted, its subscriber keeps dialing.
     let dead_zmq = closed_port();

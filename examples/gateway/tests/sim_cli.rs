@@ -45,7 +45,9 @@ fn same_seed_same_json_different_seed_different_json() {
     assert_ne!(a, c);
     let v: serde_json::Value = serde_json::from_str(&a).unwrap();
     let policies = v["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 7);
+    // rr, least-load, p2c, chwbl, kv-overlap, kv-prefix, kv-bounded, kv-exact
+    // and the three peers.
+    assert_eq!(policies.len(), 11);
     for p in policies {
         for field in ["prefix_hit_ratio", "throughput_rps"] {
             assert!(p[field].is_f64(), "{field} in {p}");
@@ -57,6 +59,20 @@ fn same_seed_same_json_different_seed_different_json() {
         assert!(p["load"]["mean_in_flight"].is_f64());
     }
     assert!(v["workload"]["ideal_prefix_hit_ratio"].is_f64());
+    let pooled = v["workload"]["pooled_prefix_hit_ratio"].as_f64().unwrap();
+    assert!(pooled > 0.0 && pooled <= v["workload"]["ideal_prefix_hit_ratio"].as_f64().unwrap());
+    let names: Vec<&str> = policies
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    for n in [
+        "kv-exact",
+        "dynamo-cost",
+        "smg-cache-aware",
+        "llmd-weighted",
+    ] {
+        assert!(names.contains(&n), "{names:?}");
+    }
 }
 
 #[test]

@@ -201,3 +201,24 @@ fn closed_loop_keeps_the_concurrency() {
         "{total_in_flight}"
     );
 }
+
+/// Four gateway replicas behind a random front end, each with its own
+/// tracker and predicted entries, seeing the others only through polled
+/// engine reports: the hit ratio of one replica holds.
+#[test]
+fn replicas_keep_the_hit_ratio_of_one() {
+    let one = run(Kind::Tenants, 1500, fleet(), &[Policy::KvExact]);
+    let mut f = fleet();
+    f.replicas = 4;
+    f.load_poll_us = 100_000;
+    let four = run(Kind::Tenants, 1500, f, &[Policy::KvExact]);
+    let (a, b) = (get(&one, Policy::KvExact), get(&four, Policy::KvExact));
+    assert_eq!(b.served, 1500);
+    assert!(
+        b.prefix_hit_ratio >= 0.95 * a.prefix_hit_ratio,
+        "{} vs {}",
+        b.prefix_hit_ratio,
+        a.prefix_hit_ratio
+    );
+    assert!(b.load.max_over_mean_in_flight <= 1.3, "{:?}", b.load);
+}

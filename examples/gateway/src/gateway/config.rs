@@ -645,6 +645,15 @@ impl RuleSpec {
     /// [`ConfigError::Invalid`].
     pub fn validate(doc: RuleDoc, at: &str) -> Result<Self, ConfigError> {
         let f = |name: &str| format!("{at}.{name}");
+        if doc.name.len() > MAX_RULE_NAME {
+            return Err(invalid(
+                f("name"),
+                format!(
+                    "is {} bytes; at most {MAX_RULE_NAME} (it names metrics and admin URLs)",
+                    doc.name.len()
+                ),
+            ));
+        }
         if doc.name.is_empty()
             || !doc
                 .name
@@ -881,6 +890,9 @@ fn load_aware_config(slack: Option<f64>, field: &str) -> Result<LoadAwareConfig,
     Ok(cfg)
 }
 
+/// Longest rule name: it is a metrics label and part of admin URLs.
+const MAX_RULE_NAME: usize = 128;
+
 impl EndpointSpec {
     fn validate(e: &EndpointDoc, at: &str, choice: Choice) -> Result<Self, ConfigError> {
         let f = |name: &str| format!("{at}.{name}");
@@ -897,6 +909,15 @@ impl EndpointSpec {
         let Some(authority) = uri.authority().cloned() else {
             return Err(invalid(f("url"), format!("{:?} has no host:port", e.url)));
         };
+        if authority.host().is_empty() || authority.port_u16() == Some(0) {
+            return Err(invalid(
+                f("url"),
+                format!("{:?}: needs a host and a non-zero port", e.url),
+            ));
+        }
+        if e.weight == 0 {
+            return Err(invalid(f("weight"), "must be at least 1"));
+        }
         if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
             return Err(invalid(
                 f("url"),

@@ -190,6 +190,16 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         gw.metrics.outcome("", Outcome::Rejected);
         return error(StatusCode::NOT_FOUND, "not_found", "only /v1/* is proxied");
     }
+    if ambiguous_path(parts.uri.path()) {
+        // An engine (or a proxy behind it) may resolve `..` and reach what
+        // `/v1/` was meant to fence off: refuse rather than forward.
+        gw.metrics.outcome("", Outcome::Rejected);
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "the path has dot segments, empty segments or an encoded separator",
+        );
+    }
     let body = match read_body(&gw, &parts.headers, body).await {
         Ok(b) => b,
         Err(resp) => {
@@ -302,6 +312,21 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
             error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string())
         }
     }
+}
+
+/// `.` / `..` segments (also percent-encoded), empty segments (`//`) and
+/// encoded `/` or `\\`: paths another server may resolve differently.
+fn ambiguous_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2f") || lower.contains("%5c") || lower.contains('\\') {
+        return true;
+    }
+    let segments: Vec<&str> = lower.split('/').skip(1).collect();
+    let last = segments.len().saturating_sub(1);
+    segments.iter().enumerate().any(|(i, s)| {
+        let s = s.replace("%2e", ".");
+        s == "." || s == ".." || (s.is_empty() && i != last)
+    })
 }
 
 fn no_rule_message(model: Option<&String>) -> String {
@@ -594,4 +619,33 @@ fn respond(
             "bad upstream response",
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ambiguous_path;
+
+    #[test]
+    fn dot_segments_and_encoded_separators_are_refused() {
+        for p in [
+            "/v1/../health",
+            "/v1/%2e%2e/health",
+            "/v1/%2E%2e/x",
+            "/v1//../../etc",
+            "/v1/./chat/completions",
+            "/v1/chat%2fcompletions",
+            "/v1/a\\b",
+            "/v1//chat/completions",
+        ] {
+            assert!(ambiguous_path(p), "{p}");
+        }
+        for p in [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/models/",
+            "/v1/a.b/..c",
+        ] {
+            assert!(!ambiguous_path(p), "{p}");
+        }
+    }
 }

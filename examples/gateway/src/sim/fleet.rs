@@ -281,6 +281,23 @@ pub fn simulate(
     Ok(sim.report())
 }
 
+/// Whether placing one more request on worker `w` takes it above the
+/// bounded-load limit `⌈(1+ε)·(Σ in-flight + 1)/n⌉` (the `kv-bounded` cap),
+/// as the deciding replica's tracker sees the in-flight counts.
+fn over_bound(tracker: &LoadTracker, n: usize, epsilon: f64, w: usize) -> bool {
+    let load = |i: usize| {
+        tracker
+            .load(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)))
+            .in_flight
+    };
+    let bound = LoadBound {
+        total_in_flight: (0..n).map(|i| u64::from(load(i))).sum(),
+        total_capacity: n as u64,
+        factor: 1.0 + epsilon.max(0.0),
+    };
+    !bound.admits(load(w), 1)
+}
+
 /// One gateway replica: its own rule (counters, selector turns, predicted
 /// entries), its own in-flight tracker and its view of the engines' reports.
 struct Replica {
@@ -567,8 +584,10 @@ impl Sim<'_> {
         if let Some(p) = self.predicted.get_mut(r) {
             *p = predicted;
         }
+        if over_bound(&rep.tracker, self.workers.len(), self.cfg.tuning.epsilon, w) {
+            self.over_bound += 1;
+        }
         let guard = rep.tracker.charge(target, prefill);
-        self.check_bound(k, w);
         let spec = RequestSpec {
             keys: &self.keys,
             tokens: &[],
@@ -594,29 +613,6 @@ impl Sim<'_> {
         }
         self.after_step(w, t);
         true
-    }
-
-    /// Counts a placement that takes worker `w` above the bounded-load limit
-    /// `⌈(1+ε)·(Σ in-flight + 1)/n⌉` (the same limit `kv-bounded` enforces),
-    /// as the deciding replica sees the in-flight counts.
-    fn check_bound(&mut self, replica: usize, w: usize) {
-        let Some(rep) = self.replicas.get(replica) else {
-            return;
-        };
-        let n = self.workers.len();
-        let load = |i: usize| {
-            rep.tracker
-                .load(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)))
-                .in_flight
-        };
-        let bound = LoadBound {
-            total_in_flight: (0..n).map(|i| u64::from(load(i))).sum(),
-            total_capacity: n as u64,
-            factor: 1.0 + self.cfg.tuning.epsilon.max(0.0),
-        };
-        if !bound.admits(load(w), 1) {
-            self.over_bound += 1;
-        }
     }
 
     /// Records the worker's admissions and publishes its KV events.
