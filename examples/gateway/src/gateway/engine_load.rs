@@ -76,8 +76,10 @@ pub fn spawn(rt: &Arc<RuleRuntime>, interval: Duration) {
                 Err(e) => {
                     rule.reported.invalidate(id);
                     if !warned {
-                        // Once per outage; the poller counts every failure.
-                        tracing::warn!(rule = %rule.spec.doc.name, endpoint = %url,
+                        // Once per outage, at INFO: selection falls back to
+                        // this gateway's own counts, which is what a single
+                        // replica needs anyway.
+                        tracing::info!(rule = %rule.spec.doc.name, endpoint = %url,
                             error = %e, "engine load report unavailable; using this gateway's own counts");
                         warned = true;
                     }
