@@ -549,11 +549,14 @@ def main() -> int:
                             stop(gw.proc)
                         r = summarize(tally, wall, cpu, stream)
                         r["run"] = run
+                        # Other work on the machine shows here (the 1-minute load average).
+                        r["loadavg_1m"] = round(os.getloadavg()[0], 2)
                         cells[(conc, stream)][name].append(r)
                         log(
                             f"run {run} c={conc} {'stream' if stream else 'plain'} {name}: "
                             f"{r['requests_per_second']} req/s p50 {r['p50_ms']} p99 {r['p99_ms']} "
-                            f"cached {r['cached_fraction']} errors {r['errors']} client_cpu {r['client_cpu']}"
+                            f"cached {r['cached_fraction']} errors {r['errors']} client_cpu {r['client_cpu']} "
+                            f"load {r['loadavg_1m']}"
                             + (f" first_error {r['first_error']}" if r["first_error"] else "")
                         )
     finally:
