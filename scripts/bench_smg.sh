@@ -39,8 +39,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('smg') != '$SMG_VERSION')" 2>/dev/null \
     || ! "$VENV/bin/python" -c "import aiohttp, uvloop" 2>/dev/null; then
-    timeout 900 "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-        "smg==$SMG_VERSION" "aiohttp>=3.9,<4" "uvloop>=0.19"
+    if ! timeout 900 "$VENV/bin/pip" install --quiet --disable-pip-version-check \
+        "smg==$SMG_VERSION" "aiohttp>=3.9,<4" "uvloop>=0.19"; then
+        echo "WARNING: smg==$SMG_VERSION is not installable here; using the newest smg that is" >&2
+        timeout 900 "$VENV/bin/pip" install --quiet --disable-pip-version-check \
+            smg "aiohttp>=3.9,<4" "uvloop>=0.19"
+    fi
 fi
 echo "smg $("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('smg'))") in $VENV" >&2
 
