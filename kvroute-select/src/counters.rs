@@ -43,11 +43,14 @@ pub enum MissReason {
     /// items, …) that the rule's key provider or hash contract cannot mix into
     /// block keys: hashing without it would give keys no engine publishes.
     ExtrasUnsupported,
+    /// The engine would refuse the request itself (schema or validation
+    /// error): see [`MissBeforeKeys::InvalidRequest`].
+    InvalidRequest,
 }
 
 impl MissReason {
     /// Number of reasons (size of per-reason arrays).
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 16;
 
     /// Every reason, in [`MissReason::index`] order.
     pub const ALL: [MissReason; Self::COUNT] = [
@@ -66,6 +69,7 @@ impl MissReason {
         MissReason::AllCandidatesFiltered,
         MissReason::PromptTooLong,
         MissReason::ExtrasUnsupported,
+        MissReason::InvalidRequest,
     ];
 
     /// Stable array index.
@@ -93,6 +97,7 @@ impl MissReason {
             MissReason::AllCandidatesFiltered => "all_candidates_filtered",
             MissReason::PromptTooLong => "prompt_too_long",
             MissReason::ExtrasUnsupported => "extras_unsupported",
+            MissReason::InvalidRequest => "invalid_request",
         }
     }
 }
@@ -106,6 +111,7 @@ impl From<MissBeforeKeys> for MissReason {
             MissBeforeKeys::TokenizeError => MissReason::TokenizeError,
             MissBeforeKeys::EmptyPrompt => MissReason::EmptyPrompt,
             MissBeforeKeys::PromptTooLong => MissReason::PromptTooLong,
+            MissBeforeKeys::InvalidRequest => MissReason::InvalidRequest,
         }
     }
 }

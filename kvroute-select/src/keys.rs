@@ -175,6 +175,11 @@ pub enum MissBeforeKeys {
     /// The prompt exceeds the host's routing limit (characters or tokens), so
     /// it was not tokenized or hashed: bounded work per request.
     PromptTooLong,
+    /// The request is one the engine itself refuses (a vLLM 400: schema or
+    /// validation error, unknown content-part type, a template's
+    /// `raise_exception`): there is nothing to route on, and it is the client's
+    /// error, not a tokenizer failure.
+    InvalidRequest,
 }
 
 /// The prompt as the gateway hands it to selection.

@@ -65,6 +65,7 @@ fn miss_of(m: &PromptMiss) -> MissBeforeKeys {
         PromptMiss::NoModel => MissBeforeKeys::NoModel,
         PromptMiss::UnknownModel(_) | PromptMiss::ModelLoad { .. } => MissBeforeKeys::NoTokenizer,
         PromptMiss::PromptTooLong { .. } => MissBeforeKeys::PromptTooLong,
+        m if m.is_request_error() => MissBeforeKeys::InvalidRequest,
         _ => MissBeforeKeys::TokenizeError,
     }
 }
