@@ -31,6 +31,15 @@ fn req<'a>(keys: &'a [BlockKey], c: &'a ContractId, tokens: u32) -> Request<'a> 
     })
 }
 
+/// One decision with every endpoint available.
+fn decide<V, L>(r: &Rule, req: Request<'_>, view: &V, load: &L, now: Duration) -> Decision
+where
+    V: kvroute_ingest::InventoryView + ?Sized,
+    L: Load + ?Sized,
+{
+    r.decide(&req, view, load, &AlwaysAvailable, now)
+}
+
 fn chain(seed: u64, n: usize) -> Vec<BlockKey> {
     (0..n as u64)
         .map(|i| BlockKey(seed * 1_000_000 + i))
@@ -72,13 +81,7 @@ fn cached_prefix_is_weighed_against_queued_prefill_as_the_formula_says() {
                 queued_prefill_tokens: queued0,
             },
         );
-        let d = r.decide(
-            &req(&keys, &c, 400),
-            &inv,
-            &load,
-            &AlwaysAvailable,
-            Duration::ZERO,
-        );
+        let d = decide(&r, req(&keys, &c, 400), &inv, &load, Duration::ZERO);
         d.target().unwrap().endpoint.0
     };
     // cost0 = q + 160 + 16·r, cost1 = 800.
@@ -100,13 +103,7 @@ fn blocks_after_the_first_miss_save_nothing() {
     inv.store(0, keys[1..].iter().copied());
     inv.store(1, keys[..2].iter().copied());
     let load = LoadTable::new(2);
-    let d = r.decide(
-        &req(&keys, &c, 160),
-        &inv,
-        &load,
-        &AlwaysAvailable,
-        Duration::ZERO,
-    );
+    let d = decide(&r, req(&keys, &c, 160), &inv, &load, Duration::ZERO);
     assert_eq!(d.target().unwrap().endpoint, EndpointId(1));
     assert_eq!(d.predicted_blocks(), 2);
 }
@@ -132,13 +129,7 @@ fn a_block_every_prompt_shares_does_not_collapse_the_fleet() {
         for i in 0..400u64 {
             let mut keys = vec![shared];
             keys.extend(chain(100 + i, 30));
-            let d = r.decide(
-                &req(&keys, &c, 31 * BS),
-                &inv,
-                &*tracker,
-                &AlwaysAvailable,
-                Duration::ZERO,
-            );
+            let d = decide(&r, req(&keys, &c, 31 * BS), &inv, &*tracker, Duration::ZERO);
             let t = d.target().unwrap();
             per[t.endpoint.index()] += 1;
             guards.push_back(tracker.charge(t, d.predicted_prefill_tokens(BS)));
@@ -170,13 +161,7 @@ fn ties_go_by_load_then_rotate_never_endpoint_order() {
     for i in 0..64u64 {
         let mut keys = vec![shared];
         keys.extend(chain(500 + i, 4));
-        let d = r.decide(
-            &req(&keys, &c, 80),
-            &inv,
-            &load,
-            &AlwaysAvailable,
-            Duration::ZERO,
-        );
+        let d = decide(&r, req(&keys, &c, 80), &inv, &load, Duration::ZERO);
         seen[d.target().unwrap().endpoint.index()] += 1;
     }
     assert_eq!(seen, [16; 4], "rotation: {seen:?}");
@@ -201,13 +186,7 @@ fn ties_go_by_load_then_rotate_never_endpoint_order() {
     for i in 0..16u64 {
         let mut keys = vec![shared];
         keys.extend(chain(900 + i, 4));
-        let d = r.decide(
-            &req(&keys, &c, 80),
-            &inv,
-            &load,
-            &AlwaysAvailable,
-            Duration::ZERO,
-        );
+        let d = decide(&r, req(&keys, &c, 80), &inv, &load, Duration::ZERO);
         assert_eq!(d.target().unwrap().endpoint, EndpointId(3));
     }
 }
@@ -225,11 +204,11 @@ fn an_empty_endpoint_gets_traffic_back_under_load() {
     let mut guards = Vec::new();
     let mut to_empty = 0;
     for _ in 0..60 {
-        let d = r.decide(
-            &req(&keys, &c, 32 * BS + 8),
+        let d = decide(
+            &r,
+            req(&keys, &c, 32 * BS + 8),
             &inv,
             &*tracker,
-            &AlwaysAvailable,
             Duration::ZERO,
         );
         let t = d.target().unwrap();
@@ -276,13 +255,7 @@ fn predicted_entries_co_locate_a_burst_and_expire() {
     for i in 0..4u64 {
         let mut keys = prefix.clone();
         keys.extend(chain(4000 + i, 2));
-        let d = r.decide(
-            &req(&keys, &c, 42 * BS),
-            &inv,
-            &busy,
-            &AlwaysAvailable,
-            Duration::ZERO,
-        );
+        let d = decide(&r, req(&keys, &c, 42 * BS), &inv, &busy, Duration::ZERO);
         let t = d.target().unwrap();
         if i > 0 {
             assert_eq!(Some(t.endpoint), first, "burst request {i} left the prefix");
@@ -297,13 +270,7 @@ fn predicted_entries_co_locate_a_burst_and_expire() {
     }
     // After the TTL nothing is credited any more.
     let ttl = r.config().predicted.ttl;
-    let d = r.decide(
-        &req(&prefix, &c, 40 * BS),
-        &inv,
-        &busy,
-        &AlwaysAvailable,
-        ttl,
-    );
+    let d = decide(&r, req(&prefix, &c, 40 * BS), &inv, &busy, ttl);
     assert!(d.speculative_prefix().iter().all(|x| *x == 0));
     // Disabled: the burst is spread by load instead.
     let (r, c) = rule(4, |x| x.predicted.capacity = 0);
@@ -313,13 +280,7 @@ fn predicted_entries_co_locate_a_burst_and_expire() {
     for i in 0..4u64 {
         let mut keys = prefix.clone();
         keys.extend(chain(5000 + i, 2));
-        let d = r.decide(
-            &req(&keys, &c, 42 * BS),
-            &inv,
-            &*tracker,
-            &AlwaysAvailable,
-            Duration::ZERO,
-        );
+        let d = decide(&r, req(&keys, &c, 42 * BS), &inv, &*tracker, Duration::ZERO);
         let t = d.target().unwrap();
         used.insert(t.endpoint);
         guards.push(tracker.charge(t, d.predicted_prefill_tokens(BS)));
@@ -334,11 +295,11 @@ fn implausible_receipts_are_refused() {
     let keys = chain(6, 2);
     let mut inv = KeySetInventory::new(2);
     inv.store(0, keys.iter().copied());
-    let d = r.decide(
-        &req(&keys, &c, 40),
+    let d = decide(
+        &r,
+        req(&keys, &c, 40),
         &inv,
         &LoadTable::new(2),
-        &AlwaysAvailable,
         Duration::ZERO,
     );
     assert!(!r.record_receipt(&d, 4_294_967_295));
@@ -421,7 +382,7 @@ proptest! {
             table.set(EndpointId(i as u32), *l);
         }
         let prompt_tokens = 12 * BS + 5;
-        let d = r.decide(&req(&keys, &c, prompt_tokens), &inv, &table, &AlwaysAvailable, Duration::ZERO);
+        let d = decide(&r, req(&keys, &c, prompt_tokens), &inv, &table, Duration::ZERO);
         let t = d.target().unwrap().endpoint.index();
         if prefixes.iter().all(|p| *p == 0) {
             prop_assert_eq!(d.miss(), Some(MissReason::ZeroOverlap));
@@ -601,13 +562,7 @@ fn a_mismatched_contract_counts_contract_mismatch_and_predicts_nothing() {
     let tracker = Arc::new(LoadTracker::new(3));
     let keys = chain(12, 8);
     for _ in 0..5 {
-        let d = r.decide(
-            &req(&keys, &c, 8 * BS),
-            &view,
-            &*tracker,
-            &AlwaysAvailable,
-            Duration::ZERO,
-        );
+        let d = decide(&r, req(&keys, &c, 8 * BS), &view, &*tracker, Duration::ZERO);
         assert_eq!(d.miss(), Some(MissReason::ContractMismatch));
         assert!(d.speculative_prefix().iter().all(|x| *x == 0));
     }
@@ -650,30 +605,12 @@ fn an_inventory_clear_voids_earlier_predictions() {
     assert_eq!(view.endpoint_count(), 2);
     let keys = chain(13, 6);
     let load = LoadTable::new(2);
-    let first = r.decide(
-        &req(&keys, &c, 6 * BS),
-        &view,
-        &load,
-        &AlwaysAvailable,
-        Duration::ZERO,
-    );
+    let first = decide(&r, req(&keys, &c, 6 * BS), &view, &load, Duration::ZERO);
     let e = first.target().unwrap().endpoint.index();
-    let again = r.decide(
-        &req(&keys, &c, 6 * BS),
-        &view,
-        &load,
-        &AlwaysAvailable,
-        Duration::ZERO,
-    );
+    let again = decide(&r, req(&keys, &c, 6 * BS), &view, &load, Duration::ZERO);
     assert_eq!(again.speculative_prefix()[e], 6);
     view.clears.set(1);
-    let after = r.decide(
-        &req(&keys, &c, 6 * BS),
-        &view,
-        &load,
-        &AlwaysAvailable,
-        Duration::ZERO,
-    );
+    let after = decide(&r, req(&keys, &c, 6 * BS), &view, &load, Duration::ZERO);
     assert!(
         after.speculative_prefix().iter().all(|x| *x == 0),
         "{:?}",
