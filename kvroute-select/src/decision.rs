@@ -220,6 +220,18 @@ impl Decision {
     }
 }
 
+/// The key positions predicted entries use: every `stride`-th key and the
+/// last. Keys are chained, so an entry at position `j` stands for the whole
+/// prefix `0..=j`: recording one key in `stride` keeps the hot path's work
+/// (and the lock) per decision small at the cost of crediting prefixes in
+/// steps of `stride` blocks (an exact repeat of a prompt still matches whole).
+fn predicted_positions(len: usize, stride: usize) -> impl Iterator<Item = usize> {
+    let last = len.checked_sub(1);
+    (stride - 1..len)
+        .step_by(stride)
+        .chain(last.filter(|l| (l + 1) % stride != 0))
+}
+
 /// A predicted entry: the endpoint and the low 32 bits of its inventory's
 /// clear count when the prediction was made.
 fn pack(endpoint: u32, clears: u32) -> u64 {
@@ -523,8 +535,9 @@ impl Rule {
             return;
         }
         let n = self.config.endpoints.len();
-        for (j, k) in d.keys.iter().enumerate() {
-            let Some(entry) = map.get(k.0, now) else {
+        let stride = self.config.predicted.stride.max(1);
+        for j in predicted_positions(d.keys.len(), stride) {
+            let Some(entry) = d.keys.get(j).and_then(|k| map.get(k.0, now)) else {
                 break;
             };
             let (e, clears) = unpack(entry);
@@ -554,9 +567,12 @@ impl Rule {
         }
         let clears = d.clears.get(endpoint.index()).copied().unwrap_or(0) as u32;
         let entry = pack(endpoint.0, clears);
+        let keys = &d.keys[..d.keys.len().min(cfg.max_keys_per_request)];
         let mut map = self.predicted.lock();
-        for k in d.keys.iter().take(cfg.max_keys_per_request) {
-            map.insert(k.0, entry, now);
+        for j in predicted_positions(keys.len(), cfg.stride.max(1)) {
+            if let Some(k) = keys.get(j) {
+                map.insert(k.0, entry, now);
+            }
         }
     }
 

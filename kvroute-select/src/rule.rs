@@ -82,6 +82,9 @@ pub struct PredictedConfig {
     pub capacity: usize,
     /// Most leading keys of one prompt recorded.
     pub max_keys_per_request: usize,
+    /// One key in `stride` is recorded (plus the prompt's last): predicted
+    /// prefixes are credited in steps of `stride` blocks.
+    pub stride: usize,
 }
 
 impl Default for PredictedConfig {
@@ -90,6 +93,7 @@ impl Default for PredictedConfig {
             ttl: std::time::Duration::from_secs(5),
             capacity: 1 << 16,
             max_keys_per_request: 8192,
+            stride: 8,
         }
     }
 }
