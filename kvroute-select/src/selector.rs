@@ -20,7 +20,7 @@ pub enum SelectorKind {
     /// capacity, then utilisation; round robin among exact ties. What a
     /// request that no endpoint has cached waits for before its first token.
     LeastPrefill,
-    /// Two pseudo-random candidates, the less loaded wins.
+    /// Two distinct pseudo-random candidates, the less loaded wins.
     PowerOfTwoChoices,
     /// Consistent hashing with bounded loads over the request's affinity key
     /// (round robin when the request has none).
@@ -78,9 +78,18 @@ impl SelectorState {
             SelectorKind::LeastPrefill => pool.least_prefill(self.next_turn()),
             SelectorKind::Random => nth(self.next_random()),
             SelectorKind::PowerOfTwoChoices => {
+                // Two distinct candidates (as tower's p2c samples): drawing
+                // both independently picks one endpoint twice 1/n of the time.
                 let r = self.next_random();
-                let a = nth(r)?;
-                let b = nth(r >> 32)?;
+                let n = count as u64;
+                let ka = (r & 0xffff_ffff) % n;
+                let kb = if n > 1 {
+                    (ka + 1 + (r >> 32) % (n - 1)) % n
+                } else {
+                    ka
+                };
+                let a = nth(ka)?;
+                let b = nth(kb)?;
                 let la = pool.load_of(a);
                 let lb = pool.load_of(b);
                 let pick_b = compare_load(lb, pool.capacity_of(b), la, pool.capacity_of(a)).is_lt();
@@ -105,6 +114,43 @@ impl SelectorState {
                 }
                 None
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::{Endpoint, Role};
+    use crate::load::EndpointLoad;
+
+    /// With two endpoints, P2C always compares both: the loaded one is never
+    /// chosen.
+    #[test]
+    fn p2c_compares_two_distinct_endpoints() {
+        let eps = vec![
+            Endpoint::new("a", Role::Both),
+            Endpoint::new("b", Role::Both),
+        ];
+        let eligible = vec![true, true];
+        let loads = vec![
+            EndpointLoad {
+                in_flight: 5,
+                queued_prefill_tokens: 0,
+            },
+            EndpointLoad::default(),
+        ];
+        let pool = Pool {
+            endpoints: &eps,
+            eligible: &eligible,
+            loads: &loads,
+        };
+        let state = SelectorState::new(Ring::new(&eps, 4), 7);
+        for _ in 0..200 {
+            assert_eq!(
+                state.select(SelectorKind::PowerOfTwoChoices, &pool, None, 1.25),
+                Some(1)
+            );
         }
     }
 }
