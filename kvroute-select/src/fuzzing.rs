@@ -246,10 +246,10 @@ pub fn check<V: InventoryView + ?Sized>(
                 }
             }
             Scorer::LoadAware(_) | Scorer::Cost(_) => {
-                let factor = match rule.config().scorer {
-                    Scorer::LoadAware(cfg) => 1.0 + cfg.epsilon.max(0.0),
-                    Scorer::Cost(cfg) => cfg.load_factor,
-                    _ => 1.0,
+                let (factor, headroom) = match rule.config().scorer {
+                    Scorer::LoadAware(cfg) => (1.0 + cfg.epsilon.max(0.0), 0),
+                    Scorer::Cost(cfg) => (cfg.load_factor, cfg.load_headroom),
+                    _ => (1.0, 0),
                 };
                 let (mut total, mut cap) = (0u64, 0u64);
                 let cands: Vec<EndpointId> = ids.filter(|i| eligible(*i)).collect();
@@ -263,7 +263,11 @@ pub fn check<V: InventoryView + ?Sized>(
                     factor: factor.max(1.0),
                 };
                 let admits = |i: EndpointId| {
-                    bound.admits(load.load(i).in_flight, eps[i.index()].capacity.max(1))
+                    !factor.is_finite()
+                        || bound.admits(
+                            load.load(i).in_flight.saturating_sub(headroom),
+                            eps[i.index()].capacity.max(1),
+                        )
                 };
                 if !admits(t.endpoint) {
                     assert!(
