@@ -181,18 +181,24 @@ impl ReportedLoad {
         local: &'a L,
         now: std::time::Duration,
     ) -> CombinedLoad<'a, L> {
+        CombinedLoad {
+            reported: self,
+            local,
+            now,
+            per_request: std::cell::Cell::new(None),
+        }
+    }
+
+    /// `local`'s queued prefill tokens per request in flight, over all
+    /// endpoints.
+    fn mean_prefill<L: Load + ?Sized>(&self, local: &L) -> u64 {
         let (mut tokens, mut requests) = (0u64, 0u64);
         for i in 0..self.slots.len() {
             let l = local.load(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)));
             tokens = tokens.saturating_add(l.queued_prefill_tokens);
             requests += u64::from(l.in_flight);
         }
-        CombinedLoad {
-            reported: self,
-            local,
-            now,
-            per_request: tokens.checked_div(requests).unwrap_or(0),
-        }
+        tokens.checked_div(requests).unwrap_or(0)
     }
 
     fn combine(
@@ -200,7 +206,7 @@ impl ReportedLoad {
         endpoint: EndpointId,
         local: EndpointLoad,
         now: std::time::Duration,
-        per_request: u64,
+        per_request: impl FnOnce() -> u64,
     ) -> EndpointLoad {
         let Some(slot) = self.slots.get(endpoint.index()) else {
             return local;
@@ -214,6 +220,10 @@ impl ReportedLoad {
         let combined = (engine + delta).max(i64::from(local.in_flight));
         let in_flight = u32::try_from(combined).unwrap_or(u32::MAX);
         let others = u64::from(in_flight - local.in_flight);
+        if others == 0 {
+            return EndpointLoad { in_flight, ..local };
+        }
+        let per_request = per_request();
         EndpointLoad {
             in_flight,
             queued_prefill_tokens: local
@@ -230,18 +240,22 @@ pub struct CombinedLoad<'a, L: ?Sized> {
     reported: &'a ReportedLoad,
     local: &'a L,
     now: std::time::Duration,
-    /// This host's queued prefill tokens per request in flight.
-    per_request: u64,
+    /// This host's queued prefill tokens per request in flight: computed
+    /// once per view, and only when an endpoint carries other hosts' requests.
+    per_request: std::cell::Cell<Option<u64>>,
 }
 
 impl<L: Load + ?Sized> Load for CombinedLoad<'_, L> {
     fn load(&self, endpoint: EndpointId) -> EndpointLoad {
-        self.reported.combine(
-            endpoint,
-            self.local.load(endpoint),
-            self.now,
-            self.per_request,
-        )
+        self.reported
+            .combine(endpoint, self.local.load(endpoint), self.now, || {
+                if let Some(v) = self.per_request.get() {
+                    return v;
+                }
+                let v = self.reported.mean_prefill(self.local);
+                self.per_request.set(Some(v));
+                v
+            })
     }
 }
 
