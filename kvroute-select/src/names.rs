@@ -1,0 +1,256 @@
+//! The configuration names of selection's enums — [`Choice`], [`Topology`],
+//! [`ScorerKind`], [`SelectorKind`], [`Role`] — as `FromStr` / `Display` /
+//! serde, so configuration files, CLIs and the simulator parse one spelling
+//! instead of each matching strings of its own.
+//!
+//! Names are `snake_case`, as in the gateway's TOML; [`Display`] prints the
+//! name [`FromStr`] accepts, so every value round-trips. An unknown name is a
+//! [`UnknownName`] that lists the accepted ones.
+//!
+//! ```
+//! use kvroute_select::{Choice, ScorerKind, SelectorKind, Topology};
+//! assert_eq!("prefill_decode".parse::<Topology>(), Ok(Topology::PrefillDecode));
+//! assert_eq!(SelectorKind::PowerOfTwoChoices.to_string(), "p2c");
+//! let err = "fastest".parse::<Choice>().unwrap_err();
+//! assert_eq!(err.to_string(),
+//!     "unknown choice \"fastest\"; expected kv_exact, round_robin or content_affinity");
+//! // A scorer name picks the scorer with its default parameters.
+//! let scorer: kvroute_select::Scorer = "longest_prefix".parse::<ScorerKind>().unwrap().into();
+//! assert_eq!(ScorerKind::of(&scorer), ScorerKind::LongestPrefix);
+//! ```
+//!
+//! [`Display`]: std::fmt::Display
+//! [`FromStr`]: std::str::FromStr
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::endpoint::Role;
+use crate::rule::{Choice, Topology};
+use crate::scorer::{CostConfig, LoadAwareConfig, Scorer};
+use crate::selector::SelectorKind;
+
+/// A name no variant of the enum has.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {name:?}; expected {expected}")]
+pub struct UnknownName {
+    /// What was parsed (`"choice"`, `"topology"`, ...).
+    pub what: &'static str,
+    /// The name given.
+    pub name: String,
+    /// The accepted names, as a sentence fragment.
+    pub expected: &'static str,
+}
+
+/// Which KV-exact scorer, without its parameters (a [`Scorer`] carries them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ScorerKind {
+    /// [`Scorer::Cost`].
+    #[default]
+    Cost,
+    /// [`Scorer::OverlapCount`].
+    OverlapCount,
+    /// [`Scorer::LongestPrefix`].
+    LongestPrefix,
+    /// [`Scorer::LoadAware`].
+    LoadAware,
+}
+
+impl ScorerKind {
+    /// The kind of `scorer`.
+    #[must_use]
+    pub fn of(scorer: &Scorer) -> Self {
+        match scorer {
+            Scorer::Cost(_) => Self::Cost,
+            Scorer::OverlapCount => Self::OverlapCount,
+            Scorer::LongestPrefix => Self::LongestPrefix,
+            Scorer::LoadAware(_) => Self::LoadAware,
+        }
+    }
+}
+
+impl From<ScorerKind> for Scorer {
+    /// The scorer of that kind with default parameters.
+    fn from(kind: ScorerKind) -> Self {
+        match kind {
+            ScorerKind::Cost => Scorer::Cost(CostConfig::default()),
+            ScorerKind::OverlapCount => Scorer::OverlapCount,
+            ScorerKind::LongestPrefix => Scorer::LongestPrefix,
+            ScorerKind::LoadAware => Scorer::LoadAware(LoadAwareConfig::default()),
+        }
+    }
+}
+
+/// `FromStr`, `Display`, `as_str` and string serde for a fieldless enum, from
+/// one table so the spellings cannot drift apart.
+macro_rules! names {
+    ($ty:ty, $what:literal, $expected:literal, { $($variant:path => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// The configuration name.
+            #[must_use]
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($variant => $name),+
+                }
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = UnknownName;
+
+            fn from_str(s: &str) -> Result<Self, UnknownName> {
+                match s {
+                    $($name => Ok($variant),)+
+                    _ => Err(UnknownName {
+                        what: $what,
+                        name: s.to_owned(),
+                        expected: $expected,
+                    }),
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let name = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+                name.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+names!(Choice, "choice", "kv_exact, round_robin or content_affinity", {
+    Choice::KvExact => "kv_exact",
+    Choice::RoundRobin => "round_robin",
+    Choice::ContentAffinity => "content_affinity",
+});
+
+names!(Topology, "topology", "converged or prefill_decode", {
+    Topology::Converged => "converged",
+    Topology::PrefillDecode => "prefill_decode",
+});
+
+names!(ScorerKind, "scorer", "cost, overlap_count, longest_prefix or load_aware", {
+    ScorerKind::Cost => "cost",
+    ScorerKind::OverlapCount => "overlap_count",
+    ScorerKind::LongestPrefix => "longest_prefix",
+    ScorerKind::LoadAware => "load_aware",
+});
+
+names!(SelectorKind, "selector",
+    "round_robin, least_load, least_prefill, p2c, chwbl, random or weighted", {
+    SelectorKind::RoundRobin => "round_robin",
+    SelectorKind::LeastLoad => "least_load",
+    SelectorKind::LeastPrefill => "least_prefill",
+    SelectorKind::PowerOfTwoChoices => "p2c",
+    SelectorKind::Chwbl => "chwbl",
+    SelectorKind::Random => "random",
+    SelectorKind::Weighted => "weighted",
+});
+
+names!(Role, "role", "both, prefill or decode", {
+    Role::Both => "both",
+    Role::Prefill => "prefill",
+    Role::Decode => "decode",
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant: `Display` → `FromStr` is the identity, serde agrees with
+    /// both, and names are unique within an enum. The variant lists are
+    /// exhaustive matches, so a new variant without a name fails to compile.
+    #[test]
+    fn every_name_round_trips_through_display_fromstr_and_serde() {
+        fn check<T>(all: &[T])
+        where
+            T: Copy + PartialEq + fmt::Debug + fmt::Display + FromStr<Err = UnknownName>,
+            T: serde::Serialize + serde::de::DeserializeOwned,
+        {
+            let mut names = Vec::new();
+            for &v in all {
+                let name = v.to_string();
+                assert_eq!(name.parse::<T>(), Ok(v), "{name}");
+                let json = serde_json::to_string(&v).unwrap();
+                assert_eq!(json, format!("{name:?}"));
+                assert_eq!(serde_json::from_str::<T>(&json).unwrap(), v);
+                assert!(!names.contains(&name), "duplicate name {name}");
+                names.push(name);
+            }
+            let err = "no_such_name".parse::<T>().unwrap_err();
+            for n in &names {
+                assert!(err.expected.contains(n.as_str()), "{n} missing from {err}");
+            }
+            assert!(serde_json::from_str::<T>("\"no_such_name\"").is_err());
+        }
+        let choices = [Choice::KvExact, Choice::RoundRobin, Choice::ContentAffinity];
+        for c in choices {
+            match c {
+                Choice::KvExact | Choice::RoundRobin | Choice::ContentAffinity => {}
+            }
+        }
+        check(&choices);
+        let topologies = [Topology::Converged, Topology::PrefillDecode];
+        for t in topologies {
+            match t {
+                Topology::Converged | Topology::PrefillDecode => {}
+            }
+        }
+        check(&topologies);
+        let scorers = [
+            ScorerKind::Cost,
+            ScorerKind::OverlapCount,
+            ScorerKind::LongestPrefix,
+            ScorerKind::LoadAware,
+        ];
+        check(&scorers);
+        for k in scorers {
+            assert_eq!(ScorerKind::of(&Scorer::from(k)), k);
+        }
+        let selectors = [
+            SelectorKind::RoundRobin,
+            SelectorKind::LeastLoad,
+            SelectorKind::LeastPrefill,
+            SelectorKind::PowerOfTwoChoices,
+            SelectorKind::Chwbl,
+            SelectorKind::Random,
+            SelectorKind::Weighted,
+        ];
+        for s in selectors {
+            match s {
+                SelectorKind::RoundRobin
+                | SelectorKind::LeastLoad
+                | SelectorKind::LeastPrefill
+                | SelectorKind::PowerOfTwoChoices
+                | SelectorKind::Chwbl
+                | SelectorKind::Random
+                | SelectorKind::Weighted => {}
+            }
+        }
+        check(&selectors);
+        check(&[Role::Both, Role::Prefill, Role::Decode]);
+    }
+
+    /// The default scorer is the cost scorer, named `cost`, as the gateway's
+    /// default configuration says.
+    #[test]
+    fn defaults_have_the_default_names() {
+        assert_eq!(ScorerKind::of(&Scorer::default()), ScorerKind::default());
+        assert_eq!(ScorerKind::default().as_str(), "cost");
+        assert_eq!(Choice::default().as_str(), "kv_exact");
+        assert_eq!(Topology::default().as_str(), "converged");
+    }
+}
