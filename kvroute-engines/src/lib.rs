@@ -1,4 +1,71 @@
 //! # kvroute-engines
+//!
+//! What each inference engine needs from kvroute, engine by engine: its KV
+//! event wire formats (vLLM / SGLang msgpack over ZeroMQ, TensorRT-LLM JSON
+//! drained over HTTP), the transports that follow them into an inventory, the
+//! OpenAI request → token-id pipeline that reproduces what the engine
+//! prefills (tokenizer, chat template, vLLM's validators), and the engines'
+//! load reports (`/metrics`).
+//!
+//! | module | what | I/O |
+//! |---|---|---|
+//! | [`events`] | sans-IO decoders: engine payload → [`kvroute_ingest::EventBatch`] | none |
+//! | [`transport`] | [`transport::ZmqSubscriber`], [`transport::TrtllmPoller`], and the sinks that decode and apply ([`transport::DecodingSink`]`<`[`transport::IndexIngest`]`>`) | tokio, on the host's runtime |
+//! | [`prompt`] | body → the engine's token ids ([`prompt::TokenizerPool`], [`prompt::prompt_tokens_limited`]) | reads the model directory |
+//! | [`parse_load`] | engine `/metrics` text → running / waiting / capacity | none |
+//!
+//! Nothing here starts a runtime or a thread: transports are `async fn`s the
+//! host spawns, stopped by a future it supplies. Most hosts use the `kvroute`
+//! facade crate, which wires these pieces from one contract and one list of
+//! endpoints; this crate is for hosts that wire them themselves.
+//!
+//! ## Features
+//!
+//! * `zmq` (default): the ZeroMQ subscriber and replay client (vLLM, SGLang).
+//! * `trtllm-http` (default): the TensorRT-LLM drain poller and the `/metrics`
+//!   load poller (pulls an HTTP client).
+//!
+//! A vLLM- or SGLang-only host needs no HTTP client:
+//! `kvroute-engines = { version = "0.1", default-features = false, features = ["zmq"] }`.
+//!
+//! ## From an engine's event to a scored prompt
+//!
+//! One vLLM 0.33 `KVEventBatch` (a real capture from `golden/`) goes through
+//! the same sink a [`transport::ZmqSubscriber`] feeds, into the index scoring
+//! reads; the prompt's keys, recomputed from its token ids under the engine's
+//! hash contract, find both stored blocks.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use kvroute_core::{EndpointId, HashContract, RequestExtras};
+//! use kvroute_engines::transport::{DecodingSink, EngineKind, Frame, FrameSink, FrameSource, IndexIngest};
+//! use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, InventoryView, KeyMode, Overlap, SharedIndex};
+//!
+//! let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/vllm-events/v0.33.0/stream");
+//! let payload = std::fs::read(dir.join("01_store_prompt_two_blocks.msgpack"))?;
+//! let case: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("01_store_prompt_two_blocks.json"))?)?;
+//! let prompt: Vec<u32> = serde_json::from_value(case["token_ids_of_request"].clone())?;
+//!
+//! // The engine's contract: `--prefix-caching-hash-algo sha256_cbor`, PYTHONHASHSEED=0, block 16.
+//! let contract: HashContract = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse()?;
+//! let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
+//! let config = IngestConfig { expected_block_size: Some(16), ..IngestConfig::default() };
+//! let ingest = EndpointIngest::new(EndpointId(0), config, KeyMode::Engine);
+//! // DP rank 0's stream, without a replay socket.
+//! let mut sink = DecodingSink::new(EngineKind::Vllm, IndexIngest::new(ingest, Arc::clone(&index), Some(0), false))?;
+//!
+//! // A subscriber does this for every message:
+//! // `ZmqSubscriber::new(ZmqSubscriberConfig::new(endpoint)).run(sink, shutdown).await`.
+//! let report = sink.on_frame(Frame { topic: b"", seq: 0, payload: &payload, source: FrameSource::Live });
+//! assert_eq!(report.events_applied, 1);
+//!
+//! let mut keys = Vec::new();
+//! contract.hasher()?.hash_prompt(&prompt, &RequestExtras::NONE, &mut keys)?;
+//! let mut out = [Overlap::default()];
+//! index.score(&keys, &mut out);
+//! assert_eq!(out[0].prefix, 2); // 40 tokens: two full blocks of 16, both cached
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![deny(missing_docs)]
 
 pub mod events;
@@ -6,6 +73,14 @@ mod load_report;
 pub mod prompt;
 
 pub mod transport;
+
+mod names;
+pub use names::UnknownName;
+
+/// The OpenAI API a request body was posted to (chat or completions): the
+/// name hosts should use; [`prompt::Endpoint`] is the same type (not a
+/// backend endpoint).
+pub use prompt::Endpoint as ApiKind;
 
 pub use load_report::{
     fuzzing as load_report_fuzzing, parse_load, EngineLoadReport, LoadReportError, MetricsDialect,

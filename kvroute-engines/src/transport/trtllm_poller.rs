@@ -9,7 +9,7 @@
 //! stream and both inventories silently rot. Run exactly one poller per engine
 //! endpoint (and attention-DP rank set) in the whole fleet; fan the resulting
 //! inventory out from there. The sink notices a competing consumer only as
-//! `event_id` gaps (each one clears the inventory, see [`DrainReport::gap`]) — a
+//! `event_id` gaps (each one clears the inventory, see [`DrainReport::gap`](super::DrainReport::gap)) — a
 //! steady gap counter in the metrics is the symptom to alert on.
 //!
 //! Events exist only when the engine runs with a positive

@@ -14,7 +14,7 @@
 //! missed) and count the event. `tests/interop_restart.rs` measures both.
 //!
 //! Bad frames (malformed, oversized, undecodable) are counted exactly in the
-//! metrics, but their warnings are rate-limited per subscriber ([`BadFrameLog`]):
+//! metrics, but their warnings are rate-limited per subscriber (`BadFrameLog`):
 //! a peer spraying garbage must not turn into a log flood.
 //!
 //! # Bind or connect
