@@ -39,6 +39,19 @@ pub trait InventoryView {
     /// extra entries are left untouched.
     fn score(&self, keys: &[BlockKey], out: &mut [Overlap]);
 
+    /// Like [`score`](Self::score), but only `prefix` and `prefix_by_medium`
+    /// are exact; `blocks` is only a lower bound of the any-position count
+    /// (at least `prefix`).
+    ///
+    /// This is what a scorer that credits the longest cached prefix needs
+    /// (vLLM and SGLang reuse only that), and it lets a view stop walking the
+    /// prompt at the first key that no endpoint still matching from block 0
+    /// holds, instead of looking up every key for every endpoint. The default
+    /// runs the full [`score`](Self::score).
+    fn score_prefix(&self, keys: &[BlockKey], out: &mut [Overlap]) {
+        self.score(keys, out);
+    }
+
     /// How far endpoint `endpoint`'s inventory can be trusted. The default (for
     /// views without attestation or sequence tracking) claims nothing.
     ///
