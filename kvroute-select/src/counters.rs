@@ -46,11 +46,14 @@ pub enum MissReason {
     /// The engine would refuse the request itself (schema or validation
     /// error): see [`MissBeforeKeys::InvalidRequest`].
     InvalidRequest,
+    /// The host had no tokenization capacity left: see
+    /// [`MissBeforeKeys::TokenizeOverloaded`].
+    TokenizeOverloaded,
 }
 
 impl MissReason {
     /// Number of reasons (size of per-reason arrays).
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 17;
 
     /// Every reason, in [`MissReason::index`] order.
     pub const ALL: [MissReason; Self::COUNT] = [
@@ -70,6 +73,7 @@ impl MissReason {
         MissReason::PromptTooLong,
         MissReason::ExtrasUnsupported,
         MissReason::InvalidRequest,
+        MissReason::TokenizeOverloaded,
     ];
 
     /// Stable array index.
@@ -98,6 +102,7 @@ impl MissReason {
             MissReason::PromptTooLong => "prompt_too_long",
             MissReason::ExtrasUnsupported => "extras_unsupported",
             MissReason::InvalidRequest => "invalid_request",
+            MissReason::TokenizeOverloaded => "tokenize_overloaded",
         }
     }
 }
@@ -112,6 +117,7 @@ impl From<MissBeforeKeys> for MissReason {
             MissBeforeKeys::EmptyPrompt => MissReason::EmptyPrompt,
             MissBeforeKeys::PromptTooLong => MissReason::PromptTooLong,
             MissBeforeKeys::InvalidRequest => MissReason::InvalidRequest,
+            MissBeforeKeys::TokenizeOverloaded => MissReason::TokenizeOverloaded,
         }
     }
 }

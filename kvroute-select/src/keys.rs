@@ -180,6 +180,10 @@ pub enum MissBeforeKeys {
     /// `raise_exception`): there is nothing to route on, and it is the client's
     /// error, not a tokenizer failure.
     InvalidRequest,
+    /// The host's tokenization capacity (concurrent tokenizations, bytes in
+    /// flight) was used up, so the prompt was not tokenized: bounded memory
+    /// under a flood of long prompts.
+    TokenizeOverloaded,
 }
 
 /// The prompt as the gateway hands it to selection.

@@ -377,5 +377,9 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
             }),
         );
     }
-    Json(json!({ "rules": rules })).into_response()
+    Json(json!({
+        "rules": rules,
+        "tokenize": gw.tokenize_admission.snapshot(),
+    }))
+    .into_response()
 }

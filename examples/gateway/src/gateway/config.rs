@@ -150,6 +150,20 @@ pub struct LimitsConfig {
     /// oldest connection that has not sent a byte is closed for the new one,
     /// else the new one gets 503.
     pub max_connections: usize,
+    /// Most completion requests parsed and tokenized at once (default: the
+    /// CPU count, at least 2). Beyond it `tokenize_overload` applies.
+    pub max_concurrent_tokenizations: usize,
+    /// Most request-body bytes being parsed and tokenized at once (a larger
+    /// body is charged this much: it runs alone). Tokenizing costs about
+    /// 280 bytes of memory per prompt byte, so the default 8 MiB bounds the
+    /// tokenizers near 2.3 GB whatever the CPU count.
+    pub max_tokenize_bytes_in_flight: usize,
+    /// At either bound: `"skip"` (default) routes the request without KV
+    /// (the rule's selector, a `tokenize_overloaded` miss); `"wait"` waits up
+    /// to `tokenize_wait_ms` for room first.
+    pub tokenize_overload: super::admission::TokenizeOverload,
+    /// Longest wait for tokenization room under `tokenize_overload = "wait"`.
+    pub tokenize_wait_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -167,6 +181,11 @@ impl Default for LimitsConfig {
             shutdown_grace_ms: 10_000,
             first_byte_timeout_ms: 10_000,
             max_connections: 10_000,
+            max_concurrent_tokenizations: std::thread::available_parallelism()
+                .map_or(2, |n| n.get().max(2)),
+            max_tokenize_bytes_in_flight: 8 << 20,
+            tokenize_overload: super::admission::TokenizeOverload::Skip,
+            tokenize_wait_ms: 1_000,
         }
     }
 }
@@ -201,6 +220,11 @@ impl LimitsConfig {
     #[must_use]
     pub fn response_header_timeout(&self) -> Duration {
         Duration::from_millis(self.response_header_timeout_ms)
+    }
+    /// As a duration.
+    #[must_use]
+    pub fn tokenize_wait(&self) -> Duration {
+        Duration::from_millis(self.tokenize_wait_ms)
     }
 }
 
@@ -527,6 +551,14 @@ impl ServeConfig {
             ("limits.max_body_bytes", limits.max_body_bytes),
             ("limits.max_prompt_tokens", limits.max_prompt_tokens),
             ("limits.max_prompt_chars", limits.max_prompt_chars),
+            (
+                "limits.max_concurrent_tokenizations",
+                limits.max_concurrent_tokenizations,
+            ),
+            (
+                "limits.max_tokenize_bytes_in_flight",
+                limits.max_tokenize_bytes_in_flight,
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(name, "must be at least 1"));
@@ -1250,7 +1282,13 @@ mod tests {
 
     #[test]
     fn zero_limits_are_refused_by_name() {
-        for field in ["max_body_bytes", "max_prompt_tokens", "max_prompt_chars"] {
+        for field in [
+            "max_body_bytes",
+            "max_prompt_tokens",
+            "max_prompt_chars",
+            "max_concurrent_tokenizations",
+            "max_tokenize_bytes_in_flight",
+        ] {
             let text = format!("listen = \"127.0.0.1:0\"\n[limits]\n{field} = 0\n");
             let err = ServeConfig::from_toml(&text, Path::new("."))
                 .map(|_| String::new())

@@ -682,5 +682,6 @@ pub fn render(gw: &Gateway) -> String {
             ("admin", &m.admin_connections),
         ],
     );
+    super::admission::render(&mut out, &gw.tokenize_admission.snapshot());
     out
 }

@@ -12,6 +12,7 @@
 //! | [`pd`] | vLLM disaggregated two-step bodies |
 //! | [`health`] | active probes feeding the breakers |
 //! | [`admin`] | REST admin API + `/metrics` |
+//! | [`admission`] | bound on concurrent tokenizations and their bytes |
 //! | [`connections`] | first-byte deadline, connection cap, accept errors |
 //! | [`metrics`] | Prometheus exposition |
 //!
@@ -24,6 +25,7 @@
 //! never logged.
 
 pub mod admin;
+pub mod admission;
 pub mod config;
 pub mod connections;
 pub mod engine_load;

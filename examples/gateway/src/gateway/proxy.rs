@@ -87,11 +87,36 @@ async fn model_only(body: &Bytes) -> Option<String> {
 }
 
 /// Parses and tokenizes (on the blocking pool: tokenizing a long prompt is
-/// CPU work; [`PromptLimits`] bound it). Never fails: every problem is a typed miss.
+/// CPU work; [`PromptLimits`] bound it per request, the gateway's
+/// [`TokenizeAdmission`](super::admission::TokenizeAdmission) across requests).
+/// Never fails: every problem is a typed miss.
 async fn tokenize(gw: &Arc<Gateway>, api: ApiEndpoint, body: &Bytes) -> Prompt {
+    use super::admission::TokenizeOverload;
+    let admission = &gw.tokenize_admission;
+    let permit = match gw.limits.tokenize_overload {
+        TokenizeOverload::Skip => admission.admit_now(body.len()),
+        TokenizeOverload::Wait => {
+            admission
+                .admit_within(body.len(), tokio::time::sleep(gw.limits.tokenize_wait()))
+                .await
+        }
+    };
+    let Some(permit) = permit else {
+        // Still routed (by the rule's selector), so the rule needs the model;
+        // reading it costs about the body's size, not the tokenizer's ~280×.
+        tracing::debug!(
+            bytes = body.len(),
+            "tokenization at capacity: not routed by KV"
+        );
+        return Prompt::missed(model_only(body).await, MissBeforeKeys::TokenizeOverloaded);
+    };
     let gw2 = Arc::clone(gw);
     let body2 = body.clone();
     let job = tokio::task::spawn_blocking(move || {
+        // Held by the blocking job, not the request future: a client that
+        // goes away does not stop the tokenizer, so its room stays taken
+        // until the work really ends.
+        let _permit = permit;
         let value = match pyvalue::parse_json(&body2) {
             Ok(v) => v,
             Err(_) => return Prompt::missed(None, MissBeforeKeys::NotJson),

@@ -191,6 +191,8 @@ pub struct Gateway {
     pub client: UpstreamClient,
     /// Gateway counters.
     pub metrics: GatewayMetrics,
+    /// Bound on concurrent tokenizations and their bytes.
+    pub tokenize_admission: Arc<super::admission::TokenizeAdmission>,
     /// Rotates the starting endpoint of pass-through requests among equally
     /// loaded ones.
     pub passthrough_turn: AtomicU32,
@@ -226,6 +228,12 @@ impl Gateway {
                 config.limits.response_header_timeout(),
             ),
             metrics: GatewayMetrics::default(),
+            tokenize_admission: Arc::new(super::admission::TokenizeAdmission::new(
+                super::admission::AdmissionLimits {
+                    max_count: config.limits.max_concurrent_tokenizations,
+                    max_bytes: config.limits.max_tokenize_bytes_in_flight,
+                },
+            )),
             passthrough_turn: AtomicU32::new(0),
             epoch: Instant::now(),
         });
