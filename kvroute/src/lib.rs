@@ -1,0 +1,117 @@
+//! # kvroute
+//!
+//! KV-cache-aware routing for an LLM proxy you already have (axum, hyper,
+//! tower, pingora, ...): each request goes to the inference engine that
+//! already holds the longest cached prefix of its prompt, proven by the
+//! engines' own KV events and confirmed by their `cached_tokens` receipts.
+//!
+//! This crate is the embedding facade over the four `kvroute-*` crates. It
+//! lives in its own crate because it needs both halves the layout keeps
+//! apart: `kvroute-engines` (subscribers, tokenizer) and `kvroute-select`
+//! (rules, load tracker) may not depend on each other, and the facade must
+//! not be folded into either. It is a layout addition: one more library
+//! crate, depending on the four, adding wiring and no mechanism of its own.
+//!
+//! ## Thirty lines
+//!
+//! ```no_run
+//! use bytes::Bytes;
+//! use kvroute::{ApiKind, Backend, KvRouter};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! // What the engines run: `vllm serve Qwen/Qwen3-8B --block-size 16
+//! //   --prefix-caching-hash-algo sha256_cbor` with PYTHONHASHSEED=0 and
+//! //   `--kv-events-config '{"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", ...}'`.
+//! let router = KvRouter::builder("vllm@0.33.0:sha256_cbor:block=16:seed=0".parse()?)
+//!     .model("Qwen/Qwen3-8B", "/models/qwen3")
+//!     .endpoint(Backend::vllm("http://10.0.0.7:8000").events("tcp://*:5557").replay("tcp://*:5558"))
+//!     .endpoint(Backend::vllm("http://10.0.0.8:8000").events("tcp://*:5557").replay("tcp://*:5558"))
+//!     .spawn()?; // subscribers run on the caller's tokio runtime
+//!
+//! // Per request:
+//! let body = Bytes::from_static(br#"{"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "hi"}]}"#);
+//! let mut pick = router.pick(ApiKind::Chat, &body).await?;
+//! let upstream_body = pick.upstream_body(&body); // streamed requests: usage included
+//! loop {
+//!     let url = format!("{}/v1/chat/completions", pick.url());
+//!     # let connect_failed = false;
+//!     // ... send `upstream_body` to `url` with your HTTP client ...
+//!     if connect_failed {
+//!         if pick.retry().is_none() { break } // the next-best endpoint, or give up
+//!         continue;
+//!     }
+//!     // ... then wrap the response body: receipt recorded, load released at its end:
+//!     // let body = pick.into_body(response.headers(), response.into_body());
+//!     break;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Everything is derived from the contract and the endpoint list, nothing
+//! stated twice: prompt keys, block size and key mode from the contract (a
+//! `rekey:` contract re-keys stored blocks on the ingest side too), the
+//! contract attestor for engine keys, one inventory slot and one load slot
+//! per endpoint, one subscriber per DP rank (a TensorRT-LLM endpoint gets its
+//! drain poller), tokenization on the blocking pool within
+//! [`KvRouterBuilder::max_prompt_chars`] / [`KvRouterBuilder::max_prompt_tokens`].
+//!
+//! ## Pieces
+//!
+//! * [`KvRouter`] / [`KvRouterBuilder`] / [`Backend`]: the router; runtime
+//!   endpoint changes with [`KvRouter::apply`]`(`[`Change`]`)`, as tower's
+//!   `Discover` changes: only the changed endpoint's subscribers and
+//!   inventory slot are touched.
+//! * [`Pick`]: one request's decision, its [`kvroute_select::LoadGuard`]
+//!   (tower `PendingRequests` semantics: counted from the decision until the
+//!   response body ends or is dropped), [`Pick::retry`] with exclusion, and
+//!   [`Pick::into_body`].
+//! * [`receipt`]: the usage scanner (JSON and SSE), [`receipt::ReceiptBody`]
+//!   and [`receipt::include_usage`].
+//! * `tower` feature: [`tower::KvRouteLayer`] — buffer the body, decide,
+//!   forward, retry through `tower::retry::Policy`, receipt body.
+//! * [`miss_before_keys`]: the prompt pipeline's miss as selection counts it.
+//!
+//! `kvroute_select::Proxy` / `route` stay for hosts that want a sans-IO
+//! driver with their own load and health; the facade is the shorter path
+//! and owns load, health and inventories itself.
+//!
+//! ## Features
+//!
+//! `zmq` (default; vLLM, SGLang), `trtllm-http` (default; TensorRT-LLM
+//! drains), `tower`. A vLLM-only host:
+//! `kvroute = { version = "0.1", default-features = false, features = ["zmq"] }`.
+//!
+//! ## pingora
+//!
+//! A pingora `ProxyHttp` maps onto the same calls (`CTX` holds the body
+//! buffer and the `Option<Pick>`):
+//!
+//! | `ProxyHttp` phase | kvroute |
+//! |---|---|
+//! | `request_filter` / `request_body_filter` | buffer the body (bounded); at its end `ctx.pick = Some(router.pick(api, &body).await?)`, and forward [`Pick::upstream_body`] |
+//! | `upstream_peer` | `HttpPeer::new(addr_of(pick.url()), false, host)` |
+//! | `fail_to_connect` | `if ctx.pick.retry().is_some() { e.set_retry(true) }`: pingora calls `upstream_peer` again and gets the next-best endpoint |
+//! | `connected_to_upstream` | [`Pick::connected`] |
+//! | `response_filter` | [`receipt::BodyKind::of`] the response headers |
+//! | `response_body_filter` | [`receipt::UsageScanner::feed`] each chunk; [`kvroute_select::LoadGuard::first_byte`] on the first |
+//! | `logging` | [`receipt::UsageScanner::finish`] → [`Pick::record_receipt`]; drop the `Pick` (releases the load charge, also on errors and disconnects) |
+#![deny(missing_docs)]
+
+mod backend;
+mod prompt;
+pub mod receipt;
+mod router;
+#[cfg(feature = "tower")]
+pub mod tower;
+
+pub use backend::Backend;
+pub use prompt::miss_before_keys;
+pub use router::{BuildError, Change, KvRouter, KvRouterBuilder, NoEndpoint, Pick};
+
+pub use kvroute_core::HashContract;
+pub use kvroute_engines::transport::EngineKind;
+pub use kvroute_engines::ApiKind;
+pub use kvroute_select::{
+    Choice, Decision, Leg, LoadGuard, MissReason, Role, Scorer, ScorerKind, SelectorKind, Target,
+    Thresholds, Topology,
+};

@@ -1,0 +1,475 @@
+//! Delivery receipts: what the engine says it actually reused
+//! (`usage.prompt_tokens_details.cached_tokens`), found in the response body as
+//! it streams past, recorded against the decision, and the request's load
+//! charge released when the body ends or is dropped.
+//!
+//! * [`UsageScanner`]: a sans-IO scanner fed the body's chunks, for a JSON
+//!   answer or an SSE stream (the last `data:` event carrying `usage` wins).
+//! * [`ReceiptBody`]: an [`http_body::Body`] wrapper that feeds the scanner,
+//!   marks the first byte on the [`LoadGuard`] (prefill is over), and on the
+//!   body's end — or its drop, when the client goes away — calls the host's
+//!   completion once and releases the guard.
+//! * [`include_usage`]: streamed requests carry usage only when they ask for it
+//!   (`stream_options.include_usage`); without it every streamed receipt is
+//!   silently `None`. The helper adds the option to a streamed request body
+//!   that does not mention it. Its effect on the client: one more SSE event
+//!   before `[DONE]`, with `"choices": []` and the `usage` object, as OpenAI
+//!   documents for the option. [`crate::KvRouterBuilder::include_usage`] turns
+//!   it off (a client that set the option itself is never overridden).
+//!
+//! ```
+//! use kvroute::receipt::{BodyKind, UsageScanner};
+//! let mut s = UsageScanner::new(BodyKind::Sse);
+//! s.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usa");
+//! s.feed(b"ge\":{\"prompt_tokens\":40,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\ndata: [DONE]\n\n");
+//! assert_eq!(s.finish(), Some(32));
+//! ```
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use kvroute_select::LoadGuard;
+
+/// Largest JSON answer (or single SSE line) held for the receipt; past it the
+/// receipt is `None` and the body still streams through untouched. A chat
+/// answer with usage is a few KB; 4 MiB bounds the scanner's memory per
+/// request whatever the engine sends.
+pub const MAX_SCAN_BYTES: usize = 4 << 20;
+
+/// How a response body is framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyKind {
+    /// One JSON document (a non-streamed completion).
+    Json,
+    /// `text/event-stream`: `data: {json}` lines.
+    Sse,
+}
+
+impl BodyKind {
+    /// The kind a response's `Content-Type` announces (SSE for
+    /// `text/event-stream`, JSON otherwise).
+    #[must_use]
+    pub fn of(headers: &http::HeaderMap) -> Self {
+        let sse = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
+        if sse {
+            Self::Sse
+        } else {
+            Self::Json
+        }
+    }
+}
+
+/// `usage.prompt_tokens_details.cached_tokens` of one OpenAI response object.
+///
+/// ```
+/// let v = serde_json::json!({"usage": {"prompt_tokens_details": {"cached_tokens": 496}}});
+/// assert_eq!(kvroute::receipt::cached_tokens(&v), Some(496));
+/// assert_eq!(kvroute::receipt::cached_tokens(&serde_json::json!({"usage": null})), None);
+/// ```
+#[must_use]
+pub fn cached_tokens(v: &serde_json::Value) -> Option<u32> {
+    v.pointer("/usage/prompt_tokens_details/cached_tokens")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+/// Finds the cached-token receipt in a response body fed chunk by chunk.
+/// Memory is bounded by [`MAX_SCAN_BYTES`]; nothing is parsed until a line
+/// (SSE) or the body (JSON) is complete.
+#[derive(Debug)]
+pub struct UsageScanner {
+    kind: BodyKind,
+    buf: Vec<u8>,
+    found: Option<u32>,
+    overflowed: bool,
+}
+
+impl UsageScanner {
+    /// A scanner for a body of `kind`.
+    #[must_use]
+    pub fn new(kind: BodyKind) -> Self {
+        Self {
+            kind,
+            buf: Vec::new(),
+            found: None,
+            overflowed: false,
+        }
+    }
+
+    /// Feeds the next chunk of the body.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        match self.kind {
+            BodyKind::Json => {
+                if self.overflowed {
+                    return;
+                }
+                if self.buf.len() + chunk.len() > MAX_SCAN_BYTES {
+                    self.overflowed = true;
+                    self.buf = Vec::new();
+                } else {
+                    self.buf.extend_from_slice(chunk);
+                }
+            }
+            BodyKind::Sse => {
+                let mut rest = chunk;
+                while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+                    let (line, tail) = rest.split_at(nl);
+                    if self.overflowed {
+                        // The tail of an over-long line: skipped.
+                        self.overflowed = false;
+                    } else if self.buf.is_empty() {
+                        self.sse_line(line);
+                    } else {
+                        self.buf.extend_from_slice(line);
+                        let whole = std::mem::take(&mut self.buf);
+                        self.sse_line(&whole);
+                    }
+                    rest = tail.get(1..).unwrap_or_default();
+                }
+                if !self.overflowed {
+                    if self.buf.len() + rest.len() > MAX_SCAN_BYTES {
+                        self.overflowed = true;
+                        self.buf = Vec::new();
+                    } else {
+                        self.buf.extend_from_slice(rest);
+                    }
+                }
+            }
+        }
+    }
+
+    fn sse_line(&mut self, line: &[u8]) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        // Only the usage event is parsed: the token deltas are most of the stream.
+        if !data.windows(7).any(|w| w == b"\"usage\"") {
+            return;
+        }
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
+            if let Some(c) = cached_tokens(&v) {
+                self.found = Some(c);
+            }
+        }
+    }
+
+    /// The receipt so far (SSE: the last usage event seen).
+    #[must_use]
+    pub fn found(&self) -> Option<u32> {
+        self.found
+    }
+
+    /// Whether some input was too long to scan (the receipt may be missing).
+    #[must_use]
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    /// The body ended: the receipt, if the engine sent one.
+    pub fn finish(&mut self) -> Option<u32> {
+        match self.kind {
+            BodyKind::Json => {
+                if !self.overflowed && !self.buf.is_empty() {
+                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&self.buf) {
+                        self.found = cached_tokens(&v);
+                    }
+                }
+                self.buf = Vec::new();
+            }
+            BodyKind::Sse => {
+                // A last line without its newline.
+                if !self.overflowed && !self.buf.is_empty() {
+                    let last = std::mem::take(&mut self.buf);
+                    self.sse_line(&last);
+                }
+            }
+        }
+        self.found
+    }
+}
+
+/// How a response body ended, handed to the completion callback once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    /// The engine's `cached_tokens`, if its answer carried usage.
+    pub cached_tokens: Option<u32>,
+    /// The body reached its end (`false`: an error, or the client dropped it).
+    pub complete: bool,
+}
+
+/// Called once when a [`ReceiptBody`] ends or is dropped.
+pub type OnReceipt = Box<dyn FnOnce(Receipt) + Send>;
+
+/// A response body that records the delivery receipt and releases the
+/// request's load charge when it ends, errors or is dropped.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use kvroute::receipt::{BodyKind, Receipt, ReceiptBody};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let (tx, rx) = std::sync::mpsc::channel();
+/// let answer = Full::new(Bytes::from_static(
+///     br#"{"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":32}}}"#));
+/// let body = ReceiptBody::new(answer, BodyKind::Json, None, Box::new(move |r| tx.send(r).unwrap()));
+/// let bytes = body.collect().await.unwrap().to_bytes();
+/// assert!(bytes.starts_with(b"{\"usage\""));
+/// assert_eq!(rx.recv().unwrap(), Receipt { cached_tokens: Some(32), complete: true });
+/// # });
+/// ```
+pub struct ReceiptBody<B> {
+    inner: B,
+    scanner: UsageScanner,
+    guard: Option<LoadGuard>,
+    on_end: Option<OnReceipt>,
+}
+
+impl<B> std::fmt::Debug for ReceiptBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReceiptBody")
+            .field("scanner", &self.scanner)
+            .field("guard", &self.guard)
+            .field("ended", &self.on_end.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> ReceiptBody<B> {
+    /// Wraps `inner`; `guard` (if any) is released when the body ends or is
+    /// dropped, after `on_end` ran.
+    #[must_use]
+    pub fn new(inner: B, kind: BodyKind, guard: Option<LoadGuard>, on_end: OnReceipt) -> Self {
+        Self {
+            inner,
+            scanner: UsageScanner::new(kind),
+            guard,
+            on_end: Some(on_end),
+        }
+    }
+
+    fn finish(&mut self, complete: bool) {
+        if let Some(f) = self.on_end.take() {
+            let cached_tokens = if complete {
+                self.scanner.finish()
+            } else {
+                None
+            };
+            f(Receipt {
+                cached_tokens,
+                complete,
+            });
+        }
+        self.guard = None;
+    }
+}
+
+impl<B> Drop for ReceiptBody<B> {
+    fn drop(&mut self) {
+        // The client went away (or the host dropped the response) before the end.
+        self.finish(false);
+    }
+}
+
+impl<B> Body for ReceiptBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    if !data.is_empty() {
+                        if let Some(g) = this.guard.as_mut() {
+                            g.first_byte();
+                        }
+                        this.scanner.feed(data);
+                    }
+                }
+                // A sized body may never be polled past its last frame.
+                if this.inner.is_end_stream() {
+                    this.finish(true);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.finish(false);
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                this.finish(true);
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A streamed request body with `stream_options.include_usage = true` added,
+/// or `None` when nothing needs changing (not JSON, not `"stream": true`, or
+/// `stream_options` already says something about `include_usage`, or is not
+/// an object). Key order and every other field are kept.
+///
+/// ```
+/// use kvroute::receipt::include_usage;
+/// let body = br#"{"model":"m","stream":true,"messages":[]}"#;
+/// let out = include_usage(body).unwrap();
+/// assert_eq!(out, br#"{"model":"m","stream":true,"messages":[],"stream_options":{"include_usage":true}}"#.to_vec());
+/// // The client's own choice stands; non-streamed requests are left alone.
+/// assert_eq!(include_usage(br#"{"stream":true,"stream_options":{"include_usage":false}}"#), None);
+/// assert_eq!(include_usage(br#"{"stream":false}"#), None);
+/// ```
+#[must_use]
+pub fn include_usage(body: &[u8]) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let obj = v.as_object_mut()?;
+    if obj.get("stream").and_then(serde_json::Value::as_bool) != Some(true) {
+        return None;
+    }
+    match obj.get_mut("stream_options") {
+        None | Some(serde_json::Value::Null) => {
+            let mut opts = serde_json::Map::new();
+            opts.insert("include_usage".into(), serde_json::Value::Bool(true));
+            obj.insert("stream_options".into(), serde_json::Value::Object(opts));
+        }
+        Some(serde_json::Value::Object(opts)) => {
+            if opts.contains_key("include_usage") {
+                return None;
+            }
+            opts.insert("include_usage".into(), serde_json::Value::Bool(true));
+        }
+        Some(_) => return None,
+    }
+    serde_json::to_vec(&v).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const USAGE: &str = r#"{"id":"x","choices":[],"usage":{"prompt_tokens":48,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":32}}}"#;
+
+    fn sse(events: &[&str]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for e in events {
+            out.extend_from_slice(format!("data: {e}\n\n").as_bytes());
+        }
+        out
+    }
+
+    /// Reference: the receipt is the last `data:` line's usage (whole body
+    /// split into lines at once). The scanner must agree for every way of
+    /// cutting the body into chunks.
+    fn reference(body: &[u8]) -> Option<u32> {
+        let mut last = None;
+        for line in body.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if let Some(d) = line.strip_prefix(b"data:") {
+                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(d) {
+                    if let Some(c) = cached_tokens(&v) {
+                        last = Some(c);
+                    }
+                }
+            }
+        }
+        last
+    }
+
+    #[test]
+    fn sse_receipt_is_found_whatever_the_chunking() {
+        let body = sse(&[
+            r#"{"choices":[{"delta":{"role":"assistant"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"usage"}}]}"#,
+            USAGE,
+            "[DONE]",
+        ]);
+        assert_eq!(reference(&body), Some(32));
+        for cut in 1..body.len() {
+            for cut2 in [cut, (cut + 7).min(body.len())] {
+                let mut s = UsageScanner::new(BodyKind::Sse);
+                s.feed(&body[..cut]);
+                s.feed(&body[cut..cut2]);
+                s.feed(&body[cut2..]);
+                assert_eq!(s.finish(), Some(32), "cut at {cut}/{cut2}");
+            }
+        }
+    }
+
+    #[test]
+    fn sse_without_usage_has_no_receipt() {
+        let body = sse(&[r#"{"choices":[{"delta":{"content":"usage"}}]}"#, "[DONE]"]);
+        let mut s = UsageScanner::new(BodyKind::Sse);
+        s.feed(&body);
+        assert_eq!(s.finish(), None);
+        assert_eq!(reference(&body), None);
+    }
+
+    #[test]
+    fn crlf_lines_and_a_last_line_without_newline() {
+        let mut s = UsageScanner::new(BodyKind::Sse);
+        s.feed(format!("data: {USAGE}\r").as_bytes());
+        assert_eq!(s.finish(), Some(32));
+    }
+
+    #[test]
+    fn json_receipt_needs_the_whole_body() {
+        let mut s = UsageScanner::new(BodyKind::Json);
+        let (a, b) = USAGE.as_bytes().split_at(20);
+        s.feed(a);
+        assert_eq!(s.found(), None);
+        s.feed(b);
+        assert_eq!(s.finish(), Some(32));
+        let mut s = UsageScanner::new(BodyKind::Json);
+        s.feed(&USAGE.as_bytes()[..30]);
+        assert_eq!(s.finish(), None, "a truncated body is no receipt");
+    }
+
+    #[test]
+    fn oversized_input_is_dropped_and_says_so() {
+        let mut s = UsageScanner::new(BodyKind::Json);
+        s.feed(&vec![b' '; MAX_SCAN_BYTES]);
+        s.feed(USAGE.as_bytes());
+        assert!(s.overflowed());
+        assert_eq!(s.finish(), None);
+        // SSE: an over-long line is skipped, later lines still count.
+        let mut s = UsageScanner::new(BodyKind::Sse);
+        s.feed(b"data: ");
+        s.feed(&vec![b'x'; MAX_SCAN_BYTES]);
+        s.feed(format!("\ndata: {USAGE}\n").as_bytes());
+        assert_eq!(s.finish(), Some(32));
+    }
+
+    #[test]
+    fn include_usage_adds_to_an_existing_object_only() {
+        let out = include_usage(br#"{"stream":true,"stream_options":{"continuous_usage_stats":false}}"#)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["stream_options"]["continuous_usage_stats"], false);
+        assert_eq!(include_usage(br#"{"stream":true,"stream_options":"x"}"#), None);
+        assert_eq!(include_usage(b"not json"), None);
+        assert_eq!(include_usage(br#"{"messages":[]}"#), None);
+        let out = include_usage(br#"{"stream":true,"stream_options":null}"#).unwrap();
+        assert_eq!(out, br#"{"stream":true,"stream_options":{"include_usage":true}}"#.to_vec());
+    }
+}

@@ -1,0 +1,1068 @@
+//! [`KvRouter`]: one rule, its inventories and subscribers, built from one
+//! contract and a list of [`Backend`]s; [`Pick`]: one request's decision with
+//! its load charge and retry.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kvroute_core::{EndpointId, HashContract};
+use kvroute_engines::prompt::{request::Dialect, PromptLimits, TokenizerPool};
+use kvroute_engines::transport::{EngineKind, IndexIngest, MetricsSnapshot, SharedIngest};
+use kvroute_engines::ApiKind;
+use kvroute_ingest::attest::{ContractAttestor, ContractStatus, KeyAttestor};
+use kvroute_ingest::rekey::{BlockRekeyer, XxhChainRekeyer};
+use kvroute_ingest::seq::{RestartPolicy, SeqWindowConfig};
+use kvroute_ingest::{
+    EndpointIngest, IndexConfig, IngestConfig, InventoryHealth, InventoryView, Overlap,
+    SharedIndex,
+};
+use kvroute_select::{
+    AdminState, Availability, BreakerConfig, Choice, CircuitBreaker, ContractKeys,
+    CountersSnapshot, Decision, Endpoint, Health, Leg, Load, LoadGuard, LoadTracker, PromptInput,
+    PromptKeys, Request, Role, Rule, RuleConfig, Scorer, SelectorKind, Target, Thresholds,
+    Topology,
+};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::watch;
+
+use crate::backend::Backend;
+use crate::prompt::{tokenize, Limits, Prompt};
+use crate::receipt::{BodyKind, OnReceipt, Receipt, ReceiptBody};
+
+/// Why a router could not be built or changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The contract has no prompt-side hasher here.
+    #[error("hash contract {contract}: {reason}")]
+    Contract {
+        /// The contract.
+        contract: String,
+        /// Why.
+        reason: String,
+    },
+    /// The rule refused the configuration (no endpoints, P/D without a prefill
+    /// or decode endpoint, ...).
+    #[error(transparent)]
+    Rule(#[from] kvroute_select::RuleError),
+    /// An endpoint's events cannot be followed (bad endpoint string, llama.cpp,
+    /// a transport this build lacks).
+    #[error("endpoint {url}: {reason}")]
+    Endpoint {
+        /// The endpoint's URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// More endpoints than [`KvRouterBuilder::max_endpoints`].
+    #[error("at most {0} endpoints (KvRouterBuilder::max_endpoints)")]
+    TooManyEndpoints(usize),
+    /// An endpoint URL given twice, or removed without being present.
+    #[error("endpoint {0}: {1}")]
+    Membership(String, &'static str),
+    /// No tokio runtime to spawn subscribers on.
+    #[error("spawn() must be called inside a tokio runtime (or use spawn_on)")]
+    NoRuntime,
+}
+
+/// One change of the endpoint set, as tower's `discover::Change`.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// A new endpoint: its inventory slot is allocated and its subscribers start.
+    Insert(Backend),
+    /// The endpoint with this URL leaves: its subscribers stop, its inventory
+    /// is cleared, and it is never chosen again (requests in flight finish).
+    Remove(String),
+}
+
+/// Builds a [`KvRouter`]; see [`KvRouter::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct KvRouterBuilder {
+    contract: HashContract,
+    name: String,
+    models: Vec<(String, std::path::PathBuf)>,
+    backends: Vec<Backend>,
+    topology: Topology,
+    choice: Choice,
+    scorer: Scorer,
+    fallback: SelectorKind,
+    thresholds: Thresholds,
+    breaker: BreakerConfig,
+    limits: PromptLimits,
+    max_prompt_tokens: usize,
+    max_endpoints: usize,
+    include_usage: bool,
+    index: IndexConfig,
+}
+
+/// Production defaults: 1 M characters of prompt text, 128 Ki tokens, 64
+/// endpoint slots, `stream_options.include_usage` added to streamed requests.
+impl KvRouterBuilder {
+    /// A rule name (metrics label; default `kvroute`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// A model the router tokenizes for: `dir` holds `tokenizer.json` (or
+    /// `.json.gz`) and `tokenizer_config.json`, whose `chat_template` renders
+    /// chat requests (`chat_template.jinja` / `.json` in `dir` win over it, as
+    /// in transformers). `slug` is the body's `model`.
+    pub fn model(mut self, slug: impl Into<String>, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.models.push((slug.into(), dir.into()));
+        self
+    }
+
+    /// An endpoint.
+    pub fn endpoint(mut self, backend: Backend) -> Self {
+        self.backends.push(backend);
+        self
+    }
+
+    /// Converged (default) or prefill/decode.
+    pub fn topology(mut self, topology: Topology) -> Self {
+        self.topology = topology;
+        self
+    }
+
+    /// KV-exact (default), round robin or content affinity.
+    pub fn choice(mut self, choice: Choice) -> Self {
+        self.choice = choice;
+        self
+    }
+
+    /// The KV-exact scorer (default: the cost scorer).
+    pub fn scorer(mut self, scorer: Scorer) -> Self {
+        self.scorer = scorer;
+        self
+    }
+
+    /// The converged miss selector (default: least prefill).
+    pub fn fallback(mut self, fallback: SelectorKind) -> Self {
+        self.fallback = fallback;
+        self
+    }
+
+    /// Numeric knobs (minimum overlap, retries, CHWBL, drift alarm).
+    pub fn thresholds(mut self, thresholds: Thresholds) -> Self {
+        self.thresholds = thresholds;
+        self
+    }
+
+    /// Circuit breaker of every endpoint, fed by [`Pick::retry`] and
+    /// [`Pick::connected`].
+    pub fn breaker(mut self, breaker: BreakerConfig) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// Most prompt characters tokenized per request (longer: a
+    /// `prompt_too_long` miss, routed by the fallback).
+    pub fn max_prompt_chars(mut self, chars: usize) -> Self {
+        self.limits = PromptLimits { max_chars: chars };
+        self
+    }
+
+    /// Most prompt tokens hashed per request.
+    pub fn max_prompt_tokens(mut self, tokens: usize) -> Self {
+        self.max_prompt_tokens = tokens;
+        self
+    }
+
+    /// Endpoint slots the inventory index and load tracker are sized for:
+    /// the most endpoints present at once, including ones added later.
+    pub fn max_endpoints(mut self, n: usize) -> Self {
+        self.max_endpoints = n.max(1);
+        self
+    }
+
+    /// The inventory index settings (per-endpoint capacity, shards).
+    pub fn index(mut self, config: IndexConfig) -> Self {
+        self.index = config;
+        self
+    }
+
+    /// Whether streamed requests get `stream_options.include_usage` (default
+    /// `true`; see [`crate::receipt`]). Off: streamed receipts exist only for
+    /// clients that ask for usage themselves.
+    pub fn include_usage(mut self, on: bool) -> Self {
+        self.include_usage = on;
+        self
+    }
+
+    /// Builds the router and starts every endpoint's subscribers on the
+    /// current tokio runtime (they keep retrying until their engine is up).
+    ///
+    /// # Errors
+    /// [`BuildError`]; [`BuildError::NoRuntime`] outside a runtime.
+    pub fn spawn(self) -> Result<KvRouter, BuildError> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        self.spawn_on(handle)
+    }
+
+    /// [`KvRouterBuilder::spawn`] on the runtime behind `handle`.
+    ///
+    /// # Errors
+    /// [`BuildError`].
+    pub fn spawn_on(self, handle: tokio::runtime::Handle) -> Result<KvRouter, BuildError> {
+        let contract_err = |reason: String| BuildError::Contract {
+            contract: self.contract.to_string(),
+            reason,
+        };
+        let keys = Arc::new(ContractKeys::new(&self.contract).map_err(|e| contract_err(e.to_string()))?);
+        let rekeyer: Option<Arc<dyn BlockRekeyer>> = match &self.contract {
+            HashContract::Rekey(c) => Some(Arc::new(XxhChainRekeyer { seed: c.seed })),
+            _ => None,
+        };
+        // Engine keys are attested against the prompt side's hasher; re-keyed
+        // inventories hold kvroute's own keys, nothing to attest.
+        let attestor = match &rekeyer {
+            None => Some(Arc::new(ContractAttestor::from_hasher(
+                self.contract.hasher().map_err(|e| contract_err(e.to_string()))?,
+            )) as Arc<dyn KeyAttestor>),
+            Some(_) => None,
+        };
+        if self.backends.len() > self.max_endpoints {
+            return Err(BuildError::TooManyEndpoints(self.max_endpoints));
+        }
+        let tokenizers = TokenizerPool::new();
+        for (slug, dir) in &self.models {
+            tokenizers.register(slug.clone(), dir.clone());
+        }
+        let dialect = if !self.backends.is_empty()
+            && self.backends.iter().all(|b| b.engine == EngineKind::Sglang)
+        {
+            Dialect::Sglang
+        } else {
+            Dialect::Vllm
+        };
+        let n = self.max_endpoints;
+        let shared = Arc::new(Shared {
+            block_size: keys.block_size(),
+            keys,
+            contract: self.contract,
+            rekeyer,
+            attestor,
+            tokenizers,
+            limits: Limits {
+                prompt: self.limits,
+                max_prompt_tokens: self.max_prompt_tokens,
+                include_usage: self.include_usage,
+                dialect,
+            },
+            index: Arc::new(SharedIndex::new(n, self.index)),
+            tracker: Arc::new(LoadTracker::new(n)),
+            health: (0..n)
+                .map(|_| SlotHealth {
+                    present: AtomicBool::new(false),
+                    breaker: Mutex::new(CircuitBreaker::new(self.breaker)),
+                    ingest: RwLock::new(None),
+                })
+                .collect(),
+            slots: Mutex::new(Vec::new()),
+            settings: Settings {
+                name: self.name,
+                topology: self.topology,
+                choice: self.choice,
+                scorer: self.scorer,
+                fallback: self.fallback,
+                thresholds: self.thresholds,
+            },
+            generation: RwLock::new(None),
+            generations: AtomicU64::new(0),
+            epoch: Instant::now(),
+            handle,
+        });
+        {
+            let mut slots = shared.slots.lock();
+            for b in self.backends {
+                shared.insert(&mut slots, b)?;
+            }
+            shared.rebuild(&slots)?;
+        }
+        Ok(KvRouter { shared })
+    }
+}
+
+struct Settings {
+    name: String,
+    topology: Topology,
+    choice: Choice,
+    scorer: Scorer,
+    fallback: SelectorKind,
+    thresholds: Thresholds,
+}
+
+/// What decisions read of one slot without the change lock.
+struct SlotHealth {
+    present: AtomicBool,
+    breaker: Mutex<CircuitBreaker>,
+    ingest: RwLock<Option<SharedIngest>>,
+}
+
+/// A slot's running endpoint (only touched by changes).
+struct SlotRuntime {
+    backend: Backend,
+    stop: watch::Sender<bool>,
+    metrics: Vec<Arc<kvroute_engines::transport::SubscriberMetrics>>,
+}
+
+impl Drop for SlotRuntime {
+    fn drop(&mut self) {
+        let _ = self.stop.send_replace(true);
+    }
+}
+
+/// One rule built over the slots present at a change; requests keep the
+/// generation they were decided in.
+struct Generation {
+    rule: Rule,
+    /// URL of each rule endpoint (= slot).
+    urls: Vec<Arc<str>>,
+}
+
+struct Shared {
+    keys: Arc<ContractKeys>,
+    contract: HashContract,
+    block_size: u32,
+    rekeyer: Option<Arc<dyn BlockRekeyer>>,
+    attestor: Option<Arc<dyn KeyAttestor>>,
+    tokenizers: TokenizerPool,
+    limits: Limits,
+    index: Arc<SharedIndex>,
+    tracker: Arc<LoadTracker>,
+    health: Box<[SlotHealth]>,
+    /// `slots[i]`: the endpoint in slot `i` (= `EndpointId(i)`), `None` once removed.
+    slots: Mutex<Vec<Option<SlotRuntime>>>,
+    settings: Settings,
+    generation: RwLock<Option<Arc<Generation>>>,
+    generations: AtomicU64,
+    epoch: Instant,
+    handle: tokio::runtime::Handle,
+}
+
+fn id(slot: usize) -> EndpointId {
+    EndpointId(u32::try_from(slot).unwrap_or(u32::MAX))
+}
+
+impl Shared {
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn endpoint_err(url: &str, reason: impl std::fmt::Display) -> BuildError {
+        BuildError::Endpoint {
+            url: url.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Puts `b` in the lowest free slot and starts its subscribers.
+    fn insert(&self, slots: &mut Vec<Option<SlotRuntime>>, b: Backend) -> Result<(), BuildError> {
+        if slots.iter().flatten().any(|s| s.backend.url == b.url) {
+            return Err(BuildError::Membership(b.url, "already present"));
+        }
+        let slot = match slots.iter().position(Option::is_none) {
+            Some(i) => i,
+            None if slots.len() < self.health.len() => {
+                slots.push(None);
+                slots.len() - 1
+            }
+            None => return Err(BuildError::TooManyEndpoints(self.health.len())),
+        };
+        let (stop, _) = watch::channel(false);
+        let mut metrics = Vec::new();
+        let ingest = if b.has_inventory() {
+            let ingest = IndexIngest::share(self.new_ingest(slot, &b));
+            self.start_subscribers(&b, &ingest, &stop, &mut metrics)?;
+            Some(ingest)
+        } else {
+            None
+        };
+        let Some(h) = self.health.get(slot) else {
+            return Err(BuildError::TooManyEndpoints(self.health.len()));
+        };
+        // A reused slot starts empty (its previous endpoint's keys were
+        // cleared on removal) with a fresh breaker.
+        *h.ingest.write() = ingest;
+        h.breaker.lock().on_success();
+        h.present.store(true, Ordering::Release);
+        tracing::info!(rule = %self.settings.name, endpoint = %b.url, slot, "endpoint added");
+        if let Some(s) = slots.get_mut(slot) {
+            *s = Some(SlotRuntime {
+                backend: b,
+                stop,
+                metrics,
+            });
+        }
+        Ok(())
+    }
+
+    fn remove(&self, slots: &mut [Option<SlotRuntime>], url: &str) -> Result<(), BuildError> {
+        let Some(slot) = slots
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.backend.url == url))
+        else {
+            return Err(BuildError::Membership(url.to_owned(), "not present"));
+        };
+        if let Some(h) = self.health.get(slot) {
+            h.present.store(false, Ordering::Release);
+            *h.ingest.write() = None;
+        }
+        // Stops its subscribers (SlotRuntime's drop), then forgets its keys.
+        if let Some(s) = slots.get_mut(slot) {
+            *s = None;
+        }
+        if let Err(err) = self.index.clear_endpoint(id(slot)) {
+            tracing::warn!(%err, slot, "clearing a removed endpoint's inventory");
+        }
+        tracing::info!(rule = %self.settings.name, endpoint = url, slot, "endpoint removed");
+        Ok(())
+    }
+
+    fn new_ingest(&self, slot: usize, b: &Backend) -> EndpointIngest {
+        let mode = match &self.rekeyer {
+            Some(r) => kvroute_ingest::KeyMode::Rekey(Arc::clone(r)),
+            None => kvroute_ingest::KeyMode::Engine,
+        };
+        let window = if b.engine == EngineKind::TensorRtLlm {
+            SeqWindowConfig::destructive_drain()
+        } else if b.replay.is_some() {
+            // A detected restart replays the new process's buffer from 0.
+            SeqWindowConfig {
+                on_restart: RestartPolicy::Replay,
+                ..SeqWindowConfig::default()
+            }
+        } else {
+            SeqWindowConfig::default()
+        };
+        let config = IngestConfig {
+            // Engine blocks of another size never match the prompt side's keys.
+            expected_block_size: Some(self.block_size),
+            window,
+            ..IngestConfig::default()
+        };
+        let ingest = EndpointIngest::new(id(slot), config, mode).with_name(b.url.as_str());
+        match &self.attestor {
+            Some(a) => ingest.with_attestor(Arc::clone(a)),
+            None => ingest,
+        }
+    }
+
+    fn stopped(stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+
+    #[allow(unused_variables)]
+    fn start_subscribers(
+        &self,
+        b: &Backend,
+        ingest: &SharedIngest,
+        stop: &watch::Sender<bool>,
+        metrics: &mut Vec<Arc<kvroute_engines::transport::SubscriberMetrics>>,
+    ) -> Result<(), BuildError> {
+        match b.engine {
+            EngineKind::Vllm | EngineKind::Sglang => {
+                #[cfg(feature = "zmq")]
+                {
+                    use kvroute_engines::transport::{
+                        DecodingSink, ZmqEndpoint, ZmqSubscriber, ZmqSubscriberConfig,
+                    };
+                    let Some(events) = &b.events else {
+                        return Ok(());
+                    };
+                    let host = b
+                        .host()
+                        .ok_or_else(|| Self::endpoint_err(&b.url, "the URL names no host"))?;
+                    // Every rank's stream is set up before any starts: a bad
+                    // rank refuses the endpoint as a whole.
+                    let mut ready = Vec::new();
+                    for rank in 0..b.dp_ranks {
+                        let ep = ZmqEndpoint::for_engine(b.engine, events, &host, rank)
+                            .map_err(|e| Self::endpoint_err(&b.url, e))?;
+                        let mut cfg = ZmqSubscriberConfig::new(ep).topic(b.topic.clone());
+                        if let Some(r) = &b.replay {
+                            let replay = ZmqEndpoint::for_engine(b.engine, r, &host, rank)
+                                .map_err(|e| Self::endpoint_err(&b.url, e))?;
+                            cfg = cfg.replay_endpoint(replay.address);
+                        }
+                        let sink = DecodingSink::new(
+                            b.engine,
+                            IndexIngest::shared(
+                                Arc::clone(ingest),
+                                Arc::clone(&self.index),
+                                Some(rank),
+                                b.replay.is_some(),
+                            ),
+                        )
+                        .map_err(|e| Self::endpoint_err(&b.url, e))?;
+                        ready.push((ZmqSubscriber::new(cfg), sink));
+                    }
+                    for (subscriber, sink) in ready {
+                        metrics.push(subscriber.metrics());
+                        let stopped = Self::stopped(stop);
+                        self.handle.spawn(async move {
+                            let _ = subscriber.run(sink, stopped).await;
+                        });
+                    }
+                    Ok(())
+                }
+                #[cfg(not(feature = "zmq"))]
+                Err(Self::endpoint_err(
+                    &b.url,
+                    "this build has no ZeroMQ transport (enable kvroute's `zmq` feature)",
+                ))
+            }
+            EngineKind::TensorRtLlm => {
+                #[cfg(feature = "trtllm-http")]
+                {
+                    use kvroute_engines::transport::{TrtllmPoller, TrtllmPollerConfig, TrtllmSink};
+                    let poller = TrtllmPoller::new(TrtllmPollerConfig::new(format!(
+                        "{}/kv_cache_events",
+                        b.url
+                    )))
+                    .map_err(|e| Self::endpoint_err(&b.url, e))?;
+                    let sink = TrtllmSink::new(
+                        self.block_size,
+                        IndexIngest::shared(Arc::clone(ingest), Arc::clone(&self.index), None, false),
+                    );
+                    metrics.push(poller.metrics());
+                    tracing::warn!(endpoint = %b.url, "TensorRT-LLM drain poller: every POST to \
+                        /kv_cache_events consumes the engine's events, so this router must be its only consumer");
+                    let stopped = Self::stopped(stop);
+                    self.handle.spawn(async move {
+                        let _ = poller.run(sink, stopped).await;
+                    });
+                    Ok(())
+                }
+                #[cfg(not(feature = "trtllm-http"))]
+                Err(Self::endpoint_err(
+                    &b.url,
+                    "this build has no TensorRT-LLM drain (enable kvroute's `trtllm-http` feature)",
+                ))
+            }
+            other => Err(Self::endpoint_err(
+                &b.url,
+                kvroute_engines::transport::require_kv_events(other)
+                    .err()
+                    .map_or_else(|| format!("{other} is not supported"), |e| e.to_string()),
+            )),
+        }
+    }
+
+    /// A new rule over the slots in use. Its endpoint `i` is slot `i`; a
+    /// removed slot keeps its last address but is never available.
+    fn rebuild(&self, slots: &[Option<SlotRuntime>]) -> Result<(), BuildError> {
+        let mut endpoints = Vec::with_capacity(slots.len());
+        let mut urls = Vec::with_capacity(slots.len());
+        let previous = self.generation.read().clone();
+        for (i, s) in slots.iter().enumerate() {
+            match s {
+                Some(s) => {
+                    let b = &s.backend;
+                    let mut ep = Endpoint::new(b.url.clone(), b.role)
+                        .with_weight(b.weight)
+                        .with_capacity(b.capacity);
+                    if b.has_inventory() {
+                        ep = ep.with_inventory_slot(u32::try_from(i).unwrap_or(u32::MAX));
+                    }
+                    urls.push(Arc::from(b.url.as_str()));
+                    endpoints.push(ep);
+                }
+                None => {
+                    let old = previous
+                        .as_ref()
+                        .and_then(|g| g.urls.get(i).cloned())
+                        .unwrap_or_else(|| Arc::from(""));
+                    endpoints.push(Endpoint::new(old.to_string(), Role::Both));
+                    urls.push(old);
+                }
+            }
+        }
+        let st = &self.settings;
+        let mut cfg = RuleConfig::kv_exact(
+            &st.name,
+            st.topology,
+            endpoints,
+            self.block_size,
+            self.keys.contract().clone(),
+        );
+        cfg.choice = st.choice;
+        cfg.key_mode = self.keys.key_mode();
+        cfg.scorer = st.scorer;
+        cfg.fallback = st.fallback;
+        cfg.thresholds = st.thresholds;
+        let rule = Rule::new(cfg, Some(Arc::clone(&self.keys) as Arc<dyn PromptKeys>))?;
+        *self.generation.write() = Some(Arc::new(Generation { rule, urls }));
+        self.generations.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn current(&self) -> Option<Arc<Generation>> {
+        self.generation.read().clone()
+    }
+}
+
+impl Health for Shared {
+    fn availability(&self, endpoint: EndpointId, now: Duration) -> Availability {
+        let Some(h) = self.health.get(endpoint.index()) else {
+            return Availability::AdminDown;
+        };
+        if !h.present.load(Ordering::Acquire) {
+            return Availability::AdminDown;
+        }
+        Availability::from_states(AdminState::Up, h.breaker.lock().state(now))
+    }
+}
+
+impl Load for Shared {
+    fn load(&self, endpoint: EndpointId) -> kvroute_select::EndpointLoad {
+        self.tracker.load(endpoint)
+    }
+}
+
+impl InventoryView for Shared {
+    fn endpoint_count(&self) -> usize {
+        self.index.endpoint_count()
+    }
+
+    fn score(&self, keys: &[kvroute_core::BlockKey], out: &mut [Overlap]) {
+        self.index.score(keys, out);
+    }
+
+    fn health(&self, endpoint: usize) -> InventoryHealth {
+        let Some(h) = self.health.get(endpoint) else {
+            return InventoryHealth::default();
+        };
+        let guard = h.ingest.read();
+        let Some(ingest) = guard.as_ref() else {
+            return InventoryHealth::default();
+        };
+        let i = ingest.lock();
+        InventoryHealth {
+            contract_mismatch: matches!(i.contract_status(), ContractStatus::Mismatch { .. }),
+            missing_batches: i.missing_batches(),
+            clears: i.counters().clears,
+        }
+    }
+}
+
+/// The KV-exact router an embedding host keeps: decisions, inventories,
+/// subscribers and load accounting for one pool of endpoints. Cheap to clone
+/// (one `Arc`); dropping the last clone stops every subscriber.
+#[derive(Clone)]
+pub struct KvRouter {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for KvRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvRouter")
+            .field("rule", &self.shared.settings.name)
+            .field("contract", &self.shared.contract.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvRouter {
+    /// A builder for a router whose prompt keys, block size, key mode,
+    /// attestation and ingest all follow `contract`.
+    pub fn builder(contract: HashContract) -> KvRouterBuilder {
+        KvRouterBuilder {
+            contract,
+            name: "kvroute".to_owned(),
+            models: Vec::new(),
+            backends: Vec::new(),
+            topology: Topology::Converged,
+            choice: Choice::KvExact,
+            scorer: Scorer::default(),
+            fallback: SelectorKind::LeastPrefill,
+            thresholds: Thresholds::default(),
+            breaker: BreakerConfig::default(),
+            limits: PromptLimits {
+                max_chars: 1 << 20,
+            },
+            max_prompt_tokens: 128 << 10,
+            max_endpoints: 64,
+            include_usage: true,
+            index: IndexConfig::default(),
+        }
+    }
+
+    /// Decides where `body` (an OpenAI `api` request) goes: parses and
+    /// tokenizes it on the blocking pool (bounded by the builder's prompt
+    /// limits), hashes it under the contract, scores the inventories, and
+    /// charges the chosen endpoint. Every prompt problem is a counted miss
+    /// routed by the fallback, never an error.
+    ///
+    /// # Errors
+    /// [`NoEndpoint`] when no endpoint is available.
+    pub async fn pick(&self, api: ApiKind, body: &Bytes) -> Result<Pick, NoEndpoint> {
+        self.pick_with(api, body, None).await
+    }
+
+    /// [`KvRouter::pick`] with a session id (P/D session affinity, CHWBL key).
+    ///
+    /// # Errors
+    /// [`NoEndpoint`] when no endpoint is available.
+    pub async fn pick_with(
+        &self,
+        api: ApiKind,
+        body: &Bytes,
+        session: Option<&str>,
+    ) -> Result<Pick, NoEndpoint> {
+        let prompt = if body.is_empty() {
+            Prompt::missed(None, kvroute_select::MissBeforeKeys::NoModel)
+        } else {
+            let shared = Arc::clone(&self.shared);
+            let body = body.clone();
+            let job = self
+                .shared
+                .handle
+                .spawn_blocking(move || tokenize(&shared.tokenizers, api, &body, shared.limits));
+            match job.await {
+                Ok(p) => p,
+                Err(err) => {
+                    tracing::warn!(%err, "tokenize task failed");
+                    Prompt::missed(None, kvroute_select::MissBeforeKeys::TokenizeError)
+                }
+            }
+        };
+        self.decide(prompt, session.map(str::to_owned))
+    }
+
+    fn decide(&self, prompt: Prompt, session: Option<String>) -> Result<Pick, NoEndpoint> {
+        let Some(gen) = self.shared.current() else {
+            return Err(NoEndpoint {
+                decision: Box::new(Decision::new()),
+            });
+        };
+        let mut pick = Pick {
+            shared: Arc::clone(&self.shared),
+            gen,
+            decision: Decision::new(),
+            guard: None,
+            prompt,
+            session,
+        };
+        let now = self.shared.now();
+        let decision = {
+            let req = pick.request();
+            pick.gen
+                .rule
+                .decide(&req, &*self.shared, &*self.shared, &*self.shared, now)
+        };
+        pick.decision = decision;
+        let Some(target) = pick.decision.target() else {
+            return Err(NoEndpoint {
+                decision: Box::new(pick.decision.clone()),
+            });
+        };
+        let prefill = pick.decision.predicted_prefill_tokens(self.shared.block_size);
+        pick.guard = Some(self.shared.tracker.charge(target, prefill));
+        Ok(pick)
+    }
+
+    /// Applies one endpoint change. Only the changed endpoint's subscribers
+    /// and inventory slot are touched; the rule is rebuilt over the new set
+    /// (decisions in flight keep theirs; the rule's decision counters start
+    /// again from zero, so read [`KvRouter::counters`] before a change if
+    /// you export them as deltas).
+    ///
+    /// # Errors
+    /// [`BuildError`]: a duplicate or unknown URL, no free slot, an endpoint
+    /// whose events cannot be followed; the set is unchanged then.
+    pub fn apply(&self, change: Change) -> Result<(), BuildError> {
+        let mut slots = self.shared.slots.lock();
+        match change {
+            Change::Insert(b) => {
+                let url = b.url.clone();
+                self.shared.insert(&mut slots, b)?;
+                if let Err(e) = self.shared.rebuild(&slots) {
+                    let _ = self.shared.remove(&mut slots, &url);
+                    return Err(e);
+                }
+            }
+            Change::Remove(url) => {
+                self.shared.remove(&mut slots, &url)?;
+                self.shared.rebuild(&slots)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The URLs of the endpoints present, in slot order.
+    #[must_use]
+    pub fn endpoints(&self) -> Vec<String> {
+        self.shared
+            .slots
+            .lock()
+            .iter()
+            .flatten()
+            .map(|s| s.backend.url.clone())
+            .collect()
+    }
+
+    fn slot_of(&self, url: &str) -> Option<usize> {
+        self.shared
+            .slots
+            .lock()
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.backend.url == url))
+    }
+
+    /// Blocks the inventory holds for endpoint `url` (0 when unknown).
+    #[must_use]
+    pub fn blocks(&self, url: &str) -> u64 {
+        self.slot_of(url)
+            .map_or(0, |i| self.shared.index.inventory(id(i)).total())
+    }
+
+    /// Endpoint `url`'s subscriber metrics, one per DP rank (or its drain poller).
+    #[must_use]
+    pub fn subscriber_metrics(&self, url: &str) -> Vec<MetricsSnapshot> {
+        self.shared
+            .slots
+            .lock()
+            .iter()
+            .flatten()
+            .find(|s| s.backend.url == url)
+            .map(|s| s.metrics.iter().map(|m| m.snapshot()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Requests in flight on endpoint `url`.
+    #[must_use]
+    pub fn in_flight(&self, url: &str) -> u32 {
+        self.slot_of(url)
+            .map_or(0, |i| self.shared.tracker.load(id(i)).in_flight)
+    }
+
+    /// The current rule's counters: decisions, hits and misses by reason,
+    /// predicted vs delivered cached tokens per endpoint (indexed by slot; see
+    /// [`KvRouter::endpoints`] for the slot of a URL via [`Pick::endpoint_id`]).
+    #[must_use]
+    pub fn counters(&self) -> CountersSnapshot {
+        self.shared
+            .current()
+            .map(|g| g.rule.counters().snapshot())
+            .unwrap_or_default()
+    }
+
+    /// The slot (rule endpoint id) of `url`, if present.
+    #[must_use]
+    pub fn endpoint_id(&self, url: &str) -> Option<EndpointId> {
+        self.slot_of(url).map(id)
+    }
+
+    /// The contract the router follows.
+    #[must_use]
+    pub fn contract(&self) -> &HashContract {
+        &self.shared.contract
+    }
+
+    /// Tokens per block (the contract's).
+    #[must_use]
+    pub fn block_size(&self) -> u32 {
+        self.shared.block_size
+    }
+}
+
+/// No endpoint was available for a request (all removed, excluded or behind
+/// open breakers, or retries spent).
+#[derive(Debug, thiserror::Error)]
+#[error("no endpoint available")]
+pub struct NoEndpoint {
+    /// The decision as it ended (its miss reason, exclusions, retries).
+    pub decision: Box<Decision>,
+}
+
+/// One request's routing: the decision, the load charge on its endpoint, and
+/// what a retry needs. Forward to [`Pick::url`]; on a connect failure call
+/// [`Pick::retry`] for the next endpoint; wrap the response body with
+/// [`Pick::into_body`] so the receipt is recorded and the charge released
+/// when the body ends or the client goes away.
+pub struct Pick {
+    shared: Arc<Shared>,
+    gen: Arc<Generation>,
+    decision: Decision,
+    guard: Option<LoadGuard>,
+    prompt: Prompt,
+    session: Option<String>,
+}
+
+impl std::fmt::Debug for Pick {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pick")
+            .field("url", &self.url())
+            .field("decision", &self.decision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pick {
+    fn request(&self) -> Request<'_> {
+        let input = match &self.prompt.tokens {
+            Ok(ids) => PromptInput::Tokens(ids),
+            Err(m) => PromptInput::Missing(*m),
+        };
+        let mut req = Request::new(input);
+        if let Some(t) = &self.prompt.text {
+            req = req.with_text(t);
+        }
+        if let Some(s) = &self.session {
+            req = req.with_session(s);
+        }
+        if self.prompt.extras != kvroute_core::RequestExtras::NONE {
+            req = req.with_extras(&self.prompt.extras);
+        }
+        req
+    }
+
+    /// The decision (target, source, miss reason, predicted overlap).
+    #[must_use]
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The endpoint that receives the request (the prefill endpoint in P/D).
+    ///
+    /// # Panics
+    /// Never: a `Pick` always has a target until [`Pick::retry`] returns `None`,
+    /// after which this is the empty string.
+    #[must_use]
+    pub fn url(&self) -> &str {
+        self.decision
+            .target()
+            .and_then(|t| self.gen.urls.get(t.endpoint.index()))
+            .map_or("", |u| u)
+    }
+
+    /// P/D: the decode endpoint of the target.
+    #[must_use]
+    pub fn decode_url(&self) -> Option<&str> {
+        let d = self.decision.target()?.decode?;
+        self.gen.urls.get(d.index()).map(|u| &**u)
+    }
+
+    /// The target's endpoint id (its slot).
+    #[must_use]
+    pub fn endpoint_id(&self) -> Option<EndpointId> {
+        self.decision.target().map(|t| t.endpoint)
+    }
+
+    /// The model the body named.
+    #[must_use]
+    pub fn model(&self) -> Option<&str> {
+        self.prompt.model.as_deref()
+    }
+
+    /// The body to forward: the client's, or the same with
+    /// `stream_options.include_usage` added (streamed requests, unless the
+    /// builder turned it off).
+    #[must_use]
+    pub fn upstream_body(&self, original: &Bytes) -> Bytes {
+        self.prompt
+            .rewritten
+            .clone()
+            .unwrap_or_else(|| original.clone())
+    }
+
+    /// The connection to the target failed (refused, unreachable, reset
+    /// before a response): counts a failure on its breaker, excludes it, and
+    /// returns the next endpoint (the next-best overlap inside the KV tier;
+    /// never a decode-only endpoint for the prefill leg), or `None` when none
+    /// is left or retries are spent (the load charge is released then).
+    pub fn retry(&mut self) -> Option<&str> {
+        self.retry_leg(Leg::Endpoint)?;
+        Some(self.url())
+    }
+
+    /// [`Pick::retry`] for a given leg of a P/D target.
+    pub fn retry_leg(&mut self, leg: Leg) -> Option<Target> {
+        let now = self.shared.now();
+        if let Some(t) = self.decision.target() {
+            let failed = match leg {
+                Leg::Endpoint => t.endpoint,
+                Leg::Decode => t.decode.unwrap_or(t.endpoint),
+            };
+            if let Some(h) = self.shared.health.get(failed.index()) {
+                h.breaker.lock().on_failure(now);
+            }
+        }
+        let mut decision = std::mem::take(&mut self.decision);
+        let next = {
+            let req = self.request();
+            self.gen
+                .rule
+                .retry(&mut decision, leg, &req, &*self.shared, &*self.shared, now)
+        };
+        self.decision = decision;
+        match next {
+            Some(t) => {
+                let prefill = self.decision.predicted_prefill_tokens(self.shared.block_size);
+                match self.guard.as_mut() {
+                    Some(g) => g.retarget(t, prefill),
+                    None => self.guard = Some(self.shared.tracker.charge(t, prefill)),
+                }
+            }
+            None => self.guard = None,
+        }
+        next
+    }
+
+    /// The target answered (closes a half-open breaker).
+    pub fn connected(&self) {
+        if let Some(t) = self.decision.target() {
+            if let Some(h) = self.shared.health.get(t.endpoint.index()) {
+                h.breaker.lock().on_success();
+            }
+        }
+    }
+
+    /// Records the engine's cached-token receipt for this decision (what
+    /// [`Pick::into_body`] does by itself at the body's end). `false` when
+    /// the receipt was not counted (no target, or more than the prompt).
+    pub fn record_receipt(&self, cached_tokens: u32) -> bool {
+        self.gen.rule.record_receipt(&self.decision, cached_tokens)
+    }
+
+    /// The request's load charge (e.g. [`LoadGuard::prefill_leg_done`] after
+    /// a P/D prefill leg).
+    pub fn guard_mut(&mut self) -> Option<&mut LoadGuard> {
+        self.guard.as_mut()
+    }
+
+    /// Wraps the upstream response body: the receipt in it is recorded
+    /// against this decision when it ends, and the load charge is released
+    /// when it ends, errors or is dropped (a client disconnect). `headers`
+    /// are the response's (SSE or JSON).
+    pub fn into_body<B>(self, headers: &http::HeaderMap, body: B) -> ReceiptBody<B> {
+        self.into_body_with(headers, body, |_| {})
+    }
+
+    /// [`Pick::into_body`] that also hands the [`Receipt`] to `on_end`.
+    pub fn into_body_with<B>(
+        mut self,
+        headers: &http::HeaderMap,
+        body: B,
+        on_end: impl FnOnce(Receipt) + Send + 'static,
+    ) -> ReceiptBody<B> {
+        let guard = self.guard.take();
+        let gen = Arc::clone(&self.gen);
+        let decision = std::mem::take(&mut self.decision);
+        let done: OnReceipt = Box::new(move |r: Receipt| {
+            if let (true, Some(c)) = (r.complete, r.cached_tokens) {
+                gen.rule.record_receipt(&decision, c);
+            }
+            on_end(r);
+        });
+        ReceiptBody::new(body, BodyKind::of(headers), guard, done)
+    }
+}
