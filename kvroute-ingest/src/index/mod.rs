@@ -105,8 +105,9 @@ const UNBOUNDED: u64 = u64::MAX;
 const PURGE_BATCH: usize = 128;
 /// Prompt keys looked up per shard-grouped pass (stack buffers, no allocation).
 const SCORE_CHUNK: usize = 256;
-/// Chunks of the prefix walk at most this long are looked up key by key (the
-/// shard sort costs more than the locks it saves).
+/// Keys the prefix walk looks up one at a time before it switches to
+/// shard-sorted chunks (the sort costs more than the locks it saves on a few
+/// keys, and most walks end early).
 const DIRECT_LOOKUPS: usize = 16;
 /// Buckets of the per-chunk counting sort by shard.
 const SORT_BUCKETS: usize = 256;
@@ -699,66 +700,47 @@ impl SharedIndex {
 
     /// The prefix-only walk of one bank ([`InventoryView::score_prefix`]).
     ///
-    /// Keys are visited in prompt order in chunks that grow from one key to
-    /// [`SCORE_CHUNK`], so a prompt nobody holds costs one lookup, while a long
-    /// match still takes each shard lock once per chunk. The walk ends when no
-    /// endpoint of the bank still matches from block 0: keys are chained, so
-    /// nothing after that point can extend any endpoint's prefix.
+    /// Keys are visited in prompt order: the first [`DIRECT_LOOKUPS`] one at a
+    /// time (a prompt nobody holds costs one lookup), the rest in shard-sorted
+    /// chunks of 64, then [`SCORE_CHUNK`] keys, so a long match still takes
+    /// each shard lock about once per chunk. The walk ends when no endpoint of
+    /// the bank still matches from block 0: keys are chained, so nothing after
+    /// that point can extend any endpoint's prefix.
     fn score_bank_prefix(&self, bank: &Bank, keys: &[BlockKey], out: &mut [Overlap]) {
-        let mut alive = bank.active & !bank.hidden.load(Ordering::Acquire);
-        let mut prefix = [0u32; BANK_WIDTH];
-        let mut slow = [SlicedCounters::ZERO; 3];
-        let mut any_slow = false;
+        let mut walk = PrefixWalk::new(bank.active & !bank.hidden.load(Ordering::Acquire));
+        let direct = keys.len().min(DIRECT_LOOKUPS);
+        for (j, key) in keys.iter().take(direct).enumerate() {
+            if walk.alive == 0 {
+                break;
+            }
+            let masks = self.shard(bank, key.0).read().masks(key.0);
+            walk.visit(j, masks);
+        }
+        if walk.alive != 0 && keys.len() > direct {
+            self.prefix_chunks(bank, keys, direct, &mut walk);
+        }
+        walk.finish(keys.len(), out);
+    }
+
+    /// The chunked part of [`Self::score_bank_prefix`], from key `start` on; its
+    /// own frame so the short walks never initialise the lookup buffer.
+    #[inline(never)]
+    fn prefix_chunks(&self, bank: &Bank, keys: &[BlockKey], start: usize, walk: &mut PrefixWalk) {
         let mut masks = [[0u64; 4]; SCORE_CHUNK];
-        let mut start = 0usize;
-        let mut step = 1usize;
-        while alive != 0 && start < keys.len() {
+        let mut start = start;
+        let mut step = 64usize.min(SCORE_CHUNK);
+        while walk.alive != 0 && start < keys.len() {
             let end = start.saturating_add(step).min(keys.len());
             let chunk = keys.get(start..end).unwrap_or_default();
-            if chunk.len() <= DIRECT_LOOKUPS {
-                // Too few keys to pay for the shard sort: one lock each.
-                for (dst, key) in masks.iter_mut().zip(chunk) {
-                    *dst = self.shard(bank, key.0).read().masks(key.0);
-                }
-            } else {
-                self.lookup_chunk(bank, chunk, &mut masks);
-            }
-            for (j, &[gpu, cpu, disk, ext]) in masks.iter().take(chunk.len()).enumerate() {
-                let held = (gpu | cpu | disk | ext) & alive;
-                let mut lost = alive & !held;
-                if lost != 0 {
-                    let at = u32::try_from(start + j).unwrap_or(u32::MAX);
-                    while lost != 0 {
-                        if let Some(p) = prefix.get_mut(lost.trailing_zeros() as usize) {
-                            *p = at;
-                        }
-                        lost &= lost - 1;
-                    }
-                    alive = held;
-                    if alive == 0 {
-                        break;
-                    }
-                }
-                // Most inventories are GPU-only: the slower tiers' counters
-                // are touched only when a prefix block sits there.
-                if (cpu | disk | ext) & alive != 0 {
-                    any_slow = true;
-                    slow[0].add(cpu & alive & !gpu);
-                    slow[1].add(disk & alive & !(gpu | cpu));
-                    slow[2].add(ext & alive & !(gpu | cpu | disk));
+            self.lookup_chunk(bank, chunk, &mut masks);
+            for (j, m) in masks.iter().take(chunk.len()).enumerate() {
+                if !walk.visit(start + j, *m) {
+                    break;
                 }
             }
             start = end;
-            step = step.saturating_mul(4).min(SCORE_CHUNK);
+            step = SCORE_CHUNK;
         }
-        let whole = u32::try_from(keys.len()).unwrap_or(u32::MAX);
-        while alive != 0 {
-            if let Some(p) = prefix.get_mut(alive.trailing_zeros() as usize) {
-                *p = whole;
-            }
-            alive &= alive - 1;
-        }
-        write_prefix_overlaps(&prefix, any_slow.then_some(&slow), out);
     }
 
     fn score_bank(&self, bank: &Bank, keys: &[BlockKey], out: &mut [Overlap]) {
@@ -804,30 +786,85 @@ impl SharedIndex {
     }
 }
 
-/// Writes a bank's prefix-walk result into `out`: `prefix[bit]` blocks each,
-/// of which `slow` (CPU, disk, external) counted the ones outside the GPU tier.
-fn write_prefix_overlaps(
-    prefix: &[u32; BANK_WIDTH],
-    slow: Option<&[SlicedCounters; 3]>,
-    out: &mut [Overlap],
-) {
-    let mut lower = [[0u32; BANK_WIDTH]; 3];
-    if let Some(slow) = slow {
-        for (counter, dst) in slow.iter().zip(&mut lower) {
-            counter.spread(dst);
+/// State of one bank's prefix walk.
+struct PrefixWalk {
+    /// Endpoints holding every key visited so far.
+    alive: u64,
+    /// Where each endpoint's run ended (valid once its bit left `alive`).
+    prefix: [u32; BANK_WIDTH],
+    /// Prefix blocks whose fastest tier is CPU, disk, external.
+    slow: [SlicedCounters; 3],
+    any_slow: bool,
+}
+
+impl PrefixWalk {
+    fn new(alive: u64) -> Self {
+        Self {
+            alive,
+            prefix: [0; BANK_WIDTH],
+            slow: [SlicedCounters::ZERO; 3],
+            any_slow: false,
         }
     }
-    for (bit, slot) in out.iter_mut().enumerate().take(BANK_WIDTH) {
-        let p = prefix.get(bit).copied().unwrap_or(0);
-        let tier = |t: usize| lower.get(t).and_then(|l| l.get(bit)).copied().unwrap_or(0);
-        let (cpu, disk, ext) = (tier(0), tier(1), tier(2));
-        *slot = Overlap {
-            blocks: p,
-            prefix: p,
-            // Each prefix block sits in exactly one "fastest tier": the GPU
-            // share is what the slower tiers do not account for.
-            prefix_by_medium: [p.saturating_sub(cpu + disk + ext), cpu, disk, ext],
-        };
+
+    /// Takes key `at`'s tier masks; false once no endpoint is left.
+    #[inline]
+    fn visit(&mut self, at: usize, [gpu, cpu, disk, ext]: [u64; 4]) -> bool {
+        let alive = self.alive;
+        let held = (gpu | cpu | disk | ext) & alive;
+        let mut lost = alive & !held;
+        if lost != 0 {
+            let at = u32::try_from(at).unwrap_or(u32::MAX);
+            while lost != 0 {
+                if let Some(p) = self.prefix.get_mut(lost.trailing_zeros() as usize) {
+                    *p = at;
+                }
+                lost &= lost - 1;
+            }
+            self.alive = held;
+            if held == 0 {
+                return false;
+            }
+        }
+        // Most inventories are GPU-only: the slower tiers' counters are
+        // touched only when a prefix block sits there.
+        if (cpu | disk | ext) & held != 0 {
+            self.any_slow = true;
+            let [c, d, x] = &mut self.slow;
+            c.add(cpu & held & !gpu);
+            d.add(disk & held & !(gpu | cpu));
+            x.add(ext & held & !(gpu | cpu | disk));
+        }
+        true
+    }
+
+    /// Writes the result for a prompt of `len` keys into `out` (≤ 64 entries).
+    fn finish(mut self, len: usize, out: &mut [Overlap]) {
+        let whole = u32::try_from(len).unwrap_or(u32::MAX);
+        while self.alive != 0 {
+            if let Some(p) = self.prefix.get_mut(self.alive.trailing_zeros() as usize) {
+                *p = whole;
+            }
+            self.alive &= self.alive - 1;
+        }
+        let mut lower = [[0u32; BANK_WIDTH]; 3];
+        if self.any_slow {
+            for (counter, dst) in self.slow.iter().zip(&mut lower) {
+                counter.spread(dst);
+            }
+        }
+        for (bit, slot) in out.iter_mut().enumerate().take(BANK_WIDTH) {
+            let p = self.prefix.get(bit).copied().unwrap_or(0);
+            let tier = |t: usize| lower.get(t).and_then(|l| l.get(bit)).copied().unwrap_or(0);
+            let (cpu, disk, ext) = (tier(0), tier(1), tier(2));
+            *slot = Overlap {
+                blocks: p,
+                prefix: p,
+                // Each prefix block sits in exactly one "fastest tier": the
+                // GPU share is what the slower tiers do not account for.
+                prefix_by_medium: [p.saturating_sub(cpu + disk + ext), cpu, disk, ext],
+            };
+        }
     }
 }
 
