@@ -121,7 +121,7 @@ impl Digest {
 /// Decodes hex into `out`, returning the byte count; `None` on bad hex or overflow.
 pub(crate) fn decode_hex_into(text: &str, out: &mut [u8]) -> Option<usize> {
     let bytes = text.as_bytes();
-    if bytes.len() % 2 != 0 || bytes.len() / 2 > out.len() {
+    if !bytes.len().is_multiple_of(2) || bytes.len() / 2 > out.len() {
         return None;
     }
     fn nibble(c: u8) -> Option<u8> {

@@ -158,7 +158,7 @@ impl Out<'_> {
 
     fn sample(&mut self, name: &str, labels: &[(&str, String)], value: f64) {
         let mut labels: Vec<(&str, String)> = labels.to_vec();
-        if self.knob() % 2 == 0 {
+        if self.knob().is_multiple_of(2) {
             labels.reverse();
         }
         let sep = match self.knob() % 3 {
@@ -167,7 +167,7 @@ impl Out<'_> {
             _ => "\t",
         };
         let mut line = String::from(name);
-        if !labels.is_empty() || self.knob() % 5 == 0 {
+        if !labels.is_empty() || self.knob().is_multiple_of(5) {
             line.push('{');
             for (i, (k, v)) in labels.iter().enumerate() {
                 if i > 0 {
@@ -179,7 +179,7 @@ impl Out<'_> {
                     .replace('\n', "\\n");
                 let _ = write!(line, "{k}=\"{esc}\"");
             }
-            if !labels.is_empty() && self.knob() % 7 == 0 {
+            if !labels.is_empty() && self.knob().is_multiple_of(7) {
                 line.push(',');
             }
             line.push('}');
@@ -187,7 +187,7 @@ impl Out<'_> {
         line.push_str(sep);
         let v = self.num(value);
         line.push_str(&v);
-        if self.knob() % 6 == 0 {
+        if self.knob().is_multiple_of(6) {
             line.push_str(" 1733045000000");
         }
         self.lines.push(line);
@@ -229,7 +229,7 @@ impl Out<'_> {
         let eol = if self.style.crlf { "\r\n" } else { "\n" };
         let mut body = self.lines.join(eol);
         body.push_str(eol);
-        if self.knob() % 3 == 0 {
+        if self.knob().is_multiple_of(3) {
             body.push_str("# EOF\n");
         }
         body.into_bytes()
@@ -359,7 +359,7 @@ fn render_trtllm_json(e: &Engine, style: &Style) -> Vec<u8> {
         }
         rows.push(row);
     }
-    if style.shuffle_seed % 2 == 0 {
+    if style.shuffle_seed.is_multiple_of(2) {
         rows.reverse();
     }
     serde_json::to_vec_pretty(&rows).unwrap()

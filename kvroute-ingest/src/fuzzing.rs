@@ -327,7 +327,7 @@ impl Bytes<'_> {
 
 fn random_event(b: &mut Bytes<'_>) -> KvEvent {
     let medium = TIERS[usize::from(b.byte() % 2)];
-    let group = u32::from(b.byte() % 5 == 0);
+    let group = u32::from(b.byte().is_multiple_of(5));
     match b.byte() % 8 {
         0..=3 => KvEvent::Stored(BlockStored {
             keys: b.keys(),

@@ -66,7 +66,7 @@ fn flood(mode: &str) {
             for _ in 0..4 {
                 let keys: Vec<BlockKey> =
                     (0..KEYS_PER_STORE).map(|_| BlockKey(rng.next())).collect();
-                let medium = if rng.next() % 4 == 0 {
+                let medium = if rng.next().is_multiple_of(4) {
                     Medium::Cpu
                 } else {
                     Medium::Gpu
@@ -82,7 +82,7 @@ fn flood(mode: &str) {
                     ..BlockStored::default()
                 }));
                 // Remove a few of them again (reference counts, ring churn).
-                if rng.next() % 3 == 0 {
+                if rng.next().is_multiple_of(3) {
                     events.push(KvEvent::Removed(BlockRemoved {
                         keys: keys[..4].to_vec(),
                         medium,

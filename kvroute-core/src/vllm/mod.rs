@@ -310,7 +310,7 @@ pub fn group_view_digest(
     group_block_size: usize,
     group_index: usize,
 ) -> Option<Digest> {
-    if hash_block_size == 0 || group_block_size % hash_block_size != 0 {
+    if hash_block_size == 0 || !group_block_size.is_multiple_of(hash_block_size) {
         return None;
     }
     let ratio = group_block_size / hash_block_size;
