@@ -20,7 +20,7 @@ pub enum ContractError {
     #[error("block size must be at least 1: set it to the engine's block size (vLLM `--block-size`, default 16; SGLang `--page-size`; TensorRT-LLM `tokens_per_block`)")]
     ZeroBlockSize,
     /// The engine draws its chain root at random, so no outside party can reproduce its keys.
-    #[error("vLLM {version} with `{algorithm}` and PYTHONHASHSEED unset draws NONE_HASH from os.urandom in every process, so its block keys cannot be reproduced: set PYTHONHASHSEED=0 on the engine and `pythonhashseed = \"0\"` in the rule{hint}")]
+    #[error("vLLM {version} with `{algorithm}` and PYTHONHASHSEED unset draws NONE_HASH from os.urandom in every process, so its block keys cannot be reproduced: set PYTHONHASHSEED=0 on the engine and `seed=0` in the contract, e.g. `vllm@{version}:{algorithm}:block=16:seed=0`{hint}")]
     RandomRoot {
         /// Engine version named in the contract.
         version: EngineVersion,
@@ -30,7 +30,7 @@ pub enum ContractError {
         hint: &'static str,
     },
     /// A PYTHONHASHSEED value CPython refuses at start-up: no engine can run with it.
-    #[error("PYTHONHASHSEED={value:?} is rejected by CPython at start-up (it must be \"random\" or an integer in [0, 4294967295]), so no vLLM process can run with it: write in the rule exactly the value the engine runs with, or omit `pythonhashseed` if it is unset")]
+    #[error("PYTHONHASHSEED={value:?} is rejected by CPython at start-up (it must be \"random\" or an integer in [0, 4294967295]), so no vLLM process can run with it: write in the contract exactly the value the engine runs with (`seed=0`), or omit `seed=` if it is unset")]
     SeedRejectedByCpython {
         /// The value as written.
         value: String,

@@ -82,7 +82,7 @@ impl BlockHasher {
                     return Err(ContractError::UnsupportedVersion {
                         engine: "vllm",
                         version: c.version,
-                        reason: "vLLM <= 0.10.1 chained Python hash()/truncated 64-bit ints, which cannot be reproduced from outside the process; upgrade to >= 0.10.2 or use `engine = \"rekey\"`",
+                        reason: "vLLM <= 0.10.1 chained Python hash()/truncated 64-bit ints, which cannot be reproduced from outside the process; upgrade to >= 0.10.2 or re-key (`contract = \"rekey:xxh3_64_chain:block=16:seed=1337\"`)",
                     });
                 }
                 if c.algorithm.is_xxhash() && c.version < VLLM_FIRST_XXHASH {
@@ -129,7 +129,7 @@ impl BlockHasher {
                     return Err(ContractError::UnsupportedVersion {
                         engine: "sglang",
                         version: c.version,
-                        reason: "SGLang <= 0.4.7 hashed whole radix nodes, not pages, so a router cannot reproduce its keys; upgrade to >= 0.5.6 or use `engine = \"rekey\"`",
+                        reason: "SGLang <= 0.4.7 hashed whole radix nodes, not pages, so a router cannot reproduce its keys; upgrade to >= 0.5.6 or re-key (`contract = \"rekey:xxh3_64_chain:block=16:seed=1337\"`)",
                     });
                 }
                 let legacy = c.version < SGLANG_FIRST_CHAIN;
@@ -140,7 +140,7 @@ impl BlockHasher {
                             engine: "sglang",
                             version: c.version,
                             algorithm: c.algorithm.name(),
-                            reason: "SGLang 0.4.8 ..= 0.5.5 publishes hash(tuple(page)); use `algorithm = \"legacy_pyhash\"`",
+                            reason: "SGLang 0.4.8 ..= 0.5.5 publishes hash(tuple(page)); name `legacy_pyhash` in the contract, e.g. `sglang@0.5.5:legacy_pyhash:block=16`",
                         })
                     }
                     (false, _) => {
@@ -148,15 +148,15 @@ impl BlockHasher {
                             engine: "sglang",
                             version: c.version,
                             algorithm: c.algorithm.name(),
-                            reason: "SGLang >= 0.5.6 publishes the SHA-256 page chain; use `algorithm = \"sha256_page_chain\"`",
+                            reason: "SGLang >= 0.5.6 publishes the SHA-256 page chain; name `sha256_page_chain` in the contract, e.g. `sglang@0.5.23:sha256_page_chain:block=16`",
                         })
                     }
                 }
                 let dynamo = c.kv_events_format == SglangEventsFormat::Dynamo;
                 if dynamo && c.version < SGLANG_FIRST_NAMESPACE {
                     return Err(ContractError::SettingNotSupported {
-                        setting: "kv_events_format = \"dynamo\"",
-                        reason: "SGLang has the dynamo events format since 0.5.22; use \"default\" or upgrade the engine",
+                        setting: "the contract's `format=dynamo`",
+                        reason: "SGLang has the dynamo events format since 0.5.22; omit it (or `format=default`) or upgrade the engine",
                     });
                 }
                 if legacy {
@@ -268,8 +268,8 @@ impl BlockHasher {
                 Kind::Vllm {
                     tagged_extras: false,
                     ..
-                } => "only vLLM >= 0.31's extra-key layout is implemented; route such requests by re-keying (`engine = \"rekey\"`)",
-                Kind::SglangLegacy => "legacy SGLang keys carry no extras; use re-keying",
+                } => "only vLLM >= 0.31's extra-key layout is implemented; route such requests by re-keying (`contract = \"rekey:xxh3_64_chain:block=16:seed=1337\"`)",
+                Kind::SglangLegacy => "legacy SGLang keys carry no extras; re-key instead (`contract = \"rekey:xxh3_64_chain:block=16:seed=1337\"`)",
                 Kind::Rekey { .. } => "re-keying hashes tokens only; keep such requests on a separate rule",
                 _ => "this engine does not mix it into block keys; remove it or use the field for this engine",
             };
@@ -293,7 +293,7 @@ impl BlockHasher {
                 if extra_key.is_some() && *version < SGLANG_FIRST_NAMESPACE {
                     return Err(self.refuse(
                         "sglang_extra_key",
-                        "LoRA key namespacing is only known for SGLang >= 0.5.22; use re-keying for LoRA traffic",
+                        "LoRA key namespacing is only known for SGLang >= 0.5.22; re-key LoRA traffic (`contract = \"rekey:xxh3_64_chain:block=16:seed=1337\"`)",
                     ));
                 }
                 let root = salt.map_or(Digest::EMPTY, sglang::salt_seed);

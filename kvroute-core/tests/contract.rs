@@ -62,7 +62,11 @@ fn random_roots_are_refused_with_advice() {
         );
         let msg = err.to_string();
         assert!(msg.contains("set PYTHONHASHSEED=0 on the engine"), "{msg}");
-        assert!(msg.contains("pythonhashseed = \"0\""), "{msg}");
+        assert!(msg.contains("`seed=0` in the contract"), "{msg}");
+        // The example the message gives is the refused contract made reproducible.
+        let example = format!("`{spec}:seed=0`");
+        assert!(msg.contains(&example), "{msg} lacks {example}");
+        parse(example.trim_matches('`')).hasher().unwrap();
     }
     // 0.29+ uses the fixed seed for sha256 algorithms.
     parse("vllm@0.29.0:sha256_cbor:block=16").hasher().unwrap();

@@ -30,7 +30,7 @@ impl Drop for MockEngine {
 }
 
 fn port_after(line: &str, key: &str) -> Option<u16> {
-    let rest = line.split(key).nth(1)?.strip_prefix("Some(")?;
+    let rest = line.split(key).nth(1)?;
     rest.chars()
         .take_while(char::is_ascii_digit)
         .collect::<String>()

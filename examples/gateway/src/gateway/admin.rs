@@ -11,7 +11,10 @@
 //! | GET | `/admin/endpoints` | endpoints with subscriber health, inventory size, contract status |
 //! | GET | `/admin/counters` | per-rule decision and delivery counters |
 //! | GET | `/metrics` | Prometheus (no token needed: loopback scrape) |
+//! | GET | `/healthz` | liveness: 200 while the process serves (no token) |
+//! | GET | `/readyz` | readiness: 200 once every tokenizer loaded, else 503; per rule its live subscribers and verified contracts (no token) |
 //!
+//! `docs/admin.md` is the reference with example outputs.
 //! A posted rule starts its subscribers at once; they keep retrying until the
 //! engine is up. Invalid documents get 400 with the field at fault.
 
@@ -29,6 +32,7 @@ use serde_json::{json, Value};
 
 use super::config::{rule_from_json, ConfigError};
 use super::metrics::render;
+use super::observe::TokenizerState;
 use super::proxy::error;
 use super::state::Gateway;
 
@@ -49,6 +53,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .layer(middleware::from_fn_with_state(Arc::clone(&gw), auth));
     Router::new()
         .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .merge(admin)
         .with_state(gw)
 }
@@ -90,6 +96,79 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         render(&gw),
     )
         .into_response()
+}
+
+async fn healthz() -> Response {
+    Json(json!({"status": "live"})).into_response()
+}
+
+/// Ready means the proxy routes: every staged tokenizer has loaded. Engines
+/// being down does not make the gateway unready (their rules fall back or
+/// answer 503 per request), so subscribers and contracts are reported, not
+/// required.
+async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
+    let tokenizers: serde_json::Map<String, Value> = gw
+        .observe
+        .tokenizers()
+        .into_iter()
+        .map(|(m, s)| {
+            let v = match &s {
+                TokenizerState::Failed(e) => json!({"state": s.label(), "error": e}),
+                _ => json!({"state": s.label()}),
+            };
+            (m, v)
+        })
+        .collect();
+    let all_loaded = tokenizers
+        .values()
+        .all(|v| v["state"] == TokenizerState::Loaded.label());
+    let rules: Vec<Value> = gw
+        .rules_snapshot()
+        .iter()
+        .map(|rt| {
+            let (mut subscribers, mut live) = (0usize, 0usize);
+            let mut statuses = serde_json::Map::new();
+            for (i, ep) in rt.endpoints.iter().enumerate() {
+                for m in &ep.subscribers {
+                    subscribers += 1;
+                    live += usize::from(m.snapshot().connected);
+                }
+                if let Some(d) = &ep.drain {
+                    subscribers += 1;
+                    live += usize::from(d.snapshot().connected);
+                }
+                let status = rt.inventory.endpoint_contract_status(i);
+                let n = statuses.get(status).and_then(Value::as_u64).unwrap_or(0);
+                statuses.insert(status.to_owned(), json!(n + 1));
+            }
+            json!({
+                "rule": rt.spec.doc.name,
+                "models": rt.spec.doc.models,
+                "contract": rt.spec.contract.as_ref().map(ToString::to_string),
+                "endpoints": rt.endpoints.len(),
+                "subscribers": subscribers,
+                "subscribers_connected": live,
+                "contract_status": statuses,
+            })
+        })
+        .collect();
+    // `routing`: the proxy has stopped answering 503 not_ready (every load
+    // finished); `ready` also needs every load to have succeeded.
+    let routing = gw.observe.is_ready();
+    let ready = routing && all_loaded;
+    let body = json!({
+        "ready": ready,
+        "routing": routing,
+        "tokenizers": tokenizers,
+        "requests_refused_before_ready": gw.observe.refused_not_ready(),
+        "rules": rules,
+    });
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
 }
 
 fn bad(e: &ConfigError) -> Response {
@@ -216,6 +295,8 @@ async fn set_admin(
         );
     };
     ep.set_admin_down(down);
+    tracing::info!(rule = %name, endpoint = %ep.spec.url, index, down,
+        "{}", if down { "endpoint drained (admin down)" } else { "endpoint restored (admin up)" });
     Json(json!({"endpoint": ep.spec.url, "down": down})).into_response()
 }
 

@@ -61,6 +61,9 @@ pub struct FileConfig {
     /// Active health checks and circuit breakers.
     #[serde(default)]
     pub health: HealthConfig,
+    /// How routing decisions are shown (response headers, sampled log lines).
+    #[serde(default)]
+    pub decisions: DecisionsConfig,
     /// Staged tokenizers: model slug → directory.
     #[serde(default)]
     pub models: Vec<ModelConfig>,
@@ -99,6 +102,29 @@ impl Default for AdminConfig {
             token_env: None,
             token: None,
             allow_remote: false,
+        }
+    }
+}
+
+/// `[decisions]`: what an operator sees of each routing decision.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DecisionsConfig {
+    /// Add `x-kvroute-endpoint`, `x-kvroute-tier`,
+    /// `x-kvroute-predicted-cached-tokens` and (on a miss)
+    /// `x-kvroute-miss-reason` to every proxied response. Off hides the
+    /// fleet's layout from clients.
+    pub headers: bool,
+    /// Fraction of decisions logged as one INFO line each (0 = none, 1 =
+    /// every decision); evenly spaced, the first one always logged.
+    pub log_sample_rate: f64,
+}
+
+impl Default for DecisionsConfig {
+    fn default() -> Self {
+        Self {
+            headers: true,
+            log_sample_rate: 0.01,
         }
     }
 }
@@ -480,6 +506,8 @@ pub struct ServeConfig {
     pub limits: LimitsConfig,
     /// Health checks.
     pub health: HealthConfig,
+    /// Decision headers and log sampling.
+    pub decisions: DecisionsConfig,
     /// Models (directories resolved).
     pub models: Vec<ModelConfig>,
     /// Rules.
@@ -584,6 +612,13 @@ impl ServeConfig {
                 return Err(invalid(name, "must be at least 1 ms"));
             }
         }
+        let rate = file.decisions.log_sample_rate;
+        if !(0.0..=1.0).contains(&rate) {
+            return Err(invalid(
+                "decisions.log_sample_rate",
+                format!("{rate} is not between 0 and 1"),
+            ));
+        }
         if !file.health.path.starts_with('/') {
             return Err(invalid("health.path", "must start with '/'"));
         }
@@ -623,6 +658,7 @@ impl ServeConfig {
             admin_token,
             limits,
             health: file.health,
+            decisions: file.decisions,
             models,
             rules,
         })

@@ -15,6 +15,7 @@
 //! | [`admission`] | bound on concurrent tokenizations and their bytes |
 //! | [`connections`] | first-byte deadline, connection cap, accept errors |
 //! | [`metrics`] | Prometheus exposition |
+//! | [`observe`] | readiness, decision headers, sampled decision log |
 //!
 //! Security posture: the admin API binds loopback unless told otherwise (then a
 //! token is mandatory); requests go only to configured upstreams (the client's
@@ -28,10 +29,13 @@ pub mod admin;
 pub mod admission;
 pub mod config;
 pub mod connections;
+#[cfg(test)]
+mod contract_hints;
 pub mod engine_load;
 pub mod health;
 pub mod inventory;
 pub mod metrics;
+pub mod observe;
 pub mod passthrough;
 pub mod pd;
 pub mod proxy;
@@ -88,21 +92,28 @@ impl Running {
     }
 }
 
-/// Binds both listeners and starts serving on the current runtime.
+/// Binds both listeners, starts serving on the current runtime and returns
+/// once every staged tokenizer has loaded (until then the proxy answers 503
+/// `not_ready` and the admin `/readyz` says what is loading).
 ///
 /// # Errors
 /// A listener that cannot be bound or a rule the library refuses.
 pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
     let gateway = Gateway::start(config)?;
-    for slug in gateway.models.clone() {
-        let gw = Arc::clone(&gateway);
-        // Warm the tokenizer so the first request does not pay the load.
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = gw.tokenizers.get(&slug) {
-                tracing::warn!(model = %slug, error = %e, "tokenizer not usable");
-            }
-        });
-    }
+    let gw = Arc::clone(&gateway);
+    // Loaded before routing: the first requests must not stall on the load.
+    let warm = tokio::task::spawn_blocking(move || {
+        for slug in &gw.models {
+            let state = match gw.tokenizers.get(slug) {
+                Ok(_) => observe::TokenizerState::Loaded,
+                Err(e) => {
+                    tracing::warn!(model = %slug, error = %e, "tokenizer not usable: its rules miss with no_tokenizer");
+                    observe::TokenizerState::Failed(e.to_string())
+                }
+            };
+            gw.observe.tokenizer_done(slug, state);
+        }
+    });
     let proxy_listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding proxy listener {}", config.listen))?;
@@ -111,6 +122,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
         .with_context(|| format!("binding admin listener {}", config.admin_listen))?;
     let proxy = proxy_listener.local_addr()?;
     let admin = admin_listener.local_addr()?;
+    gateway.observe.set_admin_addr(admin);
     let proxy_router = Router::new()
         .fallback(proxy::handle)
         .with_state(Arc::clone(&gateway));
@@ -148,7 +160,17 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
             shutdown.subscribe(),
         )),
     ];
-    tracing::info!(%proxy, %admin, rules = gateway.rules_snapshot().len(), "kvroute serve up");
+    tracing::info!(%proxy, %admin, rules = gateway.rules_snapshot().len(),
+        "kvroute serve listening; loading tokenizers");
+    if let Err(e) = warm.await {
+        tracing::warn!(error = %e, "tokenizer loading task failed");
+        for slug in &gateway.models {
+            gateway
+                .observe
+                .tokenizer_done(slug, observe::TokenizerState::Failed(e.to_string()));
+        }
+    }
+    tracing::info!(%proxy, %admin, tokenizers = gateway.models.len(), "kvroute serve ready");
     Ok(Running {
         proxy,
         admin,
@@ -325,9 +347,11 @@ fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
 /// Runs `kvroute serve` until SIGINT / SIGTERM.
 pub fn run(args: &ServeArgs) -> ExitCode {
     let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
+    // Colour codes only for a person at a terminal, not in a redirected log.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let config = match ServeConfig::load(&args.config) {
         Ok(c) => c,

@@ -92,6 +92,7 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                 let mut builder = Response::builder().status(parts.status);
                 if let Some(h) = builder.headers_mut() {
                     copy_headers(&parts.headers, h, false);
+                    super::observe::passthrough_headers(&gw.observe, name, &ep.spec.url, h);
                 }
                 return builder.body(Body::new(tee)).unwrap_or_else(|_| {
                     error(
@@ -105,7 +106,7 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                 ep.failure(gw.now());
                 tracing::warn!(rule = %name, endpoint = %ep.spec.url, error = %e,
                     "pass-through connect failed; trying the next endpoint");
-                failures.push(format!("{}: connect failed ({e})", ep.spec.url));
+                failures.push(format!("{}: {e}", ep.spec.url));
             }
             Err(e) => {
                 gw.metrics.outcome(name, Outcome::UpstreamError);

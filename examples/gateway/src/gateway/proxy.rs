@@ -214,7 +214,32 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
     if !parts.uri.path().starts_with("/v1/") {
         gw.metrics.outcome("", Outcome::Rejected);
-        return error(StatusCode::NOT_FOUND, "not_found", "only /v1/* is proxied");
+        let admin = gw.observe.admin_addr().map_or_else(
+            || "the admin listener".to_owned(),
+            |a| format!("http://{a}"),
+        );
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("only /v1/* is proxied here; /metrics, /healthz, /readyz and /admin/* are served on {admin}"),
+        );
+    }
+    if !gw.observe.is_ready() {
+        gw.metrics.outcome("", Outcome::Rejected);
+        let loading = gw.observe.refuse_not_ready();
+        let mut resp = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            format!(
+                "kvroute is starting: tokenizers still loading ({}); GET /readyz on the admin listener says when it routes",
+                loading.join(", ")
+            ),
+        );
+        resp.headers_mut().insert(
+            hyper::header::RETRY_AFTER,
+            hyper::header::HeaderValue::from_static("1"),
+        );
+        return resp;
     }
     if ambiguous_path(parts.uri.path()) {
         // An engine (or a proxy behind it) may resolve `..` and reach what
@@ -330,7 +355,9 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
             gw.metrics.outcome(&name, Outcome::NoEndpoint);
             let reason = unavailable_reason(&gw, &rt, &decision, &ctx.failures);
             tracing::warn!(rule = %name, %reason, "no endpoint");
-            error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason)
+            let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
+            gw.observe.decision(&rt, &decision, resp.headers_mut());
+            resp
         }
         Err(RouteError::ConnectFailed { error: e, .. }) => {
             gw.metrics.outcome(&name, Outcome::UpstreamError);
@@ -374,7 +401,8 @@ fn unavailable_reason(
     for (i, e) in rt.endpoints.iter().enumerate() {
         let id = kvroute_core::EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
         let why = if let Some((_, f)) = failures.iter().rev().find(|(u, _)| *u == e.spec.url) {
-            format!("connect failed ({f})")
+            // `f` already says what failed ("connect failed: ...").
+            f.clone()
         } else {
             match rt.availability(id, now) {
                 Availability::AdminDown => "admin down".to_owned(),
@@ -613,6 +641,12 @@ fn respond(
     if let Some(Some(c)) = pd_receipt {
         rt.rule.record_receipt(&decision, c);
     }
+    let mut builder = Response::builder().status(parts.status);
+    if let Some(h) = builder.headers_mut() {
+        super::upstream::copy_headers(&parts.headers, h, false);
+        // Before `on_end` takes the decision for the receipt.
+        gw.observe.decision(rt, &decision, h);
+    }
     let rt2 = Arc::clone(rt);
     let gw2 = Arc::clone(gw);
     let on_end: super::upstream::OnEnd = Box::new(move |cached, clean| {
@@ -634,10 +668,6 @@ fn respond(
         on_end,
         Some(guard),
     );
-    let mut builder = Response::builder().status(parts.status);
-    if let Some(h) = builder.headers_mut() {
-        super::upstream::copy_headers(&parts.headers, h, false);
-    }
     builder.body(Body::new(tee)).unwrap_or_else(|_| {
         error(
             StatusCode::BAD_GATEWAY,

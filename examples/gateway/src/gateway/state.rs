@@ -196,6 +196,8 @@ pub struct Gateway {
     /// Rotates the starting endpoint of pass-through requests among equally
     /// loaded ones.
     pub passthrough_turn: AtomicU32,
+    /// Readiness, decision headers and the sampled decision log.
+    pub observe: super::observe::Observe,
     epoch: Instant,
 }
 
@@ -235,6 +237,14 @@ impl Gateway {
                 },
             )),
             passthrough_turn: AtomicU32::new(0),
+            observe: super::observe::Observe::new(
+                config.decisions.clone(),
+                &config
+                    .models
+                    .iter()
+                    .map(|m| m.slug.clone())
+                    .collect::<Vec<_>>(),
+            ),
             epoch: Instant::now(),
         });
         for spec in &config.rules {

@@ -154,7 +154,11 @@ impl UpstreamClient {
         };
         answer.map_err(|e| {
             if e.is_connect() {
-                UpstreamError::Connect(error_chain(&e))
+                // hyper-util's own text ("client error (Connect)") repeats
+                // what `Connect` already says: start at its cause.
+                let cause =
+                    std::error::Error::source(&e).map_or_else(|| e.to_string(), error_chain);
+                UpstreamError::Connect(cause)
             } else {
                 UpstreamError::Request(error_chain(&e))
             }

@@ -287,9 +287,12 @@ pub fn run(args: &Args) -> std::process::ExitCode {
     runtime.block_on(async {
         match start(args).await {
             Ok(running) => {
+                let port = |p: Option<u16>| p.map_or_else(|| "off".to_owned(), |p| p.to_string());
                 println!(
-                    "mock-engine: http://{} zmq={:?} replay={:?}",
-                    running.http, running.zmq_port, running.replay_port
+                    "mock-engine: http://{} zmq={} replay={}",
+                    running.http,
+                    port(running.zmq_port),
+                    port(running.replay_port)
                 );
                 let _ = running.server.await;
                 std::process::ExitCode::SUCCESS
