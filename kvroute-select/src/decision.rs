@@ -497,7 +497,11 @@ impl Rule {
         }
         d.slot_scratch.clear();
         d.slot_scratch.resize(slots, Overlap::default());
-        view.score(&d.keys, &mut d.slot_scratch);
+        if self.config.scorer.reads_any_position() {
+            view.score(&d.keys, &mut d.slot_scratch);
+        } else {
+            view.score_prefix(&d.keys, &mut d.slot_scratch);
+        }
         let mut slotted = 0usize;
         let mut mismatched = 0usize;
         for (((o, e), m), c) in d

@@ -172,6 +172,15 @@ impl Scorer {
         }
     }
 
+    /// True when the scorer reads the any-position count
+    /// ([`Overlap::blocks`]); the others read only the prefix, which the
+    /// view's early-stopping [`InventoryView::score_prefix`] computes.
+    ///
+    /// [`InventoryView::score_prefix`]: kvroute_ingest::InventoryView::score_prefix
+    pub(crate) fn reads_any_position(&self) -> bool {
+        matches!(self, Scorer::OverlapCount)
+    }
+
     pub(crate) fn pick(&self, pool: &Pool<'_>, s: &KvScoring<'_>) -> KvPick {
         let figure = |i: usize| {
             let indexed = s.overlaps.get(i).map_or(0, |o| self.overlap_figure(o));
