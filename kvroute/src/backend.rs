@@ -135,14 +135,17 @@ impl Backend {
     /// Whether this endpoint keeps an inventory (it can prefill and publishes
     /// events).
     pub(crate) fn has_inventory(&self) -> bool {
-        self.role.can_prefill()
-            && (self.events.is_some() || self.engine == EngineKind::TensorRtLlm)
+        self.role.can_prefill() && (self.events.is_some() || self.engine == EngineKind::TensorRtLlm)
     }
 
     /// The host of `url`, for wildcard event endpoints.
     pub(crate) fn host(&self) -> Option<String> {
         let uri: http::Uri = self.url.parse().ok()?;
         let host = uri.host()?;
-        Some(host.trim_start_matches('[').trim_end_matches(']').to_owned())
+        Some(
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+        )
     }
 }

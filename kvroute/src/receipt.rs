@@ -461,15 +461,22 @@ mod tests {
 
     #[test]
     fn include_usage_adds_to_an_existing_object_only() {
-        let out = include_usage(br#"{"stream":true,"stream_options":{"continuous_usage_stats":false}}"#)
-            .unwrap();
+        let out =
+            include_usage(br#"{"stream":true,"stream_options":{"continuous_usage_stats":false}}"#)
+                .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["stream_options"]["continuous_usage_stats"], false);
-        assert_eq!(include_usage(br#"{"stream":true,"stream_options":"x"}"#), None);
+        assert_eq!(
+            include_usage(br#"{"stream":true,"stream_options":"x"}"#),
+            None
+        );
         assert_eq!(include_usage(b"not json"), None);
         assert_eq!(include_usage(br#"{"messages":[]}"#), None);
         let out = include_usage(br#"{"stream":true,"stream_options":null}"#).unwrap();
-        assert_eq!(out, br#"{"stream":true,"stream_options":{"include_usage":true}}"#.to_vec());
+        assert_eq!(
+            out,
+            br#"{"stream":true,"stream_options":{"include_usage":true}}"#.to_vec()
+        );
     }
 }

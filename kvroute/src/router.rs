@@ -15,8 +15,7 @@ use kvroute_ingest::attest::{ContractAttestor, ContractStatus, KeyAttestor};
 use kvroute_ingest::rekey::{BlockRekeyer, XxhChainRekeyer};
 use kvroute_ingest::seq::{RestartPolicy, SeqWindowConfig};
 use kvroute_ingest::{
-    EndpointIngest, IndexConfig, IngestConfig, InventoryHealth, InventoryView, Overlap,
-    SharedIndex,
+    EndpointIngest, IndexConfig, IngestConfig, InventoryHealth, InventoryView, Overlap, SharedIndex,
 };
 use kvroute_select::{
     AdminState, Availability, BreakerConfig, Choice, CircuitBreaker, ContractKeys,
@@ -212,7 +211,8 @@ impl KvRouterBuilder {
             contract: self.contract.to_string(),
             reason,
         };
-        let keys = Arc::new(ContractKeys::new(&self.contract).map_err(|e| contract_err(e.to_string()))?);
+        let keys =
+            Arc::new(ContractKeys::new(&self.contract).map_err(|e| contract_err(e.to_string()))?);
         let rekeyer: Option<Arc<dyn BlockRekeyer>> = match &self.contract {
             HashContract::Rekey(c) => Some(Arc::new(XxhChainRekeyer { seed: c.seed })),
             _ => None,
@@ -221,7 +221,9 @@ impl KvRouterBuilder {
         // inventories hold kvroute's own keys, nothing to attest.
         let attestor = match &rekeyer {
             None => Some(Arc::new(ContractAttestor::from_hasher(
-                self.contract.hasher().map_err(|e| contract_err(e.to_string()))?,
+                self.contract
+                    .hasher()
+                    .map_err(|e| contract_err(e.to_string()))?,
             )) as Arc<dyn KeyAttestor>),
             Some(_) => None,
         };
@@ -452,7 +454,9 @@ impl Shared {
         }
     }
 
-    fn stopped(stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
+    fn stopped(
+        stop: &watch::Sender<bool>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = stop.subscribe();
         async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -522,7 +526,9 @@ impl Shared {
             EngineKind::TensorRtLlm => {
                 #[cfg(feature = "trtllm-http")]
                 {
-                    use kvroute_engines::transport::{TrtllmPoller, TrtllmPollerConfig, TrtllmSink};
+                    use kvroute_engines::transport::{
+                        TrtllmPoller, TrtllmPollerConfig, TrtllmSink,
+                    };
                     let poller = TrtllmPoller::new(TrtllmPollerConfig::new(format!(
                         "{}/kv_cache_events",
                         b.url
@@ -530,7 +536,12 @@ impl Shared {
                     .map_err(|e| Self::endpoint_err(&b.url, e))?;
                     let sink = TrtllmSink::new(
                         self.block_size,
-                        IndexIngest::shared(Arc::clone(ingest), Arc::clone(&self.index), None, false),
+                        IndexIngest::shared(
+                            Arc::clone(ingest),
+                            Arc::clone(&self.index),
+                            None,
+                            false,
+                        ),
                     );
                     metrics.push(poller.metrics());
                     tracing::warn!(endpoint = %b.url, "TensorRT-LLM drain poller: every POST to \
@@ -685,9 +696,7 @@ impl KvRouter {
             fallback: SelectorKind::LeastPrefill,
             thresholds: Thresholds::default(),
             breaker: BreakerConfig::default(),
-            limits: PromptLimits {
-                max_chars: 1 << 20,
-            },
+            limits: PromptLimits { max_chars: 1 << 20 },
             max_prompt_tokens: 128 << 10,
             max_endpoints: 64,
             include_usage: true,
@@ -737,6 +746,19 @@ impl KvRouter {
         self.decide(prompt, session.map(str::to_owned))
     }
 
+    /// A decision for a request without a prompt to route on (`/v1/models`,
+    /// embeddings, ...): the rule's fallback selector picks, and the decision
+    /// counts as a `no_model` miss.
+    ///
+    /// # Errors
+    /// [`NoEndpoint`] when no endpoint is available.
+    pub fn pick_unrouted(&self) -> Result<Pick, NoEndpoint> {
+        self.decide(
+            Prompt::missed(None, kvroute_select::MissBeforeKeys::NoModel),
+            None,
+        )
+    }
+
     fn decide(&self, prompt: Prompt, session: Option<String>) -> Result<Pick, NoEndpoint> {
         let Some(gen) = self.shared.current() else {
             return Err(NoEndpoint {
@@ -764,7 +786,9 @@ impl KvRouter {
                 decision: Box::new(pick.decision.clone()),
             });
         };
-        let prefill = pick.decision.predicted_prefill_tokens(self.shared.block_size);
+        let prefill = pick
+            .decision
+            .predicted_prefill_tokens(self.shared.block_size);
         pick.guard = Some(self.shared.tracker.charge(target, prefill));
         Ok(pick)
     }
@@ -1006,7 +1030,9 @@ impl Pick {
         self.decision = decision;
         match next {
             Some(t) => {
-                let prefill = self.decision.predicted_prefill_tokens(self.shared.block_size);
+                let prefill = self
+                    .decision
+                    .predicted_prefill_tokens(self.shared.block_size);
                 match self.guard.as_mut() {
                     Some(g) => g.retarget(t, prefill),
                     None => self.guard = Some(self.shared.tracker.charge(t, prefill)),

@@ -1,0 +1,257 @@
+//! A tower [`Layer`] that routes OpenAI requests with a [`KvRouter`]: the
+//! request body is buffered (bounded), the router decides, the inner service
+//! (an HTTP client such as hyper-util's) is called with the request
+//! re-targeted at the chosen endpoint, an error of the inner service (a failed
+//! connect) is retried on the next endpoint through [`tower::retry::Policy`]
+//! calling [`Pick::retry`], and the response body becomes a
+//! [`ReceiptBody`] (receipt recorded and load released at its end or drop).
+//!
+//! Only errors of the inner service are retried: a response, whatever its
+//! status, is the engine's answer and goes to the client. Requests to paths
+//! other than `/v1/completions` and `/v1/chat/completions` carry no prompt:
+//! they are routed by the rule's fallback selector and counted as a
+//! `no_model` miss.
+//!
+//! ```no_run
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use kvroute::tower::KvRouteLayer;
+//! use tower::{Layer, ServiceExt};
+//! # async fn run(router: kvroute::KvRouter) -> Result<(), tower::BoxError> {
+//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//! let service = KvRouteLayer::new(router).layer(client);
+//! let req = http::Request::post("/v1/completions")
+//!     .body(Full::new(Bytes::from_static(br#"{"model": "m", "prompt": "hello"}"#)))?;
+//! let response = service.oneshot(req).await?;
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, Limited};
+use parking_lot::Mutex;
+use tower::{BoxError, Layer, Service, ServiceExt};
+
+use crate::receipt::ReceiptBody;
+use crate::router::{KvRouter, Pick};
+use crate::ApiKind;
+
+/// Default [`KvRouteLayer::max_body_bytes`]: 32 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+
+/// Wraps an HTTP client service with KV-exact routing; see the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct KvRouteLayer {
+    router: KvRouter,
+    max_body_bytes: usize,
+}
+
+impl KvRouteLayer {
+    /// A layer deciding with `router`.
+    #[must_use]
+    pub fn new(router: KvRouter) -> Self {
+        Self {
+            router,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+
+    /// Largest request body buffered (larger: an error, nothing forwarded).
+    #[must_use]
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+}
+
+impl<S> Layer<S> for KvRouteLayer {
+    type Service = KvRoute<S>;
+
+    fn layer(&self, inner: S) -> KvRoute<S> {
+        KvRoute {
+            inner,
+            router: self.router.clone(),
+            max_body_bytes: self.max_body_bytes,
+        }
+    }
+}
+
+/// The service [`KvRouteLayer`] builds.
+#[derive(Clone, Debug)]
+pub struct KvRoute<S> {
+    inner: S,
+    router: KvRouter,
+    max_body_bytes: usize,
+}
+
+/// Why [`KvRoute`] answered no response.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvRouteError {
+    /// The request body could not be read or exceeded the limit.
+    #[error("request body: {0}")]
+    Body(BoxError),
+    /// No endpoint was available (or every retry failed to connect and none is left).
+    #[error(transparent)]
+    NoEndpoint(#[from] crate::router::NoEndpoint),
+    /// The upstream request could not be built for the chosen endpoint.
+    #[error("upstream request: {0}")]
+    Build(#[from] http::Error),
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and the ones re-derived per upstream.
+const DROPPED: [HeaderName; 9] = [
+    header::CONNECTION,
+    header::HOST,
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+];
+
+fn upstream_request(
+    method: &http::Method,
+    url: &str,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<http::Request<Full<Bytes>>, http::Error> {
+    let mut b = http::Request::builder()
+        .method(method.clone())
+        .uri(format!("{url}{path_and_query}"));
+    if let Some(h) = b.headers_mut() {
+        for (name, value) in headers {
+            if !DROPPED.contains(name) && name.as_str() != "keep-alive" {
+                h.append(name, value.clone());
+            }
+        }
+        h.insert(header::CONTENT_LENGTH, body.len().into());
+    }
+    b.body(Full::new(body))
+}
+
+/// Re-targets the request at the next endpoint after an inner-service error.
+#[derive(Clone)]
+struct RetryPick {
+    pick: Arc<Mutex<Option<Pick>>>,
+    path_and_query: Arc<str>,
+}
+
+impl<Res, E> tower::retry::Policy<http::Request<Full<Bytes>>, Res, E> for RetryPick {
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        req: &mut http::Request<Full<Bytes>>,
+        result: &mut Result<Res, E>,
+    ) -> Option<Self::Future> {
+        if result.is_ok() {
+            return None;
+        }
+        let mut guard = self.pick.lock();
+        let pick = guard.as_mut()?;
+        let url = pick.retry()?;
+        tracing::debug!(next = url, "upstream failed; retrying on the next endpoint");
+        let uri = format!("{url}{}", self.path_and_query).parse().ok()?;
+        *req.uri_mut() = uri;
+        Some(std::future::ready(()))
+    }
+
+    fn clone_request(
+        &mut self,
+        req: &http::Request<Full<Bytes>>,
+    ) -> Option<http::Request<Full<Bytes>>> {
+        let mut out = http::Request::new(req.body().clone());
+        *out.method_mut() = req.method().clone();
+        *out.uri_mut() = req.uri().clone();
+        *out.version_mut() = req.version();
+        *out.headers_mut() = req.headers().clone();
+        Some(out)
+    }
+}
+
+impl<S, B, RB> Service<http::Request<B>> for KvRoute<S>
+where
+    S: Service<http::Request<Full<Bytes>>, Response = http::Response<RB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    RB: Send + 'static,
+{
+    type Response = http::Response<ReceiptBody<RB>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Each call drives its own clone of the inner service (a retry may
+        // call it several times), which checks readiness itself.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let router = self.router.clone();
+        let limit = self.max_body_bytes;
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let bytes = Limited::new(body, limit)
+                .collect()
+                .await
+                .map_err(KvRouteError::Body)?
+                .to_bytes();
+            let path_and_query: Arc<str> = parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| parts.uri.path(), |p| p.as_str())
+                .into();
+            let api = if parts.method == http::Method::POST {
+                ApiKind::from_path(parts.uri.path())
+            } else {
+                None
+            };
+            let pick = match api {
+                Some(api) => router.pick(api, &bytes).await,
+                None => router.pick_unrouted(),
+            }
+            .map_err(KvRouteError::from)?;
+            let upstream = upstream_request(
+                &parts.method,
+                pick.url(),
+                &path_and_query,
+                &parts.headers,
+                pick.upstream_body(&bytes),
+            )
+            .map_err(KvRouteError::from)?;
+            let shared = Arc::new(Mutex::new(Some(pick)));
+            let policy = RetryPick {
+                pick: Arc::clone(&shared),
+                path_and_query,
+            };
+            let result = tower::retry::Retry::new(policy, inner)
+                .oneshot(upstream)
+                .await;
+            let pick = shared.lock().take();
+            let response = result.map_err(Into::into)?;
+            let Some(pick) = pick else {
+                return Err("the routing decision was lost".into());
+            };
+            pick.connected();
+            let (head, body) = response.into_parts();
+            let body = pick.into_body(&head.headers, body);
+            Ok(http::Response::from_parts(head, body))
+        })
+    }
+}
