@@ -22,8 +22,14 @@ pub const WAIT: Duration = Duration::from_secs(60);
 pub const CONTRACT: &str = "vllm@0.33.0:sha256_cbor:block=16:seed=0";
 pub const MODEL: &str = "qwen3";
 
+/// The repository root: the nearest ancestor of this crate holding `golden/`
+/// (this file is shared by crates at different depths).
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .find(|d| d.join("golden").is_dir() && d.join("tests/python").is_dir())
+        .map(PathBuf::from)
+        .unwrap_or(here)
 }
 
 pub fn model_dir() -> PathBuf {
