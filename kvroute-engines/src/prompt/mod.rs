@@ -32,6 +32,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod golden;
+pub mod parallel;
 pub mod pyjson;
 pub mod pyvalue;
 pub mod request;

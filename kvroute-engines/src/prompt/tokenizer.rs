@@ -11,6 +11,7 @@ use parking_lot::{Mutex, RwLock};
 use tokenizers::Tokenizer;
 
 use super::error::PromptMiss;
+use super::parallel::{ParallelEncoder, SeamPolicy};
 use super::span_cache::{SegmentPolicy, SpanCache, SpanCacheStats};
 use super::template::{ChatTemplate, TemplateError};
 
@@ -72,6 +73,7 @@ pub struct ModelTokenizer {
     post_processor_adds_tokens: bool,
     segments: Option<SegmentPolicy>,
     cache: Option<SpanCache>,
+    seams: Option<SeamPolicy>,
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -214,7 +216,9 @@ impl ModelTokenizer {
             .as_ref()
             .map(|_| SpanCache::new(options.span_cache_bytes));
         let vocab_size = tokenizer.get_vocab_size(true);
+        let seams = SeamPolicy::for_tokenizer(&tokenizer);
         Ok(Self {
+            seams,
             tokenizer,
             template,
             max_model_len,
@@ -285,6 +289,46 @@ impl ModelTokenizer {
             ids.extend_from_slice(&part);
         }
         Ok(ids)
+    }
+}
+
+impl ModelTokenizer {
+    /// [`Self::encode`] with the long pieces tokenized on `encoder`'s worker
+    /// pool ([`super::parallel`]): the same ids, split at seams the tokenizer
+    /// provably cannot merge across. Span-cache segments are still looked up
+    /// first; a segment that misses and is longer than the encoder's
+    /// threshold is encoded in parallel, shorter ones on the caller's thread.
+    /// Tokenizers the seam rule is not proven for encode as [`Self::encode`].
+    pub fn encode_parallel(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        encoder: &ParallelEncoder,
+    ) -> Result<Vec<u32>, PromptMiss> {
+        if add_special_tokens && self.post_processor_adds_tokens {
+            return self.encode_uncached(text, add_special_tokens);
+        }
+        let Some(seams) = &self.seams else {
+            return self.encode(text, add_special_tokens);
+        };
+        let (Some(policy), Some(cache)) = (&self.segments, &self.cache) else {
+            return encoder.encode(&self.tokenizer, Some(seams), text);
+        };
+        let mut ids = Vec::with_capacity(text.len() / 3);
+        for seg in policy.segments(text) {
+            let part =
+                cache.get_or_insert(seg, |s| encoder.encode(&self.tokenizer, Some(seams), s))?;
+            ids.extend_from_slice(&part);
+        }
+        Ok(ids)
+    }
+
+    /// True when this tokenizer's pipeline admits seams
+    /// ([`super::parallel::SeamPolicy`]), i.e. [`Self::encode_parallel`]
+    /// can use more than one thread.
+    #[must_use]
+    pub fn splits_in_parallel(&self) -> bool {
+        self.seams.is_some()
     }
 }
 

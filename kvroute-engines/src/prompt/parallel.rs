@@ -1,0 +1,323 @@
+//! Exact tokenization of long texts on several threads.
+//!
+//! A long text is cut at *seams* — positions where the tokenizer provably
+//! cannot merge across — the pieces are encoded on a bounded worker pool and
+//! the ids concatenated. The result is the ids of one full encode.
+//!
+//! # Why a seam is exact
+//!
+//! A seam is a byte position `p` with an ASCII letter at `p - 1`, a space at
+//! `p` and an ASCII letter at `p + 1`, in a tokenizer whose pipeline is
+//! (checked by [`SeamPolicy::for_tokenizer`]): no normalizer or NFC; a GPT-style
+//! pre-tokenizer — `ByteLevel` with its own regex, or a `Split` on a regex
+//! whose letter alternative is `…\p{L}+` followed by `ByteLevel` without a
+//! regex (Qwen2/Qwen3, Llama 3, GPT-4 style) —; a BPE model; no added token
+//! containing a space or stripping whitespace around itself.
+//!
+//! * NFC cannot compose across `p`: the space is a starter that is never the
+//!   second element of a composition, and the letter before it has nothing
+//!   after it to compose with.
+//! * Added tokens are matched on the raw text first; none contains a space,
+//!   so no match crosses `p`.
+//! * The regex pre-token holding the letter at `p - 1` is a run of letters (a
+//!   letter alternative or a contraction) and ends there, because the space
+//!   is not a letter; the next pre-token starts at `p` in the whole text and
+//!   in the right piece alike. Matching is left to right and the only
+//!   lookahead (`\s+(?!\S)`) looks one character ahead of a whitespace run,
+//!   which before `p` lies before `p`. So both pieces pre-tokenize exactly as
+//!   their part of the whole text, and BPE never merges across pre-tokens.
+//!
+//! Each seam is also checked by encoding a window around it whole and in two
+//! halves ([`ParallelConfig::window_bytes`]); a seam that fails is skipped.
+//!
+//! ```
+//! use kvroute_engines::prompt::parallel::{ParallelConfig, ParallelEncoder};
+//! let encoder = ParallelEncoder::new(ParallelConfig { threads: 2, ..ParallelConfig::default() })?;
+//! assert_eq!(encoder.threads(), 2);
+//! # Ok::<(), kvroute_engines::prompt::parallel::ParallelError>(())
+//! ```
+
+use rayon::prelude::*;
+use tokenizers::Tokenizer;
+
+use super::PromptMiss;
+
+/// Settings of a [`ParallelEncoder`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParallelConfig {
+    /// Worker threads of the pool (≥ 1; 1 keeps every encode on the caller's
+    /// thread and starts no thread).
+    pub threads: usize,
+    /// Texts shorter than this many bytes are encoded in one piece on the
+    /// caller's thread (splitting costs more than it saves).
+    pub min_bytes: usize,
+    /// Pieces per thread a long text is cut into (more pieces even out
+    /// pieces that tokenize at different speeds).
+    pub pieces_per_thread: usize,
+    /// Bytes on each side of a seam re-encoded to check it.
+    pub window_bytes: usize,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        Self {
+            threads: 2,
+            min_bytes: 16 * 1024,
+            pieces_per_thread: 2,
+            window_bytes: 128,
+        }
+    }
+}
+
+/// Errors of [`ParallelEncoder::new`].
+#[derive(Debug, thiserror::Error)]
+pub enum ParallelError {
+    /// The worker pool could not be built (threads could not be spawned).
+    #[error("building the tokenizer worker pool: {0}")]
+    Pool(String),
+}
+
+/// A bounded pool of tokenizer threads (sized by [`ParallelConfig::threads`])
+/// and the splitting rules. Built once by the caller and shared; concurrent
+/// encodes queue on the same threads.
+pub struct ParallelEncoder {
+    pool: Option<rayon::ThreadPool>,
+    config: ParallelConfig,
+}
+
+impl std::fmt::Debug for ParallelEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParallelEncoder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Longest stretch scanned past a piece's target end for a seam.
+const MAX_SCAN: usize = 16 * 1024;
+
+impl ParallelEncoder {
+    /// A pool of `config.threads` workers (none when `threads <= 1`).
+    pub fn new(config: ParallelConfig) -> Result<Self, ParallelError> {
+        let pool = if config.threads > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(config.threads)
+                    .thread_name(|i| format!("kvroute-tokenize-{i}"))
+                    .build()
+                    .map_err(|e| ParallelError::Pool(e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        Ok(Self { pool, config })
+    }
+
+    /// Worker threads (1: no pool).
+    #[must_use]
+    pub fn threads(&self) -> usize {
+        self.config.threads.max(1)
+    }
+
+    /// The settings.
+    #[must_use]
+    pub fn config(&self) -> &ParallelConfig {
+        &self.config
+    }
+
+    /// Ids of `text` without special tokens added, identical to
+    /// `tokenizer.encode_fast(text, false)`: split at seams and encoded on the
+    /// pool when the text is long and `policy` (from
+    /// [`SeamPolicy::for_tokenizer`] of this `tokenizer`) is given, in one
+    /// piece on the caller's thread otherwise.
+    pub fn encode(
+        &self,
+        tokenizer: &Tokenizer,
+        policy: Option<&SeamPolicy>,
+        text: &str,
+    ) -> Result<Vec<u32>, PromptMiss> {
+        let pool = match (&self.pool, policy) {
+            (Some(pool), Some(_)) if text.len() >= self.config.min_bytes => pool,
+            _ => return encode_one(tokenizer, text),
+        };
+        let want = self
+            .threads()
+            .saturating_mul(self.config.pieces_per_thread.max(1));
+        let cuts = seams(tokenizer, text, want, self.config.window_bytes);
+        if cuts.is_empty() {
+            return encode_one(tokenizer, text);
+        }
+        let mut pieces = Vec::with_capacity(cuts.len() + 1);
+        let mut from = 0;
+        for &cut in cuts.iter().chain(std::iter::once(&text.len())) {
+            pieces.push(text.get(from..cut).unwrap_or_default());
+            from = cut;
+        }
+        let parts: Vec<Vec<u32>> = pool.install(|| {
+            pieces
+                .par_iter()
+                .map(|p| encode_one(tokenizer, p))
+                .collect::<Result<_, _>>()
+        })?;
+        let mut ids = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+        for part in parts {
+            ids.extend_from_slice(&part);
+        }
+        Ok(ids)
+    }
+}
+
+fn encode_one(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, PromptMiss> {
+    tokenizer
+        .encode_fast(text, false)
+        .map(|e| e.get_ids().to_vec())
+        .map_err(|e| PromptMiss::Tokenize(e.to_string()))
+}
+
+/// Proof, for one tokenizer, that its pipeline is one the seam rule holds for
+/// (see the [module docs](self)); built once per tokenizer by
+/// [`SeamPolicy::for_tokenizer`] and passed to [`ParallelEncoder::encode`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeamPolicy {
+    _proven: (),
+}
+
+impl SeamPolicy {
+    /// `Some` when `tokenizer`'s normalizer, pre-tokenizer, model and added
+    /// tokens are of the kinds the seam rule is proven for; other tokenizers
+    /// are always encoded whole.
+    #[must_use]
+    pub fn for_tokenizer(tokenizer: &Tokenizer) -> Option<Self> {
+        supports_seams(tokenizer).then_some(Self { _proven: () })
+    }
+}
+
+/// True when `tokenizer`'s pipeline is one the seam rule is proven for.
+#[must_use]
+pub fn supports_seams(tokenizer: &Tokenizer) -> bool {
+    let normalizer_ok = match tokenizer.get_normalizer() {
+        None => true,
+        Some(n) => serde_json::to_value(n).is_ok_and(|v| is_type(&v, "NFC")),
+    };
+    let model_ok = matches!(tokenizer.get_model(), tokenizers::ModelWrapper::BPE(_));
+    let added_ok = tokenizer
+        .get_added_tokens_decoder()
+        .values()
+        .all(|t| !t.content.contains(' ') && !t.lstrip && !t.rstrip);
+    let pre_ok = tokenizer
+        .get_pre_tokenizer()
+        .and_then(|p| serde_json::to_value(p).ok())
+        .is_some_and(|v| pre_tokenizer_ok(Some(&v)));
+    normalizer_ok && model_ok && added_ok && pre_ok
+}
+
+fn is_type(v: &serde_json::Value, name: &str) -> bool {
+    v.get("type").and_then(|t| t.as_str()) == Some(name)
+}
+
+fn byte_level_with_regex(v: &serde_json::Value, use_regex: bool) -> bool {
+    is_type(v, "ByteLevel")
+        && v.get("use_regex").and_then(|u| u.as_bool()) == Some(use_regex)
+        && v.get("add_prefix_space").and_then(|u| u.as_bool()) == Some(false)
+}
+
+fn pre_tokenizer_ok(pre: Option<&serde_json::Value>) -> bool {
+    let Some(pre) = pre else {
+        return false;
+    };
+    if byte_level_with_regex(pre, true) {
+        return true;
+    }
+    let Some(steps) = pre
+        .get("pretokenizers")
+        .and_then(|p| p.as_array())
+        .filter(|_| is_type(pre, "Sequence"))
+    else {
+        return false;
+    };
+    let [split, byte_level] = steps.as_slice() else {
+        return false;
+    };
+    let regex = split
+        .get("pattern")
+        .and_then(|p| p.get("Regex"))
+        .and_then(|r| r.as_str())
+        .unwrap_or("");
+    is_type(split, "Split")
+        && split.get("behavior").and_then(|b| b.as_str()) == Some("Isolated")
+        && split.get("invert").and_then(|b| b.as_bool()) == Some(false)
+        && regex.contains(r"\p{L}+")
+        && !regex.contains(r"\p{L}+\s")
+        && byte_level_with_regex(byte_level, false)
+}
+
+#[inline]
+fn is_seam(bytes: &[u8], p: usize) -> bool {
+    let at = |i: usize| bytes.get(i).copied().unwrap_or(0);
+    p > 0 && at(p) == b' ' && at(p - 1).is_ascii_alphabetic() && at(p + 1).is_ascii_alphabetic()
+}
+
+/// Moves `i` down to the nearest char boundary of `text`.
+fn floor_boundary(text: &str, mut i: usize) -> usize {
+    while i > 0 && !text.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+fn ceil_boundary(text: &str, mut i: usize) -> usize {
+    while i < text.len() && !text.is_char_boundary(i) {
+        i += 1;
+    }
+    i
+}
+
+/// Re-encodes `window` bytes each side of `p` whole and in two halves.
+fn window_agrees(tokenizer: &Tokenizer, text: &str, lo: usize, p: usize, window: usize) -> bool {
+    let a = floor_boundary(text, p.saturating_sub(window).max(lo));
+    let b = ceil_boundary(text, p.saturating_add(window).min(text.len()));
+    let (Some(whole), Some(left), Some(right)) = (text.get(a..b), text.get(a..p), text.get(p..b))
+    else {
+        return false;
+    };
+    match (
+        encode_one(tokenizer, whole),
+        encode_one(tokenizer, left),
+        encode_one(tokenizer, right),
+    ) {
+        (Ok(w), Ok(l), Ok(r)) => {
+            w.len() == l.len() + r.len() && w.starts_with(&l) && w.ends_with(&r)
+        }
+        _ => false,
+    }
+}
+
+/// Up to `pieces - 1` seam positions (ascending byte offsets) cutting `text`
+/// into about `pieces` equal parts, each checked by [`window_agrees`]. Fewer
+/// when the text has no seam near a target (e.g. CJK or code without
+/// `letter space letter`). Meaningful only for a tokenizer with a
+/// [`SeamPolicy`].
+#[must_use]
+pub fn seams(tokenizer: &Tokenizer, text: &str, pieces: usize, window: usize) -> Vec<usize> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    if pieces < 2 {
+        return out;
+    }
+    let step = text.len() / pieces;
+    let mut last = 0usize;
+    for k in 1..pieces {
+        let target = (k * step).max(last + 1);
+        let end = target.saturating_add(MAX_SCAN).min(text.len());
+        let mut p = target;
+        while p < end {
+            if is_seam(bytes, p) && window_agrees(tokenizer, text, last, p, window) {
+                out.push(p);
+                last = p;
+                break;
+            }
+            p += 1;
+        }
+    }
+    out
+}
