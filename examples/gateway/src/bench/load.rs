@@ -53,7 +53,7 @@ fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     sorted.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
-/// `Ok` when `body` is a completion answer: choices[0] with text (completions)
+/// `Ok` when `body` is a completion answer: `choices[0]` with text (completions)
 /// or a message (chat), and a positive `usage.prompt_tokens`.
 fn check_answer(body: &[u8]) -> Result<(), String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
