@@ -139,6 +139,7 @@ impl Backend {
     }
 
     /// The host of `url`, for wildcard event endpoints.
+    #[cfg(feature = "zmq")]
     pub(crate) fn host(&self) -> Option<String> {
         let uri: http::Uri = self.url.parse().ok()?;
         let host = uri.host()?;

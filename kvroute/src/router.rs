@@ -454,6 +454,7 @@ impl Shared {
         }
     }
 
+    #[cfg(any(feature = "zmq", feature = "trtllm-http"))]
     fn stopped(
         stop: &watch::Sender<bool>,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
