@@ -790,8 +790,13 @@ impl SharedIndex {
 struct PrefixWalk {
     /// Endpoints holding every key visited so far.
     alive: u64,
-    /// Where each endpoint's run ended (valid once its bit left `alive`).
-    prefix: [u32; BANK_WIDTH],
+    /// Where runs ended: `ends[i]` endpoints' prefixes are `end_at[i]` blocks.
+    /// Each endpoint leaves `alive` once, so there are at most 64 entries,
+    /// usually one or two: a per-endpoint array would cost a store per
+    /// endpoint at every drop.
+    ends: [u64; BANK_WIDTH],
+    end_at: [u32; BANK_WIDTH],
+    len: usize,
     /// Prefix blocks whose fastest tier is CPU, disk, external.
     slow: [SlicedCounters; 3],
     any_slow: bool,
@@ -801,9 +806,20 @@ impl PrefixWalk {
     fn new(alive: u64) -> Self {
         Self {
             alive,
-            prefix: [0; BANK_WIDTH],
+            ends: [0; BANK_WIDTH],
+            end_at: [0; BANK_WIDTH],
+            len: 0,
             slow: [SlicedCounters::ZERO; 3],
             any_slow: false,
+        }
+    }
+
+    #[inline]
+    fn end(&mut self, mask: u64, at: usize) {
+        if let (Some(m), Some(a)) = (self.ends.get_mut(self.len), self.end_at.get_mut(self.len)) {
+            *m = mask;
+            *a = u32::try_from(at).unwrap_or(u32::MAX);
+            self.len += 1;
         }
     }
 
@@ -812,15 +828,8 @@ impl PrefixWalk {
     fn visit(&mut self, at: usize, [gpu, cpu, disk, ext]: [u64; 4]) -> bool {
         let alive = self.alive;
         let held = (gpu | cpu | disk | ext) & alive;
-        let mut lost = alive & !held;
-        if lost != 0 {
-            let at = u32::try_from(at).unwrap_or(u32::MAX);
-            while lost != 0 {
-                if let Some(p) = self.prefix.get_mut(lost.trailing_zeros() as usize) {
-                    *p = at;
-                }
-                lost &= lost - 1;
-            }
+        if held != alive {
+            self.end(alive & !held, at);
             self.alive = held;
             if held == 0 {
                 return false;
@@ -839,13 +848,18 @@ impl PrefixWalk {
     }
 
     /// Writes the result for a prompt of `len` keys into `out` (≤ 64 entries).
-    fn finish(mut self, len: usize, out: &mut [Overlap]) {
-        let whole = u32::try_from(len).unwrap_or(u32::MAX);
-        while self.alive != 0 {
-            if let Some(p) = self.prefix.get_mut(self.alive.trailing_zeros() as usize) {
-                *p = whole;
+    fn finish(&mut self, len: usize, out: &mut [Overlap]) {
+        if self.alive != 0 {
+            self.end(self.alive, len);
+        }
+        let out = out.get_mut(..out.len().min(BANK_WIDTH)).unwrap_or_default();
+        // Each slot is written once: endpoints that never matched (inactive,
+        // hidden, or missing key 0 but not recorded) get the empty overlap.
+        let covered = self.ends.iter().take(self.len).fold(0u64, |acc, m| acc | m);
+        for (bit, slot) in out.iter_mut().enumerate() {
+            if covered & (1u64 << bit) == 0 {
+                *slot = Overlap::default();
             }
-            self.alive &= self.alive - 1;
         }
         let mut lower = [[0u32; BANK_WIDTH]; 3];
         if self.any_slow {
@@ -853,17 +867,27 @@ impl PrefixWalk {
                 counter.spread(dst);
             }
         }
-        for (bit, slot) in out.iter_mut().enumerate().take(BANK_WIDTH) {
-            let p = self.prefix.get(bit).copied().unwrap_or(0);
-            let tier = |t: usize| lower.get(t).and_then(|l| l.get(bit)).copied().unwrap_or(0);
-            let (cpu, disk, ext) = (tier(0), tier(1), tier(2));
-            *slot = Overlap {
-                blocks: p,
-                prefix: p,
-                // Each prefix block sits in exactly one "fastest tier": the
-                // GPU share is what the slower tiers do not account for.
-                prefix_by_medium: [p.saturating_sub(cpu + disk + ext), cpu, disk, ext],
-            };
+        for (&mask, &p) in self.ends.iter().zip(&self.end_at).take(self.len) {
+            let mut rest = mask;
+            while rest != 0 {
+                let bit = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                let Some(slot) = out.get_mut(bit) else {
+                    continue;
+                };
+                let [cpu, disk, ext] = if self.any_slow {
+                    [0, 1, 2].map(|t| lower.get(t).and_then(|l| l.get(bit)).copied().unwrap_or(0))
+                } else {
+                    [0; 3]
+                };
+                *slot = Overlap {
+                    blocks: p,
+                    prefix: p,
+                    // Each prefix block sits in exactly one "fastest tier":
+                    // the GPU share is what the slower tiers do not account for.
+                    prefix_by_medium: [p.saturating_sub(cpu + disk + ext), cpu, disk, ext],
+                };
+            }
         }
     }
 }
