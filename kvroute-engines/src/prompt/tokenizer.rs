@@ -323,6 +323,14 @@ impl ModelTokenizer {
         Ok(ids)
     }
 
+    /// Empties the span cache (benchmarks of fresh prompts; a no-op when
+    /// caching is off).
+    pub fn clear_span_cache(&self) {
+        if let Some(cache) = &self.cache {
+            cache.clear();
+        }
+    }
+
     /// True when this tokenizer's pipeline admits seams
     /// ([`super::parallel::SeamPolicy`]), i.e. [`Self::encode_parallel`]
     /// can use more than one thread.

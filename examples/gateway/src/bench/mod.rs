@@ -13,6 +13,7 @@
 //! ```
 
 mod load;
+mod prompt;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -51,6 +52,11 @@ enum BenchCommand {
     /// direct and through the gateway; prints requests/s, errors, p50/p99 of
     /// both and what the gateway adds.
     Gateway(GatewayBenchArgs),
+    /// Fresh chat bodies of 1 K–128 K tokens → block keys, step by step
+    /// (parse, render, tokenize, hash, score), beside a plain single-threaded
+    /// tokenizer encode of the same text; `--threads` adds the parallel
+    /// tokenizer.
+    Prompt(prompt::PromptBenchArgs),
 }
 
 /// `kvroute bench gateway`.
@@ -105,7 +111,10 @@ pub struct GatewayBenchReport {
 
 /// Runs `kvroute bench ...`.
 pub fn run(args: &BenchArgs) -> ExitCode {
-    let BenchCommand::Gateway(g) = &args.command;
+    let g = match &args.command {
+        BenchCommand::Gateway(g) => g,
+        BenchCommand::Prompt(p) => return run_prompt(p),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -137,6 +146,19 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("kvroute bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_prompt(args: &prompt::PromptBenchArgs) -> ExitCode {
+    match prompt::run_prompt_bench(args) {
+        Ok(report) => {
+            print!("{}", prompt::render_prompt_report(&report));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kvroute bench prompt: {e:#}");
             ExitCode::FAILURE
         }
     }
