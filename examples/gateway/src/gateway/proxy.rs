@@ -359,10 +359,12 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
             gw.observe.decision(&rt, &decision, resp.headers_mut());
             resp
         }
-        Err(RouteError::ConnectFailed { error: e, .. }) => {
+        Err(RouteError::ConnectFailed { error: e, decision }) => {
             gw.metrics.outcome(&name, Outcome::UpstreamError);
             tracing::warn!(rule = %name, error = %e, "upstream failed");
-            error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string())
+            let mut resp = error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string());
+            gw.observe.decision(&rt, &decision, resp.headers_mut());
+            resp
         }
     }
 }

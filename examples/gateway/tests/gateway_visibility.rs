@@ -1,0 +1,108 @@
+//! Decision visibility beyond the quickstart: `[decisions] headers = false`
+//! hides the headers, `log_sample_rate = 1.0` logs every decision at INFO,
+//! an answer the gateway makes itself after a decision (503: the only engine
+//! is gone) still names the tier, and a drain is logged.
+
+mod gateway_support;
+
+use gateway_support::*;
+
+fn kv_headers(resp: &reqwest::Response) -> Vec<String> {
+    resp.headers()
+        .iter()
+        .filter(|(k, _)| k.as_str().starts_with("x-kvroute-"))
+        .map(|(k, v)| format!("{k}: {}", v.to_str().unwrap_or("?")))
+        .collect()
+}
+
+async fn post(gw: &Gateway, prompt: &str) -> reqwest::Response {
+    let body = serde_json::json!({"model": MODEL, "prompt": prompt, "max_tokens": 2});
+    client()
+        .post(gw.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_off_hides_them_and_full_sampling_logs_every_decision() {
+    let engine = Engine::start("both");
+    let toml = format!(
+        "{}{}{}",
+        config_head("[decisions]\nheaders = false\nlog_sample_rate = 1.0\n"),
+        kv_rule("vis", "converged"),
+        engine.endpoint_toml("both")
+    );
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let gw = Gateway::start_logged(&toml, "info", log.reopen().unwrap());
+    wait_subscribed(&gw).await;
+    let text = prompt("visibility", 60);
+    for _ in 0..3 {
+        let resp = post(&gw, &text).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(kv_headers(&resp), Vec::<String>::new());
+    }
+    let log_text = eventually("three decision lines", || async {
+        let t = std::fs::read_to_string(log.path()).unwrap();
+        (t.matches(" decision rule=vis ").count() == 3).then_some(t)
+    })
+    .await;
+    assert!(log_text.contains("tier=\"kv_exact\""), "{log_text}");
+    assert!(
+        log_text.contains("miss_reason=\"zero_overlap\""),
+        "{log_text}"
+    );
+
+    let drain = client()
+        .put(gw.admin_url("/admin/rules/vis/endpoints/0/admin"))
+        .body(r#"{"down": true}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(drain.status(), 200);
+    eventually("drain logged", || async {
+        let t = std::fs::read_to_string(log.path()).unwrap();
+        t.contains("endpoint drained (admin down) rule=vis")
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_after_the_decision_still_names_the_tier() {
+    let mut engine = Engine::start("both");
+    let toml = format!(
+        "{}{}{}",
+        config_head("[health]\ninterval_ms = 60000\n"),
+        kv_rule("gone", "converged"),
+        engine.endpoint_toml("both")
+    );
+    let gw = Gateway::start(&toml);
+    wait_subscribed(&gw).await;
+    let resp = post(&gw, &prompt("gone", 40)).await;
+    assert_eq!(resp.status(), 200);
+    let url = format!("http://{}", engine.http);
+    assert!(
+        kv_headers(&resp).contains(&format!("x-kvroute-endpoint: {url}")),
+        "{:?}",
+        kv_headers(&resp)
+    );
+    engine.proc.kill();
+    let resp = post(&gw, &prompt("gone", 40)).await;
+    assert!(
+        resp.status() == 502 || resp.status() == 503,
+        "{}",
+        resp.status()
+    );
+    let headers = kv_headers(&resp);
+    assert!(
+        headers.iter().any(|h| h.starts_with("x-kvroute-tier: ")),
+        "{} without a tier header: {headers:?}",
+        resp.status()
+    );
+    assert!(
+        headers.contains(&"x-kvroute-rule: gone".to_owned()),
+        "{headers:?}"
+    );
+}
