@@ -1,7 +1,8 @@
 //! Decision visibility beyond the quickstart: `[decisions] headers = false`
 //! hides the headers, `log_sample_rate = 1.0` logs every decision at INFO,
 //! an answer the gateway makes itself after a decision (503: the only engine
-//! is gone) still names the tier, and a drain is logged.
+//! is gone) still names the tier, a pass-through request names its endpoint,
+//! and a drain is logged.
 
 mod gateway_support;
 
@@ -87,6 +88,15 @@ async fn a_refusal_after_the_decision_still_names_the_tier() {
         kv_headers(&resp).contains(&format!("x-kvroute-endpoint: {url}")),
         "{:?}",
         kv_headers(&resp)
+    );
+    // No KV decision for a non-completion request: endpoint and tier still shown.
+    let models = client().get(gw.url("/v1/models")).send().await.unwrap();
+    assert_eq!(models.status(), 200);
+    let shown = kv_headers(&models);
+    assert!(
+        shown.contains(&"x-kvroute-tier: passthrough".to_owned())
+            && shown.contains(&format!("x-kvroute-endpoint: {url}")),
+        "{shown:?}"
     );
     engine.proc.kill();
     let resp = post(&gw, &prompt("gone", 40)).await;
