@@ -2,7 +2,7 @@
 //! hides the headers, `log_sample_rate = 1.0` logs every decision at INFO,
 //! an answer the gateway makes itself after a decision (503: the only engine
 //! is gone) still names the tier, a pass-through request names its endpoint,
-//! and a drain is logged.
+//! a connect failure is described once, and a drain is logged.
 
 mod gateway_support;
 
@@ -115,4 +115,9 @@ async fn a_refusal_after_the_decision_still_names_the_tier() {
         headers.contains(&"x-kvroute-rule: gone".to_owned()),
         "{headers:?}"
     );
+    // The reason says "connect failed" once, from the cause on.
+    let body: serde_json::Value = resp.json().await.unwrap();
+    let msg = body["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(msg.matches("connect failed").count(), 1, "{msg}");
+    assert!(!msg.contains("client error (Connect)"), "{msg}");
 }
