@@ -707,7 +707,9 @@ impl SharedIndex {
     /// the bank still matches from block 0: keys are chained, so nothing after
     /// that point can extend any endpoint's prefix.
     fn score_bank_prefix(&self, bank: &Bank, keys: &[BlockKey], out: &mut [Overlap]) {
-        let mut walk = PrefixWalk::new(bank.active & !bank.hidden.load(Ordering::Acquire));
+        let n = out.len().min(BANK_WIDTH);
+        let out = out.get_mut(..n).unwrap_or_default();
+        let mut walk = PrefixWalk::new(bank.active & !bank.hidden.load(Ordering::Acquire), out);
         let direct = keys.len().min(DIRECT_LOOKUPS);
         for (j, key) in keys.iter().take(direct).enumerate() {
             if walk.alive == 0 {
@@ -719,13 +721,19 @@ impl SharedIndex {
         if walk.alive != 0 && keys.len() > direct {
             self.prefix_chunks(bank, keys, direct, &mut walk);
         }
-        walk.finish(keys.len(), out);
+        walk.finish(keys.len());
     }
 
     /// The chunked part of [`Self::score_bank_prefix`], from key `start` on; its
     /// own frame so the short walks never initialise the lookup buffer.
     #[inline(never)]
-    fn prefix_chunks(&self, bank: &Bank, keys: &[BlockKey], start: usize, walk: &mut PrefixWalk) {
+    fn prefix_chunks(
+        &self,
+        bank: &Bank,
+        keys: &[BlockKey],
+        start: usize,
+        walk: &mut PrefixWalk<'_>,
+    ) {
         let mut masks = [[0u64; 4]; SCORE_CHUNK];
         let mut start = start;
         let mut step = 64usize.min(SCORE_CHUNK);
@@ -786,40 +794,79 @@ impl SharedIndex {
     }
 }
 
-/// State of one bank's prefix walk.
-struct PrefixWalk {
+/// State of one bank's prefix walk; writes each endpoint's overlap into `out`
+/// the moment its run ends (its figures are final then), so nothing
+/// per endpoint is kept or initialised beyond the output itself.
+struct PrefixWalk<'o> {
     /// Endpoints holding every key visited so far.
     alive: u64,
-    /// Where runs ended: `ends[i]` endpoints' prefixes are `end_at[i]` blocks.
-    /// Each endpoint leaves `alive` once, so there are at most 64 entries,
-    /// usually one or two: a per-endpoint array would cost a store per
-    /// endpoint at every drop.
-    ends: [u64; BANK_WIDTH],
-    end_at: [u32; BANK_WIDTH],
-    len: usize,
-    /// Prefix blocks whose fastest tier is CPU, disk, external.
-    slow: [SlicedCounters; 3],
-    any_slow: bool,
+    /// Endpoints whose slot has been written.
+    written: u64,
+    /// Prefix blocks whose fastest tier is CPU, disk, external; created on
+    /// the first such block (most inventories are GPU-only).
+    slow: Option<[SlicedCounters; 3]>,
+    out: &'o mut [Overlap],
 }
 
-impl PrefixWalk {
-    fn new(alive: u64) -> Self {
+impl<'o> PrefixWalk<'o> {
+    fn new(alive: u64, out: &'o mut [Overlap]) -> Self {
         Self {
             alive,
-            ends: [0; BANK_WIDTH],
-            end_at: [0; BANK_WIDTH],
-            len: 0,
-            slow: [SlicedCounters::ZERO; 3],
-            any_slow: false,
+            written: 0,
+            slow: None,
+            out,
         }
     }
 
-    #[inline]
+    /// Writes the overlaps of the endpoints in `mask`, whose runs are `at` long.
     fn end(&mut self, mask: u64, at: usize) {
-        if let (Some(m), Some(a)) = (self.ends.get_mut(self.len), self.end_at.get_mut(self.len)) {
-            *m = mask;
-            *a = u32::try_from(at).unwrap_or(u32::MAX);
-            self.len += 1;
+        let p = u32::try_from(at).unwrap_or(u32::MAX);
+        self.written |= mask;
+        if self.slow.is_none() {
+            // GPU-only: one value for every endpoint of the mask; a whole
+            // bank ending at once (a miss) is a plain fill.
+            let value = Overlap {
+                blocks: p,
+                prefix: p,
+                prefix_by_medium: [p, 0, 0, 0],
+            };
+            let n = self.out.len();
+            let all = if n >= BANK_WIDTH {
+                u64::MAX
+            } else {
+                (1u64 << n) - 1
+            };
+            if mask & all == all {
+                self.out.fill(value);
+                return;
+            }
+            let mut rest = mask;
+            while rest != 0 {
+                if let Some(slot) = self.out.get_mut(rest.trailing_zeros() as usize) {
+                    *slot = value;
+                }
+                rest &= rest - 1;
+            }
+            return;
+        }
+        let mut rest = mask;
+        while rest != 0 {
+            let bit = rest.trailing_zeros();
+            rest &= rest - 1;
+            let Some(slot) = self.out.get_mut(bit as usize) else {
+                continue;
+            };
+            let [cpu, disk, ext] = match &self.slow {
+                Some(slow) => slow.each_ref().map(|c| c.get(bit)),
+                None => [0; 3],
+            };
+            *slot = Overlap {
+                blocks: p,
+                prefix: p,
+                // Each prefix block sits in exactly one "fastest tier": the
+                // GPU share is what the slower tiers do not account for.
+                prefix_by_medium: [p.saturating_sub(cpu + disk + ext), cpu, disk, ext],
+            };
         }
     }
 
@@ -835,11 +882,8 @@ impl PrefixWalk {
                 return false;
             }
         }
-        // Most inventories are GPU-only: the slower tiers' counters are
-        // touched only when a prefix block sits there.
         if (cpu | disk | ext) & held != 0 {
-            self.any_slow = true;
-            let [c, d, x] = &mut self.slow;
+            let [c, d, x] = self.slow.get_or_insert([SlicedCounters::ZERO; 3]);
             c.add(cpu & held & !gpu);
             d.add(disk & held & !(gpu | cpu));
             x.add(ext & held & !(gpu | cpu | disk));
@@ -847,46 +891,16 @@ impl PrefixWalk {
         true
     }
 
-    /// Writes the result for a prompt of `len` keys into `out` (≤ 64 entries).
-    fn finish(&mut self, len: usize, out: &mut [Overlap]) {
+    /// Ends the walk of a prompt of `len` keys: the endpoints still matching
+    /// hold all of it; those never matching get the empty overlap.
+    fn finish(mut self, len: usize) {
         if self.alive != 0 {
             self.end(self.alive, len);
         }
-        let out = out.get_mut(..out.len().min(BANK_WIDTH)).unwrap_or_default();
-        // Each slot is written once: endpoints that never matched (inactive,
-        // hidden, or missing key 0 but not recorded) get the empty overlap.
-        let covered = self.ends.iter().take(self.len).fold(0u64, |acc, m| acc | m);
-        for (bit, slot) in out.iter_mut().enumerate() {
-            if covered & (1u64 << bit) == 0 {
+        let written = self.written;
+        for (bit, slot) in self.out.iter_mut().enumerate() {
+            if written & (1u64 << bit) == 0 {
                 *slot = Overlap::default();
-            }
-        }
-        let mut lower = [[0u32; BANK_WIDTH]; 3];
-        if self.any_slow {
-            for (counter, dst) in self.slow.iter().zip(&mut lower) {
-                counter.spread(dst);
-            }
-        }
-        for (&mask, &p) in self.ends.iter().zip(&self.end_at).take(self.len) {
-            let mut rest = mask;
-            while rest != 0 {
-                let bit = rest.trailing_zeros() as usize;
-                rest &= rest - 1;
-                let Some(slot) = out.get_mut(bit) else {
-                    continue;
-                };
-                let [cpu, disk, ext] = if self.any_slow {
-                    [0, 1, 2].map(|t| lower.get(t).and_then(|l| l.get(bit)).copied().unwrap_or(0))
-                } else {
-                    [0; 3]
-                };
-                *slot = Overlap {
-                    blocks: p,
-                    prefix: p,
-                    // Each prefix block sits in exactly one "fastest tier":
-                    // the GPU share is what the slower tiers do not account for.
-                    prefix_by_medium: [p.saturating_sub(cpu + disk + ext), cpu, disk, ext],
-                };
             }
         }
     }

@@ -28,7 +28,6 @@ impl SlicedCounters {
     }
 
     /// The value of counter `bit` (0..64).
-    #[cfg(test)]
     pub(crate) fn get(&self, bit: u32) -> u32 {
         let mut value = 0u32;
         for (i, plane) in self.planes.iter().enumerate() {
