@@ -293,7 +293,7 @@ fn window_agrees(tokenizer: &Tokenizer, text: &str, lo: usize, p: usize, window:
 }
 
 /// Up to `pieces - 1` seam positions (ascending byte offsets) cutting `text`
-/// into about `pieces` equal parts, each checked by [`window_agrees`]. Fewer
+/// into about `pieces` equal parts, each checked by `window_agrees`. Fewer
 /// when the text has no seam near a target (e.g. CJK or code without
 /// `letter space letter`). Meaningful only for a tokenizer with a
 /// [`SeamPolicy`].
