@@ -479,4 +479,66 @@ mod tests {
             br#"{"stream":true,"stream_options":{"include_usage":true}}"#.to_vec()
         );
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One SSE event: a delta, a usage event (cached tokens), a comment
+        /// or keep-alive line, or `[DONE]`.
+        fn event() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[a-z \"usage]{0,40}".prop_map(|t| format!(
+                    "data: {}\n\n",
+                    serde_json::json!({"choices": [{"delta": {"content": t}}]})
+                )),
+                (0u32..100_000).prop_map(|c| format!(
+                    "data: {}\r\n\r\n",
+                    serde_json::json!({"choices": [], "usage": {"prompt_tokens_details": {"cached_tokens": c}}})
+                )),
+                Just(": keep-alive\n\n".to_owned()),
+                Just("data: [DONE]\n\n".to_owned()),
+            ]
+        }
+
+        proptest! {
+            /// Any stream, cut anywhere: the scanner's receipt is the
+            /// reference model's (the last usage event of the whole body).
+            #[test]
+            fn sse_scanner_agrees_with_the_reference(
+                events in proptest::collection::vec(event(), 0..12),
+                cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..6),
+            ) {
+                let body: Vec<u8> = events.concat().into_bytes();
+                let mut at: Vec<usize> = cuts.iter().map(|i| i.index(body.len() + 1)).collect();
+                at.sort_unstable();
+                let mut s = UsageScanner::new(BodyKind::Sse);
+                let mut from = 0;
+                for cut in at.into_iter().chain([body.len()]) {
+                    s.feed(&body[from..cut]);
+                    from = cut;
+                }
+                prop_assert_eq!(s.finish(), reference(&body));
+            }
+
+            /// A JSON answer cut anywhere: the receipt is the whole
+            /// document's.
+            #[test]
+            fn json_scanner_agrees_with_a_whole_parse(
+                cached in proptest::option::of(0u32..100_000),
+                cut in any::<proptest::sample::Index>(),
+            ) {
+                let v = match cached {
+                    Some(c) => serde_json::json!({"id": "x", "usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": c}}}),
+                    None => serde_json::json!({"id": "x", "usage": {"prompt_tokens": 10}}),
+                };
+                let body = serde_json::to_vec(&v).unwrap();
+                let cut = cut.index(body.len() + 1);
+                let mut s = UsageScanner::new(BodyKind::Json);
+                s.feed(&body[..cut]);
+                s.feed(&body[cut..]);
+                prop_assert_eq!(s.finish(), cached);
+            }
+        }
+    }
 }
