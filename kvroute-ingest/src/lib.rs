@@ -3,6 +3,44 @@
 //! Engine-neutral KV events, the sequence-window state machine, per-endpoint
 //! inventories and the index that scoring reads. Sans-IO: no sockets, clocks or
 //! threads; transports live in `kvroute-engines` and the host.
+//!
+//! One [`EndpointIngest`] per endpoint judges its engine's batches (sequence
+//! window, restarts, key mode, contract attestation) and writes the
+//! endpoint's slot of a [`SharedIndex`]; selection scores prompts against
+//! the index through [`InventoryView`].
+//!
+//! ```
+//! use kvroute_core::{BlockKey, EndpointId};
+//! use kvroute_ingest::{BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig,
+//!     InventoryView, KeyMode, KvEvent, Overlap, SharedIndex};
+//!
+//! let index = SharedIndex::new(1, IndexConfig::default());
+//! let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+//! let stored = |seq, keys: &[u64]| EventBatch {
+//!     seq,
+//!     events: vec![KvEvent::Stored(BlockStored {
+//!         keys: keys.iter().map(|&k| BlockKey(k)).collect(),
+//!         block_size: 16,
+//!         ..BlockStored::default()
+//!     })],
+//!     ..EventBatch::default()
+//! };
+//! let prompt = [BlockKey(1), BlockKey(2), BlockKey(3)];
+//! let mut out = [Overlap::default()];
+//!
+//! let _ = ingest.apply_batch(&stored(0, &[1, 2]), &index);
+//! // Batches 1..=9 were lost: a gap inside the window keeps the inventory.
+//! let _ = ingest.apply_batch(&stored(10, &[3]), &index);
+//! index.score(&prompt, &mut out);
+//! assert_eq!(out[0].prefix, 3);
+//!
+//! // A gap beyond the window (64 batches by default): whatever was lost may
+//! // have removed blocks, so the inventory starts again from this batch.
+//! let _ = ingest.apply_batch(&stored(500, &[1]), &index);
+//! index.score(&prompt, &mut out);
+//! assert_eq!((out[0].prefix, out[0].blocks), (1, 1));
+//! assert_eq!(ingest.counters().clears, 1);
+//! ```
 #![deny(missing_docs)]
 
 pub mod attest;
