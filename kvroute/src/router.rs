@@ -956,11 +956,8 @@ impl Pick {
         &self.decision
     }
 
-    /// The endpoint that receives the request (the prefill endpoint in P/D).
-    ///
-    /// # Panics
-    /// Never: a `Pick` always has a target until [`Pick::retry`] returns `None`,
-    /// after which this is the empty string.
+    /// The endpoint that receives the request (the prefill endpoint in P/D):
+    /// its `http://host:port`. Empty once [`Pick::retry`] has returned `None`.
     #[must_use]
     pub fn url(&self) -> &str {
         self.decision
