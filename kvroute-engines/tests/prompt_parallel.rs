@@ -268,3 +268,42 @@ fn unproven_tokenizers_get_no_seam_policy() {
     let stripping = Tokenizer::from_bytes(serde_json::to_vec(&v2).unwrap()).unwrap();
     assert!(SeamPolicy::for_tokenizer(&stripping).is_none());
 }
+
+/// A pool with a parallel encoder attached gives every request the same ids
+/// as one without (a 40 K-character chat body, split on 3 threads).
+#[test]
+fn tokenizer_pool_with_a_parallel_encoder_gives_the_same_prompt() {
+    use kvroute_engines::prompt::{Endpoint, TokenizerPool};
+    let dir = repo().join("golden/tokenizers/qwen3");
+    let plain = TokenizerPool::new();
+    plain.register("q", &dir);
+    let par = TokenizerPool::new();
+    par.register("q", &dir);
+    par.set_parallel(Some(std::sync::Arc::new(
+        ParallelEncoder::new(ParallelConfig {
+            threads: 3,
+            min_bytes: 1024,
+            ..ParallelConfig::default()
+        })
+        .unwrap(),
+    )));
+    let doc = text_from(&(0..4000).collect::<Vec<_>>());
+    let body = serde_json::json!({
+        "model": "q",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": doc}],
+    })
+    .to_string();
+    let a = plain
+        .prompt_tokens(Endpoint::Chat, body.as_bytes())
+        .unwrap();
+    let b = par.prompt_tokens(Endpoint::Chat, body.as_bytes()).unwrap();
+    assert!(a.engine_prompts[0].token_ids.len() > 5_000);
+    assert_eq!(a, b);
+    let cuts = seams(
+        par.get("q").unwrap().tokenizer(),
+        a.engine_prompts[0].rendered.as_deref().unwrap(),
+        6,
+        64,
+    );
+    assert!(cuts.len() >= 3, "{cuts:?}");
+}

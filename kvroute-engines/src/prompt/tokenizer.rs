@@ -74,6 +74,8 @@ pub struct ModelTokenizer {
     segments: Option<SegmentPolicy>,
     cache: Option<SpanCache>,
     seams: Option<SeamPolicy>,
+    /// When set, [`ModelTokenizer::encode`] tokenizes long texts on it.
+    parallel: Option<Arc<ParallelEncoder>>,
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -219,6 +221,7 @@ impl ModelTokenizer {
         let seams = SeamPolicy::for_tokenizer(&tokenizer);
         Ok(Self {
             seams,
+            parallel: None,
             tokenizer,
             template,
             max_model_len,
@@ -275,8 +278,22 @@ impl ModelTokenizer {
     }
 
     /// Token ids of `text`, using the span cache when it is provably exact
-    /// (see [`super::span_cache`]).
+    /// (see [`super::span_cache`]), and the parallel encoder attached with
+    /// [`Self::set_parallel`] if any (the same ids).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptMiss> {
+        match &self.parallel {
+            Some(encoder) => self.encode_parallel(text, add_special_tokens, encoder),
+            None => self.encode_cached(text, add_special_tokens),
+        }
+    }
+
+    /// Attaches (or with `None` detaches) a parallel encoder used by
+    /// [`Self::encode`] for long texts.
+    pub fn set_parallel(&mut self, encoder: Option<Arc<ParallelEncoder>>) {
+        self.parallel = encoder;
+    }
+
+    fn encode_cached(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptMiss> {
         let (Some(policy), Some(cache)) = (&self.segments, &self.cache) else {
             return self.encode_uncached(text, add_special_tokens);
         };
@@ -309,7 +326,7 @@ impl ModelTokenizer {
             return self.encode_uncached(text, add_special_tokens);
         }
         let Some(seams) = &self.seams else {
-            return self.encode(text, add_special_tokens);
+            return self.encode_cached(text, add_special_tokens);
         };
         let (Some(policy), Some(cache)) = (&self.segments, &self.cache) else {
             return encoder.encode(&self.tokenizer, Some(seams), text);
@@ -356,6 +373,7 @@ pub struct TokenizerPool {
     staged: RwLock<HashMap<String, (PathBuf, ModelOptions)>>,
     loaded: RwLock<HashMap<String, Result<Arc<ModelTokenizer>, String>>>,
     load_lock: Mutex<()>,
+    parallel: RwLock<Option<Arc<ParallelEncoder>>>,
 }
 
 impl std::fmt::Debug for TokenizerPool {
@@ -391,6 +409,14 @@ impl TokenizerPool {
         self.staged.write().insert(model, (dir.into(), options));
     }
 
+    /// Tokenizes long prompts of every model on `encoder` (`None`: one
+    /// thread each). Loaded copies are dropped so the next use loads with
+    /// it.
+    pub fn set_parallel(&self, encoder: Option<Arc<ParallelEncoder>>) {
+        *self.parallel.write() = encoder;
+        self.loaded.write().clear();
+    }
+
     /// Forgets a model.
     pub fn unregister(&self, model: &str) {
         self.staged.write().remove(model);
@@ -422,7 +448,8 @@ impl TokenizerPool {
             return Err(PromptMiss::UnknownModel(model.to_owned()));
         };
         let loaded = match ModelTokenizer::load(&dir, &options) {
-            Ok(t) => {
+            Ok(mut t) => {
+                t.set_parallel(self.parallel.read().clone());
                 tracing::info!(model, dir = %dir.display(), "tokenizer loaded");
                 Ok(Arc::new(t))
             }
