@@ -37,7 +37,7 @@ pub struct DemoArgs {
     /// Chat requests per policy.
     #[arg(long, default_value_t = 200)]
     pub requests: usize,
-    /// Requests in flight at once.
+    /// Requests per wave: sent one after another, in flight together.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
     /// Model directory (tokenizer); defaults to the repo's golden/tokenizers/qwen3.
@@ -124,10 +124,20 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
         }
         let url = format!("http://{}/v1/chat/completions", gw.proxy);
         let total = requests.len();
-        let outcomes = workload::drive(&client, &url, MODEL, &requests, args.concurrency, |n| {
-            eprint!("\r[{policy}] {n}/{total}   ");
-            let _ = std::io::stderr().flush();
-        })
+        let kv = policy.starts_with("kv-exact");
+        let settle = || settled(&client, &admin, &engines, kv);
+        let outcomes = workload::drive(
+            &client,
+            &url,
+            MODEL,
+            &requests,
+            args.concurrency,
+            settle,
+            |n| {
+                eprint!("\r[{policy}] {n}/{total}   ");
+                let _ = std::io::stderr().flush();
+            },
+        )
         .await?;
         eprintln!();
         let after = engine_requests(&client, &engines).await?;
@@ -167,7 +177,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
     }
     let header = format!(
         "kvroute demo: {} multi-turn chat requests over {TENANTS} tenants' system prompts (seed {}), \
-         {} in flight, through the gateway to {} mock engines (real Qwen3 tokenizer, vLLM sha256_cbor \
+         in waves of {} (decided one after another, events applied between waves), through the gateway to {} mock engines (real Qwen3 tokenizer, vLLM sha256_cbor \
          block keys, {} KV blocks of 16 tokens each, prefill {} µs per uncached token)\n\n",
         args.requests,
         args.seed,
@@ -192,8 +202,11 @@ async fn start_engines(
         &prefill,
         "--prefill-step-us",
         "500",
+        // Long enough that a wave's requests are all still decoding while the
+        // next ones of the wave are decided: the load each decision sees does
+        // not depend on how fast this machine is.
         "--decode-us-per-token",
-        "1000",
+        "10000",
     ];
     mock_engine::start_local_fleet(args.engines, model_dir, MODEL, &flags).await
 }
@@ -242,6 +255,42 @@ async fn engine_requests(
         out.push(v["requests"].as_u64().unwrap_or(0));
     }
     Ok(out)
+}
+
+/// Between two waves: waits until every engine's KV events are applied (the
+/// gateway's inventory of each endpoint holds exactly the blocks the engine
+/// caches), so the next wave's decisions see the same inventory in every run.
+/// Rules without KV events have nothing to wait for.
+async fn settled(
+    client: &reqwest::Client,
+    admin: &str,
+    engines: &[mock_engine::Running],
+    kv: bool,
+) -> anyhow::Result<()> {
+    if !kv {
+        return Ok(());
+    }
+    for _ in 0..400 {
+        let mut cached = Vec::with_capacity(engines.len());
+        for e in engines {
+            let v = get_json(client, &format!("http://{}/admin/cache", e.http)).await?;
+            cached.push(v["cached_blocks"].as_u64().unwrap_or(0));
+        }
+        let v = get_json(client, &format!("{admin}/admin/endpoints")).await?;
+        let mirrored: Vec<u64> = v["endpoints"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|e| e["inventory_blocks"].as_u64().unwrap_or(0))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if mirrored == cached {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    anyhow::bail!("the gateway's inventories did not catch up with the engines' caches within 2 s")
 }
 
 /// Waits until the gateway's KV-event subscribers are all connected.

@@ -113,28 +113,90 @@ streamed byte, through the gateway. requests per endpoint: what each engine answ
 by tier: which ladder step chose the endpoint. predicted / delivered: cached tokens the gateway \
 predicted from the engines' KV events vs what the engines reported.\n";
 
-/// The closing line: which row won on cache and latency.
+/// The closing line: which row won on cache and latency. Figures are compared
+/// as the table prints them (0.1 % and 0.1 ms), so rows the table shows equal
+/// are named as a tie rather than ranked by noise below the printed digit.
 fn verdict(reports: &[PolicyReport]) -> String {
-    let best = |f: &dyn Fn(&PolicyReport) -> f64, max: bool| {
+    let leaders = |f: &dyn Fn(&PolicyReport) -> f64, max: bool| -> Vec<&'static str> {
+        let key = |r: &PolicyReport| {
+            let v = (f(r) * 10.0).round();
+            if max {
+                -v
+            } else {
+                v
+            }
+        };
+        let best = reports.iter().map(key).fold(f64::INFINITY, f64::min);
         reports
             .iter()
-            .max_by(|a, b| {
-                let (x, y) = (f(a), f(b));
-                let o = x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal);
-                if max {
-                    o
-                } else {
-                    o.reverse()
-                }
-            })
-            .map_or("-", |r| r.policy)
+            .filter(|r| key(r) == best)
+            .map(|r| r.policy)
+            .collect()
     };
-    let cached = best(&|r| r.cached_percent(), true);
-    let p50 = best(&|r| r.ttft(0.5).as_secs_f64(), false);
-    let p99 = best(&|r| r.ttft(0.99).as_secs_f64(), false);
-    if cached == p50 && p50 == p99 {
-        format!("\nresult: {cached} caches the most and has the lowest TTFT p50 and p99.\n")
+    let cached = leaders(&|r| r.cached_percent(), true);
+    let p50 = leaders(&|r| r.ttft(0.5).as_secs_f64() * 1e3, false);
+    let p99 = leaders(&|r| r.ttft(0.99).as_secs_f64() * 1e3, false);
+    let name = |v: &[&str]| match v {
+        [one] => (*one).to_owned(),
+        many => format!("{} (tie)", many.join(" and ")),
+    };
+    if cached.len() == 1 && p50 == cached && p99 == cached {
+        format!(
+            "\nresult: {} caches the most and has the lowest TTFT p50 and p99.\n",
+            cached[0]
+        )
     } else {
-        format!("\nresult: most cached {cached}; lowest TTFT p50 {p50}; lowest TTFT p99 {p99}.\n")
+        format!(
+            "\nresult: most cached {}; lowest TTFT p50 {}; lowest TTFT p99 {}.\n",
+            name(&cached),
+            name(&p50),
+            name(&p99)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(policy: &'static str, cached: u64, ttft_us: u64) -> PolicyReport {
+        PolicyReport {
+            policy,
+            scorer: "",
+            outcomes: vec![
+                Outcome {
+                    ttft: Duration::from_micros(ttft_us),
+                    prompt_tokens: 100,
+                    cached_tokens: cached,
+                };
+                3
+            ],
+            per_endpoint: vec![],
+            tiers: vec![],
+            predicted: 0,
+            delivered: 0,
+        }
+    }
+
+    #[test]
+    fn verdict_names_a_single_winner() {
+        let r = [report("rr", 50, 9_000), report("kv-exact", 90, 4_000)];
+        assert_eq!(
+            verdict(&r),
+            "\nresult: kv-exact caches the most and has the lowest TTFT p50 and p99.\n"
+        );
+    }
+
+    #[test]
+    fn verdict_calls_figures_the_table_prints_equal_a_tie() {
+        // 4.21 and 4.24 ms both print as "4.2 ms".
+        let r = [report("chwbl", 80, 4_240), report("kv-exact", 90, 4_210)];
+        assert_eq!(
+            verdict(&r),
+            "\nresult: most cached kv-exact; lowest TTFT p50 chwbl and kv-exact (tie); \
+             lowest TTFT p99 chwbl and kv-exact (tie).\n"
+        );
+        let r = [report("chwbl", 80, 4_140), report("kv-exact", 90, 4_210)];
+        assert!(verdict(&r).contains("p50 chwbl;"), "{}", verdict(&r));
     }
 }

@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt as _;
 use serde_json::{json, Value};
 
 /// Words the generated system prompts are made of.
@@ -128,13 +127,14 @@ pub struct Outcome {
     pub cached_tokens: u64,
 }
 
-/// Sends one streamed chat request and reads it to the end.
-pub async fn send(
+/// Sends one streamed chat request; returns once the response headers are in
+/// (the gateway has made its decision and charged the endpoint's load).
+pub async fn start(
     client: &reqwest::Client,
     url: &str,
     model: &str,
     req: &ChatRequest,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<(reqwest::Response, Instant)> {
     let body = json!({
         "model": model,
         "messages": [
@@ -146,12 +146,17 @@ pub async fn send(
         "stream_options": {"include_usage": true},
     });
     let start = Instant::now();
-    let mut resp = client.post(url).json(&body).send().await?;
+    let resp = client.post(url).json(&body).send().await?;
     if !resp.status().is_success() {
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();
         anyhow::bail!("gateway answered {status}: {text}");
     }
+    Ok((resp, start))
+}
+
+/// Reads a started response to the end: TTFT and the usage receipt.
+pub async fn finish(mut resp: reqwest::Response, start: Instant) -> anyhow::Result<Outcome> {
     let mut ttft = None;
     let mut text = Vec::new();
     while let Some(chunk) = resp.chunk().await? {
@@ -180,22 +185,37 @@ pub async fn send(
     Ok(out)
 }
 
-/// Drives all requests with `concurrency` in flight, reporting progress.
-pub async fn drive(
+/// Drives the requests in waves of `concurrency`: within a wave each request
+/// is sent once the previous one's headers are back (so every decision sees
+/// the load of the ones before it, in a fixed order), the bodies are read
+/// concurrently, and before the next wave `settle` waits until the gateway's
+/// view of the engines has caught up. Placement then depends on the seed, not
+/// on which of eight racing requests the gateway happened to read first.
+pub async fn drive<S, F>(
     client: &reqwest::Client,
     url: &str,
     model: &str,
     requests: &[ChatRequest],
     concurrency: usize,
+    mut settle: S,
     mut progress: impl FnMut(usize),
-) -> anyhow::Result<Vec<Outcome>> {
-    let mut results = futures_util::stream::iter(requests)
-        .map(|r| send(client, url, model, r))
-        .buffer_unordered(concurrency.max(1));
+) -> anyhow::Result<Vec<Outcome>>
+where
+    S: FnMut() -> F,
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
     let mut out = Vec::with_capacity(requests.len());
-    while let Some(r) = results.next().await {
-        out.push(r?);
-        progress(out.len());
+    for wave in requests.chunks(concurrency.max(1)) {
+        let mut bodies = Vec::with_capacity(wave.len());
+        for r in wave {
+            let (resp, t0) = start(client, url, model, r).await?;
+            bodies.push(tokio::spawn(finish(resp, t0)));
+        }
+        for b in bodies {
+            out.push(b.await??);
+            progress(out.len());
+        }
+        settle().await?;
     }
     Ok(out)
 }
