@@ -77,6 +77,7 @@ mod memory_view;
 mod names;
 mod pool;
 mod proxy;
+pub mod replica_sync;
 mod rule;
 mod scorer;
 mod selector;
@@ -97,6 +98,9 @@ pub use memory_view::KeySetInventory;
 pub use names::{ScorerKind, UnknownName};
 pub use pool::LoadBound;
 pub use proxy::{route, ConnectFailure, Proxy, RouteError, Routed};
+pub use replica_sync::{
+    Applied, LoadDelta, OutboxCounters, RemoteConfig, RemoteCounters, RemoteLoad, WithRemote,
+};
 pub use rule::{Choice, PredictedConfig, Rule, RuleConfig, RuleError, Thresholds, Topology};
 pub use scorer::{CostConfig, LoadAwareConfig, Scorer};
 pub use selector::SelectorKind;

@@ -31,7 +31,7 @@
 //! assert_eq!(tracker.load(EndpointId(1)).in_flight, 0);
 //! ```
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kvroute_core::EndpointId;
@@ -40,18 +40,28 @@ use crate::decision::Target;
 use crate::load::{EndpointLoad, Load};
 
 #[derive(Debug, Default)]
-struct Slot {
-    in_flight: AtomicU32,
-    prefill_tokens: AtomicU64,
+pub(crate) struct Slot {
+    pub(crate) in_flight: AtomicU32,
+    pub(crate) prefill_tokens: AtomicU64,
     started: AtomicU64,
+    /// Replica sync: the slot changed since the outbox was last drained.
+    pub(crate) dirty: AtomicBool,
+    /// Replica sync: the totals the last drained delta announced.
+    pub(crate) sent_in_flight: AtomicU32,
+    pub(crate) sent_tokens: AtomicU64,
 }
 
 /// Per-endpoint requests in flight and predicted outstanding prefill tokens,
 /// indexed by the rule's [`EndpointId`]s. Share it as `Arc<LoadTracker>`; every
 /// request holds one [`LoadGuard`].
+///
+/// Built with [`LoadTracker::with_sync`] it also keeps an outbox of
+/// [`crate::LoadDelta`]s for the other gateway replicas (see
+/// [`crate::replica_sync`]).
 #[derive(Debug)]
 pub struct LoadTracker {
-    slots: Box<[Slot]>,
+    pub(crate) slots: Box<[Slot]>,
+    pub(crate) sync: Option<crate::replica_sync::Outbox>,
 }
 
 impl LoadTracker {
@@ -60,6 +70,7 @@ impl LoadTracker {
     pub fn new(endpoints: usize) -> Self {
         Self {
             slots: (0..endpoints).map(|_| Slot::default()).collect(),
+            sync: None,
         }
     }
 
@@ -107,6 +118,16 @@ impl LoadTracker {
             if tokens > 0 {
                 s.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
             }
+            self.touched(s);
+        }
+    }
+
+    /// Replica sync: marks the slot for the next outbox drain.
+    fn touched(&self, s: &Slot) {
+        if let Some(outbox) = &self.sync {
+            if s.dirty.swap(true, Ordering::AcqRel) {
+                outbox.coalesced.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -129,6 +150,7 @@ impl LoadTracker {
                         Some(v.saturating_sub(tokens))
                     });
             }
+            self.touched(s);
         }
     }
 }

@@ -1,0 +1,634 @@
+//! Decision sharing between gateway replicas (sans-IO).
+//!
+//! Behind a front end that spreads requests over several gateway replicas,
+//! each replica's [`LoadTracker`] sees only the requests *it* routed. Engine
+//! reports ([`crate::ReportedLoad`]) add everyone's requests, but only once per
+//! poll and only as request counts — not the prefill work each decision
+//! predicted. So replicas tell each other what they charged:
+//!
+//! * a tracker built with [`LoadTracker::with_sync`] keeps an **outbox**: every
+//!   charge, first byte / prefill-leg answer, release and retarget marks its
+//!   endpoint; [`LoadTracker::drain_deltas`] turns each marked endpoint into
+//!   one [`LoadDelta`] — the change since the last drain *and* the origin's
+//!   resulting totals there, with a per-origin sequence number;
+//! * every peer applies the deltas into a [`RemoteLoad`] table (per origin, per
+//!   endpoint), which [`RemoteLoad::view`] adds to the local load.
+//!
+//! Why the delta carries totals: applying a message *sets* the origin's entry
+//! for that endpoint when its sequence number is newer than the one applied,
+//! so duplicates and reordering are harmless, and a lost message is repaired
+//! by the next one for the same endpoint (or the next
+//! [`LoadTracker::resync`], which the host also uses as a heartbeat). The
+//! outbox coalesces changes per endpoint, so it is bounded by the number of
+//! endpoints and never drops a change: changes merged into a pending delta are
+//! counted ([`OutboxCounters::coalesced`]).
+//!
+//! An origin silent for longer than [`RemoteConfig::ttl`] (given `now`) stops
+//! counting and is forgotten by [`RemoteLoad::expire`], so a crashed replica's
+//! load does not stick. An origin id names one process lifetime: a restarted
+//! replica takes a fresh id (its sequence numbers start again), the old one
+//! expires.
+//!
+//! ## Composing with engine reports without double counting
+//!
+//! An engine report counts every replica's requests at the time of the poll.
+//! Hand [`crate::ReportedLoad`] the *local + remote* view both when recording
+//! a report ([`crate::ReportedLoad::update`]'s `local_at_report`) and when
+//! reading ([`crate::ReportedLoad::view`]): the combined load is then
+//! `engine + (local + remote)_now − (local + remote)_at_report`, never below
+//! `(local + remote)_now`. Requests the engine already counted are counted
+//! once; requests decided by any replica since the poll are added once.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use kvroute_core::EndpointId;
+//! use kvroute_select::{Load, LoadTracker, RemoteConfig, RemoteLoad, Target};
+//!
+//! // Replica 1 routes a request; replica 2 hears about it.
+//! let one = Arc::new(LoadTracker::with_sync(2, 1));
+//! let two = Arc::new(LoadTracker::with_sync(2, 2));
+//! let remote_at_two = RemoteLoad::new(RemoteConfig { endpoints: 2, ..RemoteConfig::default() }, 2);
+//! let guard = one.charge(Target { endpoint: EndpointId(0), decode: None }, 500);
+//! let mut out = Vec::new();
+//! one.drain_deltas(&mut out);
+//! let now = Duration::from_secs(1);
+//! for d in &out {
+//!     remote_at_two.apply(d, now);
+//! }
+//! let view = remote_at_two.view(&*two, now);
+//! assert_eq!(view.load(EndpointId(0)).in_flight, 1);
+//! assert_eq!(view.load(EndpointId(0)).queued_prefill_tokens, 500);
+//! // The request ends on replica 1: replica 2's view follows.
+//! drop(guard);
+//! out.clear();
+//! one.drain_deltas(&mut out);
+//! for d in &out {
+//!     remote_at_two.apply(d, now);
+//! }
+//! assert_eq!(remote_at_two.view(&*two, now).load(EndpointId(0)).in_flight, 0);
+//! ```
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use kvroute_core::EndpointId;
+
+use crate::load::{EndpointLoad, Load};
+use crate::tracker::LoadTracker;
+
+/// One replica's change of load on one endpoint, for the other replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LoadDelta {
+    /// The replica (one process lifetime) that made the decisions.
+    pub origin: u64,
+    /// Per-origin sequence number, increasing over all of its deltas.
+    pub seq: u64,
+    /// The endpoint, as the rule's [`EndpointId`] (replicas share the
+    /// configuration, so ids agree). Serialized as its number.
+    #[serde(with = "endpoint_number")]
+    pub endpoint: EndpointId,
+    /// Requests in flight added (+) or finished (−) since the origin's
+    /// previous delta for this endpoint.
+    pub requests: i64,
+    /// Predicted queued prefill tokens added (+) or done (−) since then.
+    pub prefill_tokens: i64,
+    /// The origin's requests in flight on the endpoint after the change.
+    pub in_flight: u32,
+    /// The origin's predicted queued prefill tokens there after the change.
+    pub queued_prefill_tokens: u64,
+}
+
+mod endpoint_number {
+    use kvroute_core::EndpointId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[allow(clippy::trivially_copy_pass_by_ref)]
+    pub(super) fn serialize<S: Serializer>(e: &EndpointId, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(e.0)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<EndpointId, D::Error> {
+        u32::deserialize(d).map(EndpointId)
+    }
+}
+
+/// The outbox state of a [`LoadTracker`] built with [`LoadTracker::with_sync`].
+#[derive(Debug)]
+pub(crate) struct Outbox {
+    origin: u64,
+    next_seq: AtomicU64,
+    resync: AtomicBool,
+    pub(crate) coalesced: AtomicU64,
+    emitted: AtomicU64,
+}
+
+/// Counters of a tracker's outbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutboxCounters {
+    /// Deltas drained.
+    pub emitted: u64,
+    /// Changes merged into a delta still pending (nothing is dropped: the
+    /// pending delta carries the totals).
+    pub coalesced: u64,
+}
+
+impl LoadTracker {
+    /// A tracker for `endpoints` endpoints whose changes are also kept for
+    /// the other replicas, announced as coming from `origin` (pick a fresh id
+    /// per process start, e.g. random).
+    #[must_use]
+    pub fn with_sync(endpoints: usize, origin: u64) -> Self {
+        let mut t = Self::new(endpoints);
+        t.sync = Some(Outbox {
+            origin,
+            next_seq: AtomicU64::new(1),
+            resync: AtomicBool::new(false),
+            coalesced: AtomicU64::new(0),
+            emitted: AtomicU64::new(0),
+        });
+        t
+    }
+
+    /// The origin id this tracker announces, if it syncs.
+    #[must_use]
+    pub fn origin(&self) -> Option<u64> {
+        self.sync.as_ref().map(|o| o.origin)
+    }
+
+    /// Appends one [`LoadDelta`] per endpoint whose load changed since the
+    /// last drain (every endpoint after [`LoadTracker::resync`]) to `out`;
+    /// returns how many. Nothing without [`LoadTracker::with_sync`].
+    ///
+    /// Drain from one task at a time (the host's sync loop): concurrent
+    /// drains may announce the same change twice, which peers ignore by
+    /// sequence, but their `requests`/`prefill_tokens` changes may overlap.
+    pub fn drain_deltas(&self, out: &mut Vec<LoadDelta>) -> usize {
+        let Some(outbox) = &self.sync else {
+            return 0;
+        };
+        let all = outbox.resync.swap(false, Ordering::AcqRel);
+        let mut n = 0;
+        for (i, s) in self.slots.iter().enumerate() {
+            let dirty = s.dirty.swap(false, Ordering::AcqRel);
+            let in_flight = s.in_flight.load(Ordering::Acquire);
+            let tokens = s.prefill_tokens.load(Ordering::Acquire);
+            let sent_in_flight = s.sent_in_flight.load(Ordering::Relaxed);
+            let sent_tokens = s.sent_tokens.load(Ordering::Relaxed);
+            let changed = in_flight != sent_in_flight || tokens != sent_tokens;
+            if !(all || (dirty && changed)) {
+                continue;
+            }
+            s.sent_in_flight.store(in_flight, Ordering::Relaxed);
+            s.sent_tokens.store(tokens, Ordering::Relaxed);
+            out.push(LoadDelta {
+                origin: outbox.origin,
+                seq: outbox.next_seq.fetch_add(1, Ordering::Relaxed),
+                endpoint: EndpointId(u32::try_from(i).unwrap_or(u32::MAX)),
+                requests: i64::from(in_flight) - i64::from(sent_in_flight),
+                prefill_tokens: i64::try_from(tokens)
+                    .unwrap_or(i64::MAX)
+                    .saturating_sub(i64::try_from(sent_tokens).unwrap_or(i64::MAX)),
+                in_flight,
+                queued_prefill_tokens: tokens,
+            });
+            n += 1;
+        }
+        outbox.emitted.fetch_add(n as u64, Ordering::Relaxed);
+        n
+    }
+
+    /// Makes the next [`LoadTracker::drain_deltas`] announce every endpoint:
+    /// the heartbeat that keeps this origin alive at its peers (call it more
+    /// often than their [`RemoteConfig::ttl`]) and repairs any lost message.
+    pub fn resync(&self) {
+        if let Some(o) = &self.sync {
+            o.resync.store(true, Ordering::Release);
+        }
+    }
+
+    /// The outbox's counters (zero without sync).
+    #[must_use]
+    pub fn outbox_counters(&self) -> OutboxCounters {
+        self.sync
+            .as_ref()
+            .map_or_else(OutboxCounters::default, |o| OutboxCounters {
+                emitted: o.emitted.load(Ordering::Relaxed),
+                coalesced: o.coalesced.load(Ordering::Relaxed),
+            })
+    }
+}
+
+/// Bounds of a [`RemoteLoad`] table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteConfig {
+    /// Endpoints of the rule (deltas for other ids are refused).
+    pub endpoints: usize,
+    /// Origins (other replicas) kept at most; a new origin beyond this is
+    /// refused (counted) until a silent one expires.
+    pub max_origins: usize,
+    /// An origin silent for longer than this stops counting.
+    pub ttl: Duration,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: 0,
+            max_origins: 64,
+            ttl: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What [`RemoteLoad::apply`] did with a delta.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The origin's entry for the endpoint now holds the delta's totals.
+    Applied,
+    /// A duplicate or an older delta than one already applied: ignored.
+    Stale,
+    /// The delta came from this replica itself: ignored.
+    Own,
+    /// The endpoint is not in the table: ignored.
+    UnknownEndpoint,
+    /// A new origin while [`RemoteConfig::max_origins`] live origins are kept.
+    OriginsFull,
+}
+
+/// Counters of a [`RemoteLoad`] table; every refused delta is counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteCounters {
+    /// Deltas applied.
+    pub applied: u64,
+    /// Duplicates and reordered older deltas ignored.
+    pub stale: u64,
+    /// Own deltas ignored.
+    pub own: u64,
+    /// Deltas for unknown endpoints.
+    pub unknown_endpoint: u64,
+    /// Deltas refused because the origin table was full.
+    pub origins_full: u64,
+    /// Origins forgotten after [`RemoteConfig::ttl`] of silence.
+    pub expired: u64,
+    /// Origins currently kept.
+    pub origins: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Entry {
+    /// 0: nothing applied yet (sequence numbers start at 1).
+    seq: u64,
+    load: EndpointLoad,
+}
+
+#[derive(Debug)]
+struct Origin {
+    id: u64,
+    last_heard: Duration,
+    entries: Box<[Entry]>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    origins: Vec<Origin>,
+    counters: RemoteCounters,
+}
+
+/// The other replicas' load, per origin and endpoint, as their
+/// [`LoadDelta`]s announced it. `&self` from many tasks (one lock, held for
+/// a table lookup); sans-IO: `now` is an argument.
+#[derive(Debug)]
+pub struct RemoteLoad {
+    cfg: RemoteConfig,
+    own: u64,
+    inner: parking_lot::RwLock<Inner>,
+}
+
+impl RemoteLoad {
+    /// An empty table; deltas from `own` (this replica's origin id) are ignored.
+    #[must_use]
+    pub fn new(cfg: RemoteConfig, own: u64) -> Self {
+        Self {
+            cfg,
+            own,
+            inner: parking_lot::RwLock::new(Inner::default()),
+        }
+    }
+
+    /// The table's bounds.
+    #[must_use]
+    pub fn config(&self) -> RemoteConfig {
+        self.cfg
+    }
+
+    fn live(&self, o: &Origin, now: Duration) -> bool {
+        now.saturating_sub(o.last_heard) <= self.cfg.ttl
+    }
+
+    /// Applies one delta received at `now`.
+    pub fn apply(&self, d: &LoadDelta, now: Duration) -> Applied {
+        let mut inner = self.inner.write();
+        let result = self.apply_locked(&mut inner, d, now);
+        let c = &mut inner.counters;
+        match result {
+            Applied::Applied => c.applied += 1,
+            Applied::Stale => c.stale += 1,
+            Applied::Own => c.own += 1,
+            Applied::UnknownEndpoint => c.unknown_endpoint += 1,
+            Applied::OriginsFull => c.origins_full += 1,
+        }
+        result
+    }
+
+    fn apply_locked(&self, inner: &mut Inner, d: &LoadDelta, now: Duration) -> Applied {
+        if d.origin == self.own {
+            return Applied::Own;
+        }
+        let e = d.endpoint.index();
+        if e >= self.cfg.endpoints {
+            return Applied::UnknownEndpoint;
+        }
+        let pos = match inner.origins.iter().position(|o| o.id == d.origin) {
+            Some(p) => p,
+            None => {
+                if inner.origins.len() >= self.cfg.max_origins {
+                    self.expire_locked(inner, now);
+                }
+                if inner.origins.len() >= self.cfg.max_origins {
+                    return Applied::OriginsFull;
+                }
+                inner.origins.push(Origin {
+                    id: d.origin,
+                    last_heard: now,
+                    entries: vec![Entry::default(); self.cfg.endpoints].into_boxed_slice(),
+                });
+                inner.origins.len() - 1
+            }
+        };
+        let Some(o) = inner.origins.get_mut(pos) else {
+            return Applied::UnknownEndpoint;
+        };
+        let Some(entry) = o.entries.get_mut(e) else {
+            return Applied::UnknownEndpoint;
+        };
+        if d.seq <= entry.seq {
+            return Applied::Stale;
+        }
+        *entry = Entry {
+            seq: d.seq,
+            load: EndpointLoad {
+                in_flight: d.in_flight,
+                queued_prefill_tokens: d.queued_prefill_tokens,
+            },
+        };
+        // Only news keeps an origin alive: a late duplicate of an old
+        // message must not revive a crashed replica.
+        o.last_heard = o.last_heard.max(now);
+        Applied::Applied
+    }
+
+    fn expire_locked(&self, inner: &mut Inner, now: Duration) -> usize {
+        let before = inner.origins.len();
+        inner.origins.retain(|o| self.live(o, now));
+        let gone = before - inner.origins.len();
+        inner.counters.expired += gone as u64;
+        gone
+    }
+
+    /// Forgets origins silent for longer than the TTL at `now`; returns how
+    /// many. (They stop counting at once anyway; this frees their memory.)
+    pub fn expire(&self, now: Duration) -> usize {
+        let mut inner = self.inner.write();
+        self.expire_locked(&mut inner, now)
+    }
+
+    /// The other replicas' summed load on `endpoint` at `now`.
+    #[must_use]
+    pub fn remote(&self, endpoint: EndpointId, now: Duration) -> EndpointLoad {
+        let inner = self.inner.read();
+        let mut sum = EndpointLoad::default();
+        for o in inner.origins.iter().filter(|o| self.live(o, now)) {
+            if let Some(en) = o.entries.get(endpoint.index()) {
+                sum.in_flight = sum.in_flight.saturating_add(en.load.in_flight);
+                sum.queued_prefill_tokens = sum
+                    .queued_prefill_tokens
+                    .saturating_add(en.load.queued_prefill_tokens);
+            }
+        }
+        sum
+    }
+
+    /// The table's counters.
+    #[must_use]
+    pub fn counters(&self) -> RemoteCounters {
+        let inner = self.inner.read();
+        RemoteCounters {
+            origins: inner.origins.len() as u64,
+            ..inner.counters
+        }
+    }
+
+    /// `local` plus the other replicas' load, as of `now`.
+    #[must_use]
+    pub fn view<'a, L: Load + ?Sized>(&'a self, local: &'a L, now: Duration) -> WithRemote<'a, L> {
+        WithRemote {
+            remote: self,
+            local,
+            now,
+        }
+    }
+}
+
+/// A [`Load`] that is a host's own load plus its peers'; see [`RemoteLoad`].
+#[derive(Debug)]
+pub struct WithRemote<'a, L: ?Sized> {
+    remote: &'a RemoteLoad,
+    local: &'a L,
+    now: Duration,
+}
+
+impl<L: Load + ?Sized> Load for WithRemote<'_, L> {
+    fn load(&self, endpoint: EndpointId) -> EndpointLoad {
+        let l = self.local.load(endpoint);
+        let r = self.remote.remote(endpoint, self.now);
+        EndpointLoad {
+            in_flight: l.in_flight.saturating_add(r.in_flight),
+            queued_prefill_tokens: l
+                .queued_prefill_tokens
+                .saturating_add(r.queued_prefill_tokens),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::decision::Target;
+
+    fn target(e: u32, d: Option<u32>) -> Target {
+        Target {
+            endpoint: EndpointId(e),
+            decode: d.map(EndpointId),
+        }
+    }
+
+    fn table(endpoints: usize, max_origins: usize) -> RemoteLoad {
+        RemoteLoad::new(
+            RemoteConfig {
+                endpoints,
+                max_origins,
+                ttl: Duration::from_secs(2),
+            },
+            99,
+        )
+    }
+
+    fn drain(t: &LoadTracker) -> Vec<LoadDelta> {
+        let mut v = Vec::new();
+        t.drain_deltas(&mut v);
+        v
+    }
+
+    #[test]
+    fn every_guard_transition_is_announced() {
+        let t = Arc::new(LoadTracker::with_sync(3, 7));
+        let mut g = t.charge(target(0, Some(2)), 300);
+        let d = drain(&t);
+        assert_eq!(d.len(), 2);
+        assert_eq!(
+            (d[0].endpoint, d[0].requests, d[0].prefill_tokens),
+            (EndpointId(0), 1, 300)
+        );
+        assert_eq!(
+            (d[1].endpoint, d[1].requests, d[1].in_flight),
+            (EndpointId(2), 1, 1)
+        );
+        assert!(d[0].seq < d[1].seq);
+        g.prefill_leg_done();
+        let d = drain(&t);
+        assert_eq!(d.len(), 1);
+        assert_eq!(
+            (d[0].requests, d[0].prefill_tokens, d[0].in_flight),
+            (-1, -300, 0)
+        );
+        g.retarget(target(1, None), 40);
+        let d = drain(&t);
+        let by: Vec<_> = d
+            .iter()
+            .map(|x| (x.endpoint.0, x.requests, x.prefill_tokens))
+            .collect();
+        assert_eq!(by, vec![(1, 1, 40), (2, -1, 0)]);
+        g.first_byte();
+        assert_eq!(drain(&t)[0].prefill_tokens, -40);
+        drop(g);
+        assert_eq!(drain(&t)[0].in_flight, 0);
+        assert!(drain(&t).is_empty(), "nothing changed");
+    }
+
+    #[test]
+    fn outbox_coalesces_instead_of_dropping() {
+        let t = Arc::new(LoadTracker::with_sync(1, 7));
+        let guards: Vec<_> = (0..10).map(|_| t.charge(target(0, None), 5)).collect();
+        let d = drain(&t);
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].requests, d[0].prefill_tokens), (10, 50));
+        assert_eq!(t.outbox_counters().coalesced, 9);
+        drop(guards);
+        let d = drain(&t);
+        assert_eq!((d[0].requests, d[0].in_flight), (-10, 0));
+    }
+
+    #[test]
+    fn a_change_that_cancels_out_sends_nothing_but_resync_sends_all() {
+        let t = Arc::new(LoadTracker::with_sync(2, 7));
+        drop(t.charge(target(0, None), 5));
+        assert!(drain(&t).is_empty());
+        t.resync();
+        let d = drain(&t);
+        assert_eq!(d.len(), 2);
+        assert!(d.iter().all(|x| x.requests == 0 && x.in_flight == 0));
+    }
+
+    #[test]
+    fn plain_tracker_has_no_outbox() {
+        let t = Arc::new(LoadTracker::new(1));
+        let _g = t.charge(target(0, None), 5);
+        assert!(drain(&t).is_empty());
+        assert_eq!(t.origin(), None);
+    }
+
+    #[test]
+    fn duplicates_and_reordering_are_ignored() {
+        let t = Arc::new(LoadTracker::with_sync(1, 1));
+        let r = table(1, 4);
+        let g1 = t.charge(target(0, None), 10);
+        let first = drain(&t);
+        let g2 = t.charge(target(0, None), 10);
+        let second = drain(&t);
+        let now = Duration::from_secs(1);
+        assert_eq!(r.apply(&second[0], now), Applied::Applied);
+        assert_eq!(r.apply(&first[0], now), Applied::Stale);
+        assert_eq!(r.apply(&second[0], now), Applied::Stale);
+        assert_eq!(r.remote(EndpointId(0), now).in_flight, 2);
+        drop((g1, g2));
+        assert_eq!(r.counters().stale, 2);
+    }
+
+    #[test]
+    fn silent_origin_expires_and_late_duplicates_do_not_revive_it() {
+        let t = Arc::new(LoadTracker::with_sync(1, 1));
+        let r = table(1, 4);
+        let _g = t.charge(target(0, None), 10);
+        let d = drain(&t);
+        r.apply(&d[0], Duration::from_secs(1));
+        assert_eq!(r.remote(EndpointId(0), Duration::from_secs(3)).in_flight, 1);
+        // 2 s TTL: silent since 1 s, gone after 3 s.
+        assert_eq!(
+            r.remote(EndpointId(0), Duration::from_millis(3001))
+                .in_flight,
+            0
+        );
+        assert_eq!(r.apply(&d[0], Duration::from_secs(4)), Applied::Stale);
+        assert_eq!(r.remote(EndpointId(0), Duration::from_secs(4)).in_flight, 0);
+        assert_eq!(r.expire(Duration::from_secs(4)), 1);
+        assert_eq!(r.counters().origins, 0);
+    }
+
+    #[test]
+    fn bounded_origins_own_and_unknown_endpoints() {
+        let r = table(2, 2);
+        let now = Duration::from_secs(1);
+        let delta = |origin, endpoint| LoadDelta {
+            origin,
+            seq: 1,
+            endpoint: EndpointId(endpoint),
+            requests: 1,
+            prefill_tokens: 0,
+            in_flight: 1,
+            queued_prefill_tokens: 0,
+        };
+        assert_eq!(r.apply(&delta(1, 0), now), Applied::Applied);
+        assert_eq!(r.apply(&delta(2, 0), now), Applied::Applied);
+        assert_eq!(r.apply(&delta(3, 0), now), Applied::OriginsFull);
+        assert_eq!(r.apply(&delta(99, 0), now), Applied::Own);
+        assert_eq!(r.apply(&delta(1, 5), now), Applied::UnknownEndpoint);
+        // Once the first two fall silent, a new origin takes a place.
+        let later = now + Duration::from_secs(3);
+        assert_eq!(r.apply(&delta(3, 1), later), Applied::Applied);
+        let c = r.counters();
+        assert_eq!(
+            (
+                c.applied,
+                c.origins_full,
+                c.own,
+                c.unknown_endpoint,
+                c.expired,
+                c.origins
+            ),
+            (3, 1, 1, 1, 2, 1)
+        );
+    }
+}
