@@ -53,7 +53,11 @@
 //! contract attestor for engine keys, one inventory slot and one load slot
 //! per endpoint, one subscriber per DP rank (a TensorRT-LLM endpoint gets its
 //! drain poller), tokenization on the blocking pool within
-//! [`KvRouterBuilder::max_prompt_chars`] / [`KvRouterBuilder::max_prompt_tokens`].
+//! [`KvRouterBuilder::max_prompt_chars`] / [`KvRouterBuilder::max_prompt_tokens`]
+//! per request and [`admission`] across requests (at most
+//! [`KvRouterBuilder::max_concurrent_tokenizations`] at once, holding at most
+//! [`KvRouterBuilder::max_tokenize_bytes_in_flight`]; beyond, a counted
+//! `tokenize_overloaded` miss routed by the fallback).
 //!
 //! ## Pieces
 //!
@@ -65,6 +69,9 @@
 //!   (tower `PendingRequests` semantics: counted from the decision until the
 //!   response body ends or is dropped), [`Pick::retry`] with exclusion, and
 //!   [`Pick::into_body`].
+//! * [`admission`]: the bound on concurrent tokenizations and their bytes
+//!   (used by every [`KvRouter::pick`]; usable by a host that tokenizes
+//!   itself).
 //! * [`receipt`]: the usage scanner (JSON and SSE), [`receipt::ReceiptBody`]
 //!   and [`receipt::include_usage`].
 //! * `tower` feature: [`tower::KvRouteLayer`] — buffer the body, decide,
@@ -97,6 +104,7 @@
 //! | `logging` | [`receipt::UsageScanner::finish`] → [`Pick::record_receipt`]; drop the `Pick` (releases the load charge, also on errors and disconnects) |
 #![deny(missing_docs)]
 
+pub mod admission;
 mod backend;
 mod prompt;
 pub mod receipt;

@@ -69,6 +69,20 @@ pub(crate) struct Limits {
     pub(crate) dialect: request::Dialect,
 }
 
+/// What a request refused tokenization by the admission still gets: its
+/// model and the usage rewrite, and a `tokenize_overloaded` miss (CPU work
+/// about the body's size: run it on the blocking pool).
+pub(crate) fn unadmitted(body: &[u8], limits: Limits) -> Prompt {
+    let model = pyvalue::parse_json(body)
+        .ok()
+        .and_then(|v| request::model_of(&v).map(str::to_owned));
+    let mut out = Prompt::missed(model, MissBeforeKeys::TokenizeOverloaded);
+    if limits.include_usage {
+        out.rewritten = crate::receipt::include_usage(body).map(Bytes::from);
+    }
+    out
+}
+
 /// Parses and tokenizes `body` (CPU work: run it on the blocking pool).
 /// Never fails: every problem is a typed miss.
 pub(crate) fn tokenize(pool: &TokenizerPool, api: ApiKind, body: &[u8], limits: Limits) -> Prompt {

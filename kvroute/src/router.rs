@@ -26,8 +26,9 @@ use kvroute_select::{
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 
+use crate::admission::{AdmissionLimits, AdmissionSnapshot, TokenizeAdmission, TokenizeOverload};
 use crate::backend::Backend;
-use crate::prompt::{tokenize, Limits, Prompt};
+use crate::prompt::{tokenize, unadmitted, Limits, Prompt};
 use crate::receipt::{BodyKind, OnReceipt, Receipt, ReceiptBody};
 
 /// Why a router could not be built or changed.
@@ -95,10 +96,16 @@ pub struct KvRouterBuilder {
     max_endpoints: usize,
     include_usage: bool,
     index: IndexConfig,
+    admission: AdmissionLimits,
+    overload: TokenizeOverload,
+    tokenize_wait: Duration,
 }
 
 /// Production defaults: 1 M characters of prompt text, 128 Ki tokens, 64
-/// endpoint slots, `stream_options.include_usage` added to streamed requests.
+/// endpoint slots, `stream_options.include_usage` added to streamed requests,
+/// at most as many tokenizations at once as CPUs (at least 2) holding at most
+/// 8 MiB of request bytes, and an overloaded request routed at once without
+/// KV ([`TokenizeOverload::Skip`]) — the gateway's defaults.
 impl KvRouterBuilder {
     /// A rule name (metrics label; default `kvroute`).
     pub fn name(mut self, name: impl Into<String>) -> Self {
@@ -184,6 +191,38 @@ impl KvRouterBuilder {
         self
     }
 
+    /// Most tokenizations running at once across every request (default: the
+    /// CPU count, at least 2). A request beyond it follows
+    /// [`KvRouterBuilder::tokenize_overload`]. 0 is taken as 1.
+    pub fn max_concurrent_tokenizations(mut self, n: usize) -> Self {
+        self.admission.max_count = n;
+        self
+    }
+
+    /// Most request-body bytes being parsed and tokenized at once (default 8
+    /// MiB: tokenizing costs about 280 bytes of memory per prompt byte, so
+    /// this bounds the tokenizers near 2.3 GB whatever the CPU count). A
+    /// larger body is charged this much: it runs alone. 0 is taken as 1.
+    pub fn max_tokenize_bytes_in_flight(mut self, bytes: usize) -> Self {
+        self.admission.max_bytes = bytes;
+        self
+    }
+
+    /// What a request does when tokenization is at either bound: skip KV
+    /// routing at once (default; a `tokenize_overloaded` miss routed by the
+    /// fallback) or wait up to [`KvRouterBuilder::tokenize_wait`] for room.
+    pub fn tokenize_overload(mut self, overload: TokenizeOverload) -> Self {
+        self.overload = overload;
+        self
+    }
+
+    /// Longest wait for tokenization room under [`TokenizeOverload::Wait`]
+    /// (default 1 s).
+    pub fn tokenize_wait(mut self, wait: Duration) -> Self {
+        self.tokenize_wait = wait;
+        self
+    }
+
     /// Whether streamed requests get `stream_options.include_usage` (default
     /// `true`; see [`crate::receipt`]). Off: streamed receipts exist only for
     /// clients that ask for usage themselves.
@@ -249,6 +288,9 @@ impl KvRouterBuilder {
             rekeyer,
             attestor,
             tokenizers,
+            admission: Arc::new(TokenizeAdmission::new(self.admission)),
+            overload: self.overload,
+            tokenize_wait: self.tokenize_wait,
             limits: Limits {
                 prompt: self.limits,
                 max_prompt_tokens: self.max_prompt_tokens,
@@ -333,6 +375,9 @@ struct Shared {
     rekeyer: Option<Arc<dyn BlockRekeyer>>,
     attestor: Option<Arc<dyn KeyAttestor>>,
     tokenizers: TokenizerPool,
+    admission: Arc<TokenizeAdmission>,
+    overload: TokenizeOverload,
+    tokenize_wait: Duration,
     limits: Limits,
     index: Arc<SharedIndex>,
     tracker: Arc<LoadTracker>,
@@ -702,12 +747,19 @@ impl KvRouter {
             max_endpoints: 64,
             include_usage: true,
             index: IndexConfig::default(),
+            admission: AdmissionLimits {
+                max_count: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
+                max_bytes: 8 << 20,
+            },
+            overload: TokenizeOverload::Skip,
+            tokenize_wait: Duration::from_secs(1),
         }
     }
 
     /// Decides where `body` (an OpenAI `api` request) goes: parses and
-    /// tokenizes it on the blocking pool (bounded by the builder's prompt
-    /// limits), hashes it under the contract, scores the inventories, and
+    /// tokenizes it on the blocking pool (bounded per request by the
+    /// builder's prompt limits, across requests by its tokenization
+    /// admission: see [`KvRouter::tokenize_admission`]), hashes it under the contract, scores the inventories, and
     /// charges the chosen endpoint. Every prompt problem is a counted miss
     /// routed by the fallback, never an error.
     ///
@@ -730,12 +782,37 @@ impl KvRouter {
         let prompt = if body.is_empty() {
             Prompt::missed(None, kvroute_select::MissBeforeKeys::NoModel)
         } else {
+            let admission = &self.shared.admission;
+            let permit = match self.shared.overload {
+                TokenizeOverload::Skip => admission.admit_now(body.len()),
+                TokenizeOverload::Wait => {
+                    admission
+                        .admit_within(body.len(), tokio::time::sleep(self.shared.tokenize_wait))
+                        .await
+                }
+            };
             let shared = Arc::clone(&self.shared);
             let body = body.clone();
-            let job = self
-                .shared
-                .handle
-                .spawn_blocking(move || tokenize(&shared.tokenizers, api, &body, shared.limits));
+            let job = match permit {
+                // Held by the blocking job, not the request future: a caller
+                // that goes away does not stop the tokenizer, so its room
+                // stays taken until the work really ends.
+                Some(permit) => self.shared.handle.spawn_blocking(move || {
+                    let _permit = permit;
+                    tokenize(&shared.tokenizers, api, &body, shared.limits)
+                }),
+                None => {
+                    tracing::debug!(
+                        bytes = body.len(),
+                        "tokenization at capacity: not routed by KV"
+                    );
+                    // The model and the usage rewrite still apply; they cost
+                    // about the body's size, not the tokenizer's ~280 times.
+                    self.shared
+                        .handle
+                        .spawn_blocking(move || unadmitted(&body, shared.limits))
+                }
+            };
             match job.await {
                 Ok(p) => p,
                 Err(err) => {
@@ -890,6 +967,20 @@ impl KvRouter {
     #[must_use]
     pub fn contract(&self) -> &HashContract {
         &self.shared.contract
+    }
+
+    /// The bound on tokenizations across requests: its
+    /// [`TokenizeAdmission::snapshot`] is what a host exports (in flight,
+    /// peaks, admitted, overloaded).
+    #[must_use]
+    pub fn tokenize_admission(&self) -> &Arc<TokenizeAdmission> {
+        &self.shared.admission
+    }
+
+    /// [`TokenizeAdmission::snapshot`] of [`KvRouter::tokenize_admission`].
+    #[must_use]
+    pub fn tokenize_counters(&self) -> AdmissionSnapshot {
+        self.shared.admission.snapshot()
     }
 
     /// Tokens per block (the contract's).

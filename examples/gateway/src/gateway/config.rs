@@ -187,7 +187,7 @@ pub struct LimitsConfig {
     /// At either bound: `"skip"` (default) routes the request without KV
     /// (the rule's selector, a `tokenize_overloaded` miss); `"wait"` waits up
     /// to `tokenize_wait_ms` for room first.
-    pub tokenize_overload: super::admission::TokenizeOverload,
+    pub tokenize_overload: kvroute::admission::TokenizeOverload,
     /// Longest wait for tokenization room under `tokenize_overload = "wait"`.
     pub tokenize_wait_ms: u64,
 }
@@ -210,7 +210,7 @@ impl Default for LimitsConfig {
             max_concurrent_tokenizations: std::thread::available_parallelism()
                 .map_or(2, |n| n.get().max(2)),
             max_tokenize_bytes_in_flight: 8 << 20,
-            tokenize_overload: super::admission::TokenizeOverload::Skip,
+            tokenize_overload: kvroute::admission::TokenizeOverload::Skip,
             tokenize_wait_ms: 1_000,
         }
     }

@@ -682,6 +682,72 @@ pub fn render(gw: &Gateway) -> String {
             ("admin", &m.admin_connections),
         ],
     );
-    super::admission::render(&mut out, &gw.tokenize_admission.snapshot());
+    render_admission(&mut out, &gw.tokenize_admission.snapshot());
     out
+}
+
+/// Appends the Prometheus families of `s` to `out`.
+fn render_admission(out: &mut String, s: &kvroute::admission::AdmissionSnapshot) {
+    use std::fmt::Write as _;
+    let families: [(&str, &str, &str, u64); 9] = [
+        (
+            "kvroute_tokenize_max_concurrent",
+            "gauge",
+            "Configured bound on tokenizations running at once (limits.max_concurrent_tokenizations).",
+            s.max_concurrent as u64,
+        ),
+        (
+            "kvroute_tokenize_max_bytes_in_flight",
+            "gauge",
+            "Configured bound on request bytes being tokenized at once (limits.max_tokenize_bytes_in_flight).",
+            s.max_bytes_in_flight as u64,
+        ),
+        (
+            "kvroute_tokenize_in_flight",
+            "gauge",
+            "Tokenizations running now.",
+            s.in_flight as u64,
+        ),
+        (
+            "kvroute_tokenize_bytes_in_flight",
+            "gauge",
+            "Request bytes charged by the running tokenizations.",
+            s.bytes_in_flight as u64,
+        ),
+        (
+            "kvroute_tokenize_peak_in_flight",
+            "gauge",
+            "Most tokenizations ever running at once.",
+            s.peak_in_flight as u64,
+        ),
+        (
+            "kvroute_tokenize_peak_bytes_in_flight",
+            "gauge",
+            "Most request bytes ever charged by tokenizations at once.",
+            s.peak_bytes_in_flight as u64,
+        ),
+        (
+            "kvroute_tokenize_admitted_total",
+            "counter",
+            "Completion requests admitted to tokenization.",
+            s.admitted,
+        ),
+        (
+            "kvroute_tokenize_admitted_after_wait_total",
+            "counter",
+            "Admitted only after waiting for room (tokenize_overload = \"wait\").",
+            s.admitted_after_wait,
+        ),
+        (
+            "kvroute_tokenize_overloaded_total",
+            "counter",
+            "Completion requests that found no tokenization room (in time) and skipped KV routing.",
+            s.overloaded,
+        ),
+    ];
+    for (name, kind, help, v) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        let _ = writeln!(out, "{name} {v}");
+    }
 }

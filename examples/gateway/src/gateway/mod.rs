@@ -12,7 +12,6 @@
 //! | [`pd`] | vLLM disaggregated two-step bodies |
 //! | [`health`] | active probes feeding the breakers |
 //! | [`admin`] | REST admin API + `/metrics` |
-//! | [`admission`] | bound on concurrent tokenizations and their bytes |
 //! | [`connections`] | first-byte deadline, connection cap, accept errors |
 //! | [`metrics`] | Prometheus exposition |
 //! | [`observe`] | readiness, decision headers, sampled decision log |
@@ -26,7 +25,6 @@
 //! never logged.
 
 pub mod admin;
-pub mod admission;
 pub mod config;
 pub mod connections;
 #[cfg(test)]

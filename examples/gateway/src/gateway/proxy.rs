@@ -88,10 +88,10 @@ async fn model_only(body: &Bytes) -> Option<String> {
 
 /// Parses and tokenizes (on the blocking pool: tokenizing a long prompt is
 /// CPU work; [`PromptLimits`] bound it per request, the gateway's
-/// [`TokenizeAdmission`](super::admission::TokenizeAdmission) across requests).
+/// [`TokenizeAdmission`](kvroute::admission::TokenizeAdmission) across requests).
 /// Never fails: every problem is a typed miss.
 async fn tokenize(gw: &Arc<Gateway>, api: ApiEndpoint, body: &Bytes) -> Prompt {
-    use super::admission::TokenizeOverload;
+    use kvroute::admission::TokenizeOverload;
     let admission = &gw.tokenize_admission;
     let permit = match gw.limits.tokenize_overload {
         TokenizeOverload::Skip => admission.admit_now(body.len()),

@@ -192,7 +192,7 @@ pub struct Gateway {
     /// Gateway counters.
     pub metrics: GatewayMetrics,
     /// Bound on concurrent tokenizations and their bytes.
-    pub tokenize_admission: Arc<super::admission::TokenizeAdmission>,
+    pub tokenize_admission: Arc<kvroute::admission::TokenizeAdmission>,
     /// Rotates the starting endpoint of pass-through requests among equally
     /// loaded ones.
     pub passthrough_turn: AtomicU32,
@@ -230,8 +230,8 @@ impl Gateway {
                 config.limits.response_header_timeout(),
             ),
             metrics: GatewayMetrics::default(),
-            tokenize_admission: Arc::new(super::admission::TokenizeAdmission::new(
-                super::admission::AdmissionLimits {
+            tokenize_admission: Arc::new(kvroute::admission::TokenizeAdmission::new(
+                kvroute::admission::AdmissionLimits {
                     max_count: config.limits.max_concurrent_tokenizations,
                     max_bytes: config.limits.max_tokenize_bytes_in_flight,
                 },

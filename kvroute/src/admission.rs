@@ -1,21 +1,42 @@
 //! Admission control for prompt tokenization: a bound on the tokenizations
 //! running at once and on the request bytes they hold.
 //!
-//! Tokenizing is the gateway's costliest per-request work in memory, not only
+//! Tokenizing is a router's costliest per-request work in memory, not only
 //! in CPU: the `tokenizers` crate keeps offsets and alignments per character,
 //! so one 1 M-character prompt peaks near 280 MB (measured in RELIABILITY.md,
-//! attack 8). Without a bound, N parallel long prompts cost N times that. A
-//! request that finds no room either skips KV routing at once (it is still
-//! proxied by the rule's selector and counted as a `tokenize_overloaded` miss)
-//! or waits up to a bound first, as `limits.tokenize_overload` says.
+//! attack 8). Without a bound, N parallel long prompts cost N times that: the
+//! blocking pool alone does not bound it (tokio allows 512 blocking threads).
+//! A request that finds no room either skips KV routing at once (it is still
+//! routed by the rule's fallback and counted as a `tokenize_overloaded` miss)
+//! or waits up to a bound first ([`TokenizeOverload`]).
+//!
+//! [`crate::KvRouter`] applies one of these to every [`crate::KvRouter::pick`]
+//! (knobs on [`crate::KvRouterBuilder`]); a host that tokenizes by itself can
+//! use the type directly.
 //!
 //! The state is a pair of counters behind one lock (exact: no transient
 //! over-admission or spurious refusal between the two), and a [`Notify`] that
 //! wakes waiters when a permit is released. Nothing here reads a clock or
 //! spawns: the caller passes the give-up future ([`TokenizeAdmission::admit_within`]),
-//! so the same type serves tests, the proxy and any other host.
+//! so the same type serves tests, the facade and any other host.
 //!
-//! Usage and the reference model: the tests below.
+//! ```
+//! use std::sync::Arc;
+//! use kvroute::admission::{AdmissionLimits, TokenizeAdmission};
+//!
+//! let adm = Arc::new(TokenizeAdmission::new(AdmissionLimits { max_count: 2, max_bytes: 100 }));
+//! let a = adm.admit_now(60).expect("room");
+//! // 60 + 60 > 100 bytes: refused (and counted) although a slot is free.
+//! assert!(adm.admit_now(60).is_none());
+//! drop(a); // the permit gives its room back
+//! let b = adm.admit_now(60).expect("room again");
+//! let s = adm.snapshot();
+//! assert_eq!((s.in_flight, s.bytes_in_flight, s.admitted, s.overloaded), (1, 60, 2, 1));
+//! # drop(b);
+//! ```
+//!
+//! The reference model the bounds are checked against: the property test in
+//! this module.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,16 +46,17 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-/// What a completion request does when tokenization is at its bound
-/// (`limits.tokenize_overload`).
+/// What a request does when tokenization is at its bound (the gateway's
+/// `limits.tokenize_overload`; [`crate::KvRouterBuilder::tokenize_overload`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenizeOverload {
-    /// Skip KV routing at once: the rule's selector picks the endpoint and the
+    /// Skip KV routing at once: the rule's fallback picks the endpoint and the
     /// request counts as a `tokenize_overloaded` miss.
     #[default]
     Skip,
-    /// Wait up to `limits.tokenize_wait_ms` for room, then skip.
+    /// Wait up to a bound for room (the gateway's `limits.tokenize_wait_ms`;
+    /// [`crate::KvRouterBuilder::tokenize_wait`]), then skip.
     Wait,
 }
 
@@ -54,8 +76,8 @@ struct InFlight {
     bytes: usize,
 }
 
-/// Counters and gauges of one [`TokenizeAdmission`], read by `/metrics` and
-/// `/admin/counters`.
+/// Counters and gauges of one [`TokenizeAdmission`] (what a host exports:
+/// the gateway's `/metrics` and `/admin/counters`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct AdmissionSnapshot {
     /// The configured bound on concurrent tokenizations.
@@ -181,12 +203,11 @@ impl TokenizeAdmission {
         if let Some(p) = self.try_take(len) {
             return Some(p);
         }
-        tokio::pin!(give_up);
+        let mut give_up = std::pin::pin!(give_up);
         // Each pass ends in a release or the deadline, so the loop is bounded
         // by `give_up`.
         loop {
-            let released = self.released.notified();
-            tokio::pin!(released);
+            let mut released = std::pin::pin!(self.released.notified());
             // Registered before the retry: a release between the retry and the
             // await still wakes this waiter.
             released.as_mut().enable();
@@ -194,12 +215,18 @@ impl TokenizeAdmission {
                 self.admitted_after_wait.fetch_add(1, Ordering::Relaxed);
                 return Some(p);
             }
-            tokio::select! {
-                () = &mut released => {}
-                () = &mut give_up => {
-                    self.overloaded.fetch_add(1, Ordering::Relaxed);
-                    return None;
+            // A release is checked before the deadline: room freed at the
+            // deadline's instant is still taken.
+            let gave_up = std::future::poll_fn(|cx| {
+                if released.as_mut().poll(cx).is_ready() {
+                    return std::task::Poll::Ready(false);
                 }
+                give_up.as_mut().poll(cx).map(|()| true)
+            })
+            .await;
+            if gave_up {
+                self.overloaded.fetch_add(1, Ordering::Relaxed);
+                return None;
             }
         }
     }
@@ -223,72 +250,6 @@ impl TokenizeAdmission {
             admitted_after_wait: self.admitted_after_wait.load(Ordering::Relaxed),
             overloaded: self.overloaded.load(Ordering::Relaxed),
         }
-    }
-}
-
-/// Appends the Prometheus families of `s` to `out`.
-pub fn render(out: &mut String, s: &AdmissionSnapshot) {
-    use std::fmt::Write as _;
-    let families: [(&str, &str, &str, u64); 9] = [
-        (
-            "kvroute_tokenize_max_concurrent",
-            "gauge",
-            "Configured bound on tokenizations running at once (limits.max_concurrent_tokenizations).",
-            s.max_concurrent as u64,
-        ),
-        (
-            "kvroute_tokenize_max_bytes_in_flight",
-            "gauge",
-            "Configured bound on request bytes being tokenized at once (limits.max_tokenize_bytes_in_flight).",
-            s.max_bytes_in_flight as u64,
-        ),
-        (
-            "kvroute_tokenize_in_flight",
-            "gauge",
-            "Tokenizations running now.",
-            s.in_flight as u64,
-        ),
-        (
-            "kvroute_tokenize_bytes_in_flight",
-            "gauge",
-            "Request bytes charged by the running tokenizations.",
-            s.bytes_in_flight as u64,
-        ),
-        (
-            "kvroute_tokenize_peak_in_flight",
-            "gauge",
-            "Most tokenizations ever running at once.",
-            s.peak_in_flight as u64,
-        ),
-        (
-            "kvroute_tokenize_peak_bytes_in_flight",
-            "gauge",
-            "Most request bytes ever charged by tokenizations at once.",
-            s.peak_bytes_in_flight as u64,
-        ),
-        (
-            "kvroute_tokenize_admitted_total",
-            "counter",
-            "Completion requests admitted to tokenization.",
-            s.admitted,
-        ),
-        (
-            "kvroute_tokenize_admitted_after_wait_total",
-            "counter",
-            "Admitted only after waiting for room (tokenize_overload = \"wait\").",
-            s.admitted_after_wait,
-        ),
-        (
-            "kvroute_tokenize_overloaded_total",
-            "counter",
-            "Completion requests that found no tokenization room (in time) and skipped KV routing.",
-            s.overloaded,
-        ),
-    ];
-    for (name, kind, help, v) in families {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        let _ = writeln!(out, "{name} {v}");
     }
 }
 

@@ -1,0 +1,78 @@
+//! The router's tokenization admission: a pick that finds every
+//! tokenization slot taken is routed at once without KV (a counted
+//! `tokenize_overloaded` miss, its model and usage rewrite kept), or waits for
+//! room under `TokenizeOverload::Wait`. Endpoints need no engine: the
+//! decision is the fallback's either way, the miss reason tells them apart.
+
+mod support;
+
+use std::future::Future;
+use std::task::Poll;
+use std::time::Duration;
+
+use kvroute::admission::TokenizeOverload;
+use kvroute::{ApiKind, Backend, KvRouter, MissReason};
+use support::*;
+
+fn router(overload: TokenizeOverload, wait: Duration) -> KvRouter {
+    KvRouter::builder(CONTRACT.parse().unwrap())
+        .model(MODEL, model_dir())
+        .endpoint(Backend::vllm(format!("http://127.0.0.1:{}", closed_port())))
+        .max_concurrent_tokenizations(1)
+        .tokenize_overload(overload)
+        .tokenize_wait(wait)
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_beyond_the_bound_skips_kv_routing_and_is_counted() {
+    let r = router(TokenizeOverload::Skip, Duration::from_secs(60));
+    let body = chat("admission", true);
+    // Another request's tokenization holds the only slot.
+    let held = r.tokenize_admission().admit_now(1).unwrap();
+    let pick = r.pick(ApiKind::Chat, &body).await.unwrap();
+    assert_eq!(pick.decision().miss(), Some(MissReason::TokenizeOverloaded));
+    assert_eq!(pick.model(), Some(MODEL), "the model is still read");
+    assert_ne!(pick.upstream_body(&body), body, "include_usage still added");
+    let s = r.tokenize_counters();
+    assert_eq!((s.admitted, s.overloaded, s.in_flight), (1, 1, 1));
+    drop((pick, held));
+
+    // With the slot free the prompt is tokenized: a KV miss of another kind.
+    let pick = r.pick(ApiKind::Chat, &body).await.unwrap();
+    assert_ne!(pick.decision().miss(), Some(MissReason::TokenizeOverloaded));
+    assert!(pick.decision().miss().is_some(), "no engine holds blocks");
+    let s = r.tokenize_counters();
+    assert_eq!((s.admitted, s.overloaded, s.in_flight), (2, 1, 0));
+    assert_eq!(s.peak_in_flight, 1);
+    assert_eq!(s.max_concurrent, 1);
+    assert_eq!(s.max_bytes_in_flight, 8 << 20, "the default byte bound");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_pick_takes_the_released_slot() {
+    let r = router(TokenizeOverload::Wait, Duration::from_secs(60));
+    let body = chat("admission", false);
+    let held = r.tokenize_admission().admit_now(1).unwrap();
+    let mut pick = std::pin::pin!(r.pick(ApiKind::Chat, &body));
+    // One poll reaches the admission and parks there (the slot is taken).
+    let first = std::future::poll_fn(|cx| Poll::Ready(pick.as_mut().poll(cx).is_pending())).await;
+    assert!(first, "the pick waits for room");
+    drop(held);
+    let pick = pick.await.unwrap();
+    assert_ne!(pick.decision().miss(), Some(MissReason::TokenizeOverloaded));
+    let s = r.tokenize_counters();
+    assert_eq!((s.admitted, s.admitted_after_wait, s.overloaded), (2, 1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_pick_gives_up_after_its_bound() {
+    let r = router(TokenizeOverload::Wait, Duration::from_millis(20));
+    let body = chat("admission", false);
+    let _held = r.tokenize_admission().admit_now(1).unwrap();
+    let pick = r.pick(ApiKind::Chat, &body).await.unwrap();
+    assert_eq!(pick.decision().miss(), Some(MissReason::TokenizeOverloaded));
+    let s = r.tokenize_counters();
+    assert_eq!((s.admitted_after_wait, s.overloaded), (0, 1));
+}
