@@ -12,7 +12,9 @@ use std::time::Duration;
 use hyper::Uri;
 use kvroute_core::{HashContract, HashError, LoraAdapter, RequestExtras};
 use kvroute_engines::transport::EngineKind;
-use kvroute_select::{Choice, LoadAwareConfig, Role, Scorer, SelectorKind, Topology};
+use kvroute_select::{
+    Choice, LoadAwareConfig, Role, Scorer, ScorerKind, SelectorKind, Topology, UnknownName,
+};
 use serde::{Deserialize, Serialize};
 
 /// A configuration that cannot be used, with the place it went wrong.
@@ -742,40 +744,25 @@ impl RuleSpec {
                 "a rule needs at least one model slug or `default = true`",
             ));
         }
-        let choice = match doc.choice.as_str() {
-            "kv_exact" => Choice::KvExact,
-            "round_robin" => Choice::RoundRobin,
-            "content_affinity" => Choice::ContentAffinity,
-            other => {
-                return Err(invalid(
-                    f("choice"),
-                    format!(
-                    "unknown choice {other:?}; expected kv_exact, round_robin or content_affinity"
-                ),
-                ))
+        // The libraries' names (`kvroute_select::names`): one spelling
+        // everywhere, and their error lists the accepted names.
+        let choice: Choice = doc
+            .choice
+            .parse()
+            .map_err(|e: UnknownName| invalid(f("choice"), e.to_string()))?;
+        let topology: Topology = doc
+            .topology
+            .parse()
+            .map_err(|e: UnknownName| invalid(f("topology"), e.to_string()))?;
+        let scorer = match doc
+            .scorer
+            .parse::<ScorerKind>()
+            .map_err(|e| invalid(f("scorer"), e.to_string()))?
+        {
+            ScorerKind::LoadAware => {
+                Scorer::LoadAware(load_aware_config(doc.load_slack, &f("load_slack"))?)
             }
-        };
-        let topology = match doc.topology.as_str() {
-            "converged" => Topology::Converged,
-            "prefill_decode" => Topology::PrefillDecode,
-            other => {
-                return Err(invalid(
-                    f("topology"),
-                    format!("unknown topology {other:?}; expected converged or prefill_decode"),
-                ))
-            }
-        };
-        let scorer = match doc.scorer.as_str() {
-            "cost" => Scorer::default(),
-            "overlap_count" => Scorer::OverlapCount,
-            "longest_prefix" => Scorer::LongestPrefix,
-            "load_aware" => Scorer::LoadAware(load_aware_config(doc.load_slack, &f("load_slack"))?),
-            other => {
-                return Err(invalid(
-                    f("scorer"),
-                    format!("unknown scorer {other:?}; expected cost, overlap_count, longest_prefix or load_aware"),
-                ))
-            }
+            kind => Scorer::from(kind),
         };
         if doc.load_slack.is_some() && !matches!(scorer, Scorer::LoadAware(_)) {
             return Err(invalid(
@@ -786,21 +773,10 @@ impl RuleSpec {
                 ),
             ));
         }
-        let selector = match doc.selector.as_str() {
-            "round_robin" => SelectorKind::RoundRobin,
-            "least_load" => SelectorKind::LeastLoad,
-            "least_prefill" => SelectorKind::LeastPrefill,
-            "p2c" => SelectorKind::PowerOfTwoChoices,
-            "chwbl" => SelectorKind::Chwbl,
-            "random" => SelectorKind::Random,
-            "weighted" => SelectorKind::Weighted,
-            other => {
-                return Err(invalid(
-                    f("selector"),
-                    format!("unknown selector {other:?}; expected least_prefill, round_robin, least_load, p2c, chwbl, random or weighted"),
-                ))
-            }
-        };
+        let selector: SelectorKind = doc
+            .selector
+            .parse()
+            .map_err(|e: UnknownName| invalid(f("selector"), e.to_string()))?;
         let contract = match (&doc.contract, choice) {
             (Some(c), _) => Some(c.parse::<HashContract>().map_err(|e| {
                 invalid(f("contract"), format!("{c:?}: {e}"))
@@ -998,29 +974,14 @@ impl EndpointSpec {
             .path_and_query("/")
             .build()
             .map_err(|err| invalid(f("url"), err.to_string()))?;
-        let role = match e.role.as_str() {
-            "both" => Role::Both,
-            "prefill" => Role::Prefill,
-            "decode" => Role::Decode,
-            other => {
-                return Err(invalid(
-                    f("role"),
-                    format!("unknown role {other:?}; expected both, prefill or decode"),
-                ))
-            }
-        };
-        let engine = match e.engine.as_str() {
-            "vllm" => EngineKind::Vllm,
-            "sglang" => EngineKind::Sglang,
-            "trtllm" => EngineKind::TensorRtLlm,
-            "llama.cpp" | "llamacpp" => EngineKind::LlamaCpp,
-            other => {
-                return Err(invalid(
-                    f("engine"),
-                    format!("unknown engine {other:?}; expected vllm, sglang, trtllm or llama.cpp"),
-                ))
-            }
-        };
+        let role: Role = e
+            .role
+            .parse()
+            .map_err(|e: UnknownName| invalid(f("role"), e.to_string()))?;
+        let engine: EngineKind = e
+            .engine
+            .parse()
+            .map_err(|e: kvroute_engines::UnknownName| invalid(f("engine"), e.to_string()))?;
         if choice == Choice::KvExact && role.can_prefill() {
             kvroute_engines::transport::require_kv_events(engine)
                 .map_err(|err| invalid(f("engine"), err.to_string()))?;
@@ -1314,6 +1275,90 @@ mod tests {
         )
         .unwrap_err();
         assert!(typo.contains("unknown field"), "{typo}");
+    }
+
+    /// Every enum field takes the libraries' names (`Display` of each value
+    /// parses back in a config) and names itself when given an unknown one.
+    #[test]
+    fn enum_fields_take_the_library_names_and_refuse_others_by_field() {
+        let doc = |rule: &str, endpoint: &str| {
+            format!(
+                "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{rule}\n[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\n{endpoint}\n"
+            )
+        };
+        let parse = |text: String| ServeConfig::from_toml(&text, Path::new("."));
+        for s in [
+            SelectorKind::RoundRobin,
+            SelectorKind::LeastLoad,
+            SelectorKind::LeastPrefill,
+            SelectorKind::PowerOfTwoChoices,
+            SelectorKind::Chwbl,
+            SelectorKind::Random,
+            SelectorKind::Weighted,
+        ] {
+            let c = parse(doc(&format!("selector = \"{s}\""), "")).unwrap();
+            assert_eq!(c.rules[0].selector, s);
+        }
+        for k in [
+            ScorerKind::Cost,
+            ScorerKind::OverlapCount,
+            ScorerKind::LongestPrefix,
+            ScorerKind::LoadAware,
+        ] {
+            let c = parse(doc(&format!("scorer = \"{k}\""), "")).unwrap();
+            assert_eq!(c.rules[0].scorer, Scorer::from(k));
+        }
+        for (engine, want) in [
+            ("vllm", EngineKind::Vllm),
+            ("sglang", EngineKind::Sglang),
+            ("trtllm", EngineKind::TensorRtLlm),
+            ("llama.cpp", EngineKind::LlamaCpp),
+            ("llamacpp", EngineKind::LlamaCpp),
+        ] {
+            let c = parse(doc("", &format!("engine = \"{engine}\""))).unwrap();
+            assert_eq!(c.rules[0].endpoints[0].engine, want, "{engine}");
+        }
+        for (rule, endpoint, field, names) in [
+            (
+                "choice = \"x\"",
+                "",
+                "rules[0].choice",
+                "kv_exact, round_robin or content_affinity",
+            ),
+            (
+                "topology = \"x\"",
+                "",
+                "rules[0].topology",
+                "converged or prefill_decode",
+            ),
+            ("scorer = \"x\"", "", "rules[0].scorer", "load_aware"),
+            (
+                "selector = \"x\"",
+                "",
+                "rules[0].selector",
+                "p2c, chwbl, random or weighted",
+            ),
+            (
+                "",
+                "role = \"x\"",
+                "rules[0].endpoints[0].role",
+                "both, prefill or decode",
+            ),
+            (
+                "",
+                "engine = \"x\"",
+                "rules[0].endpoints[0].engine",
+                "vllm, sglang, trtllm or llama.cpp",
+            ),
+        ] {
+            let text = doc(rule, endpoint).replace("choice = \"round_robin\"\nchoice", "choice");
+            let err = parse(text).map(|_| ()).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("{field}: unknown ")), "{err}");
+            assert!(
+                err.contains("\"x\"; expected ") && err.contains(names),
+                "{err}"
+            );
+        }
     }
 
     #[test]

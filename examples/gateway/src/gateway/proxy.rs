@@ -14,9 +14,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use kvroute_core::{RequestExtras, TokenId};
-use kvroute_engines::prompt::{
-    self, pyvalue, request, Endpoint as ApiEndpoint, PromptLimits, PromptMiss,
-};
+use kvroute_engines::prompt::{self, pyvalue, request, Endpoint as ApiEndpoint, PromptLimits};
 use kvroute_select::{
     route, Availability, ConnectFailure, Decision, Endpoint, Health, Leg, Load, MissBeforeKeys,
     PromptInput, Proxy, Request as SelectRequest, RouteError, Target,
@@ -56,17 +54,6 @@ impl Prompt {
             text: None,
             cache_salt: None,
         }
-    }
-}
-
-fn miss_of(m: &PromptMiss) -> MissBeforeKeys {
-    match m {
-        PromptMiss::NotJson(_) => MissBeforeKeys::NotJson,
-        PromptMiss::NoModel => MissBeforeKeys::NoModel,
-        PromptMiss::UnknownModel(_) | PromptMiss::ModelLoad { .. } => MissBeforeKeys::NoTokenizer,
-        PromptMiss::PromptTooLong { .. } => MissBeforeKeys::PromptTooLong,
-        m if m.is_request_error() => MissBeforeKeys::InvalidRequest,
-        _ => MissBeforeKeys::TokenizeError,
     }
 }
 
@@ -156,7 +143,7 @@ async fn tokenize(gw: &Arc<Gateway>, api: ApiEndpoint, body: &Bytes) -> Prompt {
             }
             Err(e) => {
                 tracing::debug!(kind = e.kind(), "no prompt tokens");
-                Prompt::missed(model, miss_of(&e))
+                Prompt::missed(model, kvroute::miss_before_keys(&e))
             }
         }
     });
