@@ -509,7 +509,12 @@ impl Shared {
         }
     }
 
-    #[allow(unused_variables)]
+    // Without the transports `b`, `ingest` and `stop` go unused and `metrics`
+    // is never pushed to (then a slice would do).
+    #[cfg_attr(
+        not(all(feature = "zmq", feature = "trtllm-http")),
+        allow(unused_variables, clippy::ptr_arg)
+    )]
     fn start_subscribers(
         &self,
         b: &Backend,
