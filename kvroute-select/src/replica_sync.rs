@@ -286,12 +286,18 @@ struct Entry {
 struct Origin {
     id: u64,
     last_heard: Duration,
+    /// Highest sequence number applied from this origin.
+    max_seq: u64,
     entries: Box<[Entry]>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     origins: Vec<Origin>,
+    /// Expired origins' (id, highest sequence applied), the last
+    /// `max_origins` of them: a late message of an expired origin must not
+    /// bring its old load back.
+    tombstones: std::collections::VecDeque<(u64, u64)>,
     counters: RemoteCounters,
 }
 
@@ -355,12 +361,21 @@ impl RemoteLoad {
                 if inner.origins.len() >= self.cfg.max_origins {
                     self.expire_locked(inner, now);
                 }
+                if let Some(t) = inner.tombstones.iter().position(|t| t.0 == d.origin) {
+                    if inner.tombstones.get(t).is_some_and(|t| d.seq <= t.1) {
+                        return Applied::Stale;
+                    }
+                    if inner.origins.len() < self.cfg.max_origins {
+                        inner.tombstones.remove(t);
+                    }
+                }
                 if inner.origins.len() >= self.cfg.max_origins {
                     return Applied::OriginsFull;
                 }
                 inner.origins.push(Origin {
                     id: d.origin,
                     last_heard: now,
+                    max_seq: 0,
                     entries: vec![Entry::default(); self.cfg.endpoints].into_boxed_slice(),
                 });
                 inner.origins.len() - 1
@@ -385,12 +400,26 @@ impl RemoteLoad {
         // Only news keeps an origin alive: a late duplicate of an old
         // message must not revive a crashed replica.
         o.last_heard = o.last_heard.max(now);
+        o.max_seq = o.max_seq.max(d.seq);
         Applied::Applied
     }
 
     fn expire_locked(&self, inner: &mut Inner, now: Duration) -> usize {
         let before = inner.origins.len();
-        inner.origins.retain(|o| self.live(o, now));
+        let mut gone_ids = Vec::new();
+        inner.origins.retain(|o| {
+            let keep = self.live(o, now);
+            if !keep {
+                gone_ids.push((o.id, o.max_seq));
+            }
+            keep
+        });
+        for t in gone_ids {
+            if inner.tombstones.len() >= self.cfg.max_origins.max(1) {
+                inner.tombstones.pop_front();
+            }
+            inner.tombstones.push_back(t);
+        }
         let gone = before - inner.origins.len();
         inner.counters.expired += gone as u64;
         gone
@@ -595,6 +624,9 @@ mod tests {
         assert_eq!(r.remote(EndpointId(0), Duration::from_secs(4)).in_flight, 0);
         assert_eq!(r.expire(Duration::from_secs(4)), 1);
         assert_eq!(r.counters().origins, 0);
+        // Expired and forgotten: a late duplicate still does not bring it back.
+        assert_eq!(r.apply(&d[0], Duration::from_secs(5)), Applied::Stale);
+        assert_eq!(r.remote(EndpointId(0), Duration::from_secs(5)).in_flight, 0);
     }
 
     #[test]

@@ -36,6 +36,7 @@ fn fleet() -> FleetConfig {
         tuning: Tuning::default(),
         replicas: 1,
         load_poll_us: 0,
+        replica_sync_us: 0,
     }
 }
 

@@ -17,7 +17,11 @@
 //! * with several gateway replicas (`replicas > 1`) a seeded random front end
 //!   spreads requests over them; each replica has its own rule, tracker and
 //!   predicted entries, and sees the others only through the engines' own
-//!   running/waiting counts, polled every `load_poll_us` ([`ReportedLoad`]);
+//!   running/waiting counts, polled every `load_poll_us` ([`ReportedLoad`]),
+//!   and — with `replica_sync_us > 0` — through each other's decisions: every
+//!   change of a replica's tracker is drained from its outbox as
+//!   [`LoadDelta`]s that reach the other replicas' [`RemoteLoad`] tables
+//!   `replica_sync_us` later;
 //! * the peers' policies ([`super::peers`]) route from the same index and loads.
 //!
 //! Time is simulated microseconds; nothing reads a clock. Events at the same
@@ -37,8 +41,9 @@ use kvroute_ingest::{
     EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, KvEvent, SharedIndex,
 };
 use kvroute_select::{
-    AlwaysAvailable, ContractId, Decision, EngineReport, Load, LoadBound, LoadGuard, LoadTracker,
-    PromptInput, ReportedLoad, Request, Rule, Source, Target,
+    AlwaysAvailable, ContractId, Decision, EndpointLoad, EngineReport, Load, LoadBound, LoadDelta,
+    LoadGuard, LoadTracker, PromptInput, RemoteConfig, RemoteLoad, ReportedLoad, Request, Rule,
+    Source, Target,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -74,6 +79,10 @@ pub struct FleetConfig {
     /// Engine-reported load is polled this often (0: never; replicas then see
     /// only their own requests).
     pub load_poll_us: u64,
+    /// Replicas share their decisions ([`kvroute_select::LoadDelta`]s) with
+    /// each other, each delta arriving this long after the change (0: they
+    /// do not share).
+    pub replica_sync_us: u64,
 }
 
 /// A policy that could not run.
@@ -210,10 +219,26 @@ pub fn simulate(
                 policy: policy.name(),
                 source,
             })?;
+            // Origin ids start at 1 (0 is nobody's).
+            let origin = k as u64 + 1;
+            let tracker = if cfg.replica_sync_us > 0 && cfg.replicas > 1 {
+                LoadTracker::with_sync(n, origin)
+            } else {
+                LoadTracker::new(n)
+            };
             Ok(Replica {
                 rule,
-                tracker: Arc::new(LoadTracker::new(n)),
+                tracker: Arc::new(tracker),
                 reported: ReportedLoad::new(n, Duration::from_secs(3600)),
+                // Simulated replicas never crash: a TTL beyond any run.
+                remote: RemoteLoad::new(
+                    RemoteConfig {
+                        endpoints: n,
+                        max_origins: cfg.replicas,
+                        ttl: Duration::from_secs(1 << 30),
+                    },
+                    origin,
+                ),
                 peer: policy.peer(n, seed),
             })
         })
@@ -254,6 +279,8 @@ pub fn simulate(
         timed: BinaryHeap::new(),
         timed_seq: 0,
         deliveries: VecDeque::new(),
+        sync: VecDeque::new(),
+        sync_buf: Vec::new(),
         next_seq: vec![0; n],
         rng: StdRng::seed_from_u64(cfg.seed ^ 0x6c6f_7373),
         events: Vec::new(),
@@ -283,12 +310,15 @@ pub fn simulate(
 
 /// Whether placing one more request on worker `w` takes it above the
 /// bounded-load limit `⌈(1+ε)·(Σ in-flight + 1)/n⌉` (the `kv-bounded` cap),
-/// as the deciding replica's tracker sees the in-flight counts.
-fn over_bound(tracker: &LoadTracker, n: usize, epsilon: f64, w: usize) -> bool {
+/// over the true in-flight counts: every replica's tracker summed (with one
+/// replica, what it sees; with several, what none of them sees alone).
+fn over_bound(replicas: &[Replica], n: usize, epsilon: f64, w: usize) -> bool {
     let load = |i: usize| {
-        tracker
-            .load(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)))
-            .in_flight
+        let id = EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
+        replicas
+            .iter()
+            .map(|r| r.tracker.load(id).in_flight)
+            .fold(0u32, u32::saturating_add)
     };
     let bound = LoadBound {
         total_in_flight: (0..n).map(|i| u64::from(load(i))).sum(),
@@ -304,7 +334,30 @@ struct Replica {
     rule: Rule,
     tracker: Arc<LoadTracker>,
     reported: ReportedLoad,
+    /// The other replicas' decisions, as their deltas announced them.
+    remote: RemoteLoad,
     peer: Option<Box<dyn super::peers::PeerPolicy>>,
+}
+
+/// What a replica routes by: its own tracker plus the other replicas'
+/// announced load, corrected by engine reports when they are polled (the
+/// reports are taken against the same local + remote sum, so nothing is
+/// counted twice; see [`kvroute_select::replica_sync`]).
+struct ReplicaLoad<'a> {
+    rep: &'a Replica,
+    polled: bool,
+    now: Duration,
+}
+
+impl Load for ReplicaLoad<'_> {
+    fn load(&self, endpoint: EndpointId) -> EndpointLoad {
+        let mine = self.rep.remote.view(&*self.rep.tracker, self.now);
+        if self.polled {
+            self.rep.reported.view(&mine, self.now).load(endpoint)
+        } else {
+            mine.load(endpoint)
+        }
+    }
 }
 
 struct Sim<'a> {
@@ -323,6 +376,10 @@ struct Sim<'a> {
     timed: BinaryHeap<Timed>,
     timed_seq: u64,
     deliveries: VecDeque<(u64, usize, EventBatch)>,
+    /// Replica sync in flight: (arrival µs, sending replica, delta); one
+    /// fixed delay, so FIFO is time order.
+    sync: VecDeque<(u64, usize, LoadDelta)>,
+    sync_buf: Vec<LoadDelta>,
     next_seq: Vec<u64>,
     rng: StdRng,
     events: Vec<KvEvent>,
@@ -371,14 +428,19 @@ impl Sim<'_> {
             };
             let timed = self.timed.peek().map(|Reverse(e)| e.0);
             let delivery = self.deliveries.front().map(|d| d.0);
-            // Polls alone never keep the loop going.
+            let synced = self.sync.front().map(|d| d.0);
+            // Polls and replica sync alone never keep the loop going.
             let only_polls = arrival.is_none()
                 && delivery.is_none()
                 && self.timed.iter().all(|Reverse(e)| e.1 == POLL);
             if only_polls {
                 break;
             }
-            let Some(t) = [timed, delivery, arrival].into_iter().flatten().min() else {
+            let Some(t) = [timed, delivery, synced, arrival]
+                .into_iter()
+                .flatten()
+                .min()
+            else {
                 break;
             };
             if timed == Some(t) {
@@ -393,7 +455,10 @@ impl Sim<'_> {
                             ready.push_back(t);
                         }
                     }
-                    FIRST_TOKEN => self.first_token(r),
+                    FIRST_TOKEN => {
+                        self.first_token(r);
+                        self.share(self.replica_index(r), t);
+                    }
                     _ => {
                         self.poll(t);
                         self.push_timed(t + self.cfg.load_poll_us, POLL, 0, 0);
@@ -402,6 +467,15 @@ impl Sim<'_> {
             } else if delivery == Some(t) {
                 if let Some((_, w, batch)) = self.deliveries.pop_front() {
                     self.apply(w, batch);
+                }
+            } else if synced == Some(t) {
+                if let Some((_, from, delta)) = self.sync.pop_front() {
+                    let now = Duration::from_micros(t);
+                    for (k, rep) in self.replicas.iter().enumerate() {
+                        if k != from {
+                            rep.remote.apply(&delta, now);
+                        }
+                    }
                 }
             } else {
                 ready.pop_front();
@@ -412,6 +486,22 @@ impl Sim<'_> {
                 }
             }
         }
+    }
+
+    /// Sends replica `k`'s outbox to the other replicas, arriving
+    /// `replica_sync_us` from `t`.
+    fn share(&mut self, k: usize, t: u64) {
+        if self.cfg.replica_sync_us == 0 || self.replicas.len() <= 1 {
+            return;
+        }
+        let Some(rep) = self.replicas.get(k) else {
+            return;
+        };
+        self.sync_buf.clear();
+        rep.tracker.drain_deltas(&mut self.sync_buf);
+        let at = t.saturating_add(self.cfg.replica_sync_us);
+        self.sync
+            .extend(self.sync_buf.drain(..).map(|d| (at, k, d)));
     }
 
     fn push_timed(&mut self, t: u64, kind: u8, w: u32, r: u32) {
@@ -432,7 +522,8 @@ impl Sim<'_> {
             };
             let id = EndpointId(u32::try_from(w).unwrap_or(u32::MAX));
             for rep in &self.replicas {
-                rep.reported.update(id, report, rep.tracker.load(id), now);
+                let mine = rep.remote.view(&*rep.tracker, now).load(id);
+                rep.reported.update(id, report, mine, now);
             }
         }
     }
@@ -445,6 +536,7 @@ impl Sim<'_> {
         if let Some(g) = self.guards.get_mut(r) {
             *g = None;
         }
+        self.share(self.replica_index(r), t);
         if let Some(rep) = self.replica_of(r) {
             if let Some(p) = rep.peer.as_mut() {
                 p.on_finish(w, t);
@@ -497,7 +589,8 @@ impl Sim<'_> {
         let Some(rep) = self.replicas.get_mut(k) else {
             return false;
         };
-        let (target, prefill, predicted) = if let Some(peer) = rep.peer.as_mut() {
+        let polled = self.cfg.load_poll_us > 0;
+        let (target, prefill, predicted) = if rep.peer.is_some() {
             let n = self.workers.len();
             self.overlaps.clear();
             self.overlaps.resize(n, kvroute_ingest::Overlap::default());
@@ -506,11 +599,12 @@ impl Sim<'_> {
             for (w, worker) in self.workers.iter_mut().enumerate() {
                 worker.advance(t);
                 let id = EndpointId(u32::try_from(w).unwrap_or(u32::MAX));
-                let l = if self.cfg.load_poll_us > 0 {
-                    rep.reported.view(&rep.tracker, now).load(id)
-                } else {
-                    rep.tracker.load(id)
-                };
+                let l = ReplicaLoad {
+                    rep: &*rep,
+                    polled,
+                    now,
+                }
+                .load(id);
                 let cap = u64::from(worker.config().capacity_blocks.max(1));
                 let used = u64::from(worker.cache().used_blocks());
                 #[allow(clippy::cast_precision_loss)]
@@ -530,6 +624,9 @@ impl Sim<'_> {
                 prompt_tokens: req.input_tokens,
                 block_size: self.block_size,
             };
+            let Some(peer) = rep.peer.as_mut() else {
+                return false;
+            };
             let w = peer.pick(&preq, &self.views, t).min(n.saturating_sub(1));
             let prefix = self.overlaps.get(w).map_or(0, |o| o.prefix);
             let cached = prefix.saturating_mul(self.block_size).min(req.input_tokens);
@@ -544,26 +641,19 @@ impl Sim<'_> {
                 contract: &self.contract,
                 prompt_tokens: req.input_tokens,
             });
-            if self.cfg.load_poll_us > 0 {
-                let view = rep.reported.view(&rep.tracker, now);
-                rep.rule.decide_into(
-                    &mut self.decision,
-                    &request,
-                    &self.index,
-                    &view,
-                    &AlwaysAvailable,
-                    now,
-                );
-            } else {
-                rep.rule.decide_into(
-                    &mut self.decision,
-                    &request,
-                    &self.index,
-                    &rep.tracker,
-                    &AlwaysAvailable,
-                    now,
-                );
-            }
+            let view = ReplicaLoad {
+                rep: &*rep,
+                polled,
+                now,
+            };
+            rep.rule.decide_into(
+                &mut self.decision,
+                &request,
+                &self.index,
+                &view,
+                &AlwaysAvailable,
+                now,
+            );
             let decision = &self.decision;
             let Some(target) = decision.target() else {
                 self.rejected += 1;
@@ -584,9 +674,17 @@ impl Sim<'_> {
         if let Some(p) = self.predicted.get_mut(r) {
             *p = predicted;
         }
-        if over_bound(&rep.tracker, self.workers.len(), self.cfg.tuning.epsilon, w) {
+        if over_bound(
+            &self.replicas,
+            self.workers.len(),
+            self.cfg.tuning.epsilon,
+            w,
+        ) {
             self.over_bound += 1;
         }
+        let Some(rep) = self.replicas.get(k) else {
+            return false;
+        };
         let guard = rep.tracker.charge(target, prefill);
         let spec = RequestSpec {
             keys: &self.keys,
@@ -608,6 +706,7 @@ impl Sim<'_> {
         if let Some(g) = self.guards.get_mut(r) {
             *g = Some(guard);
         }
+        self.share(k, t);
         if let Some(x) = self.routed.get_mut(w) {
             *x += 1;
         }

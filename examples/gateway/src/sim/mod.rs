@@ -133,6 +133,11 @@ pub struct RunArgs {
     /// Default: 100 ms with several replicas, never with one.
     #[arg(long)]
     load_poll_ms: Option<f64>,
+    /// Replicas share their decisions (in-flight and predicted prefill
+    /// deltas), each arriving this many ms after the change (0 = they do
+    /// not share). Default: 1 ms with several replicas.
+    #[arg(long)]
+    replica_sync_ms: Option<f64>,
     /// Fraction of KV event batches lost (0..1).
     #[arg(long, default_value_t = 0.0)]
     event_loss: f64,
@@ -301,6 +306,8 @@ pub fn simulate_all(
             replicas: f.replicas,
             #[allow(clippy::cast_precision_loss)]
             load_poll_ms: f.load_poll_us as f64 / 1000.0,
+            #[allow(clippy::cast_precision_loss)]
+            replica_sync_ms: f.replica_sync_us as f64 / 1000.0,
         },
         policies: Vec::with_capacity(plan.policies.len()),
     };
@@ -348,6 +355,15 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
     );
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let load_poll_us = (poll_ms * 1000.0).round() as u64;
+    let sync_ms = args
+        .replica_sync_ms
+        .unwrap_or(if args.replicas > 1 { 1.0 } else { 0.0 });
+    anyhow::ensure!(
+        sync_ms.is_finite() && sync_ms >= 0.0,
+        "--replica-sync-ms must be a non-negative number"
+    );
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let replica_sync_us = (sync_ms * 1000.0).round() as u64;
     Ok(RunPlan {
         fleet: FleetConfig {
             workers: args.workers,
@@ -386,6 +402,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
             },
             replicas: args.replicas,
             load_poll_us,
+            replica_sync_us,
         },
         policies,
         time_scale: args.time_scale,

@@ -213,6 +213,8 @@ pub struct FleetReport {
     pub replicas: usize,
     /// Engine load poll interval, ms (0 = never).
     pub load_poll_ms: f64,
+    /// Replica decision-sharing delay, ms (0 = replicas do not share).
+    pub replica_sync_ms: f64,
 }
 
 /// A whole run: what `--json` writes. Holds no wall-clock figures, so the same
@@ -248,8 +250,8 @@ impl SimReport {
         if f.replicas > 1 {
             let _ = writeln!(
                 s,
-                "{} gateway replicas behind a random front end; engine load polled every {} ms",
-                f.replicas, f.load_poll_ms
+                "{} gateway replicas behind a random front end; engine load polled every {} ms; decisions shared after {} ms (0 = not shared)",
+                f.replicas, f.load_poll_ms, f.replica_sync_ms
             );
         }
         let _ = writeln!(
