@@ -9,8 +9,10 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use kvroute_select::{MissReason, Role, Source};
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 use super::state::Gateway;
 
@@ -90,6 +92,18 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in exposition order.
+    const ALL: [Outcome; 8] = [
+        Outcome::Proxied,
+        Outcome::Passthrough,
+        Outcome::TooLarge,
+        Outcome::BodyTimeout,
+        Outcome::NoRule,
+        Outcome::NoEndpoint,
+        Outcome::UpstreamError,
+        Outcome::Rejected,
+    ];
+
     fn label(self) -> &'static str {
         match self {
             Outcome::Proxied => "proxied",
@@ -104,23 +118,65 @@ impl Outcome {
     }
 }
 
+/// Tier labels, in exposition order; [`tier_index`] maps a source here.
+const TIERS: [&str; 5] = [
+    "exhausted",
+    "fallback",
+    "kv_exact",
+    "session_affinity",
+    "trie_affinity",
+];
+
+fn tier_index(source: Source) -> usize {
+    match source {
+        Source::Exhausted => 0,
+        Source::Fallback(_) => 1,
+        Source::KvExact => 2,
+        Source::SessionAffinity => 3,
+        Source::TrieAffinity => 4,
+    }
+}
+
 /// The tier label of a decision source.
 #[must_use]
 pub fn tier_label(source: Source) -> &'static str {
-    match source {
-        Source::SessionAffinity => "session_affinity",
-        Source::TrieAffinity => "trie_affinity",
-        Source::KvExact => "kv_exact",
-        Source::Fallback(_) => "fallback",
-        Source::Exhausted => "exhausted",
+    TIERS[tier_index(source)]
+}
+
+/// One rule's request and decision counters: plain atomics, so the request
+/// path counts without a lock or an allocation. Registered once per rule
+/// name ([`GatewayMetrics::rule`]) and held by the rule's runtime; a rule
+/// replaced under the same name keeps counting on the same counters.
+#[derive(Debug, Default)]
+pub struct RuleCounters {
+    outcomes: [AtomicU64; Outcome::ALL.len()],
+    tiers: [AtomicU64; TIERS.len()],
+}
+
+impl RuleCounters {
+    /// Counts one request outcome.
+    pub fn outcome(&self, outcome: Outcome) {
+        self.outcomes[outcome as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one decision by tier.
+    pub fn tier(&self, source: Source) {
+        self.tiers[tier_index(source)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn outcome_count(&self, outcome: Outcome) -> u64 {
+        self.outcomes[outcome as usize].load(Ordering::Relaxed)
     }
 }
 
 /// Counters the gateway keeps beside the library's.
 #[derive(Debug, Default)]
 pub struct GatewayMetrics {
-    outcomes: Mutex<BTreeMap<(String, Outcome), u64>>,
-    tiers: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Requests no rule took (label `rule=""`).
+    unrouted: RuleCounters,
+    /// Every rule name's counters, registered when the rule is built; read
+    /// by scrapes and [`GatewayMetrics::rule`], never on the request path.
+    rules: RwLock<BTreeMap<String, Arc<RuleCounters>>>,
     /// Time from body received to decision (parse, tokenize, hash, decide).
     pub decision_latency: Histogram,
     /// P/D prefill legs sent.
@@ -136,43 +192,46 @@ pub struct GatewayMetrics {
 }
 
 impl GatewayMetrics {
-    /// Counts one request outcome for `rule` (`""` when none).
-    pub fn outcome(&self, rule: &str, outcome: Outcome) {
-        *self
-            .outcomes
-            .lock()
-            .entry((rule.to_owned(), outcome))
-            .or_default() += 1;
+    /// The counters of rule `name`, registered on first use (when the rule
+    /// is built; the request path uses the rule runtime's handle).
+    pub fn rule(&self, name: &str) -> Arc<RuleCounters> {
+        if let Some(c) = self.rules.read().get(name) {
+            return Arc::clone(c);
+        }
+        Arc::clone(self.rules.write().entry(name.to_owned()).or_default())
     }
 
-    /// Counts one decision by tier.
-    pub fn tier(&self, rule: &str, source: Source) {
-        *self
-            .tiers
-            .lock()
-            .entry((rule.to_owned(), tier_label(source)))
-            .or_default() += 1;
+    /// Counts one outcome of a request no rule took.
+    pub fn unrouted(&self, outcome: Outcome) {
+        self.unrouted.outcome(outcome);
+    }
+
+    fn counters_of(&self, rule: &str) -> Option<Arc<RuleCounters>> {
+        self.rules.read().get(rule).cloned()
     }
 
     /// Requests of `rule` (`""` when none) with `outcome` so far.
     #[must_use]
     pub fn outcome_count(&self, rule: &str, outcome: Outcome) -> u64 {
-        self.outcomes
-            .lock()
-            .get(&(rule.to_owned(), outcome))
-            .copied()
-            .unwrap_or(0)
+        if rule.is_empty() {
+            return self.unrouted.outcome_count(outcome);
+        }
+        self.counters_of(rule)
+            .map_or(0, |c| c.outcome_count(outcome))
     }
 
     /// Decisions of `rule` made by `tier` so far.
     #[must_use]
     pub fn tier_count(&self, rule: &str, tier: &str) -> u64 {
-        self.tiers
-            .lock()
-            .iter()
-            .filter(|((r, t), _)| r == rule && *t == tier)
-            .map(|(_, n)| *n)
-            .sum()
+        let Some(i) = TIERS.iter().position(|t| *t == tier) else {
+            return 0;
+        };
+        if rule.is_empty() {
+            self.unrouted.tiers[i].load(Ordering::Relaxed)
+        } else {
+            self.counters_of(rule)
+                .map_or(0, |c| c.tiers[i].load(Ordering::Relaxed))
+        }
     }
 }
 
@@ -353,13 +412,26 @@ pub fn render(gw: &Gateway) -> String {
         "counter",
         "Requests by rule and outcome.",
     );
-    for ((rule, o), n) in m.outcomes.lock().iter() {
-        let _ = writeln!(
-            out,
-            "kvroute_requests_total{{rule=\"{}\",outcome=\"{}\"}} {n}",
-            esc(rule),
-            o.label()
-        );
+    // Counters never counted stay out, as before they had their first count.
+    let registered: Vec<(String, Arc<RuleCounters>)> = m
+        .rules
+        .read()
+        .iter()
+        .map(|(r, c)| (esc(r), Arc::clone(c)))
+        .collect();
+    let all = std::iter::once(("", &m.unrouted))
+        .chain(registered.iter().map(|(r, c)| (r.as_str(), &**c)));
+    for (rule, c) in all.clone() {
+        for o in Outcome::ALL {
+            let n = c.outcome_count(o);
+            if n > 0 {
+                let _ = writeln!(
+                    out,
+                    "kvroute_requests_total{{rule=\"{rule}\",outcome=\"{}\"}} {n}",
+                    o.label()
+                );
+            }
+        }
     }
     header(
         &mut out,
@@ -367,12 +439,16 @@ pub fn render(gw: &Gateway) -> String {
         "counter",
         "Routing decisions by rule and ladder tier.",
     );
-    for ((rule, tier), n) in m.tiers.lock().iter() {
-        let _ = writeln!(
-            out,
-            "kvroute_decisions_total{{rule=\"{}\",tier=\"{tier}\"}} {n}",
-            esc(rule)
-        );
+    for (rule, c) in all {
+        for (tier, n) in TIERS.iter().zip(&c.tiers) {
+            let n = n.load(Ordering::Relaxed);
+            if n > 0 {
+                let _ = writeln!(
+                    out,
+                    "kvroute_decisions_total{{rule=\"{rule}\",tier=\"{tier}\"}} {n}"
+                );
+            }
+        }
     }
     header(
         &mut out,
@@ -749,5 +825,61 @@ fn render_admission(out: &mut String, s: &kvroute::admission::AdmissionSnapshot)
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
         let _ = writeln!(out, "{name} {v}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvroute_select::SelectorKind;
+
+    use super::*;
+
+    /// Counter slots are indexed by discriminant and tier index: each
+    /// outcome and tier has its own slot, and the label tables agree.
+    #[test]
+    fn every_outcome_and_tier_has_its_own_slot() {
+        for (i, o) in Outcome::ALL.into_iter().enumerate() {
+            assert_eq!(o as usize, i, "{o:?}");
+        }
+        let sources = [
+            Source::Exhausted,
+            Source::Fallback(SelectorKind::Random),
+            Source::KvExact,
+            Source::SessionAffinity,
+            Source::TrieAffinity,
+        ];
+        let m = GatewayMetrics::default();
+        let c = m.rule("r");
+        for (i, s) in sources.into_iter().enumerate() {
+            assert_eq!(tier_index(s), i);
+            for _ in 0..=i {
+                c.tier(s);
+            }
+        }
+        for (i, t) in TIERS.iter().enumerate() {
+            assert_eq!(m.tier_count("r", t), i as u64 + 1, "{t}");
+            assert_eq!(m.tier_count("", t), 0);
+        }
+        for (i, o) in Outcome::ALL.into_iter().enumerate() {
+            for _ in 0..=i {
+                c.outcome(o);
+            }
+            m.unrouted(o);
+        }
+        for (i, o) in Outcome::ALL.into_iter().enumerate() {
+            assert_eq!(m.outcome_count("r", o), i as u64 + 1);
+            assert_eq!(m.outcome_count("", o), 1);
+            assert_eq!(m.outcome_count("other", o), 0);
+        }
+    }
+
+    /// A rule replaced under the same name keeps counting where it was.
+    #[test]
+    fn a_rule_name_registers_once() {
+        let m = GatewayMetrics::default();
+        m.rule("r").outcome(Outcome::Proxied);
+        m.rule("r").outcome(Outcome::Proxied);
+        assert!(Arc::ptr_eq(&m.rule("r"), &m.rule("r")));
+        assert_eq!(m.outcome_count("r", Outcome::Proxied), 2);
     }
 }

@@ -74,7 +74,7 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
         match sent {
             Ok(resp) => {
                 ep.success();
-                gw.metrics.outcome(name, Outcome::Passthrough);
+                rt.counters.outcome(Outcome::Passthrough);
                 let (parts, incoming) = resp.into_parts();
                 let gw2 = Arc::clone(gw);
                 let on_end: OnEnd = Box::new(move |_, clean| {
@@ -109,14 +109,14 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                 failures.push(format!("{}: {e}", ep.spec.url));
             }
             Err(e) => {
-                gw.metrics.outcome(name, Outcome::UpstreamError);
+                rt.counters.outcome(Outcome::UpstreamError);
                 tracing::warn!(rule = %name, endpoint = %ep.spec.url, error = %e,
                     "pass-through upstream failed");
                 return error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string());
             }
         }
     }
-    gw.metrics.outcome(name, Outcome::NoEndpoint);
+    rt.counters.outcome(Outcome::NoEndpoint);
     let why = if failures.is_empty() {
         "every endpoint is admin down or behind an open circuit breaker".to_owned()
     } else {

@@ -200,7 +200,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
     if !parts.uri.path().starts_with("/v1/") {
-        gw.metrics.outcome("", Outcome::Rejected);
+        gw.metrics.unrouted(Outcome::Rejected);
         let admin = gw.observe.admin_addr().map_or_else(
             || "the admin listener".to_owned(),
             |a| format!("http://{a}"),
@@ -212,7 +212,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         );
     }
     if !gw.observe.is_ready() {
-        gw.metrics.outcome("", Outcome::Rejected);
+        gw.metrics.unrouted(Outcome::Rejected);
         let loading = gw.observe.refuse_not_ready();
         let mut resp = error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -231,7 +231,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
     if ambiguous_path(parts.uri.path()) {
         // An engine (or a proxy behind it) may resolve `..` and reach what
         // `/v1/` was meant to fence off: refuse rather than forward.
-        gw.metrics.outcome("", Outcome::Rejected);
+        gw.metrics.unrouted(Outcome::Rejected);
         return error(
             StatusCode::BAD_REQUEST,
             "bad_request",
@@ -248,7 +248,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
             } else {
                 Outcome::Rejected
             };
-            gw.metrics.outcome("", outcome);
+            gw.metrics.unrouted(outcome);
             return resp;
         }
     };
@@ -266,7 +266,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         // Not a completion: no prompt to route on, so no KV decision either.
         let model = model_only(&body).await;
         let Some(rt) = gw.rule_for_model(model.as_deref()) else {
-            gw.metrics.outcome("", Outcome::NoRule);
+            gw.metrics.unrouted(Outcome::NoRule);
             return error(
                 StatusCode::NOT_FOUND,
                 "no_route",
@@ -287,7 +287,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         tokenize(&gw, api, &body).await
     };
     let Some(rt) = gw.rule_for_model(prompt.model.as_deref()) else {
-        gw.metrics.outcome("", Outcome::NoRule);
+        gw.metrics.unrouted(Outcome::NoRule);
         return error(
             StatusCode::NOT_FOUND,
             "no_route",
@@ -332,14 +332,14 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         failures: Vec::new(),
     };
     let routed = route(&host, &rt.rule, &*rt.inventory, &sreq, &mut ctx).await;
-    let name = rt.spec.doc.name.clone();
+    let name = &rt.spec.doc.name;
     match routed {
         Ok(r) => {
-            gw.metrics.outcome(&name, Outcome::Proxied);
+            rt.counters.outcome(Outcome::Proxied);
             respond(&gw, &rt, r.connection, r.decision, r.guard)
         }
         Err(RouteError::NoEndpoint { decision }) => {
-            gw.metrics.outcome(&name, Outcome::NoEndpoint);
+            rt.counters.outcome(Outcome::NoEndpoint);
             let reason = unavailable_reason(&gw, &rt, &decision, &ctx.failures);
             tracing::warn!(rule = %name, %reason, "no endpoint");
             let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
@@ -347,7 +347,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
             resp
         }
         Err(RouteError::ConnectFailed { error: e, decision }) => {
-            gw.metrics.outcome(&name, Outcome::UpstreamError);
+            rt.counters.outcome(Outcome::UpstreamError);
             tracing::warn!(rule = %name, error = %e, "upstream failed");
             let mut resp = error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string());
             gw.observe.decision(&rt, &decision, resp.headers_mut());
@@ -477,9 +477,7 @@ impl Proxy for Host<'_> {
             .metrics
             .decision_latency
             .observe(self.started.elapsed());
-        self.gw
-            .metrics
-            .tier(&self.rt.spec.doc.name, decision.source());
+        self.rt.counters.tier(decision.source());
         tracing::debug!(rule = %self.rt.spec.doc.name, source = ?decision.source(),
             target = ?decision.target(), miss = ?decision.miss(),
             predicted_blocks = decision.predicted_blocks(), "decision");

@@ -87,6 +87,9 @@ pub struct RuleRuntime {
     pub tracker: Arc<LoadTracker>,
     /// The engines' own running / waiting counts, when polled.
     pub reported: ReportedLoad,
+    /// Its request and decision counters (`/metrics`), shared with any
+    /// earlier rule of the same name.
+    pub counters: Arc<super::metrics::RuleCounters>,
     epoch: Instant,
     /// Set to `true` when the rule is removed or replaced.
     stop: watch::Sender<bool>,
@@ -443,7 +446,9 @@ impl Gateway {
         }
         let (stop, _) = watch::channel(false);
         let n = endpoints.len();
+        let counters = self.metrics.rule(&spec.doc.name);
         let rt = Arc::new(RuleRuntime {
+            counters,
             spec,
             rule,
             inventory,
