@@ -6,10 +6,22 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+/// The request as a JSON object, parsed once for both legs (`None` when it is
+/// not one: then there is no two-step).
+#[must_use]
+pub fn parse(original: &[u8]) -> Option<Map<String, Value>> {
+    serde_json::from_slice(original).ok()
+}
+
 /// The prefill leg's body, or `None` when the request is not a JSON object.
 #[must_use]
 pub fn prefill_body(original: &[u8]) -> Option<Bytes> {
-    let mut v: Map<String, Value> = serde_json::from_slice(original).ok()?;
+    prefill_body_of(parse(original)?)
+}
+
+/// [`prefill_body`] of an already parsed request.
+#[must_use]
+pub fn prefill_body_of(mut v: Map<String, Value>) -> Option<Bytes> {
     v.insert(
         "kv_transfer_params".into(),
         json!({
@@ -45,7 +57,12 @@ pub fn decode_body(original: &[u8], params: Option<&Value>) -> Option<Bytes> {
     let Some(params) = params else {
         return Some(Bytes::copy_from_slice(original));
     };
-    let mut v: Map<String, Value> = serde_json::from_slice(original).ok()?;
+    decode_body_of(parse(original)?, params)
+}
+
+/// [`decode_body`] of an already parsed request carrying `params`.
+#[must_use]
+pub fn decode_body_of(mut v: Map<String, Value>, params: &Value) -> Option<Bytes> {
     v.insert("kv_transfer_params".into(), params.clone());
     serde_json::to_vec(&v).ok().map(Bytes::from)
 }

@@ -330,6 +330,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         body,
         prefill: None,
         failures: Vec::new(),
+        pd: None,
     };
     let routed = route(&host, &rt.rule, &*rt.inventory, &sreq, &mut ctx).await;
     let name = &rt.spec.doc.name;
@@ -431,6 +432,51 @@ struct Ctx {
     )>,
     /// (endpoint url, error) of connect failures, for the 503 reason.
     failures: Vec<(String, String)>,
+    /// P/D: the request parsed once for every leg and attempt (`None` until
+    /// a P/D target is first connected; then `Some(None)` when the body is
+    /// not a JSON object, so there is no two-step).
+    pd: Option<Option<Arc<PdRequest>>>,
+}
+
+/// The two-step's view of one request, prepared on the blocking pool.
+struct PdRequest {
+    /// The request object (each decode attempt adds its `kv_transfer_params`).
+    object: serde_json::Map<String, serde_json::Value>,
+    /// The prefill leg's body.
+    prefill: Bytes,
+}
+
+impl PdRequest {
+    /// Parses `body` once, off the async worker (bodies can be megabytes).
+    async fn prepare(body: &Bytes) -> Option<Arc<Self>> {
+        let body = body.clone();
+        tokio::task::spawn_blocking(move || {
+            let object = pd::parse(&body)?;
+            let prefill = pd::prefill_body_of(object.clone())?;
+            Some(Arc::new(Self { object, prefill }))
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// The decode leg's body carrying the prefill's `params` (serialized on
+    /// the blocking pool); the client's bytes when there are none.
+    async fn decode_body(
+        self: &Arc<Self>,
+        original: &Bytes,
+        params: Option<serde_json::Value>,
+    ) -> Bytes {
+        let Some(params) = params else {
+            return original.clone();
+        };
+        let this = Arc::clone(self);
+        tokio::task::spawn_blocking(move || pd::decode_body_of(this.object.clone(), &params))
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| original.clone())
+    }
 }
 
 struct Host<'a> {
@@ -518,8 +564,16 @@ impl Proxy for Host<'_> {
                 ));
             };
             let decode = target.decode.and_then(|d| rt.endpoint(d).map(|e| (d, e)));
-            let two_step = decode.is_some() && pd::prefill_body(&ctx.body).is_some();
-            let Some((decode_id, decode_ep)) = decode.filter(|_| two_step) else {
+            let prepared = match (&decode, &ctx.pd) {
+                (None, _) => None,
+                (Some(_), Some(p)) => p.clone(),
+                (Some(_), None) => {
+                    let p = PdRequest::prepare(&ctx.body).await;
+                    ctx.pd = Some(p.clone());
+                    p
+                }
+            };
+            let (Some((decode_id, decode_ep)), Some(prepared)) = (decode, prepared) else {
                 let response = gw
                     .client
                     .send(
@@ -545,7 +599,7 @@ impl Proxy for Host<'_> {
             let (params, cached) = match reuse {
                 Some((_, p, c)) => (p.clone(), *c),
                 None => {
-                    let body = pd::prefill_body(&ctx.body).unwrap_or_default();
+                    let body = prepared.prefill.clone();
                     gw.metrics
                         .prefill_requests
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -587,8 +641,7 @@ impl Proxy for Host<'_> {
                     (params, cached)
                 }
             };
-            let body =
-                pd::decode_body(&ctx.body, params.as_ref()).unwrap_or_else(|| ctx.body.clone());
+            let body = prepared.decode_body(&ctx.body, params).await;
             let response = gw
                 .client
                 .send(
