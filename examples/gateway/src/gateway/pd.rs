@@ -13,13 +13,7 @@ pub fn parse(original: &[u8]) -> Option<Map<String, Value>> {
     serde_json::from_slice(original).ok()
 }
 
-/// The prefill leg's body, or `None` when the request is not a JSON object.
-#[must_use]
-pub fn prefill_body(original: &[u8]) -> Option<Bytes> {
-    prefill_body_of(parse(original)?)
-}
-
-/// [`prefill_body`] of an already parsed request.
+/// The prefill leg's body.
 #[must_use]
 pub fn prefill_body_of(mut v: Map<String, Value>) -> Option<Bytes> {
     v.insert(
@@ -53,15 +47,6 @@ pub fn transfer_params(prefill_response: &[u8]) -> Option<Value> {
 
 /// The decode leg's body: the original request with the prefill's parameters.
 #[must_use]
-pub fn decode_body(original: &[u8], params: Option<&Value>) -> Option<Bytes> {
-    let Some(params) = params else {
-        return Some(Bytes::copy_from_slice(original));
-    };
-    decode_body_of(parse(original)?, params)
-}
-
-/// [`decode_body`] of an already parsed request carrying `params`.
-#[must_use]
 pub fn decode_body_of(mut v: Map<String, Value>, params: &Value) -> Option<Bytes> {
     v.insert("kv_transfer_params".into(), params.clone());
     serde_json::to_vec(&v).ok().map(Bytes::from)
@@ -74,7 +59,8 @@ mod tests {
     #[test]
     fn prefill_asks_for_one_token_without_streaming_and_decode_carries_the_answer() {
         let original = br#"{"model":"m","prompt":"hi","max_tokens":50,"stream":true,"stream_options":{"include_usage":true}}"#;
-        let p: Value = serde_json::from_slice(&prefill_body(original).unwrap()).unwrap();
+        let object = parse(original).unwrap();
+        let p: Value = serde_json::from_slice(&prefill_body_of(object.clone()).unwrap()).unwrap();
         assert_eq!(p["max_tokens"], 1);
         assert_eq!(p["stream"], false);
         assert!(p.get("stream_options").is_none());
@@ -82,10 +68,12 @@ mod tests {
         let answer = br#"{"kv_transfer_params":{"do_remote_prefill":true,"remote_port":9}}"#;
         let params = transfer_params(answer);
         let d: Value =
-            serde_json::from_slice(&decode_body(original, params.as_ref()).unwrap()).unwrap();
+            serde_json::from_slice(&decode_body_of(object, params.as_ref().unwrap()).unwrap())
+                .unwrap();
         assert_eq!(d["max_tokens"], 50);
         assert_eq!(d["stream"], true);
         assert_eq!(d["kv_transfer_params"]["remote_port"], 9);
-        assert!(prefill_body(b"not json").is_none());
+        assert!(parse(b"not json").is_none());
+        assert!(parse(b"[1]").is_none(), "not an object: no two-step");
     }
 }
