@@ -12,9 +12,7 @@ use std::time::Duration;
 use hyper::Uri;
 use kvroute_core::{HashContract, HashError, LoraAdapter, RequestExtras};
 use kvroute_engines::transport::EngineKind;
-use kvroute_select::{
-    Choice, LoadAwareConfig, Role, Scorer, ScorerKind, SelectorKind, Topology, UnknownName,
-};
+use kvroute_select::{Choice, LoadAwareConfig, Role, Scorer, ScorerKind, SelectorKind, Topology};
 use serde::{Deserialize, Serialize};
 
 /// A configuration that cannot be used, with the place it went wrong.
@@ -46,6 +44,18 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError 
         field: field.into(),
         message: message.into(),
     }
+}
+
+/// `name` parsed with the libraries' `FromStr` (`kvroute_select::names`,
+/// `kvroute_engines::names`: one spelling everywhere, and their error lists
+/// the accepted names), or an error naming `field`.
+fn named<T>(field: String, name: &str) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    name.parse()
+        .map_err(|e: T::Err| invalid(field, e.to_string()))
 }
 
 /// The whole file.
@@ -744,21 +754,9 @@ impl RuleSpec {
                 "a rule needs at least one model slug or `default = true`",
             ));
         }
-        // The libraries' names (`kvroute_select::names`): one spelling
-        // everywhere, and their error lists the accepted names.
-        let choice: Choice = doc
-            .choice
-            .parse()
-            .map_err(|e: UnknownName| invalid(f("choice"), e.to_string()))?;
-        let topology: Topology = doc
-            .topology
-            .parse()
-            .map_err(|e: UnknownName| invalid(f("topology"), e.to_string()))?;
-        let scorer = match doc
-            .scorer
-            .parse::<ScorerKind>()
-            .map_err(|e| invalid(f("scorer"), e.to_string()))?
-        {
+        let choice: Choice = named(f("choice"), &doc.choice)?;
+        let topology: Topology = named(f("topology"), &doc.topology)?;
+        let scorer = match named::<ScorerKind>(f("scorer"), &doc.scorer)? {
             ScorerKind::LoadAware => {
                 Scorer::LoadAware(load_aware_config(doc.load_slack, &f("load_slack"))?)
             }
@@ -773,10 +771,7 @@ impl RuleSpec {
                 ),
             ));
         }
-        let selector: SelectorKind = doc
-            .selector
-            .parse()
-            .map_err(|e: UnknownName| invalid(f("selector"), e.to_string()))?;
+        let selector: SelectorKind = named(f("selector"), &doc.selector)?;
         let contract = match (&doc.contract, choice) {
             (Some(c), _) => Some(c.parse::<HashContract>().map_err(|e| {
                 invalid(f("contract"), format!("{c:?}: {e}"))
@@ -974,14 +969,8 @@ impl EndpointSpec {
             .path_and_query("/")
             .build()
             .map_err(|err| invalid(f("url"), err.to_string()))?;
-        let role: Role = e
-            .role
-            .parse()
-            .map_err(|e: UnknownName| invalid(f("role"), e.to_string()))?;
-        let engine: EngineKind = e
-            .engine
-            .parse()
-            .map_err(|e: kvroute_engines::UnknownName| invalid(f("engine"), e.to_string()))?;
+        let role: Role = named(f("role"), &e.role)?;
+        let engine: EngineKind = named(f("engine"), &e.engine)?;
         if choice == Choice::KvExact && role.can_prefill() {
             kvroute_engines::transport::require_kv_events(engine)
                 .map_err(|err| invalid(f("engine"), err.to_string()))?;
