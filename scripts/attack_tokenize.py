@@ -9,8 +9,8 @@ tokenizes, so only the gateway's memory is measured). Bounded: N requests per
 run, each with a client timeout; the gateway is killed at the end.
 
 Usage: scripts/attack_tokenize.py [--bin target/release/kvroute] [--count 16]
-       [--chars 1000000] [--runs capped,wait,uncapped] [--cap-count N --cap-bytes B]
-(capped: the default limits and policy "skip"; wait: the default limits, policy
+       [--chars 1000000] [--runs default,capped,wait,uncapped] [--cap-count N --cap-bytes B]
+(default: the gateway's defaults, policy "wait" up to 250 ms; capped: the default limits and policy "skip"; wait: the default limits, policy
 "wait" with a 300 s bound, so every prompt is tokenized in turn; uncapped: the
 limits out of reach.)
 Prints one line per run: VmHWM before/after, growth, admitted/overloaded.
@@ -178,7 +178,7 @@ def main() -> int:
     p.add_argument("--bin", default=os.path.join(REPO, "target/release/kvroute"))
     p.add_argument("--count", type=int, default=16)
     p.add_argument("--chars", type=int, default=1_000_000)
-    p.add_argument("--runs", default="capped,uncapped")
+    p.add_argument("--runs", default="default,capped,uncapped")
     p.add_argument("--cap-count", type=int, default=None, help="max_concurrent_tokenizations (default: the gateway's)")
     p.add_argument("--cap-bytes", type=int, default=None, help="max_tokenize_bytes_in_flight (default: the gateway's)")
     args = p.parse_args()
@@ -188,8 +188,10 @@ def main() -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     upstream = server.server_address[1]
     for name in args.runs.split(","):
-        if name == "capped":
+        if name == "default":
             limits = ""
+        elif name == "capped":
+            limits = 'tokenize_overload = "skip"\n'
             if args.cap_count:
                 limits += f"max_concurrent_tokenizations = {args.cap_count}\n"
             if args.cap_bytes:

@@ -53,10 +53,12 @@ use tokio::sync::Notify;
 pub enum TokenizeOverload {
     /// Skip KV routing at once: the rule's fallback picks the endpoint and the
     /// request counts as a `tokenize_overloaded` miss.
-    #[default]
     Skip,
     /// Wait up to a bound for room (the gateway's `limits.tokenize_wait_ms`;
-    /// [`crate::KvRouterBuilder::tokenize_wait`]), then skip.
+    /// [`crate::KvRouterBuilder::tokenize_wait`]), then skip. The default: with
+    /// the count bound at the CPU count, a burst of ordinary prompts would
+    /// otherwise lose KV routing for want of a few milliseconds.
+    #[default]
     Wait,
 }
 

@@ -104,8 +104,9 @@ pub struct KvRouterBuilder {
 /// Production defaults: 1 M characters of prompt text, 128 Ki tokens, 64
 /// endpoint slots, `stream_options.include_usage` added to streamed requests,
 /// at most as many tokenizations at once as CPUs (at least 2) holding at most
-/// 8 MiB of request bytes, and an overloaded request routed at once without
-/// KV ([`TokenizeOverload::Skip`]) — the gateway's defaults.
+/// 8 MiB of request bytes, and a request finding no room waiting up to 250 ms
+/// for it before it is routed without KV ([`TokenizeOverload::Wait`]) — the
+/// gateway's defaults.
 impl KvRouterBuilder {
     /// A rule name (metrics label; default `kvroute`).
     pub fn name(mut self, name: impl Into<String>) -> Self {
@@ -208,16 +209,18 @@ impl KvRouterBuilder {
         self
     }
 
-    /// What a request does when tokenization is at either bound: skip KV
-    /// routing at once (default; a `tokenize_overloaded` miss routed by the
-    /// fallback) or wait up to [`KvRouterBuilder::tokenize_wait`] for room.
+    /// What a request does when tokenization is at either bound: wait up to
+    /// [`KvRouterBuilder::tokenize_wait`] for room (default: an ordinary burst
+    /// of normal prompts waits a few ms rather than losing KV routing), or
+    /// skip KV routing at once (a `tokenize_overloaded` miss routed by the
+    /// fallback). A wait that runs out skips too.
     pub fn tokenize_overload(mut self, overload: TokenizeOverload) -> Self {
         self.overload = overload;
         self
     }
 
     /// Longest wait for tokenization room under [`TokenizeOverload::Wait`]
-    /// (default 1 s).
+    /// (default 250 ms).
     pub fn tokenize_wait(mut self, wait: Duration) -> Self {
         self.tokenize_wait = wait;
         self
@@ -756,8 +759,8 @@ impl KvRouter {
                 max_count: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
                 max_bytes: 8 << 20,
             },
-            overload: TokenizeOverload::Skip,
-            tokenize_wait: Duration::from_secs(1),
+            overload: TokenizeOverload::Wait,
+            tokenize_wait: Duration::from_millis(250),
         }
     }
 

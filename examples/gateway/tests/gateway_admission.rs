@@ -121,7 +121,7 @@ async fn a_flood_of_long_prompts_is_bounded_by_the_tokenization_limits() {
     let gw = Gateway::start(&config(
         echo,
         &format!(
-            "max_concurrent_tokenizations = {max_count}\nmax_tokenize_bytes_in_flight = {max_bytes}\n"
+            "max_concurrent_tokenizations = {max_count}\nmax_tokenize_bytes_in_flight = {max_bytes}\ntokenize_overload = \"skip\"\n"
         ),
     ));
     // Warm-up (until the tokenizer has loaded and a request is routed): the

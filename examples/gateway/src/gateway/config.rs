@@ -196,9 +196,9 @@ pub struct LimitsConfig {
     /// 280 bytes of memory per prompt byte, so the default 8 MiB bounds the
     /// tokenizers near 2.3 GB whatever the CPU count.
     pub max_tokenize_bytes_in_flight: usize,
-    /// At either bound: `"skip"` (default) routes the request without KV
-    /// (the rule's selector, a `tokenize_overloaded` miss); `"wait"` waits up
-    /// to `tokenize_wait_ms` for room first.
+    /// At either bound: `"wait"` (default) waits up to `tokenize_wait_ms` for
+    /// room, then routes the request without KV (the rule's selector, a
+    /// `tokenize_overloaded` miss); `"skip"` does so at once.
     pub tokenize_overload: kvroute::admission::TokenizeOverload,
     /// Longest wait for tokenization room under `tokenize_overload = "wait"`.
     pub tokenize_wait_ms: u64,
@@ -222,8 +222,8 @@ impl Default for LimitsConfig {
             max_concurrent_tokenizations: std::thread::available_parallelism()
                 .map_or(2, |n| n.get().max(2)),
             max_tokenize_bytes_in_flight: 8 << 20,
-            tokenize_overload: kvroute::admission::TokenizeOverload::Skip,
-            tokenize_wait_ms: 1_000,
+            tokenize_overload: kvroute::admission::TokenizeOverload::Wait,
+            tokenize_wait_ms: 250,
         }
     }
 }
