@@ -360,16 +360,36 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
 /// `.` / `..` segments (also percent-encoded), empty segments (`//`) and
 /// encoded `/` or `\\`: paths another server may resolve differently.
 fn ambiguous_path(path: &str) -> bool {
-    let lower = path.to_ascii_lowercase();
-    if lower.contains("%2f") || lower.contains("%5c") || lower.contains('\\') {
+    // Every proxied request passes here: no allocation.
+    let bytes = path.as_bytes();
+    let encoded = |pat: &[u8]| bytes.windows(3).any(|w| w.eq_ignore_ascii_case(pat));
+    if bytes.contains(&b'\\') || encoded(b"%2f") || encoded(b"%5c") {
         return true;
     }
-    let segments: Vec<&str> = lower.split('/').skip(1).collect();
-    let last = segments.len().saturating_sub(1);
-    segments.iter().enumerate().any(|(i, s)| {
-        let s = s.replace("%2e", ".");
-        s == "." || s == ".." || (s.is_empty() && i != last)
-    })
+    let mut segments = path.split('/').skip(1).peekable();
+    while let Some(s) = segments.next() {
+        let last = segments.peek().is_none();
+        if (s.is_empty() && !last) || dot_segment(s.as_bytes()) {
+            return true;
+        }
+    }
+    false
+}
+
+/// `.` or `..`, each dot written as `.` or `%2e` (any case).
+fn dot_segment(mut s: &[u8]) -> bool {
+    let mut dots = 0;
+    while !s.is_empty() {
+        if s[0] == b'.' {
+            s = &s[1..];
+        } else if s.len() >= 3 && s[..3].eq_ignore_ascii_case(b"%2e") {
+            s = &s[3..];
+        } else {
+            return false;
+        }
+        dots += 1;
+    }
+    dots == 1 || dots == 2
 }
 
 fn no_rule_message(model: Option<&String>) -> String {
@@ -732,6 +752,9 @@ mod tests {
             "/v1/chat%2fcompletions",
             "/v1/a\\b",
             "/v1//chat/completions",
+            "/v1/.%2E/x",
+            "/v1/%2e",
+            "/v1/chat%5Ccompletions",
         ] {
             assert!(ambiguous_path(p), "{p}");
         }
@@ -740,6 +763,9 @@ mod tests {
             "/v1/completions",
             "/v1/models/",
             "/v1/a.b/..c",
+            "/v1/.../x",
+            "/v1/%2e%2e%2e",
+            "/v1/%2ex",
         ] {
             assert!(!ambiguous_path(p), "{p}");
         }
