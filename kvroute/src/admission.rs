@@ -233,6 +233,21 @@ impl TokenizeAdmission {
         }
     }
 
+    /// A permit for a body of `len` bytes under `overload`: at once or not at
+    /// all ([`TokenizeOverload::Skip`]), or waiting up to `wait`
+    /// ([`TokenizeOverload::Wait`]) — what every host applies per request.
+    pub async fn admit(
+        self: &Arc<Self>,
+        len: usize,
+        overload: TokenizeOverload,
+        wait: std::time::Duration,
+    ) -> Option<TokenizePermit> {
+        match overload {
+            TokenizeOverload::Skip => self.admit_now(len),
+            TokenizeOverload::Wait => self.admit_within(len, tokio::time::sleep(wait)).await,
+        }
+    }
+
     /// Current counters and gauges.
     #[must_use]
     pub fn snapshot(&self) -> AdmissionSnapshot {

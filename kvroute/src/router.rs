@@ -790,15 +790,11 @@ impl KvRouter {
         let prompt = if body.is_empty() {
             Prompt::missed(None, kvroute_select::MissBeforeKeys::NoModel)
         } else {
-            let admission = &self.shared.admission;
-            let permit = match self.shared.overload {
-                TokenizeOverload::Skip => admission.admit_now(body.len()),
-                TokenizeOverload::Wait => {
-                    admission
-                        .admit_within(body.len(), tokio::time::sleep(self.shared.tokenize_wait))
-                        .await
-                }
-            };
+            let permit = self
+                .shared
+                .admission
+                .admit(body.len(), self.shared.overload, self.shared.tokenize_wait)
+                .await;
             let shared = Arc::clone(&self.shared);
             let body = body.clone();
             let job = match permit {

@@ -78,16 +78,14 @@ async fn model_only(body: &Bytes) -> Option<String> {
 /// [`TokenizeAdmission`](kvroute::admission::TokenizeAdmission) across requests).
 /// Never fails: every problem is a typed miss.
 async fn tokenize(gw: &Arc<Gateway>, api: ApiEndpoint, body: &Bytes) -> Prompt {
-    use kvroute::admission::TokenizeOverload;
-    let admission = &gw.tokenize_admission;
-    let permit = match gw.limits.tokenize_overload {
-        TokenizeOverload::Skip => admission.admit_now(body.len()),
-        TokenizeOverload::Wait => {
-            admission
-                .admit_within(body.len(), tokio::time::sleep(gw.limits.tokenize_wait()))
-                .await
-        }
-    };
+    let permit = gw
+        .tokenize_admission
+        .admit(
+            body.len(),
+            gw.limits.tokenize_overload,
+            gw.limits.tokenize_wait(),
+        )
+        .await;
     let Some(permit) = permit else {
         // Still routed (by the rule's selector), so the rule needs the model;
         // reading it costs about the body's size, not the tokenizer's ~280×.
