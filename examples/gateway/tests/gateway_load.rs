@@ -10,7 +10,7 @@ mod gateway_support;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gateway_support::*;
 use serde_json::Value;
@@ -177,12 +177,12 @@ async fn a_hung_engine_is_cut_by_the_header_timeout_and_the_request_retried() {
     let hole = black_hole().await;
     let (engine, seen) = slow_engine(Duration::from_millis(10)).await;
     let gw = Gateway::start(&rule(&[hole, engine], "response_header_timeout_ms = 500"));
-    let started = Instant::now();
+    // Without the timeout each request to the hole would hang until the
+    // client's own timeout fails it; the retries counter below shows the cut.
     for i in 0..4 {
         let (status, v): (u16, Value) = complete(&gw, &prompt(&format!("hung{i}"), 30), 4).await;
         assert_eq!(status, 200, "{v}");
     }
-    assert!(started.elapsed() < Duration::from_secs(20));
     assert_eq!(
         seen.answered.load(Ordering::SeqCst),
         4,
