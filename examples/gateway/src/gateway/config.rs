@@ -82,6 +82,43 @@ pub struct FileConfig {
     /// Routing rules.
     #[serde(default)]
     pub rules: Vec<RuleDoc>,
+    /// Other `kvroute serve` replicas in front of the same engines.
+    #[serde(default)]
+    pub replicas: ReplicasConfig,
+}
+
+/// `[replicas]`: replicas of this gateway in front of the same engines share
+/// their in-flight load so that each one's load view counts the others'
+/// requests (`kvroute_select::replica_sync`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicasConfig {
+    /// This replica's name in the others' load views (default: the proxy
+    /// listener address).
+    pub id: Option<String>,
+    /// Admin base URLs of the other replicas, e.g. `http://10.0.0.2:9090`.
+    /// Empty: no sharing.
+    pub peers: Vec<String>,
+    /// How often coalesced load changes are sent to each peer.
+    pub sync_interval_ms: u64,
+    /// A full resend of this replica's totals at least this often, so a
+    /// restarted peer or a lost batch heals.
+    pub heartbeat_ms: u64,
+    /// A peer not heard from for this long has its requests dropped from the
+    /// load view.
+    pub remote_ttl_ms: u64,
+}
+
+impl Default for ReplicasConfig {
+    fn default() -> Self {
+        Self {
+            id: None,
+            peers: Vec::new(),
+            sync_interval_ms: 2,
+            heartbeat_ms: 1_000,
+            remote_ttl_ms: 5_000,
+        }
+    }
 }
 
 /// `[admin]`.
@@ -202,6 +239,9 @@ pub struct LimitsConfig {
     pub tokenize_overload: kvroute::admission::TokenizeOverload,
     /// Longest wait for tokenization room under `tokenize_overload = "wait"`.
     pub tokenize_wait_ms: u64,
+    /// Threads one long prompt's tokenization may be split across (exact:
+    /// the pieces' ids equal one whole encode). 1 = never split.
+    pub tokenizer_threads: usize,
 }
 
 impl Default for LimitsConfig {
@@ -224,6 +264,7 @@ impl Default for LimitsConfig {
             max_tokenize_bytes_in_flight: 8 << 20,
             tokenize_overload: kvroute::admission::TokenizeOverload::Wait,
             tokenize_wait_ms: 250,
+            tokenizer_threads: 1,
         }
     }
 }
@@ -347,6 +388,11 @@ pub struct RuleDoc {
     /// strictly; larger values favour cache affinity over balance.
     #[serde(default)]
     pub load_slack: Option<f64>,
+    /// On `/v1/completions`, send the engine the token ids kvroute computed
+    /// (`prompt` as a list of ints) instead of the text, so it does not
+    /// tokenize the prompt again.
+    #[serde(default)]
+    pub forward_token_ids: bool,
     /// LoRA adapters the rule's engines serve (`[[rules.lora]]`). vLLM runs a
     /// request whose `model` is an adapter's name on that adapter and keys its
     /// KV blocks with the adapter's name and path, so KV-exact must hash them
@@ -524,6 +570,9 @@ pub struct ServeConfig {
     pub models: Vec<ModelConfig>,
     /// Rules.
     pub rules: Vec<RuleSpec>,
+    /// Replica load sharing.
+    #[allow(dead_code)] // TODO(replica sync): read by the sync task being written
+    pub replicas: ReplicasConfig,
 }
 
 impl ServeConfig {
@@ -671,6 +720,7 @@ impl ServeConfig {
             limits,
             health: file.health,
             decisions: file.decisions,
+            replicas: file.replicas,
             models,
             rules,
         })
