@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use kvroute_engines::prompt::pyvalue::{PyDict, PyValue};
-use kvroute_engines::prompt::{prompt_tokens, Endpoint, ModelOptions, ModelTokenizer};
+use kvroute_engines::prompt::{prompt_tokens, ApiKind, ModelOptions, ModelTokenizer};
 
 const WORDS: &[&str] = &[
     "the",
@@ -106,7 +106,7 @@ fn chat(turns: usize, words_per_turn: usize, tail_seed: u64) -> PyValue {
 }
 
 fn rendered(tok: &ModelTokenizer, body: &PyValue) -> (String, usize) {
-    let p = prompt_tokens(tok, Endpoint::Chat, body).unwrap();
+    let p = prompt_tokens(tok, ApiKind::Chat, body).unwrap();
     let ep = &p.engine_prompts[0];
     (ep.rendered.clone().unwrap(), ep.token_ids.len())
 }

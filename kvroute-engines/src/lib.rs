@@ -77,10 +77,8 @@ pub mod transport;
 mod names;
 pub use names::UnknownName;
 
-/// The OpenAI API a request body was posted to (chat or completions): the
-/// name hosts should use; [`prompt::Endpoint`] is the same type (not a
-/// backend endpoint).
-pub use prompt::Endpoint as ApiKind;
+/// The OpenAI API a request body was posted to (chat or completions).
+pub use prompt::ApiKind;
 
 pub use load_report::{
     fuzzing as load_report_fuzzing, parse_load, EngineLoadReport, LoadReportError, MetricsDialect,

@@ -3,7 +3,7 @@
 
 use std::str::FromStr;
 
-use crate::prompt::Endpoint as ApiKind;
+use crate::prompt::ApiKind;
 use crate::transport::EngineKind;
 
 /// A name that is not an engine (`vllm`, `sglang`, `trtllm`, `llama.cpp`) or

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use kvroute_engines::prompt::pyvalue::parse_json;
 use kvroute_engines::prompt::{
-    prompt_tokens, prompt_tokens_as, Dialect, Endpoint, ModelOptions, ModelTokenizer, PromptLimits,
+    prompt_tokens, prompt_tokens_as, ApiKind, Dialect, ModelOptions, ModelTokenizer, PromptLimits,
     PromptMiss, PromptTokens,
 };
 
@@ -20,7 +20,7 @@ fn qwen3() -> &'static ModelTokenizer {
     })
 }
 
-fn run(endpoint: Endpoint, body: &str) -> Result<PromptTokens, PromptMiss> {
+fn run(endpoint: ApiKind, body: &str) -> Result<PromptTokens, PromptMiss> {
     prompt_tokens(qwen3(), endpoint, &parse_json(body.as_bytes()).unwrap())
 }
 
@@ -34,7 +34,7 @@ fn user(content: &str) -> String {
 /// → HTTP 400. Before, kvroute counted it as an "unsupported multimodal" miss.
 #[test]
 fn an_unknown_content_part_type_is_a_validation_error() {
-    let err = run(Endpoint::Chat, &user(r#"[{"type":"bogus","text":"hi"}]"#)).unwrap_err();
+    let err = run(ApiKind::Chat, &user(r#"[{"type":"bogus","text":"hi"}]"#)).unwrap_err();
     assert_eq!(err.kind(), "render_validation", "{err}");
     assert!(err.is_request_error());
     assert!(
@@ -47,7 +47,7 @@ fn an_unknown_content_part_type_is_a_validation_error() {
         r#"[{"type":"image_url","image_url":{"url":"http://x/i.png"}}]"#,
         r#"[{"type":"input_audio","input_audio":{"data":"","format":"wav"}}]"#,
     ] {
-        let err = run(Endpoint::Chat, &user(media)).unwrap_err();
+        let err = run(ApiKind::Chat, &user(media)).unwrap_err();
         assert_eq!(err.kind(), "unsupported", "{media}: {err}");
         assert!(!err.is_request_error());
     }
@@ -59,12 +59,8 @@ fn an_unknown_content_part_type_is_a_validation_error() {
 /// the others by "\n" like a text part.
 #[test]
 fn a_bare_string_content_part_is_text() {
-    let as_parts = run(
-        Endpoint::Chat,
-        &user(r#"["a", {"type":"text","text":"b"}]"#),
-    )
-    .unwrap();
-    let as_text = run(Endpoint::Chat, &user(r#""a\nb""#)).unwrap();
+    let as_parts = run(ApiKind::Chat, &user(r#"["a", {"type":"text","text":"b"}]"#)).unwrap();
+    let as_text = run(ApiKind::Chat, &user(r#""a\nb""#)).unwrap();
     assert_eq!(
         as_parts.engine_prompts[0].token_ids,
         as_text.engine_prompts[0].token_ids
@@ -76,7 +72,7 @@ fn a_bare_string_content_part_is_text() {
 /// schema error (pydantic "Field required"), not something to tokenize.
 #[test]
 fn a_completions_body_on_the_chat_route_is_a_schema_error() {
-    let err = run(Endpoint::Chat, r#"{"model":"m","prompt":"Hello"}"#).unwrap_err();
+    let err = run(ApiKind::Chat, r#"{"model":"m","prompt":"Hello"}"#).unwrap_err();
     assert_eq!(err.kind(), "request_validation", "{err}");
     assert!(err.is_request_error());
 }
@@ -92,11 +88,11 @@ fn an_empty_cache_salt_follows_each_engine() {
     let body =
         parse_json(br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"cache_salt":""}"#)
             .unwrap();
-    let vllm = prompt_tokens(qwen3(), Endpoint::Chat, &body).unwrap_err();
+    let vllm = prompt_tokens(qwen3(), ApiKind::Chat, &body).unwrap_err();
     assert_eq!(vllm.kind(), "request_rule", "{vllm}");
     let limits = PromptLimits::default();
-    let sglang = prompt_tokens_as(qwen3(), Endpoint::Chat, &body, limits, Dialect::Sglang).unwrap();
+    let sglang = prompt_tokens_as(qwen3(), ApiKind::Chat, &body, limits, Dialect::Sglang).unwrap();
     assert_eq!(sglang.cache_salt, None);
-    let plain = run(Endpoint::Chat, &user(r#""hi""#)).unwrap();
+    let plain = run(ApiKind::Chat, &user(r#""hi""#)).unwrap();
     assert_eq!(sglang.engine_prompts, plain.engine_prompts);
 }

@@ -273,7 +273,7 @@ fn unproven_tokenizers_get_no_seam_policy() {
 /// as one without (a 40 K-character chat body, split on 3 threads).
 #[test]
 fn tokenizer_pool_with_a_parallel_encoder_gives_the_same_prompt() {
-    use kvroute_engines::prompt::{Endpoint, TokenizerPool};
+    use kvroute_engines::prompt::{ApiKind, TokenizerPool};
     let dir = repo().join("golden/tokenizers/qwen3");
     let plain = TokenizerPool::new();
     plain.register("q", &dir);
@@ -293,10 +293,8 @@ fn tokenizer_pool_with_a_parallel_encoder_gives_the_same_prompt() {
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": doc}],
     })
     .to_string();
-    let a = plain
-        .prompt_tokens(Endpoint::Chat, body.as_bytes())
-        .unwrap();
-    let b = par.prompt_tokens(Endpoint::Chat, body.as_bytes()).unwrap();
+    let a = plain.prompt_tokens(ApiKind::Chat, body.as_bytes()).unwrap();
+    let b = par.prompt_tokens(ApiKind::Chat, body.as_bytes()).unwrap();
     assert!(a.engine_prompts[0].token_ids.len() > 5_000);
     assert_eq!(a, b);
     let cuts = seams(

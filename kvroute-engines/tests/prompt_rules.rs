@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use kvroute_engines::prompt::pyvalue::parse_json;
 use kvroute_engines::prompt::{
-    prompt_tokens, Endpoint, ModelOptions, ModelTokenizer, PromptMiss, PromptTokens, TokenizerPool,
+    prompt_tokens, ApiKind, ModelOptions, ModelTokenizer, PromptMiss, PromptTokens, TokenizerPool,
 };
 
 fn qwen3_dir() -> PathBuf {
@@ -25,12 +25,12 @@ fn qwen3() -> &'static ModelTokenizer {
     })
 }
 
-fn run(endpoint: Endpoint, body: &str) -> Result<PromptTokens, PromptMiss> {
+fn run(endpoint: ApiKind, body: &str) -> Result<PromptTokens, PromptMiss> {
     prompt_tokens(qwen3(), endpoint, &parse_json(body.as_bytes()).unwrap())
 }
 
 fn chat_text(body: &str) -> String {
-    run(Endpoint::Chat, body).unwrap().engine_prompts[0]
+    run(ApiKind::Chat, body).unwrap().engine_prompts[0]
         .rendered
         .clone()
         .unwrap()
@@ -48,7 +48,7 @@ fn parts_join_with_newline_and_drop_empty() {
         "<|im_start|>user\na\nb\nc<|im_end|>\n<|im_start|>assistant\n"
     );
     let miss = run(
-        Endpoint::Chat,
+        ApiKind::Chat,
         r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
     );
     assert_eq!(miss.unwrap_err().kind(), "unsupported");
@@ -93,7 +93,7 @@ fn continue_final_message_leaves_the_turn_open() {
         "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA  "
     );
     let err = run(
-        Endpoint::Chat,
+        ApiKind::Chat,
         r#"{"model":"m","add_generation_prompt":false,"continue_final_message":true,
         "messages":[{"role":"user","content":"q"},{"role":"weird","content":"x"}]}"#,
     )
@@ -105,14 +105,12 @@ fn continue_final_message_leaves_the_turn_open() {
 fn truncation_left_right_and_minus_one() {
     let body =
         |extra: &str| format!(r#"{{"model":"m","prompt":"one two three four five six"{extra}}}"#);
-    let full = run(Endpoint::Completions, &body(""))
-        .unwrap()
-        .engine_prompts[0]
+    let full = run(ApiKind::Completions, &body("")).unwrap().engine_prompts[0]
         .token_ids
         .clone();
     assert!(full.len() > 3);
     let left = run(
-        Endpoint::Completions,
+        ApiKind::Completions,
         &body(r#","truncate_prompt_tokens":3"#),
     )
     .unwrap();
@@ -123,13 +121,13 @@ fn truncation_left_right_and_minus_one() {
         Some("one two three four five six")
     );
     let right = run(
-        Endpoint::Completions,
+        ApiKind::Completions,
         &body(r#","truncate_prompt_tokens":3,"truncation_side":"right""#),
     )
     .unwrap();
     assert_eq!(right.engine_prompts[0].token_ids, full[..3]);
     let all = run(
-        Endpoint::Completions,
+        ApiKind::Completions,
         &body(r#","truncate_prompt_tokens":-1"#),
     )
     .unwrap();
@@ -137,7 +135,7 @@ fn truncation_left_right_and_minus_one() {
     assert_eq!(all.engine_prompts[0].token_ids, full);
     assert_eq!(
         run(
-            Endpoint::Completions,
+            ApiKind::Completions,
             &body(r#","truncate_prompt_tokens":-2"#)
         )
         .unwrap_err()
@@ -160,7 +158,7 @@ fn tool_json_is_python_json_dumps() {
     // A non-object arguments string becomes {}.
     assert!(text.contains(r#"{"name": "g", "arguments": {}}"#), "{text}");
     let err = run(
-        Endpoint::Chat,
+        ApiKind::Chat,
         r#"{"model":"m","messages":[{"role":"assistant","content":"","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":{}}}]}]}"#,
     );
     assert_eq!(err.unwrap_err().kind(), "request_validation");
@@ -189,7 +187,7 @@ fn kwargs_merge_and_reasoning_effort() {
 #[test]
 fn completions_shapes_and_engine_checks() {
     let p = run(
-        Endpoint::Completions,
+        ApiKind::Completions,
         r#"{"model":"m","prompt":[[1,2],[3]]}"#,
     )
     .unwrap();
@@ -197,14 +195,14 @@ fn completions_shapes_and_engine_checks() {
     assert_eq!(p.engine_prompts[1].token_ids, vec![3]);
     assert_eq!(p.engine_prompts[1].rendered, None);
     assert_eq!(
-        run(Endpoint::Completions, r#"{"model":"m","prompt":["a",""]}"#)
+        run(ApiKind::Completions, r#"{"model":"m","prompt":["a",""]}"#)
             .unwrap_err()
             .kind(),
         "engine_input"
     );
     assert_eq!(
         run(
-            Endpoint::Completions,
+            ApiKind::Completions,
             r#"{"model":"m","prompt":[999999999]}"#
         )
         .unwrap_err()
@@ -213,7 +211,7 @@ fn completions_shapes_and_engine_checks() {
     );
     let long = format!(r#"{{"model":"m","prompt":"{}"}}"#, "a ".repeat(41000));
     assert_eq!(
-        run(Endpoint::Completions, &long).unwrap_err().kind(),
+        run(ApiKind::Completions, &long).unwrap_err().kind(),
         "engine_input"
     );
 }
@@ -227,26 +225,26 @@ fn pool_misses_are_typed() {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("no-such-dir"),
     );
     assert!(matches!(
-        pool.prompt_tokens(Endpoint::Chat, b"hello there"),
+        pool.prompt_tokens(ApiKind::Chat, b"hello there"),
         Err(PromptMiss::NotJson(_))
     ));
     assert_eq!(
-        pool.prompt_tokens(Endpoint::Chat, br#"{"messages":[]}"#),
+        pool.prompt_tokens(ApiKind::Chat, br#"{"messages":[]}"#),
         Err(PromptMiss::NoModel)
     );
     assert_eq!(
-        pool.prompt_tokens(Endpoint::Chat, br#"{"model":"other","messages":[]}"#),
+        pool.prompt_tokens(ApiKind::Chat, br#"{"model":"other","messages":[]}"#),
         Err(PromptMiss::UnknownModel("other".into()))
     );
     assert_eq!(
-        pool.prompt_tokens(Endpoint::Chat, br#"{"model":"broken","messages":[]}"#)
+        pool.prompt_tokens(ApiKind::Chat, br#"{"model":"broken","messages":[]}"#)
             .unwrap_err()
             .kind(),
         "model_load"
     );
     let ok = pool
         .prompt_tokens(
-            Endpoint::Chat,
+            ApiKind::Chat,
             br#"{"model":"qwen","messages":[{"role":"user","content":"Hello!"}],"cache_salt":"s"}"#,
         )
         .unwrap();

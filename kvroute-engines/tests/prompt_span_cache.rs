@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use kvroute_engines::prompt::pyvalue::{PyDict, PyValue};
-use kvroute_engines::prompt::{prompt_tokens, Endpoint, ModelOptions, ModelTokenizer};
+use kvroute_engines::prompt::{prompt_tokens, ApiKind, ModelOptions, ModelTokenizer};
 use proptest::prelude::*;
 
 fn qwen3() -> &'static ModelTokenizer {
@@ -93,7 +93,7 @@ proptest! {
         let mut longer = msgs.clone();
         longer.extend(extra);
         for conv in [&msgs, &longer] {
-            let p = prompt_tokens(tok, Endpoint::Chat, &conversation_body(conv)).unwrap();
+            let p = prompt_tokens(tok, ApiKind::Chat, &conversation_body(conv)).unwrap();
             let rendered = p.engine_prompts[0].rendered.as_deref().unwrap();
             let full = tok.encode_uncached(rendered, false).unwrap();
             prop_assert_eq!(&p.engine_prompts[0].token_ids, &full);

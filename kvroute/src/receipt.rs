@@ -45,6 +45,10 @@ pub enum BodyKind {
     Json,
     /// `text/event-stream`: `data: {json}` lines.
     Sse,
+    /// A body that carries no receipt (an answer to a request routed without
+    /// a KV decision, e.g. `/v1/models`): streamed through unscanned, so it
+    /// costs no buffer; its receipt is always `None`.
+    Opaque,
 }
 
 impl BodyKind {
@@ -104,6 +108,7 @@ impl UsageScanner {
     /// Feeds the next chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
         match self.kind {
+            BodyKind::Opaque => {}
             BodyKind::Json => {
                 if self.overflowed {
                     return;
@@ -174,6 +179,7 @@ impl UsageScanner {
     /// The body ended: the receipt, if the engine sent one.
     pub fn finish(&mut self) -> Option<u32> {
         match self.kind {
+            BodyKind::Opaque => {}
             BodyKind::Json => {
                 if !self.overflowed && !self.buf.is_empty() {
                     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&self.buf) {
@@ -442,6 +448,15 @@ mod tests {
         let mut s = UsageScanner::new(BodyKind::Json);
         s.feed(&USAGE.as_bytes()[..30]);
         assert_eq!(s.finish(), None, "a truncated body is no receipt");
+    }
+
+    #[test]
+    fn an_opaque_body_keeps_nothing_and_has_no_receipt() {
+        let mut s = UsageScanner::new(BodyKind::Opaque);
+        s.feed(USAGE.as_bytes());
+        s.feed(format!("\ndata: {USAGE}\n").as_bytes());
+        assert!(s.buf.is_empty(), "nothing buffered");
+        assert_eq!(s.finish(), None);
     }
 
     #[test]

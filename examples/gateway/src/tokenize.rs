@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use kvroute_core::{BlockKey, HashContract, RequestExtras};
 use kvroute_engines::prompt::pyvalue::parse_json;
-use kvroute_engines::prompt::{prompt_tokens, Endpoint, ModelOptions, ModelTokenizer};
+use kvroute_engines::prompt::{prompt_tokens, ApiKind, ModelOptions, ModelTokenizer};
 
 /// Arguments of `kvroute tokenize`.
 #[derive(clap::Args)]
@@ -73,9 +73,9 @@ fn tokenize(args: &TokenizeArgs) -> Result<String, String> {
     let tok = ModelTokenizer::load(&args.model_dir, &options).map_err(|e| e.to_string())?;
     let value = parse_json(&body).map_err(|e| format!("request is not JSON: {e}"))?;
     let endpoint = match args.endpoint.as_deref() {
-        None => Endpoint::detect(&value),
-        Some("chat") => Endpoint::Chat,
-        Some("completions") => Endpoint::Completions,
+        None => ApiKind::detect(&value),
+        Some("chat") => ApiKind::Chat,
+        Some("completions") => ApiKind::Completions,
         Some(other) => return Err(format!("--endpoint {other}: use chat or completions")),
     };
     let prompt = prompt_tokens(&tok, endpoint, &value)

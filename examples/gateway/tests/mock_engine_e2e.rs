@@ -509,7 +509,7 @@ async fn model_dir_uses_the_gateway_tokenizer_and_template() {
     pool.register("Qwen/Qwen3-8B", &dir);
     let p = pool
         .prompt_tokens(
-            kvroute_engines::prompt::Endpoint::Chat,
+            kvroute_engines::prompt::ApiKind::Chat,
             body.to_string().as_bytes(),
         )
         .unwrap();

@@ -404,10 +404,10 @@ fn map_developer_role(messages: &mut Vec<PyValue>, format: ContentFormat) {
 /// use kvroute_engines::prompt::pyvalue::parse_json;
 /// use kvroute_engines::prompt::request::{extract, OpenAiRequest};
 /// use kvroute_engines::prompt::template::ChatTemplate;
-/// use kvroute_engines::prompt::Endpoint;
+/// use kvroute_engines::prompt::ApiKind;
 /// let body = parse_json(br#"{"model": "m", "messages": [{"role": "user", "content": [
 ///     {"type": "text", "text": "a"}, {"type": "text", "text": ""}, {"type": "text", "text": "b"}]}]}"#).unwrap();
-/// let OpenAiRequest::Chat(req) = extract(Endpoint::Chat, &body).unwrap() else { panic!() };
+/// let OpenAiRequest::Chat(req) = extract(ApiKind::Chat, &body).unwrap() else { panic!() };
 /// let t = ChatTemplate::new("{{ messages[0].content }}", vec![]).unwrap();
 /// let input = template_input(&req, &t).unwrap();
 /// assert_eq!(t.render(&input).unwrap(), "a\nb");

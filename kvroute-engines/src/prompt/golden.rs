@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::pyjson::{dumps, DumpOptions};
 use super::pyvalue::{parse_json, PyDict, PyValue};
-use super::request::{self, Endpoint, OpenAiRequest};
+use super::request::{self, ApiKind, OpenAiRequest};
 use super::template::{to_value, TemplateInput};
 use super::tokenizer::{ModelOptions, ModelTokenizer};
 use super::{prompt_tokens, render_chat, PromptMiss, PromptTokens};
@@ -125,8 +125,8 @@ fn json_text(v: &PyValue) -> String {
 
 fn check_case(d: &PyDict, tok: &ModelTokenizer, report: &mut ChatCaseReport) -> Result<(), String> {
     let endpoint = match d.get("endpoint").and_then(PyValue::as_str) {
-        Some("chat") => Endpoint::Chat,
-        Some("completions") => Endpoint::Completions,
+        Some("chat") => ApiKind::Chat,
+        Some("completions") => ApiKind::Completions,
         other => return Err(format!("unknown endpoint {other:?}")),
     };
     let outcome: Result<PromptTokens, PromptMiss> = match d.get("request") {
@@ -228,7 +228,7 @@ fn check_case(d: &PyDict, tok: &ModelTokenizer, report: &mut ChatCaseReport) -> 
 fn check_template_input(
     want: &PyDict,
     tok: &ModelTokenizer,
-    endpoint: Endpoint,
+    endpoint: ApiKind,
     req: &PyValue,
 ) -> Result<(), String> {
     let Ok(OpenAiRequest::Chat(chat)) = request::extract(endpoint, req) else {

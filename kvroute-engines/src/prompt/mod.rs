@@ -18,11 +18,11 @@
 //! own ([`PromptTokens::engine_prompts`] has one entry per element).
 //!
 //! ```no_run
-//! use kvroute_engines::prompt::{Endpoint, TokenizerPool};
+//! use kvroute_engines::prompt::{ApiKind, TokenizerPool};
 //! let pool = TokenizerPool::new();
 //! pool.register("Qwen/Qwen3-8B", "golden/tokenizers/qwen3");
 //! let body = br#"{"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "Hello!"}]}"#;
-//! let p = pool.prompt_tokens(Endpoint::Chat, body).unwrap();
+//! let p = pool.prompt_tokens(ApiKind::Chat, body).unwrap();
 //! assert_eq!(p.engine_prompts[0].rendered.as_deref(),
 //!            Some("<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"));
 //! ```
@@ -41,7 +41,7 @@ pub mod template;
 pub mod tokenizer;
 
 pub use error::PromptMiss;
-pub use request::{Dialect, Endpoint, TruncationSide};
+pub use request::{ApiKind, Dialect, TruncationSide};
 pub use tokenizer::{ModelOptions, ModelTokenizer, TokenizerPool};
 
 use pyvalue::PyValue;
@@ -63,7 +63,7 @@ pub struct PromptTokens {
     /// The model slug from the body.
     pub model: String,
     /// The endpoint the body was for.
-    pub endpoint: Endpoint,
+    pub endpoint: ApiKind,
     /// One entry per engine request (several for array completions prompts).
     pub engine_prompts: Vec<EnginePrompt>,
     /// `cache_salt`: ids unchanged, but it enters block 0's hash.
@@ -78,7 +78,7 @@ impl TokenizerPool {
     /// Every failure is a typed [`PromptMiss`]; nothing here is an error to the client.
     pub fn prompt_tokens(
         &self,
-        endpoint: Endpoint,
+        endpoint: ApiKind,
         body: &[u8],
     ) -> Result<PromptTokens, PromptMiss> {
         let value = pyvalue::parse_json(body).map_err(|e| PromptMiss::NotJson(e.to_string()))?;
@@ -95,13 +95,13 @@ impl TokenizerPool {
 /// the router a CPU-second); the body size limit alone does not bound it tightly.
 ///
 /// ```
-/// use kvroute_engines::prompt::{pyvalue::parse_json, prompt_tokens_limited, Endpoint,
+/// use kvroute_engines::prompt::{pyvalue::parse_json, prompt_tokens_limited, ApiKind,
 ///     ModelOptions, ModelTokenizer, PromptLimits, PromptMiss};
 /// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
 /// let tok = ModelTokenizer::load(&dir, &ModelOptions::default()).unwrap();
 /// let body = parse_json(br#"{"model": "m", "prompt": "a rather long prompt"}"#).unwrap();
 /// let limits = PromptLimits { max_chars: 8 };
-/// let miss = prompt_tokens_limited(&tok, Endpoint::Completions, &body, limits).unwrap_err();
+/// let miss = prompt_tokens_limited(&tok, ApiKind::Completions, &body, limits).unwrap_err();
 /// assert_eq!(miss, PromptMiss::PromptTooLong { limit: 8 });
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,7 +160,7 @@ fn add_strings(limits: PromptLimits, total: &mut usize, v: &PyValue) -> Result<(
 /// slug in the body is reported, not checked).
 pub fn prompt_tokens(
     tok: &ModelTokenizer,
-    endpoint: Endpoint,
+    endpoint: ApiKind,
     body: &PyValue,
 ) -> Result<PromptTokens, PromptMiss> {
     prompt_tokens_limited(tok, endpoint, body, PromptLimits::default())
@@ -170,7 +170,7 @@ pub fn prompt_tokens(
 /// `limits` ([`PromptMiss::PromptTooLong`]).
 pub fn prompt_tokens_limited(
     tok: &ModelTokenizer,
-    endpoint: Endpoint,
+    endpoint: ApiKind,
     body: &PyValue,
     limits: PromptLimits,
 ) -> Result<PromptTokens, PromptMiss> {
@@ -182,7 +182,7 @@ pub fn prompt_tokens_limited(
 /// refuses it): use the rule's engine.
 pub fn prompt_tokens_as(
     tok: &ModelTokenizer,
-    endpoint: Endpoint,
+    endpoint: ApiKind,
     body: &PyValue,
     limits: PromptLimits,
     dialect: request::Dialect,
@@ -340,7 +340,7 @@ mod tests {
 
     fn limited(
         tok: &ModelTokenizer,
-        e: Endpoint,
+        e: ApiKind,
         v: &serde_json::Value,
         max: usize,
     ) -> Result<PromptTokens, PromptMiss> {
@@ -353,30 +353,30 @@ mod tests {
         // 10 characters, 20 UTF-8 bytes: the limit is in characters.
         let text = "é".repeat(10);
         let v = serde_json::json!({"model": "m", "prompt": text});
-        let full = prompt_tokens(&tok, Endpoint::Completions, &body(&v)).unwrap();
-        assert_eq!(limited(&tok, Endpoint::Completions, &v, 10).unwrap(), full);
+        let full = prompt_tokens(&tok, ApiKind::Completions, &body(&v)).unwrap();
+        assert_eq!(limited(&tok, ApiKind::Completions, &v, 10).unwrap(), full);
         assert_eq!(
-            limited(&tok, Endpoint::Completions, &v, 9),
+            limited(&tok, ApiKind::Completions, &v, 9),
             Err(PromptMiss::PromptTooLong { limit: 9 })
         );
         // A list prompt counts all its elements together.
         let v = serde_json::json!({"model": "m", "prompt": ["abcdef", "ghijkl"]});
         assert_eq!(
-            limited(&tok, Endpoint::Completions, &v, 12)
+            limited(&tok, ApiKind::Completions, &v, 12)
                 .unwrap()
                 .engine_prompts
                 .len(),
             2
         );
         assert_eq!(
-            limited(&tok, Endpoint::Completions, &v, 11)
+            limited(&tok, ApiKind::Completions, &v, 11)
                 .unwrap_err()
                 .kind(),
             "prompt_too_long"
         );
         // Token-id prompts are not tokenized: no character limit applies.
         let v = serde_json::json!({"model": "m", "prompt": [1, 2, 3]});
-        assert!(limited(&tok, Endpoint::Completions, &v, 0).is_ok());
+        assert!(limited(&tok, ApiKind::Completions, &v, 0).is_ok());
     }
 
     #[test]
@@ -384,23 +384,23 @@ mod tests {
         let tok = qwen3();
         let v = serde_json::json!({"model": "m", "messages": [
             {"role": "user", "content": [{"type": "text", "text": "0123456789"}]}]});
-        let rendered = prompt_tokens(&tok, Endpoint::Chat, &body(&v))
+        let rendered = prompt_tokens(&tok, ApiKind::Chat, &body(&v))
             .unwrap()
             .engine_prompts[0]
             .rendered
             .clone()
             .unwrap();
         let n = rendered.chars().count();
-        assert!(limited(&tok, Endpoint::Chat, &v, n).is_ok());
+        assert!(limited(&tok, ApiKind::Chat, &v, n).is_ok());
         // Over the rendered length but not over the message text: refused after rendering.
         assert_eq!(
-            limited(&tok, Endpoint::Chat, &v, n - 1),
+            limited(&tok, ApiKind::Chat, &v, n - 1),
             Err(PromptMiss::PromptTooLong { limit: n - 1 })
         );
         // Message strings ("user", "text", "0123456789" = 18 chars) over the
         // limit: refused before rendering.
         assert_eq!(
-            limited(&tok, Endpoint::Chat, &v, 17),
+            limited(&tok, ApiKind::Chat, &v, 17),
             Err(PromptMiss::PromptTooLong { limit: 17 })
         );
     }

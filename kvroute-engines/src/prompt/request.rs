@@ -4,22 +4,23 @@
 use super::error::PromptMiss;
 use super::pyvalue::{PyDict, PyValue};
 
-/// Which OpenAI endpoint a body was posted to.
+/// Which OpenAI API a body was posted to (not a backend: that is
+/// `kvroute_select::Endpoint`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Endpoint {
+pub enum ApiKind {
     /// `/v1/chat/completions`
     Chat,
     /// `/v1/completions`
     Completions,
 }
 
-impl Endpoint {
+impl ApiKind {
     /// The endpoint for a request path, `None` for anything else.
     ///
     /// ```
-    /// use kvroute_engines::prompt::Endpoint;
-    /// assert_eq!(Endpoint::from_path("/v1/chat/completions"), Some(Endpoint::Chat));
-    /// assert_eq!(Endpoint::from_path("/v1/completions?x=1"), Some(Endpoint::Completions));
+    /// use kvroute_engines::prompt::ApiKind;
+    /// assert_eq!(ApiKind::from_path("/v1/chat/completions"), Some(ApiKind::Chat));
+    /// assert_eq!(ApiKind::from_path("/v1/completions?x=1"), Some(ApiKind::Completions));
     /// ```
     #[must_use]
     pub fn from_path(path: &str) -> Option<Self> {
@@ -285,13 +286,13 @@ fn common_fields(
 /// ```
 /// use kvroute_engines::prompt::pyvalue::parse_json;
 /// use kvroute_engines::prompt::request::{extract, CompletionPrompt, OpenAiRequest};
-/// use kvroute_engines::prompt::Endpoint;
+/// use kvroute_engines::prompt::ApiKind;
 /// let body = parse_json(br#"{"model": "m", "prompt": [1, 2, 3]}"#).unwrap();
-/// let OpenAiRequest::Completions(req) = extract(Endpoint::Completions, &body).unwrap() else { panic!() };
+/// let OpenAiRequest::Completions(req) = extract(ApiKind::Completions, &body).unwrap() else { panic!() };
 /// assert_eq!(req.prompt, CompletionPrompt::Ids(vec![1, 2, 3]));
 /// assert!(req.common.add_special_tokens);
 /// ```
-pub fn extract(endpoint: Endpoint, body: &PyValue) -> Result<OpenAiRequest, PromptMiss> {
+pub fn extract(endpoint: ApiKind, body: &PyValue) -> Result<OpenAiRequest, PromptMiss> {
     extract_as(endpoint, body, Dialect::Vllm)
 }
 
@@ -302,7 +303,7 @@ pub fn extract(endpoint: Endpoint, body: &PyValue) -> Result<OpenAiRequest, Prom
 /// `chat_completion/protocol.py:238`; a chat body on the completions route
 /// lacks `prompt`), never guessed from the body.
 pub fn extract_as(
-    endpoint: Endpoint,
+    endpoint: ApiKind,
     body: &PyValue,
     dialect: Dialect,
 ) -> Result<OpenAiRequest, PromptMiss> {
@@ -315,8 +316,8 @@ pub fn extract_as(
         Some(other) => return Err(invalid("model", "a string", other)),
     };
     match endpoint {
-        Endpoint::Chat => extract_chat(d, model, dialect).map(|c| OpenAiRequest::Chat(Box::new(c))),
-        Endpoint::Completions => {
+        ApiKind::Chat => extract_chat(d, model, dialect).map(|c| OpenAiRequest::Chat(Box::new(c))),
+        ApiKind::Completions => {
             extract_completion(d, model, dialect).map(OpenAiRequest::Completions)
         }
     }
@@ -435,29 +436,28 @@ mod tests {
     use super::*;
     use crate::prompt::pyvalue::parse_json;
 
-    fn ex(endpoint: Endpoint, json: &str) -> Result<OpenAiRequest, PromptMiss> {
+    fn ex(endpoint: ApiKind, json: &str) -> Result<OpenAiRequest, PromptMiss> {
         extract(endpoint, &parse_json(json.as_bytes()).unwrap())
     }
 
     #[test]
     fn chat_defaults_and_rules() {
-        let Ok(OpenAiRequest::Chat(c)) = ex(Endpoint::Chat, r#"{"model":"m","messages":[]}"#)
-        else {
+        let Ok(OpenAiRequest::Chat(c)) = ex(ApiKind::Chat, r#"{"model":"m","messages":[]}"#) else {
             panic!()
         };
         assert!(c.add_generation_prompt && !c.continue_final_message);
         assert!(!c.common.add_special_tokens);
         assert_eq!(
-            ex(Endpoint::Chat, r#"{"messages":[]}"#),
+            ex(ApiKind::Chat, r#"{"messages":[]}"#),
             Err(PromptMiss::NoModel)
         );
         assert_eq!(
-            ex(Endpoint::Chat, r#"{"model":"m","messages":[],"tools":[]}"#).map_err(|e| e.kind()),
+            ex(ApiKind::Chat, r#"{"model":"m","messages":[],"tools":[]}"#).map_err(|e| e.kind()),
             Err("request_rule")
         );
         assert_eq!(
             ex(
-                Endpoint::Chat,
+                ApiKind::Chat,
                 r#"{"model":"m","messages":[],"continue_final_message":true}"#
             )
             .map_err(|e| e.kind()),
@@ -465,7 +465,7 @@ mod tests {
         );
         assert_eq!(
             ex(
-                Endpoint::Chat,
+                ApiKind::Chat,
                 r#"{"model":"m","messages":[],"chat_template":"x"}"#
             )
             .map_err(|e| e.kind()),
@@ -475,14 +475,14 @@ mod tests {
 
     #[test]
     fn cache_salt_is_extracted_from_both_endpoints_and_validated() {
-        let salt = |endpoint: Endpoint, json: &str| {
+        let salt = |endpoint: ApiKind, json: &str| {
             ex(endpoint, json)
                 .map(|r| r.common().cache_salt.clone())
                 .map_err(|e| (e.kind(), e.to_string()))
         };
         let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"cache_salt":SALT}"#;
         let completion = r#"{"model":"m","prompt":"hi","cache_salt":SALT}"#;
-        for (endpoint, body) in [(Endpoint::Chat, chat), (Endpoint::Completions, completion)] {
+        for (endpoint, body) in [(ApiKind::Chat, chat), (ApiKind::Completions, completion)] {
             let with = |v: &str| salt(endpoint, &body.replace("SALT", v));
             assert_eq!(with(r#""tenant-42""#), Ok(Some("tenant-42".to_owned())));
             assert_eq!(with("null"), Ok(None));
@@ -524,7 +524,7 @@ mod tests {
                 .unwrap()
         };
         let salt = |s: &str, dialect| {
-            extract_as(Endpoint::Completions, &body(s), dialect)
+            extract_as(ApiKind::Completions, &body(s), dialect)
                 .map(|r| r.common().cache_salt.clone())
                 .map_err(|e| e.kind())
         };
@@ -542,20 +542,20 @@ mod tests {
     #[test]
     fn a_body_of_the_other_endpoint_is_a_schema_error() {
         let completion = parse_json(br#"{"model":"m","prompt":"hi"}"#).unwrap();
-        let err = extract(Endpoint::Chat, &completion).unwrap_err();
+        let err = extract(ApiKind::Chat, &completion).unwrap_err();
         assert_eq!(err.kind(), "request_validation", "{err}");
         assert!(err.to_string().contains("messages"), "{err}");
         assert!(err.is_request_error());
         let chat =
             parse_json(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
-        let err = extract(Endpoint::Completions, &chat).unwrap_err();
+        let err = extract(ApiKind::Completions, &chat).unwrap_err();
         assert!(err.is_request_error(), "{err}");
     }
 
     #[test]
     fn completion_prompt_shapes() {
         let shape = |p: &str| match ex(
-            Endpoint::Completions,
+            ApiKind::Completions,
             &format!(r#"{{"model":"m","prompt":{p}}}"#),
         ) {
             Ok(OpenAiRequest::Completions(c)) => Ok(c.prompt),

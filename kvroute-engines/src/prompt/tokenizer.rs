@@ -361,11 +361,11 @@ impl ModelTokenizer {
 /// loaded on first use, shared across threads, reloadable on demand.
 ///
 /// ```no_run
-/// use kvroute_engines::prompt::{Endpoint, TokenizerPool};
+/// use kvroute_engines::prompt::{ApiKind, TokenizerPool};
 /// let pool = TokenizerPool::new();
 /// pool.register("Qwen/Qwen3-8B", "/models/qwen3");
 /// let body = br#"{"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "hi"}]}"#;
-/// let out = pool.prompt_tokens(Endpoint::Chat, body).unwrap();
+/// let out = pool.prompt_tokens(ApiKind::Chat, body).unwrap();
 /// assert!(!out.engine_prompts[0].token_ids.is_empty());
 /// ```
 #[derive(Default)]

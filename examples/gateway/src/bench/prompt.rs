@@ -24,7 +24,7 @@ use kvroute_core::{BlockKey, EndpointId, HashContract, Medium, RequestExtras};
 use kvroute_engines::prompt::parallel::{ParallelConfig, ParallelEncoder};
 use kvroute_engines::prompt::request::OpenAiRequest;
 use kvroute_engines::prompt::{
-    pyvalue, render_chat, request, Endpoint, ModelOptions, ModelTokenizer,
+    pyvalue, render_chat, request, ApiKind, ModelOptions, ModelTokenizer,
 };
 use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
 use serde::Serialize;
@@ -256,7 +256,7 @@ impl Fixture {
         self.tok.clear_span_cache();
         let t = Instant::now();
         let value = pyvalue::parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let req = request::extract(Endpoint::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let req = request::extract(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
         let parse = ms(t);
         let OpenAiRequest::Chat(chat) = &req else {
             anyhow::bail!("the bench body is not a chat request");

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use kvroute_core::{RequestExtras, TokenId};
-use kvroute_engines::prompt::{self, pyvalue, request, Endpoint as ApiEndpoint, PromptLimits};
+use kvroute_engines::prompt::{self, pyvalue, request, ApiKind, PromptLimits};
 use kvroute_select::{
     route, Availability, ConnectFailure, Decision, Endpoint, Health, Leg, Load, MissBeforeKeys,
     PromptInput, Proxy, Request as SelectRequest, RouteError, Target,
@@ -77,7 +77,7 @@ async fn model_only(body: &Bytes) -> Option<String> {
 /// CPU work; [`PromptLimits`] bound it per request, the gateway's
 /// [`TokenizeAdmission`](kvroute::admission::TokenizeAdmission) across requests).
 /// Never fails: every problem is a typed miss.
-async fn tokenize(gw: &Arc<Gateway>, api: ApiEndpoint, body: &Bytes) -> Prompt {
+async fn tokenize(gw: &Arc<Gateway>, api: ApiKind, body: &Bytes) -> Prompt {
     let permit = gw
         .tokenize_admission
         .admit(
@@ -253,8 +253,8 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
     let started = Instant::now();
     let api = if parts.method == Method::POST {
         match parts.uri.path().trim_end_matches('/') {
-            "/v1/completions" => Some(ApiEndpoint::Completions),
-            "/v1/chat/completions" => Some(ApiEndpoint::Chat),
+            "/v1/completions" => Some(ApiKind::Completions),
+            "/v1/chat/completions" => Some(ApiKind::Chat),
             _ => None,
         }
     } else {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvroute_core::EndpointId;
+use kvroute_engines::prompt::parallel::{ParallelConfig, ParallelEncoder};
 use kvroute_engines::prompt::TokenizerPool;
 use kvroute_engines::transport::{
     DecodingSink, IndexIngest, SubscriberMetrics, TrtllmPoller, TrtllmPollerConfig, TrtllmSink,
@@ -220,6 +221,20 @@ impl Gateway {
         let tokenizers = TokenizerPool::new();
         for m in &config.models {
             tokenizers.register(m.slug.clone(), m.dir.clone());
+        }
+        // One pool shared by every model: concurrent long prompts queue on
+        // it, so splitting never multiplies the gateway's threads.
+        let threads = config.limits.tokenizer_threads.max(1);
+        if threads > 1 {
+            let encoder = ParallelEncoder::new(ParallelConfig {
+                threads,
+                ..ParallelConfig::default()
+            })
+            .map_err(|e| ConfigError::Invalid {
+                field: "limits.tokenizer_threads".into(),
+                message: e.to_string(),
+            })?;
+            tokenizers.set_parallel(Some(Arc::new(encoder)));
         }
         let gw = Arc::new(Self {
             limits: config.limits.clone(),

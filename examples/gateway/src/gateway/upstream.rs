@@ -1,7 +1,8 @@
 //! The upstream side: an HTTP/1 client that only ever talks to configured
 //! endpoints, request rewriting (hop-by-hop headers dropped, `Host` set to the
-//! upstream), and the response body that streams through unbuffered while
-//! watching for the engine's cached-token receipt.
+//! upstream), and the response body: streamed through unbuffered under an idle
+//! limit, the engine's cached-token receipt read by the library's
+//! [`ReceiptBody`].
 
 use std::future::Future as _;
 use std::pin::Pin;
@@ -11,11 +12,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, HOST};
 use hyper::{Method, Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use kvroute::receipt::{BodyKind, OnReceipt, ReceiptBody};
 
 /// Error type of bodies handed to the client.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -204,132 +206,32 @@ pub async fn read_small(
     }
 }
 
-/// What the tee looks for in the passing bytes.
-#[derive(Debug)]
-enum Watch {
-    /// SSE: scan each `data:` line for a final `usage` object.
-    Sse { line: Vec<u8> },
-    /// One JSON document, parsed at the end (kept up to a cap).
-    Json { buf: Vec<u8> },
-    /// Neither: pass through only.
-    Nothing,
-}
-
-/// Longest SSE line / JSON body the tee keeps for receipt parsing (the bytes
-/// still pass through whatever their size).
-const TEE_CAP: usize = 4 << 20;
-
-/// Called once when the body ends: the cached-token receipt (if any), and
-/// whether the upstream body completed cleanly.
-pub type OnEnd = Box<dyn FnOnce(Option<u32>, bool) + Send>;
-
-/// Streams an upstream body to the client frame by frame, unbuffered, with an
-/// idle timeout, and reports the receipt at the end.
-pub struct TeeBody {
-    inner: Incoming,
-    watch: Watch,
-    cached: Option<u32>,
+/// An upstream body with an idle limit: silence beyond `idle` between two
+/// frames ends it with an error (a hung engine must not hold the client, the
+/// connection and the request's load charge forever).
+pub struct IdleTimeout<B> {
+    inner: B,
     idle: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
-    on_end: Option<OnEnd>,
-    /// The request's load charge: its prefill part ends at the first body
-    /// byte, the rest when the body ends or is dropped.
-    guard: Option<kvroute_select::LoadGuard>,
 }
 
-impl TeeBody {
-    /// Wraps `inner` (its response headers decide SSE vs JSON watching).
+impl<B> IdleTimeout<B> {
+    /// Wraps `inner`; the clock starts now.
     #[must_use]
-    pub fn new(
-        inner: Incoming,
-        headers: &HeaderMap,
-        idle: Duration,
-        on_end: OnEnd,
-        guard: Option<kvroute_select::LoadGuard>,
-    ) -> Self {
-        let ct = headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let watch = if ct.starts_with("text/event-stream") {
-            Watch::Sse { line: Vec::new() }
-        } else if ct.starts_with("application/json") {
-            Watch::Json { buf: Vec::new() }
-        } else {
-            Watch::Nothing
-        };
+    pub fn new(inner: B, idle: Duration) -> Self {
         Self {
             inner,
-            watch,
-            cached: None,
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
-            on_end: Some(on_end),
-            guard,
-        }
-    }
-
-    fn scan(&mut self, data: &[u8]) {
-        match &mut self.watch {
-            Watch::Sse { line } => {
-                for &b in data {
-                    if b == b'\n' {
-                        if let Some(c) = sse_line_cached_tokens(line) {
-                            self.cached = Some(c);
-                        }
-                        line.clear();
-                    } else if line.len() < TEE_CAP {
-                        line.push(b);
-                    }
-                }
-            }
-            Watch::Json { buf } => {
-                if buf.len() + data.len() <= TEE_CAP {
-                    buf.extend_from_slice(data);
-                } else {
-                    self.watch = Watch::Nothing;
-                }
-            }
-            Watch::Nothing => {}
-        }
-    }
-
-    fn finish(&mut self, clean: bool) {
-        // The request is over for the endpoint even if the client keeps the
-        // body object around.
-        self.guard = None;
-        if clean {
-            if let Watch::Json { buf } = &self.watch {
-                self.cached = serde_json::from_slice::<serde_json::Value>(buf)
-                    .ok()
-                    .and_then(|v| cached_tokens(&v));
-            }
-        }
-        if let Some(f) = self.on_end.take() {
-            f(if clean { self.cached } else { None }, clean);
         }
     }
 }
 
-/// `usage.prompt_tokens_details.cached_tokens` of a response or chunk.
-#[must_use]
-pub fn cached_tokens(v: &serde_json::Value) -> Option<u32> {
-    v.pointer("/usage/prompt_tokens_details/cached_tokens")
-        .and_then(serde_json::Value::as_u64)
-        .and_then(|n| u32::try_from(n).ok())
-}
-
-fn sse_line_cached_tokens(line: &[u8]) -> Option<u32> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let data = line.strip_prefix(b"data:")?;
-    if !data.windows(7).any(|w| w == b"\"usage\"") {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_slice(data).ok()?;
-    cached_tokens(&v)
-}
-
-impl HttpBody for TeeBody {
+impl<B> HttpBody for IdleTimeout<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError> + std::fmt::Display,
+{
     type Data = Bytes;
     type Error = BoxError;
 
@@ -342,33 +244,15 @@ impl HttpBody for TeeBody {
             Poll::Ready(Some(Ok(frame))) => {
                 let deadline = tokio::time::Instant::now() + this.idle;
                 this.timer.as_mut().reset(deadline);
-                if let Some(data) = frame.data_ref() {
-                    if !data.is_empty() {
-                        if let Some(g) = this.guard.as_mut() {
-                            g.first_byte();
-                        }
-                    }
-                    let data = data.clone();
-                    this.scan(&data);
-                }
-                // A sized body may never be polled past its last byte.
-                if this.inner.is_end_stream() {
-                    this.finish(true);
-                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.finish(false);
                 tracing::warn!(error = %e, "upstream body failed mid-stream");
-                Poll::Ready(Some(Err(Box::new(e))))
+                Poll::Ready(Some(Err(e.into())))
             }
-            Poll::Ready(None) => {
-                this.finish(true);
-                Poll::Ready(None)
-            }
+            Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
                 if this.timer.as_mut().poll(cx).is_ready() {
-                    this.finish(false);
                     tracing::warn!("upstream body idle beyond the limit; aborting");
                     return Poll::Ready(Some(Err("upstream idle timeout".into())));
                 }
@@ -386,33 +270,23 @@ impl HttpBody for TeeBody {
     }
 }
 
-impl Drop for TeeBody {
-    fn drop(&mut self) {
-        // The client went away before the end: no receipt.
-        if let Some(f) = self.on_end.take() {
-            f(None, false);
-        }
-    }
+/// The body the client gets: the upstream's frames, unbuffered, under the
+/// idle limit, through the library's [`ReceiptBody`] (usage scanned per
+/// `kind`, the first byte marked on `guard`, `on_end` called once and the
+/// guard released when the body ends, fails or is dropped).
+pub fn response_body(
+    inner: Incoming,
+    kind: BodyKind,
+    idle: Duration,
+    guard: Option<kvroute_select::LoadGuard>,
+    on_end: OnReceipt,
+) -> ReceiptBody<IdleTimeout<Incoming>> {
+    ReceiptBody::new(IdleTimeout::new(inner, idle), kind, guard, on_end)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn receipt_is_read_from_the_usage_chunk_only() {
-        assert_eq!(
-            sse_line_cached_tokens(
-                br#"data: {"choices":[],"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":32}}}"#
-            ),
-            Some(32)
-        );
-        assert_eq!(
-            sse_line_cached_tokens(br#"data: {"choices":[{"text":"usage"}]}"#),
-            None
-        );
-        assert_eq!(sse_line_cached_tokens(b"data: [DONE]"), None);
-    }
 
     #[test]
     fn hop_by_hop_and_connection_listed_headers_are_dropped() {
