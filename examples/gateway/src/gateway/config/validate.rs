@@ -1,0 +1,969 @@
+//! Documents → typed, checked specs. Every error names the dotted field at
+//! fault (`rules[0].endpoints[1].url`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+
+use hyper::Uri;
+use kvroute_core::{HashContract, HashError, LoraAdapter, RequestExtras};
+use kvroute_engines::transport::EngineKind;
+use kvroute_select::{Choice, LoadAwareConfig, Role, Scorer, ScorerKind, SelectorKind, Topology};
+
+use super::{
+    invalid, ConfigError, DecisionsConfig, EndpointDoc, FileConfig, HealthConfig, LimitsConfig,
+    ModelConfig, ReplicasConfig, RuleDoc,
+};
+
+/// `name` parsed with the libraries' `FromStr` (`kvroute_select::names`,
+/// `kvroute_engines::names`: one spelling everywhere, and their error lists
+/// the accepted names), or an error naming `field`.
+fn named<T>(field: String, name: &str) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    name.parse()
+        .map_err(|e: T::Err| invalid(field, e.to_string()))
+}
+
+/// A validated endpoint.
+#[derive(Clone, Debug)]
+pub struct EndpointSpec {
+    /// Base URL as configured.
+    pub url: String,
+    /// `scheme://authority` of the upstream; requests go only there.
+    pub base: Uri,
+    /// P/D role.
+    pub role: Role,
+    /// Engine kind.
+    pub engine: EngineKind,
+    /// KV-event subscriptions, one per DP rank (empty without events).
+    pub events: Vec<EventSource>,
+    /// TensorRT-LLM drain URL (`<url>/kv_cache_events`) when `drain = true`.
+    pub drain: Option<String>,
+    /// Weight.
+    pub weight: u32,
+    /// Capacity.
+    pub capacity: u32,
+}
+
+/// Where one DP rank of an endpoint publishes.
+#[derive(Clone, Debug)]
+pub struct EventSource {
+    /// Rank.
+    pub rank: u32,
+    /// The subscriber side.
+    pub zmq: kvroute_engines::transport::ZmqEndpoint,
+    /// Replay ROUTER address for this rank.
+    pub replay: Option<String>,
+    /// Topic.
+    pub topic: String,
+}
+
+/// A validated rule.
+#[derive(Clone, Debug)]
+pub struct RuleSpec {
+    /// The document it came from (listed back by the admin API).
+    pub doc: RuleDoc,
+    /// Choice.
+    pub choice: Choice,
+    /// Topology.
+    pub topology: Topology,
+    /// Contract (KV-exact rules).
+    pub contract: Option<HashContract>,
+    /// Scorer.
+    pub scorer: Scorer,
+    /// Miss selector.
+    pub selector: SelectorKind,
+    /// Endpoints.
+    pub endpoints: Vec<EndpointSpec>,
+    /// LoRA adapters by the model name requests use for them.
+    pub lora: BTreeMap<String, LoraAdapter>,
+}
+
+impl RuleSpec {
+    /// The hash extras of a request for `model` with vLLM `cache_salt`: the
+    /// rule's LoRA adapter for that model name, if any, and the salt. With
+    /// `[[rules.lora]] model = "sql", path = "/adapters/sql"`, a request for
+    /// `"sql"` gets `lora = {name: "sql", path: "/adapters/sql"}`; a request
+    /// for the base model gets none.
+    #[must_use]
+    pub fn request_extras(&self, model: Option<&str>, cache_salt: Option<String>) -> RequestExtras {
+        RequestExtras {
+            lora: model.and_then(|m| self.lora.get(m)).cloned(),
+            cache_salt,
+            ..RequestExtras::NONE
+        }
+    }
+}
+
+/// The validated file.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Proxy listener.
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin_listen: SocketAddr,
+    /// Bearer token for `/admin/*` (never logged).
+    pub admin_token: Option<String>,
+    /// Limits.
+    pub limits: LimitsConfig,
+    /// Health checks.
+    pub health: HealthConfig,
+    /// Decision headers and log sampling.
+    pub decisions: DecisionsConfig,
+    /// Models (directories resolved).
+    pub models: Vec<ModelConfig>,
+    /// Rules.
+    pub rules: Vec<RuleSpec>,
+    /// Replica load sharing.
+    #[allow(dead_code)] // TODO(replica sync): read by the sync task being written
+    pub replicas: ReplicasConfig,
+}
+
+impl ServeConfig {
+    /// Reads and validates a TOML file.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file, line or field at fault.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        Self::from_toml(&text, base)
+    }
+
+    /// Parses and validates TOML text; relative model dirs resolve against `base`.
+    ///
+    /// # Errors
+    /// [`ConfigError`].
+    pub fn from_toml(text: &str, base: &Path) -> Result<Self, ConfigError> {
+        let file: FileConfig =
+            toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+        Self::validate(file, base)
+    }
+
+    fn validate(file: FileConfig, base: &Path) -> Result<Self, ConfigError> {
+        let listen = parse_addr("listen", &file.listen)?;
+        let admin_listen = parse_addr("admin.listen", &file.admin.listen)?;
+        let admin_token = match (&file.admin.token, &file.admin.token_env) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "admin",
+                    "set either `token` or `token_env`, not both",
+                ))
+            }
+            (Some(t), None) => Some(t.clone()),
+            (None, Some(var)) => Some(std::env::var(var).map_err(|_| {
+                invalid(
+                    "admin.token_env",
+                    format!("environment variable {var:?} is not set"),
+                )
+            })?),
+            (None, None) => None,
+        };
+        if admin_token.as_deref().is_some_and(str::is_empty) {
+            return Err(invalid("admin.token", "the bearer token is empty"));
+        }
+        if !admin_listen.ip().is_loopback() {
+            if !file.admin.allow_remote {
+                return Err(invalid(
+                    "admin.listen",
+                    format!("{admin_listen} is not a loopback address; set admin.allow_remote = true (and a token) to expose the admin API"),
+                ));
+            }
+            if admin_token.is_none() {
+                return Err(invalid(
+                    "admin.token",
+                    "a non-loopback admin listener requires a bearer token",
+                ));
+            }
+        }
+        let limits = file.limits;
+        for (name, v) in [
+            ("limits.max_body_bytes", limits.max_body_bytes),
+            ("limits.max_prompt_tokens", limits.max_prompt_tokens),
+            ("limits.max_prompt_chars", limits.max_prompt_chars),
+            (
+                "limits.max_concurrent_tokenizations",
+                limits.max_concurrent_tokenizations,
+            ),
+            (
+                "limits.max_tokenize_bytes_in_flight",
+                limits.max_tokenize_bytes_in_flight,
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(name, "must be at least 1"));
+            }
+        }
+        for (name, v) in [
+            (
+                "limits.header_read_timeout_ms",
+                limits.header_read_timeout_ms,
+            ),
+            ("limits.body_read_timeout_ms", limits.body_read_timeout_ms),
+            ("limits.connect_timeout_ms", limits.connect_timeout_ms),
+            (
+                "limits.upstream_idle_timeout_ms",
+                limits.upstream_idle_timeout_ms,
+            ),
+            (
+                "limits.response_header_timeout_ms",
+                limits.response_header_timeout_ms,
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(name, "must be at least 1 ms"));
+            }
+        }
+        let rate = file.decisions.log_sample_rate;
+        if !(0.0..=1.0).contains(&rate) {
+            return Err(invalid(
+                "decisions.log_sample_rate",
+                format!("{rate} is not between 0 and 1"),
+            ));
+        }
+        if !file.health.path.starts_with('/') {
+            return Err(invalid("health.path", "must start with '/'"));
+        }
+        let mut slugs = BTreeSet::new();
+        let mut models = Vec::new();
+        for (i, m) in file.models.into_iter().enumerate() {
+            if m.slug.is_empty() {
+                return Err(invalid(format!("models[{i}].slug"), "is empty"));
+            }
+            if !slugs.insert(m.slug.clone()) {
+                return Err(invalid(
+                    format!("models[{i}].slug"),
+                    format!("model {:?} is staged twice", m.slug),
+                ));
+            }
+            let dir = if m.dir.is_absolute() {
+                m.dir
+            } else {
+                base.join(m.dir)
+            };
+            if !dir.is_dir() {
+                return Err(invalid(
+                    format!("models[{i}].dir"),
+                    format!("{} is not a directory", dir.display()),
+                ));
+            }
+            models.push(ModelConfig { slug: m.slug, dir });
+        }
+        let mut rules = Vec::new();
+        for (i, doc) in file.rules.into_iter().enumerate() {
+            rules.push(RuleSpec::validate(doc, &format!("rules[{i}]"))?);
+        }
+        check_rule_set(&rules)?;
+        Ok(Self {
+            listen,
+            admin_listen,
+            admin_token,
+            limits,
+            health: file.health,
+            decisions: file.decisions,
+            replicas: file.replicas,
+            models,
+            rules,
+        })
+    }
+}
+
+/// Rule names unique, at most one default, a model served by one rule only.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] naming the conflict.
+pub fn check_rule_set(rules: &[RuleSpec]) -> Result<(), ConfigError> {
+    let mut names = BTreeSet::new();
+    let mut models = BTreeSet::new();
+    let mut default: Option<&str> = None;
+    for r in rules {
+        if !names.insert(r.doc.name.as_str()) {
+            return Err(invalid(
+                format!("rule {:?}", r.doc.name),
+                "a rule with this name already exists",
+            ));
+        }
+        for m in &r.doc.models {
+            if !models.insert(m.as_str()) {
+                return Err(invalid(
+                    format!("rule {:?}.models", r.doc.name),
+                    format!("model {m:?} is already served by another rule"),
+                ));
+            }
+        }
+        if r.doc.default {
+            if let Some(other) = default {
+                return Err(invalid(
+                    format!("rule {:?}.default", r.doc.name),
+                    format!("rule {other:?} is already the default rule"),
+                ));
+            }
+            default = Some(&r.doc.name);
+        }
+    }
+    Ok(())
+}
+
+fn parse_addr(field: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    s.parse()
+        .map_err(|_| invalid(field, format!("{s:?} is not an ip:port socket address")))
+}
+
+impl RuleSpec {
+    /// Validates one rule document; `at` prefixes field names in errors.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`].
+    pub fn validate(doc: RuleDoc, at: &str) -> Result<Self, ConfigError> {
+        let f = |name: &str| format!("{at}.{name}");
+        if doc.name.len() > MAX_RULE_NAME {
+            return Err(invalid(
+                f("name"),
+                format!(
+                    "is {} bytes; at most {MAX_RULE_NAME} (it names metrics and admin URLs)",
+                    doc.name.len()
+                ),
+            ));
+        }
+        if doc.name.is_empty()
+            || !doc
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(invalid(
+                f("name"),
+                format!(
+                    "{:?} must be non-empty ASCII letters, digits, '-', '_' or '.'",
+                    doc.name
+                ),
+            ));
+        }
+        if doc.models.is_empty() && !doc.default {
+            return Err(invalid(
+                f("models"),
+                "a rule needs at least one model slug or `default = true`",
+            ));
+        }
+        let choice: Choice = named(f("choice"), &doc.choice)?;
+        let topology: Topology = named(f("topology"), &doc.topology)?;
+        let scorer = match named::<ScorerKind>(f("scorer"), &doc.scorer)? {
+            ScorerKind::LoadAware => {
+                Scorer::LoadAware(load_aware_config(doc.load_slack, &f("load_slack"))?)
+            }
+            kind => Scorer::from(kind),
+        };
+        if doc.load_slack.is_some() && !matches!(scorer, Scorer::LoadAware(_)) {
+            return Err(invalid(
+                f("load_slack"),
+                format!(
+                    "only applies to scorer = \"load_aware\" (this rule uses {:?})",
+                    doc.scorer
+                ),
+            ));
+        }
+        let selector: SelectorKind = named(f("selector"), &doc.selector)?;
+        let contract = match (&doc.contract, choice) {
+            (Some(c), _) => Some(c.parse::<HashContract>().map_err(|e| {
+                invalid(f("contract"), format!("{c:?}: {e}"))
+            })?),
+            (None, Choice::KvExact) => {
+                return Err(invalid(
+                    f("contract"),
+                    "a kv_exact rule needs a hash contract, e.g. \"vllm@0.33.0:sha256_cbor:block=16:seed=0\" (there is no default)",
+                ))
+            }
+            (None, _) => None,
+        };
+        if let Some(c) = &contract {
+            c.hasher()
+                .map_err(|e| invalid(f("contract"), format!("cannot hash with {c}: {e}")))?;
+        }
+        if doc.endpoints.is_empty() {
+            return Err(invalid(
+                f("endpoints"),
+                "a rule needs at least one endpoint",
+            ));
+        }
+        let mut urls = BTreeSet::new();
+        let mut endpoints = Vec::new();
+        for (i, e) in doc.endpoints.iter().enumerate() {
+            let at = format!("{at}.endpoints[{i}]");
+            let spec = EndpointSpec::validate(e, &at, choice)?;
+            if !urls.insert(spec.base.to_string()) {
+                return Err(invalid(
+                    format!("{at}.url"),
+                    format!("{} is listed twice in this rule", e.url),
+                ));
+            }
+            endpoints.push(spec);
+        }
+        if topology == Topology::PrefillDecode {
+            if !endpoints.iter().any(|e| e.role.can_prefill())
+                || !endpoints.iter().any(|e| e.role.can_decode())
+            {
+                return Err(invalid(
+                    f("endpoints"),
+                    "a prefill_decode rule needs at least one prefill and one decode endpoint",
+                ));
+            }
+        } else if endpoints.iter().any(|e| e.role != Role::Both) {
+            return Err(invalid(
+                f("endpoints"),
+                "endpoint roles prefill/decode need topology = \"prefill_decode\"",
+            ));
+        }
+        if choice == Choice::KvExact
+            && !endpoints
+                .iter()
+                .any(|e| e.role.can_prefill() && (!e.events.is_empty() || e.drain.is_some()))
+        {
+            return Err(invalid(
+                f("endpoints"),
+                "a kv_exact rule needs at least one prefill-capable endpoint with a `zmq` KV-event endpoint (or `drain = true` for trtllm)",
+            ));
+        }
+        if let (Some(n), true) = (doc.min_overlap_blocks, choice == Choice::KvExact) {
+            if n == 0 {
+                return Err(invalid(f("min_overlap_blocks"), "must be at least 1"));
+            }
+        }
+        let lora = lora_adapters(&doc, contract.as_ref(), at)?;
+        Ok(Self {
+            doc,
+            choice,
+            topology,
+            contract,
+            scorer,
+            selector,
+            endpoints,
+            lora,
+        })
+    }
+}
+
+/// Validates `[[rules.lora]]`: non-empty unique names that are among the
+/// rule's `models`, non-empty paths, and a contract that keys LoRA adapters
+/// (asked of the hasher itself, so the check follows kvroute-core exactly).
+fn lora_adapters(
+    doc: &RuleDoc,
+    contract: Option<&HashContract>,
+    at: &str,
+) -> Result<BTreeMap<String, LoraAdapter>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for (i, l) in doc.lora.iter().enumerate() {
+        let f = |name: &str| format!("{at}.lora[{i}].{name}");
+        if l.model.is_empty() {
+            return Err(invalid(f("model"), "is empty"));
+        }
+        if !doc.models.contains(&l.model) {
+            return Err(invalid(
+                f("model"),
+                format!(
+                    "{:?} is not in {at}.models; list it there so its requests reach this rule",
+                    l.model
+                ),
+            ));
+        }
+        if l.path.is_empty() {
+            return Err(invalid(
+                f("path"),
+                "is empty; give the adapter path exactly as the engine was given it",
+            ));
+        }
+        let adapter = LoraAdapter {
+            name: l.model.clone(),
+            path: l.path.clone(),
+        };
+        let Some(c) = contract else {
+            return Err(invalid(
+                format!("{at}.lora"),
+                "LoRA adapters change block keys; they need a kv_exact rule with a `contract`",
+            ));
+        };
+        let probe = RequestExtras {
+            lora: Some(adapter.clone()),
+            ..RequestExtras::NONE
+        };
+        let refused = c
+            .hasher()
+            .ok()
+            .and_then(|h| h.hash_prompt(&[], &probe, &mut Vec::new()).err());
+        if let Some(e @ HashError::ExtraNotSupported { .. }) = refused {
+            return Err(invalid(format!("{at}.lora"), format!("contract {c}: {e}")));
+        }
+        if out.insert(l.model.clone(), adapter).is_some() {
+            return Err(invalid(
+                f("model"),
+                format!("adapter {:?} is listed twice", l.model),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Largest accepted `load_slack`: beyond it the bound never binds in practice.
+const MAX_LOAD_SLACK: f64 = 100.0;
+
+/// The load-aware scorer's parameters with the rule's slack, if given.
+fn load_aware_config(slack: Option<f64>, field: &str) -> Result<LoadAwareConfig, ConfigError> {
+    let mut cfg = LoadAwareConfig::default();
+    if let Some(eps) = slack {
+        if !eps.is_finite() || !(0.0..=MAX_LOAD_SLACK).contains(&eps) {
+            return Err(invalid(
+                field,
+                format!("{eps} is out of range; expected a number from 0 to {MAX_LOAD_SLACK}"),
+            ));
+        }
+        cfg.epsilon = eps;
+    }
+    Ok(cfg)
+}
+
+/// Longest rule name: it is a metrics label and part of admin URLs.
+const MAX_RULE_NAME: usize = 128;
+
+impl EndpointSpec {
+    fn validate(e: &EndpointDoc, at: &str, choice: Choice) -> Result<Self, ConfigError> {
+        let f = |name: &str| format!("{at}.{name}");
+        let uri: Uri = e
+            .url
+            .parse()
+            .map_err(|_| invalid(f("url"), format!("{:?} is not a URL", e.url)))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(invalid(
+                f("url"),
+                format!("{:?}: only http:// upstreams are supported", e.url),
+            ));
+        }
+        let Some(authority) = uri.authority().cloned() else {
+            return Err(invalid(f("url"), format!("{:?} has no host:port", e.url)));
+        };
+        if authority.host().is_empty() || authority.port_u16() == Some(0) {
+            return Err(invalid(
+                f("url"),
+                format!("{:?}: needs a host and a non-zero port", e.url),
+            ));
+        }
+        if e.weight == 0 {
+            return Err(invalid(f("weight"), "must be at least 1"));
+        }
+        if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
+            return Err(invalid(
+                f("url"),
+                format!("{:?}: give the server's base URL (no path)", e.url),
+            ));
+        }
+        let base = Uri::builder()
+            .scheme("http")
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|err| invalid(f("url"), err.to_string()))?;
+        let role: Role = named(f("role"), &e.role)?;
+        let engine: EngineKind = named(f("engine"), &e.engine)?;
+        if choice == Choice::KvExact && role.can_prefill() {
+            kvroute_engines::transport::require_kv_events(engine)
+                .map_err(|err| invalid(f("engine"), err.to_string()))?;
+        }
+        if e.dp_ranks == 0 {
+            return Err(invalid(f("dp_ranks"), "must be at least 1"));
+        }
+        let mut events = Vec::new();
+        if let Some(zmq) = &e.zmq {
+            if engine == EngineKind::TensorRtLlm {
+                return Err(invalid(
+                    f("zmq"),
+                    "TensorRT-LLM publishes no ZeroMQ events; set `drain = true` to poll its /kv_cache_events",
+                ));
+            }
+            let host = authority.host();
+            for rank in 0..e.dp_ranks {
+                let sub =
+                    kvroute_engines::transport::ZmqEndpoint::for_engine(engine, zmq, host, rank)
+                        .map_err(|err| invalid(f("zmq"), err.to_string()))?;
+                let replay = match &e.replay {
+                    Some(r) => {
+                        let shifted =
+                            kvroute_engines::transport::endpoint::offset_endpoint_port(r, rank)
+                                .map_err(|err| invalid(f("replay"), err.to_string()))?;
+                        Some(shifted.replace("tcp://*:", &format!("tcp://{host}:")))
+                    }
+                    None => None,
+                };
+                events.push(EventSource {
+                    rank,
+                    zmq: sub,
+                    replay,
+                    topic: e.topic.clone(),
+                });
+            }
+        } else if e.replay.is_some() {
+            return Err(invalid(f("replay"), "a replay endpoint needs `zmq` too"));
+        }
+        let drain = match (e.drain, engine) {
+            (false, _) => None,
+            (true, EngineKind::TensorRtLlm) => Some(format!("http://{authority}/kv_cache_events")),
+            (true, _) => {
+                return Err(invalid(
+                    f("drain"),
+                    "only TensorRT-LLM is drained over HTTP; other engines publish over `zmq`",
+                ))
+            }
+        };
+        Ok(Self {
+            url: e.url.clone(),
+            base,
+            role,
+            engine,
+            events,
+            drain,
+            weight: e.weight,
+            capacity: e.capacity,
+        })
+    }
+}
+
+/// Rule documents as the admin API receives them (JSON with the same fields).
+///
+/// # Errors
+/// [`ConfigError::Syntax`] for JSON that does not match, else validation errors.
+pub fn rule_from_json(body: &[u8]) -> Result<RuleSpec, ConfigError> {
+    let doc: RuleDoc =
+        serde_json::from_slice(body).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+    RuleSpec::validate(doc, "rule")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn config_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config")
+    }
+
+    #[test]
+    fn shipped_example_configs_are_valid() {
+        for name in ["converged.toml", "pd.toml"] {
+            let c = ServeConfig::load(&config_dir().join(name))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(c.rules.len(), 1, "{name}");
+            assert!(c.admin_listen.ip().is_loopback(), "{name}");
+            let rule = &c.rules[0];
+            assert_eq!(rule.choice, Choice::KvExact);
+            // `tcp://*:P` means the engine binds: we dial its host.
+            let ev = &rule.endpoints[0].events[0];
+            assert_eq!(ev.zmq.address, "tcp://127.0.0.1:5557");
+            assert_eq!(ev.replay.as_deref(), Some("tcp://127.0.0.1:5558"));
+        }
+        let pd = ServeConfig::load(&config_dir().join("pd.toml")).unwrap();
+        assert_eq!(pd.rules[0].topology, Topology::PrefillDecode);
+        assert!(pd.rules[0].endpoints[2].events.is_empty());
+    }
+
+    fn rule_error(doc: &str) -> String {
+        let text = format!("listen = \"127.0.0.1:0\"\n[[rules]]\n{doc}");
+        ServeConfig::from_toml(&text, Path::new("."))
+            .map(|_| String::new())
+            .unwrap_or_else(|e| e.to_string())
+    }
+
+    #[test]
+    fn invalid_rules_name_the_field_at_fault() {
+        let ep = "[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\nzmq = \"tcp://*:5557\"\n";
+        let cases = [
+            (format!("name = \"r\"\nmodels = [\"m\"]\n{ep}"), "rules[0].contract"),
+            (
+                format!("name = \"r\"\nmodels = [\"m\"]\ncontract = \"vllm@0.33.0:nope:block=16\"\n{ep}"),
+                "rules[0].contract",
+            ),
+            (
+                format!("name = \"r\"\nmodels = [\"m\"]\nchoice = \"magic\"\n{ep}"),
+                "rules[0].choice",
+            ),
+            (format!("name = \"bad name\"\nmodels = [\"m\"]\n{ep}"), "rules[0].name"),
+            (
+                "name = \"r\"\nmodels = [\"m\"]\ncontract = \"vllm@0.33.0:sha256_cbor:block=16:seed=0\"\n[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\n".to_owned(),
+                "rules[0].endpoints",
+            ),
+            (
+                "name = \"r\"\nmodels = [\"m\"]\ncontract = \"vllm@0.33.0:sha256_cbor:block=16:seed=0\"\n[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\nengine = \"llama.cpp\"\nzmq = \"tcp://*:1\"\n".to_owned(),
+                "content affinity",
+            ),
+            (
+                format!("name = \"r\"\nmodels = [\"m\"]\ntopology = \"prefill_decode\"\ncontract = \"vllm@0.33.0:sha256_cbor:block=16:seed=0\"\n{ep}role = \"prefill\"\n"),
+                "prefill and one decode",
+            ),
+            (
+                "name = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://a:1\"\n[[rules.endpoints]]\nurl = \"http://a:1/\"\n".to_owned(),
+                "listed twice",
+            ),
+        ];
+        for (doc, want) in cases {
+            let err = rule_error(&doc);
+            assert!(err.contains(want), "want {want:?} in {err:?} for\n{doc}");
+        }
+        let two_defaults = "name = \"a\"\ndefault = true\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://a:1\"\n[[rules]]\nname = \"b\"\ndefault = true\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://b:1\"\n";
+        assert!(rule_error(two_defaults).contains("already the default rule"));
+    }
+
+    #[test]
+    fn load_slack_sets_the_load_aware_epsilon_and_is_validated() {
+        let rule = |extra: &str| {
+            format!(
+                "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{extra}\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1\"\n"
+            )
+        };
+        let scorer =
+            |text: &str| ServeConfig::from_toml(text, Path::new(".")).map(|c| c.rules[0].scorer);
+        assert_eq!(
+            scorer(&rule("scorer = \"load_aware\"\nload_slack = 0.5")).unwrap(),
+            Scorer::LoadAware(LoadAwareConfig {
+                epsilon: 0.5,
+                ..LoadAwareConfig::default()
+            })
+        );
+        assert_eq!(
+            scorer(&rule("scorer = \"load_aware\"")).unwrap(),
+            Scorer::LoadAware(LoadAwareConfig::default())
+        );
+        assert_eq!(
+            scorer(&rule("scorer = \"load_aware\"\nload_slack = 0")).unwrap(),
+            Scorer::LoadAware(LoadAwareConfig {
+                epsilon: 0.0,
+                ..LoadAwareConfig::default()
+            })
+        );
+        for (extra, want) in [
+            ("scorer = \"load_aware\"\nload_slack = -0.1", "out of range"),
+            ("scorer = \"load_aware\"\nload_slack = nan", "out of range"),
+            ("scorer = \"load_aware\"\nload_slack = inf", "out of range"),
+            (
+                "scorer = \"load_aware\"\nload_slack = 1000.0",
+                "out of range",
+            ),
+            (
+                "load_slack = 0.5",
+                "only applies to scorer = \"load_aware\"",
+            ),
+        ] {
+            let err = scorer(&rule(extra)).unwrap_err().to_string();
+            assert!(err.starts_with("rules[0].load_slack: "), "{extra}: {err}");
+            assert!(err.contains(want), "{extra}: {err}");
+        }
+        // The admin API's JSON documents take the same field.
+        let err = rule_from_json(
+            br#"{"name": "r", "models": ["m"], "choice": "round_robin", "scorer": "load_aware",
+                 "load_slack": -1, "endpoints": [{"url": "http://127.0.0.1:1"}]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("rule.load_slack: "), "{err}");
+    }
+
+    fn lora_rule(contract: &str, lora: &str) -> Result<RuleSpec, String> {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"base\", \"sql\"]\n{contract}\n{lora}\n[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\nzmq = \"tcp://*:5557\"\n"
+        );
+        ServeConfig::from_toml(&text, Path::new("."))
+            .map(|mut c| c.rules.remove(0))
+            .map_err(|e| e.to_string())
+    }
+
+    const VLLM: &str = "contract = \"vllm@0.33.0:sha256_cbor:block=16:seed=0\"";
+
+    #[test]
+    fn lora_adapters_map_model_names_to_hash_extras() {
+        let rule = lora_rule(
+            VLLM,
+            "[[rules.lora]]\nmodel = \"sql\"\npath = \"/adapters/sql-lora\"\n",
+        )
+        .unwrap();
+        let sql = rule.request_extras(Some("sql"), Some("tenant-a".to_owned()));
+        assert_eq!(
+            sql.lora,
+            Some(LoraAdapter {
+                name: "sql".to_owned(),
+                path: "/adapters/sql-lora".to_owned()
+            })
+        );
+        assert_eq!(sql.cache_salt.as_deref(), Some("tenant-a"));
+        assert_eq!(rule.request_extras(Some("base"), None), RequestExtras::NONE);
+        assert_eq!(rule.request_extras(None, None), RequestExtras::NONE);
+        let salted = rule.request_extras(Some("base"), Some("s".to_owned()));
+        assert_eq!(
+            (salted.lora, salted.cache_salt.as_deref()),
+            (None, Some("s"))
+        );
+        // The admin API takes the same shape and lists it back.
+        let json = serde_json::to_value(&rule.doc).unwrap();
+        assert_eq!(json["lora"][0]["path"], "/adapters/sql-lora");
+        let again = rule_from_json(json.to_string().as_bytes()).unwrap();
+        assert_eq!(again.lora, rule.lora);
+    }
+
+    #[test]
+    fn invalid_lora_entries_name_the_field_at_fault() {
+        let entry = |model: &str, path: &str| {
+            format!("[[rules.lora]]\nmodel = \"{model}\"\npath = \"{path}\"\n")
+        };
+        let cases = [
+            (
+                VLLM.to_owned(),
+                entry("", "/a"),
+                "rules[0].lora[0].model: is empty",
+            ),
+            (
+                VLLM.to_owned(),
+                entry("other", "/a"),
+                "rules[0].lora[0].model: \"other\" is not in rules[0].models",
+            ),
+            (
+                VLLM.to_owned(),
+                entry("sql", ""),
+                "rules[0].lora[0].path: is empty",
+            ),
+            (
+                VLLM.to_owned(),
+                format!("{}{}", entry("sql", "/a"), entry("sql", "/b")),
+                "rules[0].lora[1].model: adapter \"sql\" is listed twice",
+            ),
+            (
+                "choice = \"round_robin\"".to_owned(),
+                entry("sql", "/a"),
+                "rules[0].lora: LoRA adapters change block keys",
+            ),
+            // SGLang keys a LoRA by an internal uuid; older vLLM by another layout.
+            (
+                "contract = \"sglang@0.5.23:sha256_page_chain:page=16\"".to_owned(),
+                entry("sql", "/a"),
+                "rules[0].lora: contract",
+            ),
+            (
+                "choice = \"round_robin\"\nunknown_field = 1".to_owned(),
+                String::new(),
+                "unknown field",
+            ),
+        ];
+        for (contract, lora, want) in cases {
+            let err = lora_rule(&contract, &lora).map(|_| ()).unwrap_err();
+            assert!(err.contains(want), "want {want:?} in {err:?}");
+        }
+        let typo = lora_rule(
+            VLLM,
+            "[[rules.lora]]\nmodel = \"sql\"\npath = \"/a\"\nint_id = 1\n",
+        )
+        .unwrap_err();
+        assert!(typo.contains("unknown field"), "{typo}");
+    }
+
+    /// Every enum field takes the libraries' names (`Display` of each value
+    /// parses back in a config) and names itself when given an unknown one.
+    #[test]
+    fn enum_fields_take_the_library_names_and_refuse_others_by_field() {
+        let doc = |rule: &str, endpoint: &str| {
+            format!(
+                "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{rule}\n[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\n{endpoint}\n"
+            )
+        };
+        let parse = |text: String| ServeConfig::from_toml(&text, Path::new("."));
+        for s in [
+            SelectorKind::RoundRobin,
+            SelectorKind::LeastLoad,
+            SelectorKind::LeastPrefill,
+            SelectorKind::PowerOfTwoChoices,
+            SelectorKind::Chwbl,
+            SelectorKind::Random,
+            SelectorKind::Weighted,
+        ] {
+            let c = parse(doc(&format!("selector = \"{s}\""), "")).unwrap();
+            assert_eq!(c.rules[0].selector, s);
+        }
+        for k in [
+            ScorerKind::Cost,
+            ScorerKind::OverlapCount,
+            ScorerKind::LongestPrefix,
+            ScorerKind::LoadAware,
+        ] {
+            let c = parse(doc(&format!("scorer = \"{k}\""), "")).unwrap();
+            assert_eq!(c.rules[0].scorer, Scorer::from(k));
+        }
+        for (engine, want) in [
+            ("vllm", EngineKind::Vllm),
+            ("sglang", EngineKind::Sglang),
+            ("trtllm", EngineKind::TensorRtLlm),
+            ("llama.cpp", EngineKind::LlamaCpp),
+            ("llamacpp", EngineKind::LlamaCpp),
+        ] {
+            let c = parse(doc("", &format!("engine = \"{engine}\""))).unwrap();
+            assert_eq!(c.rules[0].endpoints[0].engine, want, "{engine}");
+        }
+        for (rule, endpoint, field, names) in [
+            (
+                "choice = \"x\"",
+                "",
+                "rules[0].choice",
+                "kv_exact, round_robin or content_affinity",
+            ),
+            (
+                "topology = \"x\"",
+                "",
+                "rules[0].topology",
+                "converged or prefill_decode",
+            ),
+            ("scorer = \"x\"", "", "rules[0].scorer", "load_aware"),
+            (
+                "selector = \"x\"",
+                "",
+                "rules[0].selector",
+                "p2c, chwbl, random or weighted",
+            ),
+            (
+                "",
+                "role = \"x\"",
+                "rules[0].endpoints[0].role",
+                "both, prefill or decode",
+            ),
+            (
+                "",
+                "engine = \"x\"",
+                "rules[0].endpoints[0].engine",
+                "vllm, sglang, trtllm or llama.cpp",
+            ),
+        ] {
+            let text = doc(rule, endpoint).replace("choice = \"round_robin\"\nchoice", "choice");
+            let err = parse(text).map(|_| ()).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("{field}: unknown ")), "{err}");
+            assert!(
+                err.contains("\"x\"; expected ") && err.contains(names),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_limits_are_refused_by_name() {
+        for field in [
+            "max_body_bytes",
+            "max_prompt_tokens",
+            "max_prompt_chars",
+            "max_concurrent_tokenizations",
+            "max_tokenize_bytes_in_flight",
+        ] {
+            let text = format!("listen = \"127.0.0.1:0\"\n[limits]\n{field} = 0\n");
+            let err = ServeConfig::from_toml(&text, Path::new("."))
+                .map(|_| String::new())
+                .unwrap_or_else(|e| e.to_string());
+            assert_eq!(err, format!("limits.{field}: must be at least 1"));
+        }
+        assert_eq!(LimitsConfig::default().max_prompt_chars, 1 << 20);
+    }
+}
