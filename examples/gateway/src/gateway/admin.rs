@@ -89,10 +89,7 @@ async fn auth(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Respo
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)],
         render(&gw),
     )
         .into_response()

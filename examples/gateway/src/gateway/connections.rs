@@ -22,7 +22,6 @@
 //! Every outcome is counted in [`ConnectionMetrics`] (exported on `/metrics`).
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::future::Future as _;
 use std::io;
 use std::pin::Pin;
@@ -84,59 +83,6 @@ pub struct ConnectionMetrics {
     pub refused: AtomicU64,
     /// `accept()` failures (e.g. `EMFILE`).
     pub accept_errors: AtomicU64,
-}
-
-/// Renders both listeners' counters in the Prometheus text format.
-pub fn render(out: &mut String, listeners: &[(&str, &ConnectionMetrics)]) {
-    type Field = fn(&ConnectionMetrics) -> &AtomicU64;
-    let families: [(&str, &str, &str, Field); 6] = [
-        (
-            "kvroute_connections_open",
-            "gauge",
-            "Client connections open.",
-            |m| &m.open,
-        ),
-        (
-            "kvroute_connections_accepted_total",
-            "counter",
-            "Client connections accepted.",
-            |m| &m.accepted,
-        ),
-        (
-            "kvroute_connections_first_byte_timeouts_total",
-            "counter",
-            "Connections closed for sending no first byte (or no complete protocol preface) in time.",
-            |m| &m.first_byte_timeouts,
-        ),
-        (
-            "kvroute_connections_shed_total",
-            "counter",
-            "Silent connections closed to admit a new one at the connection cap.",
-            |m| &m.shed_idle,
-        ),
-        (
-            "kvroute_connections_refused_total",
-            "counter",
-            "New connections refused at the connection cap.",
-            |m| &m.refused,
-        ),
-        (
-            "kvroute_accept_errors_total",
-            "counter",
-            "accept() failures (e.g. EMFILE), logged at most once per 10 s.",
-            |m| &m.accept_errors,
-        ),
-    ];
-    for (name, kind, help, field) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (listener, m) in listeners {
-            let _ = writeln!(
-                out,
-                "{name}{{listener=\"{listener}\"}} {}",
-                field(m).load(Relaxed)
-            );
-        }
-    }
 }
 
 /// The soft and hard `RLIMIT_NOFILE` of this process, from `/proc/self/limits`

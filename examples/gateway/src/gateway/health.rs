@@ -4,7 +4,6 @@
 //! [`kvroute_select::CircuitBreaker`]); a successful probe closes it again, so an
 //! engine that comes back is used again without waiting for a request to risk it.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,7 +47,7 @@ pub fn spawn_probes(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>) {
                     }
                 } else {
                     ep.failure(gw.now());
-                    gw.metrics.probe_failures.fetch_add(1, Ordering::Relaxed);
+                    gw.metrics.probe_failures.inc();
                     if was != Some(false) {
                         tracing::warn!(endpoint = %ep.spec.url, "health probe failed");
                     }

@@ -1,20 +1,39 @@
-//! Prometheus text exposition (format 0.0.4) of the gateway's own counters, the
-//! library's per-rule evidence, subscriber health and inventory sizes.
+//! The gateway's `/metrics`: one `prometheus-client` [`Registry`] in the
+//! OpenMetrics text format.
 //!
-//! Counters live where they are produced (library atomics, subscriber metrics);
-//! `/metrics` reads snapshots, so scraping costs nothing on the request path.
+//! Two kinds of families, by where the value lives:
+//! * counted by the gateway on the request path (requests, decisions,
+//!   decision latency, P/D prefill legs, aborted streams, probe failures):
+//!   `Family<Labels, Counter>` members resolved once per rule name when the
+//!   rule is built, so a request increments an atomic, with no lock, label
+//!   lookup or allocation;
+//! * counted elsewhere (the library rule's evidence, subscribers, inventories,
+//!   load tracker, listeners, tokenization admission): a [`Collector`] reads
+//!   their snapshots at scrape time, so they cost the request path nothing.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
-
-use std::sync::Arc;
 
 use kvroute_select::{MissReason, Role, Source};
 use parking_lot::RwLock;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
+    LabelSetEncoder, LabelValueEncoder, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 use super::state::Gateway;
+
+/// The `Content-Type` of [`render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Decision-latency bucket bounds, seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -22,11 +41,51 @@ const LATENCY_BUCKETS: [f64; 14] = [
     1.0,
 ];
 
-/// A fixed-bucket histogram of atomics.
+/// Writes `v` as a label value: prometheus-client writes values verbatim, the
+/// text format needs `\`, `"` and newlines escaped.
+fn write_escaped(out: &mut LabelValueEncoder, v: &str) -> std::fmt::Result {
+    let mut rest = v;
+    while let Some(i) = rest.find(['\\', '"', '\n']) {
+        out.write_str(&rest[..i])?;
+        out.write_str(match rest.as_bytes()[i] {
+            b'\\' => "\\\\",
+            b'"' => "\\\"",
+            _ => "\\n",
+        })?;
+        rest = &rest[i + 1..];
+    }
+    out.write_str(rest)
+}
+
+/// A label value held by a request-path family member (a rule name).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct LabelText(Arc<str>);
+
+impl EncodeLabelValue for LabelText {
+    fn encode(&self, out: &mut LabelValueEncoder) -> std::fmt::Result {
+        write_escaped(out, &self.0)
+    }
+}
+
+/// A borrowed label value of a scrape-time family.
+#[derive(Clone, Copy, Debug)]
+struct Esc<'a>(&'a str);
+
+impl EncodeLabelValue for Esc<'_> {
+    fn encode(&self, out: &mut LabelValueEncoder) -> std::fmt::Result {
+        write_escaped(out, self.0)
+    }
+}
+
+/// A fixed-bucket histogram of atomics: prometheus-client's `Histogram` takes
+/// a write lock per observation, and this one is observed by every request.
+#[derive(Clone, Debug, Default)]
+pub struct Histogram(Arc<HistogramCells>);
+
 #[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    count: AtomicU64,
+struct HistogramCells {
+    /// Observations per bucket (not cumulative), the last one past every bound.
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     sum_ns: AtomicU64,
 }
 
@@ -34,43 +93,41 @@ impl Histogram {
     /// Records one observation.
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        for (b, le) in self.buckets.iter().zip(LATENCY_BUCKETS) {
-            if secs <= le {
-                b.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(
+        let i = LATENCY_BUCKETS
+            .iter()
+            .position(|le| secs <= *le)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.0.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.0.sum_ns.fetch_add(
             u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
     }
+}
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (b, le) in self.buckets.iter().zip(LATENCY_BUCKETS) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {}",
-                b.load(Ordering::Relaxed)
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+        let mut buckets = [(0.0, 0); LATENCY_BUCKETS.len() + 1];
+        for (i, (slot, cell)) in buckets.iter_mut().zip(&self.0.buckets).enumerate() {
+            // The encoder writes `f64::MAX` as `+Inf`.
+            *slot = (
+                LATENCY_BUCKETS.get(i).copied().unwrap_or(f64::MAX),
+                cell.load(Ordering::Relaxed),
             );
         }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let count = buckets.iter().map(|(_, n)| n).sum();
         #[allow(clippy::cast_precision_loss)]
-        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        let _ = writeln!(out, "{name}_count{braces} {count}");
+        let sum = self.0.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
     }
 }
 
 /// Request outcome classes the gateway counts itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Outcome {
     /// Forwarded and answered by an upstream (any status).
     Proxied,
@@ -118,6 +175,12 @@ impl Outcome {
     }
 }
 
+impl EncodeLabelValue for Outcome {
+    fn encode(&self, out: &mut LabelValueEncoder) -> std::fmt::Result {
+        out.write_str(self.label())
+    }
+}
+
 /// Tier labels, in exposition order; [`tier_index`] maps a source here.
 const TIERS: [&str; 5] = [
     "exhausted",
@@ -143,52 +206,171 @@ pub fn tier_label(source: Source) -> &'static str {
     TIERS[tier_index(source)]
 }
 
-/// One rule's request and decision counters: plain atomics, so the request
-/// path counts without a lock or an allocation. Registered once per rule
-/// name ([`GatewayMetrics::rule`]) and held by the rule's runtime; a rule
-/// replaced under the same name keeps counting on the same counters.
-#[derive(Debug, Default)]
+/// A ladder tier as a label value (an index into [`TIERS`]).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Tier(usize);
+
+impl EncodeLabelValue for Tier {
+    fn encode(&self, out: &mut LabelValueEncoder) -> std::fmt::Result {
+        out.write_str(TIERS.get(self.0).copied().unwrap_or("unknown"))
+    }
+}
+
+/// Labels of `kvroute_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    rule: LabelText,
+    outcome: Outcome,
+}
+
+/// Labels of `kvroute_decisions_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    rule: LabelText,
+    tier: Tier,
+}
+
+/// One rule's request and decision counters: members of the registry's
+/// families, resolved once, so the request path increments an atomic.
+/// Registered once per rule name ([`GatewayMetrics::rule`]) and held by the
+/// rule's runtime; a rule replaced under the same name keeps counting on the
+/// same counters.
+#[derive(Debug)]
 pub struct RuleCounters {
-    outcomes: [AtomicU64; Outcome::ALL.len()],
-    tiers: [AtomicU64; TIERS.len()],
+    outcomes: [Counter; Outcome::ALL.len()],
+    tiers: [Counter; TIERS.len()],
 }
 
 impl RuleCounters {
+    fn register(
+        rule: &str,
+        requests: &Family<RequestLabels, Counter>,
+        decisions: &Family<DecisionLabels, Counter>,
+    ) -> Self {
+        let rule = LabelText(Arc::from(rule));
+        Self {
+            outcomes: Outcome::ALL.map(|outcome| {
+                requests
+                    .get_or_create(&RequestLabels {
+                        rule: rule.clone(),
+                        outcome,
+                    })
+                    .clone()
+            }),
+            tiers: std::array::from_fn(|i| {
+                decisions
+                    .get_or_create(&DecisionLabels {
+                        rule: rule.clone(),
+                        tier: Tier(i),
+                    })
+                    .clone()
+            }),
+        }
+    }
+
     /// Counts one request outcome.
     pub fn outcome(&self, outcome: Outcome) {
-        self.outcomes[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        self.outcomes[outcome as usize].inc();
     }
 
     /// Counts one decision by tier.
     pub fn tier(&self, source: Source) {
-        self.tiers[tier_index(source)].fetch_add(1, Ordering::Relaxed);
+        self.tiers[tier_index(source)].inc();
     }
 
     fn outcome_count(&self, outcome: Outcome) -> u64 {
-        self.outcomes[outcome as usize].load(Ordering::Relaxed)
+        self.outcomes[outcome as usize].get()
     }
 }
 
-/// Counters the gateway keeps beside the library's.
-#[derive(Debug, Default)]
+/// The gateway's registry and the counters it keeps beside the library's.
+#[derive(Debug)]
 pub struct GatewayMetrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    decisions: Family<DecisionLabels, Counter>,
     /// Requests no rule took (label `rule=""`).
     unrouted: RuleCounters,
     /// Every rule name's counters, registered when the rule is built; read
-    /// by scrapes and [`GatewayMetrics::rule`], never on the request path.
+    /// by [`GatewayMetrics::rule`] and the admin API, never on the request path.
     rules: RwLock<BTreeMap<String, Arc<RuleCounters>>>,
+    /// The gateway the scrape-time collector reads (set by [`render`]).
+    gateway: Arc<OnceLock<Weak<Gateway>>>,
     /// Time from body received to decision (parse, tokenize, hash, decide).
     pub decision_latency: Histogram,
     /// P/D prefill legs sent.
-    pub prefill_requests: AtomicU64,
-    /// Upstream responses aborted mid-body (engine died, idle timeout).
-    pub aborted_streams: AtomicU64,
+    pub prefill_requests: Counter,
+    /// Upstream responses aborted mid-body (engine died, idle timeout,
+    /// client gone).
+    pub aborted_streams: Counter,
     /// Active health probes that failed.
-    pub probe_failures: AtomicU64,
+    pub probe_failures: Counter,
     /// Proxy listener connections (see `connections`).
-    pub proxy_connections: std::sync::Arc<super::connections::ConnectionMetrics>,
+    pub proxy_connections: Arc<super::connections::ConnectionMetrics>,
     /// Admin listener connections.
-    pub admin_connections: std::sync::Arc<super::connections::ConnectionMetrics>,
+    pub admin_connections: Arc<super::connections::ConnectionMetrics>,
+}
+
+impl Default for GatewayMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        let decision_latency = Histogram::default();
+        let prefill_requests = Counter::default();
+        let aborted_streams = Counter::default();
+        let probe_failures = Counter::default();
+        // Counter names go in without `_total`: the encoder appends it.
+        registry.register(
+            "kvroute_requests",
+            "Requests by rule and outcome.",
+            requests.clone(),
+        );
+        registry.register(
+            "kvroute_decisions",
+            "Routing decisions by rule and ladder tier.",
+            decisions.clone(),
+        );
+        registry.register(
+            "kvroute_decision_latency_seconds",
+            "Body received to decision: parse, tokenize, hash, decide.",
+            decision_latency.clone(),
+        );
+        registry.register(
+            "kvroute_prefill_requests",
+            "P/D prefill legs sent.",
+            prefill_requests.clone(),
+        );
+        registry.register(
+            "kvroute_aborted_streams",
+            "Upstream bodies that failed mid-stream or that the client dropped before their end.",
+            aborted_streams.clone(),
+        );
+        registry.register(
+            "kvroute_probe_failures",
+            "Failed active health probes.",
+            probe_failures.clone(),
+        );
+        let gateway = Arc::new(OnceLock::new());
+        registry.register_collector(Box::new(Scraped {
+            gateway: Arc::clone(&gateway),
+        }));
+        let unrouted = RuleCounters::register("", &requests, &decisions);
+        Self {
+            registry,
+            requests,
+            decisions,
+            unrouted,
+            rules: RwLock::new(BTreeMap::new()),
+            gateway,
+            decision_latency,
+            prefill_requests,
+            aborted_streams,
+            probe_failures,
+            proxy_connections: Arc::default(),
+            admin_connections: Arc::default(),
+        }
+    }
 }
 
 impl GatewayMetrics {
@@ -198,7 +380,15 @@ impl GatewayMetrics {
         if let Some(c) = self.rules.read().get(name) {
             return Arc::clone(c);
         }
-        Arc::clone(self.rules.write().entry(name.to_owned()).or_default())
+        let mut rules = self.rules.write();
+        let c = rules.entry(name.to_owned()).or_insert_with(|| {
+            Arc::new(RuleCounters::register(
+                name,
+                &self.requests,
+                &self.decisions,
+            ))
+        });
+        Arc::clone(c)
     }
 
     /// Counts one outcome of a request no rule took.
@@ -227,24 +417,27 @@ impl GatewayMetrics {
             return 0;
         };
         if rule.is_empty() {
-            self.unrouted.tiers[i].load(Ordering::Relaxed)
+            self.unrouted.tiers[i].get()
         } else {
-            self.counters_of(rule)
-                .map_or(0, |c| c.tiers[i].load(Ordering::Relaxed))
+            self.counters_of(rule).map_or(0, |c| c.tiers[i].get())
         }
     }
 }
 
-/// Escapes a label value.
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+/// Renders every family of `gw`'s registry (OpenMetrics text, `# EOF` last).
+#[must_use]
+pub fn render(gw: &Arc<Gateway>) -> String {
+    let m = &gw.metrics;
+    // The collector reads the gateway that owns it: a weak handle, so the
+    // registry does not keep its gateway alive.
+    let _ = m.gateway.set(Arc::downgrade(gw));
+    let mut out = String::with_capacity(32 << 10);
+    if prometheus_client::encoding::text::encode(&mut out, &m.registry).is_err() {
+        // Only a value the encoder refuses gets here; every gauge is clamped
+        // to what it accepts, so this is a bug worth a line in the log.
+        tracing::error!("metrics encoding failed; the exposition is truncated");
+    }
+    out
 }
 
 fn role_label(r: Role) -> &'static str {
@@ -255,577 +448,627 @@ fn role_label(r: Role) -> &'static str {
     }
 }
 
-/// Subscriber metric families, in the order `render` fills them.
-const SUBSCRIBER_METRICS: [(&str, &str, &str); 11] = [
+/// A gauge value as the encoder takes it (it refuses `u64::MAX` and would
+/// wrap values past `i64::MAX`).
+fn gauge_value(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Subscriber metric families, in the order the collector fills them (counter names without the `_total` the encoder appends).
+const SUBSCRIBER_METRICS: [(&str, MetricType, &str); 11] = [
     (
         "kvroute_subscriber_connected",
-        "gauge",
+        MetricType::Gauge,
         "1 while the KV-event subscriber has its engine connected.",
     ),
     (
-        "kvroute_subscriber_events_applied_total",
-        "counter",
+        "kvroute_subscriber_events_applied",
+        MetricType::Counter,
         "KV events applied to the inventory.",
     ),
     (
-        "kvroute_subscriber_gaps_total",
-        "counter",
+        "kvroute_subscriber_gaps",
+        MetricType::Counter,
         "Sequence gaps seen.",
     ),
     (
-        "kvroute_subscriber_clears_total",
-        "counter",
+        "kvroute_subscriber_clears",
+        MetricType::Counter,
         "Inventory clears (gap beyond window, restart, AllBlocksCleared).",
     ),
     (
-        "kvroute_subscriber_restarts_total",
-        "counter",
+        "kvroute_subscriber_restarts",
+        MetricType::Counter,
         "Engine restarts detected.",
     ),
     (
-        "kvroute_subscriber_decode_errors_total",
-        "counter",
+        "kvroute_subscriber_decode_errors",
+        MetricType::Counter,
         "Event payloads that did not decode.",
     ),
     (
-        "kvroute_subscriber_dial_failures_total",
-        "counter",
+        "kvroute_subscriber_dial_failures",
+        MetricType::Counter,
         "Failed dials or binds.",
     ),
     (
-        "kvroute_subscriber_replays_total",
-        "counter",
+        "kvroute_subscriber_replays",
+        MetricType::Counter,
         "Replay requests sent.",
     ),
     (
-        "kvroute_subscriber_malformed_frames_total",
-        "counter",
+        "kvroute_subscriber_malformed_frames",
+        MetricType::Counter,
         "Messages without the [topic, seq, payload] shape, dropped.",
     ),
     (
-        "kvroute_subscriber_oversized_frames_total",
-        "counter",
+        "kvroute_subscriber_oversized_frames",
+        MetricType::Counter,
         "Messages over the subscriber's size limit, dropped.",
     ),
     (
-        "kvroute_subscriber_polls_total",
-        "counter",
+        "kvroute_subscriber_polls",
+        MetricType::Counter,
         "TensorRT-LLM drains attempted (HTTP poller only).",
     ),
 ];
 
 /// Per-endpoint ingest (sequence window) metric families, in the order
-/// `render` fills them.
-const INGEST_METRICS: [(&str, &str, &str); 16] = [
+/// the collector fills them.
+const INGEST_METRICS: [(&str, MetricType, &str); 16] = [
     (
-        "kvroute_ingest_resumes_total",
-        "counter",
+        "kvroute_ingest_resumes",
+        MetricType::Counter,
         "Reconnects that resumed from the last applied batch (something to verify).",
     ),
     (
-        "kvroute_ingest_resumes_verified_total",
-        "counter",
+        "kvroute_ingest_resumes_verified",
+        MetricType::Counter,
         "Resumes whose replayed last batch matched the one applied.",
     ),
     (
-        "kvroute_ingest_resume_restarts_total",
-        "counter",
+        "kvroute_ingest_resume_restarts",
+        MetricType::Counter,
         "Engine restarts found by a resume check (also counted as restarts).",
     ),
     (
-        "kvroute_ingest_rekey_orphan_blocks_total",
-        "counter",
+        "kvroute_ingest_rekey_orphan_blocks",
+        MetricType::Counter,
         "Re-key rules: stored blocks skipped because their parent is unknown.",
     ),
     (
-        "kvroute_ingest_rekey_untokenized_blocks_total",
-        "counter",
+        "kvroute_ingest_rekey_untokenized_blocks",
+        MetricType::Counter,
         "Re-key rules: stored blocks skipped because the event lacks their tokens.",
     ),
     (
         "kvroute_ingest_inventory_partial",
-        "gauge",
+        MetricType::Gauge,
         "1 while the endpoint's inventory is known to lack engine batches (late or failed bootstrap replay, gap, clear) until an AllBlocksCleared or an engine restart seen from batch 0.",
     ),
     (
         "kvroute_ingest_missing_batches",
-        "gauge",
+        MetricType::Gauge,
         "Engine batches the endpoint's inventory is known to lack (summed over DP ranks).",
     ),
     (
-        "kvroute_ingest_partial_episodes_total",
-        "counter",
+        "kvroute_ingest_partial_episodes",
+        MetricType::Counter,
         "Transitions of the endpoint's inventory to partial.",
     ),
     (
-        "kvroute_ingest_replays_late_total",
-        "counter",
+        "kvroute_ingest_replays_late",
+        MetricType::Counter,
         "Replays whose first batch came after the requested one (the engine's buffer no longer reached back).",
     ),
     (
-        "kvroute_ingest_replays_incomplete_total",
-        "counter",
+        "kvroute_ingest_replays_incomplete",
+        MetricType::Counter,
         "Replays that failed or timed out before the engine's end marker.",
     ),
     (
-        "kvroute_ingest_implausible_batches_total",
-        "counter",
+        "kvroute_ingest_implausible_batches",
+        MetricType::Counter,
         "Batches dropped because their sequence number is implausible (beyond max_seq, or an unconfirmed far jump).",
     ),
     (
         "kvroute_ingest_contract_mismatch",
-        "gauge",
+        MetricType::Gauge,
         "1 when the endpoint's engine keys provably differ from the rule's contract (attestation or block size).",
     ),
     (
-        "kvroute_ingest_verified_blocks_total",
-        "counter",
+        "kvroute_ingest_verified_blocks",
+        MetricType::Counter,
         "Stored blocks of this endpoint whose keys the rule's contract reproduces.",
     ),
     (
-        "kvroute_ingest_mismatched_blocks_total",
-        "counter",
+        "kvroute_ingest_mismatched_blocks",
+        MetricType::Counter,
         "Stored blocks of this endpoint whose keys differ from the rule's contract (or whose block size does).",
     ),
     (
         "kvroute_ingest_capacity_blocks",
-        "gauge",
+        MetricType::Gauge,
         "Bound of the endpoint's GPU-tier inventory (the engine's reported capacity, else the default).",
     ),
     (
-        "kvroute_ingest_rekey_map_full_total",
-        "counter",
+        "kvroute_ingest_rekey_map_full",
+        MetricType::Counter,
         "Re-key rules: stored blocks skipped because the re-key map was at its bound.",
     ),
 ];
 
-/// Renders every metric.
-#[must_use]
-pub fn render(gw: &Gateway) -> String {
-    let mut out = String::with_capacity(16 << 10);
-    let m = &gw.metrics;
-    let rules = gw.rules_snapshot();
-
-    header(
-        &mut out,
-        "kvroute_requests_total",
-        "counter",
-        "Requests by rule and outcome.",
-    );
-    // Counters never counted stay out, as before they had their first count.
-    let registered: Vec<(String, Arc<RuleCounters>)> = m
-        .rules
-        .read()
-        .iter()
-        .map(|(r, c)| (esc(r), Arc::clone(c)))
-        .collect();
-    let all = std::iter::once(("", &m.unrouted))
-        .chain(registered.iter().map(|(r, c)| (r.as_str(), &**c)));
-    for (rule, c) in all.clone() {
-        for o in Outcome::ALL {
-            let n = c.outcome_count(o);
-            if n > 0 {
-                let _ = writeln!(
-                    out,
-                    "kvroute_requests_total{{rule=\"{rule}\",outcome=\"{}\"}} {n}",
-                    o.label()
-                );
-            }
+/// Emits one counter or gauge family: its descriptor, then a sample per row
+/// (no rows: the descriptor alone, so every family is always described).
+fn family<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    rows: impl IntoIterator<Item = (L, u64)>,
+) -> std::fmt::Result {
+    let mut metric = enc.encode_descriptor(name, help, None, kind)?;
+    for (labels, v) in rows {
+        let sample = metric.encode_family(&labels)?;
+        match kind {
+            MetricType::Counter => ConstCounter::new(v).encode(sample)?,
+            _ => ConstGauge::new(gauge_value(v)).encode(sample)?,
         }
     }
-    header(
-        &mut out,
-        "kvroute_decisions_total",
-        "counter",
-        "Routing decisions by rule and ladder tier.",
-    );
-    for (rule, c) in all {
-        for (tier, n) in TIERS.iter().zip(&c.tiers) {
-            let n = n.load(Ordering::Relaxed);
-            if n > 0 {
-                let _ = writeln!(
-                    out,
-                    "kvroute_decisions_total{{rule=\"{rule}\",tier=\"{tier}\"}} {n}"
-                );
-            }
+    Ok(())
+}
+
+/// One unlabelled sample.
+fn single(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    v: u64,
+) -> std::fmt::Result {
+    family(enc, name, help, kind, [([] as [(&str, &str); 0], v)])
+}
+
+/// A subscriber's DP rank, or the TensorRT-LLM drain poller.
+#[derive(Clone, Copy, Debug)]
+enum Rank {
+    Dp(u32),
+    Drain,
+}
+
+/// The labels of a per-endpoint (and per-subscriber) sample, borrowed from
+/// the rule runtime for the scrape.
+#[derive(Clone, Copy, Debug)]
+struct EndpointLabels<'a> {
+    rule: &'a str,
+    endpoint: &'a str,
+    role: &'static str,
+    rank: Option<Rank>,
+}
+
+impl EncodeLabelSet for EndpointLabels<'_> {
+    fn encode(&self, mut enc: LabelSetEncoder) -> std::fmt::Result {
+        ("rule", Esc(self.rule)).encode(enc.encode_label())?;
+        ("endpoint", Esc(self.endpoint)).encode(enc.encode_label())?;
+        ("role", self.role).encode(enc.encode_label())?;
+        match self.rank {
+            Some(Rank::Dp(r)) => ("rank", r).encode(enc.encode_label()),
+            Some(Rank::Drain) => ("rank", "drain").encode(enc.encode_label()),
+            None => Ok(()),
         }
     }
-    header(
-        &mut out,
-        "kvroute_decision_latency_seconds",
-        "histogram",
-        "Body received to decision: parse, tokenize, hash, decide.",
-    );
-    m.decision_latency
-        .render(&mut out, "kvroute_decision_latency_seconds", "");
-    header(
-        &mut out,
-        "kvroute_prefill_requests_total",
-        "counter",
-        "P/D prefill legs sent.",
-    );
-    let _ = writeln!(
-        out,
-        "kvroute_prefill_requests_total {}",
-        m.prefill_requests.load(Ordering::Relaxed)
-    );
-    header(
-        &mut out,
-        "kvroute_aborted_streams_total",
-        "counter",
-        "Upstream bodies that failed mid-stream.",
-    );
-    let _ = writeln!(
-        out,
-        "kvroute_aborted_streams_total {}",
-        m.aborted_streams.load(Ordering::Relaxed)
-    );
-    header(
-        &mut out,
-        "kvroute_probe_failures_total",
-        "counter",
-        "Failed active health probes.",
-    );
-    let _ = writeln!(
-        out,
-        "kvroute_probe_failures_total {}",
-        m.probe_failures.load(Ordering::Relaxed)
-    );
+}
 
-    let mut hits = String::new();
-    let mut misses = String::new();
-    let mut retries = String::new();
-    let mut exhausted = String::new();
-    let mut predicted = String::new();
-    let mut delivered = String::new();
-    let mut receipts = String::new();
-    let mut drift = String::new();
-    let mut inventory = String::new();
-    let mut subs: [String; SUBSCRIBER_METRICS.len()] = Default::default();
-    let mut ingest: [String; INGEST_METRICS.len()] = Default::default();
-    let mut rejected_seq = String::new();
-    let mut breaker = String::new();
-    let mut inflight = String::new();
-    let mut queued = String::new();
-    let mut contract = String::new();
-    let mut memory = String::new();
+/// Per-endpoint families, in the order of [`EndpointRow::values`].
+const ENDPOINT_METRICS: [(&str, MetricType, &str); 9] = [
+    (
+        "kvroute_kv_hits",
+        MetricType::Counter,
+        "KV-exact decisions with a predicted overlap, per endpoint.",
+    ),
+    (
+        "kvroute_predicted_cached_tokens",
+        MetricType::Counter,
+        "Cached tokens the decision predicted, over receipts.",
+    ),
+    (
+        "kvroute_delivered_cached_tokens",
+        MetricType::Counter,
+        "Cached tokens the engine reported (usage.prompt_tokens_details.cached_tokens).",
+    ),
+    (
+        "kvroute_receipts",
+        MetricType::Counter,
+        "Responses that carried a cached-token receipt.",
+    ),
+    (
+        "kvroute_contract_drift_alarm",
+        MetricType::Gauge,
+        "1 while predicted hits keep delivering zero cached tokens.",
+    ),
+    (
+        "kvroute_inventory_blocks",
+        MetricType::Gauge,
+        "Blocks in the endpoint's inventory (all DP ranks).",
+    ),
+    (
+        "kvroute_in_flight",
+        MetricType::Gauge,
+        "Requests this gateway has in flight per endpoint, from the routing decision until the response body ends or is dropped.",
+    ),
+    (
+        "kvroute_queued_prefill_tokens",
+        MetricType::Gauge,
+        "Predicted uncached prompt tokens of this gateway's requests not yet at their first response byte, per endpoint.",
+    ),
+    (
+        "kvroute_endpoint_available",
+        MetricType::Gauge,
+        "1 when the endpoint is eligible (admin up, breaker not open).",
+    ),
+];
+
+/// One endpoint's values for one scrape.
+struct EndpointRow<'a> {
+    labels: EndpointLabels<'a>,
+    values: [u64; ENDPOINT_METRICS.len()],
+    ingest: [u64; INGEST_METRICS.len()],
+}
+
+/// One subscriber's values for one scrape.
+struct SubscriberRow<'a> {
+    labels: EndpointLabels<'a>,
+    values: [u64; SUBSCRIBER_METRICS.len()],
+    last_rejected_seq: Option<u64>,
+}
+
+/// One rule's values for one scrape.
+struct RuleRow<'a> {
+    rule: &'a str,
+    misses: [u64; MissReason::ALL.len()],
+    retries: u64,
+    exhausted: u64,
+    memory_bytes: u64,
+    /// match, mismatch, unverifiable.
+    attestations: [u64; 3],
+}
+
+/// Reads the library's and the subscribers' counters at scrape time.
+#[derive(Debug)]
+struct Scraped {
+    gateway: Arc<OnceLock<Weak<Gateway>>>,
+}
+
+impl Collector for Scraped {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let Some(gw) = self.gateway.get().and_then(Weak::upgrade) else {
+            return Ok(());
+        };
+        encode_gateway(&gw, &mut enc)
+    }
+}
+
+#[allow(clippy::too_many_lines)]
+fn encode_gateway(gw: &Gateway, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+    let runtimes = gw.rules_snapshot();
     let now = gw.now();
-    for rt in &rules {
-        let rule = esc(&rt.spec.doc.name);
+    let mut rules = Vec::with_capacity(runtimes.len());
+    let mut endpoints = Vec::new();
+    let mut subscribers = Vec::new();
+    for rt in &runtimes {
+        let rule = rt.spec.doc.name.as_str();
         let snap = rt.rule.counters().snapshot();
-        for reason in MissReason::ALL {
-            let _ = writeln!(
-                misses,
-                "kvroute_kv_misses_total{{rule=\"{rule}\",reason=\"{}\"}} {}",
-                reason.label(),
-                snap.misses_for(reason)
-            );
-        }
-        let _ = writeln!(
-            retries,
-            "kvroute_retries_total{{rule=\"{rule}\"}} {}",
-            snap.retries
-        );
-        let _ = writeln!(
-            exhausted,
-            "kvroute_exhausted_total{{rule=\"{rule}\"}} {}",
-            snap.exhausted
-        );
-        let _ = writeln!(
-            memory,
-            "kvroute_inventory_memory_bytes{{rule=\"{rule}\"}} {}",
-            rt.inventory.memory_bytes()
-        );
         let att = rt.inventory.attestation();
-        let _ = writeln!(
-            contract,
-            "kvroute_contract_attestations_total{{rule=\"{rule}\",result=\"match\"}} {}\nkvroute_contract_attestations_total{{rule=\"{rule}\",result=\"mismatch\"}} {}\nkvroute_contract_attestations_total{{rule=\"{rule}\",result=\"unverifiable\"}} {}",
-            att.verified_blocks, att.mismatched_blocks, att.unverifiable_events
-        );
+        rules.push(RuleRow {
+            rule,
+            misses: MissReason::ALL.map(|r| snap.misses_for(r)),
+            retries: snap.retries,
+            exhausted: snap.exhausted,
+            memory_bytes: rt.inventory.memory_bytes() as u64,
+            attestations: [
+                att.verified_blocks,
+                att.mismatched_blocks,
+                att.unverifiable_events,
+            ],
+        });
         for (i, (ep, ev)) in rt.endpoints.iter().zip(&snap.endpoints).enumerate() {
-            let l = format!(
-                "rule=\"{rule}\",endpoint=\"{}\",role=\"{}\"",
-                esc(&ep.spec.url),
-                role_label(ep.spec.role)
-            );
-            let _ = writeln!(hits, "kvroute_kv_hits_total{{{l}}} {}", ev.hits);
-            let _ = writeln!(
-                predicted,
-                "kvroute_predicted_cached_tokens_total{{{l}}} {}",
-                ev.predicted_tokens
-            );
-            let _ = writeln!(
-                delivered,
-                "kvroute_delivered_cached_tokens_total{{{l}}} {}",
-                ev.delivered_tokens
-            );
-            let _ = writeln!(receipts, "kvroute_receipts_total{{{l}}} {}", ev.receipts);
-            let _ = writeln!(
-                drift,
-                "kvroute_contract_drift_alarm{{{l}}} {}",
-                u8::from(ev.drift_alarm)
-            );
-            let _ = writeln!(
-                inventory,
-                "kvroute_inventory_blocks{{{l}}} {}",
-                rt.inventory.blocks(i)
-            );
+            let labels = EndpointLabels {
+                rule,
+                endpoint: &ep.spec.url,
+                role: role_label(ep.spec.role),
+                rank: None,
+            };
             let id = kvroute_core::EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
             let own = kvroute_select::Load::load(&*rt.tracker, id);
-            let _ = writeln!(inflight, "kvroute_in_flight{{{l}}} {}", own.in_flight);
-            let _ = writeln!(
-                queued,
-                "kvroute_queued_prefill_tokens{{{l}}} {}",
-                own.queued_prefill_tokens
-            );
-            let _ = writeln!(
-                breaker,
-                "kvroute_endpoint_available{{{l}}} {}",
-                u8::from(rt.is_available(i, now))
-            );
             let seq = rt.inventory.seq_counters(i);
             let counters = rt.inventory.ingest_counters(i);
             let health = kvroute_ingest::InventoryView::health(&*rt.inventory, i);
-            let att = rt.inventory.endpoint_attestation(i);
-            let values = [
-                seq.resumes,
-                seq.resumes_verified,
-                seq.resume_restarts,
-                counters.rekey_orphan_blocks,
-                counters.rekey_untokenized_blocks,
-                u64::from(health.partial()),
-                health.missing_batches,
-                counters.partial_episodes,
-                counters.replays_late,
-                counters.replays_incomplete,
-                seq.implausible,
-                u64::from(health.contract_mismatch),
-                att.verified_blocks,
-                att.mismatched_blocks,
-                rt.inventory
-                    .capacity(i, kvroute_core::Medium::Gpu)
-                    .unwrap_or(u64::MAX),
-                counters.rekey_map_full,
-            ];
-            for (body, v) in ingest.iter_mut().zip(values) {
-                let _ = writeln!(body, "{{{l}}} {v}");
-            }
+            let ep_att = rt.inventory.endpoint_attestation(i);
+            endpoints.push(EndpointRow {
+                labels,
+                values: [
+                    ev.hits,
+                    ev.predicted_tokens,
+                    ev.delivered_tokens,
+                    ev.receipts,
+                    u64::from(ev.drift_alarm),
+                    rt.inventory.blocks(i) as u64,
+                    u64::from(own.in_flight),
+                    own.queued_prefill_tokens,
+                    u64::from(rt.is_available(i, now)),
+                ],
+                ingest: [
+                    seq.resumes,
+                    seq.resumes_verified,
+                    seq.resume_restarts,
+                    counters.rekey_orphan_blocks,
+                    counters.rekey_untokenized_blocks,
+                    u64::from(health.partial()),
+                    health.missing_batches,
+                    counters.partial_episodes,
+                    counters.replays_late,
+                    counters.replays_incomplete,
+                    seq.implausible,
+                    u64::from(health.contract_mismatch),
+                    ep_att.verified_blocks,
+                    ep_att.mismatched_blocks,
+                    rt.inventory
+                        .capacity(i, kvroute_core::Medium::Gpu)
+                        .unwrap_or(u64::MAX),
+                    counters.rekey_map_full,
+                ],
+            });
             let ranks = ep
                 .spec
                 .events
                 .iter()
                 .zip(&ep.subscribers)
-                .map(|(src, m)| (src.rank.to_string(), m))
-                .chain(ep.drain.iter().map(|m| ("drain".to_owned(), m)));
+                .map(|(src, m)| (Rank::Dp(src.rank), m))
+                .chain(ep.drain.iter().map(|m| (Rank::Drain, m)));
             for (rank, m) in ranks {
                 let s = m.snapshot();
-                let sl = format!("{l},rank=\"{rank}\"");
-                let values = [
-                    u64::from(s.connected),
-                    s.events_applied,
-                    s.gaps,
-                    s.clears,
-                    s.restarts,
-                    s.decode_errors,
-                    s.dial_failures,
-                    s.replays_requested,
-                    s.malformed_frames,
-                    s.oversized_frames,
-                    s.polls,
-                ];
-                for (body, v) in subs.iter_mut().zip(values) {
-                    let _ = writeln!(body, "{{{sl}}} {v}");
-                }
-                if let Some(seq) = s.last_rejected_seq {
-                    let _ = writeln!(
-                        rejected_seq,
-                        "kvroute_subscriber_last_rejected_seq{{{sl}}} {seq}"
-                    );
-                }
+                subscribers.push(SubscriberRow {
+                    labels: EndpointLabels {
+                        rank: Some(rank),
+                        ..labels
+                    },
+                    values: [
+                        u64::from(s.connected),
+                        s.events_applied,
+                        s.gaps,
+                        s.clears,
+                        s.restarts,
+                        s.decode_errors,
+                        s.dial_failures,
+                        s.replays_requested,
+                        s.malformed_frames,
+                        s.oversized_frames,
+                        s.polls,
+                    ],
+                    last_rejected_seq: s.last_rejected_seq,
+                });
             }
         }
     }
-    for (name, kind, help, body) in [
-        (
-            "kvroute_kv_hits_total",
-            "counter",
-            "KV-exact decisions with a predicted overlap, per endpoint.",
-            &hits,
-        ),
-        (
-            "kvroute_kv_misses_total",
-            "counter",
-            "KV-exact misses by reason.",
-            &misses,
-        ),
-        (
-            "kvroute_retries_total",
-            "counter",
-            "Retries after upstream connect failures.",
-            &retries,
-        ),
-        (
-            "kvroute_exhausted_total",
-            "counter",
-            "Decisions or retries that found no eligible endpoint.",
-            &exhausted,
-        ),
-        (
-            "kvroute_predicted_cached_tokens_total",
-            "counter",
-            "Cached tokens the decision predicted, over receipts.",
-            &predicted,
-        ),
-        (
-            "kvroute_delivered_cached_tokens_total",
-            "counter",
-            "Cached tokens the engine reported (usage.prompt_tokens_details.cached_tokens).",
-            &delivered,
-        ),
-        (
-            "kvroute_receipts_total",
-            "counter",
-            "Responses that carried a cached-token receipt.",
-            &receipts,
-        ),
-        (
-            "kvroute_contract_drift_alarm",
-            "gauge",
-            "1 while predicted hits keep delivering zero cached tokens.",
-            &drift,
-        ),
-        (
-            "kvroute_contract_attestations_total",
-            "counter",
-            "Stored KV blocks re-hashed with the rule's contract (match, mismatch); stored events that cannot be re-hashed (unverifiable).",
-            &contract,
-        ),
-        (
-            "kvroute_inventory_blocks",
-            "gauge",
-            "Blocks in the endpoint's inventory (all DP ranks).",
-            &inventory,
-        ),
-        (
-            "kvroute_inventory_memory_bytes",
-            "gauge",
-            "Heap bytes of the rule's inventory index and ingest maps (bounded by the endpoints' capacities).",
-            &memory,
-        ),
-        (
-            "kvroute_in_flight",
-            "gauge",
-            "Requests this gateway has in flight per endpoint, from the routing decision until the response body ends or is dropped.",
-            &inflight,
-        ),
-        (
-            "kvroute_queued_prefill_tokens",
-            "gauge",
-            "Predicted uncached prompt tokens of this gateway's requests not yet at their first response byte, per endpoint.",
-            &queued,
-        ),
-        (
-            "kvroute_endpoint_available",
-            "gauge",
-            "1 when the endpoint is eligible (admin up, breaker not open).",
-            &breaker,
-        ),
-    ] {
-        header(&mut out, name, kind, help);
-        out.push_str(body);
+
+    family(
+        enc,
+        "kvroute_kv_misses",
+        "KV-exact misses by reason.",
+        MetricType::Counter,
+        rules.iter().flat_map(|r| {
+            MissReason::ALL
+                .iter()
+                .zip(r.misses)
+                .map(|(reason, n)| ([("rule", Esc(r.rule)), ("reason", Esc(reason.label()))], n))
+        }),
+    )?;
+    family(
+        enc,
+        "kvroute_retries",
+        "Retries after upstream connect failures.",
+        MetricType::Counter,
+        rules.iter().map(|r| ([("rule", Esc(r.rule))], r.retries)),
+    )?;
+    family(
+        enc,
+        "kvroute_exhausted",
+        "Decisions or retries that found no eligible endpoint.",
+        MetricType::Counter,
+        rules.iter().map(|r| ([("rule", Esc(r.rule))], r.exhausted)),
+    )?;
+    family(
+        enc,
+        "kvroute_contract_attestations",
+        "Stored KV blocks re-hashed with the rule's contract (match, mismatch); stored events that cannot be re-hashed (unverifiable).",
+        MetricType::Counter,
+        rules.iter().flat_map(|r| {
+            ["match", "mismatch", "unverifiable"]
+                .into_iter()
+                .zip(r.attestations)
+                .map(|(result, n)| ([("rule", Esc(r.rule)), ("result", Esc(result))], n))
+        }),
+    )?;
+    family(
+        enc,
+        "kvroute_inventory_memory_bytes",
+        "Heap bytes of the rule's inventory index and ingest maps (bounded by the endpoints' capacities).",
+        MetricType::Gauge,
+        rules.iter().map(|r| ([("rule", Esc(r.rule))], r.memory_bytes)),
+    )?;
+    for (k, (name, kind, help)) in ENDPOINT_METRICS.iter().enumerate() {
+        family(
+            enc,
+            name,
+            help,
+            *kind,
+            endpoints.iter().map(|e| (e.labels, e.values[k])),
+        )?;
     }
-    for ((name, kind, help), body) in SUBSCRIBER_METRICS
-        .iter()
-        .zip(&subs)
-        .chain(INGEST_METRICS.iter().zip(&ingest))
-    {
-        header(&mut out, name, kind, help);
-        for line in body.lines() {
-            let _ = writeln!(out, "{name}{line}");
-        }
+    for (k, (name, kind, help)) in SUBSCRIBER_METRICS.iter().enumerate() {
+        family(
+            enc,
+            name,
+            help,
+            *kind,
+            subscribers.iter().map(|s| (s.labels, s.values[k])),
+        )?;
     }
-    header(
-        &mut out,
+    family(
+        enc,
         "kvroute_subscriber_last_rejected_seq",
-        "gauge",
         "Sequence number of the last message dropped as malformed, oversized or undecodable (absent until one carried a readable sequence).",
-    );
-    out.push_str(&rejected_seq);
-    super::connections::render(
-        &mut out,
+        MetricType::Gauge,
+        subscribers
+            .iter()
+            .filter_map(|s| Some((s.labels, s.last_rejected_seq?))),
+    )?;
+    for (k, (name, kind, help)) in INGEST_METRICS.iter().enumerate() {
+        family(
+            enc,
+            name,
+            help,
+            *kind,
+            endpoints.iter().map(|e| (e.labels, e.ingest[k])),
+        )?;
+    }
+    encode_connections(
+        enc,
         &[
-            ("proxy", &m.proxy_connections),
-            ("admin", &m.admin_connections),
+            ("proxy", &gw.metrics.proxy_connections),
+            ("admin", &gw.metrics.admin_connections),
         ],
-    );
-    render_admission(&mut out, &gw.tokenize_admission.snapshot());
-    out
+    )?;
+    encode_admission(enc, &gw.tokenize_admission.snapshot())?;
+    if let Some(sync) = &gw.replica_sync {
+        sync.encode(enc, gw)?;
+    }
+    Ok(())
 }
 
-/// Appends the Prometheus families of `s` to `out`.
-fn render_admission(out: &mut String, s: &kvroute::admission::AdmissionSnapshot) {
-    use std::fmt::Write as _;
-    let families: [(&str, &str, &str, u64); 9] = [
+/// Both listeners' connection counters.
+fn encode_connections(
+    enc: &mut DescriptorEncoder,
+    listeners: &[(&str, &super::connections::ConnectionMetrics)],
+) -> std::fmt::Result {
+    type Field = fn(&super::connections::ConnectionMetrics) -> &AtomicU64;
+    let families: [(&str, MetricType, &str, Field); 6] = [
+        (
+            "kvroute_connections_open",
+            MetricType::Gauge,
+            "Client connections open.",
+            |m| &m.open,
+        ),
+        (
+            "kvroute_connections_accepted",
+            MetricType::Counter,
+            "Client connections accepted.",
+            |m| &m.accepted,
+        ),
+        (
+            "kvroute_connections_first_byte_timeouts",
+            MetricType::Counter,
+            "Connections closed for sending no first byte (or no complete protocol preface) in time.",
+            |m| &m.first_byte_timeouts,
+        ),
+        (
+            "kvroute_connections_shed",
+            MetricType::Counter,
+            "Silent connections closed to admit a new one at the connection cap.",
+            |m| &m.shed_idle,
+        ),
+        (
+            "kvroute_connections_refused",
+            MetricType::Counter,
+            "New connections refused at the connection cap.",
+            |m| &m.refused,
+        ),
+        (
+            "kvroute_accept_errors",
+            MetricType::Counter,
+            "accept() failures (e.g. EMFILE), logged at most once per 10 s.",
+            |m| &m.accept_errors,
+        ),
+    ];
+    for (name, kind, help, field) in families {
+        family(
+            enc,
+            name,
+            help,
+            kind,
+            listeners
+                .iter()
+                .map(|(l, m)| ([("listener", *l)], field(m).load(Ordering::Relaxed))),
+        )?;
+    }
+    Ok(())
+}
+
+/// The tokenization bound's configuration and counters.
+fn encode_admission(
+    enc: &mut DescriptorEncoder,
+    s: &kvroute::admission::AdmissionSnapshot,
+) -> std::fmt::Result {
+    let families: [(&str, MetricType, &str, u64); 9] = [
         (
             "kvroute_tokenize_max_concurrent",
-            "gauge",
+            MetricType::Gauge,
             "Configured bound on tokenizations running at once (limits.max_concurrent_tokenizations).",
             s.max_concurrent as u64,
         ),
         (
             "kvroute_tokenize_max_bytes_in_flight",
-            "gauge",
+            MetricType::Gauge,
             "Configured bound on request bytes being tokenized at once (limits.max_tokenize_bytes_in_flight).",
             s.max_bytes_in_flight as u64,
         ),
         (
             "kvroute_tokenize_in_flight",
-            "gauge",
+            MetricType::Gauge,
             "Tokenizations running now.",
             s.in_flight as u64,
         ),
         (
             "kvroute_tokenize_bytes_in_flight",
-            "gauge",
+            MetricType::Gauge,
             "Request bytes charged by the running tokenizations.",
             s.bytes_in_flight as u64,
         ),
         (
             "kvroute_tokenize_peak_in_flight",
-            "gauge",
+            MetricType::Gauge,
             "Most tokenizations ever running at once.",
             s.peak_in_flight as u64,
         ),
         (
             "kvroute_tokenize_peak_bytes_in_flight",
-            "gauge",
+            MetricType::Gauge,
             "Most request bytes ever charged by tokenizations at once.",
             s.peak_bytes_in_flight as u64,
         ),
         (
-            "kvroute_tokenize_admitted_total",
-            "counter",
+            "kvroute_tokenize_admitted",
+            MetricType::Counter,
             "Completion requests admitted to tokenization.",
             s.admitted,
         ),
         (
-            "kvroute_tokenize_admitted_after_wait_total",
-            "counter",
+            "kvroute_tokenize_admitted_after_wait",
+            MetricType::Counter,
             "Admitted only after waiting for room (tokenize_overload = \"wait\").",
             s.admitted_after_wait,
         ),
         (
-            "kvroute_tokenize_overloaded_total",
-            "counter",
+            "kvroute_tokenize_overloaded",
+            MetricType::Counter,
             "Completion requests that found no tokenization room (in time) and skipped KV routing.",
             s.overloaded,
         ),
     ];
     for (name, kind, help, v) in families {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        let _ = writeln!(out, "{name} {v}");
+        single(enc, name, help, kind, v)?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

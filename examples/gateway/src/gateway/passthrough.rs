@@ -18,7 +18,7 @@ use kvroute_core::EndpointId;
 use super::metrics::Outcome;
 use super::proxy::error;
 use super::state::{Gateway, RuleRuntime};
-use super::upstream::{copy_headers, OnEnd, TeeBody};
+use super::upstream::{copy_headers, response_body};
 
 /// What to forward.
 pub struct Forward<'a> {
@@ -77,17 +77,18 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                 rt.counters.outcome(Outcome::Passthrough);
                 let (parts, incoming) = resp.into_parts();
                 let gw2 = Arc::clone(gw);
-                let on_end: OnEnd = Box::new(move |_, clean| {
-                    if !clean {
-                        gw2.metrics.aborted_streams.fetch_add(1, Ordering::Relaxed);
+                // No KV decision, so no receipt to read: the body is not scanned.
+                let on_end: kvroute::receipt::OnReceipt = Box::new(move |r| {
+                    if !r.complete {
+                        gw2.metrics.aborted_streams.inc();
                     }
                 });
-                let tee = TeeBody::new(
+                let tee = response_body(
                     incoming,
-                    &parts.headers,
+                    kvroute::receipt::BodyKind::Opaque,
                     gw.limits.upstream_idle_timeout(),
-                    on_end,
                     Some(guard),
+                    on_end,
                 );
                 let mut builder = Response::builder().status(parts.status);
                 if let Some(h) = builder.headers_mut() {

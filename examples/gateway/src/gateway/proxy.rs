@@ -24,7 +24,7 @@ use super::metrics::Outcome;
 use super::passthrough::{self, Forward};
 use super::pd;
 use super::state::{Gateway, RuleRuntime};
-use super::upstream::{read_small, TeeBody, UpstreamError};
+use super::upstream::{read_small, response_body, UpstreamError};
 
 /// Session header for P/D session affinity.
 const SESSION_HEADER: &str = "x-session-id";
@@ -618,9 +618,7 @@ impl Proxy for Host<'_> {
                 Some((_, p, c)) => (p.clone(), *c),
                 None => {
                     let body = prepared.prefill.clone();
-                    gw.metrics
-                        .prefill_requests
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    gw.metrics.prefill_requests.inc();
                     let resp = gw
                         .client
                         .send(
@@ -654,7 +652,7 @@ impl Proxy for Host<'_> {
                     let params = pd::transfer_params(&answer);
                     let cached = serde_json::from_slice::<serde_json::Value>(&answer)
                         .ok()
-                        .and_then(|v| super::upstream::cached_tokens(&v));
+                        .and_then(|v| kvroute::receipt::cached_tokens(&v));
                     ctx.prefill = Some((target.endpoint, params.clone(), cached));
                     (params, cached)
                 }
@@ -707,24 +705,22 @@ fn respond(
     }
     let rt2 = Arc::clone(rt);
     let gw2 = Arc::clone(gw);
-    let on_end: super::upstream::OnEnd = Box::new(move |cached, clean| {
-        if !clean {
-            gw2.metrics
-                .aborted_streams
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let on_end: kvroute::receipt::OnReceipt = Box::new(move |r| {
+        if !r.complete {
+            gw2.metrics.aborted_streams.inc();
         }
         if pd_receipt.is_none() {
-            if let Some(c) = cached {
+            if let Some(c) = r.cached_tokens {
                 rt2.rule.record_receipt(&decision, c);
             }
         }
     });
-    let tee = TeeBody::new(
+    let tee = response_body(
         incoming,
-        &parts.headers,
+        kvroute::receipt::BodyKind::of(&parts.headers),
         gw.limits.upstream_idle_timeout(),
-        on_end,
         Some(guard),
+        on_end,
     );
     builder.body(Body::new(tee)).unwrap_or_else(|_| {
         error(
