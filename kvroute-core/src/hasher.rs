@@ -578,6 +578,21 @@ impl PromptHasher<'_> {
         let l = h.lookahead();
         let target = h.hashable_blocks(tokens.len());
         let before = self.blocks_done;
+        if let Kind::Rekey { seed } = h.kind {
+            // One loop over the new blocks, keys only (the digest is the key).
+            let new = tokens.get(before * b..target * b).unwrap_or(&[]);
+            let parent = (!self.parent.is_empty()).then(|| self.parent.first8_be());
+            let first = out_keys.len();
+            if let Some(last) = rekey::extend_chain(parent, new, b, seed, out_keys) {
+                self.parent = Digest::from_u64(last.0);
+            }
+            if let Some(ds) = out_digests {
+                let added = out_keys.get(first..).unwrap_or(&[]);
+                ds.extend(added.iter().map(|k| Digest::from_u64(k.0)));
+            }
+            self.blocks_done = target.max(before);
+            return Ok(self.blocks_done - before);
+        }
         while self.blocks_done < target {
             let start = self.blocks_done * b;
             let block = tokens.get(start..start + b).unwrap_or(&[]);
