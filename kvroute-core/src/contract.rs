@@ -313,6 +313,83 @@ impl HashContract {
     pub fn hasher(&self) -> Result<crate::BlockHasher, ContractError> {
         crate::BlockHasher::new(self)
     }
+
+    /// How inventories and prompts are keyed under this contract: re-key
+    /// contracts ([`HashContract::Rekey`]) re-key, every engine contract uses
+    /// the engine's own keys. The ingest side and the prompt side both take
+    /// their mode from here, so they cannot disagree.
+    ///
+    /// ```
+    /// use kvroute_core::{HashContract, KeyMode};
+    /// let c: HashContract = "rekey:xxh3_64_chain:block=16:seed=1".parse().unwrap();
+    /// assert_eq!(c.key_mode(), KeyMode::Rekey);
+    /// let v: HashContract = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse().unwrap();
+    /// assert_eq!(v.key_mode(), KeyMode::Engine);
+    /// ```
+    #[must_use]
+    pub fn key_mode(&self) -> KeyMode {
+        match self {
+            HashContract::Rekey(_) => KeyMode::Rekey,
+            HashContract::Vllm(_) | HashContract::Sglang(_) | HashContract::Trtllm(_) => {
+                KeyMode::Engine
+            }
+        }
+    }
+}
+
+/// Where an inventory's keys come from, which fixes how prompt keys are made.
+/// The one key-mode vocabulary of every kvroute crate (ingest, selection, the
+/// facade); derive it from the contract with [`HashContract::key_mode`].
+///
+/// ```
+/// use kvroute_core::KeyMode;
+/// assert_eq!("rekey".parse::<KeyMode>(), Ok(KeyMode::Rekey));
+/// assert_eq!(KeyMode::Engine.to_string(), "engine");
+/// assert_eq!(KeyMode::default(), KeyMode::Engine);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyMode {
+    /// The engines' own event keys; prompt keys must be bit-identical to them.
+    #[default]
+    Engine,
+    /// kvroute re-keys stored blocks from the token ids the events carry (for
+    /// contracts that cannot be reproduced); prompt keys use the same re-keying.
+    Rekey,
+}
+
+impl KeyMode {
+    /// `engine` or `rekey` (the configuration, admin and metrics spelling).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            KeyMode::Engine => "engine",
+            KeyMode::Rekey => "rekey",
+        }
+    }
+}
+
+impl fmt::Display for KeyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is not a [`KeyMode`] (`engine`, `rekey`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown key mode {0:?} (expected `engine` or `rekey`)")]
+pub struct UnknownKeyMode(pub String);
+
+impl FromStr for KeyMode {
+    type Err = UnknownKeyMode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "engine" => Ok(KeyMode::Engine),
+            "rekey" => Ok(KeyMode::Rekey),
+            other => Err(UnknownKeyMode(other.to_owned())),
+        }
+    }
 }
 
 impl fmt::Display for HashContract {

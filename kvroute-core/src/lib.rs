@@ -56,8 +56,9 @@ mod version;
 pub mod vllm;
 
 pub use contract::{
-    HashContract, PythonHashSeed, RekeyAlgorithm, RekeyContract, SglangAlgorithm, SglangContract,
-    SglangEventsFormat, TrtllmAlgorithm, TrtllmContract, VllmContract,
+    HashContract, KeyMode, PythonHashSeed, RekeyAlgorithm, RekeyContract, SglangAlgorithm,
+    SglangContract, SglangEventsFormat, TrtllmAlgorithm, TrtllmContract, UnknownKeyMode,
+    VllmContract,
 };
 pub use digest::Digest;
 pub use error::{ContractError, HashError};

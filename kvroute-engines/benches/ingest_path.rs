@@ -26,7 +26,7 @@ use kvroute_engines::events::{vllm, DecodeStats};
 use kvroute_engines::transport::{
     DecodingSink, EngineKind, Frame, FrameSink, FrameSource, IndexIngest, SeqIngest,
 };
-use kvroute_ingest::{EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, SharedIndex};
+use kvroute_ingest::{EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, SharedIndex};
 use rmpv::Value as M;
 
 /// Batches per iteration.
@@ -109,7 +109,7 @@ fn vllm_run() -> Vec<Vec<u8>> {
 
 fn fresh_ingest() -> IndexIngest {
     let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
-    let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+    let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
     IndexIngest::new(ingest, index, Some(0), false)
 }
 

@@ -45,7 +45,7 @@ use kvroute_engines::transport::{
     DecodingSink, EngineKind, Frame, FrameReport, FrameSink, IndexIngest, ReplayOutcome,
     SinkAction, ZmqEndpoint, ZmqSubscriber, ZmqSubscriberConfig,
 };
-use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, KeyMode, SharedIndex};
+use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
 
 /// One batch: publisher stamp, received, applied (seconds since the epoch).
 #[derive(Clone, Copy)]
@@ -177,7 +177,7 @@ fn main() {
     .build()
     .unwrap();
     let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
-    let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+    let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
     let samples = Arc::new(Mutex::new(Vec::with_capacity(count as usize)));
     let sink = TimedSink {
         inner: DecodingSink::new(

@@ -39,7 +39,7 @@
 //! use std::sync::Arc;
 //! use kvroute_core::{EndpointId, HashContract, RequestExtras};
 //! use kvroute_engines::transport::{DecodingSink, EngineKind, Frame, FrameSink, FrameSource, IndexIngest};
-//! use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, InventoryView, KeyMode, Overlap, SharedIndex};
+//! use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, InventoryView, Keying, Overlap, SharedIndex};
 //!
 //! let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/vllm-events/v0.33.0/stream");
 //! let payload = std::fs::read(dir.join("01_store_prompt_two_blocks.msgpack"))?;
@@ -50,7 +50,7 @@
 //! let contract: HashContract = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse()?;
 //! let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
 //! let config = IngestConfig { expected_block_size: Some(16), ..IngestConfig::default() };
-//! let ingest = EndpointIngest::new(EndpointId(0), config, KeyMode::Engine);
+//! let ingest = EndpointIngest::new(EndpointId(0), config, Keying::Engine);
 //! // DP rank 0's stream, without a replay socket.
 //! let mut sink = DecodingSink::new(EngineKind::Vllm, IndexIngest::new(ingest, Arc::clone(&index), Some(0), false))?;
 //!

@@ -14,7 +14,7 @@ use kvroute_engines::transport::{
     BatchApplier, IndexIngest, IngestOutcome, TrtllmPoller, TrtllmPollerConfig, TrtllmSink,
 };
 use kvroute_ingest::seq::SeqWindowConfig;
-use kvroute_ingest::{EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, SharedIndex};
+use kvroute_ingest::{EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, SharedIndex};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -38,7 +38,7 @@ impl Log {
             window: SeqWindowConfig::destructive_drain(),
             ..IngestConfig::default()
         };
-        let ingest = EndpointIngest::new(EndpointId(0), config, KeyMode::Engine);
+        let ingest = EndpointIngest::new(EndpointId(0), config, Keying::Engine);
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
         let ingest = IndexIngest::new(ingest, index, None, false);
         (

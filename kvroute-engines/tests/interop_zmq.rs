@@ -408,7 +408,7 @@ fn restart_through_decoder_and_ingest_leaves_only_the_new_process_blocks() {
     use kvroute_core::{BlockKey, EndpointId, Medium};
     use kvroute_engines::transport::{DecodingSink, IndexIngest};
     use kvroute_ingest::seq::{RestartPolicy, SeqWindowConfig};
-    use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, KeyMode, SharedIndex};
+    use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
 
     let rt = runtime();
     let port = free_port_pair();
@@ -421,7 +421,7 @@ fn restart_through_decoder_and_ingest_leaves_only_the_new_process_blocks() {
         },
         ..IngestConfig::default()
     };
-    let ingest = EndpointIngest::new(EndpointId(0), config, KeyMode::Engine);
+    let ingest = EndpointIngest::new(EndpointId(0), config, Keying::Engine);
     let sink = DecodingSink::new(
         EngineKind::Vllm,
         IndexIngest::new(ingest, index.clone(), Some(0), true),

@@ -13,7 +13,7 @@ use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion
 use kvroute_core::{BlockKey, EndpointId, Medium};
 use kvroute_ingest::{
     BlockRemoved, BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig,
-    InventoryView, KeyMode, KvEvent, Overlap, SharedIndex,
+    InventoryView, Keying, KvEvent, Overlap, SharedIndex,
 };
 
 fn key(i: u64) -> BlockKey {
@@ -26,7 +26,7 @@ fn apply(c: &mut Criterion) {
     const BLOCKS: u64 = 16;
     const RESIDENT: u64 = 100_000;
     let index = SharedIndex::new(64, IndexConfig::default());
-    let mut ingest = EndpointIngest::new(EndpointId(3), IngestConfig::default(), KeyMode::Engine);
+    let mut ingest = EndpointIngest::new(EndpointId(3), IngestConfig::default(), Keying::Engine);
     let mut next = 0u64;
     let mut seq = 0u64;
     let mut batch = move || {

@@ -121,7 +121,7 @@ impl AttestCounters {
 /// use kvroute_core::{BlockKey, EndpointId, HashContract, RequestExtras};
 /// use kvroute_ingest::attest::{ContractAttestor, ContractStatus};
 /// use kvroute_ingest::{
-///     BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, KvEvent,
+///     BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent,
 ///     SharedIndex,
 /// };
 ///
@@ -136,7 +136,7 @@ impl AttestCounters {
 /// hasher.hash_chain(&RequestExtras::NONE, &root, 0, &tokens, &mut keys, None)?;
 ///
 /// let index = SharedIndex::new(1, IndexConfig::default());
-/// let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine)
+/// let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine)
 ///     .with_attestor(Arc::new(attestor));
 /// let batch = EventBatch {
 ///     events: vec![KvEvent::Stored(BlockStored {

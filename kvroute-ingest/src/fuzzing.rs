@@ -15,7 +15,7 @@ use kvroute_core::{BlockKey, EndpointId, Medium};
 
 use crate::event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
 use crate::index::{IndexConfig, SharedIndex};
-use crate::ingest::{EndpointIngest, IngestConfig, KeyMode};
+use crate::ingest::{EndpointIngest, IngestConfig, Keying};
 use crate::seq::{ClearReason, DropReason, ReplayEnd, RestartPolicy, SeqAction, SeqWindowConfig};
 use crate::view::{InventoryView, Overlap};
 
@@ -383,7 +383,7 @@ pub fn seq_window(data: &[u8]) {
     };
     let mut ingests: Vec<EndpointIngest> = slots
         .iter()
-        .map(|e| EndpointIngest::new(EndpointId(*e), config.clone(), KeyMode::Engine))
+        .map(|e| EndpointIngest::new(EndpointId(*e), config.clone(), Keying::Engine))
         .collect();
     let mut model = Model::new(window);
     let mut sent: BTreeMap<(u32, Option<u32>), EventBatch> = BTreeMap::new();

@@ -16,8 +16,8 @@
 //!   are counted and skipped. The prompt side hashes at one block size, other
 //!   groups use other block sizes (so their keys never match) or hold only a
 //!   sliding window of the prefix. `None` applies every group into one key space.
-//! * **Key modes.** [`KeyMode::Engine`] stores the keys the engine reports.
-//!   [`KeyMode::Rekey`] computes internal keys from the event's token ids chained
+//! * **Key modes.** [`Keying::Engine`] stores the keys the engine reports.
+//!   [`Keying::Rekey`] computes internal keys from the event's token ids chained
 //!   through the parent's internal key, and keeps engine key → (internal key,
 //!   outstanding stores) so `BlockRemoved` and tier moves still work. A stored
 //!   event whose parent is unknown, or whose blocks lack tokens, cannot be
@@ -38,12 +38,12 @@
 //! ```
 //! use kvroute_core::{BlockKey, EndpointId, Medium};
 //! use kvroute_ingest::{
-//!     BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, KvEvent,
+//!     BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent,
 //!     SharedIndex, seq::SeqAction,
 //! };
 //!
 //! let index = SharedIndex::new(1, IndexConfig::default());
-//! let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+//! let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
 //! let batch = EventBatch {
 //!     seq: 0,
 //!     events: vec![KvEvent::Stored(BlockStored {
@@ -60,28 +60,64 @@
 
 use std::sync::Arc;
 
-use kvroute_core::{BlockKey, Digest, EndpointId, Medium};
+use kvroute_core::{BlockKey, Digest, EndpointId, HashContract, KeyMode, Medium};
 
 use crate::attest::{AttestCounters, ContractStatus, KeyAttestor, ParentLink};
 use crate::event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
 use crate::index::{KeyMap, SharedIndex, WriteStats};
-use crate::rekey::BlockRekeyer;
+use crate::rekey::{BlockRekeyer, XxhChainRekeyer};
 use crate::seq::{DropReason, ReplayEnd, SeqAction, SeqCounters, SeqWindow, SeqWindowConfig};
 
-/// How an endpoint's inventory is keyed.
+/// How an endpoint's inventory is keyed: the [`KeyMode`] with, for
+/// [`KeyMode::Rekey`], the re-keying rule. Build it from the rule's contract
+/// with [`Keying::for_contract`] so the ingest side and the prompt side
+/// ([`HashContract::key_mode`]) follow the same contract by construction.
+///
+/// ```
+/// use kvroute_core::{HashContract, KeyMode};
+/// use kvroute_ingest::Keying;
+/// let c: HashContract = "rekey:xxh3_64_chain:block=16:seed=1".parse().unwrap();
+/// assert_eq!(Keying::for_contract(&c).mode(), KeyMode::Rekey);
+/// assert_eq!(Keying::for_contract(&c).mode(), c.key_mode());
+/// ```
 #[derive(Clone)]
-pub enum KeyMode {
+pub enum Keying {
     /// Use the keys the engine reports; the prompt side must reproduce them.
     Engine,
     /// Recompute keys from token ids with this rule; the prompt side uses it too.
     Rekey(Arc<dyn BlockRekeyer>),
 }
 
-impl std::fmt::Debug for KeyMode {
+impl Keying {
+    /// The keying a contract implies: engine keys for engine contracts, the
+    /// contract's own re-keyer (with its seed) for re-key contracts.
+    #[must_use]
+    pub fn for_contract(contract: &HashContract) -> Self {
+        match contract {
+            // `xxh3_64_chain` is the only re-key algorithm; the prompt side
+            // hashes it through kvroute-core's hasher with the same seed.
+            HashContract::Rekey(c) => Keying::Rekey(Arc::new(XxhChainRekeyer { seed: c.seed })),
+            HashContract::Vllm(_) | HashContract::Sglang(_) | HashContract::Trtllm(_) => {
+                Keying::Engine
+            }
+        }
+    }
+
+    /// The key mode, without the re-keyer.
+    #[must_use]
+    pub fn mode(&self) -> KeyMode {
+        match self {
+            Keying::Engine => KeyMode::Engine,
+            Keying::Rekey(_) => KeyMode::Rekey,
+        }
+    }
+}
+
+impl std::fmt::Debug for Keying {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            KeyMode::Engine => f.write_str("Engine"),
-            KeyMode::Rekey(_) => f.write_str("Rekey(..)"),
+            Keying::Engine => f.write_str("Engine"),
+            Keying::Rekey(_) => f.write_str("Rekey(..)"),
         }
     }
 }
@@ -275,10 +311,10 @@ impl std::fmt::Debug for EndpointIngest {
 impl EndpointIngest {
     /// A fresh ingest for endpoint slot `endpoint`.
     #[must_use]
-    pub fn new(endpoint: EndpointId, config: IngestConfig, mode: KeyMode) -> Self {
-        let rekeying = match mode {
-            KeyMode::Engine => None,
-            KeyMode::Rekey(rekeyer) => Some(Rekeying {
+    pub fn new(endpoint: EndpointId, config: IngestConfig, keying: Keying) -> Self {
+        let rekeying = match keying {
+            Keying::Engine => None,
+            Keying::Rekey(rekeyer) => Some(Rekeying {
                 rekeyer,
                 limit: config.max_rekey_entries,
                 map: KeyMap::default(),

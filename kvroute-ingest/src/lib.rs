@@ -12,10 +12,10 @@
 //! ```
 //! use kvroute_core::{BlockKey, EndpointId};
 //! use kvroute_ingest::{BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig,
-//!     InventoryView, KeyMode, KvEvent, Overlap, SharedIndex};
+//!     InventoryView, Keying, KvEvent, Overlap, SharedIndex};
 //!
 //! let index = SharedIndex::new(1, IndexConfig::default());
-//! let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+//! let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
 //! let stored = |seq, keys: &[u64]| EventBatch {
 //!     seq,
 //!     events: vec![KvEvent::Stored(BlockStored {
@@ -57,7 +57,11 @@ pub use attest::{ContractAttestor, ContractStatus, KeyAttestor};
 pub use event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
 pub use index::{EndpointInventory, IndexConfig, IndexError, SharedIndex, WriteStats};
 pub use ingest::{
-    Completeness, EndpointIngest, IngestConfig, IngestCounters, KeyMode, Outcome,
+    Completeness, EndpointIngest, IngestConfig, IngestCounters, Keying, Outcome,
     DEFAULT_REKEY_ENTRIES,
 };
 pub use view::{InventoryHealth, InventoryView, Overlap};
+
+/// The key mode of an inventory (re-exported from `kvroute-core`, the one
+/// definition every kvroute crate uses); [`Keying::mode`] gives it.
+pub use kvroute_core::KeyMode;

@@ -8,7 +8,7 @@ use kvroute_core::{BlockKey, EndpointId};
 use kvroute_ingest::attest::ContractStatus;
 use kvroute_ingest::rekey::XxhChainRekeyer;
 use kvroute_ingest::{
-    BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, KvEvent,
+    BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent,
     SharedIndex,
 };
 
@@ -25,7 +25,7 @@ fn stored(seq: u64, block_size: u32, keys: &[u64]) -> EventBatch {
     }
 }
 
-fn ingest(mode: KeyMode, expected: Option<u32>) -> EndpointIngest {
+fn ingest(mode: Keying, expected: Option<u32>) -> EndpointIngest {
     let config = IngestConfig {
         expected_block_size: expected,
         ..IngestConfig::default()
@@ -33,10 +33,10 @@ fn ingest(mode: KeyMode, expected: Option<u32>) -> EndpointIngest {
     EndpointIngest::new(EndpointId(0), config, mode)
 }
 
-fn modes() -> [KeyMode; 2] {
+fn modes() -> [Keying; 2] {
     [
-        KeyMode::Engine,
-        KeyMode::Rekey(Arc::new(XxhChainRekeyer { seed: 7 })),
+        Keying::Engine,
+        Keying::Rekey(Arc::new(XxhChainRekeyer { seed: 7 })),
     ]
 }
 

@@ -13,13 +13,13 @@ use kvroute_ingest::fuzzing::{check, Model};
 use kvroute_ingest::rekey::{BlockRekeyer, XxhChainRekeyer};
 use kvroute_ingest::seq::{ClearReason, ReplayEnd, SeqAction};
 use kvroute_ingest::{
-    EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, KvEvent, SharedIndex,
+    EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent, SharedIndex,
 };
 
 const EP: EndpointId = EndpointId(0);
 
 fn engine_ingest() -> EndpointIngest {
-    EndpointIngest::new(EP, IngestConfig::default(), KeyMode::Engine)
+    EndpointIngest::new(EP, IngestConfig::default(), Keying::Engine)
 }
 
 fn stored_keys(events: &[KvEvent]) -> Vec<BlockKey> {
@@ -219,7 +219,7 @@ fn rekey_mode_keys_blocks_by_tokens_and_still_applies_removes() {
     let mut ingest = EndpointIngest::new(
         EP,
         IngestConfig::default(),
-        KeyMode::Rekey(Arc::new(rekeyer)),
+        Keying::Rekey(Arc::new(rekeyer)),
     );
     let _ = ingest.apply_batch(&batches[0], &index);
     let _ = ingest.apply_batch(&batches[1], &index);

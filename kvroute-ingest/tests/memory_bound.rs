@@ -10,7 +10,7 @@ use std::sync::Arc;
 use kvroute_core::{BlockKey, EndpointId, Medium};
 use kvroute_ingest::rekey::XxhChainRekeyer;
 use kvroute_ingest::{
-    BlockRemoved, BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode,
+    BlockRemoved, BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying,
     KvEvent, SharedIndex,
 };
 
@@ -50,8 +50,8 @@ fn flood(mode: &str) {
     let mut ingests: Vec<EndpointIngest> = (0..ENDPOINTS)
         .map(|e| {
             let key_mode = match mode {
-                "rekey" => KeyMode::Rekey(Arc::new(XxhChainRekeyer { seed: 1337 })),
-                _ => KeyMode::Engine,
+                "rekey" => Keying::Rekey(Arc::new(XxhChainRekeyer { seed: 1337 })),
+                _ => Keying::Engine,
             };
             EndpointIngest::new(EndpointId(e as u32), config.clone(), key_mode)
         })
@@ -207,7 +207,7 @@ fn many_engine_keys_for_one_block_reset_instead_of_growing() {
     let mut ingest = EndpointIngest::new(
         EndpointId(0),
         config,
-        KeyMode::Rekey(Arc::new(XxhChainRekeyer { seed: 1337 })),
+        Keying::Rekey(Arc::new(XxhChainRekeyer { seed: 1337 })),
     );
     let mut rng = Lcg(7);
     let mut peak = 0;

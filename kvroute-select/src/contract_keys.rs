@@ -52,10 +52,7 @@ impl ContractKeys {
         Ok(Self {
             hasher: BlockHasher::new(contract)?,
             id: ContractId::from(contract),
-            mode: match contract {
-                HashContract::Rekey(_) => KeyMode::Rekeyed,
-                _ => KeyMode::EngineKeys,
-            },
+            mode: contract.key_mode(),
         })
     }
 }

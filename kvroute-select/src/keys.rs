@@ -4,6 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+pub use kvroute_core::KeyMode;
 use kvroute_core::{BlockKey, RequestExtras, TokenId};
 
 /// Names one hash contract (engine, version range, algorithm, seed, block size,
@@ -42,17 +43,6 @@ impl fmt::Display for ContractId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
-}
-
-/// Where the inventory's keys come from, which fixes how prompt keys must be made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum KeyMode {
-    /// The engine's own event keys; prompt keys must be bit-identical to them.
-    #[default]
-    EngineKeys,
-    /// kvroute re-keys stored blocks from the tokens the events carry (for
-    /// contracts that cannot be reproduced); prompt keys use the same re-keying.
-    Rekeyed,
 }
 
 /// Why block keys could not be produced from token ids.
@@ -104,7 +94,7 @@ pub trait PromptKeys: Send + Sync {
     fn block_size(&self) -> u32;
     /// Engine keys or re-keyed.
     fn key_mode(&self) -> KeyMode {
-        KeyMode::EngineKeys
+        KeyMode::Engine
     }
     /// Appends the keys of `tokens`' blocks to `out` (block 0 first).
     ///

@@ -146,7 +146,7 @@ impl RuleConfig {
             topology,
             block_size,
             contract,
-            key_mode: KeyMode::EngineKeys,
+            key_mode: KeyMode::Engine,
             scorer: Scorer::default(),
             fallback: SelectorKind::LeastPrefill,
             thresholds: Thresholds::default(),

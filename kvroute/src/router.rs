@@ -12,10 +12,10 @@ use kvroute_engines::prompt::{request::Dialect, PromptLimits, TokenizerPool};
 use kvroute_engines::transport::{EngineKind, IndexIngest, MetricsSnapshot, SharedIngest};
 use kvroute_engines::ApiKind;
 use kvroute_ingest::attest::{ContractAttestor, ContractStatus, KeyAttestor};
-use kvroute_ingest::rekey::{BlockRekeyer, XxhChainRekeyer};
 use kvroute_ingest::seq::{RestartPolicy, SeqWindowConfig};
 use kvroute_ingest::{
-    EndpointIngest, IndexConfig, IngestConfig, InventoryHealth, InventoryView, Overlap, SharedIndex,
+    EndpointIngest, IndexConfig, IngestConfig, InventoryHealth, InventoryView, Keying, Overlap,
+    SharedIndex,
 };
 use kvroute_select::{
     AdminState, Availability, BreakerConfig, Choice, CircuitBreaker, ContractKeys,
@@ -255,19 +255,18 @@ impl KvRouterBuilder {
         };
         let keys =
             Arc::new(ContractKeys::new(&self.contract).map_err(|e| contract_err(e.to_string()))?);
-        let rekeyer: Option<Arc<dyn BlockRekeyer>> = match &self.contract {
-            HashContract::Rekey(c) => Some(Arc::new(XxhChainRekeyer { seed: c.seed })),
-            _ => None,
-        };
+        // The ingest side's keying and the prompt side's key mode both come
+        // from the contract, so they agree by construction.
+        let keying = Keying::for_contract(&self.contract);
         // Engine keys are attested against the prompt side's hasher; re-keyed
         // inventories hold kvroute's own keys, nothing to attest.
-        let attestor = match &rekeyer {
-            None => Some(Arc::new(ContractAttestor::from_hasher(
+        let attestor = match &keying {
+            Keying::Engine => Some(Arc::new(ContractAttestor::from_hasher(
                 self.contract
                     .hasher()
                     .map_err(|e| contract_err(e.to_string()))?,
             )) as Arc<dyn KeyAttestor>),
-            Some(_) => None,
+            Keying::Rekey(_) => None,
         };
         if self.backends.len() > self.max_endpoints {
             return Err(BuildError::TooManyEndpoints(self.max_endpoints));
@@ -288,7 +287,7 @@ impl KvRouterBuilder {
             block_size: keys.block_size(),
             keys,
             contract: self.contract,
-            rekeyer,
+            keying,
             attestor,
             tokenizers,
             admission: Arc::new(TokenizeAdmission::new(self.admission)),
@@ -375,7 +374,7 @@ struct Shared {
     keys: Arc<ContractKeys>,
     contract: HashContract,
     block_size: u32,
-    rekeyer: Option<Arc<dyn BlockRekeyer>>,
+    keying: Keying,
     attestor: Option<Arc<dyn KeyAttestor>>,
     tokenizers: TokenizerPool,
     admission: Arc<TokenizeAdmission>,
@@ -474,10 +473,6 @@ impl Shared {
     }
 
     fn new_ingest(&self, slot: usize, b: &Backend) -> EndpointIngest {
-        let mode = match &self.rekeyer {
-            Some(r) => kvroute_ingest::KeyMode::Rekey(Arc::clone(r)),
-            None => kvroute_ingest::KeyMode::Engine,
-        };
         let window = if b.engine == EngineKind::TensorRtLlm {
             SeqWindowConfig::destructive_drain()
         } else if b.replay.is_some() {
@@ -495,7 +490,8 @@ impl Shared {
             window,
             ..IngestConfig::default()
         };
-        let ingest = EndpointIngest::new(id(slot), config, mode).with_name(b.url.as_str());
+        let ingest =
+            EndpointIngest::new(id(slot), config, self.keying.clone()).with_name(b.url.as_str());
         match &self.attestor {
             Some(a) => ingest.with_attestor(Arc::clone(a)),
             None => ingest,

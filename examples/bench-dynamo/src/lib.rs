@@ -36,7 +36,7 @@ use dynamo_kv_router::protocols::{
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree, SyncIndexer};
 use kvroute_core::{BlockKey, EndpointId};
 use kvroute_ingest::{
-    BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, InventoryView, KeyMode,
+    BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, InventoryView, Keying,
     KvEvent, Overlap, SharedIndex,
 };
 
@@ -203,7 +203,7 @@ pub fn load_kvroute(w: &Workload, config: IndexConfig) -> (SharedIndex, Load) {
     let mut count = 0u64;
     for worker in 0..w.workers {
         let mut ingest =
-            EndpointIngest::new(EndpointId(worker), IngestConfig::default(), KeyMode::Engine);
+            EndpointIngest::new(EndpointId(worker), IngestConfig::default(), Keying::Engine);
         let events = w.events(worker);
         let per_batch = (w.seq_blocks / w.event_blocks.max(1)).max(1);
         let batches: Vec<EventBatch> = events

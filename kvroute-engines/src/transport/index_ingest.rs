@@ -46,10 +46,10 @@ pub type SharedIngest = Arc<Mutex<EndpointIngest>>;
 /// use std::sync::Arc;
 /// use kvroute_core::EndpointId;
 /// use kvroute_engines::transport::{DecodingSink, EngineKind, IndexIngest};
-/// use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, KeyMode, SharedIndex};
+/// use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
 ///
 /// let index = Arc::new(SharedIndex::new(4, IndexConfig::default()));
-/// let ingest = EndpointIngest::new(EndpointId(2), IngestConfig::default(), KeyMode::Engine);
+/// let ingest = EndpointIngest::new(EndpointId(2), IngestConfig::default(), Keying::Engine);
 /// let shared = IndexIngest::share(ingest);
 /// // Two DP ranks of endpoint 2, each with its own subscriber and replay socket.
 /// let rank0 = DecodingSink::new(
@@ -246,7 +246,7 @@ mod tests {
     use crate::transport::sink::{Frame, FrameSink, SinkAction};
     use crate::transport::{DecodingSink, EngineKind};
     use kvroute_core::{BlockKey, EndpointId, Medium};
-    use kvroute_ingest::{Completeness, IndexConfig, IngestConfig, KeyMode};
+    use kvroute_ingest::{Completeness, IndexConfig, IngestConfig, Keying};
 
     fn payload(name: &str) -> Vec<u8> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -266,7 +266,7 @@ mod tests {
     #[test]
     fn golden_vllm_stream_lands_in_the_shared_index() {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
-        let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+        let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
         let mut sink = DecodingSink::new(
             EngineKind::Vllm,
             IndexIngest::new(ingest, index.clone(), Some(0), true),
@@ -306,7 +306,7 @@ mod tests {
     #[test]
     fn a_reconnect_without_replay_socket_keeps_the_inventory() {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
-        let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+        let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
         let mut sink = DecodingSink::new(
             EngineKind::Vllm,
             IndexIngest::new(ingest, index.clone(), Some(0), false),
@@ -332,7 +332,7 @@ mod tests {
     #[test]
     fn a_failed_bootstrap_replay_leaves_the_endpoint_partial() {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
-        let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine);
+        let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
         let mut sink = DecodingSink::new(
             EngineKind::Vllm,
             IndexIngest::new(ingest, index.clone(), Some(0), true),
@@ -366,7 +366,7 @@ mod tests {
     fn dp_ranks_share_one_endpoint_ingest_and_late_replays_are_partial() {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
         let shared = IndexIngest::share(
-            EndpointIngest::new(EndpointId(0), IngestConfig::default(), KeyMode::Engine)
+            EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine)
                 .with_name("http://127.0.0.1:9/"),
         );
         let mut sinks: Vec<_> = [0, 1]

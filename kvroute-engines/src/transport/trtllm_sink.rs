@@ -127,7 +127,7 @@ mod tests {
     use crate::transport::IndexIngest;
     use kvroute_core::{BlockKey, EndpointId, Medium};
     use kvroute_ingest::seq::SeqWindowConfig;
-    use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, KeyMode, SharedIndex};
+    use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
     use std::sync::Arc;
 
     fn drain_sink(index: &Arc<SharedIndex>) -> TrtllmSink<IndexIngest> {
@@ -135,7 +135,7 @@ mod tests {
             window: SeqWindowConfig::destructive_drain(),
             ..IngestConfig::default()
         };
-        let ingest = EndpointIngest::new(EndpointId(0), config, KeyMode::Engine);
+        let ingest = EndpointIngest::new(EndpointId(0), config, Keying::Engine);
         TrtllmSink::new(32, IndexIngest::new(ingest, Arc::clone(index), None, false))
     }
 

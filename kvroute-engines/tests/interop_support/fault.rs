@@ -17,7 +17,7 @@ use kvroute_engines::transport::{
     DecodingSink, EngineKind, Frame, FrameReport, FrameSink, IndexIngest, MetricsSnapshot,
     ReplayOutcome, SinkAction, SubscriberMetrics, ZmqSubscriber, ZmqSubscriberConfig,
 };
-use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, KeyMode, SharedIndex};
+use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
 
 /// The endpoint every rig writes.
 pub const EP: EndpointId = EndpointId(0);
@@ -130,7 +130,7 @@ impl Rig {
     pub fn start(config: RigConfig) -> Rig {
         let rt = super::interop_support::runtime();
         let index = Arc::new(SharedIndex::new(1, config.index));
-        let ingest = EndpointIngest::new(EP, config.ingest, KeyMode::Engine);
+        let ingest = EndpointIngest::new(EP, config.ingest, Keying::Engine);
         let observed = Arc::new(Mutex::new(Observed::default()));
         let sink = ObservingSink {
             inner: DecodingSink::new(

@@ -20,7 +20,7 @@
 //! Re-key contracts (`rekey:xxh3_64_chain:...`): the ingest recomputes
 //! kvroute's own keys from the token ids of each stored event, chained through
 //! the parent's internal key, and maps engine keys to them so removals still
-//! apply ([`KeyMode::Rekey`]). The prompt side hashes with the same contract, so
+//! apply ([`Keying::Rekey`]). The prompt side hashes with the same contract, so
 //! engines whose keys cannot be reproduced (vLLM with a random `PYTHONHASHSEED`,
 //! salted TensorRT-LLM, SGLang before 0.5.6) become routable. Engine keys are
 //! not attested then: they are opaque by assumption.
@@ -37,11 +37,10 @@ use kvroute_engines::transport::{
     DecodingSink, EngineKind, IndexIngest, SharedIngest, TransportError, TrtllmSink,
 };
 use kvroute_ingest::attest::{AttestCounters, ContractAttestor, ContractStatus, KeyAttestor};
-use kvroute_ingest::rekey::{BlockRekeyer, XxhChainRekeyer};
 use kvroute_ingest::seq::{RestartPolicy, SeqCounters, SeqWindowConfig};
 use kvroute_ingest::{
     Completeness, EndpointIngest, IndexConfig, IngestConfig, IngestCounters, InventoryHealth,
-    InventoryView, KeyMode, Overlap, SharedIndex,
+    InventoryView, KeyMode, Keying, Overlap, SharedIndex,
 };
 
 use super::config::EndpointSpec;
@@ -88,10 +87,9 @@ fn new_ingest(
     slot: usize,
     spec: &SlotSpec,
     contract: Option<&HashContract>,
-    rekeyer: Option<&Arc<dyn BlockRekeyer>>,
+    keying: &Keying,
     attestor: Option<&Arc<dyn KeyAttestor>>,
 ) -> EndpointIngest {
-    let mode = rekeyer.map_or(KeyMode::Engine, |r| KeyMode::Rekey(Arc::clone(r)));
     let config = IngestConfig {
         // Engine blocks of another size never match the prompt side's keys:
         // counted and shown as a contract mismatch (also in re-key mode).
@@ -111,23 +109,12 @@ fn new_ingest(
     let ingest = EndpointIngest::new(
         EndpointId(u32::try_from(slot).unwrap_or(u32::MAX)),
         config,
-        mode,
+        keying.clone(),
     )
     .with_name(spec.name.as_str());
     match attestor {
         Some(a) => ingest.with_attestor(Arc::clone(a)),
         None => ingest,
-    }
-}
-
-/// The ingest-side re-keyer of a re-key contract (`None` for engine-key contracts).
-#[must_use]
-pub fn rekeyer_for(contract: &HashContract) -> Option<Arc<dyn BlockRekeyer>> {
-    match contract {
-        // `xxh3_64_chain` is the only re-key algorithm; the prompt side hashes it
-        // through kvroute-core's hasher with the same seed.
-        HashContract::Rekey(c) => Some(Arc::new(XxhChainRekeyer { seed: c.seed })),
-        _ => None,
     }
 }
 
@@ -150,9 +137,9 @@ impl RuleInventory {
     /// re-key stored blocks from their tokens.
     #[must_use]
     pub fn new(endpoints: &[SlotSpec], contract: Option<&HashContract>) -> Self {
-        let rekeyer = contract.and_then(rekeyer_for);
-        let attestor = match (&rekeyer, contract) {
-            (None, Some(c)) => c
+        let keying = contract.map_or(Keying::Engine, Keying::for_contract);
+        let attestor = match (&keying, contract) {
+            (Keying::Engine, Some(c)) => c
                 .hasher()
                 .ok()
                 .map(|h| Arc::new(ContractAttestor::from_hasher(h)) as Arc<dyn KeyAttestor>),
@@ -164,16 +151,10 @@ impl RuleInventory {
                 .iter()
                 .enumerate()
                 .map(|(i, spec)| {
-                    IndexIngest::share(new_ingest(
-                        i,
-                        spec,
-                        contract,
-                        rekeyer.as_ref(),
-                        attestor.as_ref(),
-                    ))
+                    IndexIngest::share(new_ingest(i, spec, contract, &keying, attestor.as_ref()))
                 })
                 .collect(),
-            rekeyed: rekeyer.is_some(),
+            rekeyed: keying.mode() == KeyMode::Rekey,
         }
     }
 

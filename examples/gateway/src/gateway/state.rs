@@ -384,7 +384,7 @@ impl Gateway {
             None => (
                 16,
                 kvroute_select::ContractId::new("none"),
-                kvroute_select::KeyMode::EngineKeys,
+                kvroute_select::KeyMode::Engine,
             ),
         };
         let mut thresholds = Thresholds::default();

@@ -38,7 +38,7 @@ use std::time::Duration;
 use kvroute_core::{BlockKey, EndpointId};
 use kvroute_ingest::seq::{RestartPolicy, SeqWindowConfig};
 use kvroute_ingest::{
-    EndpointIngest, EventBatch, IndexConfig, IngestConfig, KeyMode, KvEvent, SharedIndex,
+    EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent, SharedIndex,
 };
 use kvroute_select::{
     AlwaysAvailable, ContractId, Decision, EndpointLoad, EngineReport, Load, LoadBound, LoadDelta,
@@ -270,7 +270,7 @@ pub fn simulate(
         ingests: (0..n)
             .map(|i| {
                 let id = EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
-                EndpointIngest::new(id, ingest_cfg.clone(), KeyMode::Engine)
+                EndpointIngest::new(id, ingest_cfg.clone(), Keying::Engine)
             })
             .collect(),
         workers: (0..n).map(|_| Worker::new(cfg.worker)).collect(),
