@@ -33,6 +33,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod golden;
 pub mod parallel;
+pub mod pipeline;
 pub mod pyjson;
 pub mod pyvalue;
 pub mod request;

@@ -37,6 +37,9 @@
 //! # Ok::<(), kvroute_engines::prompt::parallel::ParallelError>(())
 //! ```
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
@@ -164,6 +167,111 @@ impl ParallelEncoder {
             ids.extend_from_slice(&part);
         }
         Ok(ids)
+    }
+
+    /// [`Self::encode`] that hands the ids to `sink` piece by piece, in text
+    /// order, as soon as a piece and every piece before it are encoded. The
+    /// sink runs on the caller's thread while later pieces still encode on
+    /// the pool, so work on the first ids (hashing their blocks) overlaps the
+    /// tokenization of the rest. The concatenation of what `sink` receives is
+    /// `encode`'s result. A sink error stops the delivery, skips pieces not
+    /// started yet and is returned.
+    ///
+    /// Called from a thread of this pool it still works but gains nothing
+    /// (the caller's thread is one of the workers).
+    ///
+    /// ```
+    /// use kvroute_engines::prompt::parallel::{ParallelConfig, ParallelEncoder, SeamPolicy};
+    /// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
+    /// # let tok = kvroute_engines::prompt::ModelTokenizer::load(&dir, &Default::default()).unwrap();
+    /// let tokenizer = tok.tokenizer();
+    /// let policy = SeamPolicy::for_tokenizer(tokenizer);
+    /// let encoder = ParallelEncoder::new(ParallelConfig { min_bytes: 64, ..ParallelConfig::default() })?;
+    /// let text = "the router keeps a prefix of every prompt and sends it on ".repeat(20);
+    /// let mut pieces = Vec::new();
+    /// encoder.encode_each(tokenizer, policy.as_ref(), &text, |ids| {
+    ///     pieces.push(ids.to_vec());
+    ///     Ok::<_, kvroute_engines::prompt::PromptMiss>(())
+    /// })?;
+    /// assert!(pieces.len() > 1);
+    /// assert_eq!(pieces.concat(), tokenizer.encode_fast(text.as_str(), false).unwrap().get_ids());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn encode_each<E, F>(
+        &self,
+        tokenizer: &Tokenizer,
+        policy: Option<&SeamPolicy>,
+        text: &str,
+        mut sink: F,
+    ) -> Result<(), E>
+    where
+        E: From<PromptMiss>,
+        F: FnMut(&[u32]) -> Result<(), E>,
+    {
+        let pool = match (&self.pool, policy) {
+            (Some(pool), Some(_)) if text.len() >= self.config.min_bytes => pool,
+            _ => return sink(&encode_one(tokenizer, text)?),
+        };
+        let want = self
+            .threads()
+            .saturating_mul(self.config.pieces_per_thread.max(1));
+        let cuts = seams(tokenizer, text, want, self.config.window_bytes);
+        if cuts.is_empty() {
+            return sink(&encode_one(tokenizer, text)?);
+        }
+        let mut pieces = Vec::with_capacity(cuts.len() + 1);
+        let mut from = 0;
+        for &cut in cuts.iter().chain(std::iter::once(&text.len())) {
+            pieces.push(text.get(from..cut).unwrap_or_default());
+            from = cut;
+        }
+        let stop = AtomicBool::new(false);
+        let (tx, rx) = mpsc::channel::<(usize, Result<Vec<u32>, PromptMiss>)>();
+        // The scope body runs here, on the caller's thread: it receives the
+        // pieces as the workers finish them and feeds the sink in order. The
+        // scope returns only when every spawned piece is done or skipped.
+        pool.in_place_scope(|scope| {
+            for (k, piece) in pieces.iter().enumerate() {
+                let (tx, stop) = (tx.clone(), &stop);
+                scope.spawn(move |_| {
+                    if !stop.load(Ordering::Relaxed) {
+                        // A closed receiver means the caller stopped: nothing to do.
+                        let _ = tx.send((k, encode_one(tokenizer, piece)));
+                    }
+                });
+            }
+            drop(tx);
+            let mut ready: Vec<Option<Vec<u32>>> = vec![None; pieces.len()];
+            let mut next = 0;
+            while next < pieces.len() {
+                let Ok((k, part)) = rx.recv() else {
+                    // Every sender is gone with pieces missing: only a
+                    // panicking worker does that (rayon re-raises it at the
+                    // end of the scope).
+                    return Err(E::from(PromptMiss::Tokenize(
+                        "a tokenizer worker stopped".into(),
+                    )));
+                };
+                let part = match part {
+                    Ok(p) => p,
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        return Err(E::from(e));
+                    }
+                };
+                if let Some(slot) = ready.get_mut(k) {
+                    *slot = Some(part);
+                }
+                while let Some(part) = ready.get_mut(next).and_then(Option::take) {
+                    if let Err(e) = sink(&part) {
+                        stop.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                    next += 1;
+                }
+            }
+            Ok(())
+        })
     }
 }
 

@@ -340,6 +340,64 @@ impl ModelTokenizer {
         Ok(ids)
     }
 
+    /// [`Self::encode`] that hands the ids to `sink` in order, in parts, as
+    /// they are ready: span-cache hits at once, a long segment that misses
+    /// piece by piece from the attached parallel encoder while its later
+    /// pieces still encode ([`ParallelEncoder::encode_each`]). The parts
+    /// concatenate to `encode`'s ids. Without a parallel encoder (or for a
+    /// tokenizer without seams) the parts are the span-cache segments.
+    pub fn encode_each<E, F>(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        mut sink: F,
+    ) -> Result<(), E>
+    where
+        E: From<PromptMiss>,
+        F: FnMut(&[u32]) -> Result<(), E>,
+    {
+        let whole = add_special_tokens && self.post_processor_adds_tokens;
+        let split = self.parallel.as_deref().zip(self.seams.as_ref());
+        let (Some(policy), Some(cache), false) = (&self.segments, &self.cache, whole) else {
+            return match split {
+                Some((encoder, seams)) if !whole => {
+                    encoder.encode_each(&self.tokenizer, Some(seams), text, sink)
+                }
+                _ => sink(&self.encode(text, add_special_tokens)?),
+            };
+        };
+        for seg in policy.segments(text) {
+            let mut streamed = false;
+            let mut failed = None;
+            let ids = cache.get_or_insert(seg, |s| {
+                let Some((encoder, seams)) = split else {
+                    return self.encode_uncached(s, false);
+                };
+                let mut all = Vec::new();
+                streamed = true;
+                let r = encoder.encode_each(&self.tokenizer, Some(seams), s, |part| {
+                    all.extend_from_slice(part);
+                    sink(part)
+                });
+                match r {
+                    Ok(()) => Ok(all),
+                    Err(e) => {
+                        failed = Some(e);
+                        Err(PromptMiss::Tokenize("stopped by the caller".into()))
+                    }
+                }
+            });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            let ids = ids?;
+            if !streamed {
+                sink(&ids)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Empties the span cache (benchmarks of fresh prompts; a no-op when
     /// caching is off).
     pub fn clear_span_cache(&self) {
