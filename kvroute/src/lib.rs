@@ -106,7 +106,7 @@
 
 pub mod admission;
 mod backend;
-mod prompt;
+pub mod prompt;
 pub mod receipt;
 mod router;
 #[cfg(feature = "tower")]

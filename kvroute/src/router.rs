@@ -28,7 +28,9 @@ use tokio::sync::watch;
 
 use crate::admission::{AdmissionLimits, AdmissionSnapshot, TokenizeAdmission, TokenizeOverload};
 use crate::backend::Backend;
-use crate::prompt::{tokenize, unadmitted, Limits, Prompt};
+use crate::prompt::{
+    tokenize, unadmitted, KeepText, Limits, Prompt, TokenIdCounters, TokenIdSnapshot,
+};
 use crate::receipt::{BodyKind, OnReceipt, Receipt, ReceiptBody};
 
 /// Why a router could not be built or changed.
@@ -95,6 +97,7 @@ pub struct KvRouterBuilder {
     max_prompt_tokens: usize,
     max_endpoints: usize,
     include_usage: bool,
+    forward_token_ids: bool,
     index: IndexConfig,
     admission: AdmissionLimits,
     overload: TokenizeOverload,
@@ -234,6 +237,18 @@ impl KvRouterBuilder {
         self
     }
 
+    /// Whether `/v1/completions` requests whose `prompt` is one string are
+    /// forwarded with `prompt` replaced by the token ids kvroute computed, so
+    /// the engine does not tokenize it again (default `false`). Only where
+    /// provably the same request to the target's engine (vLLM, SGLang; not
+    /// with `echo`, `suffix`, `truncate_prompt_tokens`, ...: see
+    /// [`crate::prompt`]); every other request goes as text, counted by
+    /// reason in [`KvRouter::token_id_counters`].
+    pub fn forward_token_ids(mut self, on: bool) -> Self {
+        self.forward_token_ids = on;
+        self
+    }
+
     /// Builds the router and starts every endpoint's subscribers on the
     /// current tokio runtime (they keep retrying until their engine is up).
     ///
@@ -298,7 +313,9 @@ impl KvRouterBuilder {
                 max_prompt_tokens: self.max_prompt_tokens,
                 include_usage: self.include_usage,
                 dialect,
+                forward_token_ids: self.forward_token_ids,
             },
+            token_ids: TokenIdCounters::default(),
             index: Arc::new(SharedIndex::new(n, self.index)),
             tracker: Arc::new(LoadTracker::new(n)),
             health: (0..n)
@@ -368,6 +385,8 @@ struct Generation {
     rule: Rule,
     /// URL of each rule endpoint (= slot).
     urls: Vec<Arc<str>>,
+    /// Engine of each rule endpoint (= slot): which body it takes.
+    engines: Vec<EngineKind>,
 }
 
 struct Shared {
@@ -381,6 +400,8 @@ struct Shared {
     overload: TokenizeOverload,
     tokenize_wait: Duration,
     limits: Limits,
+    /// Requests forwarded as token ids / kept as text by reason.
+    token_ids: TokenIdCounters,
     index: Arc<SharedIndex>,
     tracker: Arc<LoadTracker>,
     health: Box<[SlotHealth]>,
@@ -622,6 +643,7 @@ impl Shared {
     fn rebuild(&self, slots: &[Option<SlotRuntime>]) -> Result<(), BuildError> {
         let mut endpoints = Vec::with_capacity(slots.len());
         let mut urls = Vec::with_capacity(slots.len());
+        let mut engines = Vec::with_capacity(slots.len());
         let previous = self.generation.read().clone();
         for (i, s) in slots.iter().enumerate() {
             match s {
@@ -634,6 +656,7 @@ impl Shared {
                         ep = ep.with_inventory_slot(u32::try_from(i).unwrap_or(u32::MAX));
                     }
                     urls.push(Arc::from(b.url.as_str()));
+                    engines.push(b.engine);
                     endpoints.push(ep);
                 }
                 None => {
@@ -643,6 +666,8 @@ impl Shared {
                         .unwrap_or_else(|| Arc::from(""));
                     endpoints.push(Endpoint::new(old.to_string(), Role::Both));
                     urls.push(old);
+                    // Never chosen again: the text body is the safe default.
+                    engines.push(EngineKind::LlamaCpp);
                 }
             }
         }
@@ -660,7 +685,11 @@ impl Shared {
         cfg.fallback = st.fallback;
         cfg.thresholds = st.thresholds;
         let rule = Rule::new(cfg, Some(Arc::clone(&self.keys) as Arc<dyn PromptKeys>))?;
-        *self.generation.write() = Some(Arc::new(Generation { rule, urls }));
+        *self.generation.write() = Some(Arc::new(Generation {
+            rule,
+            urls,
+            engines,
+        }));
         self.generations.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -750,6 +779,7 @@ impl KvRouter {
             max_prompt_tokens: 128 << 10,
             max_endpoints: 64,
             include_usage: true,
+            forward_token_ids: false,
             index: IndexConfig::default(),
             admission: AdmissionLimits {
                 max_count: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
@@ -868,6 +898,9 @@ impl KvRouter {
             .decision
             .predicted_prefill_tokens(self.shared.block_size);
         pick.guard = Some(self.shared.tracker.charge(target, prefill));
+        if let Some(outcome) = pick.ids_outcome() {
+            self.shared.token_ids.record(outcome);
+        }
         Ok(pick)
     }
 
@@ -967,6 +1000,13 @@ impl KvRouter {
     #[must_use]
     pub fn contract(&self) -> &HashContract {
         &self.shared.contract
+    }
+
+    /// Requests forwarded with token ids and kept as text by reason
+    /// ([`KvRouterBuilder::forward_token_ids`]; all zero while it is off).
+    #[must_use]
+    pub fn token_id_counters(&self) -> TokenIdSnapshot {
+        self.shared.token_ids.snapshot()
     }
 
     /// The bound on tokenizations across requests: its
@@ -1076,15 +1116,41 @@ impl Pick {
         self.prompt.model.as_deref()
     }
 
-    /// The body to forward: the client's, or the same with
-    /// `stream_options.include_usage` added (streamed requests, unless the
-    /// builder turned it off).
+    /// The body to forward to the current target: the client's, or the same
+    /// with `stream_options.include_usage` added (streamed requests, unless
+    /// the builder turned it off), and with
+    /// [`KvRouterBuilder::forward_token_ids`] a completions `prompt` replaced
+    /// by its token ids when the target's engine takes them as the same
+    /// request (ask again after [`Pick::retry`]: the next endpoint may be of
+    /// another engine).
     #[must_use]
     pub fn upstream_body(&self, original: &Bytes) -> Bytes {
+        if let Some(Ok(b)) = self.ids_body() {
+            return b.clone();
+        }
         self.prompt
             .rewritten
             .clone()
             .unwrap_or_else(|| original.clone())
+    }
+
+    /// The id body for the current target, or why it gets the text; `None`
+    /// while forwarding is off.
+    fn ids_body(&self) -> Option<Result<&Bytes, KeepText>> {
+        let ids = self.prompt.ids.as_ref()?;
+        let engine = self
+            .decision
+            .target()
+            .and_then(|t| self.gen.engines.get(t.endpoint.index()).copied())
+            .unwrap_or(EngineKind::LlamaCpp);
+        Some(ids.for_engine(engine))
+    }
+
+    /// Whether [`Pick::upstream_body`] sends token ids to the current target
+    /// (`Ok`), or the text and why; `None` while forwarding is off.
+    #[must_use]
+    pub fn ids_outcome(&self) -> Option<Result<(), KeepText>> {
+        self.ids_body().map(|r| r.map(|_| ()))
     }
 
     /// The connection to the target failed (refused, unreachable, reset

@@ -38,7 +38,10 @@ torch, replaced by the smallest equivalent):
 * the OpenAI server: `/v1/completions`, `/v1/chat/completions` (non-streamed
   and SSE; usage with `prompt_tokens_details.cached_tokens` as vLLM reports
   with `--enable-prompt-tokens-details`: the prefix-hit tokens), `/health`,
-  `/v1/models`; the chat template is rendered as transformers does
+  `/v1/models`, `POST /tokenize` (completions form: the ids a text prompt
+  runs as); a completions `prompt` is a string (tokenized with
+  `add_special_tokens`, default true, as vLLM's renderer does) or a list of
+  token ids run verbatim; the chat template is rendered as transformers does
   (`ImmutableSandboxedEnvironment(trim_blocks, lstrip_blocks)`, loopcontrols,
   `tojson` = `json.dumps(ensure_ascii=False)`; string and text-part contents
   joined with "\\n", empty parts dropped), tokenized with the Qwen3
@@ -51,7 +54,8 @@ torch, replaced by the smallest equivalent):
   reports the whole prompt as cached (the external tokens vLLM counts);
 * debug endpoints: `GET /debug/cached_blocks` (the 64-bit event keys of every
   hash in the pool's `cached_block_hash_to_block`, via vLLM's
-  `maybe_convert_block_hash`), `GET /debug/stats`.
+  `maybe_convert_block_hash`), `GET /debug/stats` (counters, and the form and
+  ids of the last completions prompt: text or ids as received).
 
 Sockets: vLLM's publisher binds its PUB socket only for endpoints containing
 `*` (it connects otherwise), so PUB is `tcp://*:PORT` (vLLM's default form);
@@ -166,7 +170,12 @@ class Engine:
             "requests": 0,
             "prompt_tokens": 0,
             "cached_tokens": 0,
+            # /v1/completions prompts by the form they arrived in.
+            "completion_prompts_text": 0,
+            "completion_prompts_ids": 0,
         }
+        # The last /v1/completions prompt: its form and the ids it ran.
+        self.last_completion_prompt: dict | None = None
         self.thread = threading.Thread(target=self._loop, daemon=True, name="engine-core")
         self.thread.start()
 
@@ -394,8 +403,8 @@ class Frontend:
         )
         return self.template.render(**variables)
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -478,6 +487,7 @@ def make_handler(engine: Engine, frontend: Frontend, model: str):
             elif path == "/debug/stats":
                 with engine.lock:
                     s = dict(engine.stats)
+                    s["last_completion_prompt"] = engine.last_completion_prompt
                 s["none_hash_seed"] = engine.none_hash_seed
                 s["hash"] = engine.args.hash
                 s["publisher"] = {
@@ -502,6 +512,20 @@ def make_handler(engine: Engine, frontend: Frontend, model: str):
                 else:
                     self._error(500, "reset_prefix_cache failed: blocks in use")
                 return
+            if path == "/tokenize":
+                # vLLM's /tokenize (completions form): the ids its renderer
+                # would run for this prompt text.
+                try:
+                    body = json.loads(raw)
+                    text = body["prompt"]
+                    if not isinstance(text, str):
+                        raise ValueError("prompt must be a string")
+                    tokens = frontend.encode(text, add_special_tokens=body.get("add_special_tokens", True) is not False)
+                except (ValueError, KeyError, TypeError) as e:
+                    self._error(400, f"invalid request: {e}")
+                    return
+                self._json(200, {"count": len(tokens), "max_model_len": engine.capacity_tokens(), "tokens": tokens})
+                return
             if path not in ("/v1/completions", "/v1/chat/completions"):
                 self._error(404, f"no route {path}")
                 return
@@ -525,11 +549,24 @@ def make_handler(engine: Engine, frontend: Frontend, model: str):
                 else:
                     prompt = body.get("prompt")
                     if isinstance(prompt, str) and prompt:
-                        ids = frontend.encode(prompt)
-                    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                        # vLLM: a string is tokenized with add_special_tokens
+                        # (completions default true)...
+                        ids = frontend.encode(prompt, add_special_tokens=body.get("add_special_tokens", True) is not False)
+                        form = "text"
+                    elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+                        # ...a token list is run verbatim (`prompt_token_ids`),
+                        # each id >= 0 (the pydantic schema) and in the vocabulary.
+                        vocab = frontend.tokenizer.get_vocab_size(with_added_tokens=True)
+                        bad = [t for t in prompt if t < 0 or t >= vocab]
+                        if bad:
+                            raise ValueError(f"token id {bad[0]} is out of vocabulary")
                         ids = list(prompt)
+                        form = "ids"
                     else:
                         raise ValueError("prompt must be a non-empty string or token list")
+                    with engine.lock:
+                        engine.stats[f"completion_prompts_{form}"] += 1
+                        engine.last_completion_prompt = {"form": form, "token_ids": ids}
             except Exception as e:  # template errors are 400s in vLLM too
                 self._error(400, str(e))
                 return
