@@ -44,6 +44,8 @@ struct Prompt {
     text: Option<String>,
     /// The body's `cache_salt` (vLLM mixes it into block 0's key).
     cache_salt: Option<String>,
+    /// The body with `prompt` as ids (rule `forward_token_ids`), per engine.
+    ids: Option<kvroute::prompt::IdsBody>,
 }
 
 impl Prompt {
@@ -53,6 +55,7 @@ impl Prompt {
             tokens: Err(miss),
             text: None,
             cache_salt: None,
+            ids: None,
         }
     }
 }
@@ -119,6 +122,7 @@ async fn tokenize(gw: &Arc<Gateway>, api: ApiKind, body: &Bytes) -> Prompt {
             .and_then(|tok| prompt::prompt_tokens_limited(&tok, api, &value, limits));
         match tokens {
             Ok(p) => {
+                let truncated = p.truncated;
                 let first = p.engine_prompts.into_iter().next();
                 let (ids, text) = first.map_or((Vec::new(), None), |e| (e.token_ids, e.rendered));
                 let tokens = if ids.is_empty() {
@@ -132,11 +136,20 @@ async fn tokenize(gw: &Arc<Gateway>, api: ApiKind, body: &Bytes) -> Prompt {
                 } else {
                     Ok(ids)
                 };
+                // The library's rewrite, on the blocking pool with the tokenizing.
+                let ids = gw2
+                    .rule_for_model(model.as_deref())
+                    .filter(|rt| rt.spec.doc.forward_token_ids)
+                    .map(|_| {
+                        let ids = tokens.as_deref().ok();
+                        kvroute::prompt::IdsBody::prepare(api, &body2, &value, ids, truncated)
+                    });
                 Prompt {
                     model,
                     tokens,
                     text,
                     cache_salt: p.cache_salt,
+                    ids,
                 }
             }
             Err(e) => {
@@ -326,6 +339,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         path_and_query,
         headers: parts.headers.clone(),
         body,
+        ids: prompt.ids.clone(),
         prefill: None,
         failures: Vec::new(),
         pd: None,
@@ -442,6 +456,8 @@ struct Ctx {
     path_and_query: String,
     headers: HeaderMap,
     body: Bytes,
+    /// `body` with `prompt` as token ids, for targets whose engine takes them.
+    ids: Option<kvroute::prompt::IdsBody>,
     /// The prefill leg already done for a P/D target: (endpoint, params, cached).
     prefill: Option<(
         kvroute_core::EndpointId,
@@ -592,6 +608,14 @@ impl Proxy for Host<'_> {
                 }
             };
             let (Some((decode_id, decode_ep)), Some(prepared)) = (decode, prepared) else {
+                let body = match ctx.ids.as_ref().map(|i| i.for_engine(main.spec.engine)) {
+                    Some(Ok(ids)) => ids.clone(),
+                    Some(Err(why)) => {
+                        tracing::debug!(reason = why.as_str(), "prompt forwarded as text");
+                        ctx.body.clone()
+                    }
+                    None => ctx.body.clone(),
+                };
                 let response = gw
                     .client
                     .send(
@@ -599,7 +623,7 @@ impl Proxy for Host<'_> {
                         ctx.method.clone(),
                         &ctx.path_and_query,
                         &ctx.headers,
-                        ctx.body.clone(),
+                        body,
                     )
                     .await
                     .map_err(|e| refused(Leg::Endpoint, e))?;
