@@ -21,7 +21,10 @@ requirements=("pyzmq==27.3.0" "msgspec==0.23.0"
     # import, the Qwen3 tokenizer and the chat template engine (versions as in
     # golden/chat/README.md where listed there).
     "cbor2==6.3.0" "xxhash==4.1.0" "pydantic==2.14.4" "psutil==7.2.2" "urllib3==2.8.0"
-    "tokenizers==0.23.3" "jinja2==3.1.6")
+    "tokenizers==0.23.3" "jinja2==3.1.6"
+    # The official Prometheus client's strict OpenMetrics parser: the gateway's
+    # /metrics test (examples/gateway/tests/gateway_metrics.rs) validates with it.
+    "prometheus_client==0.26.0")
 # Installed without its dependencies (torch, CUDA kernels...): only its sources are used.
 nodeps=("vllm==0.33.0")
 

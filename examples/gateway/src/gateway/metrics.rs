@@ -239,6 +239,8 @@ struct DecisionLabels {
 pub struct RuleCounters {
     outcomes: [Counter; Outcome::ALL.len()],
     tiers: [Counter; TIERS.len()],
+    /// Rule `forward_token_ids`: prompts sent as ids / kept as text by reason.
+    pub token_ids: kvroute::prompt::TokenIdCounters,
 }
 
 impl RuleCounters {
@@ -265,6 +267,7 @@ impl RuleCounters {
                     })
                     .clone()
             }),
+            token_ids: kvroute::prompt::TokenIdCounters::default(),
         }
     }
 
@@ -320,35 +323,36 @@ impl Default for GatewayMetrics {
         let prefill_requests = Counter::default();
         let aborted_streams = Counter::default();
         let probe_failures = Counter::default();
-        // Counter names go in without `_total`: the encoder appends it.
+        // Counter names go in without `_total` and help texts without their
+        // final period: the registry appends both.
         registry.register(
             "kvroute_requests",
-            "Requests by rule and outcome.",
+            "Requests by rule and outcome",
             requests.clone(),
         );
         registry.register(
             "kvroute_decisions",
-            "Routing decisions by rule and ladder tier.",
+            "Routing decisions by rule and ladder tier",
             decisions.clone(),
         );
         registry.register(
             "kvroute_decision_latency_seconds",
-            "Body received to decision: parse, tokenize, hash, decide.",
+            "Body received to decision: parse, tokenize, hash, decide",
             decision_latency.clone(),
         );
         registry.register(
             "kvroute_prefill_requests",
-            "P/D prefill legs sent.",
+            "P/D prefill legs sent",
             prefill_requests.clone(),
         );
         registry.register(
             "kvroute_aborted_streams",
-            "Upstream bodies that failed mid-stream or that the client dropped before their end.",
+            "Upstream bodies that failed mid-stream or that the client dropped before their end",
             aborted_streams.clone(),
         );
         registry.register(
             "kvroute_probe_failures",
-            "Failed active health probes.",
+            "Failed active health probes",
             probe_failures.clone(),
         );
         let gateway = Arc::new(OnceLock::new());
@@ -427,17 +431,24 @@ impl GatewayMetrics {
 /// Renders every family of `gw`'s registry (OpenMetrics text, `# EOF` last).
 #[must_use]
 pub fn render(gw: &Arc<Gateway>) -> String {
-    let m = &gw.metrics;
     // The collector reads the gateway that owns it: a weak handle, so the
     // registry does not keep its gateway alive.
-    let _ = m.gateway.set(Arc::downgrade(gw));
-    let mut out = String::with_capacity(32 << 10);
-    if prometheus_client::encoding::text::encode(&mut out, &m.registry).is_err() {
-        // Only a value the encoder refuses gets here; every gauge is clamped
-        // to what it accepts, so this is a bug worth a line in the log.
-        tracing::error!("metrics encoding failed; the exposition is truncated");
+    let _ = gw.metrics.gateway.set(Arc::downgrade(gw));
+    gw.metrics.text()
+}
+
+impl GatewayMetrics {
+    /// The registry's exposition (the gateway's families only until
+    /// [`render`] attached the gateway).
+    fn text(&self) -> String {
+        let mut out = String::with_capacity(32 << 10);
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            // Every gauge is clamped to what the encoder takes, so only a
+            // bug gets here: say so rather than serve a silent cut.
+            tracing::error!("metrics encoding failed; the exposition is truncated");
+        }
+        out
     }
-    out
 }
 
 fn role_label(r: Role) -> &'static str {
@@ -731,6 +742,8 @@ struct RuleRow<'a> {
     memory_bytes: u64,
     /// match, mismatch, unverifiable.
     attestations: [u64; 3],
+    /// Rules with `forward_token_ids` only.
+    token_ids: Option<kvroute::prompt::TokenIdSnapshot>,
 }
 
 /// Reads the library's and the subscribers' counters at scrape time.
@@ -770,6 +783,11 @@ fn encode_gateway(gw: &Gateway, enc: &mut DescriptorEncoder) -> std::fmt::Result
                 att.mismatched_blocks,
                 att.unverifiable_events,
             ],
+            token_ids: rt
+                .spec
+                .doc
+                .forward_token_ids
+                .then(|| rt.counters.token_ids.snapshot()),
         });
         for (i, (ep, ev)) in rt.endpoints.iter().zip(&snap.endpoints).enumerate() {
             let labels = EndpointLabels {
@@ -792,7 +810,7 @@ fn encode_gateway(gw: &Gateway, enc: &mut DescriptorEncoder) -> std::fmt::Result
                     ev.delivered_tokens,
                     ev.receipts,
                     u64::from(ev.drift_alarm),
-                    rt.inventory.blocks(i) as u64,
+                    rt.inventory.blocks(i),
                     u64::from(own.in_flight),
                     own.queued_prefill_tokens,
                     u64::from(rt.is_available(i, now)),
@@ -861,6 +879,21 @@ fn encode_gateway(gw: &Gateway, enc: &mut DescriptorEncoder) -> std::fmt::Result
                 .iter()
                 .zip(r.misses)
                 .map(|(reason, n)| ([("rule", Esc(r.rule)), ("reason", Esc(reason.label()))], n))
+        }),
+    )?;
+    family(
+        enc,
+        "kvroute_prompt_token_ids",
+        "Completions prompts of forward_token_ids rules sent to the engine as token ids (outcome forwarded), or as text and why.",
+        MetricType::Counter,
+        rules.iter().flat_map(|r| {
+            r.token_ids.into_iter().flat_map(move |t| {
+                let kept = kvroute::prompt::KeepText::ALL
+                    .into_iter()
+                    .map(move |k| ([("rule", Esc(r.rule)), ("outcome", Esc(k.as_str()))], t.kept(k)));
+                std::iter::once(([("rule", Esc(r.rule)), ("outcome", Esc("forwarded"))], t.forwarded))
+                    .chain(kept)
+            })
         }),
     )?;
     family(
@@ -1114,6 +1147,54 @@ mod tests {
             assert_eq!(m.outcome_count("", o), 1);
             assert_eq!(m.outcome_count("other", o), 0);
         }
+    }
+
+    /// The request-path families in the exposition: every registered rule's
+    /// outcomes and tiers (zero until counted), labels escaped, the
+    /// histogram cumulative up to `+Inf`, counters suffixed `_total`.
+    #[test]
+    fn the_registry_exposes_counted_and_registered_series() {
+        let m = GatewayMetrics::default();
+        let c = m.rule("qwen3");
+        c.outcome(Outcome::Proxied);
+        c.outcome(Outcome::Proxied);
+        c.tier(Source::KvExact);
+        m.rule("odd \"name\"\\\n");
+        m.unrouted(Outcome::Rejected);
+        m.decision_latency.observe(Duration::from_micros(70));
+        m.decision_latency.observe(Duration::from_millis(3));
+        m.decision_latency.observe(Duration::from_secs(5));
+        m.prefill_requests.inc();
+        let text = m.text();
+        for line in [
+            "# TYPE kvroute_requests counter",
+            "kvroute_requests_total{rule=\"qwen3\",outcome=\"proxied\"} 2",
+            "kvroute_requests_total{rule=\"qwen3\",outcome=\"no_rule\"} 0",
+            "kvroute_requests_total{rule=\"\",outcome=\"rejected\"} 1",
+            "kvroute_decisions_total{rule=\"qwen3\",tier=\"kv_exact\"} 1",
+            "kvroute_decisions_total{rule=\"odd \\\"name\\\"\\\\\\n\",tier=\"fallback\"} 0",
+            "# TYPE kvroute_decision_latency_seconds histogram",
+            "kvroute_decision_latency_seconds_count 3",
+            "kvroute_decision_latency_seconds_bucket{le=\"0.00005\"} 0",
+            "kvroute_decision_latency_seconds_bucket{le=\"0.0001\"} 1",
+            "kvroute_decision_latency_seconds_bucket{le=\"0.0025\"} 1",
+            "kvroute_decision_latency_seconds_bucket{le=\"0.005\"} 2",
+            "kvroute_decision_latency_seconds_bucket{le=\"1.0\"} 2",
+            "kvroute_decision_latency_seconds_bucket{le=\"+Inf\"} 3",
+            "kvroute_prefill_requests_total 1",
+            "kvroute_aborted_streams_total 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("kvroute_decision_latency_seconds_sum "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((sum - 5.003_07).abs() < 1e-9, "{sum}");
+        assert!(text.contains("# HELP kvroute_requests Requests by rule and outcome.\n"));
+        assert!(text.ends_with("# EOF\n"));
     }
 
     /// A rule replaced under the same name keeps counting where it was.
