@@ -10,6 +10,7 @@
 //! | PUT | `/admin/rules/{name}/endpoints/{i}/admin` | `{"down": bool}` drain / restore |
 //! | GET | `/admin/endpoints` | endpoints with subscriber health, inventory size, contract status |
 //! | GET | `/admin/counters` | per-rule decision and delivery counters |
+//! | POST | `/admin/replica-sync` | another replica's load changes (`[replicas]`) |
 //! | GET | `/metrics` | Prometheus (no token needed: loopback scrape) |
 //! | GET | `/healthz` | liveness: 200 while the process serves (no token) |
 //! | GET | `/readyz` | readiness: 200 once every tokenizer loaded, else 503; per rule its live subscribers and verified contracts (no token) |
@@ -25,7 +26,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use kvroute_select::{BreakerState, MissReason};
 use serde_json::{json, Value};
@@ -50,6 +51,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         )
         .route("/admin/endpoints", get(endpoints))
         .route("/admin/counters", get(counters))
+        .route(super::replica_sync::PATH, post(replica_sync))
         .layer(middleware::from_fn_with_state(Arc::clone(&gw), auth));
     Router::new()
         .route("/metrics", get(metrics))
@@ -370,6 +372,8 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
                 "probe_ok": *ep.probe_ok.lock(),
                 "in_flight": kvroute_select::Load::load(&*rt.tracker, id).in_flight,
                 "queued_prefill_tokens": kvroute_select::Load::load(&*rt.tracker, id).queued_prefill_tokens,
+                "remote_in_flight": rt.remote.as_ref().map(|r| r.remote(id, now).in_flight),
+                "remote_queued_prefill_tokens": rt.remote.as_ref().map(|r| r.remote(id, now).queued_prefill_tokens),
                 "load": {
                     "in_flight": rt.load_of(id).in_flight,
                     "queued_prefill_tokens": rt.load_of(id).queued_prefill_tokens,
@@ -458,6 +462,41 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
     Json(json!({
         "rules": rules,
         "tokenize": gw.tokenize_admission.snapshot(),
+        "replica_sync": gw.replica_sync.as_ref().map(|s| s.snapshot(&gw)),
     }))
     .into_response()
+}
+
+/// Another replica's load changes; the body is read up to the sync limit so
+/// an oversized post is refused (and counted) without buffering it.
+async fn replica_sync(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    let Some(sync) = gw.replica_sync.clone() else {
+        return error(
+            StatusCode::CONFLICT,
+            "replica_sync_off",
+            "this replica shares no load: its [replicas] peers is empty",
+        );
+    };
+    let body = match axum::body::to_bytes(req.into_body(), super::replica_sync::MAX_BODY).await {
+        Ok(b) => b,
+        Err(_) => {
+            sync.reject();
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request",
+                format!(
+                    "replica sync body over {} bytes or truncated",
+                    super::replica_sync::MAX_BODY
+                ),
+            );
+        }
+    };
+    match sync.receive(&gw, &body) {
+        Ok(receipt) => Json(receipt).into_response(),
+        Err(e) => error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("not a replica sync batch: {e}"),
+        ),
+    }
 }

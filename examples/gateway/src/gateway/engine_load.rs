@@ -11,7 +11,7 @@ use std::time::Duration;
 use kvroute_core::{EndpointId, Medium};
 use kvroute_engines::transport::{EngineKind, LoadPoller, LoadPollerConfig};
 use kvroute_engines::MetricsDialect;
-use kvroute_select::{EngineReport, Load};
+use kvroute_select::EngineReport;
 
 use super::state::RuleRuntime;
 
@@ -66,7 +66,8 @@ pub fn spawn(rt: &Arc<RuleRuntime>, interval: Duration) {
                         waiting: r.waiting,
                         kv_usage: r.kv_usage,
                     };
-                    let local = Load::load(&*rule.tracker, id);
+                    // Every replica's requests: the engine counts them all.
+                    let local = rule.replicas_load(id);
                     rule.reported.update(id, report, local, rule.now());
                     if let Some(blocks) = r.kv_capacity_blocks {
                         let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);

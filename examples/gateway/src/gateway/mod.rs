@@ -15,6 +15,7 @@
 //! | [`connections`] | first-byte deadline, connection cap, accept errors |
 //! | [`metrics`] | Prometheus exposition |
 //! | [`observe`] | readiness, decision headers, sampled decision log |
+//! | [`replica_sync`] | load sharing between replicas (`[replicas]`) |
 //!
 //! Security posture: the admin API binds loopback unless told otherwise (then a
 //! token is mandatory); requests go only to configured upstreams (the client's
@@ -37,6 +38,7 @@ pub mod observe;
 pub mod passthrough;
 pub mod pd;
 pub mod proxy;
+pub mod replica_sync;
 pub mod state;
 pub mod upstream;
 

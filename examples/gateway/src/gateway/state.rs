@@ -16,8 +16,8 @@ use kvroute_engines::transport::{
 };
 use kvroute_select::{
     AdminState, Availability, BreakerConfig, BreakerState, CircuitBreaker, ContractKeys, Endpoint,
-    EndpointLoad, Health, Load, LoadGuard, LoadTracker, PromptKeys, ReportedLoad, Rule, RuleConfig,
-    Thresholds,
+    EndpointLoad, Health, Load, LoadGuard, LoadTracker, PromptKeys, RemoteLoad, ReportedLoad, Rule,
+    RuleConfig, Thresholds,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
@@ -88,6 +88,9 @@ pub struct RuleRuntime {
     pub tracker: Arc<LoadTracker>,
     /// The engines' own running / waiting counts, when polled.
     pub reported: ReportedLoad,
+    /// The other gateway replicas' requests in flight here (`[replicas]`
+    /// configured; fed by [`super::replica_sync`]).
+    pub remote: Option<RemoteLoad>,
     /// Its request and decision counters (`/metrics`), shared with any
     /// earlier rule of the same name.
     pub counters: Arc<super::metrics::RuleCounters>,
@@ -143,12 +146,40 @@ impl RuleRuntime {
     }
 
     /// What selection sees of endpoint `id`: this gateway's own in-flight
-    /// accounting, corrected by the engine's reported queue when polled.
+    /// accounting plus the other replicas' (when shared), corrected by the
+    /// engine's reported queue when polled.
     #[must_use]
     pub fn load_of(&self, id: EndpointId) -> EndpointLoad {
-        self.reported
-            .view(&*self.tracker, self.epoch.elapsed())
-            .load(id)
+        let now = self.epoch.elapsed();
+        match &self.remote {
+            Some(remote) => self
+                .reported
+                .view(&remote.view(&*self.tracker, now), now)
+                .load(id),
+            None => self.reported.view(&*self.tracker, now).load(id),
+        }
+    }
+
+    /// Every replica's own accounting on `id`, without engine reports: what
+    /// an engine report is compared with, so that requests it already counts
+    /// are not counted twice.
+    #[must_use]
+    pub fn replicas_load(&self, id: EndpointId) -> EndpointLoad {
+        match &self.remote {
+            Some(remote) => remote.view(&*self.tracker, self.epoch.elapsed()).load(id),
+            None => self.tracker.load(id),
+        }
+    }
+
+    /// The index of the endpoint whose `url` is `url` (trailing `/` ignored).
+    #[must_use]
+    pub fn endpoint_index(&self, url: &str) -> Option<EndpointId> {
+        let url = url.trim_end_matches('/');
+        self.endpoints
+            .iter()
+            .position(|e| e.spec.url.trim_end_matches('/') == url)
+            .and_then(|i| u32::try_from(i).ok())
+            .map(EndpointId)
     }
 
     /// A receiver that turns `true` when the rule goes away.
@@ -202,6 +233,8 @@ pub struct Gateway {
     pub passthrough_turn: AtomicU32,
     /// Readiness, decision headers and the sampled decision log.
     pub observe: super::observe::Observe,
+    /// Load sharing with the other replicas (`[replicas] peers` set).
+    pub replica_sync: Option<Arc<super::replica_sync::ReplicaSync>>,
     epoch: Instant,
 }
 
@@ -218,6 +251,13 @@ impl Gateway {
     /// # Errors
     /// A rule the library refuses.
     pub fn start(config: &ServeConfig) -> Result<Arc<Self>, ConfigError> {
+        let replica_sync = super::replica_sync::ReplicaSync::new(
+            &config.replicas,
+            config.listen,
+            config.admin_listen,
+            config.admin_token.clone(),
+        )?
+        .map(Arc::new);
         let tokenizers = TokenizerPool::new();
         for m in &config.models {
             tokenizers.register(m.slug.clone(), m.dir.clone());
@@ -263,10 +303,14 @@ impl Gateway {
                     .map(|m| m.slug.clone())
                     .collect::<Vec<_>>(),
             ),
+            replica_sync,
             epoch: Instant::now(),
         });
         for spec in &config.rules {
             gw.put_rule(spec.clone(), true)?;
+        }
+        if let Some(sync) = &gw.replica_sync {
+            sync.spawn(&gw);
         }
         Ok(gw)
     }
@@ -462,14 +506,22 @@ impl Gateway {
         let (stop, _) = watch::channel(false);
         let n = endpoints.len();
         let counters = self.metrics.rule(&spec.doc.name);
+        let (tracker, remote) = match &self.replica_sync {
+            Some(sync) => {
+                let (t, r) = sync.rule_tables(n);
+                (t, Some(r))
+            }
+            None => (LoadTracker::new(n), None),
+        };
         let rt = Arc::new(RuleRuntime {
             counters,
             spec,
             rule,
             inventory,
             endpoints,
-            tracker: Arc::new(LoadTracker::new(n)),
+            tracker: Arc::new(tracker),
             reported: ReportedLoad::new(n, Duration::from_secs(5)),
+            remote,
             epoch: self.epoch,
             stop,
         });

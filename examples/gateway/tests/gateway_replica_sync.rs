@@ -1,0 +1,293 @@
+//! Replica load sharing between two real `kvroute serve` processes
+//! (`[replicas]`, `POST /admin/replica-sync`): requests one replica has in
+//! flight count in the other's load view and steer its least-load picks
+//! away from the busy engine; the shared load returns to 0 when the answers
+//! end, and a killed replica's load expires after `remote_ttl_ms`.
+//!
+//! The two replicas list the endpoints in opposite orders, so the sync must
+//! name endpoints by URL. Engine-load polling is off and the engines export
+//! nothing: the sync is the only way one replica can see the other's requests.
+
+mod gateway_support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use gateway_support::*;
+use serde_json::Value;
+use tokio::sync::watch;
+
+const TOKEN: &str = "replica-sync-test-token";
+
+/// An engine stand-in that holds every completion until the gate opens
+/// (headers and body together, as a non-streaming engine does).
+struct HeldEngine {
+    addr: SocketAddr,
+    received: Arc<AtomicUsize>,
+}
+
+/// Opens for every request that arrived before [`Gate::open`].
+#[derive(Clone)]
+struct Gate(Arc<watch::Sender<u64>>);
+
+impl Gate {
+    fn new() -> Self {
+        Self(Arc::new(watch::channel(0).0))
+    }
+
+    fn open(&self) {
+        self.0.send_modify(|g| *g += 1);
+    }
+}
+
+async fn held_engine(gate: &Gate) -> HeldEngine {
+    use axum::body::Body;
+    use axum::http::Request;
+    use axum::response::IntoResponse;
+    let received = Arc::new(AtomicUsize::new(0));
+    let (count, gate) = (Arc::clone(&received), gate.clone());
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let (count, gate) = (Arc::clone(&count), gate.clone());
+        async move {
+            let completion = req.uri().path().starts_with("/v1/");
+            let _ = axum::body::to_bytes(req.into_body(), 64 << 20).await;
+            if !completion {
+                return axum::http::StatusCode::NOT_FOUND.into_response();
+            }
+            let mut rx = gate.0.subscribe();
+            let arrived = *rx.borrow();
+            count.fetch_add(1, Ordering::SeqCst);
+            let _ = rx.wait_for(|g| *g > arrived).await;
+            axum::Json(serde_json::json!({
+                "choices": [{"text": "ok"}],
+                "usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}},
+            }))
+            .into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    HeldEngine { addr, received }
+}
+
+/// A replica whose admin listener is `admin`, sharing load with `peer`, with
+/// the rule's endpoints in the order given. Every request is a KV miss (no
+/// engine publishes events) placed by `least_load`, which reads the load view.
+fn replica(id: &str, admin: u16, peer: u16, endpoints: &[SocketAddr]) -> String {
+    let mut s = format!(
+        "listen = \"127.0.0.1:0\"\n\
+         [admin]\nlisten = \"127.0.0.1:{admin}\"\ntoken = \"{TOKEN}\"\n\
+         [limits]\nengine_load_poll_ms = 0\n\
+         [health]\ninterval_ms = 0\n\
+         [replicas]\nid = \"{id}\"\npeers = [\"http://127.0.0.1:{peer}\"]\n\
+         heartbeat_ms = 200\nremote_ttl_ms = 1500\n\
+         [[models]]\nslug = \"{MODEL}\"\ndir = \"{}\"\n\n{}selector = \"least_load\"\n\n",
+        model_dir().display(),
+        kv_rule("kv", "converged"),
+    );
+    for e in endpoints {
+        s.push_str(&format!(
+            "[[rules.endpoints]]\nurl = \"http://{e}\"\nzmq = \"tcp://127.0.0.1:{}\"\n\n",
+            closed_port()
+        ));
+    }
+    s
+}
+
+async fn admin_get(gw: &Gateway, path: &str) -> Value {
+    get_json(&gw.admin_url(path), Some(TOKEN)).await
+}
+
+/// `(own in_flight, remote_in_flight, load.in_flight)` of the endpoint at
+/// `engine` in `gw`'s `/admin/endpoints`.
+async fn load_at(gw: &Gateway, engine: &HeldEngine) -> (u64, u64, u64) {
+    let v = admin_get(gw, "/admin/endpoints").await;
+    let url = format!("http://{}", engine.addr);
+    let ep = v["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["url"] == url.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("no endpoint {url} in {v}"));
+    let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("not a number: {ep}"));
+    (
+        n(&ep["in_flight"]),
+        n(&ep["remote_in_flight"]),
+        n(&ep["load"]["in_flight"]),
+    )
+}
+
+async fn eventually_load(what: &str, gw: &Gateway, engine: &HeldEngine, want: (u64, u64, u64)) {
+    eventually(what, || async {
+        (load_at(gw, engine).await == want).then_some(())
+    })
+    .await;
+}
+
+fn send(gw: &Gateway, tag: &str) -> tokio::task::JoinHandle<Option<u16>> {
+    let url = gw.url("/v1/completions");
+    let body = serde_json::json!({"model": MODEL, "prompt": prompt(tag, 20), "max_tokens": 2});
+    tokio::spawn(async move {
+        let resp = client().post(url).json(&body).send().await.ok()?;
+        Some(resp.status().as_u16())
+    })
+}
+
+async fn received(what: &str, engine: &HeldEngine, n: usize) {
+    eventually(what, || async {
+        (engine.received.load(Ordering::SeqCst) >= n).then_some(())
+    })
+    .await;
+    assert_eq!(engine.received.load(Ordering::SeqCst), n, "{what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_see_and_avoid_each_others_in_flight_requests() {
+    let gate = Gate::new();
+    let (busy, idle) = (held_engine(&gate).await, held_engine(&gate).await);
+    let (admin1, admin2) = (closed_port(), closed_port());
+    let mut g1 = Gateway::start(&replica("one", admin1, admin2, &[busy.addr, idle.addr]));
+    let g2 = Gateway::start(&replica("two", admin2, admin1, &[idle.addr, busy.addr]));
+
+    // Replica 1 may only use `busy`: its requests pile up there.
+    let resp = client()
+        .put(g1.admin_url("/admin/rules/kv/endpoints/1/admin"))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"down": true}))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let first: Vec<_> = (0..4).map(|i| send(&g1, &format!("one-{i}"))).collect();
+    received("replica 1's requests at the busy engine", &busy, 4).await;
+    eventually_load("replica 2 sees replica 1's requests", &g2, &busy, (0, 4, 4)).await;
+    assert_eq!(load_at(&g2, &idle).await, (0, 0, 0));
+
+    // Replica 2 routes one request at a time by least load: every one goes
+    // to the idle engine (2 of 4 would reach the busy one if replica 2
+    // counted only its own requests: least load alternates on ties).
+    let mut second = Vec::new();
+    for i in 0..4 {
+        second.push(send(&g2, &format!("two-{i}")));
+        let at = eventually("replica 2's request at an engine", || async {
+            let at = (
+                busy.received.load(Ordering::SeqCst),
+                idle.received.load(Ordering::SeqCst),
+            );
+            (at.0 + at.1 == 4 + i + 1).then_some(at)
+        })
+        .await;
+        assert_eq!(at, (4, i + 1), "(busy, idle) after replica 2's request {i}");
+    }
+    eventually_load("replica 1 sees replica 2's requests", &g1, &idle, (0, 4, 4)).await;
+    eventually_load("replica 2 counts its own", &g2, &idle, (4, 0, 4)).await;
+
+    // The answers end: nothing stays charged anywhere.
+    gate.open();
+    for r in first.into_iter().chain(second) {
+        assert_eq!(r.await.unwrap(), Some(200));
+    }
+    for (gw, name) in [(&g1, "replica 1"), (&g2, "replica 2")] {
+        for e in [&busy, &idle] {
+            eventually_load(&format!("{name}: released"), gw, e, (0, 0, 0)).await;
+        }
+    }
+
+    // What the transport did is counted, on both admin views.
+    let c2 = admin_get(&g2, "/admin/counters").await["replica_sync"].clone();
+    assert_eq!(c2["id"], "two", "{c2}");
+    assert!(c2["received"]["applied"].as_u64().unwrap() >= 2, "{c2}");
+    assert!(c2["peers"][0]["sent"].as_u64().unwrap() >= 1, "{c2}");
+    assert_eq!(c2["received"]["unknown_endpoint"], 0, "same URLs: {c2}");
+    let metrics = client()
+        .get(g2.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let peer_sent = format!(
+        "kvroute_replica_sync_batches_total{{peer=\"http://127.0.0.1:{admin1}\",result=\"sent\"}}"
+    );
+    assert!(metrics.contains(&peer_sent), "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "kvroute_remote_in_flight{{rule=\"kv\",endpoint=\"http://{}\"}} 0",
+            busy.addr
+        )),
+        "{metrics}"
+    );
+
+    // Posts that do not fit are refused or counted, never applied.
+    let post = |body: String, token: Option<&str>| {
+        let mut req = client()
+            .post(g2.admin_url("/admin/replica-sync"))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    assert_eq!(post("{}".into(), None).await.unwrap().status(), 401);
+    assert_eq!(
+        post("not json".into(), Some(TOKEN)).await.unwrap().status(),
+        400
+    );
+    let foreign = serde_json::json!({"replica": "x", "rules": [
+        {"rule": "kv", "origin": 42, "endpoints": [{"url": "http://127.0.0.1:1", "seq": 1,
+            "in_flight": 9, "queued_prefill_tokens": 0, "requests": 9, "prefill_tokens": 0}]},
+        {"rule": "nope", "origin": 42, "endpoints": [{"url": format!("http://{}", busy.addr), "seq": 2,
+            "in_flight": 9, "queued_prefill_tokens": 0, "requests": 9, "prefill_tokens": 0}]},
+    ]});
+    let receipt: Value = post(foreign.to_string(), Some(TOKEN))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            receipt["unknown_endpoint"].as_u64(),
+            receipt["unknown_rule"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{receipt}"
+    );
+    assert_eq!(receipt["applied"], 0, "{receipt}");
+    let c2 = admin_get(&g2, "/admin/counters").await["replica_sync"].clone();
+    assert_eq!(c2["batches_rejected"], 1, "{c2}");
+    assert_eq!(c2["received"]["unknown_rule"], 1, "{c2}");
+    assert_eq!(load_at(&g2, &busy).await, (0, 0, 0));
+
+    // Replica 1 dies with two requests in flight: replica 2 stops counting
+    // them once replica 1 has been silent for remote_ttl_ms.
+    let orphans: Vec<_> = (0..2).map(|i| send(&g1, &format!("orphan-{i}"))).collect();
+    received("replica 1's last requests at the busy engine", &busy, 6).await;
+    eventually_load("replica 2 sees them", &g2, &busy, (0, 2, 2)).await;
+    g1.proc.kill();
+    eventually_load(
+        "replica 1's load expired at replica 2",
+        &g2,
+        &busy,
+        (0, 0, 0),
+    )
+    .await;
+    let c2 = admin_get(&g2, "/admin/counters").await["replica_sync"].clone();
+    eventually("the expiry is counted", || async {
+        let c = admin_get(&g2, "/admin/counters").await["replica_sync"].clone();
+        (c["expired_origins"].as_u64() >= Some(1) && c["peers"][0]["failed"].as_u64() >= Some(1))
+            .then_some(())
+    })
+    .await;
+    assert!(c2["peers"][0]["sent"].as_u64().unwrap() >= 1, "{c2}");
+    gate.open();
+    for o in orphans {
+        // Their client connection died with replica 1.
+        assert_ne!(o.await.unwrap(), Some(200));
+    }
+}
