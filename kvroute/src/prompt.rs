@@ -245,11 +245,14 @@ pub enum KeepText {
     /// The body could not be rewritten keeping every other byte (not strict
     /// JSON, e.g. `NaN`, or `prompt` given twice).
     Rewrite,
+    /// A prefill/decode two-step: a host that builds the two legs' bodies
+    /// from the client's (the example gateway) sends both as text.
+    PrefillDecode,
 }
 
 impl KeepText {
     /// Every reason, in [`KeepText::index`] order.
-    pub const ALL: [KeepText; 10] = [
+    pub const ALL: [KeepText; 11] = [
         KeepText::Chat,
         KeepText::PromptNotText,
         KeepText::Echo,
@@ -260,6 +263,7 @@ impl KeepText {
         KeepText::Engine,
         KeepText::NoTokens,
         KeepText::Rewrite,
+        KeepText::PrefillDecode,
     ];
 
     /// The metrics label.
@@ -282,6 +286,7 @@ impl KeepText {
             Self::Engine => "engine",
             Self::NoTokens => "no_tokens",
             Self::Rewrite => "rewrite",
+            Self::PrefillDecode => "prefill_decode",
         }
     }
 
@@ -299,6 +304,7 @@ impl KeepText {
             Self::Engine => 7,
             Self::NoTokens => 8,
             Self::Rewrite => 9,
+            Self::PrefillDecode => 10,
         }
     }
 }

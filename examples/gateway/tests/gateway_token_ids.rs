@@ -80,6 +80,21 @@ async fn completions_reach_the_engine_as_the_ids_it_would_compute() {
     assert_eq!(stats["completion_prompts_ids"], 2, "{stats}");
     assert_eq!(stats["completion_prompts_text"], 1, "{stats}");
     assert_eq!(stats["requests"], 4, "{stats}");
+
+    // Counted once per request: forwarded, or kept as text and why.
+    let metrics = client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (outcome, n) in [("forwarded", 2), ("echo", 1), ("chat", 1), ("engine", 0)] {
+        let line =
+            format!("kvroute_prompt_token_ids_total{{rule=\"kv\",outcome=\"{outcome}\"}} {n}");
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -340,6 +340,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         headers: parts.headers.clone(),
         body,
         ids: prompt.ids.clone(),
+        ids_counted: false,
         prefill: None,
         failures: Vec::new(),
         pd: None,
@@ -458,6 +459,9 @@ struct Ctx {
     body: Bytes,
     /// `body` with `prompt` as token ids, for targets whose engine takes them.
     ids: Option<kvroute::prompt::IdsBody>,
+    /// Whether the ids-or-text outcome was counted (once per request, at its
+    /// first connect attempt).
+    ids_counted: bool,
     /// The prefill leg already done for a P/D target: (endpoint, params, cached).
     prefill: Option<(
         kvroute_core::EndpointId,
@@ -607,14 +611,28 @@ impl Proxy for Host<'_> {
                     p
                 }
             };
+            let two_step = decode.is_some() && prepared.is_some();
+            // The two-step builds both legs' bodies from the client's: text.
+            let ids = ctx.ids.as_ref().map(|i| {
+                if two_step {
+                    Err(kvroute::prompt::KeepText::PrefillDecode)
+                } else {
+                    i.for_engine(main.spec.engine).cloned()
+                }
+            });
+            if let (Some(outcome), false) = (&ids, ctx.ids_counted) {
+                ctx.ids_counted = true;
+                rt.counters
+                    .token_ids
+                    .record(outcome.as_ref().map(|_| ()).map_err(|k| *k));
+                if let Err(why) = outcome {
+                    tracing::debug!(reason = why.as_str(), "prompt forwarded as text");
+                }
+            }
             let (Some((decode_id, decode_ep)), Some(prepared)) = (decode, prepared) else {
-                let body = match ctx.ids.as_ref().map(|i| i.for_engine(main.spec.engine)) {
-                    Some(Ok(ids)) => ids.clone(),
-                    Some(Err(why)) => {
-                        tracing::debug!(reason = why.as_str(), "prompt forwarded as text");
-                        ctx.body.clone()
-                    }
-                    None => ctx.body.clone(),
+                let body = match ids {
+                    Some(Ok(ids)) => ids,
+                    _ => ctx.body.clone(),
                 };
                 let response = gw
                     .client
