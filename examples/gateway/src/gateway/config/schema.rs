@@ -5,7 +5,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kvroute_engines::transport::EngineKind;
+use kvroute_select::{Choice, Role, ScorerKind, SelectorKind, Topology};
 use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, TextPosition};
 
 /// The whole file.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -34,6 +38,76 @@ pub struct FileConfig {
     /// Other `kvroute serve` replicas in front of the same engines.
     #[serde(default)]
     pub replicas: ReplicasConfig,
+}
+
+impl FileConfig {
+    /// Reads a TOML text. Anything serde refuses (bad syntax, an unknown,
+    /// missing or mistyped field, a name no enum variant has) is a
+    /// [`ConfigError::Syntax`] with the field's dotted path and its line and
+    /// column.
+    ///
+    /// # Errors
+    /// [`ConfigError::Syntax`].
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+            let field = field_path(e.path(), None);
+            let inner = e.into_inner();
+            ConfigError::Syntax {
+                field,
+                message: inner.message().to_owned(),
+                position: inner.span().map(|s| TextPosition::of_offset(text, s.start)),
+            }
+        })
+    }
+}
+
+impl RuleDoc {
+    /// Reads one rule as the admin API receives it: JSON with the fields of a
+    /// `[[rules]]` table. Errors name the field as `rule.<path>`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Syntax`].
+    pub fn from_json(body: &[u8]) -> Result<Self, ConfigError> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let doc = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let field = field_path(e.path(), Some("rule"));
+            json_error(field, &e.into_inner())
+        })?;
+        de.end().map_err(|e| json_error(None, &e))?;
+        Ok(doc)
+    }
+}
+
+/// `prefix.path`, the bare path, or the prefix alone for the document root.
+fn field_path(path: &serde_path_to_error::Path, prefix: Option<&str>) -> Option<String> {
+    let path = (path.iter().next().is_some()).then(|| path.to_string());
+    match (prefix, path) {
+        (Some(p), Some(path)) => Some(format!("{p}.{path}")),
+        (Some(p), None) => Some(p.to_owned()),
+        (None, path) => path,
+    }
+}
+
+fn json_error(field: Option<String>, e: &serde_json::Error) -> ConfigError {
+    // serde_json has no accessor for the bare message: its text ends with
+    // " at line L column C" whenever it knows the place (line 0 otherwise).
+    let text = e.to_string();
+    let (message, position) = if e.line() == 0 {
+        (text, None)
+    } else {
+        let suffix = format!(" at line {} column {}", e.line(), e.column());
+        let message = text.strip_suffix(&suffix).unwrap_or(&text).to_owned();
+        let position = TextPosition {
+            line: e.line(),
+            column: e.column(),
+        };
+        (message, Some(position))
+    };
+    ConfigError::Syntax {
+        field,
+        message,
+        position,
+    }
 }
 
 /// `[replicas]`: replicas of this gateway in front of the same engines share
@@ -310,10 +384,10 @@ pub struct RuleDoc {
     pub default: bool,
     /// `kv_exact`, `round_robin` or `content_affinity`.
     #[serde(default = "default_choice")]
-    pub choice: String,
+    pub choice: Choice,
     /// `converged` or `prefill_decode`.
     #[serde(default = "default_topology")]
-    pub topology: String,
+    pub topology: Topology,
     /// Hash contract, e.g. `vllm@0.33.0:sha256_cbor:block=16:seed=0` (KV-exact).
     #[serde(default)]
     pub contract: Option<String>,
@@ -321,11 +395,11 @@ pub struct RuleDoc {
     /// `kvroute_select::CostConfig`), `overlap_count`, `longest_prefix` or
     /// `load_aware`.
     #[serde(default = "default_scorer")]
-    pub scorer: String,
+    pub scorer: ScorerKind,
     /// Converged miss selector: `least_prefill` (default), `round_robin`,
     /// `least_load`, `p2c`, `chwbl`, `random`, `weighted`.
     #[serde(default = "default_selector")]
-    pub selector: String,
+    pub selector: SelectorKind,
     /// Fewest overlapping blocks that count as a hit.
     #[serde(default)]
     pub min_overlap_blocks: Option<u32>,
@@ -371,17 +445,20 @@ pub struct LoraDoc {
     pub path: String,
 }
 
-fn default_choice() -> String {
-    "kv_exact".to_owned()
+// The gateway's defaults, spelled out rather than taken from the library
+// enums' `Default`: a rule file's meaning must not change when a library
+// default does.
+fn default_choice() -> Choice {
+    Choice::KvExact
 }
-fn default_topology() -> String {
-    "converged".to_owned()
+fn default_topology() -> Topology {
+    Topology::Converged
 }
-fn default_scorer() -> String {
-    "cost".to_owned()
+fn default_scorer() -> ScorerKind {
+    ScorerKind::Cost
 }
-fn default_selector() -> String {
-    "least_prefill".to_owned()
+fn default_selector() -> SelectorKind {
+    SelectorKind::LeastPrefill
 }
 
 /// One endpoint of a rule.
@@ -392,10 +469,10 @@ pub struct EndpointDoc {
     pub url: String,
     /// `both`, `prefill` or `decode`.
     #[serde(default = "default_role")]
-    pub role: String,
+    pub role: Role,
     /// `vllm`, `sglang`, `trtllm` or `llama.cpp`.
-    #[serde(default = "default_engine")]
-    pub engine: String,
+    #[serde(default = "default_engine", with = "engine_name")]
+    pub engine: EngineKind,
     /// The engine's KV-event endpoint string (`--kv-events-config endpoint`).
     #[serde(default)]
     pub zmq: Option<String>,
@@ -420,12 +497,320 @@ pub struct EndpointDoc {
     pub capacity: u32,
 }
 
-fn default_role() -> String {
-    "both".to_owned()
+fn default_role() -> Role {
+    Role::Both
 }
-fn default_engine() -> String {
-    "vllm".to_owned()
+fn default_engine() -> EngineKind {
+    EngineKind::Vllm
+}
+
+/// [`EngineKind`] by its configuration name: kvroute-engines gives it
+/// `FromStr` and `as_str` (the same spellings) but no serde.
+mod engine_name {
+    use kvroute_engines::transport::EngineKind;
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(kind: &EngineKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(kind.as_str())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<EngineKind, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(D::Error::custom)
+    }
 }
 fn one() -> u32 {
     1
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const CHOICES: [Choice; 3] = [Choice::KvExact, Choice::RoundRobin, Choice::ContentAffinity];
+    const TOPOLOGIES: [Topology; 2] = [Topology::Converged, Topology::PrefillDecode];
+    const SCORERS: [ScorerKind; 4] = [
+        ScorerKind::Cost,
+        ScorerKind::OverlapCount,
+        ScorerKind::LongestPrefix,
+        ScorerKind::LoadAware,
+    ];
+    const SELECTORS: [SelectorKind; 7] = [
+        SelectorKind::RoundRobin,
+        SelectorKind::LeastLoad,
+        SelectorKind::LeastPrefill,
+        SelectorKind::PowerOfTwoChoices,
+        SelectorKind::Chwbl,
+        SelectorKind::Random,
+        SelectorKind::Weighted,
+    ];
+    const ROLES: [Role; 3] = [Role::Both, Role::Prefill, Role::Decode];
+    const ENGINES: [EngineKind; 4] = [
+        EngineKind::Vllm,
+        EngineKind::Sglang,
+        EngineKind::TensorRtLlm,
+        EngineKind::LlamaCpp,
+    ];
+
+    fn endpoint() -> impl Strategy<Value = EndpointDoc> {
+        (
+            (0..ROLES.len(), 0..ENGINES.len(), "[a-z0-9:/.]{1,20}"),
+            (
+                proptest::option::of("tcp://[a-z*]{1,8}:[0-9]{1,5}"),
+                proptest::option::of("tcp://[a-z*]{1,8}:[0-9]{1,5}"),
+                "[a-z]{0,6}",
+                any::<bool>(),
+            ),
+            (1..8u32, 1..8u32, 1..64u32),
+        )
+            .prop_map(
+                |(
+                    (role, engine, url),
+                    (zmq, replay, topic, drain),
+                    (dp_ranks, weight, capacity),
+                )| {
+                    EndpointDoc {
+                        url,
+                        role: ROLES[role],
+                        engine: ENGINES[engine],
+                        zmq,
+                        replay,
+                        topic,
+                        drain,
+                        dp_ranks,
+                        weight,
+                        capacity,
+                    }
+                },
+            )
+    }
+
+    fn rule() -> impl Strategy<Value = RuleDoc> {
+        (
+            (
+                "[a-z_.-]{1,12}",
+                proptest::collection::vec("[a-z0-9-]{1,10}", 0..3),
+                any::<bool>(),
+                proptest::option::of("[a-z0-9@.:=_]{1,40}"),
+            ),
+            (
+                0..CHOICES.len(),
+                0..TOPOLOGIES.len(),
+                0..SCORERS.len(),
+                0..SELECTORS.len(),
+            ),
+            (
+                proptest::option::of(any::<u32>()),
+                proptest::option::of(any::<u32>()),
+                // Finite and exactly representable in TOML and JSON text.
+                proptest::option::of((0..4000u32).prop_map(|n| f64::from(n) / 8.0)),
+                any::<bool>(),
+            ),
+            proptest::collection::vec(("[a-z-]{1,8}", "/[a-z/]{1,12}"), 0..3),
+            proptest::collection::vec(endpoint(), 1..4),
+        )
+            .prop_map(
+                |(
+                    (name, models, default, contract),
+                    (choice, topology, scorer, selector),
+                    (min_overlap_blocks, max_retries, load_slack, forward_token_ids),
+                    lora,
+                    endpoints,
+                )| RuleDoc {
+                    name,
+                    models,
+                    default,
+                    choice: CHOICES[choice],
+                    topology: TOPOLOGIES[topology],
+                    contract,
+                    scorer: SCORERS[scorer],
+                    selector: SELECTORS[selector],
+                    min_overlap_blocks,
+                    max_retries,
+                    load_slack,
+                    forward_token_ids,
+                    lora: lora
+                        .into_iter()
+                        .map(|(model, path)| LoraDoc { model, path })
+                        .collect(),
+                    endpoints,
+                },
+            )
+    }
+
+    proptest! {
+        /// The admin API lists `RuleDoc`s as JSON and takes them back: every
+        /// document, whatever its enum values, reads back equal from its JSON
+        /// and from its TOML `[[rules]]` table.
+        #[test]
+        fn rule_docs_round_trip_through_json_and_toml(doc in rule()) {
+            let json = serde_json::to_vec(&doc).unwrap();
+            prop_assert_eq!(&RuleDoc::from_json(&json).unwrap(), &doc);
+            let file = FileConfig {
+                listen: "127.0.0.1:0".to_owned(),
+                admin: AdminConfig::default(),
+                limits: LimitsConfig::default(),
+                health: HealthConfig::default(),
+                decisions: DecisionsConfig::default(),
+                models: Vec::new(),
+                rules: vec![doc.clone()],
+                replicas: ReplicasConfig::default(),
+            };
+            let text = toml::to_string(&file).unwrap();
+            let back = FileConfig::from_toml(&text).unwrap();
+            prop_assert_eq!(&back.rules, &file.rules);
+        }
+
+        /// The byte offset → line / column mapping agrees with counting
+        /// characters one by one.
+        #[test]
+        fn text_positions_count_lines_and_characters(
+            text in "[a-zé\n€]{0,40}",
+            offset in 0..60usize,
+        ) {
+            let (mut line, mut column) = (1, 1);
+            // A character counts once all of its bytes are before the offset.
+            for (i, c) in text.char_indices() {
+                if i + c.len_utf8() > offset {
+                    break;
+                }
+                if c == '\n' {
+                    line += 1;
+                    column = 1;
+                } else {
+                    column += 1;
+                }
+            }
+            prop_assert_eq!(TextPosition::of_offset(&text, offset), TextPosition { line, column });
+        }
+    }
+
+    /// The listing shows each enum by its configuration name, the spelling
+    /// the file takes.
+    #[test]
+    fn enum_fields_serialize_as_their_configuration_names() {
+        let doc = RuleDoc::from_json(
+            br#"{"name": "r", "choice": "round_robin", "topology": "prefill_decode",
+                 "scorer": "load_aware", "selector": "p2c",
+                 "endpoints": [{"url": "http://a:1", "role": "decode", "engine": "llamacpp"}]}"#,
+        )
+        .unwrap();
+        let json = serde_json::to_value(&doc).unwrap();
+        assert_eq!(json["choice"], "round_robin");
+        assert_eq!(json["topology"], "prefill_decode");
+        assert_eq!(json["scorer"], "load_aware");
+        assert_eq!(json["selector"], "p2c");
+        assert_eq!(json["endpoints"][0]["role"], "decode");
+        // `llamacpp` is accepted; the listing gives the canonical name.
+        assert_eq!(json["endpoints"][0]["engine"], "llama.cpp");
+        // Omitted fields list the gateway's defaults.
+        let doc =
+            RuleDoc::from_json(br#"{"name": "r", "endpoints": [{"url": "http://a:1"}]}"#).unwrap();
+        let json = serde_json::to_value(&doc).unwrap();
+        assert_eq!(
+            [
+                &json["choice"],
+                &json["topology"],
+                &json["scorer"],
+                &json["selector"]
+            ],
+            ["kv_exact", "converged", "cost", "least_prefill"]
+        );
+        assert_eq!(json["endpoints"][0]["role"], "both");
+        assert_eq!(json["endpoints"][0]["engine"], "vllm");
+    }
+
+    /// What serde refuses names the field, the line and column, and for an
+    /// enum the accepted names: golden texts for each enum field, in TOML and
+    /// in the admin API's JSON.
+    #[test]
+    fn refused_documents_name_field_position_and_accepted_names() {
+        let text = "listen = \"127.0.0.1:0\"\n\
+                    [[rules]]\n\
+                    name = \"r\"\n\
+                    choice = \"fastest\"\n\
+                    [[rules.endpoints]]\n\
+                    url = \"http://a:1\"\n";
+        let err = FileConfig::from_toml(text).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rules[0].choice: unknown choice \"fastest\"; expected kv_exact, round_robin or content_affinity (line 4, column 10)"
+        );
+        assert!(matches!(
+            err,
+            ConfigError::Syntax {
+                position: Some(TextPosition {
+                    line: 4,
+                    column: 10
+                }),
+                ..
+            }
+        ));
+        let toml_cases = [
+            (
+                "topology = \"star\"",
+                "",
+                "rules[0].topology: unknown topology \"star\"; expected converged or prefill_decode (line 3, column 12)",
+            ),
+            (
+                "scorer = \"best\"",
+                "",
+                "rules[0].scorer: unknown scorer \"best\"; expected cost, overlap_count, longest_prefix or load_aware (line 3, column 10)",
+            ),
+            (
+                "selector = \"p3c\"",
+                "",
+                "rules[0].selector: unknown selector \"p3c\"; expected round_robin, least_load, least_prefill, p2c, chwbl, random or weighted (line 3, column 12)",
+            ),
+            (
+                "",
+                "role = \"prefil\"",
+                "rules[0].endpoints[0].role: unknown role \"prefil\"; expected both, prefill or decode (line 6, column 8)",
+            ),
+            (
+                "",
+                "engine = \"tgi\"",
+                "rules[0].endpoints[0].engine: unknown engine \"tgi\"; expected vllm, sglang, trtllm or llama.cpp (line 6, column 10)",
+            ),
+            (
+                "",
+                "engine = 3",
+                "rules[0].endpoints[0].engine: invalid type: integer `3`, expected a string (line 6, column 10)",
+            ),
+            (
+                "choise = \"kv_exact\"",
+                "",
+                "rules[0].choise: unknown field `choise`, expected one of",
+            ),
+        ];
+        for (rule, endpoint, want) in toml_cases {
+            let text = format!(
+                "listen = \"127.0.0.1:0\"\n[[rules]]\n{rule}\nname = \"r\"\n[[rules.endpoints]]\n{endpoint}\nurl = \"http://a:1\"\n"
+            );
+            let err = FileConfig::from_toml(&text).unwrap_err().to_string();
+            assert!(err.starts_with(want), "want {want:?}, got {err:?}");
+        }
+        // serde_json places an error at or just after the end of the value.
+        let json_cases: [(&[u8], &str); 4] = [
+            (
+                br#"{"name": "r", "endpoints": [{"url": "http://a:1", "role": "prefil"}]}"#,
+                "rule.endpoints[0].role: unknown role \"prefil\"; expected both, prefill or decode (line 1, column 67)",
+            ),
+            (
+                b"{\"name\": \"r\",\n \"selector\": \"p3c\", \"endpoints\": []}",
+                "rule.selector: unknown selector \"p3c\"; expected round_robin, least_load, least_prefill, p2c, chwbl, random or weighted (line 2, column 18)",
+            ),
+            (
+                br#"{"name": "r", "endpoints": []} {}"#,
+                "trailing characters (line 1, column 32)",
+            ),
+            (br#"{"name": "r"}"#, "rule: missing field `endpoints` (line 1, column 13)"),
+        ];
+        for (body, want) in json_cases {
+            let err = RuleDoc::from_json(body).unwrap_err().to_string();
+            assert_eq!(err, want);
+        }
+    }
 }

@@ -15,18 +15,6 @@ use super::{
     ModelConfig, ReplicasConfig, RuleDoc,
 };
 
-/// `name` parsed with the libraries' `FromStr` (`kvroute_select::names`,
-/// `kvroute_engines::names`: one spelling everywhere, and their error lists
-/// the accepted names), or an error naming `field`.
-fn named<T>(field: String, name: &str) -> Result<T, ConfigError>
-where
-    T: std::str::FromStr,
-    T::Err: std::fmt::Display,
-{
-    name.parse()
-        .map_err(|e: T::Err| invalid(field, e.to_string()))
-}
-
 /// A validated endpoint.
 #[derive(Clone, Debug)]
 pub struct EndpointSpec {
@@ -117,8 +105,7 @@ pub struct ServeConfig {
     pub models: Vec<ModelConfig>,
     /// Rules.
     pub rules: Vec<RuleSpec>,
-    /// Replica load sharing.
-    #[allow(dead_code)] // TODO(replica sync): read by the sync task being written
+    /// Replica load sharing (peers checked by `replica_sync::validate`).
     pub replicas: ReplicasConfig,
 }
 
@@ -141,14 +128,13 @@ impl ServeConfig {
     /// # Errors
     /// [`ConfigError`].
     pub fn from_toml(text: &str, base: &Path) -> Result<Self, ConfigError> {
-        let file: FileConfig =
-            toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
-        Self::validate(file, base)
+        Self::validate(FileConfig::from_toml(text)?, base)
     }
 
     fn validate(file: FileConfig, base: &Path) -> Result<Self, ConfigError> {
         let listen = parse_addr("listen", &file.listen)?;
         let admin_listen = parse_addr("admin.listen", &file.admin.listen)?;
+        crate::gateway::replica_sync::validate(&file.replicas, admin_listen)?;
         let admin_token = match (&file.admin.token, &file.admin.token_env) {
             (Some(_), Some(_)) => {
                 return Err(invalid(
@@ -351,9 +337,8 @@ impl RuleSpec {
                 "a rule needs at least one model slug or `default = true`",
             ));
         }
-        let choice: Choice = named(f("choice"), &doc.choice)?;
-        let topology: Topology = named(f("topology"), &doc.topology)?;
-        let scorer = match named::<ScorerKind>(f("scorer"), &doc.scorer)? {
+        let (choice, topology, selector) = (doc.choice, doc.topology, doc.selector);
+        let scorer = match doc.scorer {
             ScorerKind::LoadAware => {
                 Scorer::LoadAware(load_aware_config(doc.load_slack, &f("load_slack"))?)
             }
@@ -363,12 +348,11 @@ impl RuleSpec {
             return Err(invalid(
                 f("load_slack"),
                 format!(
-                    "only applies to scorer = \"load_aware\" (this rule uses {:?})",
+                    "only applies to scorer = \"load_aware\" (this rule uses \"{}\")",
                     doc.scorer
                 ),
             ));
         }
-        let selector: SelectorKind = named(f("selector"), &doc.selector)?;
         let contract = match (&doc.contract, choice) {
             (Some(c), _) => Some(c.parse::<HashContract>().map_err(|e| {
                 invalid(f("contract"), format!("{c:?}: {e}"))
@@ -566,8 +550,7 @@ impl EndpointSpec {
             .path_and_query("/")
             .build()
             .map_err(|err| invalid(f("url"), err.to_string()))?;
-        let role: Role = named(f("role"), &e.role)?;
-        let engine: EngineKind = named(f("engine"), &e.engine)?;
+        let (role, engine) = (e.role, e.engine);
         if choice == Choice::KvExact && role.can_prefill() {
             kvroute_engines::transport::require_kv_events(engine)
                 .map_err(|err| invalid(f("engine"), err.to_string()))?;
@@ -635,9 +618,7 @@ impl EndpointSpec {
 /// # Errors
 /// [`ConfigError::Syntax`] for JSON that does not match, else validation errors.
 pub fn rule_from_json(body: &[u8]) -> Result<RuleSpec, ConfigError> {
-    let doc: RuleDoc =
-        serde_json::from_slice(body).map_err(|e| ConfigError::Syntax(e.to_string()))?;
-    RuleSpec::validate(doc, "rule")
+    RuleSpec::validate(RuleDoc::from_json(body)?, "rule")
 }
 
 #[cfg(test)]
