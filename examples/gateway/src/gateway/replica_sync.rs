@@ -920,6 +920,19 @@ mod tests {
     }
 
     #[test]
+    fn the_serve_configuration_refuses_a_bad_peer() {
+        let toml = "listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:9090\"\n\
+                    [replicas]\npeers = [\"http://127.0.0.1:9090\"]\n";
+        let e = super::super::config::ServeConfig::from_toml(toml, std::path::Path::new("."))
+            .unwrap_err();
+        assert!(e.to_string().starts_with("replicas.peers[0]:"), "{e}");
+        let ok = toml.replace("9090\"]", "9091\"]");
+        let c =
+            super::super::config::ServeConfig::from_toml(&ok, std::path::Path::new(".")).unwrap();
+        assert_eq!(c.replicas.peers, ["http://127.0.0.1:9091"]);
+    }
+
+    #[test]
     fn intervals_must_keep_an_idle_replica_alive() {
         let mut c = cfg(&[]);
         c.remote_ttl_ms = c.heartbeat_ms;
