@@ -36,7 +36,7 @@
 //! * [`contract`]: [`HashContract`] descriptors and their validation.
 //! * [`BlockHasher`] / [`PromptHasher`]: one-shot, incremental and chain-continuing hashing.
 //! * [`vllm`], [`sglang`], [`trtllm`], [`rekey`]: the engines' raw rules.
-//! * [`golden`]: checkers for the golden hash-vector files (`kvroute parity`).
+//! * `golden` (feature `parity`): checkers for the golden hash-vector files (`kvroute parity`).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -44,8 +44,10 @@ pub mod contract;
 mod digest;
 mod error;
 mod extras;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(feature = "parity")]
 pub mod golden;
 mod hasher;
 pub mod rekey;

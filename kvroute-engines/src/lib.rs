@@ -80,7 +80,10 @@ pub use names::UnknownName;
 /// The OpenAI API a request body was posted to (chat or completions).
 pub use prompt::ApiKind;
 
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use load_report::fuzzing as load_report_fuzzing;
 pub use load_report::{
-    fuzzing as load_report_fuzzing, parse_load, EngineLoadReport, LoadReportError, MetricsDialect,
-    MAX_METRICS_BODY_BYTES, MAX_RANKS,
+    parse_load, EngineLoadReport, LoadReportError, MetricsDialect, MAX_METRICS_BODY_BYTES,
+    MAX_RANKS,
 };

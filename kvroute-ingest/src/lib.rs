@@ -45,6 +45,7 @@
 
 pub mod attest;
 pub mod event;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod index;

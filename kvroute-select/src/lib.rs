@@ -68,6 +68,7 @@ mod convert;
 mod counters;
 mod decision;
 mod endpoint;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod health;

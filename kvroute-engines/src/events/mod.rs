@@ -31,6 +31,7 @@
 //! ```
 
 mod frames;
+#[cfg(feature = "parity")]
 pub mod golden;
 mod kv_batch;
 pub(crate) mod msgpack;
@@ -201,6 +202,7 @@ impl MalformedPayload {
 /// Each one decodes arbitrary bytes and panics only if an invariant breaks: exactly
 /// one of `batches` / `malformed_payloads` moves per payload, and decoding into a
 /// reused batch gives the same result as a fresh decode.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
     use kvroute_ingest::event::{EventBatch, KvEvent};

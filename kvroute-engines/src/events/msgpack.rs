@@ -326,6 +326,7 @@ impl<'a> Reader<'a> {
 /// (`bytes` → `{"bytes_hex": ...}`), for golden comparisons and diagnostics.
 ///
 /// Not used on the hot path. Extension types become `{"ext": type, "hex": ...}`.
+#[cfg(feature = "parity")]
 pub(crate) fn to_json(r: &mut Reader<'_>, depth: usize) -> Result<serde_json::Value, DecodeError> {
     use serde_json::Value;
     if depth > MAX_DEPTH {
@@ -389,6 +390,7 @@ pub(crate) fn to_json(r: &mut Reader<'_>, depth: usize) -> Result<serde_json::Va
 }
 
 /// Lowercase hex of a byte string.
+#[cfg(feature = "parity")]
 pub(crate) fn hex_lower(b: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(b.len() * 2);

@@ -430,6 +430,7 @@ fn combine(ranks: &[RankLoad]) -> EngineLoadReport {
 
 /// Fuzzing entry point (fuzz target `engine_metrics` and its corpus replay test).
 /// Not a stable API.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
     use super::{parse_load, MetricsDialect};

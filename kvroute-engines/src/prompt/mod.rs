@@ -29,8 +29,10 @@
 
 pub mod chat;
 pub mod error;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(feature = "parity")]
 pub mod golden;
 pub mod parallel;
 pub mod pipeline;
