@@ -504,7 +504,7 @@ impl IdsBody {
         let gate = match (ids, truncated) {
             (None, _) => Err(KeepText::NoTokens),
             (Some(_), true) => Err(KeepText::Truncation),
-            (Some(ids), false) if ids.is_empty() => Err(KeepText::NoTokens),
+            (Some([]), false) => Err(KeepText::NoTokens),
             (Some(ids), false) => Ok(ids),
         };
         // The request's own reason first (chat, echo, ...): it says more than
