@@ -82,6 +82,7 @@
 //! # Ok::<(), kvroute_ingest::IndexError>(())
 //! ```
 
+mod runs;
 mod shard;
 mod sliced;
 
@@ -92,6 +93,7 @@ use kvroute_core::{BlockKey, EndpointId, Medium};
 use parking_lot::{Mutex, RwLock};
 
 use crate::view::{InventoryView, Overlap};
+use runs::{RunHint, RunTable, MAX_RUN};
 pub(crate) use shard::mix;
 pub(crate) use shard::KeyMap;
 use shard::{RemoveEffect, Shard, StoreEffect};
@@ -105,10 +107,13 @@ const UNBOUNDED: u64 = u64::MAX;
 const PURGE_BATCH: usize = 128;
 /// Prompt keys looked up per shard-grouped pass (stack buffers, no allocation).
 const SCORE_CHUNK: usize = 256;
-/// Keys the prefix walk looks up one at a time before it switches to
-/// shard-sorted chunks (the sort costs more than the locks it saves on a few
-/// keys, and most walks end early).
-const DIRECT_LOOKUPS: usize = 16;
+/// Lookups the prefix walk makes one key at a time before it switches to
+/// shard-sorted chunks. A chunk costs a counting sort and a lookup of every
+/// key up to its end, even past the end of the match; one key at a time costs
+/// a shard lock per key, which only adds up on long matches shared by many
+/// endpoints (measured: 33 single lookups 0.9 µs against 2.1 µs with chunks
+/// from key 16 on, `examples/bench-dynamo`, *shared*).
+const DIRECT_LOOKUPS: usize = 128;
 /// Buckets of the per-chunk counting sort by shard.
 const SORT_BUCKETS: usize = 256;
 /// Ring entries beyond twice the live keys tolerated before a compaction.
@@ -218,6 +223,8 @@ struct Bank {
     hidden: AtomicU64,
     /// Endpoints that exist in this bank.
     active: u64,
+    /// Chain runs of the bank's endpoints (GPU tier).
+    runs: RunTable,
 }
 
 struct EndpointKeys {
@@ -226,6 +233,24 @@ struct EndpointKeys {
     /// Bound per tier ([`UNBOUNDED`]: none, and no ring).
     capacity: [u64; 4],
     evictions: u64,
+    /// Last keys of recent chain stores, so a store naming one as its parent
+    /// continues that run (one block per event while decoding).
+    tails: [Tail; TAILS],
+    next_tail: usize,
+}
+
+/// Chain stores remembered per endpoint (interleaved requests each extend
+/// their own run).
+const TAILS: usize = 8;
+
+/// The last key of a chain store and what it may continue.
+#[derive(Clone, Copy, Default)]
+struct Tail {
+    key: u64,
+    /// `Some(run)`: the key ends that run; `None`: the key was stored alone
+    /// and may head a run.
+    run: Option<u32>,
+    used: bool,
 }
 
 impl EndpointKeys {
@@ -235,7 +260,28 @@ impl EndpointKeys {
             live: [0; 4],
             capacity: [capacity; 4],
             evictions: 0,
+            tails: [Tail::default(); TAILS],
+            next_tail: 0,
         }
+    }
+
+    fn find_tail(&self, key: u64) -> Option<Tail> {
+        self.tails.iter().find(|t| t.used && t.key == key).copied()
+    }
+
+    fn push_tail(&mut self, key: u64, run: Option<u32>) {
+        if let Some(t) = self.tails.iter_mut().find(|t| t.used && t.key == key) {
+            t.run = run;
+            return;
+        }
+        if let Some(t) = self.tails.get_mut(self.next_tail % TAILS) {
+            *t = Tail {
+                key,
+                run,
+                used: true,
+            };
+        }
+        self.next_tail = (self.next_tail + 1) % TAILS;
     }
 
     #[inline]
@@ -282,6 +328,7 @@ impl SharedIndex {
                     } else {
                         (1u64 << in_bank) - 1
                     },
+                    runs: RunTable::default(),
                 }
             })
             .collect();
@@ -354,15 +401,17 @@ impl SharedIndex {
     }
 
     /// The most heap bytes the index may hold under its current bounds
-    /// ([`BUDGET_BYTES_PER_KEY`] per block of capacity, plus fixed per-shard and
-    /// per-slot overhead and each ring's compaction slack); `None` while any
+    /// ([`BUDGET_BYTES_PER_KEY`] per block of capacity, plus fixed per-shard,
+    /// per-slot and per-bank overhead — the run table of a bank is bounded
+    /// at about 5 MiB — and each ring's compaction slack); `None` while any
     /// (endpoint, tier) is unbounded. [`Self::memory_bytes`] stays below it
     /// whatever the peers send (tested under a flood of random stores).
     #[must_use]
     pub fn memory_budget(&self) -> Option<usize> {
         let fixed = self.banks.len()
-            * self.banks.first().map_or(0, |b| b.shards.len())
-            * (std::mem::size_of::<PaddedShard>() + 4096)
+            * (self.banks.first().map_or(0, |b| b.shards.len())
+                * (std::mem::size_of::<PaddedShard>() + 4096)
+                + RunTable::max_bytes())
             + self.endpoints.len() * std::mem::size_of::<Mutex<EndpointKeys>>();
         let mut total = fixed;
         for slot in self.endpoints.iter() {
@@ -418,26 +467,14 @@ impl SharedIndex {
         for key in keys {
             // Bound first: a guard in the match scrutinee would live through the
             // arms, and eviction takes shard locks.
-            let effect = self.shard(bank, key.0).write().store(tier, key.0, bit);
+            let effect = self
+                .shard(bank, key.0)
+                .write()
+                .store(tier, key.0, bit, &bank.runs);
             match effect {
-                StoreEffect::Inserted => {
+                StoreEffect::Inserted | StoreEffect::InsertedSole => {
                     stats.inserted += 1;
-                    if let Some(live) = slot.live.get_mut(tier) {
-                        *live += 1;
-                    }
-                    if !slot.bounded(tier) {
-                        continue;
-                    }
-                    if let Some(ring) = slot.rings.get_mut(tier) {
-                        ring.push_back(key.0);
-                    }
-                    let cap = slot.capacity.get(tier).copied().unwrap_or(UNBOUNDED);
-                    if slot.live.get(tier).is_some_and(|l| *l > cap) {
-                        stats.evicted += self.evict_one(bank, bit, tier, slot);
-                    }
-                    // Repeated store/remove churn of present keys grows the ring
-                    // without removes to trigger a compaction.
-                    self.maybe_compact(bank, bit, tier, slot);
+                    self.account_insert(bank, bit, tier, slot, key.0, &mut stats);
                 }
                 StoreEffect::Duplicate => stats.duplicate_stores += 1,
             }
@@ -445,12 +482,159 @@ impl SharedIndex {
         Ok(stats)
     }
 
+    /// Stores `keys`, consecutive blocks of one chain (each key a hash of its
+    /// block and of the key before it; `parent` is the key before `keys[0]`,
+    /// if known), for endpoint `e` in tier `medium`.
+    ///
+    /// The inventory changes exactly as with [`Self::store`]. In the GPU tier
+    /// the index also records *runs*: consecutive keys that this endpoint
+    /// alone holds, up to 32 per run, continued across calls whose `parent`
+    /// ends a run (an engine storing one block per event while decoding).
+    /// [`InventoryView::score_prefix`] then verifies a whole run with one
+    /// lookup when only this endpoint still matches. A run is void as soon
+    /// as any member leaves (remove, eviction, clear) or gains a second
+    /// holder; the walk then looks its keys up one by one.
+    ///
+    /// Only pass real chain segments (the blocks of one engine
+    /// `BlockStored`, in order): a run's claim rests on equal chained keys
+    /// having equal histories, so keys that are not chained would let a
+    /// prompt be credited with the keys between two members.
+    ///
+    /// ```
+    /// use kvroute_core::{BlockKey, EndpointId, Medium};
+    /// use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
+    ///
+    /// let index = SharedIndex::new(1, IndexConfig::default());
+    /// let chain: Vec<BlockKey> = (1..=40u64).map(|k| BlockKey(k * 0x9e37_79b9)).collect();
+    /// index.store_chain(EndpointId(0), Medium::Gpu, None, &chain[..24])?;
+    /// index.store_chain(EndpointId(0), Medium::Gpu, Some(chain[23]), &chain[24..])?;
+    /// let mut out = [Overlap::default()];
+    /// index.score_prefix(&chain, &mut out);
+    /// assert_eq!(out[0].prefix, 40);
+    /// # Ok::<(), kvroute_ingest::IndexError>(())
+    /// ```
+    pub fn store_chain(
+        &self,
+        e: EndpointId,
+        medium: Medium,
+        parent: Option<BlockKey>,
+        keys: &[BlockKey],
+    ) -> Result<WriteStats, IndexError> {
+        if medium != Medium::Gpu {
+            return self.store(e, medium, keys);
+        }
+        let (bank, bit, slot) = self.locate(e)?;
+        let tier = medium.index();
+        let mut guard = slot.lock();
+        let slot: &mut EndpointKeys = &mut guard;
+        let mut stats = WriteStats::default();
+        let n = u32::try_from(keys.len()).unwrap_or(u32::MAX - 2);
+        let mut chain = ChainWriter::default();
+        if let Some(p) = parent {
+            match slot.find_tail(p.0) {
+                Some(Tail { run: Some(run), .. }) => {
+                    // The reservation covers every key of the call plus one
+                    // held until the run is published.
+                    if let Some(len) = bank.runs.try_extend(run, bit, p.0, n + 1) {
+                        chain.cur = Some(OpenRun {
+                            run,
+                            len,
+                            end: p.0,
+                            left: n + 1,
+                        });
+                    }
+                }
+                Some(Tail { run: None, .. }) => chain.pending = Some(p.0),
+                None => {}
+            }
+        }
+        for (i, key) in keys.iter().enumerate() {
+            let remaining = n.saturating_sub(u32::try_from(i).unwrap_or(u32::MAX));
+            let (effect, head) = {
+                let mut g = self.shard(bank, key.0).write();
+                let effect = g.store(tier, key.0, bit, &bank.runs);
+                let head = if effect == StoreEffect::InsertedSole {
+                    chain.join(&mut g, &bank.runs, key.0, bit, remaining)
+                } else {
+                    chain.close(&bank.runs);
+                    chain.pending = None;
+                    None
+                };
+                (effect, head)
+            };
+            if let Some(head) = head {
+                // The key before this one heads the run; it lives in another
+                // shard, locked only after this one is released.
+                if self
+                    .shard(bank, head)
+                    .write()
+                    .attach_run(head, bit, chain.run_id())
+                {
+                    chain.head_attached();
+                }
+            }
+            match effect {
+                StoreEffect::Inserted | StoreEffect::InsertedSole => {
+                    stats.inserted += 1;
+                    self.account_insert(bank, bit, tier, slot, key.0, &mut stats);
+                }
+                StoreEffect::Duplicate => stats.duplicate_stores += 1,
+            }
+        }
+        let last = keys.last().map(|k| k.0);
+        match chain.cur.take() {
+            Some(c) => {
+                bank.runs.finish(c.run, c.end, c.len, c.left);
+                slot.push_tail(c.end, Some(c.run));
+            }
+            None => {
+                if let (Some(p), Some(l)) = (chain.pending, last) {
+                    if p == l {
+                        slot.push_tail(l, None);
+                    }
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Live count, ring and bound after `key` became present.
+    fn account_insert(
+        &self,
+        bank: &Bank,
+        bit: u32,
+        tier: usize,
+        slot: &mut EndpointKeys,
+        key: u64,
+        stats: &mut WriteStats,
+    ) {
+        if let Some(live) = slot.live.get_mut(tier) {
+            *live += 1;
+        }
+        if !slot.bounded(tier) {
+            return;
+        }
+        if let Some(ring) = slot.rings.get_mut(tier) {
+            ring.push_back(key);
+        }
+        let cap = slot.capacity.get(tier).copied().unwrap_or(UNBOUNDED);
+        if slot.live.get(tier).is_some_and(|l| *l > cap) {
+            stats.evicted += self.evict_one(bank, bit, tier, slot);
+        }
+        // Repeated store/remove churn of present keys grows the ring
+        // without removes to trigger a compaction.
+        self.maybe_compact(bank, bit, tier, slot);
+    }
+
     fn evict_one(&self, bank: &Bank, bit: u32, tier: usize, slot: &mut EndpointKeys) -> u64 {
         let Some(ring) = slot.rings.get_mut(tier) else {
             return 0;
         };
         while let Some(key) = ring.pop_front() {
-            let purged = self.shard(bank, key).write().purge(tier, key, bit);
+            let purged = self
+                .shard(bank, key)
+                .write()
+                .purge(tier, key, bit, &bank.runs);
             if purged {
                 if let Some(live) = slot.live.get_mut(tier) {
                     *live -= 1;
@@ -474,7 +658,10 @@ impl SharedIndex {
         let mut slot = slot.lock();
         let mut stats = WriteStats::default();
         for key in keys {
-            let effect = self.shard(bank, key.0).write().remove(tier, key.0, bit);
+            let effect = self
+                .shard(bank, key.0)
+                .write()
+                .remove(tier, key.0, bit, &bank.runs);
             match effect {
                 RemoveEffect::Removed => {
                     stats.removed += 1;
@@ -537,14 +724,15 @@ impl SharedIndex {
                         for keys in group.chunks(PURGE_BATCH) {
                             let mut guard = shard.write();
                             for (_, key) in keys {
-                                stats.cleared += u64::from(guard.purge(tier, *key, bit));
+                                stats.cleared +=
+                                    u64::from(guard.purge(tier, *key, bit, &bank.runs));
                             }
                         }
                     }
                 }
                 _ => {
                     for shard in bank.shards.iter() {
-                        stats.cleared += purge_scanned(&shard.0, tier, bit, &mut batch);
+                        stats.cleared += purge_scanned(&shard.0, tier, bit, &mut batch, &bank.runs);
                     }
                 }
             }
@@ -617,7 +805,12 @@ impl SharedIndex {
             .iter()
             .flat_map(|b| b.shards.iter())
             .map(|s| s.0.read().allocation_bytes() + std::mem::size_of::<PaddedShard>())
-            .sum();
+            .sum::<usize>()
+            + self
+                .banks
+                .iter()
+                .map(|b| b.runs.allocation_bytes())
+                .sum::<usize>();
         let rings: usize = self
             .endpoints
             .iter()
@@ -652,8 +845,15 @@ impl SharedIndex {
 
     /// Looks up the tier masks of `chunk` in `bank`, taking each shard's read lock
     /// once: keys are bucketed by shard (a counting sort on the stack) and visited
-    /// shard by shard; `masks[i]` receives key `i`'s masks.
-    fn lookup_chunk(&self, bank: &Bank, chunk: &[BlockKey], masks: &mut [[u64; 4]; SCORE_CHUNK]) {
+    /// shard by shard; `masks[i]` receives key `i`'s masks, and `hints[i]`
+    /// (if given) its run's jump data (`len` 0: none).
+    fn lookup_chunk(
+        &self,
+        bank: &Bank,
+        chunk: &[BlockKey],
+        masks: &mut [[u64; 4]; SCORE_CHUNK],
+        mut hints: Option<&mut [RunHint; SCORE_CHUNK]>,
+    ) {
         let mut shard_of = [0u16; SCORE_CHUNK];
         let mut starts = [0u16; SORT_BUCKETS + 1];
         for (slot, key) in shard_of.iter_mut().zip(chunk) {
@@ -694,38 +894,83 @@ impl SharedIndex {
                     &mut held.insert((*s, lock.read())).1
                 }
             };
-            *dst = guard.masks(key.0);
+            match hints.as_deref_mut().and_then(|h| h.get_mut(i)) {
+                Some(hint) => {
+                    let (m, run) = guard.masks_and_run(key.0);
+                    *dst = m;
+                    // Read under the shard lock: the entry naming the run
+                    // keeps its slot from being reused meanwhile.
+                    *hint = run
+                        .and_then(|(r, owner)| bank.runs.hint(r, owner))
+                        .unwrap_or_default();
+                }
+                None => *dst = guard.masks(key.0),
+            }
         }
+    }
+
+    /// One key looked up alone: its masks and run jump data.
+    #[inline]
+    fn lookup_one(&self, bank: &Bank, key: u64) -> ([u64; 4], RunHint) {
+        let guard = self.shard(bank, key).read();
+        let (masks, run) = guard.masks_and_run(key);
+        let hint = run
+            .and_then(|(r, owner)| bank.runs.hint(r, owner))
+            .unwrap_or_default();
+        (masks, hint)
     }
 
     /// The prefix-only walk of one bank ([`InventoryView::score_prefix`]).
     ///
-    /// Keys are visited in prompt order: the first [`DIRECT_LOOKUPS`] one at a
-    /// time (a prompt nobody holds costs one lookup), the rest in shard-sorted
-    /// chunks of 64, then [`SCORE_CHUNK`] keys, so a long match still takes
-    /// each shard lock about once per chunk. The walk ends when no endpoint of
-    /// the bank still matches from block 0: keys are chained, so nothing after
-    /// that point can extend any endpoint's prefix.
+    /// Keys are visited in prompt order: [`DIRECT_LOOKUPS`] lookups one key at
+    /// a time (a prompt nobody holds costs one), then shard-sorted chunks of
+    /// [`SCORE_CHUNK`] keys, so a long match shared by many endpoints takes
+    /// each shard lock about once per chunk. Once a single endpoint still
+    /// matches and the key names one of its valid runs, the walk jumps to
+    /// the run's last member if the prompt holds it further on (see
+    /// [`SharedIndex::store_chain`]), then looks the next key up alone. The
+    /// walk ends when no endpoint of the bank still matches from block 0.
     fn score_bank_prefix(&self, bank: &Bank, keys: &[BlockKey], out: &mut [Overlap]) {
         let n = out.len().min(BANK_WIDTH);
         let out = out.get_mut(..n).unwrap_or_default();
         let mut walk = PrefixWalk::new(bank.active & !bank.hidden.load(Ordering::Acquire), out);
-        let direct = keys.len().min(DIRECT_LOOKUPS);
-        for (j, key) in keys.iter().take(direct).enumerate() {
-            if walk.alive == 0 {
-                break;
+        let mut at = 0;
+        let mut failed = u32::MAX;
+        let mut lookups = 0;
+        while walk.alive != 0 && at < keys.len() && lookups < DIRECT_LOOKUPS {
+            lookups += 1;
+            match self.direct_step(bank, keys, at, &mut walk, &mut failed) {
+                Some(next) => at = next,
+                None => break,
             }
-            let masks = self.shard(bank, key.0).read().masks(key.0);
-            walk.visit(j, masks);
         }
-        if walk.alive != 0 && keys.len() > direct {
-            self.prefix_chunks(bank, keys, direct, &mut walk);
+        if walk.alive != 0 && at < keys.len() {
+            self.prefix_chunks(bank, keys, at, &mut walk, &mut failed);
         }
         walk.finish(keys.len());
     }
 
+    /// Visits key `at` alone; the next position to visit, or `None` once no
+    /// endpoint is left.
+    #[inline]
+    fn direct_step(
+        &self,
+        bank: &Bank,
+        keys: &[BlockKey],
+        at: usize,
+        walk: &mut PrefixWalk<'_>,
+        failed: &mut u32,
+    ) -> Option<usize> {
+        let key = keys.get(at)?;
+        let (masks, hint) = self.lookup_one(bank, key.0);
+        if !walk.visit(at, masks) {
+            return None;
+        }
+        Some(jump_target(keys, at, &hint, walk.alive, failed).unwrap_or(at) + 1)
+    }
+
     /// The chunked part of [`Self::score_bank_prefix`], from key `start` on; its
-    /// own frame so the short walks never initialise the lookup buffer.
+    /// own frame so the short walks never initialise the lookup buffers.
     #[inline(never)]
     fn prefix_chunks(
         &self,
@@ -733,21 +978,48 @@ impl SharedIndex {
         keys: &[BlockKey],
         start: usize,
         walk: &mut PrefixWalk<'_>,
+        failed: &mut u32,
     ) {
         let mut masks = [[0u64; 4]; SCORE_CHUNK];
+        let mut hints = [RunHint::default(); SCORE_CHUNK];
         let mut start = start;
-        let mut step = 64usize.min(SCORE_CHUNK);
-        while walk.alive != 0 && start < keys.len() {
-            let end = start.saturating_add(step).min(keys.len());
+        'walk: while walk.alive != 0 && start < keys.len() {
+            let end = start.saturating_add(SCORE_CHUNK).min(keys.len());
             let chunk = keys.get(start..end).unwrap_or_default();
-            self.lookup_chunk(bank, chunk, &mut masks);
-            for (j, m) in masks.iter().take(chunk.len()).enumerate() {
-                if !walk.visit(start + j, *m) {
+            self.lookup_chunk(bank, chunk, &mut masks, Some(&mut hints));
+            let mut j = 0;
+            while j < chunk.len() {
+                let (Some(m), Some(h)) = (masks.get(j), hints.get(j)) else {
                     break;
+                };
+                if !walk.visit(start + j, *m) {
+                    break 'walk;
                 }
+                let Some(last) = jump_target(keys, start + j, h, walk.alive, failed) else {
+                    j += 1;
+                    continue;
+                };
+                if last + 1 < end {
+                    j = last + 1 - start;
+                    continue;
+                }
+                // Past this chunk: the key after a run usually heads the
+                // next one, so look keys up alone while jumps keep coming.
+                let mut next = last + 1;
+                while walk.alive != 0 && next < keys.len() {
+                    let before = next;
+                    match self.direct_step(bank, keys, next, walk, failed) {
+                        Some(after) => next = after,
+                        None => break 'walk,
+                    }
+                    if next == before + 1 {
+                        break;
+                    }
+                }
+                start = next;
+                continue 'walk;
             }
             start = end;
-            step = SCORE_CHUNK;
         }
     }
 
@@ -759,7 +1031,7 @@ impl SharedIndex {
         if active != 0 {
             let mut masks = [[0u64; 4]; SCORE_CHUNK];
             for chunk in keys.chunks(SCORE_CHUNK) {
-                self.lookup_chunk(bank, chunk, &mut masks);
+                self.lookup_chunk(bank, chunk, &mut masks, None);
                 for &[gpu, cpu, disk, ext] in masks.iter().take(chunk.len()) {
                     let any = (gpu | cpu | disk | ext) & active;
                     blocks.add(any);
@@ -790,6 +1062,92 @@ impl SharedIndex {
             }
             overlap.prefix = overlap.prefix_by_medium.iter().sum();
             *slot = overlap;
+        }
+    }
+}
+
+/// A run being written by one `store_chain` call.
+#[derive(Clone, Copy)]
+struct OpenRun {
+    run: u32,
+    /// Members attached so far (published ones included).
+    len: u32,
+    /// Last member.
+    end: u64,
+    /// Reserved member references not used yet (at least one until
+    /// published, so the slot cannot be freed and reused under the writer).
+    left: u32,
+}
+
+/// Run bookkeeping of one `store_chain` call.
+#[derive(Default)]
+struct ChainWriter {
+    cur: Option<OpenRun>,
+    /// The previous key, stored by this endpoint alone and in no run: it can
+    /// head a run if the next key joins it.
+    pending: Option<u64>,
+}
+
+impl ChainWriter {
+    /// `key` (whose shard `g` is locked) was just inserted with this endpoint
+    /// as its only holder: attach it to the open run, or start one headed by
+    /// the pending key (returned: the caller attaches it after releasing `g`).
+    fn join(
+        &mut self,
+        g: &mut Shard,
+        runs: &RunTable,
+        key: u64,
+        bit: u32,
+        remaining: u32,
+    ) -> Option<u64> {
+        if let Some(c) = &mut self.cur {
+            if c.len < MAX_RUN && c.left > 1 && g.attach_run(key, bit, c.run) {
+                c.len += 1;
+                c.end = key;
+                c.left -= 1;
+                return None;
+            }
+        }
+        self.close(runs);
+        let Some(head) = self.pending.take() else {
+            self.pending = Some(key);
+            return None;
+        };
+        // This key and the rest of the call, the head, one held back.
+        let reserve = remaining.saturating_add(2);
+        let Some(run) = runs.alloc(bit, reserve) else {
+            self.pending = Some(key);
+            return None;
+        };
+        let mut open = OpenRun {
+            run,
+            len: 0,
+            end: key,
+            left: reserve,
+        };
+        if g.attach_run(key, bit, run) {
+            open.len = 1;
+            open.left -= 1;
+        }
+        self.cur = Some(open);
+        Some(head)
+    }
+
+    fn run_id(&self) -> u32 {
+        self.cur.map_or(u32::MAX, |c| c.run)
+    }
+
+    fn head_attached(&mut self) {
+        if let Some(c) = &mut self.cur {
+            c.len += 1;
+            c.left = c.left.saturating_sub(1);
+        }
+    }
+
+    /// Publishes the open run, if any.
+    fn close(&mut self, runs: &RunTable) {
+        if let Some(c) = self.cur.take() {
+            runs.finish(c.run, c.end, c.len, c.left);
         }
     }
 }
@@ -906,17 +1264,51 @@ impl<'o> PrefixWalk<'o> {
     }
 }
 
+/// The last position the walk may credit after visiting key `at`: the
+/// position of the run's last member if only the run's owner still matches
+/// and the prompt holds that key within the run's length (equal chained
+/// keys have equal histories, so every key between is a member). `None`
+/// (and `failed` set, so later members do not rescan) when the prompt leaves
+/// the run first.
+#[inline]
+fn jump_target(
+    keys: &[BlockKey],
+    at: usize,
+    hint: &RunHint,
+    alive: u64,
+    failed: &mut u32,
+) -> Option<usize> {
+    if hint.len < 2 || alive != 1u64 << (hint.owner & 63) || hint.run == *failed {
+        return None;
+    }
+    let window = keys.get(at + 1..)?;
+    let window = window.get(..window.len().min(hint.len as usize - 1))?;
+    match window.iter().position(|k| k.0 == hint.end) {
+        Some(p) => Some(at + 1 + p),
+        None => {
+            *failed = hint.run;
+            None
+        }
+    }
+}
+
 /// Purges endpoint `bit`'s keys of `tier` from one shard: the keys are collected
 /// under the read lock (readers keep going), then dropped [`PURGE_BATCH`] at a
 /// time under the write lock, so a reader waits for at most one batch.
-fn purge_scanned(shard: &RwLock<Shard>, tier: usize, bit: u32, batch: &mut Vec<u64>) -> u64 {
+fn purge_scanned(
+    shard: &RwLock<Shard>,
+    tier: usize,
+    bit: u32,
+    batch: &mut Vec<u64>,
+    runs: &RunTable,
+) -> u64 {
     batch.clear();
     shard.read().collect_keys(tier, bit, batch);
     let mut purged = 0;
     for keys in batch.chunks(PURGE_BATCH) {
         let mut guard = shard.write();
         for key in keys {
-            purged += u64::from(guard.purge(tier, *key, bit));
+            purged += u64::from(guard.purge(tier, *key, bit, runs));
         }
     }
     purged

@@ -15,6 +15,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use hashbrown::{HashMap, HashTable};
 
+use super::runs::{RunTable, RUN_ID_BITS};
+
 /// Finalizer of MurmurHash3: block keys are already hashes, but tests and some
 /// engines use small or sequential keys, which this spreads over all bits.
 #[inline]
@@ -68,10 +70,27 @@ type DupKey = (u64, u32);
 pub(crate) const INLINE_HOLDERS: u32 = 4;
 const SPILLED: u32 = 1 << 31;
 const COUNT_SHIFT: u32 = 24;
+/// A single-holder code keeps `run id + 1` in the bits of the unused holder
+/// slots (see `runs.rs`); other codes never name a run.
+const RUN_SHIFT: u32 = 6;
+const RUN_BITS_MASK: u32 = ((1 << RUN_ID_BITS) - 1) << RUN_SHIFT;
+const SOLE: u32 = 1 << COUNT_SHIFT;
+
+/// The run a code names, if any.
+#[inline]
+pub(crate) fn run_of(code: u32) -> Option<u32> {
+    if code & !(RUN_BITS_MASK | 63) != SOLE {
+        return None;
+    }
+    ((code & RUN_BITS_MASK) >> RUN_SHIFT).checked_sub(1)
+}
 
 /// Result of storing one (endpoint, tier, key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StoreEffect {
+    /// The key had no entry in the tier; the endpoint is now its only holder
+    /// (so it may join a run).
+    InsertedSole,
     /// The key was absent for this endpoint and tier; it is now present.
     Inserted,
     /// Already present: only the reference count went up.
@@ -201,29 +220,23 @@ impl TierTable {
             .map_or(0, |e| self.decode(e.code))
     }
 
-    /// Sets `flag` for `key`; false if it was already set.
-    fn set(&mut self, key: u64, flag: u64) -> bool {
-        let old = match self
-            .entries
-            .find(entry_hash(key), |e| e.key() == key)
-            .map(|e| e.code)
-        {
-            Some(code) => {
-                let mask = self.decode(code);
-                if mask & flag != 0 {
-                    return false;
-                }
-                Some((code, mask))
-            }
-            None => None,
-        };
+    /// Sets `flag` for `key`: `None` if it was already set, else whether the
+    /// key is new to the table, and the run its old code named (a second
+    /// holder ends a run's claim on the entry).
+    fn set(&mut self, key: u64, flag: u64) -> Option<(bool, Option<u32>)> {
         let hash = entry_hash(key);
+        let old = self.entries.find(hash, |e| e.key() == key).map(|e| e.code);
         match old {
-            Some((old_code, mask)) => {
+            Some(old_code) => {
+                let mask = self.decode(old_code);
+                if mask & flag != 0 {
+                    return None;
+                }
                 let code = self.encode(mask | flag, Some(old_code));
                 if let Some(e) = self.entries.find_mut(hash, |e| e.key() == key) {
                     e.code = code;
                 }
+                Some((false, run_of(old_code)))
             }
             None => {
                 let code = self.encode(flag, None);
@@ -236,26 +249,38 @@ impl TierTable {
                     },
                     rehash,
                 );
+                Some((true, None))
             }
         }
+    }
+
+    /// Names `run` in `key`'s entry if `flag` is its only holder and it names
+    /// no run yet.
+    fn attach(&mut self, key: u64, flag: u64, run: u32) -> bool {
+        let Some(e) = self.entries.find_mut(entry_hash(key), |e| e.key() == key) else {
+            return false;
+        };
+        let sole = SOLE | flag.trailing_zeros();
+        if e.code != sole || run >= (1 << RUN_ID_BITS) - 1 {
+            return false;
+        }
+        e.code = sole | ((run + 1) << RUN_SHIFT);
         true
     }
 
-    /// Clears `flag` for `key`; false if it was not set.
-    fn unset(&mut self, key: u64, flag: u64) -> bool {
-        let Some(code) = self
+    /// Clears `flag` for `key`: `None` if it was not set, else the run the
+    /// entry named, which it no longer does.
+    fn unset(&mut self, key: u64, flag: u64) -> Option<Option<u32>> {
+        let hash = entry_hash(key);
+        let code = self
             .entries
-            .find(entry_hash(key), |e| e.key() == key)
-            .map(|e| e.code)
-        else {
-            return false;
-        };
+            .find(hash, |e| e.key() == key)
+            .map(|e| e.code)?;
         let mask = self.decode(code);
         if mask & flag == 0 {
-            return false;
+            return None;
         }
         let rest = mask & !flag;
-        let hash = entry_hash(key);
         if rest == 0 {
             if let Ok(entry) = self.entries.find_entry(hash, |e| e.key() == key) {
                 entry.remove();
@@ -278,7 +303,7 @@ impl TierTable {
                 e.code = new;
             }
         }
-        true
+        Some(run_of(code))
     }
 
     fn allocation_bytes(&self) -> usize {
@@ -310,20 +335,67 @@ impl Shard {
         out
     }
 
-    pub(crate) fn store(&mut self, tier: usize, key: u64, bit: u32) -> StoreEffect {
+    /// Like [`Self::masks`], plus the run the GPU entry names and its holder
+    /// bit, if any.
+    #[inline]
+    pub(crate) fn masks_and_run(&self, key: u64) -> ([u64; 4], Option<(u32, u32)>) {
+        let mut out = [0u64; 4];
+        let mut run = None;
+        let mut tables = self.tiers.iter();
+        if let Some(gpu) = tables.next() {
+            if !gpu.entries.is_empty() {
+                if let Some(e) = gpu.entries.find(entry_hash(key), |e| e.key() == key) {
+                    out[0] = gpu.decode(e.code);
+                    run = run_of(e.code).map(|r| (r, e.code & 63));
+                }
+            }
+        }
+        for (slot, table) in out.iter_mut().skip(1).zip(tables) {
+            *slot = table.mask(key);
+        }
+        (out, run)
+    }
+
+    /// See `TierTable::attach` (GPU tier only).
+    pub(crate) fn attach_run(&mut self, key: u64, bit: u32, run: u32) -> bool {
+        self.tiers
+            .first_mut()
+            .is_some_and(|t| t.attach(key, 1u64 << (bit & 63), run))
+    }
+
+    pub(crate) fn store(
+        &mut self,
+        tier: usize,
+        key: u64,
+        bit: u32,
+        runs: &RunTable,
+    ) -> StoreEffect {
         let flag = 1u64 << (bit & 63);
         let Some(table) = self.tiers.get_mut(tier) else {
             return StoreEffect::Duplicate;
         };
-        if table.set(key, flag) {
-            return StoreEffect::Inserted;
+        if let Some((fresh, lost)) = table.set(key, flag) {
+            if let Some(run) = lost {
+                runs.member_lost(run);
+            }
+            return if fresh {
+                StoreEffect::InsertedSole
+            } else {
+                StoreEffect::Inserted
+            };
         }
         let count = self.dups.entry(dup_key(key, bit, tier)).or_insert(0);
         *count = count.saturating_add(1);
         StoreEffect::Duplicate
     }
 
-    pub(crate) fn remove(&mut self, tier: usize, key: u64, bit: u32) -> RemoveEffect {
+    pub(crate) fn remove(
+        &mut self,
+        tier: usize,
+        key: u64,
+        bit: u32,
+        runs: &RunTable,
+    ) -> RemoveEffect {
         let flag = 1u64 << (bit & 63);
         let Some(table) = self.tiers.get_mut(tier) else {
             return RemoveEffect::Absent;
@@ -342,18 +414,22 @@ impl Shard {
                 return RemoveEffect::Decremented;
             }
         }
-        table.unset(key, flag);
+        if let Some(Some(run)) = table.unset(key, flag) {
+            runs.member_lost(run);
+        }
         RemoveEffect::Removed
     }
 
     /// Drops (endpoint, tier, key) whatever its reference count; true if it was present.
-    pub(crate) fn purge(&mut self, tier: usize, key: u64, bit: u32) -> bool {
+    pub(crate) fn purge(&mut self, tier: usize, key: u64, bit: u32, runs: &RunTable) -> bool {
         let flag = 1u64 << (bit & 63);
         let Some(table) = self.tiers.get_mut(tier) else {
             return false;
         };
-        if !table.unset(key, flag) {
-            return false;
+        match table.unset(key, flag) {
+            None => return false,
+            Some(Some(run)) => runs.member_lost(run),
+            Some(None) => {}
         }
         if !self.dups.is_empty() && self.dups.remove(&dup_key(key, bit, tier)).is_some() {
             self.shrink_dups();
@@ -429,10 +505,10 @@ mod tests {
         for (step, bit) in bits.iter().enumerate() {
             let flag = 1u64 << bit;
             if step < 7 {
-                assert!(table.set(77, flag));
+                assert!(table.set(77, flag).is_some());
                 naive |= flag;
             } else {
-                assert!(table.unset(77, flag));
+                assert!(table.unset(77, flag).is_some());
                 naive &= !flag;
             }
             assert_eq!(table.mask(77), naive, "step {step}");
