@@ -37,11 +37,11 @@ pub struct PromptEmbedsDigest {
 mod hex32 {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(v: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(v: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(&crate::Digest::from_32(*v))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
         let text = String::deserialize(d)?;
         let mut out = [0u8; 32];
         match crate::digest::decode_hex_into(&text, &mut out) {

@@ -38,6 +38,7 @@
 //! * [`vllm`], [`sglang`], [`trtllm`], [`rekey`]: the engines' raw rules.
 //! * `golden` (feature `parity`): checkers for the golden hash-vector files (`kvroute parity`).
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 #![forbid(unsafe_code)]
 
 pub mod contract;

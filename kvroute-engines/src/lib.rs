@@ -67,6 +67,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod events;
 mod load_report;

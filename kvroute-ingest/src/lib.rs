@@ -42,6 +42,7 @@
 //! assert_eq!(ingest.counters().clears, 1);
 //! ```
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod attest;
 pub mod event;

@@ -59,6 +59,7 @@
 //! ([`KeysError::ExtraNotSupported`]) and the decision records the miss
 //! [`MissReason::ExtrasUnsupported`] instead of predicting hits with wrong keys.
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 mod affinity;
 mod bounded;

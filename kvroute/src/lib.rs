@@ -103,6 +103,7 @@
 //! | `response_body_filter` | [`receipt::UsageScanner::feed`] each chunk; [`kvroute_select::LoadGuard::first_byte`] on the first |
 //! | `logging` | [`receipt::UsageScanner::finish`] → [`Pick::record_receipt`]; drop the `Pick` (releases the load charge, also on errors and disconnects) |
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod admission;
 mod backend;
