@@ -108,3 +108,76 @@ async fn off_the_engine_gets_the_text() {
     assert_eq!(stats["completion_prompts_text"], 1, "{stats}");
     assert_eq!(stats["completion_prompts_ids"], 0, "{stats}");
 }
+
+fn forward_rule(topology: &str) -> String {
+    kv_rule("kv", topology).trim_end().to_owned() + "\nforward_token_ids = true\n\n"
+}
+
+async fn token_id_metric(gw: &Gateway, outcome: &str) -> u64 {
+    let metrics = client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prefix = format!("kvroute_prompt_token_ids_total{{rule=\"kv\",outcome=\"{outcome}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{prefix} in\n{metrics}"))
+}
+
+/// The mock engine (kvroute-engines' own prompt pipeline) takes id prompts:
+/// its receipt for the forwarded ids equals the gateway's prediction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mock_engine_takes_the_ids_with_the_predicted_receipt() {
+    let engine = Engine::start("both");
+    let config = format!(
+        "{}{}{}",
+        config_head("[health]\ninterval_ms = 0\n"),
+        forward_rule("converged"),
+        engine.endpoint_toml("both")
+    );
+    let gw = Gateway::start(&config);
+    wait_subscribed(&gw).await;
+    let p = prompt("mock-ids", 80);
+    let (status, v) = complete(&gw, &p, 2).await;
+    assert_eq!((status, cached_tokens(&v)), (200, 0), "{v}");
+    eventually("the mock engine's blocks in the inventory", || async {
+        (inventory(&gw).await[0] > 0).then_some(())
+    })
+    .await;
+    let (status, v) = complete(&gw, &p, 2).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(cached_tokens(&v) >= 48, "{v}");
+    let eps = endpoints(&gw).await;
+    assert_eq!(
+        eps[0]["predicted_cached_tokens"], eps[0]["delivered_cached_tokens"],
+        "{eps:?}"
+    );
+    assert_eq!(token_id_metric(&gw, "forwarded").await, 2);
+}
+
+/// A P/D two-step builds both legs from the client's body: text, counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_decode_legs_go_as_text() {
+    let prefill = Engine::start("prefill");
+    let decode = Engine::start("decode");
+    let config = format!(
+        "{}{}{}[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n",
+        config_head("[health]\ninterval_ms = 0\n"),
+        forward_rule("prefill_decode"),
+        prefill.endpoint_toml("prefill"),
+        decode.http
+    );
+    let gw = Gateway::start(&config);
+    wait_subscribed(&gw).await;
+    let (status, v) = complete(&gw, &prompt("pd-ids", 40), 3).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+    assert_eq!(token_id_metric(&gw, "prefill_decode").await, 1);
+    assert_eq!(token_id_metric(&gw, "forwarded").await, 0);
+}
