@@ -85,3 +85,71 @@ fn bench_gateway_table_names_both_paths() {
         assert!(stdout.contains(want), "want {want:?} in\n{stdout}");
     }
 }
+
+/// `--fresh`: fresh long chats through relays that time the first upstream
+/// byte; every request of both runs is answered and seen by a relay, and the
+/// report has the added latency beside a single-threaded tokenization.
+#[test]
+fn bench_gateway_fresh_reports_the_first_upstream_byte_of_both_paths() {
+    let requests = 4;
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args([
+            "bench",
+            "gateway",
+            "--fresh",
+            "--prompt-tokens",
+            "6000",
+            "--tokenizer-threads",
+            "2",
+            "--engines",
+            "2",
+            "--concurrency",
+            "2",
+            "--requests",
+            &requests.to_string(),
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    for path in ["direct", "gateway"] {
+        assert_eq!(report[path]["valid"], requests, "{path}: {report}");
+        assert_eq!(report[path]["errors"], 0, "{path}: {report}");
+    }
+    let fresh = &report["fresh"];
+    assert_eq!(fresh["unmatched"], 0, "{fresh}");
+    assert_eq!(fresh["tokenizer_threads"], 2, "{fresh}");
+    let tokens = fresh["prompt_tokens"].as_u64().unwrap();
+    assert!((5_000..7_500).contains(&tokens), "{fresh}");
+    for f in [
+        "direct_first_byte_p50_ms",
+        "direct_first_byte_p99_ms",
+        "gateway_first_byte_p50_ms",
+        "gateway_first_byte_p99_ms",
+        "tokenize_single_ms",
+    ] {
+        let v = fresh[f].as_f64().unwrap_or_else(|| panic!("{f}: {fresh}"));
+        assert!(v.is_finite() && v > 0.0, "{f} = {v}: {fresh}");
+    }
+    for (p, q) in [("p50", "p99")] {
+        for side in ["direct", "gateway"] {
+            let lo = fresh[format!("{side}_first_byte_{p}_ms")].as_f64().unwrap();
+            let hi = fresh[format!("{side}_first_byte_{q}_ms")].as_f64().unwrap();
+            assert!(hi >= lo, "{side}: {fresh}");
+        }
+    }
+    let added = fresh["added_first_byte_p50_ms"].as_f64().unwrap();
+    let ratio = fresh["added_p50_ratio"].as_f64().unwrap();
+    let single = fresh["tokenize_single_ms"].as_f64().unwrap();
+    assert!((ratio * single - added).abs() < 1e-6, "{fresh}");
+    // Fresh documents: no request found a cached prefix, every one was routed.
+    assert_eq!(report["decisions"]["kv_exact"], 0, "{report}");
+    assert_eq!(report["gateway_proxied"], requests, "{report}");
+}

@@ -52,6 +52,11 @@ fn bench_prompt_writes_every_field_per_size_and_thread_count() {
         "score_ms",
         "single_ratio",
         "parallel_ratio",
+        "pipelined_ms",
+        "pipelined_ratio",
+        "tail_hash_ms",
+        "score_hit_ms",
+        "decision_after_ids_ms",
     ];
     for (row, (size, threads)) in rows.iter().zip([(64, 1), (64, 2), (400, 1), (400, 2)]) {
         assert_eq!(row["threads"], threads, "{row}");
@@ -68,6 +73,12 @@ fn bench_prompt_writes_every_field_per_size_and_thread_count() {
                 .unwrap_or_else(|| panic!("{f} missing: {row}"));
             assert!(v.is_finite() && v > 0.0, "{f} = {v}: {row}");
         }
+        // Chat template segments plus the user message: several parts even
+        // when nothing is long enough to split.
+        assert!(row["pipeline_parts"].as_u64().unwrap() > 1, "{row}");
+        let tail = row["tail_hash_ms"].as_f64().unwrap();
+        let decision = row["decision_after_ids_ms"].as_f64().unwrap();
+        assert!(decision >= tail, "{row}");
         let parts: f64 = ["parse_ms", "render_ms", "tokenize_ms", "hash_ms"]
             .iter()
             .map(|f| row[f].as_f64().unwrap())

@@ -15,6 +15,8 @@ pub struct Job {
     pub url: String,
     /// Body bytes.
     pub body: Vec<u8>,
+    /// Sent as the relay's `x-bench-id` header when set.
+    pub id: Option<u64>,
 }
 
 /// What one run measured.
@@ -39,7 +41,7 @@ pub struct RunStats {
 }
 
 /// Nearest-rank percentile of sorted samples, milliseconds.
-fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+pub fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -68,9 +70,13 @@ fn check_answer(body: &[u8]) -> Result<(), String> {
 }
 
 async fn one(client: &reqwest::Client, job: &Job) -> Result<(), String> {
-    let resp = client
+    let mut req = client
         .post(&job.url)
-        .header("content-type", "application/json")
+        .header("content-type", "application/json");
+    if let Some(id) = job.id {
+        req = req.header(super::relay::ID_HEADER, id.to_string());
+    }
+    let resp = req
         .body(job.body.clone())
         .send()
         .await
@@ -88,7 +94,17 @@ async fn one(client: &reqwest::Client, job: &Job) -> Result<(), String> {
 
 /// Sends every job once with `concurrency` clients in a closed loop.
 pub async fn run(client: &reqwest::Client, jobs: Arc<Vec<Job>>, concurrency: usize) -> RunStats {
+    run_with_starts(client, jobs, concurrency).await.0
+}
+
+/// [`run`], also returning when each job (by index) was sent.
+pub async fn run_with_starts(
+    client: &reqwest::Client,
+    jobs: Arc<Vec<Job>>,
+    concurrency: usize,
+) -> (RunStats, Vec<Option<Instant>>) {
     let next = Arc::new(AtomicUsize::new(0));
+    let starts = Arc::new(Mutex::new(vec![None; jobs.len()]));
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(jobs.len())));
     let errors = Arc::new(Mutex::new((0usize, None::<String>)));
     let started = Instant::now();
@@ -96,9 +112,15 @@ pub async fn run(client: &reqwest::Client, jobs: Arc<Vec<Job>>, concurrency: usi
     for _ in 0..concurrency.max(1) {
         let (client, jobs, next) = (client.clone(), Arc::clone(&jobs), Arc::clone(&next));
         let (latencies, errors) = (Arc::clone(&latencies), Arc::clone(&errors));
+        let starts = Arc::clone(&starts);
         clients.push(tokio::spawn(async move {
-            while let Some(job) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
                 let t = Instant::now();
+                if let Some(slot) = starts.lock().get_mut(i) {
+                    *slot = Some(t);
+                }
                 match one(&client, job).await {
                     Ok(()) => latencies.lock().push(t.elapsed()),
                     Err(e) => {
@@ -127,7 +149,8 @@ pub async fn run(client: &reqwest::Client, jobs: Arc<Vec<Job>>, concurrency: usi
     } else {
         0.0
     };
-    RunStats {
+    let starts = std::mem::take(&mut *starts.lock());
+    let stats = RunStats {
         requests: jobs.len(),
         valid: lat.len(),
         errors,
@@ -136,7 +159,8 @@ pub async fn run(client: &reqwest::Client, jobs: Arc<Vec<Job>>, concurrency: usi
         requests_per_second,
         p50_ms: percentile_ms(&lat, 50.0),
         p99_ms: percentile_ms(&lat, 99.0),
-    }
+    };
+    (stats, starts)
 }
 
 #[cfg(test)]

@@ -11,9 +11,23 @@
 //! ```text
 //! kvroute bench gateway --engines 4 --concurrency 64 --requests 20000
 //! ```
+//!
+//! `--fresh` sends fresh long chat prompts instead (`--prompt-tokens`, a new
+//! document per request, so neither the gateway's span cache nor any engine
+//! holds a prefix of it) through a relay in front of each engine that notes
+//! when each request's first byte arrives ([`relay`]): the report gives the
+//! latency before the first upstream byte, p50 / p99, direct and through the
+//! gateway (which parses, renders, tokenizes on `--tokenizer-threads`, hashes
+//! and scores first), beside a single-threaded tokenization of the same text.
+//!
+//! ```text
+//! kvroute bench gateway --fresh --prompt-tokens 32768 --tokenizer-threads 2 \
+//!     --engines 2 --concurrency 1 --requests 20
+//! ```
 
 mod load;
 mod prompt;
+mod relay;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -84,6 +98,18 @@ pub struct GatewayBenchArgs {
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Fresh long chat prompts of `--prompt-tokens` tokens (a new document
+    /// each) instead of short shared-prefix completions; reports the latency
+    /// before the first upstream byte.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Prompt size of `--fresh`, tokens (approximate: sized by a calibration
+    /// encode; the report gives the count).
+    #[arg(long, default_value_t = 32_768)]
+    pub prompt_tokens: usize,
+    /// The gateway's `limits.tokenizer_threads` (default: the config's).
+    #[arg(long)]
+    pub tokenizer_threads: Option<usize>,
 }
 
 /// The whole report.
@@ -107,6 +133,38 @@ pub struct GatewayBenchReport {
     pub gateway_proxied: u64,
     /// Gateway decisions by ladder tier.
     pub decisions: serde_json::Map<String, serde_json::Value>,
+    /// `--fresh`: latency before the first upstream byte.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fresh: Option<FreshReport>,
+}
+
+/// What `--fresh` adds to the report; times in ms.
+#[derive(Debug, Serialize)]
+pub struct FreshReport {
+    /// Tokens of a prompt (median of the sampled requests).
+    pub prompt_tokens: usize,
+    /// The gateway's `limits.tokenizer_threads`.
+    pub tokenizer_threads: usize,
+    /// Client send → first byte at the engine, straight to the engines.
+    pub direct_first_byte_p50_ms: f64,
+    /// 99th percentile of the same.
+    pub direct_first_byte_p99_ms: f64,
+    /// Client send → first byte at the engine, through the gateway.
+    pub gateway_first_byte_p50_ms: f64,
+    /// 99th percentile of the same.
+    pub gateway_first_byte_p99_ms: f64,
+    /// gateway − direct, p50.
+    pub added_first_byte_p50_ms: f64,
+    /// gateway − direct, p99.
+    pub added_first_byte_p99_ms: f64,
+    /// A plain single-threaded `Tokenizer::encode` of a request's rendered
+    /// prompt, in this process (the mean of two medians of up to 5 requests'
+    /// prompts, timed right before and right after the gateway run).
+    pub tokenize_single_ms: f64,
+    /// `added_first_byte_p50_ms / tokenize_single_ms`.
+    pub added_p50_ratio: f64,
+    /// Requests whose first byte the relays did not see (0 when all went well).
+    pub unmatched: usize,
 }
 
 /// Runs `kvroute bench ...`.
@@ -125,7 +183,12 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(bench_gateway(g)) {
+    let result = if g.fresh {
+        runtime.block_on(bench_gateway_fresh(g))
+    } else {
+        runtime.block_on(bench_gateway(g))
+    };
+    match result {
         Ok(report) => {
             if g.json {
                 match serde_json::to_string_pretty(&report) {
@@ -138,7 +201,8 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             } else {
                 print!("{}", render(&report));
             }
-            if report.direct.errors + report.gateway.errors > 0 {
+            let unmatched = report.fresh.as_ref().map_or(0, |f| f.unmatched);
+            if report.direct.errors + report.gateway.errors + unmatched > 0 {
                 ExitCode::FAILURE
             } else {
                 ExitCode::SUCCESS
@@ -219,17 +283,31 @@ async fn start_engines(
 }
 
 fn gateway_toml(model_dir: &Path, engines: &[mock_engine::Running]) -> String {
+    let urls: Vec<_> = engines.iter().map(|e| e.http).collect();
+    gateway_toml_with(model_dir, engines, &urls, None)
+}
+
+/// The bench gateway's configuration: `engines`' events, requests sent to
+/// `urls` (the engines or relays in front of them, in the same order).
+fn gateway_toml_with(
+    model_dir: &Path,
+    engines: &[mock_engine::Running],
+    urls: &[std::net::SocketAddr],
+    tokenizer_threads: Option<usize>,
+) -> String {
+    let limits = tokenizer_threads
+        .map(|n| format!("[limits]\ntokenizer_threads = {n}\n"))
+        .unwrap_or_default();
     let mut s = format!(
-        "listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[health]\ninterval_ms = 0\n\n\
+        "listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[health]\ninterval_ms = 0\n{limits}\n\
          [[models]]\nslug = \"{MODEL}\"\ndir = {:?}\n\n\
          [[rules]]\nname = \"{RULE}\"\nmodels = [\"{MODEL}\"]\ndefault = true\nchoice = \"kv_exact\"\n\
          contract = \"{CONTRACT}\"\nscorer = \"load_aware\"\nselector = \"least_load\"\n\n",
         model_dir.display().to_string()
     );
-    for e in engines {
+    for (e, url) in engines.iter().zip(urls) {
         s.push_str(&format!(
-            "[[rules.endpoints]]\nurl = \"http://{}\"\nengine = \"vllm\"\n",
-            e.http
+            "[[rules.endpoints]]\nurl = \"http://{url}\"\nengine = \"vllm\"\n"
         ));
         if let Some(zmq) = e.zmq_port {
             s.push_str(&format!("zmq = \"tcp://*:{zmq}\"\n"));
@@ -262,12 +340,7 @@ async fn wait_ready(gw: &Arc<gateway::Gateway>) -> anyhow::Result<()> {
 
 /// Runs both passes and collects the report.
 pub async fn bench_gateway(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
-    let model_dir = args.model_dir.clone().unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../golden/tokenizers/qwen3")
-    });
-    let model_dir = model_dir
-        .canonicalize()
-        .with_context(|| format!("model directory {}", model_dir.display()))?;
+    let model_dir = model_dir_of(args)?;
     let engines = start_engines(args, &model_dir).await?;
     let config = ServeConfig::from_toml(&gateway_toml(&model_dir, &engines), &model_dir)
         .context("bench gateway config")?;
@@ -285,12 +358,14 @@ pub async fn bench_gateway(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBen
                 engines.get(i % engines.len()).map_or(gw.proxy, |e| e.http)
             ),
             body: body(i, args.prompt_words),
+            id: None,
         })
         .collect();
     let gateway_jobs: Vec<Job> = (0..n)
         .map(|i| Job {
             url: format!("http://{}/v1/completions", gw.proxy),
             body: body(i, args.prompt_words),
+            id: None,
         })
         .collect();
     eprintln!("kvroute bench: direct, {n} requests ...");
@@ -319,6 +394,145 @@ pub async fn bench_gateway(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBen
         gateway: through,
         gateway_proxied,
         decisions,
+        fresh: None,
+    })
+}
+
+fn model_dir_of(args: &GatewayBenchArgs) -> anyhow::Result<PathBuf> {
+    let model_dir = args.model_dir.clone().unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../golden/tokenizers/qwen3")
+    });
+    model_dir
+        .canonicalize()
+        .with_context(|| format!("model directory {}", model_dir.display()))
+}
+
+/// Client send → first byte at a relay, per request of one run, sorted;
+/// and how many requests no relay saw.
+fn first_byte_latencies(
+    starts: &[Option<std::time::Instant>],
+    ids: impl Iterator<Item = u64>,
+    relays: &[relay::Relay],
+) -> (Vec<Duration>, usize) {
+    let mut out = Vec::with_capacity(starts.len());
+    let mut unmatched = 0;
+    for (start, id) in starts.iter().zip(ids) {
+        let arrival = relays
+            .iter()
+            .find_map(|r| r.arrivals.lock().get(&id).copied());
+        match (start, arrival) {
+            (Some(s), Some(a)) => out.push(a.saturating_duration_since(*s)),
+            _ => unmatched += 1,
+        }
+    }
+    out.sort_unstable();
+    (out, unmatched)
+}
+
+/// `--fresh`: fresh long chat prompts, first upstream byte timed at relays.
+pub async fn bench_gateway_fresh(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
+    let model_dir = model_dir_of(args)?;
+    let cal = {
+        let (dir, size) = (model_dir.clone(), args.prompt_tokens.max(1));
+        Arc::new(tokio::task::spawn_blocking(move || prompt::Calibrated::new(&dir, size)).await??)
+    };
+    // The single-threaded reference is timed right before and right after
+    // the gateway run, in this process, so it sees the same machine load.
+    let samples = args.requests.clamp(1, 5);
+    let reference = |from: usize| {
+        let cal = Arc::clone(&cal);
+        tokio::task::spawn_blocking(move || {
+            cal.single_thread_encode_ms((from..from + samples).map(|i| i as u64))
+        })
+    };
+    let engines = start_engines(args, &model_dir).await?;
+    let mut relays = Vec::with_capacity(engines.len());
+    for e in &engines {
+        relays.push(relay::Relay::start(e.http).await?);
+    }
+    let urls: Vec<_> = relays.iter().map(|r| r.addr).collect();
+    let toml = gateway_toml_with(&model_dir, &engines, &urls, args.tokenizer_threads);
+    let config = ServeConfig::from_toml(&toml, &model_dir).context("bench gateway config")?;
+    let tokenizer_threads = config.limits.tokenizer_threads;
+    let gw = gateway::start(&config).await?;
+    wait_ready(&gw.gateway).await?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .pool_max_idle_per_host(args.concurrency.max(1))
+        .build()?;
+    let n = args.requests;
+    // Direct bodies are ids 0..n, gateway bodies n..2n: no document twice.
+    let jobs = |offset: usize, url: &dyn Fn(usize) -> String| -> Vec<Job> {
+        (0..n)
+            .map(|i| Job {
+                url: url(i),
+                body: cal.body((offset + i) as u64),
+                id: Some((offset + i) as u64),
+            })
+            .collect()
+    };
+    let direct_jobs = jobs(0, &|i| {
+        format!(
+            "http://{}/v1/chat/completions",
+            urls.get(i % urls.len().max(1)).map_or(gw.proxy, |u| *u)
+        )
+    });
+    let gateway_jobs = jobs(n, &|_| format!("http://{}/v1/chat/completions", gw.proxy));
+    eprintln!(
+        "kvroute bench: fresh {}-token chats, direct, {n} requests ...",
+        cal.tokens
+    );
+    let (direct, direct_starts) =
+        load::run_with_starts(&client, Arc::new(direct_jobs), args.concurrency).await;
+    let before = reference(n).await??;
+    eprintln!("kvroute bench: through the gateway, {n} requests ...");
+    let (through, gateway_starts) =
+        load::run_with_starts(&client, Arc::new(gateway_jobs), args.concurrency).await;
+    let after = reference(n + samples).await??;
+    let (d_lat, d_missing) = first_byte_latencies(&direct_starts, 0..n as u64, &relays);
+    let (g_lat, g_missing) =
+        first_byte_latencies(&gateway_starts, n as u64..2 * n as u64, &relays);
+    let gateway_proxied = gw.gateway.metrics.outcome_count(RULE, Outcome::Proxied);
+    let decisions = ["kv_exact", "fallback", "exhausted"]
+        .iter()
+        .map(|t| ((*t).to_owned(), json!(gw.gateway.metrics.tier_count(RULE, t))))
+        .collect();
+    gw.shutdown().await;
+    for e in engines {
+        e.server.abort();
+    }
+    drop(relays);
+    let tokenize_single_ms = ((before.0 + after.0) / 2.0, before.1);
+    let p = |lat: &[Duration], q: f64| load::percentile_ms(lat, q);
+    let added_p50 = p(&g_lat, 50.0) - p(&d_lat, 50.0);
+    let fresh = FreshReport {
+        prompt_tokens: tokenize_single_ms.1,
+        tokenizer_threads,
+        direct_first_byte_p50_ms: p(&d_lat, 50.0),
+        direct_first_byte_p99_ms: p(&d_lat, 99.0),
+        gateway_first_byte_p50_ms: p(&g_lat, 50.0),
+        gateway_first_byte_p99_ms: p(&g_lat, 99.0),
+        added_first_byte_p50_ms: added_p50,
+        added_first_byte_p99_ms: p(&g_lat, 99.0) - p(&d_lat, 99.0),
+        tokenize_single_ms: tokenize_single_ms.0,
+        added_p50_ratio: if tokenize_single_ms.0 > 0.0 {
+            added_p50 / tokenize_single_ms.0
+        } else {
+            0.0
+        },
+        unmatched: d_missing + g_missing,
+    };
+    Ok(GatewayBenchReport {
+        engines: args.engines.max(1),
+        concurrency: args.concurrency.max(1),
+        service_us: args.service_us,
+        added_p50_ms: through.p50_ms - direct.p50_ms,
+        added_p99_ms: through.p99_ms - direct.p99_ms,
+        direct,
+        gateway: through,
+        gateway_proxied,
+        decisions,
+        fresh: Some(fresh),
     })
 }
 
@@ -351,6 +565,32 @@ fn render(r: &GatewayBenchReport) -> String {
         tiers.join(", "),
         r.gateway_proxied
     ));
+    if let Some(f) = &r.fresh {
+        s.push_str(&format!(
+            "\nfresh {}-token chats, gateway tokenizer_threads = {}\n\
+             first upstream byte  {:>9} {:>9}\n\
+             {:<20} {:>9.3} {:>9.3}\n{:<20} {:>9.3} {:>9.3}\n\
+             gateway adds before the first upstream byte: p50 {:+.3} ms, p99 {:+.3} ms\n\
+             single-threaded tokenization of the prompt: {:.3} ms; added p50 = {:.2}x it\n",
+            f.prompt_tokens,
+            f.tokenizer_threads,
+            "p50 ms",
+            "p99 ms",
+            "direct",
+            f.direct_first_byte_p50_ms,
+            f.direct_first_byte_p99_ms,
+            "gateway",
+            f.gateway_first_byte_p50_ms,
+            f.gateway_first_byte_p99_ms,
+            f.added_first_byte_p50_ms,
+            f.added_first_byte_p99_ms,
+            f.tokenize_single_ms,
+            f.added_p50_ratio,
+        ));
+        if f.unmatched > 0 {
+            s.push_str(&format!("requests no relay saw: {}\n", f.unmatched));
+        }
+    }
     for (name, run) in [("direct", &r.direct), ("gateway", &r.gateway)] {
         if let Some(e) = &run.first_error {
             s.push_str(&format!("first {name} error: {e}\n"));

@@ -9,13 +9,20 @@
 //! walk against 64 endpoints). Beside it, in the same run and on the same
 //! rendered text, a plain single-threaded `tokenizers::Tokenizer::encode`.
 //! With `--threads N` the tokenize step also runs on an N-thread
-//! [`ParallelEncoder`]. Every figure is the median of `--runs` runs.
+//! [`ParallelEncoder`], once followed by the hash step (`parallel`) and once
+//! pipelined with it (`pipelined`: each piece's blocks hashed on the caller's
+//! thread as the piece arrives, while later pieces still encode). For the
+//! pipelined pass the report also gives the hash work left after the last
+//! piece arrived (`tail`) and keys → decision with the whole prompt cached on
+//! one of the 64 endpoints (`score_hit`: the longest prefix walk, plus the
+//! argmax). Every figure is the median of `--runs` runs.
 //!
 //! ```text
 //! kvroute bench prompt --threads 1,2 --json prompt.json
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -83,6 +90,22 @@ pub struct PromptBenchRow {
     pub single_ratio: f64,
     /// `parallel_ms / plain_encode_ms`.
     pub parallel_ratio: f64,
+    /// parse + render + tokenize on `threads` workers with each piece's
+    /// blocks hashed as it arrives.
+    pub pipelined_ms: f64,
+    /// `pipelined_ms / plain_encode_ms`.
+    pub pipelined_ratio: f64,
+    /// Parts the ids of the pipelined pass arrived in (span-cache segments,
+    /// the long one split into pieces).
+    pub pipeline_parts: usize,
+    /// Of the pipelined pass: hashing left after the last part arrived.
+    pub tail_hash_ms: f64,
+    /// Keys → decision: the prefix walk over 64 endpoints, one of which
+    /// holds every key of the prompt, and the argmax.
+    pub score_hit_ms: f64,
+    /// `tail_hash_ms + score_hit_ms`: the decision's latency after the
+    /// tokenizer's last id.
+    pub decision_after_ids_ms: f64,
 }
 
 /// The whole report.
@@ -200,6 +223,68 @@ fn body(seed: u64, words: usize) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Fresh chat bodies of about a given number of tokens (`bench gateway
+/// --fresh`), and what a single-threaded tokenization of them costs.
+pub struct Calibrated {
+    tok: ModelTokenizer,
+    words: usize,
+    /// Tokens of a calibrated body's rendered prompt.
+    pub tokens: usize,
+}
+
+impl Calibrated {
+    /// Loads the tokenizer and sizes the document to about `tokens` tokens.
+    pub fn new(model_dir: &Path, tokens: usize) -> anyhow::Result<Self> {
+        let tok = ModelTokenizer::load(model_dir, &ModelOptions::default())
+            .with_context(|| format!("loading the tokenizer from {}", model_dir.display()))?;
+        let probe = Self::encode(&tok, &body(1, tokens))?.1;
+        let words = (tokens as f64 * tokens as f64 / probe.max(1) as f64).round() as usize;
+        let tokens = Self::encode(&tok, &body(2, words.max(1)))?.1;
+        Ok(Self {
+            tok,
+            words: words.max(1),
+            tokens,
+        })
+    }
+
+    /// Body number `seed` (its document is new for every seed).
+    #[must_use]
+    pub fn body(&self, seed: u64) -> Vec<u8> {
+        body(seed, self.words)
+    }
+
+    /// (ms, tokens) of a plain single-threaded `Tokenizer::encode` of one
+    /// rendered body.
+    fn encode(tok: &ModelTokenizer, body: &[u8]) -> anyhow::Result<(f64, usize)> {
+        let value = pyvalue::parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let req = request::extract(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let OpenAiRequest::Chat(chat) = &req else {
+            anyhow::bail!("the bench body is not a chat request");
+        };
+        let (_, rendered) = render_chat(tok, chat).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let t = Instant::now();
+        let enc = tok
+            .tokenizer()
+            .encode(rendered.as_str(), false)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok((ms(t), enc.get_ids().len()))
+    }
+
+    /// Median (ms, tokens) of single-threaded encodes of the bodies `seeds`.
+    pub fn single_thread_encode_ms(
+        &self,
+        seeds: impl Iterator<Item = u64>,
+    ) -> anyhow::Result<(f64, usize)> {
+        let (mut times, mut tokens) = (Vec::new(), Vec::new());
+        for seed in seeds {
+            let (t, n) = Self::encode(&self.tok, &self.body(seed))?;
+            times.push(t);
+            tokens.push(n as f64);
+        }
+        Ok((median(times), median(tokens) as usize))
+    }
+}
+
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
@@ -222,6 +307,15 @@ struct Pass {
     score: f64,
     tokens: usize,
     rendered: String,
+}
+
+/// Times of one pipelined pass.
+struct Pipelined {
+    total: f64,
+    tail: f64,
+    score_hit: f64,
+    parts: usize,
+    tokens: usize,
 }
 
 struct Fixture {
@@ -294,6 +388,78 @@ impl Fixture {
         })
     }
 
+    /// Body → keys with `encoder` attached to the tokenizer and each part's
+    /// blocks hashed as it arrives; then keys → decision against an index
+    /// where endpoint 63 holds all of them.
+    fn pipelined(
+        &mut self,
+        body: &[u8],
+        encoder: &Arc<ParallelEncoder>,
+    ) -> anyhow::Result<Pipelined> {
+        self.tok.set_parallel(Some(Arc::clone(encoder)));
+        let out = self.pipelined_pass(body);
+        self.tok.set_parallel(None);
+        out
+    }
+
+    fn pipelined_pass(&self, body: &[u8]) -> anyhow::Result<Pipelined> {
+        self.tok.clear_span_cache();
+        let t = Instant::now();
+        let value = pyvalue::parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let req = request::extract(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let OpenAiRequest::Chat(chat) = &req else {
+            anyhow::bail!("the bench body is not a chat request");
+        };
+        let add_special = req.common().add_special_tokens;
+        let (_, rendered) = render_chat(&self.tok, chat).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let extras = RequestExtras::default();
+        let mut chain = self.hasher.prompt(&extras)?;
+        let mut ids = Vec::with_capacity(rendered.len() / 3);
+        let mut keys = Vec::with_capacity(rendered.len() / 40 + 1);
+        let mut last = Instant::now();
+        let mut parts = 0;
+        self.tok
+            .encode_each(&rendered, add_special, |part: &[u32]| {
+                last = Instant::now();
+                parts += 1;
+                ids.extend_from_slice(part);
+                chain.extend(&ids, &mut keys).map_err(anyhow::Error::from)?;
+                Ok::<(), anyhow::Error>(())
+            })
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let total = ms(t);
+        let tail = ms(last);
+        let mut check = Vec::with_capacity(keys.len());
+        self.hasher
+            .hash_prompt(&ids, &extras, &mut check)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        anyhow::ensure!(check == keys, "pipelined keys differ from one-shot keys");
+        let holder = EndpointId(63);
+        self.index.store(holder, Medium::Gpu, &keys)?;
+        let mut out = [Overlap::default(); 64];
+        let t = Instant::now();
+        self.index.score_prefix(&keys, &mut out);
+        let best = out
+            .iter()
+            .enumerate()
+            .max_by_key(|(e, o)| (o.prefix, std::cmp::Reverse(*e)))
+            .map(|(e, _)| e);
+        let score_hit = ms(t);
+        self.index.remove(holder, Medium::Gpu, &keys)?;
+        anyhow::ensure!(
+            best == Some(63) && out[63].prefix as usize == keys.len(),
+            "the holder of every key did not win: {:?}",
+            out.get(63)
+        );
+        Ok(Pipelined {
+            total,
+            tail,
+            score_hit,
+            parts,
+            tokens: ids.len(),
+        })
+    }
+
     fn plain(&self, text: &str) -> anyhow::Result<(f64, Vec<u32>)> {
         let t = Instant::now();
         let enc = self
@@ -310,7 +476,7 @@ pub fn run_prompt_bench(args: &PromptBenchArgs) -> anyhow::Result<PromptBenchRep
     let model_dir = args.model_dir.clone().unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../golden/tokenizers/qwen3")
     });
-    let fx = Fixture::new(&model_dir)?;
+    let mut fx = Fixture::new(&model_dir)?;
     let runs = args.runs.max(1);
     let mut encoders = Vec::new();
     for &n in &args.threads {
@@ -319,7 +485,7 @@ pub fn run_prompt_bench(args: &PromptBenchArgs) -> anyhow::Result<PromptBenchRep
             ..ParallelConfig::default()
         })
         .context("building the tokenizer pool")?;
-        encoders.push(enc);
+        encoders.push(Arc::new(enc));
     }
     let mut results = Vec::new();
     for &size in &args.sizes {
@@ -337,19 +503,28 @@ pub fn run_prompt_bench(args: &PromptBenchArgs) -> anyhow::Result<PromptBenchRep
                 Vec::new(),
             );
             let mut tokens = Vec::new();
+            let (mut piped, mut tail, mut hit, mut parts, mut decision) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for run in 0..runs {
                 let b = body(1_000 + run as u64 * 7919 + size as u64, words);
                 let s = fx.pass(&b, None)?;
                 let p = fx.pass(&b, Some(enc))?;
+                let q = fx.pipelined(&b, enc)?;
                 let (plain_ms, plain_ids) = fx.plain(&s.rendered)?;
                 // The paths must agree before their times mean anything.
                 anyhow::ensure!(
-                    s.tokens == plain_ids.len() && p.tokens == s.tokens,
-                    "token counts differ: span-cached {}, parallel {}, plain {}",
+                    s.tokens == plain_ids.len() && p.tokens == s.tokens && q.tokens == s.tokens,
+                    "token counts differ: span-cached {}, parallel {}, pipelined {}, plain {}",
                     s.tokens,
                     p.tokens,
+                    q.tokens,
                     plain_ids.len()
                 );
+                piped.push(q.total);
+                decision.push(q.tail + q.score_hit);
+                tail.push(q.tail);
+                hit.push(q.score_hit);
+                parts.push(q.parts as f64);
                 plain.push(plain_ms);
                 single.push(s.parse + s.render + s.tokenize + s.hash);
                 parallel.push(p.parse + p.render + p.tokenize + p.hash);
@@ -364,6 +539,7 @@ pub fn run_prompt_bench(args: &PromptBenchArgs) -> anyhow::Result<PromptBenchRep
             let plain_encode_ms = median(plain);
             let single_ms = median(single);
             let parallel_ms = median(parallel);
+            let pipelined_ms = median(piped);
             let ratio = |x: f64| {
                 if plain_encode_ms > 0.0 {
                     x / plain_encode_ms
@@ -385,6 +561,12 @@ pub fn run_prompt_bench(args: &PromptBenchArgs) -> anyhow::Result<PromptBenchRep
                 score_ms: median(score),
                 single_ratio: ratio(single_ms),
                 parallel_ratio: ratio(parallel_ms),
+                pipelined_ms,
+                pipelined_ratio: ratio(pipelined_ms),
+                pipeline_parts: median(parts) as usize,
+                tail_hash_ms: median(tail),
+                score_hit_ms: median(hit),
+                decision_after_ids_ms: median(decision),
             });
         }
     }
@@ -405,7 +587,7 @@ pub fn run_prompt_bench(args: &PromptBenchArgs) -> anyhow::Result<PromptBenchRep
 pub fn render_prompt_report(r: &PromptBenchReport) -> String {
     let mut s = format!(
         "fresh chat body -> block keys ({}, medians of {} runs, ms)\n\
-         {:>7} {:>3} {:>9} {:>7} {:>7} {:>9} {:>7} {:>7} | {:>9} {:>8} {:>7} | {:>9} {:>7}\n",
+         {:>7} {:>3} {:>9} {:>7} {:>7} {:>9} {:>7} {:>7} | {:>9} {:>8} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>5} {:>7} {:>9} {:>9}\n",
         r.contract,
         r.runs,
         "tokens",
@@ -421,10 +603,16 @@ pub fn render_prompt_report(r: &PromptBenchReport) -> String {
         "par.tok",
         "parallel",
         "x plain",
+        "pipelined",
+        "x plain",
+        "parts",
+        "tail",
+        "score hit",
+        "decision",
     );
     for x in &r.results {
         s.push_str(&format!(
-            "{:>7} {:>3} {:>9.2} {:>7.3} {:>7.3} {:>9.2} {:>7.3} {:>7.4} | {:>9.2} {:>8.2} {:>7.2} | {:>9.2} {:>7.2}\n",
+            "{:>7} {:>3} {:>9.2} {:>7.3} {:>7.3} {:>9.2} {:>7.3} {:>7.4} | {:>9.2} {:>8.2} {:>7.2} | {:>9.2} {:>7.2} | {:>9.2} {:>7.2} {:>5} {:>7.3} {:>9.4} {:>9.3}\n",
             x.tokens,
             x.threads,
             x.plain_encode_ms,
@@ -438,6 +626,12 @@ pub fn render_prompt_report(r: &PromptBenchReport) -> String {
             x.parallel_tokenize_ms,
             x.parallel_ms,
             x.parallel_ratio,
+            x.pipelined_ms,
+            x.pipelined_ratio,
+            x.pipeline_parts,
+            x.tail_hash_ms,
+            x.score_hit_ms,
+            x.decision_after_ids_ms,
         ));
     }
     s
