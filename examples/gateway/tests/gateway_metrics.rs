@@ -110,6 +110,14 @@ async fn metrics_are_valid_openmetrics_and_match_the_traffic() {
     assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
     let text = resp.text().await.unwrap();
     let m = parse_openmetrics(&text);
+    // Unlabelled samples are written bare, as operators' greps expect
+    // (`kvroute_tokenize_admitted_total 3`), never with an empty `{}`.
+    assert!(!text.contains("{}"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l == "kvroute_tokenize_admitted_total 3"),
+        "{text}"
+    );
 
     // Every family the docs and tests name, with its type (the parser names
     // counters without `_total`).

@@ -629,7 +629,7 @@ fn family<L: EncodeLabelSet>(
     Ok(())
 }
 
-/// One unlabelled sample.
+/// One unlabelled sample (no `{}`: an empty label set is written as one).
 fn single(
     enc: &mut DescriptorEncoder,
     name: &str,
@@ -637,7 +637,11 @@ fn single(
     kind: MetricType,
     v: u64,
 ) -> std::fmt::Result {
-    family(enc, name, help, kind, [([] as [(&str, &str); 0], v)])
+    let metric = enc.encode_descriptor(name, help, None, kind)?;
+    match kind {
+        MetricType::Counter => ConstCounter::new(v).encode(metric),
+        _ => ConstGauge::new(gauge_value(v)).encode(metric),
+    }
 }
 
 /// A subscriber's DP rank, or the TensorRT-LLM drain poller.
