@@ -807,7 +807,9 @@ impl EndpointIngest {
         index: &SharedIndex,
     ) -> Result<WriteStats, crate::IndexError> {
         let Some(r) = &mut self.rekeying else {
-            return index.store(self.endpoint, s.medium, &s.keys);
+            // A stored event's blocks are consecutive in one chain after `parent`
+            // (every engine's contract), which lets the index record runs.
+            return index.store_chain(self.endpoint, s.medium, s.parent, &s.keys);
         };
         let parent = match s.parent {
             None => None,
@@ -873,9 +875,10 @@ impl EndpointIngest {
             entry.1 = entry.1.saturating_add(1);
         }
         let n = full.min(self.scratch.len());
-        let mut writes = index.store(
+        let mut writes = index.store_chain(
             self.endpoint,
             s.medium,
+            parent,
             self.scratch.get(..n).unwrap_or_default(),
         )?;
         writes += reset;

@@ -21,8 +21,13 @@ use dynamo_kv_router::SyncIndexer;
 use kvroute_ingest::{IndexConfig, InventoryView, Overlap};
 
 fn report(name: &str, load: &Load, pairs: u64, extra: &str) {
+    let cpu = if load.cpu.is_zero() {
+        "     -".to_owned()
+    } else {
+        format!("{:>6.2}", load.cpu_rate() / 1e6)
+    };
     println!(
-        "load {name:<30} {:>6.2} M blocks/s  ({} blocks in {:.2} s)  rss {:>5.1} B/pair{extra}",
+        "load {name:<30} {:>6.2} M blocks/s (CPU time: {cpu})  ({} blocks in {:.2} s)  rss {:>5.1} B/pair{extra}",
         load.rate() / 1e6,
         load.blocks,
         load.apply.as_secs_f64(),

@@ -174,11 +174,25 @@ pub fn rss_bytes() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
+/// CPU time this thread has run, from `/proc/thread-self/schedstat` (0 if
+/// unreadable): unlike wall time, not inflated when other processes share
+/// the cores.
+#[must_use]
+pub fn thread_cpu() -> Duration {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(Duration::ZERO, Duration::from_nanos)
+}
+
 /// What loading an inventory cost.
 #[derive(Clone, Copy, Debug)]
 pub struct Load {
     /// Time spent in the index's own apply calls (event building excluded).
     pub apply: Duration,
+    /// CPU time of the loading thread over the same calls (`ZERO` when the
+    /// work ran on another thread).
+    pub cpu: Duration,
     /// Block updates applied.
     pub blocks: u64,
     /// Resident-set growth over the load.
@@ -191,6 +205,12 @@ impl Load {
     pub fn rate(&self) -> f64 {
         self.blocks as f64 / self.apply.as_secs_f64().max(1e-9)
     }
+
+    /// Block updates per second of the loading thread's CPU time.
+    #[must_use]
+    pub fn cpu_rate(&self) -> f64 {
+        self.blocks as f64 / self.cpu.as_secs_f64().max(1e-9)
+    }
 }
 
 /// Loads the inventory into a kvroute index through each endpoint's
@@ -200,6 +220,7 @@ pub fn load_kvroute(w: &Workload, config: IndexConfig) -> (SharedIndex, Load) {
     let before = rss_bytes();
     let index = SharedIndex::new(w.workers as usize, config);
     let mut apply = Duration::ZERO;
+    let mut cpu = Duration::ZERO;
     let mut count = 0u64;
     for worker in 0..w.workers {
         let mut ingest =
@@ -227,17 +248,19 @@ pub fn load_kvroute(w: &Workload, config: IndexConfig) -> (SharedIndex, Load) {
                     .collect(),
             })
             .collect();
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), thread_cpu());
         for b in &batches {
             let _ = ingest.apply_batch(b, &index);
         }
         apply += t.elapsed();
+        cpu += thread_cpu().saturating_sub(c);
     }
     let rss_growth = rss_bytes().saturating_sub(before);
     (
         index,
         Load {
             apply,
+            cpu,
             blocks: count,
             rss_growth,
         },
@@ -245,31 +268,40 @@ pub fn load_kvroute(w: &Workload, config: IndexConfig) -> (SharedIndex, Load) {
 }
 
 /// Loads the inventory straight into a kvroute index with
-/// `SharedIndex::store`, one call per store event: the index's own apply
-/// cost, as `load_dynamo_tree` measures Dynamo's `apply_event`.
+/// `SharedIndex::store_chain`, one call per store event (its parent and
+/// blocks, as `EndpointIngest` passes them): the index's own apply cost, as
+/// `load_dynamo_tree` measures Dynamo's `apply_event`.
 pub fn load_kvroute_direct(w: &Workload, config: IndexConfig) -> (SharedIndex, Load) {
     let before = rss_bytes();
     let index = SharedIndex::new(w.workers as usize, config);
     let mut apply = Duration::ZERO;
+    let mut cpu = Duration::ZERO;
     let mut count = 0u64;
     for worker in 0..w.workers {
-        let events: Vec<Vec<BlockKey>> = w
+        let events: Vec<(Option<BlockKey>, Vec<BlockKey>)> = w
             .events(worker)
             .iter()
-            .map(|(_, bs)| bs.iter().map(|b| BlockKey(b.chained)).collect())
+            .map(|(parent, bs)| {
+                (
+                    parent.map(BlockKey),
+                    bs.iter().map(|b| BlockKey(b.chained)).collect(),
+                )
+            })
             .collect();
-        count += events.iter().map(|e| e.len() as u64).sum::<u64>();
-        let t = Instant::now();
-        for keys in &events {
-            let _ = index.store(EndpointId(worker), kvroute_core::Medium::Gpu, keys);
+        count += events.iter().map(|(_, e)| e.len() as u64).sum::<u64>();
+        let (t, c) = (Instant::now(), thread_cpu());
+        for (parent, keys) in &events {
+            let _ = index.store_chain(EndpointId(worker), kvroute_core::Medium::Gpu, *parent, keys);
         }
         apply += t.elapsed();
+        cpu += thread_cpu().saturating_sub(c);
     }
     let rss_growth = rss_bytes().saturating_sub(before);
     (
         index,
         Load {
             apply,
+            cpu,
             blocks: count,
             rss_growth,
         },
@@ -310,6 +342,7 @@ pub fn load_dynamo_tree(w: &Workload) -> (RadixTree, Load) {
     let before = rss_bytes();
     let mut tree = RadixTree::new();
     let mut apply = Duration::ZERO;
+    let mut cpu = Duration::ZERO;
     let mut count = 0u64;
     let mut next_id = 0u64;
     for worker in 0..w.workers {
@@ -321,17 +354,19 @@ pub fn load_dynamo_tree(w: &Workload) -> (RadixTree, Load) {
                 _ => 0,
             })
             .sum::<u64>();
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), thread_cpu());
         for e in events {
             let _ = tree.apply_event(e);
         }
         apply += t.elapsed();
+        cpu += thread_cpu().saturating_sub(c);
     }
     let rss_growth = rss_bytes().saturating_sub(before);
     (
         tree,
         Load {
             apply,
+            cpu,
             blocks: count,
             rss_growth,
         },
@@ -348,6 +383,8 @@ pub fn load_dynamo_concurrent(
     let before = rss_bytes();
     let tree = std::sync::Arc::new(ConcurrentRadixTreeCompressed::new());
     let mut apply = Duration::ZERO;
+    // Applied on its writer thread: this thread's CPU says nothing.
+    let cpu = Duration::ZERO;
     let mut count = 0u64;
     let mut next_id = 0u64;
     let mut all = Vec::new();
@@ -381,6 +418,7 @@ pub fn load_dynamo_concurrent(
         tree,
         Load {
             apply,
+            cpu,
             blocks: count,
             rss_growth,
         },

@@ -114,6 +114,8 @@ const SCORE_CHUNK: usize = 256;
 /// endpoints (measured: 33 single lookups 0.9 µs against 2.1 µs with chunks
 /// from key 16 on, `examples/bench-dynamo`, *shared*).
 const DIRECT_LOOKUPS: usize = 128;
+/// Keys of one `store_chain` call inserted under one set of shard locks.
+const LOCK_GROUP: usize = 32;
 /// Buckets of the per-chunk counting sort by shard.
 const SORT_BUCKETS: usize = 256;
 /// Ring entries beyond twice the live keys tolerated before a compaction.
@@ -470,7 +472,7 @@ impl SharedIndex {
             let effect = self
                 .shard(bank, key.0)
                 .write()
-                .store(tier, key.0, bit, &bank.runs);
+                .store(tier, key.0, bit, &bank.runs, None);
             match effect {
                 StoreEffect::Inserted | StoreEffect::InsertedSole => {
                     stats.inserted += 1;
@@ -548,12 +550,21 @@ impl SharedIndex {
                 None => {}
             }
         }
-        for (i, key) in keys.iter().enumerate() {
+        let grouped = !slot.bounded(tier);
+        if grouped {
+            self.store_chain_grouped(bank, bit, tier, slot, keys, &mut chain, &mut stats);
+        }
+        let per_key = if grouped { &[] } else { keys };
+        for (i, key) in per_key.iter().enumerate() {
             let remaining = n.saturating_sub(u32::try_from(i).unwrap_or(u32::MAX));
             let (effect, head) = {
                 let mut g = self.shard(bank, key.0).write();
-                let effect = g.store(tier, key.0, bit, &bank.runs);
-                let head = if effect == StoreEffect::InsertedSole {
+                let candidate = chain.candidate();
+                let effect = g.store(tier, key.0, bit, &bank.runs, candidate);
+                let head = if effect == StoreEffect::InsertedSole && candidate.is_some() {
+                    chain.joined(key.0);
+                    None
+                } else if effect == StoreEffect::InsertedSole {
                     chain.join(&mut g, &bank.runs, key.0, bit, remaining)
                 } else {
                     chain.close(&bank.runs);
@@ -596,6 +607,99 @@ impl SharedIndex {
             }
         }
         Ok(stats)
+    }
+
+    /// The unbounded part of [`Self::store_chain`]: keys in groups of
+    /// [`LOCK_GROUP`], each group's shards write-locked together (in
+    /// ascending order, so writers cannot deadlock; readers hold one lock at
+    /// a time) and released together. Each shard lock is a full fence that
+    /// waits for the previous insert's cache misses; with one lock per key
+    /// the inserts run one after the other, under a group's locks they
+    /// overlap.
+    #[allow(clippy::too_many_arguments)]
+    fn store_chain_grouped(
+        &self,
+        bank: &Bank,
+        bit: u32,
+        tier: usize,
+        slot: &mut EndpointKeys,
+        keys: &[BlockKey],
+        chain: &mut ChainWriter,
+        stats: &mut WriteStats,
+    ) {
+        let n = u32::try_from(keys.len()).unwrap_or(u32::MAX - 2);
+        let mut done = 0u32;
+        for group in keys.chunks(LOCK_GROUP) {
+            // A run started at the group's first key is headed by the pending
+            // key, whose shard is locked with the group's.
+            let mut shards = [0usize; LOCK_GROUP + 1];
+            let mut count = 0;
+            for key in group.iter().map(|k| k.0).chain(chain.pending) {
+                if let Some(s) = shards.get_mut(count) {
+                    *s = self.shard_index(key) % bank.shards.len();
+                    count += 1;
+                }
+            }
+            let shards = shards.get_mut(..count).unwrap_or_default();
+            shards.sort_unstable();
+            let mut unique = 0;
+            for i in 0..shards.len() {
+                let s = shards.get(i).copied();
+                if unique == 0 || s != shards.get(unique - 1).copied() {
+                    if let (Some(dst), Some(s)) = (shards.get_mut(unique), s) {
+                        *dst = s;
+                    }
+                    unique += 1;
+                }
+            }
+            let shards = shards.get(..unique).unwrap_or_default();
+            let mut guards: Vec<parking_lot::RwLockWriteGuard<'_, Shard>> =
+                Vec::with_capacity(shards.len());
+            for s in shards {
+                if let Some(shard) = bank.shards.get(*s) {
+                    guards.push(shard.0.write());
+                }
+            }
+            let guard_of = |key: u64| {
+                shards
+                    .binary_search(&(self.shard_index(key) % bank.shards.len()))
+                    .ok()
+            };
+            for key in group {
+                let remaining = n.saturating_sub(done);
+                done += 1;
+                let Some(g) = guard_of(key.0).and_then(|i| guards.get_mut(i)) else {
+                    continue;
+                };
+                let candidate = chain.candidate();
+                let effect = g.store(tier, key.0, bit, &bank.runs, candidate);
+                if effect == StoreEffect::InsertedSole && candidate.is_some() {
+                    chain.joined(key.0);
+                } else if effect == StoreEffect::InsertedSole {
+                    if let Some(head) = chain.join(g, &bank.runs, key.0, bit, remaining) {
+                        let run = chain.run_id();
+                        let attached = guard_of(head)
+                            .and_then(|i| guards.get_mut(i))
+                            .is_some_and(|h| h.attach_run(head, bit, run));
+                        if attached {
+                            chain.head_attached();
+                        }
+                    }
+                } else {
+                    chain.close(&bank.runs);
+                    chain.pending = None;
+                }
+                match effect {
+                    StoreEffect::Inserted | StoreEffect::InsertedSole => {
+                        stats.inserted += 1;
+                        if let Some(live) = slot.live.get_mut(tier) {
+                            *live += 1;
+                        }
+                    }
+                    StoreEffect::Duplicate => stats.duplicate_stores += 1,
+                }
+            }
+        }
     }
 
     /// Live count, ring and bound after `key` became present.
@@ -1131,6 +1235,22 @@ impl ChainWriter {
         }
         self.cur = Some(open);
         Some(head)
+    }
+
+    /// The open run a key new to the table can join as it is inserted.
+    fn candidate(&self) -> Option<u32> {
+        self.cur
+            .filter(|c| c.len < MAX_RUN && c.left > 1)
+            .map(|c| c.run)
+    }
+
+    /// The key inserted with [`Self::candidate`]'s run named.
+    fn joined(&mut self, key: u64) {
+        if let Some(c) = &mut self.cur {
+            c.len += 1;
+            c.end = key;
+            c.left -= 1;
+        }
     }
 
     fn run_id(&self) -> u32 {

@@ -222,8 +222,8 @@ impl TierTable {
 
     /// Sets `flag` for `key`: `None` if it was already set, else whether the
     /// key is new to the table, and the run its old code named (a second
-    /// holder ends a run's claim on the entry).
-    fn set(&mut self, key: u64, flag: u64) -> Option<(bool, Option<u32>)> {
+    /// holder ends a run's claim on the entry). A new entry names `join`.
+    fn set(&mut self, key: u64, flag: u64, join: Option<u32>) -> Option<(bool, Option<u32>)> {
         let hash = entry_hash(key);
         let old = self.entries.find(hash, |e| e.key() == key).map(|e| e.code);
         match old {
@@ -239,7 +239,10 @@ impl TierTable {
                 Some((false, run_of(old_code)))
             }
             None => {
-                let code = self.encode(flag, None);
+                let mut code = self.encode(flag, None);
+                if let Some(run) = join.filter(|r| *r < (1 << RUN_ID_BITS) - 1) {
+                    code |= (run + 1) << RUN_SHIFT;
+                }
                 self.entries.insert_unique(
                     hash,
                     Entry {
@@ -363,18 +366,23 @@ impl Shard {
             .is_some_and(|t| t.attach(key, 1u64 << (bit & 63), run))
     }
 
+    /// Stores (endpoint, tier, key). A key new to the tier's table (so this
+    /// endpoint is its only holder) names run `join` in the GPU tier, saving
+    /// a second probe to attach it.
     pub(crate) fn store(
         &mut self,
         tier: usize,
         key: u64,
         bit: u32,
         runs: &RunTable,
+        join: Option<u32>,
     ) -> StoreEffect {
         let flag = 1u64 << (bit & 63);
+        let join = join.filter(|_| tier == 0);
         let Some(table) = self.tiers.get_mut(tier) else {
             return StoreEffect::Duplicate;
         };
-        if let Some((fresh, lost)) = table.set(key, flag) {
+        if let Some((fresh, lost)) = table.set(key, flag, join) {
             if let Some(run) = lost {
                 runs.member_lost(run);
             }
@@ -497,6 +505,24 @@ mod tests {
     }
 
     #[test]
+    fn a_run_lives_only_in_single_holder_codes() {
+        let mut table = TierTable::default();
+        let runs = RunTable::default();
+        let run = runs.alloc(9, 3).unwrap();
+        assert_eq!(table.set(5, 1 << 9, Some(run)), Some((true, None)));
+        assert_eq!(table.mask(5), 1 << 9, "run bits are not holders");
+        // A second holder takes the run out of the entry, and says so.
+        assert_eq!(table.set(5, 1 << 2, None), Some((false, Some(run))));
+        assert_eq!(table.mask(5), (1 << 9) | (1 << 2));
+        assert!(!table.attach(5, 1 << 9, run), "two holders: no run");
+        assert_eq!(table.unset(5, 1 << 2), Some(None));
+        assert!(table.attach(5, 1 << 9, run));
+        assert!(!table.attach(5, 1 << 9, run), "already names one");
+        assert_eq!(table.unset(5, 1 << 9), Some(Some(run)));
+        assert_eq!(table.unset(5, 1 << 9), None);
+    }
+
+    #[test]
     fn holder_sets_round_trip_inline_and_spilled() {
         let mut table = TierTable::default();
         let mut naive = 0u64;
@@ -505,7 +531,7 @@ mod tests {
         for (step, bit) in bits.iter().enumerate() {
             let flag = 1u64 << bit;
             if step < 7 {
-                assert!(table.set(77, flag).is_some());
+                assert!(table.set(77, flag, None).is_some());
                 naive |= flag;
             } else {
                 assert!(table.unset(77, flag).is_some());
