@@ -76,13 +76,18 @@ async fn held_engine(gate: &Gate) -> HeldEngine {
 /// the rule's endpoints in the order given. Every request is a KV miss (no
 /// engine publishes events) placed by `least_load`, which reads the load view.
 fn replica(id: &str, admin: u16, peer: u16, endpoints: &[SocketAddr]) -> String {
+    replica_timed(id, admin, peer, endpoints, 1500)
+}
+
+/// [`replica`] with the peers' load expiring after `ttl_ms` of silence.
+fn replica_timed(id: &str, admin: u16, peer: u16, endpoints: &[SocketAddr], ttl_ms: u64) -> String {
     let mut s = format!(
         "listen = \"127.0.0.1:0\"\n\
          [admin]\nlisten = \"127.0.0.1:{admin}\"\ntoken = \"{TOKEN}\"\n\
          [limits]\nengine_load_poll_ms = 0\n\
          [health]\ninterval_ms = 0\n\
          [replicas]\nid = \"{id}\"\npeers = [\"http://127.0.0.1:{peer}\"]\n\
-         heartbeat_ms = 200\nremote_ttl_ms = 1500\n\
+         heartbeat_ms = 200\nremote_ttl_ms = {ttl_ms}\n\
          [[models]]\nslug = \"{MODEL}\"\ndir = \"{}\"\n\n{}selector = \"least_load\"\n\n",
         model_dir().display(),
         kv_rule("kv", "converged"),
@@ -290,4 +295,65 @@ async fn replicas_see_and_avoid_each_others_in_flight_requests() {
         // Their client connection died with replica 1.
         assert_ne!(o.await.unwrap(), Some(200));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_rule_still_announces_the_end_of_its_requests() {
+    let gate = Gate::new();
+    let (busy, idle) = (held_engine(&gate).await, held_engine(&gate).await);
+    let (admin1, admin2) = (closed_port(), closed_port());
+    // Peers' load would expire only after 10 minutes: the old rule instance's
+    // own deltas must bring replica 2's view back to 0.
+    let ttl = 600_000;
+    let g1 = Gateway::start(&replica_timed("one", admin1, admin2, &[busy.addr], ttl));
+    let g2 = Gateway::start(&replica_timed(
+        "two",
+        admin2,
+        admin1,
+        &[busy.addr, idle.addr],
+        ttl,
+    ));
+    let held: Vec<_> = (0..2).map(|i| send(&g1, &format!("held-{i}"))).collect();
+    received("replica 1's requests at the engine", &busy, 2).await;
+    eventually_load("replica 2 sees them", &g2, &busy, (0, 2, 2)).await;
+
+    // Replica 1's rule is replaced while they are in flight.
+    let doc = admin_get(&g1, "/admin/rules/kv").await;
+    let resp = client()
+        .put(g1.admin_url("/admin/rules/kv"))
+        .bearer_auth(TOKEN)
+        .json(&doc)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        200,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    gate.open();
+    for r in held {
+        assert_eq!(r.await.unwrap(), Some(200));
+    }
+    eventually_load(
+        "replica 2 sees the replaced rule's requests end",
+        &g2,
+        &busy,
+        (0, 0, 0),
+    )
+    .await;
+    // The new instance is shared too.
+    let next = send(&g1, "after-replace");
+    received("the new rule's request at the engine", &busy, 3).await;
+    eventually_load(
+        "replica 2 sees the new instance's request",
+        &g2,
+        &busy,
+        (0, 1, 1),
+    )
+    .await;
+    gate.open();
+    assert_eq!(next.await.unwrap(), Some(200));
+    eventually_load("and its end", &g2, &busy, (0, 0, 0)).await;
 }

@@ -17,7 +17,8 @@
 //! * **Wire form.** Endpoints are named by URL, not index: replicas may list
 //!   a rule's endpoints in another order. The origin id is per rule instance
 //!   (random), because a replaced rule's new tracker numbers its deltas from
-//!   1 again and would look stale under the old id.
+//!   1 again and would look stale under the old id; a replaced or deleted
+//!   instance is still drained until its last request ends.
 //! * **Receiving.** [`ReplicaSync::receive`] maps rule name and URL to the
 //!   local rule and endpoint and applies each delta; duplicates, reordering,
 //!   unknown rules or endpoints and a full origin table are counted, never
@@ -32,7 +33,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use kvroute_core::EndpointId;
-use kvroute_select::{Applied, LoadDelta, LoadTracker, RemoteConfig, RemoteLoad};
+use kvroute_select::{Applied, Load, LoadDelta, LoadTracker, RemoteConfig, RemoteLoad};
 use parking_lot::Mutex;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
@@ -59,6 +60,10 @@ const PEER_QUEUE: usize = 32;
 /// Other replicas' rule instances one rule counts at most (the library
 /// refuses and counts more until one expires).
 const MAX_ORIGINS: usize = 64;
+
+/// Replaced or deleted rule instances still drained until their requests end
+/// (beyond it, peers keep an old instance's last totals until its TTL).
+const MAX_RETIRING: usize = 16;
 
 /// One replica's load changes, as posted to a peer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -650,13 +655,27 @@ async fn sync_loop(
     let mut next_heartbeat = Duration::ZERO;
     let mut next_expiry = Duration::ZERO;
     let mut buf = Vec::new();
+    // Rule instances replaced or deleted while requests were in flight: their
+    // trackers are still drained, so peers see those requests end instead of
+    // keeping the last totals until remote_ttl_ms.
+    let mut known: Vec<Arc<RuleRuntime>> = Vec::new();
+    let mut retiring: Vec<Arc<RuleRuntime>> = Vec::new();
     loop {
         tick.tick().await;
         let Some(gw) = gw.upgrade() else {
             return;
         };
         let now = gw.now();
-        let rules = gw.rules_snapshot();
+        let mut rules = gw.rules_snapshot();
+        for old in known.drain(..) {
+            if !rules.iter().any(|r| Arc::ptr_eq(r, &old)) && retiring.len() < MAX_RETIRING {
+                retiring.push(old);
+            }
+        }
+        known.clone_from(&rules);
+        // Idle before this drain: the drain below announces its last change.
+        let done: Vec<bool> = retiring.iter().map(|rt| idle(rt)).collect();
+        rules.extend(retiring.iter().cloned());
         let mut full = sync.resync.swap(false, Ordering::AcqRel);
         if now >= next_heartbeat {
             full = true;
@@ -683,6 +702,8 @@ async fn sync_loop(
             }
         }
         let batch = sync.collect(&rules, full, &mut buf);
+        let mut done = done.into_iter();
+        retiring.retain(|_| !done.next().unwrap_or(true));
         drop((rules, gw));
         if batch.rules.is_empty() {
             continue;
@@ -695,6 +716,16 @@ async fn sync_loop(
             }
         }
     }
+}
+
+/// Whether a rule instance has nothing charged.
+fn idle(rt: &RuleRuntime) -> bool {
+    (0..rt.endpoints.len()).all(|i| {
+        let l = rt
+            .tracker
+            .load(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)));
+        l.in_flight == 0 && l.queued_prefill_tokens == 0
+    })
 }
 
 /// Posts what queued for one peer, merged, until the sync task ends.
