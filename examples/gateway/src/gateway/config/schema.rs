@@ -1,4 +1,4 @@
-//! The file's shape as serde reads it: `[listen]`, `[admin]`, `[limits]`,
+//! The file's shape as serde reads it: `listen`, `[admin]`, `[limits]`,
 //! `[health]`, `[decisions]`, `[[models]]`, `[[rules]]`, `[replicas]`.
 //! Unknown fields are refused everywhere so a typo is an error, not a default.
 
