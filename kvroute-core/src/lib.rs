@@ -37,6 +37,11 @@
 //! * [`BlockHasher`] / [`PromptHasher`]: one-shot, incremental and chain-continuing hashing.
 //! * [`vllm`], [`sglang`], [`trtllm`], [`rekey`]: the engines' raw rules.
 //! * `golden` (feature `parity`): checkers for the golden hash-vector files (`kvroute parity`).
+//!
+//! ## Features
+//!
+//! None by default. `parity` adds the `golden` checkers; `fuzzing` adds the
+//! entry points of the cargo-fuzz targets in `fuzz/` (not a stable API).
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 #![forbid(unsafe_code)]

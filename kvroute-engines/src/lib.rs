@@ -24,6 +24,10 @@
 //! * `zmq` (default): the ZeroMQ subscriber and replay client (vLLM, SGLang).
 //! * `trtllm-http` (default): the TensorRT-LLM drain poller and the `/metrics`
 //!   load poller (pulls an HTTP client).
+//! * `parity`: `events::golden` and `prompt::golden`, the checkers of the
+//!   golden wire and chat files (the gateway's `kvroute parity` command).
+//! * `fuzzing`: the entry points of the cargo-fuzz targets in `fuzz/`; not a
+//!   stable API.
 //!
 //! A vLLM- or SGLang-only host needs no HTTP client:
 //! `kvroute-engines = { version = "0.1", default-features = false, features = ["zmq"] }`.
@@ -50,7 +54,8 @@
 //! let contract: HashContract = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse()?;
 //! let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
 //! let config = IngestConfig { expected_block_size: Some(16), ..IngestConfig::default() };
-//! let ingest = EndpointIngest::new(EndpointId(0), config, Keying::Engine);
+//! // The inventory is keyed as the contract says (here: the engine's own keys).
+//! let ingest = EndpointIngest::new(EndpointId(0), config, Keying::for_contract(&contract));
 //! // DP rank 0's stream, without a replay socket.
 //! let mut sink = DecodingSink::new(EngineKind::Vllm, IndexIngest::new(ingest, Arc::clone(&index), Some(0), false))?;
 //!

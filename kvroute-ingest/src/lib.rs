@@ -41,6 +41,15 @@
 //! assert_eq!((out[0].prefix, out[0].blocks), (1, 1));
 //! assert_eq!(ingest.counters().clears, 1);
 //! ```
+//!
+//! An inventory holds either the engine's own keys or kvroute's re-keyed ones
+//! ([`KeyMode`], the one key-mode type of every kvroute crate). Hosts build
+//! each endpoint's [`Keying`] with [`Keying::for_contract`] from the rule's
+//! contract, the same contract the prompt side hashes with, so both sides
+//! agree by construction.
+//!
+//! Feature `fuzzing` adds the entry points of the cargo-fuzz targets in
+//! `fuzz/` and their reference model (not a stable API).
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 

@@ -58,6 +58,9 @@
 //! rules. A provider or contract that cannot reproduce an extra refuses it
 //! ([`KeysError::ExtraNotSupported`]) and the decision records the miss
 //! [`MissReason::ExtrasUnsupported`] instead of predicting hits with wrong keys.
+//!
+//! Feature `fuzzing` adds the entry point of the `select_ladder` cargo-fuzz
+//! target in `fuzz/` (not a stable API).
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
