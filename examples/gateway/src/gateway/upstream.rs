@@ -286,7 +286,70 @@ pub fn response_body(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use futures_util::StreamExt as _;
+    use http_body_util::StreamBody;
+    use kvroute::receipt::Receipt;
+    use kvroute_core::EndpointId;
+    use kvroute_select::{Load as _, LoadTracker, Target};
+
     use super::*;
+
+    /// An engine that sends its first chunk and then nothing: the idle
+    /// limit ends the body with an error, the receipt body reports it
+    /// incomplete (no receipt even though a usage line passed) and the load
+    /// charge is released; a body that keeps talking is never cut.
+    #[tokio::test]
+    async fn a_silent_upstream_is_cut_and_its_charge_released() {
+        let usage =
+            r#"data: {"choices":[],"usage":{"prompt_tokens_details":{"cached_tokens":32}}}"#;
+        let first = Bytes::from(format!("{usage}\n\n"));
+        let frames =
+            futures_util::stream::iter([Ok::<_, std::convert::Infallible>(Frame::data(first))])
+                .chain(futures_util::stream::pending());
+        let tracker = Arc::new(LoadTracker::new(1));
+        let target = Target {
+            endpoint: EndpointId(0),
+            decode: None,
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<Receipt>();
+        let body = ReceiptBody::new(
+            IdleTimeout::new(StreamBody::new(frames), Duration::from_millis(100)),
+            BodyKind::Sse,
+            Some(tracker.charge(target, 100)),
+            Box::new(move |r| tx.send(r).unwrap()),
+        );
+        assert_eq!(tracker.load(EndpointId(0)).in_flight, 1);
+        // Bounded: without the idle limit the body would wait forever.
+        let collected = tokio::time::timeout(Duration::from_secs(30), body.collect())
+            .await
+            .expect("the idle limit cut the body");
+        assert!(
+            collected.is_err(),
+            "the idle limit ends the body with an error"
+        );
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            Receipt {
+                cached_tokens: None,
+                complete: false
+            }
+        );
+        assert_eq!(tracker.load(EndpointId(0)).in_flight, 0);
+        assert_eq!(tracker.load(EndpointId(0)).queued_prefill_tokens, 0);
+
+        // Each frame re-arms the limit: gaps under it pass even when the whole
+        // body takes longer than it (10 × 150 ms under a 1 s limit).
+        let slow = futures_util::stream::iter(0..10).then(|i| async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(format!("chunk {i}\n"))))
+        });
+        let body = IdleTimeout::new(StreamBody::new(Box::pin(slow)), Duration::from_secs(1));
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let want: String = (0..10).map(|i| format!("chunk {i}\n")).collect();
+        assert_eq!(&bytes[..], want.as_bytes());
+    }
 
     #[test]
     fn hop_by_hop_and_connection_listed_headers_are_dropped() {
