@@ -578,6 +578,30 @@ impl PromptHasher<'_> {
         let l = h.lookahead();
         let target = h.hashable_blocks(tokens.len());
         let before = self.blocks_done;
+        if let Kind::Vllm {
+            algorithm,
+            lookahead: 0,
+            ..
+        } = h.kind
+        {
+            if self.prep.plain {
+                // Plain text request: `extra_keys = None` for every block.
+                let new = tokens.get(before * b..target * b).unwrap_or(&[]);
+                let first = out_keys.len();
+                let r = vllm::extend_plain(
+                    algorithm,
+                    &mut self.scratch,
+                    &mut self.parent,
+                    new,
+                    b,
+                    out_keys,
+                    out_digests,
+                );
+                self.blocks_done = before + (out_keys.len() - first);
+                r?;
+                return Ok(self.blocks_done - before);
+            }
+        }
         if let Kind::Rekey { seed } = h.kind {
             // One loop over the new blocks, keys only (the digest is the key).
             let new = tokens.get(before * b..target * b).unwrap_or(&[]);

@@ -34,48 +34,73 @@ fn head(out: &mut Vec<u8>, major: u8, n: u64) {
     }
 }
 
-/// A uint head as a fixed 9-byte array plus its length, so the token loop can do
-/// constant-size stores instead of variable-length copies.
+/// Room [`put_head`] needs after its position: it always stores 9 bytes.
+pub(super) const HEAD_ROOM: usize = 9;
+
+/// Writes a shortest-form head at `buf[pos..]` and returns the position after it.
+///
+/// Without branches on the value: token ids spread over a vocabulary mix 3- and
+/// 5-byte heads at random, which a branchy encoder mispredicts. It stores a
+/// fixed 9 bytes (the caller keeps [`HEAD_ROOM`] bytes free) and advances by the
+/// real length; the bytes beyond it are overwritten by what follows.
 #[inline(always)]
-fn uint_head_fixed(n: u64) -> ([u8; 9], usize) {
-    let mut b = [0u8; 9];
-    let len = if n < 24 {
-        b[0] = n as u8;
-        1
-    } else if n <= 0xff {
-        b[0] = 24;
-        b[1] = n as u8;
-        2
-    } else if n <= 0xffff {
-        b[0] = 25;
-        b[1..3].copy_from_slice(&(n as u16).to_be_bytes());
-        3
-    } else if n <= 0xffff_ffff {
-        b[0] = 26;
-        b[1..5].copy_from_slice(&(n as u32).to_be_bytes());
-        5
+pub(super) fn put_head(buf: &mut [u8], pos: usize, major: u8, n: u64) -> usize {
+    let small = n < 24;
+    // 0, 1, 2, 3 for 1, 2, 4, 8 payload bytes, announced by 24 + class.
+    let class = u32::from(n > 0xff) + u32::from(n > 0xffff) + u32::from(n > 0xffff_ffff);
+    let payload_bits = 8u32 << class;
+    let initial = (major << 5) | if small { n as u8 } else { 24 + class as u8 };
+    // The payload left-aligned after the initial byte: all of it for up to 4
+    // bytes, the first 7 of 8 (the 8th goes to the ninth byte).
+    let value = if small {
+        0
     } else {
-        b[0] = 27;
-        b[1..9].copy_from_slice(&n.to_be_bytes());
-        9
+        (n << (64 - payload_bits)) >> 8
     };
-    (b, len)
+    let word = (u64::from(initial) << 56) | value;
+    let len = if small {
+        1
+    } else {
+        1 + (payload_bits / 8) as usize
+    };
+    if let Some(dst) = buf.get_mut(pos..pos + HEAD_ROOM) {
+        let (first8, ninth) = dst.split_at_mut(8);
+        first8.copy_from_slice(&word.to_be_bytes());
+        ninth.copy_from_slice(&[n as u8]);
+    }
+    pos + len
 }
 
-/// Appends the token ints (major type 0) of a block.
-#[inline(always)]
-fn token_ints<T: Copy + Into<u64>>(out: &mut Vec<u8>, tokens: &[T]) {
-    let start = out.len();
-    out.resize(start + tokens.len() * 9 + 9, 0);
-    let mut pos = start;
+/// Worst-case bytes [`put_plain_tail`] stores for `n` tokens.
+pub(super) const fn plain_tail_bound(n: usize) -> usize {
+    HEAD_ROOM * (n + 1) + 1 + HEAD_ROOM
+}
+
+/// Writes the part of a block without extra keys that follows the parent,
+/// `tuple(tokens)` then `None`, at `buf[pos..]`; returns where it ends. The
+/// caller keeps [`plain_tail_bound`] bytes free.
+#[inline]
+pub(super) fn put_plain_tail(buf: &mut [u8], pos: usize, tokens: &[u32]) -> usize {
+    let mut pos = put_head(buf, pos, MAJOR_ARRAY, tokens.len() as u64);
     for &t in tokens {
-        let (bytes, len) = uint_head_fixed(t.into());
-        if let Some(dst) = out.get_mut(pos..pos + 9) {
-            dst.copy_from_slice(&bytes);
-        }
-        pos += len;
+        pos = put_head(buf, pos, MAJOR_UINT, u64::from(t));
     }
-    out.truncate(pos);
+    if let Some(b) = buf.get_mut(pos) {
+        *b = NULL;
+    }
+    pos + 1
+}
+
+/// `array(3)` and the byte-string head of a `P`-byte parent: what precedes
+/// the parent in every block.
+pub(super) const fn parent_prefix<const P: usize>() -> ([u8; 3], usize) {
+    let m = (MAJOR_BYTES << 5) as usize;
+    if P < 24 {
+        ([(MAJOR_ARRAY << 5) | 3, (m | P) as u8, 0], 2)
+    } else {
+        // Digests are at most 32 bytes: a one-byte length.
+        ([(MAJOR_ARRAY << 5) | 3, (m | 24) as u8, P as u8], 3)
+    }
 }
 
 #[inline(always)]
@@ -144,41 +169,87 @@ pub(crate) fn encode_block<'a, T, I>(
     T: Copy + Into<u64>,
     I: Iterator<Item = ExtraKeyItem<'a>> + Clone,
 {
-    out.push((MAJOR_ARRAY << 5) | 3);
-    // Constant-size copies for the two real digest widths.
-    match parent.len() {
-        32 => {
-            out.extend_from_slice(&[(MAJOR_BYTES << 5) | 24, 32]);
-            let mut fixed = [0u8; 32];
-            fixed.copy_from_slice(parent);
-            out.extend_from_slice(&fixed);
-        }
-        16 => {
-            out.push((MAJOR_BYTES << 5) | 16);
-            let mut fixed = [0u8; 16];
-            fixed.copy_from_slice(parent);
-            out.extend_from_slice(&fixed);
-        }
-        _ => bytes(out, parent),
+    let start = out.len();
+    let end = write_block(out, start, parent, tokens, extra, lookahead);
+    out.truncate(end);
+}
+
+/// Worst-case bytes of the parent, the token array and the lookahead tokens,
+/// plus the slack the 9-byte stores of [`put_head`] need.
+fn bound<T>(parent: &[u8], tokens: &[T], lookahead: Option<&[T]>) -> usize {
+    let la = lookahead.map_or(0, <[T]>::len);
+    // array(3) + bytes head + parent + array head + tokens + array head + null + lookahead + slack
+    1 + HEAD_ROOM
+        + parent.len()
+        + HEAD_ROOM * (tokens.len() + 1)
+        + HEAD_ROOM
+        + 1
+        + HEAD_ROOM * la
+        + HEAD_ROOM
+}
+
+/// Writes the block's CBOR at `buf[start..]` and returns where it ends.
+///
+/// `buf` only grows (to the worst-case size) and is never zero-filled again:
+/// a caller reusing it as scratch keeps its length, and the bytes past the
+/// returned end are left over from the stores and mean nothing. With extra
+/// keys `buf` is truncated to the end instead (the items are appended).
+pub(crate) fn write_block<'a, T, I>(
+    buf: &mut Vec<u8>,
+    start: usize,
+    parent: &[u8],
+    tokens: &[T],
+    extra: I,
+    lookahead: Option<&[T]>,
+) -> usize
+where
+    T: Copy + Into<u64>,
+    I: Iterator<Item = ExtraKeyItem<'a>> + Clone,
+{
+    let need = start + bound(parent, tokens, lookahead);
+    if buf.len() < need {
+        buf.resize(need, 0);
     }
-    head(out, MAJOR_ARRAY, tokens.len() as u64);
-    token_ints(out, tokens);
-    let lookahead_tokens = lookahead;
-    if let Some(la) = lookahead_tokens {
-        head(out, MAJOR_ARRAY, 1 + la.len() as u64);
+    let mut pos = start;
+    if let Some(b) = buf.get_mut(pos) {
+        *b = (MAJOR_ARRAY << 5) | 3;
+    }
+    pos += 1;
+    pos = put_head(buf, pos, MAJOR_BYTES, parent.len() as u64);
+    if let Some(dst) = buf.get_mut(pos..pos + parent.len()) {
+        dst.copy_from_slice(parent);
+    }
+    pos += parent.len();
+    pos = put_head(buf, pos, MAJOR_ARRAY, tokens.len() as u64);
+    for &t in tokens {
+        pos = put_head(buf, pos, MAJOR_UINT, t.into());
+    }
+    if let Some(la) = lookahead {
+        pos = put_head(buf, pos, MAJOR_ARRAY, 1 + la.len() as u64);
     }
     let count = extra.clone().count();
     if count == 0 {
-        out.push(NULL);
-    } else {
-        head(out, MAJOR_ARRAY, count as u64);
-        for it in extra {
-            item(out, &it);
+        if let Some(b) = buf.get_mut(pos) {
+            *b = NULL;
         }
+        pos += 1;
+        if let Some(la) = lookahead {
+            for &t in la {
+                pos = put_head(buf, pos, MAJOR_UINT, t.into());
+            }
+        }
+        return pos;
     }
-    if let Some(la) = lookahead_tokens {
+    // Extra keys are rare and variable-sized: append them the plain way.
+    buf.truncate(pos);
+    head(buf, MAJOR_ARRAY, count as u64);
+    for it in extra {
+        item(buf, &it);
+    }
+    if let Some(la) = lookahead {
         for &t in la {
-            head(out, MAJOR_UINT, t.into());
+            head(buf, MAJOR_UINT, t.into());
         }
     }
+    buf.len()
 }

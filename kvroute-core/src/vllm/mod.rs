@@ -8,6 +8,10 @@
 
 pub(crate) mod cbor;
 pub(crate) mod pickle;
+mod plain;
+mod sha256;
+
+pub(crate) use plain::extend_plain;
 
 use std::fmt;
 use std::str::FromStr;
@@ -214,10 +218,12 @@ pub fn none_hash(algorithm: VllmAlgorithm, seed_str: &str) -> Digest {
     algorithm.digest(&buf)
 }
 
-/// Serialises one block into `scratch` (cleared first) and digests it.
+/// Serialises one block and digests it, using `scratch` as working space.
 ///
 /// `tokens` may be any unsigned integers (vLLM hashes Python ints); the hot path
-/// uses `u32`.
+/// uses `u32`. Keep `scratch` between blocks: after the first block it is not
+/// allocated or zero-filled again. Its contents afterwards are unspecified; use
+/// [`serialize_block`] for the bytes `hash_fn` sees.
 pub fn hash_block<'a, T, I>(
     algorithm: VllmAlgorithm,
     scratch: &mut Vec<u8>,
@@ -230,19 +236,53 @@ where
     T: Copy + Into<u64>,
     I: Iterator<Item = ExtraKeyItem<'a>> + Clone,
 {
+    if algorithm.uses_cbor() {
+        let len = cbor::write_block(scratch, 0, parent.as_bytes(), tokens, extra, lookahead);
+        if algorithm == VllmAlgorithm::Sha256Cbor {
+            return Ok(Digest::from_32(sha256::digest_in_place(scratch, len)));
+        }
+        return Ok(algorithm.digest(scratch.get(..len).unwrap_or(&[])));
+    }
     scratch.clear();
-    encode_block(
-        algorithm,
-        scratch,
-        parent.as_bytes(),
-        tokens,
-        extra,
-        lookahead,
-    );
-    if !algorithm.uses_cbor() && scratch.len() >= pickle::MAX_SINGLE_FRAME {
+    pickle::encode_block(scratch, parent.as_bytes(), tokens, extra, lookahead);
+    if scratch.len() >= pickle::MAX_SINGLE_FRAME {
         return Err(HashError::PickleTooLarge { len: scratch.len() });
     }
     Ok(algorithm.digest(scratch))
+}
+
+/// Appends the bytes [`hash_block`] digests for one block: the canonical CBOR
+/// or the pickle of `(parent, tuple(tokens), extra_keys)`.
+///
+/// ```
+/// use kvroute_core::vllm::{none_hash, serialize_block, ExtraKeyItem, VllmAlgorithm};
+/// let root = none_hash(VllmAlgorithm::Sha256Cbor, "0");
+/// let mut bytes = Vec::new();
+/// serialize_block(
+///     VllmAlgorithm::Sha256Cbor,
+///     &mut bytes,
+///     &root,
+///     &[1u32, 2, 300],
+///     std::iter::empty::<ExtraKeyItem<'_>>(),
+///     None,
+/// );
+/// // array(3), bytes(32) head, the root, array(3), 1, 2, uint16 300, null
+/// assert_eq!(bytes.len(), 1 + 2 + 32 + 1 + 1 + 1 + 3 + 1);
+/// assert_eq!(&bytes[..3], &[0x83, 0x58, 0x20]);
+/// assert_eq!(&bytes[35..], &[0x83, 0x01, 0x02, 0x19, 0x01, 0x2c, 0xf6]);
+/// ```
+pub fn serialize_block<'a, T, I>(
+    algorithm: VllmAlgorithm,
+    out: &mut Vec<u8>,
+    parent: &Digest,
+    tokens: &[T],
+    extra: I,
+    lookahead: Option<&[T]>,
+) where
+    T: Copy + Into<u64>,
+    I: Iterator<Item = ExtraKeyItem<'a>> + Clone,
+{
+    encode_block(algorithm, out, parent.as_bytes(), tokens, extra, lookahead);
 }
 
 /// The extra-key items of the block covering `[start, window_end)` (the block
