@@ -251,3 +251,101 @@ fn a_removed_middle_key_ends_the_prefix_until_stored_again() {
     index.remove(e, Medium::Gpu, &keys[200..=200]).unwrap();
     assert_eq!(prefix(&index), 200);
 }
+
+/// Writers storing chains (runs), voiding runs through second holders,
+/// removes and clears (so run slots are freed and reused by other
+/// endpoints), while readers walk: a key no writer ever stores for an
+/// endpoint bounds that endpoint's prefix in every read, and an endpoint
+/// nobody touches keeps its exact prefix.
+#[test]
+fn runs_stay_sound_while_slots_are_voided_and_reused_concurrently() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    const HOLE: usize = 150;
+    let chain: Vec<BlockKey> = chains(&[(0, 0, 400)])
+        .remove(0)
+        .into_iter()
+        .map(BlockKey)
+        .collect();
+    let index = Arc::new(SharedIndex::new(8, IndexConfig::default()));
+    // Endpoint 7 holds the first 300 blocks in runs for the whole test.
+    for from in (0..300usize).step_by(20) {
+        let parent = from.checked_sub(1).map(|p| chain[p]);
+        index
+            .store_chain(EndpointId(7), Medium::Gpu, parent, &chain[from..from + 20])
+            .unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (index, stop, chain) = (index.clone(), stop.clone(), chain.clone());
+            std::thread::spawn(move || {
+                let mut out = vec![Overlap::default(); 8];
+                let mut rounds = 0u32;
+                while !stop.load(Ordering::Relaxed) || rounds == 0 {
+                    index.score_prefix(&chain, &mut out);
+                    for (e, o) in out.iter().enumerate().take(3) {
+                        assert!(o.prefix as usize <= HOLE, "endpoint {e}: {o:?}");
+                    }
+                    assert_eq!(out[7].prefix, 300);
+                    rounds += 1;
+                }
+                rounds
+            })
+        })
+        .collect();
+    let writers: Vec<_> = (0..3u32)
+        .map(|e| {
+            let (index, chain) = (index.clone(), chain.clone());
+            std::thread::spawn(move || {
+                let mut x = 0x2545_f491_4f6c_dd1du64 ^ u64::from(e);
+                for round in 0..300 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Everything but the hole, in events of 1..24 blocks.
+                    let step = 1 + (x % 24) as usize;
+                    let mut from = 0;
+                    while from < chain.len() {
+                        let to = (from + step).min(chain.len());
+                        let parent = from.checked_sub(1).map(|p| chain[p]);
+                        let keys: Vec<BlockKey> = (from..to)
+                            .filter(|i| *i != HOLE)
+                            .map(|i| chain[i])
+                            .collect();
+                        if to <= HOLE || from > HOLE {
+                            index
+                                .store_chain(EndpointId(e), Medium::Gpu, parent, &keys)
+                                .unwrap();
+                        } else {
+                            // The event around the hole is not a chain
+                            // segment any more: stored plainly.
+                            index.store(EndpointId(e), Medium::Gpu, &keys).unwrap();
+                        }
+                        from = to;
+                    }
+                    // Another endpoint's keys held too, removed, cleared.
+                    let other = EndpointId((e + 1) % 3);
+                    let at = (x >> 20) as usize % chain.len();
+                    if at != HOLE {
+                        index.store(other, Medium::Gpu, &chain[at..=at]).unwrap();
+                        index
+                            .remove(EndpointId(e), Medium::Gpu, &chain[at..=at])
+                            .unwrap();
+                    }
+                    if round % 7 == 0 {
+                        index.clear_endpoint(EndpointId(e)).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+}

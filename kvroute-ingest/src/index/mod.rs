@@ -61,10 +61,25 @@
 //! # Concurrency
 //!
 //! Readers (`score`) group the prompt's keys by shard and take each shard's read
-//! lock once per call (per 256 keys); writers take a shard write lock per key.
-//! One writer per endpoint is expected (the endpoint's ingest); each endpoint's
-//! rings sit behind their own mutex, which readers never take, so misuse is
-//! safe, only serialised. No thread ever holds two shard locks at once.
+//! lock once per call (per 256 keys); the prefix walk takes one per key it
+//! looks up alone. Writers take a shard write lock per key, except
+//! [`SharedIndex::store_chain`] into an unbounded tier, which write-locks the
+//! shards of each group of 32 keys together, in ascending shard order (one
+//! fence per group instead of per key lets the inserts' cache misses
+//! overlap). One writer per endpoint is expected (the endpoint's ingest);
+//! each endpoint's rings sit behind their own mutex, which readers never
+//! take, so misuse is safe, only serialised. Readers never hold two shard
+//! locks at once and writers that hold several took them in ascending order,
+//! so no cycle of waits can form.
+//!
+//! # Chain runs
+//!
+//! [`SharedIndex::store_chain`] also records, per bank, runs of up to 32
+//! consecutive chained keys one endpoint alone holds in the GPU tier (16
+//! bytes per run, at most 2^18 − 1 runs and about 5 MiB per bank); the prefix
+//! walk credits a whole valid run after one lookup when only its owner still
+//! matches. Any change that could make a run's claim false (a member
+//! removed, evicted, cleared or stored by a second endpoint) voids it.
 //!
 //! ```
 //! use kvroute_core::{BlockKey, EndpointId, Medium};
