@@ -56,6 +56,7 @@ pub mod fuzzing;
 #[cfg(feature = "parity")]
 pub mod golden;
 mod hasher;
+pub mod mix;
 pub mod rekey;
 pub mod sglang;
 pub mod trtllm;

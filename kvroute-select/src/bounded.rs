@@ -102,13 +102,8 @@ pub(crate) fn chain(parent: u64, next: u64) -> u64 {
     mix64(parent ^ next.rotate_left(29))
 }
 
-/// SplitMix64 finaliser: a cheap, well-spread 64-bit mix.
-pub(crate) fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+/// SplitMix64 (kvroute-core's one mixer): a cheap, well-spread 64-bit mix.
+pub(crate) use kvroute_core::mix::splitmix64 as mix64;
 
 #[cfg(test)]
 mod tests {

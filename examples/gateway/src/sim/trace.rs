@@ -268,13 +268,7 @@ pub fn parse_jsonl<R: BufRead>(mut input: R) -> Result<Workload, TraceError> {
 /// Root of every key chain.
 const KEY_ROOT: u64 = 0x6b76_726f_7574_6553; // "kvrouteS"
 
-/// SplitMix64 finaliser.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use kvroute_core::mix::splitmix64 as mix;
 
 fn chain(parent: u64, value: u64) -> u64 {
     mix(parent ^ mix(value))
