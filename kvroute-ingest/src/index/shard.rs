@@ -225,36 +225,32 @@ impl TierTable {
     /// holder ends a run's claim on the entry). A new entry names `join`.
     fn set(&mut self, key: u64, flag: u64, join: Option<u32>) -> Option<(bool, Option<u32>)> {
         let hash = entry_hash(key);
-        let old = self.entries.find(hash, |e| e.key() == key).map(|e| e.code);
-        match old {
-            Some(old_code) => {
-                let mask = self.decode(old_code);
-                if mask & flag != 0 {
-                    return None;
-                }
-                let code = self.encode(mask | flag, Some(old_code));
-                if let Some(e) = self.entries.find_mut(hash, |e| e.key() == key) {
-                    e.code = code;
-                }
-                Some((false, run_of(old_code)))
-            }
-            None => {
-                let mut code = self.encode(flag, None);
+        // One probe for a new key: the vacant slot found is the one filled.
+        let old_code = match self.entries.entry(hash, |e| e.key() == key, rehash) {
+            hashbrown::hash_table::Entry::Occupied(o) => o.get().code,
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                // A lone holder is always inline (what `encode` gives).
+                let mut code = SOLE | (flag.trailing_zeros() & 63);
                 if let Some(run) = join.filter(|r| *r < (1 << RUN_ID_BITS) - 1) {
                     code |= (run + 1) << RUN_SHIFT;
                 }
-                self.entries.insert_unique(
-                    hash,
-                    Entry {
-                        key_lo: key as u32,
-                        key_hi: (key >> 32) as u32,
-                        code,
-                    },
-                    rehash,
-                );
-                Some((true, None))
+                v.insert(Entry {
+                    key_lo: key as u32,
+                    key_hi: (key >> 32) as u32,
+                    code,
+                });
+                return Some((true, None));
             }
+        };
+        let mask = self.decode(old_code);
+        if mask & flag != 0 {
+            return None;
         }
+        let code = self.encode(mask | flag, Some(old_code));
+        if let Some(e) = self.entries.find_mut(hash, |e| e.key() == key) {
+            e.code = code;
+        }
+        Some((false, run_of(old_code)))
     }
 
     /// Names `run` in `key`'s entry if `flag` is its only holder and it names
