@@ -14,12 +14,12 @@
 //! `async fn` the host spawns on its own tokio runtime, stopped by a shutdown
 //! future the host supplies. Every transport keeps [`SubscriberMetrics`].
 
-pub mod decoding_sink;
+mod decoding_sink;
 pub mod endpoint;
-pub mod index_ingest;
-pub mod metrics;
-pub mod sink;
-pub mod trtllm_sink;
+mod index_ingest;
+mod metrics;
+mod sink;
+mod trtllm_sink;
 
 #[cfg(feature = "zmq")]
 pub mod replay;
