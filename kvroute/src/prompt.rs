@@ -390,16 +390,16 @@ pub fn token_ids_equivalent(
 /// ```
 #[must_use]
 pub fn with_token_ids(body: &[u8], ids: &[u32]) -> Option<Vec<u8>> {
-    use std::io::Write as _;
     let (start, end) = prompt_span(body)?;
     let mut out = Vec::with_capacity(body.len() - (end - start) + ids.len() * 7 + 2);
     out.extend_from_slice(&body[..start]);
     out.push(b'[');
-    for (i, id) in ids.iter().enumerate() {
+    let mut digits = itoa::Buffer::new();
+    for (i, &id) in ids.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        write!(out, "{id}").ok()?;
+        out.extend_from_slice(digits.format(id).as_bytes());
     }
     out.push(b']');
     out.extend_from_slice(&body[end..]);

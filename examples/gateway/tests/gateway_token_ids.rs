@@ -29,6 +29,16 @@ async fn post(url: String, body: &Value) -> Value {
     v
 }
 
+/// The endpoints once `n` receipts are booked (at the response body's end,
+/// which the client may see before the gateway has run it).
+async fn receipts(gw: &Gateway, n: u64) -> Vec<Value> {
+    eventually("the receipts", || async {
+        let eps = endpoints(gw).await;
+        (eps[0]["receipts"].as_u64() == Some(n)).then_some(eps)
+    })
+    .await
+}
+
 async fn own_ids(engine: &Standin, text: &str) -> Value {
     post(
         engine.url("/tokenize"),
@@ -63,7 +73,7 @@ async fn completions_reach_the_engine_as_the_ids_it_would_compute() {
     .await;
     let second = post(gw.url("/v1/completions"), &body).await;
     assert!(cached_tokens(&second) >= 48, "{second}");
-    let eps = endpoints(&gw).await;
+    let eps = receipts(&gw, 2).await;
     assert_eq!(
         eps[0]["predicted_cached_tokens"], eps[0]["delivered_cached_tokens"],
         "{eps:?}"
@@ -153,7 +163,7 @@ async fn the_mock_engine_takes_the_ids_with_the_predicted_receipt() {
     let (status, v) = complete(&gw, &p, 2).await;
     assert_eq!(status, 200, "{v}");
     assert!(cached_tokens(&v) >= 48, "{v}");
-    let eps = endpoints(&gw).await;
+    let eps = receipts(&gw, 2).await;
     assert_eq!(
         eps[0]["predicted_cached_tokens"], eps[0]["delivered_cached_tokens"],
         "{eps:?}"
