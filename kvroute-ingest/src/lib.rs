@@ -62,7 +62,7 @@ pub mod index;
 pub mod ingest;
 pub mod rekey;
 pub mod seq;
-pub mod view;
+mod view;
 
 pub use attest::{ContractAttestor, ContractStatus, KeyAttestor};
 pub use event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
