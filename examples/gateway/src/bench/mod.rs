@@ -158,8 +158,9 @@ pub struct FreshReport {
     /// gateway − direct, p99.
     pub added_first_byte_p99_ms: f64,
     /// A plain single-threaded `Tokenizer::encode` of a request's rendered
-    /// prompt, in this process (the mean of two medians of up to 5 requests'
-    /// prompts, timed right before and right after the gateway run).
+    /// prompt, in this process (the mean of two medians, over half the
+    /// gateway run's prompts timed right before it and the other half right
+    /// after; at most 25 each).
     pub tokenize_single_ms: f64,
     /// `added_first_byte_p50_ms / tokenize_single_ms`.
     pub added_p50_ratio: f64,
@@ -438,7 +439,8 @@ pub async fn bench_gateway_fresh(args: &GatewayBenchArgs) -> anyhow::Result<Gate
     };
     // The single-threaded reference is timed right before and right after
     // the gateway run, in this process, so it sees the same machine load.
-    let samples = args.requests.clamp(1, 5);
+    // Half the gateway run's prompts before it, the other half after.
+    let samples = (args.requests / 2).clamp(1, 25);
     let reference = |from: usize| {
         let cal = Arc::clone(&cal);
         tokio::task::spawn_blocking(move || {
@@ -490,12 +492,16 @@ pub async fn bench_gateway_fresh(args: &GatewayBenchArgs) -> anyhow::Result<Gate
         load::run_with_starts(&client, Arc::new(gateway_jobs), args.concurrency).await;
     let after = reference(n + samples).await??;
     let (d_lat, d_missing) = first_byte_latencies(&direct_starts, 0..n as u64, &relays);
-    let (g_lat, g_missing) =
-        first_byte_latencies(&gateway_starts, n as u64..2 * n as u64, &relays);
+    let (g_lat, g_missing) = first_byte_latencies(&gateway_starts, n as u64..2 * n as u64, &relays);
     let gateway_proxied = gw.gateway.metrics.outcome_count(RULE, Outcome::Proxied);
     let decisions = ["kv_exact", "fallback", "exhausted"]
         .iter()
-        .map(|t| ((*t).to_owned(), json!(gw.gateway.metrics.tier_count(RULE, t))))
+        .map(|t| {
+            (
+                (*t).to_owned(),
+                json!(gw.gateway.metrics.tier_count(RULE, t)),
+            )
+        })
         .collect();
     gw.shutdown().await;
     for e in engines {
