@@ -156,7 +156,7 @@ fn ratios() {
         let t = Instant::now();
         theirs();
         let iters = (500_000 / t.elapsed().as_nanos().max(1) as usize).max(1);
-        let mut time = |f: &mut dyn FnMut()| {
+        let time = |f: &mut dyn FnMut()| {
             let t = Instant::now();
             for _ in 0..iters {
                 f();
