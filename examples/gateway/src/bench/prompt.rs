@@ -451,7 +451,13 @@ impl Fixture {
         // the prompt on endpoint 63): no removals left behind by earlier runs.
         let holder = EndpointId(63);
         let index = background_index()?;
-        index.store(holder, Medium::Gpu, &keys)?;
+        // Stored as the engines' events arrive through `EndpointIngest`:
+        // 16-block events chained through their parent.
+        let mut parent = None;
+        for event in keys.chunks(16) {
+            index.store_chain(holder, Medium::Gpu, parent, event)?;
+            parent = event.last().copied();
+        }
         let mut out = [Overlap::default(); 64];
         let t = Instant::now();
         index.score_prefix(&keys, &mut out);
