@@ -355,6 +355,21 @@ impl Shard {
         (out, run)
     }
 
+    /// Probes `key` in `tier` without changing anything; true if present.
+    ///
+    /// A group's inserts are preceded by a probe of every key: the probes do
+    /// not depend on each other, so their control-byte cache misses overlap
+    /// (the inserts then find the lines cached) instead of each insert
+    /// waiting out its own miss.
+    #[inline]
+    pub(crate) fn probe(&self, tier: usize, key: u64) -> bool {
+        self.tiers.get(tier).is_some_and(|t| {
+            t.entries
+                .find(entry_hash(key), |e| e.key() == key)
+                .is_some()
+        })
+    }
+
     /// See `TierTable::attach` (GPU tier only).
     pub(crate) fn attach_run(&mut self, key: u64, bit: u32, run: u32) -> bool {
         self.tiers
