@@ -81,10 +81,30 @@ pub(super) const fn plain_tail_bound(n: usize) -> usize {
 /// caller keeps [`plain_tail_bound`] bytes free.
 #[inline]
 pub(super) fn put_plain_tail(buf: &mut [u8], pos: usize, tokens: &[u32]) -> usize {
-    let mut pos = put_head(buf, pos, MAJOR_ARRAY, tokens.len() as u64);
-    for &t in tokens {
+    let pos = put_tuple_head(buf, pos, tokens.len());
+    let pos = put_ids(buf, pos, tokens);
+    put_none(buf, pos)
+}
+
+/// The head of a `tuple` of `n` items at `buf[pos..]` ([`HEAD_ROOM`] free).
+#[inline(always)]
+pub(super) fn put_tuple_head(buf: &mut [u8], pos: usize, n: usize) -> usize {
+    put_head(buf, pos, MAJOR_ARRAY, n as u64)
+}
+
+/// The ids as CBOR unsigned integers at `buf[pos..]` ([`HEAD_ROOM`] bytes
+/// free per id and after them).
+#[inline(always)]
+pub(super) fn put_ids(buf: &mut [u8], mut pos: usize, ids: &[u32]) -> usize {
+    for &t in ids {
         pos = put_head(buf, pos, MAJOR_UINT, u64::from(t));
     }
+    pos
+}
+
+/// `None` at `buf[pos]`.
+#[inline(always)]
+pub(super) fn put_none(buf: &mut [u8], pos: usize) -> usize {
     if let Some(b) = buf.get_mut(pos) {
         *b = NULL;
     }

@@ -69,12 +69,21 @@ pub(crate) const PAD_ROOM: usize = 65;
 /// SHA-256 of an already padded message (a whole number of 64-byte blocks).
 #[inline]
 pub(crate) fn digest_padded(padded: &[u8]) -> [u8; 32] {
+    digest_padded_with(padded, || {})
+}
+
+/// [`digest_padded`], calling `between` after each 64-byte block's
+/// compression has been issued: work independent of the digest placed there
+/// overlaps the compressions' dependency chain.
+#[inline]
+pub(crate) fn digest_padded_with(padded: &[u8], mut between: impl FnMut()) -> [u8; 32] {
     let mut state = IV;
     for block in padded.chunks_exact(64) {
         compress256(
             &mut state,
             std::slice::from_ref(GenericArray::from_slice(block)),
         );
+        between();
     }
     let mut out = [0u8; 32];
     for (o, w) in out.chunks_exact_mut(4).zip(state) {
