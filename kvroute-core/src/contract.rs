@@ -314,6 +314,29 @@ impl HashContract {
         crate::BlockHasher::new(self)
     }
 
+    /// Whether every key depends on all the blocks before it (a chain), so
+    /// that equal keys mean equal prefixes: true for every contract except
+    /// SGLang 0.4.8 ..= 0.5.5's `legacy_pyhash`, which hashes each page
+    /// alone. The inventory's prefix shortcut (chain runs) relies on it.
+    ///
+    /// ```
+    /// use kvroute_core::HashContract;
+    /// let v: HashContract = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse().unwrap();
+    /// assert!(v.keys_chained());
+    /// let legacy: HashContract = "sglang@0.5.5:legacy_pyhash:block=16".parse().unwrap();
+    /// assert!(!legacy.keys_chained());
+    /// ```
+    #[must_use]
+    pub fn keys_chained(&self) -> bool {
+        !matches!(
+            self,
+            HashContract::Sglang(SglangContract {
+                algorithm: SglangAlgorithm::LegacyPyhash,
+                ..
+            })
+        )
+    }
+
     /// How inventories and prompts are keyed under this contract: re-key
     /// contracts ([`HashContract::Rekey`]) re-key, every engine contract uses
     /// the engine's own keys. The ingest side and the prompt side both take

@@ -144,6 +144,12 @@ pub struct IngestConfig {
     /// map may also hold as many entries as the endpoint's inventory can hold
     /// keys over all tiers (a correct publisher needs one per key), plus 1024.
     pub max_rekey_entries: usize,
+    /// Whether the engine's keys form chains (each depends on every block
+    /// before it; `HashContract::keys_chained`). On, a stored event's blocks
+    /// are recorded as runs the prefix walk may cross with one lookup; off
+    /// (SGLang's legacy per-page hash), every key is looked up. Re-keyed
+    /// inventories are always chained.
+    pub chained_keys: bool,
 }
 
 /// Default [`IngestConfig::max_rekey_entries`]: 2^16 (the bound then follows the
@@ -159,6 +165,7 @@ impl Default for IngestConfig {
             attest_links: 1 << 16,
             expected_block_size: None,
             max_rekey_entries: DEFAULT_REKEY_ENTRIES,
+            chained_keys: true,
         }
     }
 }
@@ -807,8 +814,11 @@ impl EndpointIngest {
         index: &SharedIndex,
     ) -> Result<WriteStats, crate::IndexError> {
         let Some(r) = &mut self.rekeying else {
-            // A stored event's blocks are consecutive in one chain after `parent`
-            // (every engine's contract), which lets the index record runs.
+            // A stored event's blocks are consecutive in one chain after
+            // `parent`; with chained keys that lets the index record runs.
+            if !self.config.chained_keys {
+                return index.store(self.endpoint, s.medium, &s.keys);
+            }
             return index.store_chain(self.endpoint, s.medium, s.parent, &s.keys);
         };
         let parent = match s.parent {

@@ -509,6 +509,7 @@ impl Shared {
             // Engine blocks of another size never match the prompt side's keys.
             expected_block_size: Some(self.block_size),
             window,
+            chained_keys: self.contract.keys_chained(),
             ..IngestConfig::default()
         };
         let ingest =

@@ -94,6 +94,7 @@ fn new_ingest(
         // Engine blocks of another size never match the prompt side's keys:
         // counted and shown as a contract mismatch (also in re-key mode).
         expected_block_size: contract.map(|c| c.block_size().get()),
+        chained_keys: contract.is_none_or(HashContract::keys_chained),
         window: if spec.drain {
             SeqWindowConfig::destructive_drain()
         } else if spec.replay {
