@@ -101,17 +101,6 @@ async fn tokenize_counters(gw: &Gateway) -> Value {
     get_json(&gw.admin_url("/admin/counters"), None).await["tokenize"].clone()
 }
 
-async fn metrics_text(gw: &Gateway) -> String {
-    client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_long_prompts_is_bounded_by_the_tokenization_limits() {
     const FLOOD: usize = 16;

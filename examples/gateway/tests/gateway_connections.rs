@@ -49,14 +49,7 @@ async fn normal_request(gw: &Gateway) -> u16 {
 }
 
 async fn metric(gw: &Gateway, line_prefix: &str) -> u64 {
-    let text = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(gw).await;
     text.lines()
         .find_map(|l| l.strip_prefix(line_prefix))
         .and_then(|v| v.trim().parse().ok())

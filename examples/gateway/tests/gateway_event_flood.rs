@@ -115,14 +115,7 @@ fn config(echo: SocketAddr, zmq: u16) -> String {
 
 /// Sum of `kvroute_subscriber_decode_errors_total` over its label sets.
 async fn decode_errors(gw: &Gateway) -> u64 {
-    let text = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(gw).await;
     text.lines()
         .filter(|l| l.starts_with("kvroute_subscriber_decode_errors_total"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())

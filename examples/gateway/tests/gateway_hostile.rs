@@ -104,14 +104,7 @@ async fn hostile_bodies_get_clean_answers_and_counted_misses() {
     // The gateway is still healthy, and a normal prompt is tokenized.
     let (status, v) = complete(&gw, &prompt("after", 40), 1).await;
     assert_eq!(status, 200, "{v}");
-    let text = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&gw).await;
     assert!(
         text.contains("kvroute_kv_misses_total{rule=\"kv\",reason=\"prompt_too_long\"} 2"),
         "{text}"

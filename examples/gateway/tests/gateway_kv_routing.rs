@@ -99,14 +99,7 @@ async fn warm_requests_land_on_the_endpoint_holding_the_prefix() {
         "{:?}",
         eps[holder]
     );
-    let metrics = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&gw).await;
     let holder_url = eps[holder]["url"].as_str().unwrap();
     let line = metrics
         .lines()

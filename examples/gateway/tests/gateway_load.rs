@@ -125,14 +125,7 @@ async fn a_prefilling_non_streaming_request_counts_from_the_decision() {
         queued > 3 * 300,
         "predicted uncached prompt tokens count as queued prefill: {load}"
     );
-    let metrics = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&gw).await;
     assert_eq!(metric(&metrics, "kvroute_in_flight{"), 3, "{metrics}");
     assert_eq!(metric(&metrics, "kvroute_queued_prefill_tokens{"), queued);
     for r in reqs {

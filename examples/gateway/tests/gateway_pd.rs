@@ -60,14 +60,7 @@ async fn prefill_goes_by_kv_and_never_to_the_decode_endpoint() {
         "{:?}",
         eps[holder]
     );
-    let metrics = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&gw).await;
     assert!(
         metrics.contains("kvroute_prefill_requests_total 1"),
         "{metrics}"

@@ -207,14 +207,7 @@ async fn replicas_see_and_avoid_each_others_in_flight_requests() {
     assert!(c2["received"]["applied"].as_u64().unwrap() >= 2, "{c2}");
     assert!(c2["peers"][0]["sent"].as_u64().unwrap() >= 1, "{c2}");
     assert_eq!(c2["received"]["unknown_endpoint"], 0, "same URLs: {c2}");
-    let metrics = client()
-        .get(g2.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&g2).await;
     let peer_sent = format!(
         "kvroute_replica_sync_batches_total{{peer=\"http://127.0.0.1:{admin1}\",result=\"sent\"}}"
     );

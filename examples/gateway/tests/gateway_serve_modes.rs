@@ -170,17 +170,6 @@ async fn warm_requests_land_on_the_holder(gw: &Gateway, seed: &str) -> usize {
     holder
 }
 
-async fn metrics_text(gw: &Gateway) -> String {
-    client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// The value of the first `/metrics` sample of `name` whose labels contain `with`.
 fn sample(metrics: &str, name: &str, with: &str) -> Option<u64> {
     metrics

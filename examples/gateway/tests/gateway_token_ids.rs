@@ -92,14 +92,7 @@ async fn completions_reach_the_engine_as_the_ids_it_would_compute() {
     assert_eq!(stats["requests"], 4, "{stats}");
 
     // Counted once per request: forwarded, or kept as text and why.
-    let metrics = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&gw).await;
     for (outcome, n) in [("forwarded", 2), ("echo", 1), ("chat", 1), ("engine", 0)] {
         let line =
             format!("kvroute_prompt_token_ids_total{{rule=\"kv\",outcome=\"{outcome}\"}} {n}");
@@ -124,14 +117,7 @@ fn forward_rule(topology: &str) -> String {
 }
 
 async fn token_id_metric(gw: &Gateway, outcome: &str) -> u64 {
-    let metrics = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(gw).await;
     let prefix = format!("kvroute_prompt_token_ids_total{{rule=\"kv\",outcome=\"{outcome}\"}} ");
     metrics
         .lines()

@@ -255,6 +255,18 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder().timeout(WAIT).build().unwrap()
 }
 
+/// The admin listener's `/metrics` text.
+pub async fn metrics_text(gw: &Gateway) -> String {
+    client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 pub async fn get_json(url: &str, token: Option<&str>) -> Value {
     let mut req = client().get(url);
     if let Some(t) = token {
