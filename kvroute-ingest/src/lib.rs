@@ -58,15 +58,18 @@ pub mod event;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod index;
-pub mod ingest;
+mod index;
+mod ingest;
 pub mod rekey;
 pub mod seq;
 mod view;
 
 pub use attest::{ContractAttestor, ContractStatus, KeyAttestor};
 pub use event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
-pub use index::{EndpointInventory, IndexConfig, IndexError, SharedIndex, WriteStats};
+pub use index::{
+    EndpointInventory, IndexConfig, IndexError, SharedIndex, WriteStats, BUDGET_BYTES_PER_KEY,
+    DEFAULT_CAPACITY,
+};
 pub use ingest::{
     Completeness, EndpointIngest, IngestConfig, IngestCounters, Keying, Outcome,
     DEFAULT_REKEY_ENTRIES,

@@ -156,7 +156,7 @@ fn the_default_index_is_bounded() {
     let budget = index.memory_budget().expect("bounded by default");
     assert_eq!(
         index.capacity(EndpointId(0), Medium::Gpu),
-        Some(kvroute_ingest::index::DEFAULT_CAPACITY as u64)
+        Some(kvroute_ingest::DEFAULT_CAPACITY as u64)
     );
     println!("default budget for 3 endpoints: {budget} B");
     // The engine's own figure replaces the default, evicting at once.

@@ -26,7 +26,7 @@
 //! not attested then: they are opaque by assumption.
 //!
 //! Capacity: every endpoint is bounded by the index default
-//! ([`kvroute_ingest::index::DEFAULT_CAPACITY`] blocks per tier) until the engine
+//! ([`kvroute_ingest::DEFAULT_CAPACITY`] blocks per tier) until the engine
 //! reports its own ([`RuleInventory::set_capacity`]; TensorRT-LLM's `created`
 //! event does it by itself).
 
