@@ -1,62 +1,5 @@
-//! [`EndpointIngest`]: the sans-IO writer of one endpoint — sequence windows (one
-//! per DP rank), key mode, attestation and counters — applying event batches to a
-//! [`SharedIndex`].
-//!
-//! # Decisions
-//!
-//! * **DP ranks.** Each rank numbers its batches from 0, so each gets its own
-//!   [`SeqWindow`]. All ranks of one endpoint write into the endpoint's single
-//!   inventory (their union; reference counts keep a block stored by two ranks
-//!   until both remove it). A clear triggered by any rank (gap, restart,
-//!   `AllBlocksCleared`) clears the whole endpoint: a stale entry would only cost
-//!   an optimisation, and so does a missing one. Hosts that route to ranks
-//!   separately give each rank its own endpoint slot and `EndpointIngest`.
-//! * **Hybrid groups.** Only events of [`IngestConfig::scored_group`] (group 0, the
-//!   full-attention group in vLLM, by default) are applied; other groups' events
-//!   are counted and skipped. The prompt side hashes at one block size, other
-//!   groups use other block sizes (so their keys never match) or hold only a
-//!   sliding window of the prefix. `None` applies every group into one key space.
-//! * **Key modes.** [`Keying::Engine`] stores the keys the engine reports.
-//!   [`Keying::Rekey`] computes internal keys from the event's token ids chained
-//!   through the parent's internal key, and keeps engine key → (internal key,
-//!   outstanding stores) so `BlockRemoved` and tier moves still work. A stored
-//!   event whose parent is unknown, or whose blocks lack tokens, cannot be
-//!   re-keyed; it is counted and skipped. The map is bounded by the endpoint's
-//!   capacity (see [`IngestConfig::max_rekey_entries`]): entries whose internal
-//!   key left the index are dropped first; a map still full of live entries
-//!   (many engine keys per internal key: a broken or hostile publisher) resets
-//!   the endpoint, counted in [`IngestCounters::rekey_map_full`].
-//! * **Completeness.** Each stream's window counts the batches of the engine's
-//!   current process the inventory is known to lack
-//!   ([`crate::seq::SeqWindow::missing_batches`]); an endpoint is
-//!   [`Completeness::Partial`] while any stream lacks some. A clear caused by one
-//!   stream (or by the host) makes every other stream's batches missing; an
-//!   `AllBlocksCleared` makes its own stream complete again. The transition to
-//!   partial is logged once at WARN with the endpoint's name (its URL in the
-//!   gateway) and counted; the return to complete at INFO.
-//!
-//! ```
-//! use kvroute_core::{BlockKey, EndpointId, Medium};
-//! use kvroute_ingest::{
-//!     BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent,
-//!     SharedIndex, seq::SeqAction,
-//! };
-//!
-//! let index = SharedIndex::new(1, IndexConfig::default());
-//! let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
-//! let batch = EventBatch {
-//!     seq: 0,
-//!     events: vec![KvEvent::Stored(BlockStored {
-//!         keys: vec![BlockKey(7), BlockKey(8)],
-//!         block_size: 16,
-//!         ..Default::default()
-//!     })],
-//!     ..Default::default()
-//! };
-//! let outcome = ingest.apply_batch(&batch, &index);
-//! assert_eq!(outcome.action, SeqAction::Apply);
-//! assert!(index.contains(EndpointId(0), BlockKey(8), Medium::Gpu));
-//! ```
+//! The per-endpoint ingest state machine ([`EndpointIngest`], whose docs hold
+//! the decisions it makes).
 
 use std::sync::Arc;
 
@@ -286,7 +229,65 @@ struct Attesting {
     digests: Vec<Digest>,
 }
 
-/// One endpoint's ingest state machine. See the [module docs](self).
+/// One endpoint's ingest state machine: the sans-IO writer of one endpoint — sequence windows (one
+/// per DP rank), key mode, attestation and counters — applying event batches to a
+/// [`SharedIndex`].
+///
+/// # Decisions
+///
+/// * **DP ranks.** Each rank numbers its batches from 0, so each gets its own
+///   [`SeqWindow`]. All ranks of one endpoint write into the endpoint's single
+///   inventory (their union; reference counts keep a block stored by two ranks
+///   until both remove it). A clear triggered by any rank (gap, restart,
+///   `AllBlocksCleared`) clears the whole endpoint: a stale entry would only cost
+///   an optimisation, and so does a missing one. Hosts that route to ranks
+///   separately give each rank its own endpoint slot and `EndpointIngest`.
+/// * **Hybrid groups.** Only events of [`IngestConfig::scored_group`] (group 0, the
+///   full-attention group in vLLM, by default) are applied; other groups' events
+///   are counted and skipped. The prompt side hashes at one block size, other
+///   groups use other block sizes (so their keys never match) or hold only a
+///   sliding window of the prefix. `None` applies every group into one key space.
+/// * **Key modes.** [`Keying::Engine`] stores the keys the engine reports.
+///   [`Keying::Rekey`] computes internal keys from the event's token ids chained
+///   through the parent's internal key, and keeps engine key → (internal key,
+///   outstanding stores) so `BlockRemoved` and tier moves still work. A stored
+///   event whose parent is unknown, or whose blocks lack tokens, cannot be
+///   re-keyed; it is counted and skipped. The map is bounded by the endpoint's
+///   capacity (see [`IngestConfig::max_rekey_entries`]): entries whose internal
+///   key left the index are dropped first; a map still full of live entries
+///   (many engine keys per internal key: a broken or hostile publisher) resets
+///   the endpoint, counted in [`IngestCounters::rekey_map_full`].
+/// * **Completeness.** Each stream's window counts the batches of the engine's
+///   current process the inventory is known to lack
+///   ([`crate::seq::SeqWindow::missing_batches`]); an endpoint is
+///   [`Completeness::Partial`] while any stream lacks some. A clear caused by one
+///   stream (or by the host) makes every other stream's batches missing; an
+///   `AllBlocksCleared` makes its own stream complete again. The transition to
+///   partial is logged once at WARN with the endpoint's name (its URL in the
+///   gateway) and counted; the return to complete at INFO.
+///
+/// ```
+/// use kvroute_core::{BlockKey, EndpointId, Medium};
+/// use kvroute_ingest::{
+///     BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent,
+///     SharedIndex, seq::SeqAction,
+/// };
+///
+/// let index = SharedIndex::new(1, IndexConfig::default());
+/// let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
+/// let batch = EventBatch {
+///     seq: 0,
+///     events: vec![KvEvent::Stored(BlockStored {
+///         keys: vec![BlockKey(7), BlockKey(8)],
+///         block_size: 16,
+///         ..Default::default()
+///     })],
+///     ..Default::default()
+/// };
+/// let outcome = ingest.apply_batch(&batch, &index);
+/// assert_eq!(outcome.action, SeqAction::Apply);
+/// assert!(index.contains(EndpointId(0), BlockKey(8), Medium::Gpu));
+/// ```
 pub struct EndpointIngest {
     endpoint: EndpointId,
     name: Arc<str>,
@@ -357,7 +358,7 @@ impl EndpointIngest {
     }
 
     /// Whether the inventory holds everything the engine reported (see
-    /// "Completeness" in the [module docs](self)).
+    /// "Completeness" in the [`EndpointIngest`] docs).
     #[must_use]
     pub fn completeness(&self) -> Completeness {
         if self.streams.iter().all(|(_, w)| w.last_seq().is_none()) {

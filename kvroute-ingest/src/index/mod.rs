@@ -1,101 +1,5 @@
-//! The shared inventory index: every endpoint's block keys in one structure that
-//! scores a prompt against all endpoints in one pass.
-//!
-//! # Layout
-//!
-//! Endpoints are dense slots `0..n`, grouped in *banks* of 64. A bank is a set of
-//! lock-sharded hash maps, one per storage tier, from block key to a `u64` mask of
-//! the bank's endpoints that hold the key in that tier. A key held by many
-//! endpoints costs one map entry, not one per endpoint. Scoring looks each prompt
-//! key up once per bank (so ≤ 64 endpoints is one lookup per key; hundreds of
-//! endpoints still work, with one lookup per key per bank) and adds the masks into
-//! bit-sliced counters.
-//!
-//! # Semantics
-//!
-//! * **Reference counts.** Each (endpoint, tier, key) carries a count of stores not
-//!   yet matched by a remove. A second store of a present key changes neither
-//!   scoring nor capacity (membership is idempotent) but raises the count; a remove
-//!   lowers it, and the key leaves only when it reaches zero. This is what vLLM
-//!   means when two requests cache the same block: it emits two identical
-//!   `BlockStored` and, when one physical copy is evicted, one `BlockRemoved`
-//!   while the other copy is still cached
-//!   (`golden/vllm-events/v0.33.0/stream/05_duplicate_store_single_remove.json`).
-//!   Dropping the key on the first remove would under-report. A remove of an
-//!   absent key is counted and ignored.
-//! * **Tiers are independent.** A key can be present in several tiers of one
-//!   endpoint; a remove from the CPU tier leaves the GPU copy.
-//! * **Capacity** is bounded per (endpoint, tier), by default at
-//!   [`DEFAULT_CAPACITY`] blocks: engines report their own evictions
-//!   (`BlockRemoved`), so a correct stream never reaches an engine-sized bound,
-//!   but a peer that only stores (lost removes, or a hostile publisher) must not
-//!   grow kvroute's memory. Set the engine's real figure per endpoint with
-//!   [`SharedIndex::set_capacity`] when it is known (TensorRT-LLM's `created`
-//!   event, vLLM/SGLang `num_gpu_blocks`); [`IndexConfig::capacity_per_endpoint`]
-//!   is the starting bound of every slot ([`usize::MAX`]: unbounded). Each
-//!   bounded (endpoint, tier) keeps an insertion ring (one entry each time a key
-//!   becomes present); when a store exceeds the bound, entries are popped from
-//!   the front until one names a key that is still present, and that key is
-//!   evicted whatever its reference count. A key that was removed and stored again may therefore be evicted at
-//!   its earlier ring position: eviction is "oldest insertion first" on that
-//!   ring, not an exact LRU. Evictions are counted. The ring costs 8–16 bytes
-//!   per (endpoint, key) pair, which is why unbounded indexes keep none.
-//! * **Clearing** an endpoint hides it from readers at once (one atomic store of a
-//!   per-bank mask), then purges its keys 128 at a time under a shard's write
-//!   lock. With a ring it takes the keys from the ring, grouped by shard;
-//!   without one it scans the bank's shards, collecting the endpoint's keys
-//!   under a shard's read lock (readers proceed). Either way a reader
-//!   waits for at most one small batch of updates; the clearing writer pays
-//!   O(keys of the endpoint) with a ring, O(keys of the bank) without. No other
-//!   endpoint's inventory changes.
-//!
-//! # Memory
-//!
-//! A table entry is 12 bytes (key + a 32-bit holder code listing up to four
-//! holders inline; keys held by more endpoints spill a 64-bit mask to a side
-//! vector) plus one control byte, so a key held by one endpoint costs 13 bytes
-//! divided by the table's load factor (between 7/16 and 7/8, as hash tables
-//! double). Shared keys cost one entry for all their holders.
-//! [`SharedIndex::memory_bytes`] reports the figure for a metrics gauge.
-//!
-//! # Concurrency
-//!
-//! Readers (`score`) group the prompt's keys by shard and take each shard's read
-//! lock once per call (per 256 keys); the prefix walk takes one per key it
-//! looks up alone. Writers take a shard write lock per key, except
-//! [`SharedIndex::store_chain`] into an unbounded tier, which write-locks the
-//! shards of each group of 32 keys together, in ascending shard order (one
-//! fence per group instead of per key lets the inserts' cache misses
-//! overlap). One writer per endpoint is expected (the endpoint's ingest);
-//! each endpoint's rings sit behind their own mutex, which readers never
-//! take, so misuse is safe, only serialised. Readers never hold two shard
-//! locks at once and writers that hold several took them in ascending order,
-//! so no cycle of waits can form.
-//!
-//! # Chain runs
-//!
-//! [`SharedIndex::store_chain`] also records, per bank, runs of up to 32
-//! consecutive chained keys one endpoint alone holds in the GPU tier (16
-//! bytes per run, at most 2^18 − 1 runs and about 5 MiB per bank); the prefix
-//! walk credits a whole valid run after one lookup when only its owner still
-//! matches. Any change that could make a run's claim false (a member
-//! removed, evicted, cleared or stored by a second endpoint) voids it.
-//!
-//! ```
-//! use kvroute_core::{BlockKey, EndpointId, Medium};
-//! use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
-//!
-//! let index = SharedIndex::new(2, IndexConfig::default());
-//! let keys = [BlockKey(10), BlockKey(11), BlockKey(12)];
-//! index.store(EndpointId(0), Medium::Gpu, &keys[..2])?;
-//! index.store(EndpointId(1), Medium::Gpu, &keys[1..])?;
-//!
-//! let mut out = [Overlap::default(); 2];
-//! index.score(&keys, &mut out);
-//! assert_eq!((out[0].blocks, out[0].prefix), (2, 2));
-//! assert_eq!((out[1].blocks, out[1].prefix), (2, 0));
-//! # Ok::<(), kvroute_ingest::IndexError>(())
-//! ```
+//! The shared inventory index ([`SharedIndex`], whose docs hold the layout,
+//! semantics and an example).
 
 mod runs;
 mod shard;
@@ -155,7 +59,7 @@ pub struct IndexConfig {
     /// [`SharedIndex::set_capacity`] changes it; a store beyond it evicts the
     /// oldest inserted key of that tier. [`DEFAULT_CAPACITY`] by default;
     /// [`usize::MAX`] means unbounded: no insertion ring is kept, which saves
-    /// 8–16 bytes per (endpoint, key) pair (see the [module docs](self)).
+    /// 8–16 bytes per (endpoint, key) pair (see [`SharedIndex`]).
     pub capacity_per_endpoint: usize,
     /// Lock shards per bank of 64 endpoints (rounded up to a power of two).
     pub shards: usize,
@@ -310,7 +214,104 @@ impl EndpointKeys {
 /// The inventories of a fixed set of endpoint slots, shared between one writer
 /// per endpoint and any number of scoring readers (wrap it in an `Arc`).
 ///
-/// See the [module docs](self) for semantics and an example.
+/// The shared inventory index: every endpoint's block keys in one structure that
+/// scores a prompt against all endpoints in one pass.
+///
+/// # Layout
+///
+/// Endpoints are dense slots `0..n`, grouped in *banks* of 64. A bank is a set of
+/// lock-sharded hash maps, one per storage tier, from block key to a `u64` mask of
+/// the bank's endpoints that hold the key in that tier. A key held by many
+/// endpoints costs one map entry, not one per endpoint. Scoring looks each prompt
+/// key up once per bank (so ≤ 64 endpoints is one lookup per key; hundreds of
+/// endpoints still work, with one lookup per key per bank) and adds the masks into
+/// bit-sliced counters.
+///
+/// # Semantics
+///
+/// * **Reference counts.** Each (endpoint, tier, key) carries a count of stores not
+///   yet matched by a remove. A second store of a present key changes neither
+///   scoring nor capacity (membership is idempotent) but raises the count; a remove
+///   lowers it, and the key leaves only when it reaches zero. This is what vLLM
+///   means when two requests cache the same block: it emits two identical
+///   `BlockStored` and, when one physical copy is evicted, one `BlockRemoved`
+///   while the other copy is still cached
+///   (`golden/vllm-events/v0.33.0/stream/05_duplicate_store_single_remove.json`).
+///   Dropping the key on the first remove would under-report. A remove of an
+///   absent key is counted and ignored.
+/// * **Tiers are independent.** A key can be present in several tiers of one
+///   endpoint; a remove from the CPU tier leaves the GPU copy.
+/// * **Capacity** is bounded per (endpoint, tier), by default at
+///   [`DEFAULT_CAPACITY`] blocks: engines report their own evictions
+///   (`BlockRemoved`), so a correct stream never reaches an engine-sized bound,
+///   but a peer that only stores (lost removes, or a hostile publisher) must not
+///   grow kvroute's memory. Set the engine's real figure per endpoint with
+///   [`SharedIndex::set_capacity`] when it is known (TensorRT-LLM's `created`
+///   event, vLLM/SGLang `num_gpu_blocks`); [`IndexConfig::capacity_per_endpoint`]
+///   is the starting bound of every slot ([`usize::MAX`]: unbounded). Each
+///   bounded (endpoint, tier) keeps an insertion ring (one entry each time a key
+///   becomes present); when a store exceeds the bound, entries are popped from
+///   the front until one names a key that is still present, and that key is
+///   evicted whatever its reference count. A key that was removed and stored again may therefore be evicted at
+///   its earlier ring position: eviction is "oldest insertion first" on that
+///   ring, not an exact LRU. Evictions are counted. The ring costs 8–16 bytes
+///   per (endpoint, key) pair, which is why unbounded indexes keep none.
+/// * **Clearing** an endpoint hides it from readers at once (one atomic store of a
+///   per-bank mask), then purges its keys 128 at a time under a shard's write
+///   lock. With a ring it takes the keys from the ring, grouped by shard;
+///   without one it scans the bank's shards, collecting the endpoint's keys
+///   under a shard's read lock (readers proceed). Either way a reader
+///   waits for at most one small batch of updates; the clearing writer pays
+///   O(keys of the endpoint) with a ring, O(keys of the bank) without. No other
+///   endpoint's inventory changes.
+///
+/// # Memory
+///
+/// A table entry is 12 bytes (key + a 32-bit holder code listing up to four
+/// holders inline; keys held by more endpoints spill a 64-bit mask to a side
+/// vector) plus one control byte, so a key held by one endpoint costs 13 bytes
+/// divided by the table's load factor (between 7/16 and 7/8, as hash tables
+/// double). Shared keys cost one entry for all their holders.
+/// [`SharedIndex::memory_bytes`] reports the figure for a metrics gauge.
+///
+/// # Concurrency
+///
+/// Readers (`score`) group the prompt's keys by shard and take each shard's read
+/// lock once per call (per 256 keys); the prefix walk takes one per key it
+/// looks up alone. Writers take a shard write lock per key, except
+/// [`SharedIndex::store_chain`] into an unbounded tier, which write-locks the
+/// shards of each group of 32 keys together, in ascending shard order (one
+/// fence per group instead of per key lets the inserts' cache misses
+/// overlap). One writer per endpoint is expected (the endpoint's ingest);
+/// each endpoint's rings sit behind their own mutex, which readers never
+/// take, so misuse is safe, only serialised. Readers never hold two shard
+/// locks at once and writers that hold several took them in ascending order,
+/// so no cycle of waits can form.
+///
+/// # Chain runs
+///
+/// [`SharedIndex::store_chain`] also records, per bank, runs of up to 32
+/// consecutive chained keys one endpoint alone holds in the GPU tier (16
+/// bytes per run, at most 2^18 − 1 runs and about 5 MiB per bank); the prefix
+/// walk credits a whole valid run after one lookup when only its owner still
+/// matches. Any change that could make a run's claim false (a member
+/// removed, evicted, cleared or stored by a second endpoint) voids it.
+///
+/// ```
+/// use kvroute_core::{BlockKey, EndpointId, Medium};
+/// use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
+///
+/// let index = SharedIndex::new(2, IndexConfig::default());
+/// let keys = [BlockKey(10), BlockKey(11), BlockKey(12)];
+/// index.store(EndpointId(0), Medium::Gpu, &keys[..2])?;
+/// index.store(EndpointId(1), Medium::Gpu, &keys[1..])?;
+///
+/// let mut out = [Overlap::default(); 2];
+/// index.score(&keys, &mut out);
+/// assert_eq!((out[0].blocks, out[0].prefix), (2, 2));
+/// assert_eq!((out[1].blocks, out[1].prefix), (2, 0));
+/// # Ok::<(), kvroute_ingest::IndexError>(())
+/// ```
 pub struct SharedIndex {
     banks: Box<[Bank]>,
     endpoints: Box<[Mutex<EndpointKeys>]>,
