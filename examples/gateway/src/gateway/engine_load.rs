@@ -5,6 +5,7 @@
 //! inventory's per-endpoint capacity, so the index is bounded by what the
 //! engine really holds.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,6 +61,9 @@ pub fn spawn(rt: &Arc<RuleRuntime>, interval: Duration) {
         tokio::spawn(poller.run(
             move |result| match result {
                 Ok(r) => {
+                    if let Some(ep) = rule.endpoints.get(i) {
+                        ep.load_polls.ok.fetch_add(1, Ordering::Relaxed);
+                    }
                     warned = false;
                     let report = EngineReport {
                         running: r.running,
@@ -75,6 +79,9 @@ pub fn spawn(rt: &Arc<RuleRuntime>, interval: Duration) {
                     }
                 }
                 Err(e) => {
+                    if let Some(ep) = rule.endpoints.get(i) {
+                        ep.load_polls.failed.fetch_add(1, Ordering::Relaxed);
+                    }
                     rule.reported.invalidate(id);
                     if !warned {
                         // Once per outage, at INFO: selection falls back to

@@ -675,7 +675,7 @@ impl EncodeLabelSet for EndpointLabels<'_> {
 }
 
 /// Per-endpoint families, in the order of [`EndpointRow::values`].
-const ENDPOINT_METRICS: [(&str, MetricType, &str); 9] = [
+const ENDPOINT_METRICS: [(&str, MetricType, &str); 11] = [
     (
         "kvroute_kv_hits",
         MetricType::Counter,
@@ -721,6 +721,16 @@ const ENDPOINT_METRICS: [(&str, MetricType, &str); 9] = [
         MetricType::Gauge,
         "1 when the endpoint is eligible (admin up, breaker not open).",
     ),
+    (
+        "kvroute_engine_load_polls",
+        MetricType::Counter,
+        "Polls of the engine's own load report (its /metrics page) that gave a report.",
+    ),
+    (
+        "kvroute_engine_load_poll_failures",
+        MetricType::Counter,
+        "Polls of the engine's own load report that failed (selection then uses this replica's own counts).",
+    ),
 ];
 
 /// One endpoint's values for one scrape.
@@ -728,6 +738,8 @@ struct EndpointRow<'a> {
     labels: EndpointLabels<'a>,
     values: [u64; ENDPOINT_METRICS.len()],
     ingest: [u64; INGEST_METRICS.len()],
+    /// The engine's own fresh load report, if its poller has one.
+    reported: Option<kvroute_select::EngineReport>,
 }
 
 /// One subscriber's values for one scrape.
@@ -818,6 +830,10 @@ fn encode_gateway(gw: &Gateway, enc: &mut DescriptorEncoder) -> std::fmt::Result
                     u64::from(own.in_flight),
                     own.queued_prefill_tokens,
                     u64::from(rt.is_available(i, now)),
+                    ep.load_polls.ok.load(std::sync::atomic::Ordering::Relaxed),
+                    ep.load_polls
+                        .failed
+                        .load(std::sync::atomic::Ordering::Relaxed),
                 ],
                 ingest: [
                     seq.resumes,
@@ -839,6 +855,7 @@ fn encode_gateway(gw: &Gateway, enc: &mut DescriptorEncoder) -> std::fmt::Result
                         .unwrap_or(u64::MAX),
                     counters.rekey_map_full,
                 ],
+                reported: rt.reported.report(id, now),
             });
             let ranks = ep
                 .spec
@@ -942,6 +959,24 @@ fn encode_gateway(gw: &Gateway, enc: &mut DescriptorEncoder) -> std::fmt::Result
             endpoints.iter().map(|e| (e.labels, e.values[k])),
         )?;
     }
+    family(
+        enc,
+        "kvroute_engine_reported_running",
+        "Requests the engine says it is running (all replicas' requests), from its last fresh load report; absent without one.",
+        MetricType::Gauge,
+        endpoints
+            .iter()
+            .filter_map(|e| Some((e.labels, u64::from(e.reported?.running)))),
+    )?;
+    family(
+        enc,
+        "kvroute_engine_reported_waiting",
+        "Requests the engine says are waiting in its queue, from its last fresh load report; absent without one.",
+        MetricType::Gauge,
+        endpoints
+            .iter()
+            .filter_map(|e| Some((e.labels, u64::from(e.reported?.waiting)))),
+    )?;
     for (k, (name, kind, help)) in SUBSCRIBER_METRICS.iter().enumerate() {
         family(
             enc,

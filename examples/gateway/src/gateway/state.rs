@@ -42,6 +42,18 @@ pub struct EndpointRuntime {
     pub subscribers: Vec<Arc<SubscriberMetrics>>,
     /// The TensorRT-LLM drain poller's metrics (`spec.drain` set).
     pub drain: Option<Arc<SubscriberMetrics>>,
+    /// Polls of the engine's own load report (`/metrics`), by outcome.
+    pub load_polls: LoadPolls,
+}
+
+/// Outcomes of one endpoint's engine-load poller (see `engine_load.rs`):
+/// a failing poller means selection runs on this replica's own counts only.
+#[derive(Debug, Default)]
+pub struct LoadPolls {
+    /// Polls that gave a report.
+    pub ok: std::sync::atomic::AtomicU64,
+    /// Polls that failed (connect, timeout, status, unparsable page).
+    pub failed: std::sync::atomic::AtomicU64,
 }
 
 impl EndpointRuntime {
@@ -501,6 +513,7 @@ impl Gateway {
                 probe_ok: Mutex::new(None),
                 subscribers,
                 drain,
+                load_polls: LoadPolls::default(),
             });
         }
         let (stop, _) = watch::channel(false);
