@@ -55,6 +55,14 @@ impl ContractKeys {
             mode: contract.key_mode(),
         })
     }
+
+    /// The contract's block hasher (what [`PromptKeys::keys`] runs), for a
+    /// host that hashes with tokenization and hands selection the keys
+    /// ([`crate::Request::with_keys`] with [`PromptKeys::contract`]).
+    #[must_use]
+    pub fn hasher(&self) -> &BlockHasher {
+        &self.hasher
+    }
 }
 
 impl PromptKeys for ContractKeys {

@@ -433,10 +433,15 @@ impl Rule {
                 d.prompt_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
                 d.affinity_key
                     .get_or_insert_with(|| token_prefix_key(tokens, n_prefix));
-                match (&self.keys, kv) {
-                    (_, false) => Ok(()),
-                    (None, true) => Err(MissReason::NoHasher),
-                    (Some(p), true) => p
+                match (&self.keys, kv, request.keys) {
+                    (_, false, _) => Ok(()),
+                    (None, true, _) => Err(MissReason::NoHasher),
+                    // The host hashed these tokens already, under this contract.
+                    (Some(_), true, Some((keys, c))) if c == &self.config.contract => {
+                        d.keys.extend_from_slice(keys);
+                        Ok(())
+                    }
+                    (Some(p), true, _) => p
                         .keys_with_extras(tokens, request.extras(), &mut d.keys)
                         .map_err(|e| {
                             tracing::debug!(rule = %self.config.name, error = %e, "prompt hashing failed");
@@ -602,6 +607,12 @@ impl Rule {
                 *x = ok;
             }
         }
+        if let Some(drain) = &self.drain {
+            let eps = &self.config.endpoints;
+            drain.observe(now, &mut d.loads, |i| {
+                eps.get(i).map_or(1, crate::endpoint::Endpoint::capacity_or_one)
+            });
+        }
     }
 
     fn pick_decode<H: Health + ?Sized>(
@@ -667,6 +678,15 @@ impl Rule {
             None
         };
         d.target = Some(Target { endpoint, decode });
+        if let Some(drain) = &self.drain {
+            let cap = self
+                .config
+                .endpoints
+                .get(endpoint.index())
+                .map_or(1, crate::endpoint::Endpoint::capacity_or_one);
+            let tokens = d.predicted_prefill_tokens(self.config.block_size);
+            drain.charge(endpoint.index(), tokens, now, cap);
+        }
         if self.config.choice == Choice::KvExact {
             self.predict(d, endpoint, now);
         }

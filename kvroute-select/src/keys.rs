@@ -216,6 +216,10 @@ pub struct Request<'a> {
     /// [`PromptInput::Tokens`]; precomputed [`PromptInput::Keys`] must already
     /// include them.
     pub extras: Option<&'a RequestExtras>,
+    /// The block keys of [`PromptInput::Tokens`] (with [`Request::extras`])
+    /// as the host already computed them, and their contract: see
+    /// [`Request::with_keys`].
+    pub keys: Option<(&'a [BlockKey], &'a ContractId)>,
 }
 
 impl<'a> Request<'a> {
@@ -227,6 +231,7 @@ impl<'a> Request<'a> {
             session: None,
             text: None,
             extras: None,
+            keys: None,
         }
     }
 
@@ -257,6 +262,29 @@ impl<'a> Request<'a> {
     #[must_use]
     pub const fn with_extras(mut self, extras: &'a RequestExtras) -> Self {
         self.extras = Some(extras);
+        self
+    }
+
+    /// Adds the block keys of the request's [`PromptInput::Tokens`] under
+    /// `contract`, computed by the host (e.g. hashed while the prompt was
+    /// tokenizing, off the async worker). A rule whose contract is
+    /// `contract` uses them instead of hashing the tokens; every other part
+    /// of the decision (prompt length, affinity key, receipts) still reads
+    /// the tokens, so it is the decision the tokens alone give when the keys
+    /// are theirs. Another contract's keys are ignored (the tokens are
+    /// hashed).
+    ///
+    /// ```
+    /// use kvroute_core::BlockKey;
+    /// use kvroute_select::{ContractId, PromptInput, Request};
+    /// let tokens = [1u32, 2, 3, 4];
+    /// let (keys, contract) = ([BlockKey(7)], ContractId::new("plain/bs4"));
+    /// let req = Request::new(PromptInput::Tokens(&tokens)).with_keys(&keys, &contract);
+    /// assert_eq!(req.keys.map(|(k, _)| k.len()), Some(1));
+    /// ```
+    #[must_use]
+    pub const fn with_keys(mut self, keys: &'a [BlockKey], contract: &'a ContractId) -> Self {
+        self.keys = Some((keys, contract));
         self
     }
 

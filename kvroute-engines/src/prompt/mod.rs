@@ -190,6 +190,27 @@ pub fn prompt_tokens_as(
     limits: PromptLimits,
     dialect: request::Dialect,
 ) -> Result<PromptTokens, PromptMiss> {
+    prompt_tokens_encoded(tok, endpoint, body, limits, dialect, &mut |_, text, add| {
+        tok.encode(text, add)
+    })
+}
+
+/// How a request's single prompt text is encoded: given its `cache_salt`,
+/// the text and `add_special_tokens`, the ids ([`pipeline`] hashes there).
+pub(crate) type EncodeOne<'a> =
+    dyn FnMut(Option<&str>, &str, bool) -> Result<Vec<u32>, PromptMiss> + 'a;
+
+/// [`prompt_tokens_as`] with the one text of a chat request (its rendered
+/// prompt) or of a string completions prompt encoded by `encode`; lists of
+/// strings encode with `tok`.
+pub(crate) fn prompt_tokens_encoded(
+    tok: &ModelTokenizer,
+    endpoint: ApiKind,
+    body: &PyValue,
+    limits: PromptLimits,
+    dialect: request::Dialect,
+    encode: &mut EncodeOne<'_>,
+) -> Result<PromptTokens, PromptMiss> {
     let req = request::extract_as(endpoint, body, dialect)?;
     let common = req.common().clone();
     let mut truncated = false;
@@ -203,13 +224,17 @@ pub fn prompt_tokens_as(
                 .try_for_each(|m| add_strings(limits, &mut chars, m))?;
             let (_, rendered) = render_chat(tok, chat)?;
             limits.add(&mut 0, &rendered)?;
-            let ids = tok.encode(&rendered, common.add_special_tokens)?;
+            let ids = encode(
+                common.cache_salt.as_deref(),
+                &rendered,
+                common.add_special_tokens,
+            )?;
             vec![finish(tok, &common, Some(rendered), ids, &mut truncated)?]
         }
         OpenAiRequest::Completions(c) => match &c.prompt {
             CompletionPrompt::Text(text) => {
                 limits.add(&mut 0, text)?;
-                let ids = tok.encode(text, common.add_special_tokens)?;
+                let ids = encode(common.cache_salt.as_deref(), text, common.add_special_tokens)?;
                 vec![finish(
                     tok,
                     &common,

@@ -30,7 +30,9 @@
 
 use kvroute_core::{BlockHasher, BlockKey, HashError, PromptHasher, RequestExtras};
 
-use super::{ModelTokenizer, PromptMiss};
+use super::pyvalue::PyValue;
+use super::request::Dialect;
+use super::{ApiKind, ModelTokenizer, PromptLimits, PromptMiss, PromptTokens};
 
 /// Why [`encode_and_hash`] produced no keys.
 #[derive(Debug, thiserror::Error)]
@@ -73,4 +75,119 @@ pub fn encode_and_hash(
         Ok::<(), PipelineError>(())
     })?;
     Ok(parts)
+}
+
+/// A request's prompt tokens with the block keys of the prompt a router
+/// routes on ([`PromptTokens::engine_prompts`]`[0]`), computed in the same
+/// pass: [`prompt_tokens_and_keys`].
+#[derive(Debug, Clone)]
+pub struct KeyedPrompt {
+    /// What [`super::prompt_tokens_as`] returns for the same arguments.
+    pub tokens: PromptTokens,
+    /// The hash inputs besides the ids: what the `extras` callback made of
+    /// the body's `cache_salt`.
+    pub extras: RequestExtras,
+    /// [`BlockHasher::hash_prompt`] of the first engine prompt's ids with
+    /// [`KeyedPrompt::extras`]; `None` when there is no engine prompt or the
+    /// contract refused the extras or an id (hashing the ids again reports
+    /// the same error, so a caller can leave that to selection).
+    pub keys: Option<Vec<BlockKey>>,
+    /// Parts the ids of a text prompt arrived in (0: the keys were hashed
+    /// after tokenizing, e.g. for an id prompt or a truncated one).
+    pub parts: usize,
+}
+
+/// [`super::prompt_tokens_as`] that also hashes the routed prompt's block
+/// keys under `hasher`. A chat request's rendered prompt and a string
+/// completions prompt go through [`encode_and_hash`] (each piece's blocks
+/// hashed while later pieces tokenize); the keys of an id prompt, of a list
+/// prompt's first element, or of ids that `truncate_prompt_tokens` cut are
+/// hashed from the final ids afterwards. `extras` turns the body's
+/// `cache_salt` into the request's hash extras (adding, e.g., the LoRA
+/// adapter its model names); it is called once.
+///
+/// The ids, and so every miss, are those of `prompt_tokens_as`; the keys
+/// equal [`BlockHasher::hash_prompt`] of the first engine prompt's ids.
+///
+/// ```
+/// use kvroute_core::{HashContract, RequestExtras};
+/// use kvroute_engines::prompt::pipeline::prompt_tokens_and_keys;
+/// use kvroute_engines::prompt::{pyvalue::parse_json, ApiKind, Dialect, ModelTokenizer};
+/// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
+/// let tok = ModelTokenizer::load(&dir, &Default::default())?;
+/// let hasher = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse::<HashContract>()?.hasher()?;
+/// let body = parse_json(br#"{"model": "m", "cache_salt": "t1", "messages": [{"role": "user", "content": "a question about routing, asked at some length so that it spans a few blocks"}]}"#)?;
+/// let salted = |salt: Option<&str>| RequestExtras { cache_salt: salt.map(str::to_owned), ..RequestExtras::NONE };
+/// let p = prompt_tokens_and_keys(&tok, ApiKind::Chat, &body, Default::default(), Dialect::Vllm, &hasher, salted)?;
+/// let mut one_shot = Vec::new();
+/// hasher.hash_prompt(&p.tokens.engine_prompts[0].token_ids, &p.extras, &mut one_shot)?;
+/// assert_eq!(p.keys.as_deref(), Some(&one_shot[..]));
+/// assert!(!one_shot.is_empty() && p.extras.cache_salt.as_deref() == Some("t1"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// The [`PromptMiss`] of `prompt_tokens_as`.
+pub fn prompt_tokens_and_keys(
+    tok: &ModelTokenizer,
+    api: ApiKind,
+    body: &PyValue,
+    limits: PromptLimits,
+    dialect: Dialect,
+    hasher: &BlockHasher,
+    extras: impl FnOnce(Option<&str>) -> RequestExtras,
+) -> Result<KeyedPrompt, PromptMiss> {
+    let mut extras = Some(extras);
+    let mut made: Option<RequestExtras> = None;
+    // Keys of the one text prompt, hashed as it tokenized (`None`: the
+    // contract refused, hash nothing more).
+    let mut piped: Option<(Option<Vec<BlockKey>>, usize)> = None;
+    let tokens = super::prompt_tokens_encoded(
+        tok,
+        api,
+        body,
+        limits,
+        dialect,
+        &mut |salt, text, add| {
+            let e = made.insert(extras.take().map_or(RequestExtras::NONE, |f| f(salt)));
+            let (mut ids, mut keys) = (Vec::new(), Vec::new());
+            match encode_and_hash(tok, text, add, hasher, e, &mut ids, &mut keys) {
+                Ok(parts) => piped = Some((Some(keys), parts)),
+                Err(PipelineError::Prompt(m)) => return Err(m),
+                Err(PipelineError::Hash(err)) => {
+                    tracing::debug!(%err, "contract refused the prompt: no keys");
+                    // The ids are still the request's; hashing stopped early.
+                    ids = tok.encode(text, add)?;
+                    piped = Some((None, 0));
+                }
+            }
+            Ok(ids)
+        },
+    )?;
+    let extras = match made {
+        Some(e) => e,
+        None => extras.map_or(RequestExtras::NONE, |f| f(tokens.cache_salt.as_deref())),
+    };
+    let (keys, parts) = match (piped, tokens.truncated) {
+        (Some((keys, parts)), false) => (keys, parts),
+        (Some((None, _)), true) => (None, 0),
+        // Truncated (the keys were of the whole text), or not a text prompt.
+        _ => {
+            let keys = tokens.engine_prompts.first().and_then(|p| {
+                let mut keys = Vec::new();
+                hasher
+                    .hash_prompt(&p.token_ids, &extras, &mut keys)
+                    .map_err(|err| tracing::debug!(%err, "contract refused the prompt: no keys"))
+                    .ok()
+                    .map(|_| keys)
+            });
+            (keys, 0)
+        }
+    };
+    Ok(KeyedPrompt {
+        tokens,
+        extras,
+        keys,
+        parts,
+    })
 }
