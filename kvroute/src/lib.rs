@@ -76,7 +76,10 @@
 //!   and [`receipt::include_usage`].
 //! * `tower` feature: [`tower::KvRouteLayer`] — buffer the body, decide,
 //!   forward, retry through `tower::retry::Policy`, receipt body.
-//! * [`miss_before_keys`]: the prompt pipeline's miss as selection counts it.
+//! * [`prompt`]: the per-request prompt step ([`prompt::prepare`],
+//!   [`prompt::prepare_admitted`]) for hosts that drive selection themselves,
+//!   as the example gateway does; [`miss_before_keys`]: the prompt
+//!   pipeline's miss as selection counts it.
 //!
 //! `kvroute_select::Proxy` / `route` stay for hosts that want a sans-IO
 //! driver with their own load and health; the facade is the shorter path

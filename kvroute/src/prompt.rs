@@ -2,6 +2,21 @@
 //! and "tokenize once": forwarding the token ids kvroute computed as the
 //! engine's `prompt`, so the engine does not tokenize the text again.
 //!
+//! ## The prompt step
+//!
+//! [`prepare`] is what every host runs per completion request, the facade's
+//! [`crate::KvRouter::pick`] and the example gateway alike: parse the body
+//! like vLLM, read its `model`, ask the [`PromptHost`] for that model's
+//! [`PromptOptions`], render and tokenize within the limits, and — when the
+//! options carry the rule's [`ContractKeys`] — hash the prompt's block keys
+//! in the same job, each piece's blocks while the next piece still encodes
+//! on the parallel tokenizer. The [`PreparedPrompt`] it returns gives
+//! selection its [`Request`] (ids, text, extras, keys: selection hashes
+//! nothing again, and decides exactly as from the ids), and the body to
+//! forward (`stream_options.include_usage` added, the id prompt).
+//! [`prepare_admitted`] runs it on the blocking pool behind the
+//! [`crate::admission`] bound; [`unadmitted`] is what a refused request gets.
+//!
 //! ## Token-id forwarding
 //!
 //! Opt-in ([`crate::KvRouterBuilder::forward_token_ids`]; the gateway's rule
@@ -43,14 +58,19 @@
 //! exactly the blocks the decision predicted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use kvroute_core::RequestExtras;
+use kvroute_core::{BlockKey, RequestExtras};
 use kvroute_engines::prompt::pyvalue::PyValue;
-use kvroute_engines::prompt::{self, pyvalue, request, PromptLimits, PromptMiss, TokenizerPool};
+use kvroute_engines::prompt::{
+    self, pipeline, pyvalue, request, PromptLimits, PromptMiss, TokenizerPool,
+};
 use kvroute_engines::transport::EngineKind;
 use kvroute_engines::ApiKind;
-use kvroute_select::MissBeforeKeys;
+use kvroute_select::{ContractId, ContractKeys, MissBeforeKeys, PromptInput, PromptKeys, Request};
+
+use crate::admission::{TokenizeAdmission, TokenizeOverload};
 
 /// The selection-side miss of a prompt-pipeline miss.
 ///
@@ -81,73 +101,273 @@ pub fn miss_before_keys(m: &PromptMiss) -> MissBeforeKeys {
     }
 }
 
-/// What one request body gave, owned (it outlives the blocking task).
-#[derive(Debug, Clone)]
-pub(crate) struct Prompt {
-    pub(crate) model: Option<String>,
-    pub(crate) tokens: Result<Vec<u32>, MissBeforeKeys>,
-    pub(crate) text: Option<String>,
-    pub(crate) extras: RequestExtras,
-    /// The body to forward when it differs from the client's
-    /// ([`crate::receipt::include_usage`]).
-    pub(crate) rewritten: Option<Bytes>,
-    /// The same with `prompt` as ids, per target engine (`None`: forwarding
-    /// is off).
-    pub(crate) ids: Option<IdsBody>,
+/// How [`prepare`] treats one request body: its limits, the rewrites of the
+/// body to forward, and whether to hash the prompt's block keys in the same
+/// job. [`Default`] is [`crate::KvRouterBuilder`]'s defaults (1 M characters,
+/// 128 Ki tokens, usage added to streamed requests, vLLM's validators, text
+/// forwarded, no hashing).
+///
+/// ```
+/// use kvroute::prompt::PromptOptions;
+/// let mut o = PromptOptions::default();
+/// o.max_prompt_tokens = 32 << 10;
+/// o.include_usage = false; // streamed receipts only when the client asks for usage
+/// assert!(o.keys.is_none() && !o.forward_token_ids);
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct PromptOptions {
+    /// Most prompt characters tokenized ([`PromptLimits::max_chars`]; more: a
+    /// `prompt_too_long` miss, still routed by the fallback).
+    pub max_prompt_chars: usize,
+    /// Most prompt tokens routed on (more: a `prompt_too_long` miss).
+    pub max_prompt_tokens: usize,
+    /// Add `stream_options.include_usage` to streamed requests
+    /// ([`crate::receipt::include_usage`]; a client's own setting stands).
+    pub include_usage: bool,
+    /// Whose request validators apply ([`dialect_of`] the endpoints' engines).
+    pub dialect: request::Dialect,
+    /// Prepare the id-prompt body of `/v1/completions` ([`IdsBody`]).
+    pub forward_token_ids: bool,
+    /// The rule's contract keys, when it routes KV-exact: the prompt's block
+    /// keys are then hashed in the same job, each tokenized piece's blocks
+    /// while later pieces still tokenize
+    /// ([`kvroute_engines::prompt::pipeline`]), and handed to selection
+    /// ([`PreparedPrompt::request`]), which then does not hash them again.
+    pub keys: Option<Arc<ContractKeys>>,
+    /// Hash extras the body does not carry, e.g. the LoRA adapter the
+    /// request's model names (vLLM keys its blocks with it). The body's
+    /// `cache_salt` replaces the one here.
+    pub extras: RequestExtras,
 }
 
-impl Prompt {
-    pub(crate) fn missed(model: Option<String>, miss: MissBeforeKeys) -> Self {
+impl Default for PromptOptions {
+    fn default() -> Self {
+        Self {
+            max_prompt_chars: 1 << 20,
+            max_prompt_tokens: 128 << 10,
+            include_usage: true,
+            dialect: request::Dialect::Vllm,
+            forward_token_ids: false,
+            keys: None,
+            extras: RequestExtras::NONE,
+        }
+    }
+}
+
+/// The request validators of a pool of `engines`: SGLang's when every one
+/// is SGLang, else vLLM's (the stricter ones where they differ).
+///
+/// ```
+/// use kvroute::prompt::dialect_of;
+/// use kvroute::EngineKind;
+/// use kvroute_engines::prompt::Dialect;
+/// assert_eq!(dialect_of([EngineKind::Sglang, EngineKind::Sglang]), Dialect::Sglang);
+/// assert_eq!(dialect_of([EngineKind::Sglang, EngineKind::Vllm]), Dialect::Vllm);
+/// assert_eq!(dialect_of([]), Dialect::Vllm);
+/// ```
+#[must_use]
+pub fn dialect_of(engines: impl IntoIterator<Item = EngineKind>) -> request::Dialect {
+    let mut any = false;
+    for e in engines {
+        if e != EngineKind::Sglang {
+            return request::Dialect::Vllm;
+        }
+        any = true;
+    }
+    if any {
+        request::Dialect::Sglang
+    } else {
+        request::Dialect::Vllm
+    }
+}
+
+/// What [`prepare`] needs from its host: the tokenizers, and per request the
+/// options for the model the body names (e.g. the options of the rule that
+/// serves it; `None` when the body names none or is not JSON).
+///
+/// ```
+/// use kvroute::prompt::{prepare, PromptHost, PromptOptions};
+/// use kvroute_engines::{prompt::TokenizerPool, ApiKind};
+/// struct Host(TokenizerPool);
+/// impl PromptHost for Host {
+///     fn tokenizers(&self) -> &TokenizerPool { &self.0 }
+///     fn options(&self, _model: Option<&str>) -> PromptOptions { PromptOptions::default() }
+/// }
+/// let host = Host(TokenizerPool::new());
+/// host.0.register("qwen3", concat!(env!("CARGO_MANIFEST_DIR"), "/../golden/tokenizers/qwen3"));
+/// let body = br#"{"model": "qwen3", "stream": true, "messages": [{"role": "user", "content": "hi"}]}"#;
+/// let p = prepare(&host, ApiKind::Chat, body);
+/// assert_eq!(p.model(), Some("qwen3"));
+/// assert!(p.tokens().is_ok_and(|ids| !ids.is_empty()));
+/// assert!(p.rewritten().is_some()); // stream_options.include_usage added
+/// ```
+pub trait PromptHost {
+    /// The tokenizers by model slug.
+    fn tokenizers(&self) -> &TokenizerPool;
+    /// The options for a request naming `model`.
+    fn options(&self, model: Option<&str>) -> PromptOptions;
+}
+
+/// What one request body gave, owned (it outlives the blocking job): the
+/// model, the prompt ids or the miss, the text, the hash extras, the keys
+/// when [`PromptOptions::keys`] hashed them, and the bodies to forward.
+#[derive(Debug, Clone)]
+pub struct PreparedPrompt {
+    model: Option<String>,
+    tokens: Result<Vec<u32>, MissBeforeKeys>,
+    text: Option<String>,
+    extras: RequestExtras,
+    /// The keys of `tokens` with `extras`, and their contract.
+    keys: Option<(Vec<BlockKey>, ContractId)>,
+    /// The body to forward when it differs from the client's
+    /// ([`crate::receipt::include_usage`]).
+    rewritten: Option<Bytes>,
+    /// The same with `prompt` as ids, per target engine (`None`: forwarding
+    /// is off).
+    ids: Option<IdsBody>,
+}
+
+impl PreparedPrompt {
+    /// A request that missed before tokenizing (e.g. an empty body:
+    /// [`MissBeforeKeys::NoModel`]); nothing to rewrite.
+    ///
+    /// ```
+    /// use kvroute::prompt::PreparedPrompt;
+    /// use kvroute_select::{MissBeforeKeys, PromptInput};
+    /// let p = PreparedPrompt::missed(None, MissBeforeKeys::NoModel);
+    /// assert!(matches!(p.request().prompt, PromptInput::Missing(MissBeforeKeys::NoModel)));
+    /// ```
+    #[must_use]
+    pub fn missed(model: Option<String>, miss: MissBeforeKeys) -> Self {
         Self {
             model,
             tokens: Err(miss),
             text: None,
             extras: RequestExtras::NONE,
+            keys: None,
             rewritten: None,
             ids: None,
         }
     }
-}
 
-/// Limits one request's prompt work obeys.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Limits {
-    pub(crate) prompt: PromptLimits,
-    pub(crate) max_prompt_tokens: usize,
-    pub(crate) include_usage: bool,
-    /// Whose request validators apply (the endpoints' engine).
-    pub(crate) dialect: request::Dialect,
-    /// [`crate::KvRouterBuilder::forward_token_ids`].
-    pub(crate) forward_token_ids: bool,
+    /// The model the body named.
+    #[must_use]
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    /// The prompt ids routed on (the first engine prompt), or the miss.
+    ///
+    /// # Errors
+    /// The [`MissBeforeKeys`] the prompt pipeline ended in.
+    pub fn tokens(&self) -> Result<&[u32], MissBeforeKeys> {
+        self.tokens.as_deref().map_err(|m| *m)
+    }
+
+    /// The prompt text (rendered chat prompt or completions string).
+    #[must_use]
+    pub fn text(&self) -> Option<&str> {
+        self.text.as_deref()
+    }
+
+    /// The hash extras (`cache_salt`, the LoRA adapter).
+    #[must_use]
+    pub fn extras(&self) -> &RequestExtras {
+        &self.extras
+    }
+
+    /// The block keys hashed with the tokenization, and their contract
+    /// ([`PromptOptions::keys`]).
+    #[must_use]
+    pub fn keys(&self) -> Option<(&[BlockKey], &ContractId)> {
+        self.keys.as_ref().map(|(k, c)| (&k[..], c))
+    }
+
+    /// The body to forward instead of the client's (`stream_options.include_usage`
+    /// added), if it differs.
+    #[must_use]
+    pub fn rewritten(&self) -> Option<&Bytes> {
+        self.rewritten.as_ref()
+    }
+
+    /// The id-prompt body per engine, while [`PromptOptions::forward_token_ids`] is on.
+    #[must_use]
+    pub fn ids(&self) -> Option<&IdsBody> {
+        self.ids.as_ref()
+    }
+
+    /// The request as selection takes it (add a session with
+    /// [`Request::with_session`]): the ids, the text, the extras and the
+    /// keys already hashed.
+    #[must_use]
+    pub fn request(&self) -> Request<'_> {
+        let input = match &self.tokens {
+            Ok(ids) => PromptInput::Tokens(ids),
+            Err(m) => PromptInput::Missing(*m),
+        };
+        let mut req = Request::new(input);
+        if let Some(t) = &self.text {
+            req = req.with_text(t);
+        }
+        if self.extras != RequestExtras::NONE {
+            req = req.with_extras(&self.extras);
+        }
+        if let Some((keys, contract)) = &self.keys {
+            req = req.with_keys(keys, contract);
+        }
+        req
+    }
 }
 
 /// What a request refused tokenization by the admission still gets: its
 /// model and the usage rewrite, and a `tokenize_overloaded` miss (CPU work
 /// about the body's size: run it on the blocking pool).
-pub(crate) fn unadmitted(body: &[u8], limits: Limits) -> Prompt {
+///
+/// ```
+/// use kvroute::prompt::{unadmitted, PromptHost, PromptOptions};
+/// use kvroute_engines::prompt::TokenizerPool;
+/// use kvroute_select::MissBeforeKeys;
+/// struct Host(TokenizerPool);
+/// impl PromptHost for Host {
+///     fn tokenizers(&self) -> &TokenizerPool { &self.0 }
+///     fn options(&self, _: Option<&str>) -> PromptOptions { PromptOptions::default() }
+/// }
+/// let p = unadmitted(&Host(TokenizerPool::new()), br#"{"model": "m", "stream": true, "prompt": "x"}"#);
+/// assert_eq!((p.model(), p.tokens()), (Some("m"), Err(MissBeforeKeys::TokenizeOverloaded)));
+/// assert!(p.rewritten().is_some());
+/// ```
+pub fn unadmitted<H: PromptHost + ?Sized>(host: &H, body: &[u8]) -> PreparedPrompt {
     let model = pyvalue::parse_json(body)
         .ok()
         .and_then(|v| request::model_of(&v).map(str::to_owned));
-    let mut out = Prompt::missed(model, MissBeforeKeys::TokenizeOverloaded);
-    if limits.include_usage {
+    let options = host.options(model.as_deref());
+    let mut out = PreparedPrompt::missed(model, MissBeforeKeys::TokenizeOverloaded);
+    if options.include_usage {
         out.rewritten = crate::receipt::include_usage(body).map(Bytes::from);
     }
-    if limits.forward_token_ids {
+    if options.forward_token_ids {
         out.ids = Some(IdsBody::text(KeepText::NoTokens));
     }
     out
 }
 
-/// Parses and tokenizes `body` (CPU work: run it on the blocking pool).
-/// Never fails: every problem is a typed miss.
-pub(crate) fn tokenize(pool: &TokenizerPool, api: ApiKind, body: &[u8], limits: Limits) -> Prompt {
-    let rewritten = if limits.include_usage {
+/// Parses and tokenizes `body`, an OpenAI `api` request, under the options
+/// its model gets from `host` (CPU work: run it on the blocking pool, as
+/// [`prepare_admitted`] does). Never fails: every problem is a typed miss.
+pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> PreparedPrompt {
+    let value = pyvalue::parse_json(body).ok();
+    let model = value
+        .as_ref()
+        .and_then(|v| request::model_of(v).map(str::to_owned));
+    let options = host.options(model.as_deref());
+    let rewritten = if options.include_usage {
         crate::receipt::include_usage(body).map(Bytes::from)
     } else {
         None
     };
-    let no_ids = |mut p: Prompt| {
-        if limits.forward_token_ids {
+    let no_ids = |mut p: PreparedPrompt| {
+        if options.forward_token_ids {
             let why = if api == ApiKind::Chat {
                 KeepText::Chat
             } else {
@@ -157,55 +377,128 @@ pub(crate) fn tokenize(pool: &TokenizerPool, api: ApiKind, body: &[u8], limits: 
         }
         p
     };
-    let value = match pyvalue::parse_json(body) {
-        Ok(v) => v,
-        Err(_) => return no_ids(Prompt::missed(None, MissBeforeKeys::NotJson)),
+    let Some(value) = value else {
+        return no_ids(PreparedPrompt::missed(None, MissBeforeKeys::NotJson));
     };
-    let model = request::model_of(&value).map(str::to_owned);
     let Some(m) = &model else {
-        return no_ids(Prompt::missed(None, MissBeforeKeys::NoModel));
+        return no_ids(PreparedPrompt::missed(None, MissBeforeKeys::NoModel));
     };
-    let tokens = pool
+    let limits = PromptLimits {
+        max_chars: options.max_prompt_chars,
+    };
+    let extras_of = |salt: Option<&str>| RequestExtras {
+        cache_salt: salt.map(str::to_owned),
+        ..options.extras.clone()
+    };
+    let keyed = host
+        .tokenizers()
         .get(m)
-        .and_then(|tok| prompt::prompt_tokens_as(&tok, api, &value, limits.prompt, limits.dialect));
+        .and_then(|tok| match &options.keys {
+            Some(keys) => pipeline::prompt_tokens_and_keys(
+                &tok,
+                api,
+                &value,
+                limits,
+                options.dialect,
+                keys.hasher(),
+                extras_of,
+            )
+            .map(|k| (k.tokens, k.extras, k.keys)),
+            None => prompt::prompt_tokens_as(&tok, api, &value, limits, options.dialect).map(|t| {
+                let extras = extras_of(t.cache_salt.as_deref());
+                (t, extras, None)
+            }),
+        });
     let mut truncated = false;
-    let mut out = match tokens {
-        Ok(p) => {
+    let mut out = match keyed {
+        Ok((p, extras, keys)) => {
             truncated = p.truncated;
-            let cache_salt = p.cache_salt;
             let first = p.engine_prompts.into_iter().next();
             let (ids, text) = first.map_or((Vec::new(), None), |e| (e.token_ids, e.rendered));
             let tokens = if ids.is_empty() {
                 Err(MissBeforeKeys::EmptyPrompt)
-            } else if ids.len() > limits.max_prompt_tokens {
+            } else if ids.len() > options.max_prompt_tokens {
+                tracing::debug!(
+                    tokens = ids.len(),
+                    "prompt over max_prompt_tokens: not routed by KV"
+                );
                 Err(MissBeforeKeys::PromptTooLong)
             } else {
                 Ok(ids)
             };
-            Prompt {
+            let keys = match (&tokens, keys, &options.keys) {
+                (Ok(_), Some(k), Some(c)) => Some((k, c.contract().clone())),
+                _ => None,
+            };
+            PreparedPrompt {
                 model,
                 tokens,
                 text,
-                extras: RequestExtras {
-                    cache_salt,
-                    ..RequestExtras::NONE
-                },
+                extras,
+                keys,
                 rewritten: None,
                 ids: None,
             }
         }
         Err(e) => {
             tracing::debug!(kind = e.kind(), "no prompt tokens");
-            Prompt::missed(model, miss_before_keys(&e))
+            PreparedPrompt::missed(model, miss_before_keys(&e))
         }
     };
-    if limits.forward_token_ids {
+    if options.forward_token_ids {
         let base = rewritten.as_deref().unwrap_or(body);
         let ids = out.tokens.as_deref().ok();
         out.ids = Some(IdsBody::prepare(api, base, &value, ids, truncated));
     }
     out.rewritten = rewritten;
     out
+}
+
+/// [`prepare`] on the blocking pool behind `handle`, admitted first by
+/// `admission` (at most so many tokenizations and bytes at once; a request
+/// finding no room waits up to `wait` under [`TokenizeOverload::Wait`], then
+/// gets [`unadmitted`]'s `tokenize_overloaded` miss). The permit is held by
+/// the blocking job, not by this future: a caller that goes away does not
+/// stop the tokenizer, so its room stays taken until the work really ends.
+/// An empty body is a `no_model` miss without a job. What
+/// [`crate::KvRouter::pick`] runs, for hosts that drive selection themselves.
+pub async fn prepare_admitted<H: PromptHost + Send + Sync + 'static>(
+    host: &Arc<H>,
+    handle: &tokio::runtime::Handle,
+    admission: &Arc<TokenizeAdmission>,
+    overload: TokenizeOverload,
+    wait: std::time::Duration,
+    api: ApiKind,
+    body: &Bytes,
+) -> PreparedPrompt {
+    if body.is_empty() {
+        return PreparedPrompt::missed(None, MissBeforeKeys::NoModel);
+    }
+    let permit = admission.admit(body.len(), overload, wait).await;
+    let host = Arc::clone(host);
+    let body = body.clone();
+    let job = match permit {
+        Some(permit) => handle.spawn_blocking(move || {
+            let _permit = permit;
+            prepare(&*host, api, &body)
+        }),
+        None => {
+            tracing::debug!(
+                bytes = body.len(),
+                "tokenization at capacity: not routed by KV"
+            );
+            // The model and the usage rewrite still apply; they cost about
+            // the body's size, not the tokenizer's ~280 times.
+            handle.spawn_blocking(move || unadmitted(&*host, &body))
+        }
+    };
+    match job.await {
+        Ok(p) => p,
+        Err(err) => {
+            tracing::warn!(%err, "tokenize task failed");
+            PreparedPrompt::missed(None, MissBeforeKeys::TokenizeError)
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvroute_core::{EndpointId, HashContract};
-use kvroute_engines::prompt::{request::Dialect, PromptLimits, TokenizerPool};
+use kvroute_engines::prompt::TokenizerPool;
 use kvroute_engines::transport::{EngineKind, IndexIngest, MetricsSnapshot, SharedIngest};
 use kvroute_engines::ApiKind;
 use kvroute_ingest::attest::{ContractAttestor, ContractStatus, KeyAttestor};
@@ -19,9 +19,8 @@ use kvroute_ingest::{
 };
 use kvroute_select::{
     AdminState, Availability, BreakerConfig, Choice, CircuitBreaker, ContractKeys,
-    CountersSnapshot, Decision, Endpoint, Health, Leg, Load, LoadGuard, LoadTracker, PromptInput,
-    PromptKeys, Request, Role, Rule, RuleConfig, Scorer, SelectorKind, Target, Thresholds,
-    Topology,
+    CountersSnapshot, Decision, Endpoint, Health, Leg, Load, LoadGuard, LoadTracker, PromptKeys,
+    Request, Role, Rule, RuleConfig, Scorer, SelectorKind, Target, Thresholds, Topology,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
@@ -29,7 +28,8 @@ use tokio::sync::watch;
 use crate::admission::{AdmissionLimits, AdmissionSnapshot, TokenizeAdmission, TokenizeOverload};
 use crate::backend::Backend;
 use crate::prompt::{
-    tokenize, unadmitted, KeepText, Limits, Prompt, TokenIdCounters, TokenIdSnapshot,
+    dialect_of, prepare_admitted, KeepText, PreparedPrompt, PromptHost, PromptOptions,
+    TokenIdCounters, TokenIdSnapshot,
 };
 use crate::receipt::{BodyKind, OnReceipt, Receipt, ReceiptBody};
 
@@ -93,11 +93,8 @@ pub struct KvRouterBuilder {
     fallback: SelectorKind,
     thresholds: Thresholds,
     breaker: BreakerConfig,
-    limits: PromptLimits,
-    max_prompt_tokens: usize,
+    options: PromptOptions,
     max_endpoints: usize,
-    include_usage: bool,
-    forward_token_ids: bool,
     index: IndexConfig,
     admission: AdmissionLimits,
     overload: TokenizeOverload,
@@ -172,13 +169,13 @@ impl KvRouterBuilder {
     /// Most prompt characters tokenized per request (longer: a
     /// `prompt_too_long` miss, routed by the fallback).
     pub fn max_prompt_chars(mut self, chars: usize) -> Self {
-        self.limits = PromptLimits { max_chars: chars };
+        self.options.max_prompt_chars = chars;
         self
     }
 
     /// Most prompt tokens hashed per request.
     pub fn max_prompt_tokens(mut self, tokens: usize) -> Self {
-        self.max_prompt_tokens = tokens;
+        self.options.max_prompt_tokens = tokens;
         self
     }
 
@@ -233,7 +230,7 @@ impl KvRouterBuilder {
     /// `true`; see [`crate::receipt`]). Off: streamed receipts exist only for
     /// clients that ask for usage themselves.
     pub fn include_usage(mut self, on: bool) -> Self {
-        self.include_usage = on;
+        self.options.include_usage = on;
         self
     }
 
@@ -245,7 +242,7 @@ impl KvRouterBuilder {
     /// [`crate::prompt`]); every other request goes as text, counted by
     /// reason in [`KvRouter::token_id_counters`].
     pub fn forward_token_ids(mut self, on: bool) -> Self {
-        self.forward_token_ids = on;
+        self.options.forward_token_ids = on;
         self
     }
 
@@ -290,13 +287,12 @@ impl KvRouterBuilder {
         for (slug, dir) in &self.models {
             tokenizers.register(slug.clone(), dir.clone());
         }
-        let dialect = if !self.backends.is_empty()
-            && self.backends.iter().all(|b| b.engine == EngineKind::Sglang)
-        {
-            Dialect::Sglang
-        } else {
-            Dialect::Vllm
-        };
+        let mut options = self.options;
+        options.dialect = dialect_of(self.backends.iter().map(|b| b.engine));
+        // Hashed with the tokenization when the keys are what the rule routes on.
+        if self.choice == Choice::KvExact {
+            options.keys = Some(Arc::clone(&keys));
+        }
         let n = self.max_endpoints;
         let shared = Arc::new(Shared {
             block_size: keys.block_size(),
@@ -308,13 +304,7 @@ impl KvRouterBuilder {
             admission: Arc::new(TokenizeAdmission::new(self.admission)),
             overload: self.overload,
             tokenize_wait: self.tokenize_wait,
-            limits: Limits {
-                prompt: self.limits,
-                max_prompt_tokens: self.max_prompt_tokens,
-                include_usage: self.include_usage,
-                dialect,
-                forward_token_ids: self.forward_token_ids,
-            },
+            options,
             token_ids: TokenIdCounters::default(),
             index: Arc::new(SharedIndex::new(n, self.index)),
             tracker: Arc::new(LoadTracker::new(n)),
@@ -399,7 +389,7 @@ struct Shared {
     admission: Arc<TokenizeAdmission>,
     overload: TokenizeOverload,
     tokenize_wait: Duration,
-    limits: Limits,
+    options: PromptOptions,
     /// Requests forwarded as token ids / kept as text by reason.
     token_ids: TokenIdCounters,
     index: Arc<SharedIndex>,
@@ -700,6 +690,16 @@ impl Shared {
     }
 }
 
+impl PromptHost for Shared {
+    fn tokenizers(&self) -> &TokenizerPool {
+        &self.tokenizers
+    }
+
+    fn options(&self, _model: Option<&str>) -> PromptOptions {
+        self.options.clone()
+    }
+}
+
 impl Health for Shared {
     fn availability(&self, endpoint: EndpointId, now: Duration) -> Availability {
         let Some(h) = self.health.get(endpoint.index()) else {
@@ -776,11 +776,8 @@ impl KvRouter {
             fallback: SelectorKind::LeastPrefill,
             thresholds: Thresholds::default(),
             breaker: BreakerConfig::default(),
-            limits: PromptLimits { max_chars: 1 << 20 },
-            max_prompt_tokens: 128 << 10,
+            options: PromptOptions::default(),
             max_endpoints: 64,
-            include_usage: true,
-            forward_token_ids: false,
             index: IndexConfig::default(),
             admission: AdmissionLimits {
                 max_count: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
@@ -814,44 +811,17 @@ impl KvRouter {
         body: &Bytes,
         session: Option<&str>,
     ) -> Result<Pick, NoEndpoint> {
-        let prompt = if body.is_empty() {
-            Prompt::missed(None, kvroute_select::MissBeforeKeys::NoModel)
-        } else {
-            let permit = self
-                .shared
-                .admission
-                .admit(body.len(), self.shared.overload, self.shared.tokenize_wait)
-                .await;
-            let shared = Arc::clone(&self.shared);
-            let body = body.clone();
-            let job = match permit {
-                // Held by the blocking job, not the request future: a caller
-                // that goes away does not stop the tokenizer, so its room
-                // stays taken until the work really ends.
-                Some(permit) => self.shared.handle.spawn_blocking(move || {
-                    let _permit = permit;
-                    tokenize(&shared.tokenizers, api, &body, shared.limits)
-                }),
-                None => {
-                    tracing::debug!(
-                        bytes = body.len(),
-                        "tokenization at capacity: not routed by KV"
-                    );
-                    // The model and the usage rewrite still apply; they cost
-                    // about the body's size, not the tokenizer's ~280 times.
-                    self.shared
-                        .handle
-                        .spawn_blocking(move || unadmitted(&body, shared.limits))
-                }
-            };
-            match job.await {
-                Ok(p) => p,
-                Err(err) => {
-                    tracing::warn!(%err, "tokenize task failed");
-                    Prompt::missed(None, kvroute_select::MissBeforeKeys::TokenizeError)
-                }
-            }
-        };
+        let shared = &self.shared;
+        let prompt = prepare_admitted(
+            shared,
+            &shared.handle,
+            &shared.admission,
+            shared.overload,
+            shared.tokenize_wait,
+            api,
+            body,
+        )
+        .await;
         self.decide(prompt, session.map(str::to_owned))
     }
 
@@ -863,12 +833,12 @@ impl KvRouter {
     /// [`NoEndpoint`] when no endpoint is available.
     pub fn pick_unrouted(&self) -> Result<Pick, NoEndpoint> {
         self.decide(
-            Prompt::missed(None, kvroute_select::MissBeforeKeys::NoModel),
+            PreparedPrompt::missed(None, kvroute_select::MissBeforeKeys::NoModel),
             None,
         )
     }
 
-    fn decide(&self, prompt: Prompt, session: Option<String>) -> Result<Pick, NoEndpoint> {
+    fn decide(&self, prompt: PreparedPrompt, session: Option<String>) -> Result<Pick, NoEndpoint> {
         let Some(gen) = self.shared.current() else {
             return Err(NoEndpoint {
                 decision: Box::new(Decision::new()),
@@ -1050,7 +1020,7 @@ pub struct Pick {
     gen: Arc<Generation>,
     decision: Decision,
     guard: Option<LoadGuard>,
-    prompt: Prompt,
+    prompt: PreparedPrompt,
     session: Option<String>,
 }
 
@@ -1065,21 +1035,11 @@ impl std::fmt::Debug for Pick {
 
 impl Pick {
     fn request(&self) -> Request<'_> {
-        let input = match &self.prompt.tokens {
-            Ok(ids) => PromptInput::Tokens(ids),
-            Err(m) => PromptInput::Missing(*m),
-        };
-        let mut req = Request::new(input);
-        if let Some(t) = &self.prompt.text {
-            req = req.with_text(t);
+        let req = self.prompt.request();
+        match &self.session {
+            Some(s) => req.with_session(s),
+            None => req,
         }
-        if let Some(s) = &self.session {
-            req = req.with_session(s);
-        }
-        if self.prompt.extras != kvroute_core::RequestExtras::NONE {
-            req = req.with_extras(&self.prompt.extras);
-        }
-        req
     }
 
     /// The decision (target, source, miss reason, predicted overlap).
@@ -1114,7 +1074,7 @@ impl Pick {
     /// The model the body named.
     #[must_use]
     pub fn model(&self) -> Option<&str> {
-        self.prompt.model.as_deref()
+        self.prompt.model()
     }
 
     /// The body to forward to the current target: the client's, or the same
@@ -1130,15 +1090,15 @@ impl Pick {
             return b.clone();
         }
         self.prompt
-            .rewritten
-            .clone()
+            .rewritten()
+            .cloned()
             .unwrap_or_else(|| original.clone())
     }
 
     /// The id body for the current target, or why it gets the text; `None`
     /// while forwarding is off.
     fn ids_body(&self) -> Option<Result<&Bytes, KeepText>> {
-        let ids = self.prompt.ids.as_ref()?;
+        let ids = self.prompt.ids()?;
         let engine = self
             .decision
             .target()
