@@ -272,25 +272,43 @@ pub fn load_kvroute(w: &Workload, config: IndexConfig) -> (SharedIndex, Load) {
 /// blocks, as `EndpointIngest` passes them): the index's own apply cost, as
 /// `load_dynamo_tree` measures Dynamo's `apply_event`.
 pub fn load_kvroute_direct(w: &Workload, config: IndexConfig) -> (SharedIndex, Load) {
+    let events: Vec<ChainEvents> = (0..w.workers).map(|wk| chain_events(w, wk)).collect();
+    apply_kvroute_direct(w, config, &events)
+}
+
+/// One worker's store events as `store_chain` takes them: parent and keys.
+pub type ChainEvents = Vec<(Option<BlockKey>, Vec<BlockKey>)>;
+
+/// `worker`'s store events in kvroute's form.
+#[must_use]
+pub fn chain_events(w: &Workload, worker: u32) -> ChainEvents {
+    w.events(worker)
+        .iter()
+        .map(|(parent, bs)| {
+            (
+                parent.map(BlockKey),
+                bs.iter().map(|b| BlockKey(b.chained)).collect(),
+            )
+        })
+        .collect()
+}
+
+/// [`load_kvroute_direct`] with the events built beforehand (`events[w]`:
+/// worker `w`'s), so rounds of a benchmark reuse them.
+pub fn apply_kvroute_direct(
+    w: &Workload,
+    config: IndexConfig,
+    events: &[ChainEvents],
+) -> (SharedIndex, Load) {
     let before = rss_bytes();
     let index = SharedIndex::new(w.workers as usize, config);
     let mut apply = Duration::ZERO;
     let mut cpu = Duration::ZERO;
     let mut count = 0u64;
-    for worker in 0..w.workers {
-        let events: Vec<(Option<BlockKey>, Vec<BlockKey>)> = w
-            .events(worker)
-            .iter()
-            .map(|(parent, bs)| {
-                (
-                    parent.map(BlockKey),
-                    bs.iter().map(|b| BlockKey(b.chained)).collect(),
-                )
-            })
-            .collect();
+    for (worker, events) in (0..w.workers).zip(events) {
         count += events.iter().map(|(_, e)| e.len() as u64).sum::<u64>();
         let (t, c) = (Instant::now(), thread_cpu());
-        for (parent, keys) in &events {
+        for (parent, keys) in events {
             let _ = index.store_chain(EndpointId(worker), kvroute_core::Medium::Gpu, *parent, keys);
         }
         apply += t.elapsed();
@@ -339,14 +357,27 @@ fn router_events(w: &Workload, worker: u32, next_id: &mut u64) -> Vec<RouterEven
 /// Loads the inventory into Dynamo's single-threaded `RadixTree` with
 /// `apply_event`, one event per store.
 pub fn load_dynamo_tree(w: &Workload) -> (RadixTree, Load) {
+    apply_dynamo_tree(dynamo_events(w))
+}
+
+/// Every worker's store events in Dynamo's form (`[w]`: worker `w`'s).
+#[must_use]
+pub fn dynamo_events(w: &Workload) -> Vec<Vec<RouterEvent>> {
+    let mut next_id = 0u64;
+    (0..w.workers)
+        .map(|wk| router_events(w, wk, &mut next_id))
+        .collect()
+}
+
+/// [`load_dynamo_tree`] with the events built beforehand (its `apply_event`
+/// takes each event by value, so a round consumes its own copy).
+pub fn apply_dynamo_tree(all: Vec<Vec<RouterEvent>>) -> (RadixTree, Load) {
     let before = rss_bytes();
     let mut tree = RadixTree::new();
     let mut apply = Duration::ZERO;
     let mut cpu = Duration::ZERO;
     let mut count = 0u64;
-    let mut next_id = 0u64;
-    for worker in 0..w.workers {
-        let events = router_events(w, worker, &mut next_id);
+    for events in all {
         count += events
             .iter()
             .map(|e| match &e.event.data {
