@@ -4,6 +4,7 @@
 mod runs;
 mod shard;
 mod sliced;
+mod table;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,9 +48,11 @@ const RING_SLACK: usize = 1024;
 pub const DEFAULT_CAPACITY: usize = 1 << 20;
 
 /// Upper bound of heap bytes per block of capacity used by
-/// [`SharedIndex::memory_budget`]: a 12-byte table entry and its control byte
-/// at the lowest load factor (7/16) with one doubling of headroom, a
-/// duplicate-count entry, and the insertion ring with its compaction slack.
+/// [`SharedIndex::memory_budget`]: a 12-byte table entry in its 64-byte
+/// bucket of five at the lowest load a table keeps before it shrinks (a
+/// quarter of 7/8: ≈ 59 bytes per live key, as hashbrown's 13-byte slots at
+/// the same bound), a duplicate-count entry, and the insertion ring with its
+/// compaction slack.
 pub const BUDGET_BYTES_PER_KEY: usize = 96;
 
 /// Configuration of a [`SharedIndex`].
@@ -269,9 +272,9 @@ impl EndpointKeys {
 ///
 /// A table entry is 12 bytes (key + a 32-bit holder code listing up to four
 /// holders inline; keys held by more endpoints spill a 64-bit mask to a side
-/// vector) plus one control byte, so a key held by one endpoint costs 13 bytes
-/// divided by the table's load factor (between 7/16 and 7/8, as hash tables
-/// double). Shared keys cost one entry for all their holders.
+/// vector), five to a 64-byte bucket, so a key held by one endpoint costs
+/// 12.8 bytes divided by the table's load factor (between 7/12 and 7/8, as
+/// tables grow by half). Shared keys cost one entry for all their holders.
 /// [`SharedIndex::memory_bytes`] reports the figure for a metrics gauge.
 ///
 /// # Concurrency
@@ -467,7 +470,7 @@ impl SharedIndex {
     #[inline]
     fn shard<'a>(&self, bank: &'a Bank, key: u64) -> &'a RwLock<Shard> {
         // The index is < shards by construction of `shard_shift`.
-        &bank.shards[self.shard_index(key) % bank.shards.len()].0
+        &bank.shards[self.shard_index(key) & (bank.shards.len() - 1)].0
     }
 
     /// Stores `keys` for endpoint `e` in tier `medium`.
@@ -649,10 +652,12 @@ impl SharedIndex {
             // A run started at the group's first key is headed by the pending
             // key, whose shard is locked with the group's.
             let mut shards = [0usize; LOCK_GROUP + 1];
+            let mut of_key = [0usize; LOCK_GROUP + 1];
             let mut count = 0;
             for key in group.iter().map(|k| k.0).chain(chain.pending) {
-                if let Some(s) = shards.get_mut(count) {
-                    *s = self.shard_index(key) % bank.shards.len();
+                if let (Some(s), Some(k)) = (shards.get_mut(count), of_key.get_mut(count)) {
+                    *s = self.shard_index(key) & (bank.shards.len() - 1);
+                    *k = *s;
                     count += 1;
                 }
             }
@@ -678,21 +683,27 @@ impl SharedIndex {
             }
             let guard_of = |key: u64| {
                 shards
-                    .binary_search(&(self.shard_index(key) % bank.shards.len()))
+                    .binary_search(&(self.shard_index(key) & (bank.shards.len() - 1)))
                     .ok()
             };
-            let mut present = false;
-            for key in group {
-                if let Some(g) = guard_of(key.0).and_then(|i| guards.get(i)) {
-                    present |= g.probe(tier, key.0);
+            // Each key's guard, found once: the touch loop below must stay a
+            // few instructions per key (no searches, no unpredictable
+            // branches) for all of the group's loads to be in flight at once.
+            for k in of_key.iter_mut().take(group.len()) {
+                *k = shards.binary_search(k).unwrap_or(usize::MAX);
+            }
+            let mut touched = 0u32;
+            for (key, g) in group.iter().zip(&of_key) {
+                if let Some(g) = guards.get(*g) {
+                    touched ^= g.touch(tier, key.0);
                 }
             }
-            // Kept: the probes exist for their loads alone.
-            std::hint::black_box(present);
-            for key in group {
+            // Kept: the touches exist for their loads alone.
+            std::hint::black_box(touched);
+            for (key, g) in group.iter().zip(&of_key) {
                 let remaining = n.saturating_sub(done);
                 done += 1;
-                let Some(g) = guard_of(key.0).and_then(|i| guards.get_mut(i)) else {
+                let Some(g) = guards.get_mut(*g) else {
                     continue;
                 };
                 let candidate = chain.candidate();
@@ -848,7 +859,7 @@ impl SharedIndex {
                         let Some((index, _)) = group.first() else {
                             continue;
                         };
-                        let shard = &bank.shards[*index % bank.shards.len()].0;
+                        let shard = &bank.shards[*index & (bank.shards.len() - 1)].0;
                         for keys in group.chunks(PURGE_BATCH) {
                             let mut guard = shard.write();
                             for (_, key) in keys {
@@ -1018,7 +1029,7 @@ impl SharedIndex {
                 Some((cur, guard)) if *cur == *s => guard,
                 _ => {
                     drop(held.take());
-                    let lock = &bank.shards[usize::from(*s) % bank.shards.len()].0;
+                    let lock = &bank.shards[usize::from(*s) & (bank.shards.len() - 1)].0;
                     &mut held.insert((*s, lock.read())).1
                 }
             };

@@ -3,19 +3,20 @@
 //!
 //! # Entry layout
 //!
-//! An entry is 12 bytes: the 64-bit key split in two `u32` halves (so the entry
-//! is 4-byte aligned and packs without padding) and a 32-bit *holder code*.
+//! An entry is 12 bytes: the 64-bit key split in two `u32` halves and a 32-bit
+//! *holder code*, five to a 64-byte bucket (`table.rs`).
 //! Most keys are held by one or a few endpoints, so the code lists up to
 //! [`INLINE_HOLDERS`] endpoint bits inline; a key held by more spills its 64-bit
 //! mask into the tier's side vector and the code names the slot. At 10 M
 //! (endpoint, key) pairs with no sharing this is what keeps the index near
-//! 13 bytes per bucket instead of 17 (see the crate's memory notes).
+//! 12.8 bytes per slot instead of 16 (see the crate's memory notes).
 
 use std::hash::{BuildHasherDefault, Hasher};
 
-use hashbrown::{HashMap, HashTable};
+use hashbrown::HashMap;
 
 use super::runs::{RunTable, RUN_ID_BITS};
+use super::table::BucketTable;
 
 /// Finalizer of MurmurHash3: block keys are already hashes, but tests and some
 /// engines use small or sequential keys, which this spreads over all bits.
@@ -108,21 +109,6 @@ pub(crate) enum RemoveEffect {
     Absent,
 }
 
-/// A key and its holder code, 12 bytes with 4-byte alignment.
-#[derive(Clone, Copy)]
-struct Entry {
-    key_lo: u32,
-    key_hi: u32,
-    code: u32,
-}
-
-impl Entry {
-    #[inline]
-    fn key(&self) -> u64 {
-        (u64::from(self.key_hi) << 32) | u64::from(self.key_lo)
-    }
-}
-
 #[inline]
 fn entry_hash(key: u64) -> u64 {
     mix(key)
@@ -131,15 +117,10 @@ fn entry_hash(key: u64) -> u64 {
 /// Tables at most this large are never shrunk (their allocation is small).
 const SHRINK_ABOVE: usize = 64;
 
-#[inline]
-fn rehash(e: &Entry) -> u64 {
-    entry_hash(e.key())
-}
-
 /// One tier's table: key → holder code, plus the masks of widely held keys.
 #[derive(Default)]
 struct TierTable {
-    entries: HashTable<Entry>,
+    entries: BucketTable,
     spill: Vec<u64>,
     free: Vec<u32>,
 }
@@ -216,8 +197,8 @@ impl TierTable {
             return 0;
         }
         self.entries
-            .find(entry_hash(key), |e| e.key() == key)
-            .map_or(0, |e| self.decode(e.code))
+            .get(entry_hash(key), key)
+            .map_or(0, |code| self.decode(code))
     }
 
     /// Sets `flag` for `key`: `None` if it was already set, else whether the
@@ -225,45 +206,36 @@ impl TierTable {
     /// holder ends a run's claim on the entry). A new entry names `join`.
     fn set(&mut self, key: u64, flag: u64, join: Option<u32>) -> Option<(bool, Option<u32>)> {
         let hash = entry_hash(key);
-        // One probe for a new key: the vacant slot found is the one filled.
-        let old_code = match self.entries.entry(hash, |e| e.key() == key, rehash) {
-            hashbrown::hash_table::Entry::Occupied(o) => o.get().code,
-            hashbrown::hash_table::Entry::Vacant(v) => {
-                // A lone holder is always inline (what `encode` gives).
-                let mut code = SOLE | (flag.trailing_zeros() & 63);
-                if let Some(run) = join.filter(|r| *r < (1 << RUN_ID_BITS) - 1) {
-                    code |= (run + 1) << RUN_SHIFT;
-                }
-                v.insert(Entry {
-                    key_lo: key as u32,
-                    key_hi: (key >> 32) as u32,
-                    code,
-                });
-                return Some((true, None));
+        let Some(at) = self.entries.find(hash, key) else {
+            // A lone holder is always inline (what `encode` gives).
+            let mut code = SOLE | (flag.trailing_zeros() & 63);
+            if let Some(run) = join.filter(|r| *r < (1 << RUN_ID_BITS) - 1) {
+                code |= (run + 1) << RUN_SHIFT;
             }
+            self.entries.insert_new(hash, key, code, entry_hash);
+            return Some((true, None));
         };
+        let old_code = self.entries.code(at);
         let mask = self.decode(old_code);
         if mask & flag != 0 {
             return None;
         }
         let code = self.encode(mask | flag, Some(old_code));
-        if let Some(e) = self.entries.find_mut(hash, |e| e.key() == key) {
-            e.code = code;
-        }
+        self.entries.set_code(at, code);
         Some((false, run_of(old_code)))
     }
 
     /// Names `run` in `key`'s entry if `flag` is its only holder and it names
     /// no run yet.
     fn attach(&mut self, key: u64, flag: u64, run: u32) -> bool {
-        let Some(e) = self.entries.find_mut(entry_hash(key), |e| e.key() == key) else {
+        let Some(at) = self.entries.find(entry_hash(key), key) else {
             return false;
         };
         let sole = SOLE | flag.trailing_zeros();
-        if e.code != sole || run >= (1 << RUN_ID_BITS) - 1 {
+        if self.entries.code(at) != sole || run >= (1 << RUN_ID_BITS) - 1 {
             return false;
         }
-        e.code = sole | ((run + 1) << RUN_SHIFT);
+        self.entries.set_code(at, sole | ((run + 1) << RUN_SHIFT));
         true
     }
 
@@ -271,36 +243,26 @@ impl TierTable {
     /// entry named, which it no longer does.
     fn unset(&mut self, key: u64, flag: u64) -> Option<Option<u32>> {
         let hash = entry_hash(key);
-        let code = self
-            .entries
-            .find(hash, |e| e.key() == key)
-            .map(|e| e.code)?;
+        let at = self.entries.find(hash, key)?;
+        let code = self.entries.code(at);
         let mask = self.decode(code);
         if mask & flag == 0 {
             return None;
         }
         let rest = mask & !flag;
         if rest == 0 {
-            if let Ok(entry) = self.entries.find_entry(hash, |e| e.key() == key) {
-                entry.remove();
-            }
-            if code & SPILLED != 0 {
-                self.release(code & !SPILLED);
-            }
             // A table keeps its largest size otherwise: keys that fill one shard,
             // are evicted, then fill the next (chosen by a peer that knows the
             // shard hash) would grow every shard to the endpoint's capacity.
             // Halving when three quarters are free keeps the index within its
             // budget; the hysteresis keeps the rehash cost amortised O(1).
-            let capacity = self.entries.capacity();
-            if capacity > SHRINK_ABOVE && self.entries.len() < capacity / 4 {
-                self.entries.shrink_to(self.entries.len() * 2, rehash);
+            self.entries.remove(at, SHRINK_ABOVE, entry_hash);
+            if code & SPILLED != 0 {
+                self.release(code & !SPILLED);
             }
         } else {
             let new = self.encode(rest, Some(code));
-            if let Some(e) = self.entries.find_mut(hash, |e| e.key() == key) {
-                e.code = new;
-            }
+            self.entries.set_code(at, new);
         }
         Some(run_of(code))
     }
@@ -343,9 +305,9 @@ impl Shard {
         let mut tables = self.tiers.iter();
         if let Some(gpu) = tables.next() {
             if !gpu.entries.is_empty() {
-                if let Some(e) = gpu.entries.find(entry_hash(key), |e| e.key() == key) {
-                    out[0] = gpu.decode(e.code);
-                    run = run_of(e.code).map(|r| (r, e.code & 63));
+                if let Some(code) = gpu.entries.get(entry_hash(key), key) {
+                    out[0] = gpu.decode(code);
+                    run = run_of(code).map(|r| (r, code & 63));
                 }
             }
         }
@@ -355,19 +317,18 @@ impl Shard {
         (out, run)
     }
 
-    /// Probes `key` in `tier` without changing anything; true if present.
+    /// Reads the line a store of `key` into `tier` will touch, changing
+    /// nothing; the value read is meaningless.
     ///
-    /// A group's inserts are preceded by a probe of every key: the probes do
-    /// not depend on each other, so their control-byte cache misses overlap
-    /// (the inserts then find the lines cached) instead of each insert
-    /// waiting out its own miss.
+    /// A group's inserts are preceded by a touch of every key: one plain
+    /// load each, independent of one another and of any branch, so their
+    /// cache misses overlap and the inserts then find their lines cached
+    /// instead of each waiting out its own miss.
     #[inline]
-    pub(crate) fn probe(&self, tier: usize, key: u64) -> bool {
-        self.tiers.get(tier).is_some_and(|t| {
-            t.entries
-                .find(entry_hash(key), |e| e.key() == key)
-                .is_some()
-        })
+    pub(crate) fn touch(&self, tier: usize, key: u64) -> u32 {
+        self.tiers
+            .get(tier)
+            .map_or(0, |t| t.entries.touch(entry_hash(key)))
     }
 
     /// See `TierTable::attach` (GPU tier only).
@@ -491,8 +452,8 @@ impl Shard {
                 table
                     .entries
                     .iter()
-                    .filter(|e| table.decode(e.code) & flag != 0)
-                    .map(Entry::key),
+                    .filter(|(_, code)| table.decode(*code) & flag != 0)
+                    .map(|(key, _)| key),
             );
         }
     }
@@ -509,11 +470,6 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn entries_are_twelve_bytes() {
-        assert_eq!(std::mem::size_of::<Entry>(), 12);
-    }
 
     #[test]
     fn a_run_lives_only_in_single_holder_codes() {
