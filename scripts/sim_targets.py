@@ -28,7 +28,7 @@ allok=True
 for cap in ['262144','4194304']:
     for name,args in cases:
         out=os.path.join(OUT, f'{name}_{cap}.json')
-        subprocess.run([S,'run',*args,'--workers','8','--capacity-tokens',cap,'--policies','all','--json',out,*extra],stdout=subprocess.DEVNULL,check=True)
+        subprocess.run([S,'sim','run',*args,'--workers','8','--capacity-tokens',cap,'--policies','all','--json',out,*extra],stdout=subprocess.DEVNULL,check=True)
         r=json.load(open(out))
         P={p['policy']:p for p in r['policies']}
         k=P['kv-exact']

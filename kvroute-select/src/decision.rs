@@ -610,7 +610,8 @@ impl Rule {
         if let Some(drain) = &self.drain {
             let eps = &self.config.endpoints;
             drain.observe(now, &mut d.loads, |i| {
-                eps.get(i).map_or(1, crate::endpoint::Endpoint::capacity_or_one)
+                eps.get(i)
+                    .map_or(1, crate::endpoint::Endpoint::capacity_or_one)
             });
         }
     }

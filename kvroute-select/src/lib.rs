@@ -71,6 +71,7 @@ mod contract_keys;
 mod convert;
 mod counters;
 mod decision;
+mod drain;
 mod endpoint;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

@@ -207,6 +207,8 @@ pub struct Rule {
     pub(crate) sessions: Mutex<SessionMap>,
     pub(crate) trie: Mutex<PrefixTrie>,
     pub(crate) predicted: Mutex<crate::bounded::BoundedMap<u64>>,
+    /// The cost scorer's prefill-queue drain model (`CostConfig::drain_queue`).
+    pub(crate) drain: Option<crate::drain::PrefillDrain>,
 }
 
 impl std::fmt::Debug for Rule {
@@ -277,6 +279,14 @@ impl Rule {
                 config.predicted.capacity,
                 config.predicted.ttl,
             )),
+            drain: match config.scorer {
+                crate::scorer::Scorer::Cost(c)
+                    if c.drain_queue && config.choice == Choice::KvExact =>
+                {
+                    Some(crate::drain::PrefillDrain::new(config.endpoints.len()))
+                }
+                _ => None,
+            },
             keys,
             config,
         })

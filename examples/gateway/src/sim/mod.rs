@@ -179,6 +179,10 @@ pub struct RunArgs {
     /// `kv-exact`: turn predicted entries off.
     #[arg(long)]
     no_predicted: bool,
+    /// `kv-exact`: read the tracker's queued prefill as it is (no drain
+    /// model of the queue still ahead).
+    #[arg(long)]
+    cost_no_drain: bool,
     /// Comma-separated policies: all, rr, least-load, p2c, chwbl, kv-overlap,
     /// kv-prefix, kv-bounded, kv-exact (the default scorer), dynamo-cost,
     /// smg-cache-aware, llmd-weighted.
@@ -396,6 +400,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
                     prefill_weight: args.cost_prefill_weight,
                     load_headroom: args.cost_load_headroom,
                     tie_tokens: args.cost_tie_tokens,
+                    drain_queue: !args.cost_no_drain,
                     ..kvroute_select::CostConfig::default()
                 },
                 predicted: !args.no_predicted,
