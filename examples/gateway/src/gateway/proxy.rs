@@ -1,6 +1,8 @@
-//! The OpenAI proxy: body read once (size limit, read timeout) → prompt tokens for
-//! the rule's model → the library's decision → the chosen upstream (P/D: the
-//! two-step), retry with exclusion on connect failure → response streamed back.
+//! The OpenAI proxy: body read once (size limit, read timeout) → the facade's
+//! prompt step (`kvroute::prompt::prepare_admitted`: tokens and block keys
+//! for the rule's model, the usage rewrite) → the library's decision → the
+//! chosen upstream (P/D: the two-step), retry with exclusion on connect
+//! failure → response streamed back.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,11 +15,11 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use kvroute_core::{RequestExtras, TokenId};
-use kvroute_engines::prompt::{self, pyvalue, request, ApiKind, PromptLimits};
+use kvroute::prompt::{prepare_admitted, PromptHost, PromptOptions};
+use kvroute_engines::prompt::{pyvalue, request, ApiKind, TokenizerPool};
 use kvroute_select::{
-    route, Availability, ConnectFailure, Decision, Endpoint, Health, Leg, Load, MissBeforeKeys,
-    PromptInput, Proxy, Request as SelectRequest, RouteError, Target,
+    route, Availability, Choice, ConnectFailure, Decision, Endpoint, Health, Leg, Load, Proxy,
+    RouteError, Target,
 };
 
 use super::metrics::Outcome;
@@ -37,29 +39,6 @@ pub fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Resp
     (status, axum::Json(body)).into_response()
 }
 
-/// The prompt as far as the gateway got.
-struct Prompt {
-    model: Option<String>,
-    tokens: Result<Vec<TokenId>, MissBeforeKeys>,
-    text: Option<String>,
-    /// The body's `cache_salt` (vLLM mixes it into block 0's key).
-    cache_salt: Option<String>,
-    /// The body with `prompt` as ids (rule `forward_token_ids`), per engine.
-    ids: Option<kvroute::prompt::IdsBody>,
-}
-
-impl Prompt {
-    fn missed(model: Option<String>, miss: MissBeforeKeys) -> Self {
-        Self {
-            model,
-            tokens: Err(miss),
-            text: None,
-            cache_salt: None,
-            ids: None,
-        }
-    }
-}
-
 /// The `model` of a pass-through body, if it is JSON naming one (parsed on the
 /// blocking pool: bodies can be megabytes).
 async fn model_only(body: &Bytes) -> Option<String> {
@@ -76,90 +55,30 @@ async fn model_only(body: &Bytes) -> Option<String> {
     .flatten()
 }
 
-/// Parses and tokenizes (on the blocking pool: tokenizing a long prompt is
-/// CPU work; [`PromptLimits`] bound it per request, the gateway's
-/// [`TokenizeAdmission`](kvroute::admission::TokenizeAdmission) across requests).
-/// Never fails: every problem is a typed miss.
-async fn tokenize(gw: &Arc<Gateway>, api: ApiKind, body: &Bytes) -> Prompt {
-    let permit = gw
-        .tokenize_admission
-        .admit(
-            body.len(),
-            gw.limits.tokenize_overload,
-            gw.limits.tokenize_wait(),
-        )
-        .await;
-    let Some(permit) = permit else {
-        // Still routed (by the rule's selector), so the rule needs the model;
-        // reading it costs about the body's size, not the tokenizer's ~280×.
-        tracing::debug!(
-            bytes = body.len(),
-            "tokenization at capacity: not routed by KV"
-        );
-        return Prompt::missed(model_only(body).await, MissBeforeKeys::TokenizeOverloaded);
-    };
-    let gw2 = Arc::clone(gw);
-    let body2 = body.clone();
-    let job = tokio::task::spawn_blocking(move || {
-        // Held by the blocking job, not the request future: a client that
-        // goes away does not stop the tokenizer, so its room stays taken
-        // until the work really ends.
-        let _permit = permit;
-        let value = match pyvalue::parse_json(&body2) {
-            Ok(v) => v,
-            Err(_) => return Prompt::missed(None, MissBeforeKeys::NotJson),
-        };
-        let model = request::model_of(&value).map(str::to_owned);
-        let Some(m) = &model else {
-            return Prompt::missed(model, MissBeforeKeys::NoModel);
-        };
-        let limits = PromptLimits {
-            max_chars: gw2.limits.max_prompt_chars,
-        };
-        let tokens = gw2
-            .tokenizers
-            .get(m)
-            .and_then(|tok| prompt::prompt_tokens_limited(&tok, api, &value, limits));
-        match tokens {
-            Ok(p) => {
-                let truncated = p.truncated;
-                let first = p.engine_prompts.into_iter().next();
-                let (ids, text) = first.map_or((Vec::new(), None), |e| (e.token_ids, e.rendered));
-                let tokens = if ids.is_empty() {
-                    Err(MissBeforeKeys::EmptyPrompt)
-                } else if ids.len() > gw2.limits.max_prompt_tokens {
-                    tracing::debug!(
-                        tokens = ids.len(),
-                        "prompt over max_prompt_tokens: not routed by KV"
-                    );
-                    Err(MissBeforeKeys::PromptTooLong)
-                } else {
-                    Ok(ids)
-                };
-                // The library's rewrite, on the blocking pool with the tokenizing.
-                let ids = gw2
-                    .rule_for_model(model.as_deref())
-                    .filter(|rt| rt.spec.doc.forward_token_ids)
-                    .map(|_| {
-                        let ids = tokens.as_deref().ok();
-                        kvroute::prompt::IdsBody::prepare(api, &body2, &value, ids, truncated)
-                    });
-                Prompt {
-                    model,
-                    tokens,
-                    text,
-                    cache_salt: p.cache_salt,
-                    ids,
-                }
+/// The facade's prompt step ([`kvroute::prompt::prepare`]) under each
+/// request's rule: its contract's keys (hashed while the prompt tokenizes),
+/// its LoRA adapter, its engines' request validators, `forward_token_ids`;
+/// the gateway's limits and `limits.include_usage`.
+impl PromptHost for Gateway {
+    fn tokenizers(&self) -> &TokenizerPool {
+        &self.tokenizers
+    }
+
+    fn options(&self, model: Option<&str>) -> PromptOptions {
+        let mut o = PromptOptions::default();
+        o.max_prompt_chars = self.limits.max_prompt_chars;
+        o.max_prompt_tokens = self.limits.max_prompt_tokens;
+        o.include_usage = self.limits.include_usage;
+        if let Some(rt) = self.rule_for_model(model) {
+            o.forward_token_ids = rt.spec.doc.forward_token_ids;
+            o.dialect = kvroute::prompt::dialect_of(rt.spec.endpoints.iter().map(|e| e.engine));
+            if rt.spec.choice == Choice::KvExact {
+                o.keys.clone_from(&rt.keys);
             }
-            Err(e) => {
-                tracing::debug!(kind = e.kind(), "no prompt tokens");
-                Prompt::missed(model, kvroute::miss_before_keys(&e))
-            }
+            o.extras = rt.spec.request_extras(model, None);
         }
-    });
-    job.await
-        .unwrap_or(Prompt::missed(None, MissBeforeKeys::TokenizeError))
+        o
+    }
 }
 
 /// Reads the body once: Content-Length checked first, then a bounded,
@@ -281,7 +200,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
             return error(
                 StatusCode::NOT_FOUND,
                 "no_route",
-                no_rule_message(model.as_ref()),
+                no_rule_message(model.as_deref()),
             );
         };
         let req = Forward {
@@ -292,17 +211,24 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         };
         return passthrough::forward(&gw, &rt, req).await;
     };
-    let prompt = if body.is_empty() {
-        Prompt::missed(None, MissBeforeKeys::NoModel)
-    } else {
-        tokenize(&gw, api, &body).await
-    };
-    let Some(rt) = gw.rule_for_model(prompt.model.as_deref()) else {
+    // Parse, tokenize and hash on the blocking pool, within the per-request
+    // limits and the tokenization admission across requests.
+    let prompt = prepare_admitted(
+        &gw,
+        &tokio::runtime::Handle::current(),
+        &gw.tokenize_admission,
+        gw.limits.tokenize_overload,
+        gw.limits.tokenize_wait(),
+        api,
+        &body,
+    )
+    .await;
+    let Some(rt) = gw.rule_for_model(prompt.model()) else {
         gw.metrics.unrouted(Outcome::NoRule);
         return error(
             StatusCode::NOT_FOUND,
             "no_route",
-            no_rule_message(prompt.model.as_ref()),
+            no_rule_message(prompt.model()),
         );
     };
     let session = parts
@@ -310,24 +236,11 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let input = match &prompt.tokens {
-        Ok(ids) => PromptInput::Tokens(ids),
-        Err(m) => PromptInput::Missing(*m),
-    };
-    let mut sreq = SelectRequest::new(input);
+    // With cache_salt and the model's LoRA adapter (they change the engine's
+    // block keys), and the keys when the rule's contract hashed them.
+    let mut sreq = prompt.request();
     if let Some(s) = &session {
         sreq = sreq.with_session(s);
-    }
-    if let Some(t) = &prompt.text {
-        sreq = sreq.with_text(t);
-    }
-    // cache_salt and the model's LoRA adapter change the engine's block keys:
-    // selection must hash them too, or salted / adapter requests never hit.
-    let extras = rt
-        .spec
-        .request_extras(prompt.model.as_deref(), prompt.cache_salt.clone());
-    if extras != RequestExtras::NONE {
-        sreq = sreq.with_extras(&extras);
     }
     let host = Host {
         gw: &gw,
@@ -338,8 +251,9 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         method: parts.method.clone(),
         path_and_query,
         headers: parts.headers.clone(),
-        body,
-        ids: prompt.ids.clone(),
+        // With stream_options.include_usage added (limits.include_usage).
+        body: prompt.rewritten().cloned().unwrap_or(body),
+        ids: prompt.ids().cloned(),
         ids_counted: false,
         prefill: None,
         failures: Vec::new(),
@@ -405,7 +319,7 @@ fn dot_segment(mut s: &[u8]) -> bool {
     dots == 1 || dots == 2
 }
 
-fn no_rule_message(model: Option<&String>) -> String {
+fn no_rule_message(model: Option<&str>) -> String {
     match model {
         Some(m) => format!("no rule serves model {m:?} and there is no default rule"),
         None => "the request names no model and there is no default rule".to_owned(),

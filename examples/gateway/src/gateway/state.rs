@@ -91,6 +91,9 @@ pub struct RuleRuntime {
     pub spec: RuleSpec,
     /// The library rule.
     pub rule: Rule,
+    /// Its contract's prompt keys (KV-exact rules): the tokenizing job hashes
+    /// with them and hands the rule the keys.
+    pub keys: Option<Arc<ContractKeys>>,
     /// Inventories (slot `i` = endpoint `i`).
     pub inventory: Arc<RuleInventory>,
     /// Endpoints, in rule order.
@@ -462,7 +465,7 @@ impl Gateway {
         cfg.scorer = spec.scorer;
         cfg.fallback = spec.selector;
         cfg.thresholds = thresholds;
-        let provider = keys.map(|k| k as Arc<dyn PromptKeys>);
+        let provider = keys.clone().map(|k| k as Arc<dyn PromptKeys>);
         let rule = Rule::new(cfg, provider).map_err(|e| lib_err(&e))?;
         let slots: Vec<SlotSpec> = spec.endpoints.iter().map(SlotSpec::from).collect();
         let inventory = Arc::new(RuleInventory::new(&slots, spec.contract.as_ref()));
@@ -530,6 +533,7 @@ impl Gateway {
             counters,
             spec,
             rule,
+            keys,
             inventory,
             endpoints,
             tracker: Arc::new(tracker),

@@ -266,6 +266,13 @@ pub struct LimitsConfig {
     /// the pieces' ids equal one whole encode). 1 = never split. Default: the
     /// CPU count, at most 8; prompt text under 16 KiB is never split.
     pub tokenizer_threads: usize,
+    /// Add `stream_options.include_usage = true` to streamed completion
+    /// requests that do not say (default `true`), so the engine's last chunk
+    /// carries `usage.prompt_tokens_details.cached_tokens` and the decision
+    /// gets its receipt; such clients then also see that usage chunk. A
+    /// client's own `include_usage` (`false` too) is never changed. `false`:
+    /// streamed receipts only for clients that ask for usage.
+    pub include_usage: bool,
 }
 
 impl Default for LimitsConfig {
@@ -289,6 +296,7 @@ impl Default for LimitsConfig {
             tokenize_overload: kvroute::admission::TokenizeOverload::Wait,
             tokenize_wait_ms: 250,
             tokenizer_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
+            include_usage: true,
         }
     }
 }
