@@ -15,6 +15,10 @@
 //! BENCH_SEQUENCES=4 cargo bench --bench load
 //! # lock shards per bank (default: IndexConfig::default().shards):
 //! BENCH_SHARDS=16 cargo bench --bench load
+//! # the default capacity bound per endpoint instead of none:
+//! BENCH_BOUNDED=1 cargo bench --bench load
+//! # blocks per store event (default 16):
+//! BENCH_EVENT_BLOCKS=64 cargo bench --bench load
 //! ```
 
 use bench_dynamo::{
@@ -41,8 +45,19 @@ fn main() {
     {
         w.sequences = s;
     }
+    if let Some(b) = std::env::var("BENCH_EVENT_BLOCKS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        w.event_blocks = b;
+    }
     let config = IndexConfig {
-        capacity_per_endpoint: usize::MAX,
+        // BENCH_BOUNDED=1: the default bound (insertion rings kept).
+        capacity_per_endpoint: if std::env::var_os("BENCH_BOUNDED").is_some() {
+            IndexConfig::default().capacity_per_endpoint
+        } else {
+            usize::MAX
+        },
         shards: std::env::var("BENCH_SHARDS")
             .ok()
             .and_then(|s| s.parse().ok())

@@ -5,6 +5,8 @@ mod runs;
 mod shard;
 mod sliced;
 mod table;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -282,7 +284,8 @@ impl EndpointKeys {
 /// Readers (`score`) group the prompt's keys by shard and take each shard's read
 /// lock once per call (per 256 keys); the prefix walk takes one per key it
 /// looks up alone. Writers take a shard write lock per key, except
-/// [`SharedIndex::store_chain`] into an unbounded tier, which write-locks the
+/// [`SharedIndex::store_chain`] into an unbounded tier (or a bounded one the
+/// call cannot fill, so nothing is evicted), which write-locks the
 /// shards of each group of 32 keys together, in ascending shard order (one
 /// fence per group instead of per key lets the inserts' cache misses
 /// overlap). One writer per endpoint is expected (the endpoint's ingest);
@@ -569,9 +572,20 @@ impl SharedIndex {
                 None => {}
             }
         }
-        let grouped = !slot.bounded(tier);
+        // A bounded tier takes the grouped path too when the call cannot
+        // reach the bound (every key new): nothing is evicted, so the ring
+        // gets the same entries in the same order as key by key. Engines
+        // report their own evictions, so a correct stream stays on it.
+        let room = slot
+            .capacity
+            .get(tier)
+            .copied()
+            .unwrap_or(UNBOUNDED)
+            .saturating_sub(slot.live.get(tier).copied().unwrap_or(0));
+        let grouped = !slot.bounded(tier) || u64::try_from(keys.len()).is_ok_and(|n| n <= room);
         if grouped {
             self.store_chain_grouped(bank, bit, tier, slot, keys, &mut chain, &mut stats);
+            self.maybe_compact(bank, bit, tier, slot);
         }
         let per_key = if grouped { &[] } else { keys };
         for (i, key) in per_key.iter().enumerate() {
@@ -628,7 +642,8 @@ impl SharedIndex {
         Ok(stats)
     }
 
-    /// The unbounded part of [`Self::store_chain`]: keys in groups of
+    /// The grouped part of [`Self::store_chain`] (an unbounded tier, or a
+    /// bounded one the call cannot fill): keys in groups of
     /// [`LOCK_GROUP`], each group's shards write-locked together (in
     /// ascending order, so writers cannot deadlock; readers hold one lock at
     /// a time) and released together. Each shard lock is a full fence that
@@ -647,6 +662,7 @@ impl SharedIndex {
         stats: &mut WriteStats,
     ) {
         let n = u32::try_from(keys.len()).unwrap_or(u32::MAX - 2);
+        let bounded = slot.bounded(tier);
         let mut done = 0u32;
         for group in keys.chunks(LOCK_GROUP) {
             // A run started at the group's first key is headed by the pending
@@ -729,6 +745,11 @@ impl SharedIndex {
                         stats.inserted += 1;
                         if let Some(live) = slot.live.get_mut(tier) {
                             *live += 1;
+                        }
+                        if bounded {
+                            if let Some(ring) = slot.rings.get_mut(tier) {
+                                ring.push_back(key.0);
+                            }
                         }
                     }
                     StoreEffect::Duplicate => stats.duplicate_stores += 1,
