@@ -338,18 +338,31 @@ impl PreparedPrompt {
 /// assert!(p.rewritten().is_some());
 /// ```
 pub fn unadmitted<H: PromptHost + ?Sized>(host: &H, body: &[u8]) -> PreparedPrompt {
-    let model = pyvalue::parse_json(body)
-        .ok()
-        .and_then(|v| request::model_of(&v).map(str::to_owned));
+    let value = pyvalue::parse_json(body).ok();
+    let model = value
+        .as_ref()
+        .and_then(|v| request::model_of(v).map(str::to_owned));
     let options = host.options(model.as_deref());
     let mut out = PreparedPrompt::missed(model, MissBeforeKeys::TokenizeOverloaded);
-    if options.include_usage {
-        out.rewritten = crate::receipt::include_usage(body).map(Bytes::from);
-    }
+    out.rewritten = usage_rewrite(&options, value.as_ref(), body);
     if options.forward_token_ids {
         out.ids = Some(IdsBody::text(KeepText::NoTokens));
     }
     out
+}
+
+/// [`crate::receipt::include_usage`] of a streamed `body` (`value`, parsed)
+/// when the options ask for it: the rewrite parses the body again, so
+/// non-streamed requests, most of them, skip it.
+fn usage_rewrite(options: &PromptOptions, value: Option<&PyValue>, body: &[u8]) -> Option<Bytes> {
+    let streamed = value
+        .and_then(PyValue::as_dict)
+        .is_some_and(|d| matches!(d.get("stream"), Some(PyValue::Bool(true))));
+    if options.include_usage && streamed {
+        crate::receipt::include_usage(body).map(Bytes::from)
+    } else {
+        None
+    }
 }
 
 /// Parses and tokenizes `body`, an OpenAI `api` request, under the options
@@ -361,11 +374,7 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
         .as_ref()
         .and_then(|v| request::model_of(v).map(str::to_owned));
     let options = host.options(model.as_deref());
-    let rewritten = if options.include_usage {
-        crate::receipt::include_usage(body).map(Bytes::from)
-    } else {
-        None
-    };
+    let rewritten = usage_rewrite(&options, value.as_ref(), body);
     let no_ids = |mut p: PreparedPrompt| {
         if options.forward_token_ids {
             let why = if api == ApiKind::Chat {
