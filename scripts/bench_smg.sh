@@ -14,6 +14,8 @@
 #                 PREFILL_STEP_US [500] DECODE_US_PER_TOKEN [500] MAX_TOKENS [8]
 #   BENCH_TIMEOUT [5400]  seconds the whole benchmark may take
 #   SKIP_BUILD [0]   1: do not run cargo build, use target/release/kvroute as it is
+#   KVROUTE [target/release/kvroute]  the binary to run (implies SKIP_BUILD=1 when set):
+#                    a copy keeps one build for the whole run while others rebuild the tree
 #
 # Prints one markdown table per (concurrency, streaming). Exit 1 if any request failed.
 set -euo pipefail
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --json) JSON_OUT=$2; shift 2 ;;
         --json=*) JSON_OUT=${1#--json=}; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -50,7 +52,11 @@ echo "smg $("$VENV/bin/python" -c "import importlib.metadata as m; print(m.versi
 
 # 2. the gateway binary (also the mock engine).
 # SKIP_BUILD=1 uses the binary as it is (e.g. while the tree is mid-edit).
-KVROUTE=$ROOT/target/release/kvroute
+if [ -n "${KVROUTE:-}" ]; then
+    SKIP_BUILD=1
+else
+    KVROUTE=$ROOT/target/release/kvroute
+fi
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
     timeout 1800 cargo build --release -p kvroute-gateway >&2
 fi
