@@ -48,6 +48,21 @@ const RETRY_BUFFER: usize = 64 << 10;
 /// request with `router`. Start it with `run_forever()`, or `run(..)` with a
 /// shutdown signal of your own.
 ///
+/// ```no_run
+/// use kvroute::{Backend, KvRouter};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // The router's subscribers run here; pingora's services on its own runtimes.
+/// let runtime = tokio::runtime::Runtime::new()?;
+/// let router = KvRouter::builder("vllm@0.33.0:sha256_cbor:block=16:seed=0".parse()?)
+///     .model("Qwen/Qwen3-8B", "/models/qwen3")
+///     .endpoint(Backend::vllm("http://10.0.0.7:8000").events("tcp://*:5557"))
+///     .endpoint(Backend::vllm("http://10.0.0.8:8000").events("tcp://*:5557"))
+///     .spawn_on(runtime.handle().clone())?;
+/// kvroute_embed_pingora::server(router, "0.0.0.0:9000")?.run_forever()
+/// # }
+/// ```
+///
 /// # Errors
 /// Pingora's default configuration cannot be built.
 pub fn server(router: KvRouter, listen: &str) -> Result<Server> {
