@@ -94,17 +94,19 @@
 //! ## pingora
 //!
 //! A pingora `ProxyHttp` maps onto the same calls (`CTX` holds the body
-//! buffer and the `Option<Pick>`):
+//! buffer and the `Option<Pick>`); `examples/embed_pingora` is this table
+//! compiled and tested:
 //!
 //! | `ProxyHttp` phase | kvroute |
 //! |---|---|
-//! | `request_filter` / `request_body_filter` | buffer the body (bounded); at its end `ctx.pick = Some(router.pick(api, &body).await?)`, and forward [`Pick::upstream_body`] |
+//! | `request_filter` | read the body (bounded: pingora 0.9 runs `request_body_filter` only after `upstream_peer`); `ctx.pick = Some(router.pick(api, &body).await?)` |
 //! | `upstream_peer` | `HttpPeer::new(addr_of(pick.url()), false, host)` |
 //! | `fail_to_connect` | `if ctx.pick.retry().is_some() { e.set_retry(true) }`: pingora calls `upstream_peer` again and gets the next-best endpoint |
 //! | `connected_to_upstream` | [`Pick::connected`] |
+//! | `upstream_request_filter` / `request_body_filter` | `Content-Length` of [`Pick::upstream_body`], then that body (pingora resends its retry buffer there on each attempt; the example keeps it filled) |
 //! | `response_filter` | [`receipt::BodyKind::of`] the response headers |
 //! | `response_body_filter` | [`receipt::UsageScanner::feed`] each chunk; [`kvroute_select::LoadGuard::first_byte`] on the first |
-//! | `logging` | [`receipt::UsageScanner::finish`] → [`Pick::record_receipt`]; drop the `Pick` (releases the load charge, also on errors and disconnects) |
+//! | `logging` | without an error and past the body's end: [`receipt::UsageScanner::finish`] → [`Pick::record_receipt`]; in any case drop the `Pick` (releases the load charge, also on errors and disconnects) |
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
