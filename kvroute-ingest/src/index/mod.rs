@@ -1371,7 +1371,13 @@ impl<'o> PrefixWalk<'o> {
                 (1u64 << n) - 1
             };
             if mask & all == all {
-                self.out.fill(value);
+                if p == 0 {
+                    // A miss everywhere: a constant fill (a memset) instead
+                    // of six stores per endpoint.
+                    self.out.fill(Overlap::default());
+                } else {
+                    self.out.fill(value);
+                }
                 return;
             }
             let mut rest = mask;
@@ -1432,6 +1438,15 @@ impl<'o> PrefixWalk<'o> {
             self.end(self.alive, len);
         }
         let written = self.written;
+        let n = self.out.len();
+        let all = if n >= BANK_WIDTH {
+            u64::MAX
+        } else {
+            (1u64 << n) - 1
+        };
+        if written & all == all {
+            return;
+        }
         for (bit, slot) in self.out.iter_mut().enumerate() {
             if written & (1u64 << bit) == 0 {
                 *slot = Overlap::default();
