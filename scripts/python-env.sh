@@ -24,7 +24,11 @@ requirements=("pyzmq==27.3.0" "msgspec==0.23.0"
     "tokenizers==0.23.3" "jinja2==3.1.6"
     # The official Prometheus client's strict OpenMetrics parser: the gateway's
     # /metrics test (examples/gateway/tests/gateway_metrics.rs) validates with it.
-    "prometheus_client==0.26.0")
+    "prometheus_client==0.26.0"
+    # The cmake binary: examples/embed_pingora's pingora-core builds zlib-ng
+    # (libz-ng-sys) with it; scripts/test.sh points the cmake crate at it
+    # through CMAKE, so a machine without a system cmake still builds.
+    "cmake==3.31.6")
 # Installed without its dependencies (torch, CUDA kernels...): only its sources are used.
 nodeps=("vllm==0.33.0")
 

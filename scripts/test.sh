@@ -27,6 +27,10 @@ fi
 
 echo "==> python peers (venv with pyzmq + msgspec)"
 bash scripts/python-env.sh
+# pingora-core (examples/embed_pingora) builds zlib-ng with cmake: use the venv's
+# pinned one unless the caller chose another.
+export CMAKE="${CMAKE:-$PWD/.venv/bin/cmake}"
+"$CMAKE" --version | head -n1
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
