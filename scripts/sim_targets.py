@@ -10,7 +10,9 @@ Prints one line per case and the peers' figures (hit% / p50 / p99 ms).
     cargo build --release -p kvroute-gateway
     python3 scripts/sim_targets.py [extra `kvroute sim run` flags]
 
-KVROUTE names the binary, TRACE the Mooncake trace, OUT the JSON directory.
+KVROUTE names the binary, TRACE the Mooncake trace, OUT the JSON directory,
+KINDS (comma-separated, e.g. rag,multiturn) restricts the cases, CAPS the
+capacities.
 Exits 0 whatever the verdict: it reports, the last line says ALL OK or not.
 """
 import json,sys,subprocess,os,tempfile
@@ -24,8 +26,11 @@ cases=[]
 for kind in ['tenants','multiturn','rag','nosharing']:
     cases.append((kind,['--kind',kind]))
 cases.append(('mooncake',['--trace',TRACE]))
+if os.environ.get('KINDS'):
+    keep=os.environ['KINDS'].split(',')
+    cases=[c for c in cases if c[0] in keep]
 allok=True
-for cap in ['262144','4194304']:
+for cap in os.environ.get('CAPS','262144,4194304').split(','):
     for name,args in cases:
         out=os.path.join(OUT, f'{name}_{cap}.json')
         subprocess.run([S,'sim','run',*args,'--workers','8','--capacity-tokens',cap,'--policies','all','--json',out,*extra],stdout=subprocess.DEVNULL,check=True)

@@ -16,14 +16,16 @@
 //! the exact upper bound) nor survives `Q` reaching zero. The scorer then reads
 //! `min(Q, B)` as the queued prefill.
 //!
-//! The rate is measured, not configured: between two decisions an endpoint
-//! that held work prefilled `Q_before + charged − Q_after` tokens; it was busy
-//! the whole interval if it still holds work (the tracker only grows at
-//! decisions), half of it on average if it emptied. Tokens over busy time,
-//! summed over the fleet per unit of capacity with exponential forgetting, is
-//! the rate. Its resolution is the interval between decisions: at a few
-//! decisions per prefill it is coarse, which matters little because queues
-//! only form when decisions are frequent.
+//! The rate is measured, not configured. Between two decisions an endpoint
+//! that held work prefilled `Q_before + charged − Q_after` tokens, and it was
+//! busy the whole interval if it still holds work (the tracker only grows at
+//! decisions). Summed over a busy period these telescope to everything charged
+//! in it; the period ends in the interval in which the endpoint emptied,
+//! counted as half of it, and a period whose last interval is longer than the
+//! rest of it (an idle gap follows) is dropped as unmeasurable. Tokens over
+//! busy time, over the fleet per unit of capacity with exponential
+//! forgetting, is the rate. Its resolution is the interval between decisions,
+//! which is short exactly when queues form.
 //! Until a second of busy time has been seen the rate is unknown and `B` does
 //! not drain: the estimate is the tracker's `Q`, as before. Work that other
 //! replicas or rules added (`Q` grew by more than this rule charged) is added
@@ -39,8 +41,11 @@ use crate::load::EndpointLoad;
 
 /// Busy time (µs) the rate must be measured over before it is used.
 const MIN_BUSY_US: f64 = 1_000_000.0;
-/// Forgetting per busy sample: about the last 1 000 endpoint-intervals count.
-const KEEP: f64 = 1.0 - 1.0 / 1024.0;
+/// A busy period longer than this is committed in segments of this length.
+const SEGMENT_US: f64 = 2_000_000.0;
+/// Forgetting per committed sample (a busy period or segment): about the
+/// last 256 count.
+const KEEP: f64 = 1.0 - 1.0 / 256.0;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Slot {
@@ -51,9 +56,13 @@ struct Slot {
     queued: u64,
     /// Tokens this rule charged since.
     charged: u64,
-    /// Virtual backlog at `at_us` (or at the last charge, see `backlog_at`).
+    /// Virtual backlog as of `backlog_at_us` (the last read or charge).
     backlog: f64,
     backlog_at_us: u64,
+    /// The current busy period's drained tokens and busy time not yet
+    /// committed to the rate.
+    period_tokens: f64,
+    period_us: f64,
 }
 
 #[derive(Debug, Default)]
@@ -114,21 +123,44 @@ impl PrefillDrain {
             slots.resize(loads.len(), Slot::default());
         }
         // Learn from every endpoint first, so this decision already uses the
-        // figures it brought. The tracker only grows at decisions, so an
-        // endpoint that held work at the last one and still does now was busy
-        // throughout; one that emptied finished somewhere in between (counted
-        // as half the interval). Over a busy period the drained tokens
-        // telescope to everything charged in it, so a partly prefilled head
-        // counted in full at the start of an interval is no bias.
-        for (i, (l, s)) in loads.iter().zip(slots.iter()).enumerate() {
+        // figures it brought. Samples are whole busy periods: the tracker only
+        // grows at decisions, so an endpoint that held work at the last one
+        // and still does now was busy throughout; over a busy period the
+        // drained tokens telescope to everything charged in it, so a partly
+        // prefilled head counted in full at an interval's start biases
+        // nothing. A period ends somewhere in the interval in which the
+        // endpoint emptied, counted as half of it — unless that interval is
+        // long against the period (an idle gap), when the period says nothing
+        // reliable and is dropped. A period busy for more than
+        // `SEGMENT_US` is committed as it goes (a saturated endpoint).
+        for (i, (l, s)) in loads.iter().zip(slots.iter_mut()).enumerate() {
             let q = l.queued_prefill_tokens;
             let before = s.queued.saturating_add(s.charged);
-            if s.seen && now_us > s.at_us && before > 0 {
-                #[allow(clippy::cast_precision_loss)]
-                let (done, dt) = (before.saturating_sub(q) as f64, (now_us - s.at_us) as f64);
-                let busy = if q > 0 { dt } else { dt / 2.0 };
-                *tokens = *tokens * KEEP + done / f64::from(capacity(i).max(1));
-                *busy_us = *busy_us * KEEP + busy;
+            if !(s.seen && now_us > s.at_us && before > 0) {
+                continue;
+            }
+            #[allow(clippy::cast_precision_loss)]
+            let (done, dt) = (before.saturating_sub(q) as f64, (now_us - s.at_us) as f64);
+            let cap = f64::from(capacity(i).max(1));
+            let mut commit = |t: f64, b: f64| {
+                *tokens = *tokens * KEEP + t / cap;
+                *busy_us = *busy_us * KEEP + b;
+            };
+            if q > 0 {
+                s.period_tokens += done;
+                s.period_us += dt;
+                if s.period_us >= SEGMENT_US {
+                    commit(s.period_tokens, s.period_us);
+                    s.period_tokens = 0.0;
+                    s.period_us = 0.0;
+                }
+            } else {
+                let (t, b) = (s.period_tokens + done, s.period_us + dt / 2.0);
+                if dt <= b {
+                    commit(t, b);
+                }
+                s.period_tokens = 0.0;
+                s.period_us = 0.0;
             }
         }
         let rate = st.rate();
@@ -149,14 +181,12 @@ impl PrefillDrain {
             }
             #[allow(clippy::cast_precision_loss)]
             let b = b.clamp(0.0, q as f64);
-            *s = Slot {
-                seen: true,
-                at_us: now_us,
-                queued: q,
-                charged: 0,
-                backlog: b,
-                backlog_at_us: now_us,
-            };
+            s.seen = true;
+            s.at_us = now_us;
+            s.queued = q;
+            s.charged = 0;
+            s.backlog = b;
+            s.backlog_at_us = now_us;
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let ahead = b.ceil() as u64;
             l.queued_prefill_tokens = ahead.min(q);

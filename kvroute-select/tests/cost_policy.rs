@@ -63,6 +63,7 @@ fn cached_prefix_is_weighed_against_queued_prefill_as_the_formula_says() {
     let cfg = CostConfig {
         affinity_slack: 0.0,
         load_factor: f64::INFINITY,
+        prefill_weight: 2.0,
         ..CostConfig::default()
     };
     let (r, c) = rule(2, |x| {
@@ -240,9 +241,22 @@ impl Load for Busy<'_> {
     }
 }
 
+///
+/// The four requests arrive at the same instant, so every one of them on the
+/// first endpoint waits behind the others' prefill: at prefill weight 2
+/// (this request's time to first token plus the prefill it duplicates
+/// elsewhere) all four co-locate; at the default weight 1 (time to first
+/// token alone) the third finds an idle endpoint 12 % cheaper and takes it, so
+/// the burst shares two endpoints, not four (see
+/// `the_default_weight_shares_a_simultaneous_burst_over_two_endpoints`).
 #[test]
 fn predicted_entries_co_locate_a_burst_and_expire() {
-    let (r, c) = rule(4, |_| {});
+    let (r, c) = rule(4, |x| {
+        x.scorer = Scorer::Cost(CostConfig {
+            prefill_weight: 2.0,
+            ..CostConfig::default()
+        });
+    });
     let inv = KeySetInventory::new(4); // no engine has reported anything yet
     let tracker = Arc::new(LoadTracker::new(4));
     let busy = Busy {
@@ -286,6 +300,40 @@ fn predicted_entries_co_locate_a_burst_and_expire() {
         guards.push(tracker.charge(t, d.predicted_prefill_tokens(BS)));
     }
     assert!(used.len() > 1);
+}
+
+/// The default weight: a burst of four simultaneous requests sharing a new
+/// prefix lands on two endpoints (predicted entries credit both), where
+/// without predicted entries it spreads by load.
+#[test]
+fn the_default_weight_shares_a_simultaneous_burst_over_two_endpoints() {
+    let run = |predicted: bool| {
+        let (r, c) = rule(4, |x| {
+            if !predicted {
+                x.predicted.capacity = 0;
+            }
+        });
+        let inv = KeySetInventory::new(4);
+        let tracker = Arc::new(LoadTracker::new(4));
+        let busy = Busy {
+            tracker: &tracker,
+            base: 8,
+        };
+        let prefix = chain(4, 40);
+        let mut used = std::collections::HashSet::new();
+        let mut guards = Vec::new();
+        for i in 0..4u64 {
+            let mut keys = prefix.clone();
+            keys.extend(chain(6000 + i, 2));
+            let d = decide(&r, req(&keys, &c, 42 * BS), &inv, &busy, Duration::ZERO);
+            let t = d.target().unwrap();
+            used.insert(t.endpoint);
+            guards.push(tracker.charge(t, d.predicted_prefill_tokens(BS)));
+        }
+        used.len()
+    };
+    assert_eq!(run(true), 2);
+    assert_eq!(run(false), 4);
 }
 
 /// A receipt above the prompt's length is refused and counted.
