@@ -8,7 +8,8 @@
 //! contracts and the raw digests of their bytes in alternating rounds, one
 //! right after the other, and prints the median of the per-round ratios: on a
 //! shared machine whose load changes from one criterion benchmark to the next
-//! this is the figure to compare with a target ratio.
+//! this is the figure to compare with a target ratio. `-- ratio "bs16 sha256"`
+//! runs only the rows whose block size and algorithm contain that text.
 
 use std::time::Instant;
 
@@ -258,7 +259,7 @@ fn fastest(v: impl Iterator<Item = f64>) -> f64 {
 /// alternating in 301 rounds of ~0.5 ms per side. Printed: the median of the
 /// per-round ratios, and the ratio of the two fastest rounds (the rounds no
 /// other process interrupted).
-fn ratios() {
+fn ratios(filter: Option<&str>) {
     println!(
         "interleaved, {BLOCKS} blocks per call, 301 rounds: median per-round ratio [ratio of fastest rounds]"
     );
@@ -283,6 +284,9 @@ fn ratios() {
         ] {
             let hasher = contract.parse::<HashContract>().unwrap().hasher().unwrap();
             let algorithm = contract.split(':').nth(1).unwrap_or("?").to_owned();
+            if filter.is_some_and(|f| !format!("bs{bs} {algorithm}").contains(f)) {
+                continue;
+            }
             let extras = RequestExtras::NONE;
             let mut prompt = hasher.prompt(&extras).unwrap();
             let mut keys = Vec::with_capacity(BLOCKS);
@@ -355,8 +359,15 @@ fn serialised_inputs(hasher: &kvroute_core::BlockHasher, toks: &[u32]) -> Vec<Ve
 criterion_group!(benches, bench);
 
 fn main() {
-    if std::env::args().skip(1).any(|a| a == "ratio") {
-        ratios();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "ratio") {
+        // `-- ratio "bs16 sha256_cbor"`: only the rows whose block size and
+        // algorithm contain that text.
+        ratios(
+            args.get(i + 1)
+                .map(String::as_str)
+                .filter(|f| !f.starts_with('-')),
+        );
         return;
     }
     benches();

@@ -10,6 +10,9 @@ pub(crate) mod cbor;
 pub(crate) mod pickle;
 mod plain;
 mod sha256;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod shani;
 
 pub(crate) use plain::extend_plain;
 

@@ -54,6 +54,16 @@ pub(crate) fn extend_plain(
     }
     match algorithm {
         VllmAlgorithm::Sha256Cbor if parent.len() == 32 => {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let mut p = [0u8; 32];
+                p.copy_from_slice(parent.as_bytes());
+                let digests = out_digests.as_deref_mut();
+                if super::shani::chain(scratch, &mut p, tokens, block_size, out_keys, digests) {
+                    *parent = Digest::from_32(p);
+                    return Ok(());
+                }
+            }
             sha_ring_chain(scratch, parent, tokens, block_size, out_keys, out_digests);
         }
         VllmAlgorithm::XxhashCbor if parent.len() == 16 => {
@@ -338,6 +348,16 @@ mod tests {
             prop_assert_eq!(keys, want_keys);
             if let Some(last) = want.last() {
                 prop_assert_eq!(parent.as_bytes(), last.as_slice());
+            }
+            // The portable SHA-256 chain, which the dispatch above skips on
+            // CPUs with SHA-NI.
+            if sha {
+                let mut parent = none_hash(algorithm, "0");
+                let (mut keys, mut portable) = (Vec::new(), Vec::new());
+                sha_ring_chain(&mut scratch, &mut parent, &tokens[..blocks * bs], bs, &mut keys, Some(&mut portable));
+                prop_assert_eq!(&portable, &digests);
+                let want_keys: Vec<BlockKey> = digests.iter().map(Digest::last8_be).collect();
+                prop_assert_eq!(keys, want_keys);
             }
         }
     }
