@@ -2,6 +2,7 @@
 //! shared-prefix chat workload driven through RR, CHWBL and KV-exact, and a
 //! comparison table on stdout (progress goes to stderr).
 
+mod hold;
 mod table;
 mod workload;
 
@@ -15,6 +16,7 @@ use serde_json::Value;
 
 use crate::gateway::{self, ServeConfig};
 use crate::mock_engine;
+use hold::Hold;
 use table::PolicyReport;
 
 /// Model slug the engines serve and the gateway routes.
@@ -49,6 +51,11 @@ pub struct DemoArgs {
     /// KV capacity of each engine, in 16-token blocks (small so eviction matters).
     #[arg(long, default_value_t = 160)]
     pub capacity_blocks: u32,
+    /// Decode time per output token of the mock engines, µs. Placement is
+    /// the same in every run as long as no request of a wave ends before the
+    /// wave's last request reached its engine (the demo warns otherwise).
+    #[arg(long, default_value_t = 10_000)]
+    pub decode_us_per_token: u32,
 }
 
 /// Runs the demo; exit 0 when every policy completed.
@@ -104,6 +111,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
         .canonicalize()
         .with_context(|| format!("model directory {}", model_dir.display()))?;
     let engines = start_engines(args, &model_dir).await?;
+    let hold = Hold::start(&engines.iter().map(|e| e.http).collect::<Vec<_>>()).await?;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()?;
@@ -115,7 +123,13 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
             client.post(&url).send().await?.error_for_status()?;
         }
         let before = engine_requests(&client, &engines).await?;
-        let toml = gateway_toml(&model_dir, &engines, keys, policy.starts_with("kv-exact"));
+        let toml = gateway_toml(
+            &model_dir,
+            &engines,
+            &hold.fronts,
+            keys,
+            policy.starts_with("kv-exact"),
+        );
         let config = ServeConfig::from_toml(&toml, &model_dir).context("demo gateway config")?;
         let gw = gateway::start(&config).await?;
         let admin = format!("http://{}", gw.admin);
@@ -126,12 +140,13 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
         let total = requests.len();
         let kv = policy.starts_with("kv-exact");
         let settle = || settled(&client, &admin, &engines, kv);
-        let outcomes = workload::drive(
+        let (outcomes, raced) = workload::drive(
             &client,
             &url,
             MODEL,
             &requests,
             args.concurrency,
+            &hold,
             settle,
             |n| {
                 eprint!("\r[{policy}] {n}/{total}   ");
@@ -140,6 +155,13 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
         )
         .await?;
         eprintln!();
+        if raced > 0 {
+            eprintln!(
+                "kvroute demo: [{policy}] in {raced} waves a request ended before the last one \
+                 reached its engine: placement may differ between runs on this machine \
+                 (raise --decode-us-per-token)"
+            );
+        }
         let after = engine_requests(&client, &engines).await?;
         let counters: Value = get_json(&client, &format!("{admin}/admin/counters")).await?;
         let endpoints: Value = get_json(&client, &format!("{admin}/admin/endpoints")).await?;
@@ -177,7 +199,8 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
     }
     let header = format!(
         "kvroute demo: {} multi-turn chat requests over {TENANTS} tenants' system prompts (seed {}), \
-         in waves of {} (decided one after another, events applied between waves), through the gateway to {} mock engines (real Qwen3 tokenizer, vLLM sha256_cbor \
+         in waves of {} (decided one after another while held in front of the engines, then released together; \
+         events applied between waves), through the gateway to {} mock engines (real Qwen3 tokenizer, vLLM sha256_cbor \
          block keys, {} KV blocks of 16 tokens each, prefill {} µs per uncached token)\n\n",
         args.requests,
         args.seed,
@@ -195,6 +218,7 @@ async fn start_engines(
 ) -> anyhow::Result<Vec<mock_engine::Running>> {
     let capacity = args.capacity_blocks.to_string();
     let prefill = PREFILL_US_PER_TOKEN.to_string();
+    let decode = args.decode_us_per_token.to_string();
     let flags = [
         "--capacity-blocks",
         &capacity,
@@ -202,29 +226,32 @@ async fn start_engines(
         &prefill,
         "--prefill-step-us",
         "500",
-        // Long enough that a wave's requests are all still decoding while the
-        // next ones of the wave are decided: the load each decision sees does
-        // not depend on how fast this machine is.
         "--decode-us-per-token",
-        "10000",
+        &decode,
     ];
     mock_engine::start_local_fleet(args.engines, model_dir, MODEL, &flags).await
 }
 
+/// The gateway's configuration: `keys` select the policy; requests go to the
+/// engines through their holds (`fronts`), KV events come from the engines.
+/// Engine-load polling is off: with one gateway the engines' own counts add
+/// nothing to its own in-flight accounting but the timing of the poll (a
+/// report read while a wave ends would count its requests for a whole
+/// interval), which would make placement depend on the clock.
 fn gateway_toml(
     model_dir: &Path,
     engines: &[mock_engine::Running],
+    fronts: &[std::net::SocketAddr],
     keys: &str,
     events: bool,
 ) -> String {
     let mut s = format!(
-        "listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[models]]\nslug = \"{MODEL}\"\ndir = {:?}\n\n[[rules]]\nname = \"demo\"\nmodels = [\"{MODEL}\"]\ndefault = true\ntopology = \"converged\"\ncontract = \"{CONTRACT}\"\n{keys}\n",
+        "listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[limits]\nengine_load_poll_ms = 0\n\n[[models]]\nslug = \"{MODEL}\"\ndir = {:?}\n\n[[rules]]\nname = \"demo\"\nmodels = [\"{MODEL}\"]\ndefault = true\ntopology = \"converged\"\ncontract = \"{CONTRACT}\"\n{keys}\n",
         model_dir.display().to_string()
     );
-    for e in engines {
+    for (e, front) in engines.iter().zip(fronts) {
         s.push_str(&format!(
-            "[[rules.endpoints]]\nurl = \"http://{}\"\nengine = \"vllm\"\n",
-            e.http
+            "[[rules.endpoints]]\nurl = \"http://{front}\"\nengine = \"vllm\"\n"
         ));
         if let (true, Some(zmq)) = (events, e.zmq_port) {
             s.push_str(&format!("zmq = \"tcp://*:{zmq}\"\n"));
@@ -257,40 +284,46 @@ async fn engine_requests(
     Ok(out)
 }
 
-/// Between two waves: waits until every engine's KV events are applied (the
-/// gateway's inventory of each endpoint holds exactly the blocks the engine
-/// caches), so the next wave's decisions see the same inventory in every run.
-/// Rules without KV events have nothing to wait for.
+/// Between two waves: waits until the gateway has released every request's
+/// charge (the client saw the last byte a moment before the gateway's guard
+/// drops) and, with KV events, until its inventory of each endpoint holds
+/// exactly the blocks the engine caches — so the next wave's decisions see
+/// the same state in every run.
 async fn settled(
     client: &reqwest::Client,
     admin: &str,
     engines: &[mock_engine::Running],
     kv: bool,
 ) -> anyhow::Result<()> {
-    if !kv {
-        return Ok(());
-    }
     for _ in 0..400 {
-        let mut cached = Vec::with_capacity(engines.len());
-        for e in engines {
-            let v = get_json(client, &format!("http://{}/admin/cache", e.http)).await?;
-            cached.push(v["cached_blocks"].as_u64().unwrap_or(0));
-        }
         let v = get_json(client, &format!("{admin}/admin/endpoints")).await?;
-        let mirrored: Vec<u64> = v["endpoints"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|e| e["inventory_blocks"].as_u64().unwrap_or(0))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if mirrored == cached {
+        let eps = v["endpoints"].as_array().cloned().unwrap_or_default();
+        let idle = eps.iter().all(|e| {
+            e["in_flight"].as_u64() == Some(0) && e["queued_prefill_tokens"].as_u64() == Some(0)
+        });
+        let caught_up = if kv && idle {
+            let mut cached = Vec::with_capacity(engines.len());
+            for e in engines {
+                let v = get_json(client, &format!("http://{}/admin/cache", e.http)).await?;
+                cached.push(v["cached_blocks"].as_u64().unwrap_or(0));
+            }
+            let mirrored: Vec<u64> = eps
+                .iter()
+                .map(|e| e["inventory_blocks"].as_u64().unwrap_or(0))
+                .collect();
+            mirrored == cached
+        } else {
+            idle
+        };
+        if caught_up {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    anyhow::bail!("the gateway's inventories did not catch up with the engines' caches within 2 s")
+    anyhow::bail!(
+        "within 2 s the gateway did not release its charges or its inventories did not catch up \
+         with the engines' caches"
+    )
 }
 
 /// Waits until the gateway's KV-event subscribers are all connected.

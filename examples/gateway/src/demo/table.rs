@@ -108,8 +108,8 @@ pub fn render(reports: &[PolicyReport]) -> String {
 
 const LEGEND: &str = "\n\
 cached-token %: prompt tokens the engines served from their prefix cache (their own \
-usage.prompt_tokens_details.cached_tokens) over all prompt tokens. TTFT: request sent to first \
-streamed byte, through the gateway. requests per endpoint: what each engine answered. decisions \
+usage.prompt_tokens_details.cached_tokens) over all prompt tokens. TTFT: the wave's release to the \
+request's first streamed byte, through the gateway. requests per endpoint: what each engine answered. decisions \
 by tier: which ladder step chose the endpoint. predicted / delivered: cached tokens the gateway \
 predicted from the engines' KV events vs what the engines reported.\n";
 

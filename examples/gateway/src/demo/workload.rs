@@ -1,9 +1,11 @@
 //! The demo workload: tenants with long shared system prompts and short user
-//! questions, driven through the gateway with bounded concurrency.
+//! questions, driven through the gateway in waves.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use super::hold::Hold;
 
 /// Words the generated system prompts are made of.
 const WORDS: &[&str] = &[
@@ -119,7 +121,7 @@ pub fn generate(tenants: usize, requests: usize, seed: u64) -> Vec<ChatRequest> 
 /// What one request observed.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
-    /// Time to the first streamed chunk.
+    /// Time from its wave's release to the first streamed chunk.
     pub ttft: Duration,
     /// `usage.prompt_tokens`.
     pub prompt_tokens: u64,
@@ -127,14 +129,14 @@ pub struct Outcome {
     pub cached_tokens: u64,
 }
 
-/// Sends one streamed chat request; returns once the response headers are in
-/// (the gateway has made its decision and charged the endpoint's load).
-pub async fn start(
-    client: &reqwest::Client,
-    url: &str,
-    model: &str,
-    req: &ChatRequest,
-) -> anyhow::Result<(reqwest::Response, Instant)> {
+/// Sends one streamed chat request and reads it to the end: when its first
+/// chunk arrived, when it ended, and its usage receipt (`ttft` left zero).
+async fn chat(
+    client: reqwest::Client,
+    url: String,
+    model: &'static str,
+    req: ChatRequest,
+) -> anyhow::Result<(Instant, Instant, Outcome)> {
     let body = json!({
         "model": model,
         "messages": [
@@ -145,28 +147,20 @@ pub async fn start(
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let start = Instant::now();
-    let resp = client.post(url).json(&body).send().await?;
+    let mut resp = client.post(&url).json(&body).send().await?;
     if !resp.status().is_success() {
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();
         anyhow::bail!("gateway answered {status}: {text}");
     }
-    Ok((resp, start))
-}
-
-/// Reads a started response to the end: TTFT and the usage receipt.
-pub async fn finish(mut resp: reqwest::Response, start: Instant) -> anyhow::Result<Outcome> {
-    let mut ttft = None;
+    let mut first = None;
     let mut text = Vec::new();
     while let Some(chunk) = resp.chunk().await? {
-        ttft.get_or_insert_with(|| start.elapsed());
+        first.get_or_insert_with(Instant::now);
         text.extend_from_slice(&chunk);
     }
-    let mut out = Outcome {
-        ttft: ttft.unwrap_or_else(|| start.elapsed()),
-        ..Outcome::default()
-    };
+    let end = Instant::now();
+    let mut out = Outcome::default();
     for line in String::from_utf8_lossy(&text).lines() {
         let Some(data) = line.strip_prefix("data:") else {
             continue;
@@ -182,40 +176,71 @@ pub async fn finish(mut resp: reqwest::Response, start: Instant) -> anyhow::Resu
                 .unwrap_or(0);
         }
     }
-    Ok(out)
+    Ok((first.unwrap_or(end), end, out))
 }
 
-/// Drives the requests in waves of `concurrency`: within a wave each request
-/// is sent once the previous one's headers are back (so every decision sees
-/// the load of the ones before it, in a fixed order), the bodies are read
-/// concurrently, and before the next wave `settle` waits until the gateway's
-/// view of the engines has caught up. Placement then depends on the seed, not
-/// on which of eight racing requests the gateway happened to read first.
+/// Drives the requests in waves of `concurrency`. Within a wave each request
+/// is sent once the gateway has forwarded the previous one to `hold`, so
+/// every decision sees all earlier ones of the wave charged and none of them
+/// answered yet; then the hold releases the wave to the engines and the
+/// bodies are read concurrently. Before the next wave `settle` waits until
+/// the gateway's view of the engines has caught up. Placement then depends on
+/// the seed, not on how fast this machine answered the first requests of a
+/// wave while the last were being decided.
+///
+/// Also returns how many waves had a request end before the wave's last
+/// request was admitted by its engine: there the engines' caches, and so
+/// later placement, depended on this machine's speed (decode too short).
+#[allow(clippy::too_many_arguments)]
 pub async fn drive<S, F>(
     client: &reqwest::Client,
     url: &str,
-    model: &str,
+    model: &'static str,
     requests: &[ChatRequest],
     concurrency: usize,
+    hold: &Hold,
     mut settle: S,
     mut progress: impl FnMut(usize),
-) -> anyhow::Result<Vec<Outcome>>
+) -> anyhow::Result<(Vec<Outcome>, usize)>
 where
     S: FnMut() -> F,
     F: std::future::Future<Output = anyhow::Result<()>>,
 {
     let mut out = Vec::with_capacity(requests.len());
+    let mut raced = 0;
     for wave in requests.chunks(concurrency.max(1)) {
-        let mut bodies = Vec::with_capacity(wave.len());
-        for r in wave {
-            let (resp, t0) = start(client, url, model, r).await?;
-            bodies.push(tokio::spawn(finish(resp, t0)));
+        let mut sent = Vec::with_capacity(wave.len());
+        for (i, r) in wave.iter().enumerate() {
+            sent.push(tokio::spawn(chat(
+                client.clone(),
+                url.to_owned(),
+                model,
+                r.clone(),
+            )));
+            if let Err(e) = hold.wait_held(i + 1, &sent).await {
+                // The request that ended early says why.
+                for s in sent
+                    .into_iter()
+                    .filter(tokio::task::JoinHandle::is_finished)
+                {
+                    s.await??;
+                }
+                return Err(e);
+            }
         }
-        for b in bodies {
-            out.push(b.await??);
+        let released = hold.release();
+        let mut first_end: Option<Instant> = None;
+        for s in sent {
+            let (first, end, mut o) = s.await??;
+            o.ttft = first.saturating_duration_since(released);
+            first_end = Some(first_end.map_or(end, |f| f.min(end)));
+            out.push(o);
             progress(out.len());
+        }
+        if let (Some(end), Some(admitted)) = (first_end, hold.last_admitted()) {
+            raced += usize::from(end < admitted);
         }
         settle().await?;
     }
-    Ok(out)
+    Ok((out, raced))
 }
