@@ -198,6 +198,15 @@ def reset_engines(engines: list[Engine]) -> None:
             raise RuntimeError(f"engine :{e.http} still holds {cached} blocks after reset")
 
 
+def engine_requests(engines: list[Engine]) -> list[int]:
+    """Requests each engine has answered so far (the mock's own count)."""
+    out = []
+    for e in engines:
+        status, body = http("GET", f"http://{HOST}:{e.http}/admin/cache")
+        out.append(int(json.loads(body).get("requests", 0)) if status == 200 else -1)
+    return out
+
+
 def kvroute_toml(args, engines: list[Engine], listen: int, admin: int) -> str:
     s = (
         f'listen = "{HOST}:{listen}"\n[admin]\nlisten = "{HOST}:{admin}"\n'
@@ -541,6 +550,7 @@ def main() -> int:
                         tag = f"r{run}-c{conc}-{'s' if stream else 'n'}"
                         reset_engines(engines)
                         gw = start(args, engines, tmp, tag)
+                        before = engine_requests(engines)
                         try:
                             tally, wall, cpu = asyncio.run(
                                 drive(gw.url, convs, conc, stream, args.max_tokens, args.run_timeout)
@@ -549,6 +559,8 @@ def main() -> int:
                             stop(gw.proc)
                         r = summarize(tally, wall, cpu, stream)
                         r["run"] = run
+                        # How each gateway spread the load: a p99 or req/s gap often shows here.
+                        r["per_engine"] = [a - b for a, b in zip(engine_requests(engines), before)]
                         # Other work on the machine shows here (the 1-minute load average).
                         r["loadavg_1m"] = round(os.getloadavg()[0], 2)
                         cells[(conc, stream)][name].append(r)
@@ -556,7 +568,7 @@ def main() -> int:
                             f"run {run} c={conc} {'stream' if stream else 'plain'} {name}: "
                             f"{r['requests_per_second']} req/s p50 {r['p50_ms']} p99 {r['p99_ms']} "
                             f"cached {r['cached_fraction']} errors {r['errors']} client_cpu {r['client_cpu']} "
-                            f"load {r['loadavg_1m']}"
+                            f"load {r['loadavg_1m']} per_engine {'/'.join(map(str, r['per_engine']))}"
                             + (f" first_error {r['first_error']}" if r["first_error"] else "")
                         )
     finally:
