@@ -29,7 +29,10 @@
 //! Until a second of busy time has been seen the rate is unknown and `B` does
 //! not drain: the estimate is the tracker's `Q`, as before. Work that other
 //! replicas or rules added (`Q` grew by more than this rule charged) is added
-//! to `B` as it is seen. Every error is bounded by `Q`: an endpoint whose
+//! to `B` as it is seen; once it is more than a twentieth of what the rule
+//! reads (several replicas sharing their load), the model stands aside and
+//! the tracker's figure is used, since it cannot time work it never saw
+//! charged. Every error is bounded by `Q`: an endpoint whose
 //! engine is slower than the rate shows a smaller backlog only until its
 //! requests' first tokens are overdue, and never below zero.
 
@@ -43,6 +46,13 @@ use crate::load::EndpointLoad;
 const MIN_BUSY_US: f64 = 1_000_000.0;
 /// A busy period longer than this is committed in segments of this length.
 const SEGMENT_US: f64 = 2_000_000.0;
+/// The model needs to see the charges: once more than this share of the
+/// queued tokens it reads arrived without one (the load view adds other
+/// replicas' requests, which it cannot time), it drains nothing and the
+/// tracker's figure stands.
+const FOREIGN: f64 = 0.05;
+/// Forgetting of the own / foreign token sums, per decision.
+const KEEP_SHARE: f64 = 1.0 - 1.0 / 1024.0;
 /// Forgetting per committed sample (a busy period or segment): about the
 /// last 256 count.
 const KEEP: f64 = 1.0 - 1.0 / 256.0;
@@ -72,12 +82,18 @@ struct State {
     tokens: f64,
     /// Σ those intervals, µs.
     busy_us: f64,
+    /// Tokens this rule charged, and tokens that appeared without its charge
+    /// (other replicas' requests, another rule on the tracker), both decayed
+    /// per decision.
+    own: f64,
+    foreign: f64,
 }
 
 impl State {
     /// Tokens per µs per unit of capacity, once measured.
     fn rate(&self) -> Option<f64> {
-        (self.busy_us >= MIN_BUSY_US && self.tokens > 0.0).then(|| self.tokens / self.busy_us)
+        (self.busy_us >= MIN_BUSY_US && self.tokens > 0.0 && self.foreign <= FOREIGN * self.own)
+            .then(|| self.tokens / self.busy_us)
     }
 }
 
@@ -118,6 +134,7 @@ impl PrefillDrain {
             slots,
             tokens,
             busy_us,
+            ..
         } = &mut *st;
         if slots.len() < loads.len() {
             slots.resize(loads.len(), Slot::default());
@@ -163,6 +180,17 @@ impl PrefillDrain {
                 s.period_us = 0.0;
             }
         }
+        let mut foreign = 0.0;
+        for (l, s) in loads.iter().zip(st.slots.iter()) {
+            if s.seen {
+                let expected = s.queued.saturating_add(s.charged);
+                #[allow(clippy::cast_precision_loss)]
+                let added = l.queued_prefill_tokens.saturating_sub(expected) as f64;
+                foreign += added;
+            }
+        }
+        st.foreign = st.foreign * KEEP_SHARE + foreign;
+        st.own *= KEEP_SHARE;
         let rate = st.rate();
         for (i, (l, s)) in loads.iter_mut().zip(st.slots.iter_mut()).enumerate() {
             let q = l.queued_prefill_tokens;
@@ -198,6 +226,7 @@ impl PrefillDrain {
     pub(crate) fn charge(&self, endpoint: usize, tokens: u32, now: Duration, capacity: u32) {
         let now_us = micros(now);
         let mut st = self.state.lock();
+        st.own += f64::from(tokens);
         let rate = st.rate();
         if let Some(s) = st.slots.get_mut(endpoint) {
             let b = drained(s, now_us, rate, capacity);
@@ -279,6 +308,42 @@ mod tests {
             err_drain * 3 < err_tracker,
             "drain error {err_drain} vs tracker {err_tracker}"
         );
+    }
+
+    /// The same engine, but a second host charges as much again on it: the
+    /// view's figure then includes work this rule cannot time, and it is
+    /// left as it is.
+    #[test]
+    fn work_charged_elsewhere_turns_the_drain_off() {
+        let drain = PrefillDrain::new(1);
+        let (mut t, mut x) = (0u64, 1u64);
+        let mut jobs: Vec<(u64, u64, u64)> = Vec::new(); // (charged ms, tokens, first token ms)
+        let mut busy_until = 0u64;
+        let mut reads = Vec::new();
+        for k in 0..2000u64 {
+            x = crate::bounded::mix64(x);
+            t += 50 + x % 100;
+            let tokens = 500 + (x >> 32) % 1001;
+            let q: u64 = jobs
+                .iter()
+                .filter(|&&(c, _, f)| c <= t && f > t)
+                .map(|j| j.1)
+                .sum();
+            let mut loads = [EndpointLoad {
+                in_flight: 1,
+                queued_prefill_tokens: q,
+            }];
+            drain.observe(ms(t), &mut loads, |_| 1);
+            reads.push((q, loads[0].queued_prefill_tokens));
+            // Every other request is the other host's: it reaches the
+            // engine but never this rule's `charge`.
+            if k % 2 == 0 {
+                drain.charge(0, u32::try_from(tokens).unwrap(), ms(t), 1);
+            }
+            busy_until = busy_until.max(t) + tokens / 20;
+            jobs.push((t, tokens, busy_until));
+        }
+        assert!(reads[1000..].iter().all(|&(q, est)| q == est));
     }
 
     #[test]

@@ -52,9 +52,13 @@ impl Default for LoadAwareConfig {
 /// weight of 2 (the earlier default) charged it twice, which was a stand-in
 /// for queue figures that could not be trusted; with the drained queue it
 /// trades this request's latency for cache reuse it does not get (`kvroute
-/// sim`, RAG, 8 workers: TTFT p99 306 ms at weight 2 against round robin's
-/// 305, 281 ms at weight 1; multi-turn at 4 M tokens per worker: load
-/// max/mean 1.31 at weight 2, 1.22 at weight 1, hit ratio 71.4 % vs 74.4 %).
+/// sim`, RAG, 8 workers, 262 144 tokens per worker: TTFT p99 306 ms at weight
+/// 2 against round robin's 305, 280 ms at weight 1; multi-turn at 4 M tokens:
+/// load max/mean 1.31 at weight 2, 1.23 at weight 1, hit ratio 71.4 % vs
+/// 74.1 %). The price: requests arriving at the same instant with a new
+/// shared prefix co-locate only while waiting behind each other costs less
+/// than the affinity slack (a simultaneous burst of four shares two
+/// endpoints; weight 2 keeps all four on one).
 ///
 /// Only the *longest cached prefix* is credited (`prefix`, not the any-position
 /// count): vLLM and SGLang reuse the prefix up to the first missing block, so a
@@ -83,8 +87,10 @@ impl Default for LoadAwareConfig {
 /// their tokens, time drains them at the endpoint's prefill rate, never more
 /// than the tracker holds and zero once it holds nothing — and the rate is
 /// measured from the tracker between decisions, so nothing about the engine
-/// is configured. Until a second of busy prefill has been measured the
-/// tracker's figure is used unchanged.
+/// is configured. Until a second of busy prefill has been measured, and
+/// whenever the load view carries work this rule did not charge (other
+/// gateway replicas' requests, which it cannot time), the tracker's figure is
+/// used unchanged.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CostConfig {
     /// Value of one cached token by tier ([`kvroute_core::Medium::index`]: GPU,
