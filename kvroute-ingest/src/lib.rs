@@ -51,6 +51,7 @@
 //! Feature `fuzzing` adds the entry points of the cargo-fuzz targets in
 //! `fuzz/` and their reference model (not a stable API).
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
 pub mod attest;

@@ -62,6 +62,7 @@
 //! Feature `fuzzing` adds the entry point of the `select_ladder` cargo-fuzz
 //! target in `fuzz/` (not a stable API).
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
 mod affinity;

@@ -108,6 +108,7 @@
 //! | `response_body_filter` | [`receipt::UsageScanner::feed`] each chunk; [`kvroute_select::LoadGuard::first_byte`] on the first |
 //! | `logging` | without an error and past the body's end: [`receipt::UsageScanner::finish`] → [`Pick::record_receipt`]; in any case drop the `Pick` (releases the load charge, also on errors and disconnects) |
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
 pub mod admission;
