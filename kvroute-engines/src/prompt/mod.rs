@@ -234,7 +234,11 @@ pub(crate) fn prompt_tokens_encoded(
         OpenAiRequest::Completions(c) => match &c.prompt {
             CompletionPrompt::Text(text) => {
                 limits.add(&mut 0, text)?;
-                let ids = encode(common.cache_salt.as_deref(), text, common.add_special_tokens)?;
+                let ids = encode(
+                    common.cache_salt.as_deref(),
+                    text,
+                    common.add_special_tokens,
+                )?;
                 vec![finish(
                     tok,
                     &common,

@@ -142,13 +142,8 @@ pub fn prompt_tokens_and_keys(
     // Keys of the one text prompt, hashed as it tokenized (`None`: the
     // contract refused, hash nothing more).
     let mut piped: Option<(Option<Vec<BlockKey>>, usize)> = None;
-    let tokens = super::prompt_tokens_encoded(
-        tok,
-        api,
-        body,
-        limits,
-        dialect,
-        &mut |salt, text, add| {
+    let tokens =
+        super::prompt_tokens_encoded(tok, api, body, limits, dialect, &mut |salt, text, add| {
             let e = made.insert(extras.take().map_or(RequestExtras::NONE, |f| f(salt)));
             let (mut ids, mut keys) = (Vec::new(), Vec::new());
             match encode_and_hash(tok, text, add, hasher, e, &mut ids, &mut keys) {
@@ -162,8 +157,7 @@ pub fn prompt_tokens_and_keys(
                 }
             }
             Ok(ids)
-        },
-    )?;
+        })?;
     let extras = match made {
         Some(e) => e,
         None => extras.map_or(RequestExtras::NONE, |f| f(tokens.cache_salt.as_deref())),
