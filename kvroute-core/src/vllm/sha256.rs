@@ -9,8 +9,9 @@
 use sha2::compress256;
 use sha2::digest::generic_array::GenericArray;
 
-/// The initial hash value H(0) of FIPS 180-4, section 5.3.3.
-const IV: [u32; 8] = [
+/// The initial hash value H(0) of FIPS 180-4, section 5.3.3 (also the
+/// SHA-NI chain's, `shani.rs`).
+pub(super) const IV: [u32; 8] = [
     0x6a09_e667,
     0xbb67_ae85,
     0x3c6e_f372,

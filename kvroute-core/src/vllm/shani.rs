@@ -33,6 +33,7 @@ use std::arch::x86_64::{
 use std::sync::OnceLock;
 
 use super::cbor;
+use super::sha256::IV;
 use crate::digest::Digest;
 use crate::types::BlockKey;
 
@@ -123,18 +124,6 @@ const K: [[u32; 4]; 16] = [
     [0x391c_0cb3, 0x4ed8_aa4a, 0x5b9c_ca4f, 0x682e_6ff3],
     [0x748f_82ee, 0x78a5_636f, 0x84c8_7814, 0x8cc7_0208],
     [0x90be_fffa, 0xa450_6ceb, 0xbef9_a3f7, 0xc671_78f2],
-];
-
-/// H(0), FIPS 180-4 section 5.3.3.
-const IV: [u32; 8] = [
-    0x6a09_e667,
-    0xbb67_ae85,
-    0x3c6e_f372,
-    0xa54f_f53a,
-    0x510e_527f,
-    0x9b05_688c,
-    0x1f83_d9ab,
-    0x5be0_cd19,
 ];
 
 /// Four rounds: `cdgh`/`abef` are the state in the instructions' layout
