@@ -32,6 +32,9 @@ bash scripts/python-env.sh
 export CMAKE="${CMAKE:-$PWD/.venv/bin/cmake}"
 "$CMAKE" --version | head -n1
 
+# A clean clone gains nothing from incremental artifacts (several GB on disk).
+if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"; fi
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
