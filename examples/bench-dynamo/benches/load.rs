@@ -19,10 +19,14 @@
 //! BENCH_BOUNDED=1 cargo bench --bench load
 //! # blocks per store event (default 16):
 //! BENCH_EVENT_BLOCKS=64 cargo bench --bench load
+//! # the workers' events interleaved (one event of each worker in turn, as
+//! # 64 live engines publish) instead of one worker's inventory after another:
+//! BENCH_INTERLEAVE=1 cargo bench --bench load
 //! ```
 
 use bench_dynamo::{
-    apply_dynamo_tree, apply_kvroute_direct, chain_events, dynamo_events, Load, Workload,
+    apply_dynamo_interleaved, apply_dynamo_tree, apply_kvroute_direct, apply_kvroute_interleaved,
+    chain_events, dynamo_events, Load, Workload,
 };
 use kvroute_ingest::IndexConfig;
 
@@ -63,6 +67,7 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(IndexConfig::default().shards),
     };
+    let interleave = std::env::var_os("BENCH_INTERLEAVE").is_some();
     let kv_events: Vec<_> = (0..w.workers).map(|wk| chain_events(&w, wk)).collect();
     let dy_events = if only_kvroute {
         Vec::new()
@@ -70,8 +75,13 @@ fn main() {
         dynamo_events(&w)
     };
     println!(
-        "{} (worker, block) pairs per load, {rounds} rounds",
-        w.pairs()
+        "{} (worker, block) pairs per load, {rounds} rounds, {}",
+        w.pairs(),
+        if interleave {
+            "workers' events interleaved"
+        } else {
+            "one worker after another"
+        }
     );
     let (mut kv_rates, mut dy_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     let line = |name: &str, l: &Load| {
@@ -84,7 +94,11 @@ fn main() {
     for round in 0..rounds {
         println!("round {round}");
         let kv = || {
-            let (index, load) = apply_kvroute_direct(&w, config.clone(), &kv_events);
+            let (index, load) = if interleave {
+                apply_kvroute_interleaved(&w, config.clone(), &kv_events)
+            } else {
+                apply_kvroute_direct(&w, config.clone(), &kv_events)
+            };
             line("kvroute store_chain", &load);
             drop(index);
             load
@@ -94,7 +108,11 @@ fn main() {
             continue;
         }
         let dy = || {
-            let (tree, load) = apply_dynamo_tree(dy_events.clone());
+            let (tree, load) = if interleave {
+                apply_dynamo_interleaved(dy_events.clone())
+            } else {
+                apply_dynamo_tree(dy_events.clone())
+            };
             line("dynamo RadixTree", &load);
             drop(tree);
             load

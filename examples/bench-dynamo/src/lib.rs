@@ -326,6 +326,44 @@ pub fn apply_kvroute_direct(
     )
 }
 
+/// [`apply_kvroute_direct`] with the workers' events interleaved, one event
+/// of each worker in turn (as 64 engines publishing at once arrive), instead
+/// of one worker's whole inventory after another's.
+pub fn apply_kvroute_interleaved(
+    w: &Workload,
+    config: IndexConfig,
+    events: &[ChainEvents],
+) -> (SharedIndex, Load) {
+    let before = rss_bytes();
+    let index = SharedIndex::new(w.workers as usize, config);
+    let count = events
+        .iter()
+        .flatten()
+        .map(|(_, e)| e.len() as u64)
+        .sum::<u64>();
+    let longest = events.iter().map(Vec::len).max().unwrap_or(0);
+    let (t, c) = (Instant::now(), thread_cpu());
+    for i in 0..longest {
+        for (worker, events) in (0..w.workers).zip(events) {
+            if let Some((parent, keys)) = events.get(i) {
+                let _ =
+                    index.store_chain(EndpointId(worker), kvroute_core::Medium::Gpu, *parent, keys);
+            }
+        }
+    }
+    let (apply, cpu) = (t.elapsed(), thread_cpu().saturating_sub(c));
+    let rss_growth = rss_bytes().saturating_sub(before);
+    (
+        index,
+        Load {
+            apply,
+            cpu,
+            blocks: count,
+            rss_growth,
+        },
+    )
+}
+
 fn router_events(w: &Workload, worker: u32, next_id: &mut u64) -> Vec<RouterEvent> {
     w.events(worker)
         .into_iter()
@@ -392,6 +430,46 @@ pub fn apply_dynamo_tree(all: Vec<Vec<RouterEvent>>) -> (RadixTree, Load) {
         apply += t.elapsed();
         cpu += thread_cpu().saturating_sub(c);
     }
+    let rss_growth = rss_bytes().saturating_sub(before);
+    (
+        tree,
+        Load {
+            apply,
+            cpu,
+            blocks: count,
+            rss_growth,
+        },
+    )
+}
+
+/// [`apply_dynamo_tree`] in [`apply_kvroute_interleaved`]'s order: one event
+/// of each worker in turn.
+pub fn apply_dynamo_interleaved(all: Vec<Vec<RouterEvent>>) -> (RadixTree, Load) {
+    let before = rss_bytes();
+    let mut tree = RadixTree::new();
+    let count = all
+        .iter()
+        .flatten()
+        .map(|e| match &e.event.data {
+            KvCacheEventData::Stored(s) => s.blocks.len() as u64,
+            _ => 0,
+        })
+        .sum::<u64>();
+    let mut streams: Vec<_> = all.into_iter().map(Vec::into_iter).collect();
+    let (t, c) = (Instant::now(), thread_cpu());
+    loop {
+        let mut any = false;
+        for s in &mut streams {
+            if let Some(e) = s.next() {
+                any = true;
+                let _ = tree.apply_event(e);
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    let (apply, cpu) = (t.elapsed(), thread_cpu().saturating_sub(c));
     let rss_growth = rss_bytes().saturating_sub(before);
     (
         tree,
