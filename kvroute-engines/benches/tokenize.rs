@@ -6,8 +6,9 @@
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use kvroute_engines::prompt::pyvalue::{PyDict, PyValue};
-use kvroute_engines::prompt::{prompt_tokens, ApiKind, ModelOptions, ModelTokenizer};
+use kvroute_engines::prompt::{
+    prompt_tokens, ApiKind, ModelOptions, ModelTokenizer, PyDict, PyValue,
+};
 
 const WORDS: &[&str] = &[
     "the",

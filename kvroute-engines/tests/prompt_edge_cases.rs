@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use kvroute_engines::prompt::pyvalue::parse_json;
+use kvroute_engines::prompt::parse_json;
 use kvroute_engines::prompt::{
     prompt_tokens, prompt_tokens_as, ApiKind, Dialect, ModelOptions, ModelTokenizer, PromptLimits,
     PromptMiss, PromptTokens,

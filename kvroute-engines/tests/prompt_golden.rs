@@ -78,7 +78,7 @@ fn cached_tokenization_equals_full_on_every_golden_prompt() {
     // Shared-prefix and repeated system prompts in the file must have produced hits.
     assert!(stats.hits > 0 && stats.misses > 0, "{stats:?}");
     // And each rendered prompt, cached (now warm) vs a full tokenization:
-    let file = kvroute_engines::prompt::pyvalue::parse_json(&cases_file()).unwrap();
+    let file = kvroute_engines::prompt::parse_json(&cases_file()).unwrap();
     let cases = file.as_dict().unwrap()["cases"].as_list().unwrap();
     let mut compared = 0;
     for case in cases {

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use kvroute_engines::prompt::parallel::{seams, ParallelConfig, ParallelEncoder, SeamPolicy};
+use kvroute_engines::prompt::{seams, ParallelConfig, ParallelEncoder, SeamPolicy};
 use kvroute_engines::prompt::{ModelOptions, ModelTokenizer};
 use proptest::prelude::*;
 use tokenizers::Tokenizer;

@@ -12,9 +12,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use kvroute_core::{BlockHasher, BlockKey, EndpointId, HashContract, Medium, RequestExtras};
-use kvroute_engines::prompt::parallel::{ParallelConfig, ParallelEncoder, SeamPolicy};
-use kvroute_engines::prompt::pipeline::encode_and_hash;
-use kvroute_engines::prompt::{ModelOptions, ModelTokenizer, PromptMiss};
+use kvroute_engines::prompt::{
+    encode_and_hash, ModelOptions, ModelTokenizer, ParallelConfig, ParallelEncoder, PromptMiss,
+    SeamPolicy,
+};
 use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
 use proptest::prelude::*;
 

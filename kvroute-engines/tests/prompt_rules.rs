@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use kvroute_engines::prompt::pyvalue::parse_json;
+use kvroute_engines::prompt::parse_json;
 use kvroute_engines::prompt::{
     prompt_tokens, ApiKind, ModelOptions, ModelTokenizer, PromptMiss, PromptTokens, TokenizerPool,
 };

@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use kvroute_engines::prompt::pyvalue::{PyDict, PyValue};
-use kvroute_engines::prompt::{prompt_tokens, ApiKind, ModelOptions, ModelTokenizer};
+use kvroute_engines::prompt::{
+    prompt_tokens, ApiKind, ModelOptions, ModelTokenizer, PyDict, PyValue,
+};
 use proptest::prelude::*;
 
 fn qwen3() -> &'static ModelTokenizer {

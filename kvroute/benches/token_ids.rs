@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvroute::prompt::{with_token_ids, IdsBody};
-use kvroute_engines::prompt::pyvalue::parse_json;
+use kvroute_engines::prompt::parse_json;
 use kvroute_engines::prompt::{ApiKind, ModelOptions, ModelTokenizer};
 use kvroute_engines::transport::EngineKind;
 

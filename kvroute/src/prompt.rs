@@ -62,10 +62,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kvroute_core::{BlockKey, RequestExtras};
-use kvroute_engines::prompt::pyvalue::PyValue;
-use kvroute_engines::prompt::{
-    self, pipeline, pyvalue, request, PromptLimits, PromptMiss, TokenizerPool,
-};
+use kvroute_engines::prompt::{self, Dialect, PromptLimits, PromptMiss, PyValue, TokenizerPool};
 use kvroute_engines::transport::EngineKind;
 use kvroute_engines::ApiKind;
 use kvroute_select::{ContractId, ContractKeys, MissBeforeKeys, PromptInput, PromptKeys, Request};
@@ -126,13 +123,13 @@ pub struct PromptOptions {
     /// ([`crate::receipt::include_usage`]; a client's own setting stands).
     pub include_usage: bool,
     /// Whose request validators apply ([`dialect_of`] the endpoints' engines).
-    pub dialect: request::Dialect,
+    pub dialect: Dialect,
     /// Prepare the id-prompt body of `/v1/completions` ([`IdsBody`]).
     pub forward_token_ids: bool,
     /// The rule's contract keys, when it routes KV-exact: the prompt's block
     /// keys are then hashed in the same job, each tokenized piece's blocks
     /// while later pieces still tokenize
-    /// ([`kvroute_engines::prompt::pipeline`]), and handed to selection
+    /// ([`kvroute_engines::prompt::encode_and_hash`]), and handed to selection
     /// ([`PreparedPrompt::request`]), which then does not hash them again.
     pub keys: Option<Arc<ContractKeys>>,
     /// Hash extras the body does not carry, e.g. the LoRA adapter the
@@ -147,7 +144,7 @@ impl Default for PromptOptions {
             max_prompt_chars: 1 << 20,
             max_prompt_tokens: 128 << 10,
             include_usage: true,
-            dialect: request::Dialect::Vllm,
+            dialect: Dialect::Vllm,
             forward_token_ids: false,
             keys: None,
             extras: RequestExtras::NONE,
@@ -167,18 +164,18 @@ impl Default for PromptOptions {
 /// assert_eq!(dialect_of([]), Dialect::Vllm);
 /// ```
 #[must_use]
-pub fn dialect_of(engines: impl IntoIterator<Item = EngineKind>) -> request::Dialect {
+pub fn dialect_of(engines: impl IntoIterator<Item = EngineKind>) -> Dialect {
     let mut any = false;
     for e in engines {
         if e != EngineKind::Sglang {
-            return request::Dialect::Vllm;
+            return Dialect::Vllm;
         }
         any = true;
     }
     if any {
-        request::Dialect::Sglang
+        Dialect::Sglang
     } else {
-        request::Dialect::Vllm
+        Dialect::Vllm
     }
 }
 
@@ -338,10 +335,10 @@ impl PreparedPrompt {
 /// assert!(p.rewritten().is_some());
 /// ```
 pub fn unadmitted<H: PromptHost + ?Sized>(host: &H, body: &[u8]) -> PreparedPrompt {
-    let value = pyvalue::parse_json(body).ok();
+    let value = prompt::parse_json(body).ok();
     let model = value
         .as_ref()
-        .and_then(|v| request::model_of(v).map(str::to_owned));
+        .and_then(|v| prompt::model_of(v).map(str::to_owned));
     let options = host.options(model.as_deref());
     let mut out = PreparedPrompt::missed(model, MissBeforeKeys::TokenizeOverloaded);
     out.rewritten = usage_rewrite(&options, value.as_ref(), body);
@@ -369,10 +366,10 @@ fn usage_rewrite(options: &PromptOptions, value: Option<&PyValue>, body: &[u8]) 
 /// its model gets from `host` (CPU work: run it on the blocking pool, as
 /// [`prepare_admitted`] does). Never fails: every problem is a typed miss.
 pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> PreparedPrompt {
-    let value = pyvalue::parse_json(body).ok();
+    let value = prompt::parse_json(body).ok();
     let model = value
         .as_ref()
-        .and_then(|v| request::model_of(v).map(str::to_owned));
+        .and_then(|v| prompt::model_of(v).map(str::to_owned));
     let options = host.options(model.as_deref());
     let rewritten = usage_rewrite(&options, value.as_ref(), body);
     let no_ids = |mut p: PreparedPrompt| {
@@ -403,7 +400,7 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
         .tokenizers()
         .get(m)
         .and_then(|tok| match &options.keys {
-            Some(keys) => pipeline::prompt_tokens_and_keys(
+            Some(keys) => prompt::prompt_tokens_and_keys(
                 &tok,
                 api,
                 &value,
@@ -625,7 +622,7 @@ impl std::fmt::Display for KeepText {
 ///
 /// ```
 /// use kvroute::prompt::{token_ids_equivalent, KeepText};
-/// use kvroute_engines::{prompt::pyvalue::parse_json, transport::EngineKind, ApiKind};
+/// use kvroute_engines::{prompt::parse_json, transport::EngineKind, ApiKind};
 /// let plain = parse_json(br#"{"model": "m", "prompt": "hi", "max_tokens": 4}"#).unwrap();
 /// assert_eq!(token_ids_equivalent(ApiKind::Completions, EngineKind::Vllm, &plain), Ok(()));
 /// let echo = parse_json(br#"{"model": "m", "prompt": "hi", "echo": true}"#).unwrap();
@@ -785,7 +782,7 @@ impl IdsBody {
     ///
     /// ```
     /// use kvroute::prompt::{IdsBody, KeepText};
-    /// use kvroute_engines::{prompt::pyvalue::parse_json, transport::EngineKind, ApiKind};
+    /// use kvroute_engines::{prompt::parse_json, transport::EngineKind, ApiKind};
     /// let body = br#"{"model":"m","prompt":"Hello world"}"#;
     /// let value = parse_json(body).unwrap();
     /// let ids = [9707, 1879];

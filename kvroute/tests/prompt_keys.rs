@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use kvroute::prompt::{prepare, PreparedPrompt, PromptHost, PromptOptions};
 use kvroute_core::{BlockKey, EndpointId, LoraAdapter, RequestExtras};
-use kvroute_engines::prompt::parallel::{ParallelConfig, ParallelEncoder};
-use kvroute_engines::prompt::TokenizerPool;
+use kvroute_engines::prompt::{ParallelConfig, ParallelEncoder, TokenizerPool};
 use kvroute_engines::ApiKind;
 use kvroute_select::{
     AlwaysAvailable, Choice, ContractId, ContractKeys, Endpoint, KeySetInventory, LoadTable,

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use kvroute::prompt::{with_token_ids, IdsBody, KeepText};
 use kvroute::{ApiKind, Backend, KvRouter, Pick};
-use kvroute_engines::prompt::pyvalue::parse_json;
+use kvroute_engines::prompt::parse_json;
 use kvroute_engines::transport::EngineKind;
 use kvroute_select::Source;
 use proptest::prelude::*;

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use kvroute_core::golden::{GoldenFailure, GoldenReport};
 use kvroute_engines::prompt::golden as chat_golden;
-use kvroute_engines::prompt::tokenizer::ModelOptions;
+use kvroute_engines::prompt::ModelOptions;
 use serde_json::Value;
 
 /// The schema tag of chat-case files.

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use kvroute_core::{BlockKey, HashContract, RequestExtras};
-use kvroute_engines::prompt::pyvalue::parse_json;
+use kvroute_engines::prompt::parse_json;
 use kvroute_engines::prompt::{prompt_tokens, ApiKind, ModelOptions, ModelTokenizer};
 
 /// Arguments of `kvroute tokenize`.

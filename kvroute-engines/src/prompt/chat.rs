@@ -398,21 +398,7 @@ fn map_developer_role(messages: &mut Vec<PyValue>, format: ContentFormat) {
 
 /// Builds the template input for a chat request (messages, tools, kwargs after
 /// vLLM's merge and filter).
-///
-/// ```
-/// use kvroute_engines::prompt::chat::template_input;
-/// use kvroute_engines::prompt::pyvalue::parse_json;
-/// use kvroute_engines::prompt::request::{extract, OpenAiRequest};
-/// use kvroute_engines::prompt::template::ChatTemplate;
-/// use kvroute_engines::prompt::ApiKind;
-/// let body = parse_json(br#"{"model": "m", "messages": [{"role": "user", "content": [
-///     {"type": "text", "text": "a"}, {"type": "text", "text": ""}, {"type": "text", "text": "b"}]}]}"#).unwrap();
-/// let OpenAiRequest::Chat(req) = extract(ApiKind::Chat, &body).unwrap() else { panic!() };
-/// let t = ChatTemplate::new("{{ messages[0].content }}", vec![]).unwrap();
-/// let input = template_input(&req, &t).unwrap();
-/// assert_eq!(t.render(&input).unwrap(), "a\nb");
-/// ```
-pub fn template_input(
+pub(crate) fn template_input(
     req: &ChatRequest,
     template: &ChatTemplate,
 ) -> Result<TemplateInput, PromptMiss> {
@@ -493,4 +479,25 @@ pub fn template_input(
         continue_final_message,
         extra: kwargs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompt::{extract_request, parse_json, ApiKind, OpenAiRequest};
+
+    #[test]
+    fn text_parts_join_with_newlines_and_empty_parts_are_kept_out() {
+        let body = parse_json(
+            br#"{"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": ""}, {"type": "text", "text": "b"}]}]}"#,
+        )
+        .unwrap();
+        let OpenAiRequest::Chat(req) = extract_request(ApiKind::Chat, &body).unwrap() else {
+            panic!("a chat body")
+        };
+        let t = ChatTemplate::new("{{ messages[0].content }}", vec![]).unwrap();
+        let input = template_input(&req, &t).unwrap();
+        assert_eq!(t.render(&input).unwrap(), "a\nb");
+    }
 }

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use super::chat::template_input;
 use super::pyvalue::{parse_json, PyDict, PyValue};
-use super::request::{extract, ApiKind, OpenAiRequest};
+use super::request::{extract_request, ApiKind, OpenAiRequest};
 use super::template::ChatTemplate;
 
 /// The Qwen3 chat template, embedded so the fuzz targets need no files.
@@ -35,7 +35,7 @@ pub fn openai_request(data: &[u8]) -> usize {
     };
     let mut n = 0;
     for endpoint in [ApiKind::Chat, ApiKind::Completions] {
-        if let Ok(OpenAiRequest::Chat(chat)) = extract(endpoint, &body) {
+        if let Ok(OpenAiRequest::Chat(chat)) = extract_request(endpoint, &body) {
             if let Some(t) = qwen3() {
                 if let Ok(input) = template_input(&chat, t) {
                     n += t.render(&input).map_or(0, |s| s.len());
@@ -112,7 +112,7 @@ pub fn chat_template(data: &[u8]) -> usize {
         kw.insert("enable_thinking".into(), PyValue::Bool(flags & 8 != 0));
         body.insert("chat_template_kwargs".into(), PyValue::Dict(kw));
     }
-    let Ok(OpenAiRequest::Chat(chat)) = extract(ApiKind::Chat, &PyValue::Dict(body)) else {
+    let Ok(OpenAiRequest::Chat(chat)) = extract_request(ApiKind::Chat, &PyValue::Dict(body)) else {
         return 0;
     };
     let Some(t) = qwen3() else { return 0 };

@@ -22,7 +22,7 @@ pub enum GoldenFileError {
     Schema(String),
     /// The model directory does not load.
     #[error(transparent)]
-    Load(#[from] super::tokenizer::LoadError),
+    Load(#[from] super::tokenizer::ModelLoadError),
 }
 
 /// One case that did not match.
@@ -231,7 +231,7 @@ fn check_template_input(
     endpoint: ApiKind,
     req: &PyValue,
 ) -> Result<(), String> {
-    let Ok(OpenAiRequest::Chat(chat)) = request::extract(endpoint, req) else {
+    let Ok(OpenAiRequest::Chat(chat)) = request::extract_request(endpoint, req) else {
         return Err("template_input on a non-chat case".into());
     };
     let (input, _) = render_chat(tok, &chat).map_err(|e| e.to_string())?;

@@ -3,53 +3,86 @@
 //! The pipeline mirrors vLLM 0.33.0's OpenAI server (see
 //! `golden/chat/README.md`, the specification):
 //!
-//! 1. [`pyvalue`] parses the body like Python's `json.loads` (not JSON → [`PromptMiss::NotJson`]);
-//! 2. [`request`] extracts the prompt-deciding fields with vLLM's defaults and validators;
-//! 3. [`chat`] turns messages into the template input (content-part joining,
-//!    developer→system, tool normalisation, argument parsing);
-//! 4. [`template`] renders the chat template with minijinja, Python-compatible
-//!    (`tojson` = [`pyjson`], `raise_exception`, `strftime_now`, `continue_final_message`);
-//! 5. [`tokenizer`] tokenizes (span-cached, [`span_cache`]) and truncates; the
-//!    engine's length/vocabulary checks complete it.
+//! 1. [`parse_json`] parses the body like Python's `json.loads` into a
+//!    [`PyValue`] (not JSON → [`PromptMiss::NotJson`]);
+//! 2. [`extract_request`] reduces it to the prompt-deciding fields
+//!    ([`OpenAiRequest`]) with vLLM's defaults and validators ([`Dialect`]
+//!    where SGLang differs);
+//! 3. chat messages become the [`TemplateInput`] (content-part joining,
+//!    developer→system, tool normalisation, argument parsing) and the
+//!    [`ChatTemplate`] renders it with minijinja, Python-compatible (`tojson`
+//!    as `json.dumps`, `raise_exception`, `strftime_now`,
+//!    `continue_final_message`): [`render_chat`];
+//! 4. the [`ModelTokenizer`] tokenizes (span-cached, optionally on a
+//!    [`ParallelEncoder`]) and truncates; the engine's length/vocabulary checks
+//!    complete it: [`prompt_tokens`], [`prompt_tokens_limited`] (with
+//!    [`PromptLimits`]), [`prompt_tokens_as`] (with a [`Dialect`]).
+//!
+//! [`TokenizerPool`] loads the tokenizers by model slug and runs all four
+//! steps from body bytes; [`prompt_tokens_and_keys`] and [`encode_and_hash`]
+//! also compute the block keys, overlapped with the tokenization. Every
+//! failure is a typed [`PromptMiss`]: the request is routed without KV
+//! awareness, never refused for it.
 //!
 //! What each completions `prompt` shape routes on: a string → one engine prompt
 //! (its tokenization); a token-id list → one prompt, the ids verbatim; a list of
 //! strings or of id lists → one engine request per element, each hashed on its
 //! own ([`PromptTokens::engine_prompts`] has one entry per element).
 //!
-//! ```no_run
+//! A chat request through the real Qwen3 tokenizer, then its block keys under
+//! the engine's hash contract:
+//!
+//! ```
+//! use kvroute_core::{HashContract, RequestExtras};
 //! use kvroute_engines::prompt::{ApiKind, TokenizerPool};
+//!
 //! let pool = TokenizerPool::new();
-//! pool.register("Qwen/Qwen3-8B", "golden/tokenizers/qwen3");
+//! let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
+//! pool.register("Qwen/Qwen3-8B", dir);
 //! let body = br#"{"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "Hello!"}]}"#;
-//! let p = pool.prompt_tokens(ApiKind::Chat, body).unwrap();
+//! let p = pool.prompt_tokens(ApiKind::Chat, body)?;
 //! assert_eq!(p.engine_prompts[0].rendered.as_deref(),
 //!            Some("<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"));
+//!
+//! let hasher = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse::<HashContract>()?.hasher()?;
+//! let mut keys = Vec::new();
+//! hasher.hash_prompt(&p.engine_prompts[0].token_ids, &RequestExtras::NONE, &mut keys)?;
+//! // Only full blocks of 16 tokens have keys.
+//! assert_eq!(keys.len(), p.engine_prompts[0].token_ids.len() / 16);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod chat;
-pub mod error;
+// The submodules are private: the items below are the module's surface, one
+// name per concept, so a submodule can be split or merged without breaking hosts.
+mod chat;
+mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 #[cfg(feature = "parity")]
 pub mod golden;
-pub mod parallel;
-pub mod pipeline;
-pub mod pyjson;
-pub mod pyvalue;
-pub mod request;
-pub mod span_cache;
-pub mod template;
-pub mod tokenizer;
+mod parallel;
+mod pipeline;
+mod pyjson;
+mod pyvalue;
+mod request;
+mod span_cache;
+mod template;
+mod tokenizer;
 
 pub use error::PromptMiss;
-pub use request::{ApiKind, Dialect, TruncationSide};
-pub use tokenizer::{ModelOptions, ModelTokenizer, TokenizerPool};
-
-use pyvalue::PyValue;
-use request::{ChatRequest, CommonFields, CompletionPrompt, OpenAiRequest};
-use template::TemplateInput;
+pub use parallel::{seams, ParallelConfig, ParallelEncoder, ParallelError, SeamPolicy};
+pub use pipeline::{encode_and_hash, prompt_tokens_and_keys, KeyedPrompt, PipelineError};
+pub use pyvalue::{parse_json, JsonSyntaxError, PyDict, PyValue, MAX_JSON_DEPTH};
+pub use request::{
+    extract_request, extract_request_as, model_of, ApiKind, ChatRequest, CommonFields,
+    CompletionPrompt, CompletionRequest, Dialect, OpenAiRequest, TruncationSide,
+};
+pub use span_cache::SpanCacheStats;
+pub use template::{ChatTemplate, ContentFormat, TemplateError, TemplateInput};
+pub use tokenizer::{
+    ModelLoadError, ModelOptions, ModelTokenizer, TokenizerPool, DEFAULT_SPAN_CACHE_BYTES,
+};
 
 /// One request the engine runs: the text it tokenized (if any) and the ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,8 +117,8 @@ impl TokenizerPool {
         endpoint: ApiKind,
         body: &[u8],
     ) -> Result<PromptTokens, PromptMiss> {
-        let value = pyvalue::parse_json(body).map_err(|e| PromptMiss::NotJson(e.to_string()))?;
-        let model = request::model_of(&value).ok_or(PromptMiss::NoModel)?;
+        let value = parse_json(body).map_err(|e| PromptMiss::NotJson(e.to_string()))?;
+        let model = model_of(&value).ok_or(PromptMiss::NoModel)?;
         let tok = self.get(model)?;
         prompt_tokens(&tok, endpoint, &value)
     }
@@ -98,7 +131,7 @@ impl TokenizerPool {
 /// the router a CPU-second); the body size limit alone does not bound it tightly.
 ///
 /// ```
-/// use kvroute_engines::prompt::{pyvalue::parse_json, prompt_tokens_limited, ApiKind,
+/// use kvroute_engines::prompt::{parse_json, prompt_tokens_limited, ApiKind,
 ///     ModelOptions, ModelTokenizer, PromptLimits, PromptMiss};
 /// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
 /// let tok = ModelTokenizer::load(&dir, &ModelOptions::default()).unwrap();
@@ -177,7 +210,7 @@ pub fn prompt_tokens_limited(
     body: &PyValue,
     limits: PromptLimits,
 ) -> Result<PromptTokens, PromptMiss> {
-    prompt_tokens_as(tok, endpoint, body, limits, request::Dialect::Vllm)
+    prompt_tokens_as(tok, endpoint, body, limits, Dialect::Vllm)
 }
 
 /// [`prompt_tokens_limited`] with `dialect`'s request validators where the
@@ -188,7 +221,7 @@ pub fn prompt_tokens_as(
     endpoint: ApiKind,
     body: &PyValue,
     limits: PromptLimits,
-    dialect: request::Dialect,
+    dialect: Dialect,
 ) -> Result<PromptTokens, PromptMiss> {
     prompt_tokens_encoded(tok, endpoint, body, limits, dialect, &mut |_, text, add| {
         tok.encode(text, add)
@@ -196,7 +229,7 @@ pub fn prompt_tokens_as(
 }
 
 /// How a request's single prompt text is encoded: given its `cache_salt`,
-/// the text and `add_special_tokens`, the ids ([`pipeline`] hashes there).
+/// the text and `add_special_tokens`, the ids ([`encode_and_hash`] hashes there).
 pub(crate) type EncodeOne<'a> =
     dyn FnMut(Option<&str>, &str, bool) -> Result<Vec<u32>, PromptMiss> + 'a;
 
@@ -208,10 +241,10 @@ pub(crate) fn prompt_tokens_encoded(
     endpoint: ApiKind,
     body: &PyValue,
     limits: PromptLimits,
-    dialect: request::Dialect,
+    dialect: Dialect,
     encode: &mut EncodeOne<'_>,
 ) -> Result<PromptTokens, PromptMiss> {
-    let req = request::extract_as(endpoint, body, dialect)?;
+    let req = extract_request_as(endpoint, body, dialect)?;
     let common = req.common().clone();
     let mut truncated = false;
     let engine_prompts = match &req {
@@ -367,7 +400,7 @@ mod tests {
     }
 
     fn body(json: &serde_json::Value) -> PyValue {
-        pyvalue::parse_json(json.to_string().as_bytes()).unwrap()
+        parse_json(json.to_string().as_bytes()).unwrap()
     }
 
     fn limited(

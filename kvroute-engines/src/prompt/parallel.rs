@@ -4,38 +4,7 @@
 //! cannot merge across — the pieces are encoded on a bounded worker pool and
 //! the ids concatenated. The result is the ids of one full encode.
 //!
-//! # Why a seam is exact
-//!
-//! A seam is a byte position `p` with an ASCII letter at `p - 1`, a space at
-//! `p` and an ASCII letter at `p + 1`, in a tokenizer whose pipeline is
-//! (checked by [`SeamPolicy::for_tokenizer`]): no normalizer or NFC; a GPT-style
-//! pre-tokenizer — `ByteLevel` with its own regex, or a `Split` on a regex
-//! whose letter alternative is `…\p{L}+` followed by `ByteLevel` without a
-//! regex (Qwen2/Qwen3, Llama 3, GPT-4 style) —; a BPE model; no added token
-//! containing a space or stripping whitespace around itself.
-//!
-//! * NFC cannot compose across `p`: the space is a starter that is never the
-//!   second element of a composition, and the letter before it has nothing
-//!   after it to compose with.
-//! * Added tokens are matched on the raw text first; none contains a space,
-//!   so no match crosses `p`.
-//! * The regex pre-token holding the letter at `p - 1` is a run of letters (a
-//!   letter alternative or a contraction) and ends there, because the space
-//!   is not a letter; the next pre-token starts at `p` in the whole text and
-//!   in the right piece alike. Matching is left to right and the only
-//!   lookahead (`\s+(?!\S)`) looks one character ahead of a whitespace run,
-//!   which before `p` lies before `p`. So both pieces pre-tokenize exactly as
-//!   their part of the whole text, and BPE never merges across pre-tokens.
-//!
-//! Each seam is also checked by encoding a window around it whole and in two
-//! halves ([`ParallelConfig::window_bytes`]); a seam that fails is skipped.
-//!
-//! ```
-//! use kvroute_engines::prompt::parallel::{ParallelConfig, ParallelEncoder};
-//! let encoder = ParallelEncoder::new(ParallelConfig { threads: 2, ..ParallelConfig::default() })?;
-//! assert_eq!(encoder.threads(), 2);
-//! # Ok::<(), kvroute_engines::prompt::parallel::ParallelError>(())
-//! ```
+//! Why a seam is exact: [`SeamPolicy`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -83,6 +52,18 @@ pub enum ParallelError {
 /// A bounded pool of tokenizer threads (sized by [`ParallelConfig::threads`])
 /// and the splitting rules. Built once by the caller and shared; concurrent
 /// encodes queue on the same threads.
+///
+/// A long text is cut at seams ([`SeamPolicy`]), the pieces are encoded on
+/// the pool and the ids concatenated: the ids of one full encode. Attach it
+/// to a tokenizer with [`ModelTokenizer::set_parallel`](super::ModelTokenizer::set_parallel)
+/// or [`TokenizerPool::set_parallel`](super::TokenizerPool::set_parallel).
+///
+/// ```
+/// use kvroute_engines::prompt::{ParallelConfig, ParallelEncoder};
+/// let encoder = ParallelEncoder::new(ParallelConfig { threads: 2, ..ParallelConfig::default() })?;
+/// assert_eq!(encoder.threads(), 2);
+/// # Ok::<(), kvroute_engines::prompt::ParallelError>(())
+/// ```
 pub struct ParallelEncoder {
     pool: Option<rayon::ThreadPool>,
     config: ParallelConfig,
@@ -181,7 +162,7 @@ impl ParallelEncoder {
     /// (the caller's thread is one of the workers).
     ///
     /// ```
-    /// use kvroute_engines::prompt::parallel::{ParallelConfig, ParallelEncoder, SeamPolicy};
+    /// use kvroute_engines::prompt::{ParallelConfig, ParallelEncoder, SeamPolicy};
     /// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
     /// # let tok = kvroute_engines::prompt::ModelTokenizer::load(&dir, &Default::default()).unwrap();
     /// let tokenizer = tok.tokenizer();
@@ -282,9 +263,35 @@ fn encode_one(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, PromptMiss>
         .map_err(|e| PromptMiss::Tokenize(e.to_string()))
 }
 
-/// Proof, for one tokenizer, that its pipeline is one the seam rule holds for
-/// (see the [module docs](self)); built once per tokenizer by
-/// [`SeamPolicy::for_tokenizer`] and passed to [`ParallelEncoder::encode`].
+/// Proof, for one tokenizer, that its pipeline is one the seam rule below
+/// holds for; built once per tokenizer by [`SeamPolicy::for_tokenizer`] and
+/// passed to [`ParallelEncoder::encode`].
+///
+/// # Why a seam is exact
+///
+/// A seam is a byte position `p` with an ASCII letter at `p - 1`, a space at
+/// `p` and an ASCII letter at `p + 1`, in a tokenizer whose pipeline is
+/// (checked by [`SeamPolicy::for_tokenizer`]): no normalizer or NFC; a GPT-style
+/// pre-tokenizer — `ByteLevel` with its own regex, or a `Split` on a regex
+/// whose letter alternative is `…\p{L}+` followed by `ByteLevel` without a
+/// regex (Qwen2/Qwen3, Llama 3, GPT-4 style) —; a BPE model; no added token
+/// containing a space or stripping whitespace around itself.
+///
+/// * NFC cannot compose across `p`: the space is a starter that is never the
+///   second element of a composition, and the letter before it has nothing
+///   after it to compose with.
+/// * Added tokens are matched on the raw text first; none contains a space,
+///   so no match crosses `p`.
+/// * The regex pre-token holding the letter at `p - 1` is a run of letters (a
+///   letter alternative or a contraction) and ends there, because the space
+///   is not a letter; the next pre-token starts at `p` in the whole text and
+///   in the right piece alike. Matching is left to right and the only
+///   lookahead (`\s+(?!\S)`) looks one character ahead of a whitespace run,
+///   which before `p` lies before `p`. So both pieces pre-tokenize exactly as
+///   their part of the whole text, and BPE never merges across pre-tokens.
+///
+/// Each seam is also checked by encoding a window around it whole and in two
+/// halves ([`ParallelConfig::window_bytes`]); a seam that fails is skipped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SeamPolicy {
     _proven: (),
@@ -302,7 +309,7 @@ impl SeamPolicy {
 
 /// True when `tokenizer`'s pipeline is one the seam rule is proven for.
 #[must_use]
-pub fn supports_seams(tokenizer: &Tokenizer) -> bool {
+pub(crate) fn supports_seams(tokenizer: &Tokenizer) -> bool {
     let normalizer_ok = match tokenizer.get_normalizer() {
         None => true,
         Some(n) => serde_json::to_value(n).is_ok_and(|v| is_type(&v, "NFC")),

@@ -1,32 +1,5 @@
 //! Tokenize and hash at once: a long text's block keys, each block hashed as
-//! soon as its ids exist.
-//!
-//! With a parallel encoder attached ([`ModelTokenizer::set_parallel`]) a long
-//! text is encoded in pieces on the worker pool; the pieces reach the caller's
-//! thread in text order ([`ModelTokenizer::encode_each`]) and each one's full
-//! blocks are hashed there while later pieces still encode. The chain is
-//! sequential, so the hasher carries the parent digest and the partial block
-//! at a piece's end over to the next piece ([`PromptHasher::extend`] over the
-//! ids so far). What is left after the last piece is its own blocks only.
-//!
-//! The keys are those of the whole untruncated ids: a request that
-//! `truncate_prompt_tokens` cuts must be hashed again from its kept ids.
-//!
-//! ```
-//! use kvroute_core::{HashContract, RequestExtras};
-//! use kvroute_engines::prompt::pipeline::encode_and_hash;
-//! use kvroute_engines::prompt::ModelTokenizer;
-//! # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
-//! let tok = ModelTokenizer::load(&dir, &Default::default())?;
-//! let hasher = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse::<HashContract>()?.hasher()?;
-//! let text = "the router keeps a prefix of every prompt ".repeat(40);
-//! let (mut ids, mut keys) = (Vec::new(), Vec::new());
-//! encode_and_hash(&tok, &text, false, &hasher, &RequestExtras::NONE, &mut ids, &mut keys)?;
-//! let mut one_shot = Vec::new();
-//! hasher.hash_prompt(&tok.encode(&text, false)?, &RequestExtras::NONE, &mut one_shot)?;
-//! assert_eq!(keys, one_shot);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! soon as its ids exist ([`encode_and_hash`], [`prompt_tokens_and_keys`]).
 
 use kvroute_core::{BlockHasher, BlockKey, HashError, PromptHasher, RequestExtras};
 
@@ -52,6 +25,32 @@ pub enum PipelineError {
 ///
 /// `ids` equal [`ModelTokenizer::encode`]`(text, add_special_tokens)` and
 /// `keys` equal [`BlockHasher::hash_prompt`] of them.
+///
+/// With a parallel encoder attached ([`ModelTokenizer::set_parallel`]) a long
+/// text is encoded in pieces on the worker pool; the pieces reach the caller's
+/// thread in text order ([`ModelTokenizer::encode_each`]) and each one's full
+/// blocks are hashed there while later pieces still encode. The chain is
+/// sequential, so the hasher carries the parent digest and the partial block
+/// at a piece's end over to the next piece ([`PromptHasher::extend`] over the
+/// ids so far). What is left after the last piece is its own blocks only.
+///
+/// The keys are those of the whole untruncated ids: a request that
+/// `truncate_prompt_tokens` cuts must be hashed again from its kept ids.
+///
+/// ```
+/// use kvroute_core::{HashContract, RequestExtras};
+/// use kvroute_engines::prompt::{encode_and_hash, ModelTokenizer};
+/// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
+/// let tok = ModelTokenizer::load(&dir, &Default::default())?;
+/// let hasher = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse::<HashContract>()?.hasher()?;
+/// let text = "the router keeps a prefix of every prompt ".repeat(40);
+/// let (mut ids, mut keys) = (Vec::new(), Vec::new());
+/// encode_and_hash(&tok, &text, false, &hasher, &RequestExtras::NONE, &mut ids, &mut keys)?;
+/// let mut one_shot = Vec::new();
+/// hasher.hash_prompt(&tok.encode(&text, false)?, &RequestExtras::NONE, &mut one_shot)?;
+/// assert_eq!(keys, one_shot);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn encode_and_hash(
     tok: &ModelTokenizer,
     text: &str,
@@ -111,8 +110,7 @@ pub struct KeyedPrompt {
 ///
 /// ```
 /// use kvroute_core::{HashContract, RequestExtras};
-/// use kvroute_engines::prompt::pipeline::prompt_tokens_and_keys;
-/// use kvroute_engines::prompt::{pyvalue::parse_json, ApiKind, Dialect, ModelTokenizer};
+/// use kvroute_engines::prompt::{parse_json, prompt_tokens_and_keys, ApiKind, Dialect, ModelTokenizer};
 /// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
 /// let tok = ModelTokenizer::load(&dir, &Default::default())?;
 /// let hasher = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse::<HashContract>()?.hasher()?;

@@ -14,7 +14,7 @@ use super::template::BigIntText;
 
 /// Options of Python's `json.dumps` that chat templates may pass to `tojson`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct DumpOptions {
+pub(crate) struct DumpOptions {
     /// Escape every non-ASCII character as `\uXXXX` (surrogate pairs above U+FFFF).
     pub ensure_ascii: bool,
     /// Pretty-print with this indent string (Python: an int n means n spaces).
@@ -29,20 +29,12 @@ pub struct DumpOptions {
 /// A value `json.dumps` cannot serialise (Python raises `TypeError`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("Object of type {0} is not JSON serializable")]
-pub struct NotSerializable(pub String);
+pub(crate) struct NotSerializable(pub String);
 
 /// Python `repr(float)`: shortest round-trip digits, exponent form when the
 /// decimal exponent is < -4 or >= 16, `.0` on integral values.
-///
-/// ```
-/// use kvroute_engines::prompt::pyjson::float_repr;
-/// assert_eq!(float_repr(100.0), "100.0");
-/// assert_eq!(float_repr(1.5e-7), "1.5e-07");
-/// assert_eq!(float_repr(1e21), "1e+21");
-/// assert_eq!(float_repr(-0.0), "-0.0");
-/// ```
 #[must_use]
-pub fn float_repr(x: f64) -> String {
+pub(crate) fn float_repr(x: f64) -> String {
     let mut out = String::new();
     write_float_repr(&mut out, x);
     out
@@ -104,7 +96,7 @@ fn write_float_repr(out: &mut String, x: f64) {
 }
 
 /// Writes `s` as a Python JSON string literal.
-pub fn write_json_string(out: &mut String, s: &str, ensure_ascii: bool) {
+pub(crate) fn write_json_string(out: &mut String, s: &str, ensure_ascii: bool) {
     out.push('"');
     let mut run = 0;
     for (i, c) in s.char_indices() {
@@ -138,14 +130,7 @@ pub fn write_json_string(out: &mut String, s: &str, ensure_ascii: bool) {
 }
 
 /// `json.dumps(value, **opts)` for a template value.
-///
-/// ```
-/// use kvroute_engines::prompt::pyjson::{dumps, DumpOptions};
-/// use kvroute_engines::prompt::{pyvalue::parse_json, template::to_value};
-/// let v = to_value(&parse_json(r#"{"b": [1, 2.5, "é<"], "a": null}"#.as_bytes()).unwrap());
-/// assert_eq!(dumps(&v, &DumpOptions::default()).unwrap(), r#"{"b": [1, 2.5, "é<"], "a": null}"#);
-/// ```
-pub fn dumps(value: &Value, opts: &DumpOptions) -> Result<String, NotSerializable> {
+pub(crate) fn dumps(value: &Value, opts: &DumpOptions) -> Result<String, NotSerializable> {
     let (item_sep, key_sep) = match &opts.separators {
         Some((i, k)) => (i.as_str(), k.as_str()),
         None if opts.indent.is_some() => (",", ": "),
@@ -318,9 +303,20 @@ mod tests {
     }
 
     #[test]
+    fn default_options_keep_order_and_print_like_python() {
+        let v = crate::prompt::template::to_value(
+            &crate::prompt::parse_json(r#"{"b": [1, 2.5, "é<"], "a": null}"#.as_bytes()).unwrap(),
+        );
+        assert_eq!(
+            dumps(&v, &DumpOptions::default()).unwrap(),
+            r#"{"b": [1, 2.5, "é<"], "a": null}"#
+        );
+    }
+
+    #[test]
     fn indent_separators_sort_keys() {
         let v = crate::prompt::template::to_value(
-            &crate::prompt::pyvalue::parse_json(br#"{"b": [1, {}], "a": []}"#).unwrap(),
+            &crate::prompt::parse_json(br#"{"b": [1, {}], "a": []}"#).unwrap(),
         );
         let opts = DumpOptions {
             indent: Some("  ".into()),

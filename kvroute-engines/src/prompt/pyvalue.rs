@@ -16,7 +16,7 @@ const MAX_INT_DIGITS: usize = 4300;
 
 /// Deeper nesting than this is refused (Python would hit its recursion limit
 /// near 1000; a bound keeps the parser's stack use fixed for any input).
-pub const MAX_DEPTH: usize = 256;
+pub const MAX_JSON_DEPTH: usize = 256;
 
 /// A parsed JSON value with Python's data model.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,7 +120,7 @@ pub struct JsonSyntaxError {
 /// strict strings, `NaN`/`Infinity` accepted, last duplicate key wins).
 ///
 /// ```
-/// use kvroute_engines::prompt::pyvalue::{parse_json, PyValue};
+/// use kvroute_engines::prompt::{parse_json, PyValue};
 /// let v = parse_json(br#"{"a": 1e2, "b": 123456789012345678901234567890}"#).unwrap();
 /// let d = v.as_dict().unwrap();
 /// assert_eq!(d["a"], PyValue::Float(100.0));
@@ -136,7 +136,7 @@ pub fn parse_json(bytes: &[u8]) -> Result<PyValue, JsonSyntaxError> {
 }
 
 /// Parses a string the way `json.loads(text: str)` does.
-pub fn parse_json_str(text: &str) -> Result<PyValue, JsonSyntaxError> {
+pub(crate) fn parse_json_str(text: &str) -> Result<PyValue, JsonSyntaxError> {
     let mut p = Parser {
         s: text.as_bytes(),
         text,
@@ -185,7 +185,7 @@ impl Parser<'_> {
     }
 
     fn value(&mut self, depth: usize) -> Result<PyValue, JsonSyntaxError> {
-        if depth > MAX_DEPTH {
+        if depth > MAX_JSON_DEPTH {
             return Err(self.err("nesting too deep"));
         }
         match self.peek() {
@@ -447,17 +447,21 @@ mod tests {
 
     #[test]
     fn depth_is_bounded() {
-        let deep = "[".repeat(MAX_DEPTH + 5);
+        let deep = "[".repeat(MAX_JSON_DEPTH + 5);
         assert!(parse_json(deep.as_bytes()).is_err());
-        let at_limit = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        let at_limit = format!(
+            "{}{}",
+            "[".repeat(MAX_JSON_DEPTH + 1),
+            "]".repeat(MAX_JSON_DEPTH + 1)
+        );
         assert!(parse_json(at_limit.as_bytes()).is_ok());
         // A hostile body: refused at the bound, whatever the nesting (no stack
-        // overflow, no work beyond the first MAX_DEPTH levels).
+        // overflow, no work beyond the first MAX_JSON_DEPTH levels).
         for open in ["[", "{\"a\":"] {
             let hostile = open.repeat(100_000);
             let err = parse_json(hostile.as_bytes()).unwrap_err();
             assert_eq!(err.reason, "nesting too deep");
-            assert!(err.offset <= open.len() * (MAX_DEPTH + 1), "{err:?}");
+            assert!(err.offset <= open.len() * (MAX_JSON_DEPTH + 1), "{err:?}");
         }
     }
 }

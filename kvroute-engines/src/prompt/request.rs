@@ -108,7 +108,7 @@ pub struct CompletionRequest {
 pub struct ChatRequest {
     /// Shared fields.
     pub common: CommonFields,
-    /// The raw `messages` array (validated lazily by [`super::chat`]).
+    /// The raw `messages` array (validated when the template input is built).
     pub messages: Vec<PyValue>,
     /// `tools` as sent.
     pub tools: Option<Vec<PyValue>>,
@@ -284,25 +284,23 @@ fn common_fields(
 /// Extracts and validates the prompt-deciding fields of a body.
 ///
 /// ```
-/// use kvroute_engines::prompt::pyvalue::parse_json;
-/// use kvroute_engines::prompt::request::{extract, CompletionPrompt, OpenAiRequest};
-/// use kvroute_engines::prompt::ApiKind;
+/// use kvroute_engines::prompt::{extract_request, parse_json, ApiKind, CompletionPrompt, OpenAiRequest};
 /// let body = parse_json(br#"{"model": "m", "prompt": [1, 2, 3]}"#).unwrap();
-/// let OpenAiRequest::Completions(req) = extract(ApiKind::Completions, &body).unwrap() else { panic!() };
+/// let OpenAiRequest::Completions(req) = extract_request(ApiKind::Completions, &body).unwrap() else { panic!() };
 /// assert_eq!(req.prompt, CompletionPrompt::Ids(vec![1, 2, 3]));
 /// assert!(req.common.add_special_tokens);
 /// ```
-pub fn extract(endpoint: ApiKind, body: &PyValue) -> Result<OpenAiRequest, PromptMiss> {
-    extract_as(endpoint, body, Dialect::Vllm)
+pub fn extract_request(endpoint: ApiKind, body: &PyValue) -> Result<OpenAiRequest, PromptMiss> {
+    extract_request_as(endpoint, body, Dialect::Vllm)
 }
 
-/// [`extract`] with `dialect`'s validators where the engines differ.
+/// [`extract_request`] with `dialect`'s validators where the engines differ.
 ///
 /// A body of the other endpoint's shape is a schema error, as in the engine
 /// (a completions body on the chat route lacks the required `messages`,
 /// `chat_completion/protocol.py:238`; a chat body on the completions route
 /// lacks `prompt`), never guessed from the body.
-pub fn extract_as(
+pub fn extract_request_as(
     endpoint: ApiKind,
     body: &PyValue,
     dialect: Dialect,
@@ -434,10 +432,10 @@ fn extract_completion(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prompt::pyvalue::parse_json;
+    use crate::prompt::parse_json;
 
     fn ex(endpoint: ApiKind, json: &str) -> Result<OpenAiRequest, PromptMiss> {
-        extract(endpoint, &parse_json(json.as_bytes()).unwrap())
+        extract_request(endpoint, &parse_json(json.as_bytes()).unwrap())
     }
 
     #[test]
@@ -524,7 +522,7 @@ mod tests {
                 .unwrap()
         };
         let salt = |s: &str, dialect| {
-            extract_as(ApiKind::Completions, &body(s), dialect)
+            extract_request_as(ApiKind::Completions, &body(s), dialect)
                 .map(|r| r.common().cache_salt.clone())
                 .map_err(|e| e.kind())
         };
@@ -542,13 +540,13 @@ mod tests {
     #[test]
     fn a_body_of_the_other_endpoint_is_a_schema_error() {
         let completion = parse_json(br#"{"model":"m","prompt":"hi"}"#).unwrap();
-        let err = extract(ApiKind::Chat, &completion).unwrap_err();
+        let err = extract_request(ApiKind::Chat, &completion).unwrap_err();
         assert_eq!(err.kind(), "request_validation", "{err}");
         assert!(err.to_string().contains("messages"), "{err}");
         assert!(err.is_request_error());
         let chat =
             parse_json(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
-        let err = extract(ApiKind::Completions, &chat).unwrap_err();
+        let err = extract_request(ApiKind::Completions, &chat).unwrap_err();
         assert!(err.is_request_error(), "{err}");
     }
 

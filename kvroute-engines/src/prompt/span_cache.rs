@@ -47,7 +47,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// Where rendered text may be cut without changing its tokenization.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SegmentPolicy {
+pub(crate) struct SegmentPolicy {
     delimiter: String,
 }
 
@@ -56,7 +56,7 @@ impl SegmentPolicy {
     /// candidate delimiter (in order) and returns a policy for the first that
     /// passes, or `None` (then caching is off).
     #[must_use]
-    pub fn from_tokenizer(tokenizer: &Tokenizer, candidates: &[&str]) -> Option<Self> {
+    pub(crate) fn from_tokenizer(tokenizer: &Tokenizer, candidates: &[&str]) -> Option<Self> {
         if tokenizer.get_truncation().is_some() || tokenizer.get_padding().is_some() {
             return None;
         }
@@ -86,15 +86,9 @@ impl SegmentPolicy {
         })
     }
 
-    /// The delimiter text (segments start with it).
-    #[must_use]
-    pub fn delimiter(&self) -> &str {
-        &self.delimiter
-    }
-
     /// Splits `text` right before every delimiter occurrence. The pieces
     /// concatenate to `text`; none is empty.
-    pub fn segments<'a>(&'a self, text: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    pub(crate) fn segments<'a>(&'a self, text: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         let mut starts: Vec<usize> = text
             .match_indices(self.delimiter.as_str())
             .map(|(i, _)| i)
@@ -129,7 +123,10 @@ struct Generations {
     previous: HashMap<u64, Entry>,
 }
 
-/// Counters of a [`SpanCache`].
+/// Counters of a model's span cache: token ids of rendered-prompt segments
+/// (cut before a chat delimiter such as `<|im_start|>` where the tokenizer
+/// provably tokenizes each side alone as in the whole text), bounded by
+/// [`ModelOptions::span_cache_bytes`](super::ModelOptions::span_cache_bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SpanCacheStats {
     /// Segments found.
@@ -141,7 +138,7 @@ pub struct SpanCacheStats {
 }
 
 /// Bounded, thread-safe map from segment text to its token ids.
-pub struct SpanCache {
+pub(crate) struct SpanCache {
     inner: Mutex<(Generations, SpanCacheStats)>,
     budget_bytes: usize,
 }
@@ -158,7 +155,7 @@ impl std::fmt::Debug for SpanCache {
 impl SpanCache {
     /// A cache holding at most about `budget_bytes` of text and ids.
     #[must_use]
-    pub fn new(budget_bytes: usize) -> Self {
+    pub(crate) fn new(budget_bytes: usize) -> Self {
         Self {
             inner: Mutex::new((Generations::default(), SpanCacheStats::default())),
             budget_bytes,
@@ -167,7 +164,7 @@ impl SpanCache {
 
     /// Current counters.
     #[must_use]
-    pub fn stats(&self) -> SpanCacheStats {
+    pub(crate) fn stats(&self) -> SpanCacheStats {
         let g = self.inner.lock();
         let mut s = g.1;
         s.bytes = g.0.current_bytes + g.0.previous.values().map(Entry::cost).sum::<usize>();
@@ -175,13 +172,13 @@ impl SpanCache {
     }
 
     /// Drops everything.
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         let mut g = self.inner.lock();
         g.0 = Generations::default();
     }
 
     /// The ids of `text`, from the cache or from `tokenize` (then cached).
-    pub fn get_or_insert<E>(
+    pub(crate) fn get_or_insert<E>(
         &self,
         text: &str,
         tokenize: impl FnOnce(&str) -> Result<Vec<u32>, E>,

@@ -49,12 +49,12 @@ pub enum TemplateError {
 
 /// An integer outside `i128`, carried into the template so `tojson` prints it exactly.
 #[derive(Debug, Clone)]
-pub struct BigIntText(pub Box<str>);
+pub(crate) struct BigIntText(pub Box<str>);
 
 impl BigIntText {
     /// The decimal digits (with sign).
     #[must_use]
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -73,7 +73,7 @@ impl Object for BigIntText {
 
 /// Converts a parsed request value into a template value, keeping Python's types.
 #[must_use]
-pub fn to_value(v: &PyValue) -> Value {
+pub(crate) fn to_value(v: &PyValue) -> Value {
     match v {
         PyValue::Null => Value::from(()),
         PyValue::Bool(b) => Value::from(*b),
@@ -139,8 +139,7 @@ impl ChatTemplate {
     /// strings (`eos_token`, ...) that transformers passes as variables.
     ///
     /// ```
-    /// use kvroute_engines::prompt::template::{ChatTemplate, TemplateInput};
-    /// use kvroute_engines::prompt::pyvalue::parse_json;
+    /// use kvroute_engines::prompt::{parse_json, ChatTemplate, TemplateInput};
     /// let t = ChatTemplate::new("{% for m in messages %}{{ m.content | tojson }}{% endfor %}", vec![]).unwrap();
     /// let input = TemplateInput {
     ///     messages: vec![parse_json(br#"{"role": "user", "content": "<1.0>"}"#).unwrap()],
@@ -405,13 +404,8 @@ fn strftime_now(format: &str) -> Result<Value, Error> {
 }
 
 /// Formats Unix time `secs` (UTC) with Python `strftime` directives.
-///
-/// ```
-/// use kvroute_engines::prompt::template::strftime;
-/// assert_eq!(strftime("%d %B %Y, %a %H:%M:%S %j %%", 1_700_000_000), "14 November 2023, Tue 22:13:20 318 %");
-/// ```
 #[must_use]
-pub fn strftime(format: &str, secs: i64) -> String {
+pub(crate) fn strftime(format: &str, secs: i64) -> String {
     const MONTHS: [&str; 12] = [
         "January",
         "February",
@@ -518,7 +512,7 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 /// Python `str(x)` for what `{{ x }}` prints (Jinja2 prints `None`, `True`,
 /// float reprs, and Python reprs of lists/dicts).
 #[must_use]
-pub fn py_str(v: &Value) -> String {
+pub(crate) fn py_str(v: &Value) -> String {
     match v.kind() {
         ValueKind::String => v.as_str().unwrap_or("").to_owned(),
         ValueKind::Undefined => String::new(),
@@ -591,7 +585,7 @@ fn write_py_repr(out: &mut String, v: &Value, depth: usize) {
 /// the `{% for ... in ... %}` tags for an iterable that ends in a `content`
 /// access (`x.content`, `x['content']`, `x["content"]`, optionally filtered).
 #[must_use]
-pub fn detect_content_format(source: &str) -> ContentFormat {
+pub(crate) fn detect_content_format(source: &str) -> ContentFormat {
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
         let after = rest.get(start + 2..).unwrap_or("");
@@ -619,7 +613,7 @@ pub fn detect_content_format(source: &str) -> ContentFormat {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prompt::pyvalue::parse_json;
+    use crate::prompt::parse_json;
 
     fn msgs(json: &str) -> Vec<PyValue> {
         match parse_json(json.as_bytes()).unwrap() {
@@ -690,6 +684,10 @@ mod tests {
 
     #[test]
     fn strftime_dates() {
+        assert_eq!(
+            strftime("%d %B %Y, %a %H:%M:%S %j %%", 1_700_000_000),
+            "14 November 2023, Tue 22:13:20 318 %"
+        );
         assert_eq!(strftime("%Y-%m-%d %A", 0), "1970-01-01 Thursday");
         assert_eq!(strftime("%d %b %Y %j", 951_782_400), "29 Feb 2000 060");
     }

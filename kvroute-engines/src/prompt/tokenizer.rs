@@ -20,7 +20,7 @@ pub const DEFAULT_SPAN_CACHE_BYTES: usize = 64 << 20;
 
 /// Why a model directory could not be loaded.
 #[derive(Debug, thiserror::Error)]
-pub enum LoadError {
+pub enum ModelLoadError {
     /// A file could not be read.
     #[error("{path}: {source}")]
     Io {
@@ -89,14 +89,14 @@ impl std::fmt::Debug for ModelTokenizer {
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
-    fs::read(path).map_err(|source| LoadError::Io {
+fn read(path: &Path) -> Result<Vec<u8>, ModelLoadError> {
+    fs::read(path).map_err(|source| ModelLoadError::Io {
         path: path.to_owned(),
         source,
     })
 }
 
-fn read_tokenizer_json(dir: &Path) -> Result<Vec<u8>, LoadError> {
+fn read_tokenizer_json(dir: &Path) -> Result<Vec<u8>, ModelLoadError> {
     let plain = dir.join("tokenizer.json");
     if plain.is_file() {
         return read(&plain);
@@ -107,20 +107,20 @@ fn read_tokenizer_json(dir: &Path) -> Result<Vec<u8>, LoadError> {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(compressed.as_slice())
             .read_to_end(&mut out)
-            .map_err(|source| LoadError::Io { path: gz, source })?;
+            .map_err(|source| ModelLoadError::Io { path: gz, source })?;
         return Ok(out);
     }
-    Err(LoadError::NoTokenizer(dir.to_owned()))
+    Err(ModelLoadError::NoTokenizer(dir.to_owned()))
 }
 
-fn read_json(path: &Path) -> Result<Option<serde_json::Value>, LoadError> {
+fn read_json(path: &Path) -> Result<Option<serde_json::Value>, ModelLoadError> {
     if !path.is_file() {
         return Ok(None);
     }
     let bytes = read(path)?;
     serde_json::from_slice(&bytes)
         .map(Some)
-        .map_err(|e| LoadError::Config {
+        .map_err(|e| ModelLoadError::Config {
             path: path.to_owned(),
             reason: e.to_string(),
         })
@@ -154,14 +154,14 @@ impl ModelTokenizer {
     /// `tokenizer_config.json` (special tokens, `chat_template`), and a chat
     /// template from `chat_template.jinja` or `chat_template.json` if present
     /// (those win over the config, as in transformers).
-    pub fn load(dir: &Path, options: &ModelOptions) -> Result<Self, LoadError> {
+    pub fn load(dir: &Path, options: &ModelOptions) -> Result<Self, ModelLoadError> {
         let json = read_tokenizer_json(dir)?;
         let mut tokenizer =
-            Tokenizer::from_bytes(&json).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+            Tokenizer::from_bytes(&json).map_err(|e| ModelLoadError::Tokenizer(e.to_string()))?;
         // vLLM passes truncation per call; a stored default would change ids.
         tokenizer
             .with_truncation(None)
-            .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+            .map_err(|e| ModelLoadError::Tokenizer(e.to_string()))?;
         tokenizer.with_padding(None);
 
         let config = read_json(&dir.join("tokenizer_config.json"))?;
@@ -278,7 +278,8 @@ impl ModelTokenizer {
     }
 
     /// Token ids of `text`, using the span cache when it is provably exact
-    /// (see [`super::span_cache`]), and the parallel encoder attached with
+    /// for this tokenizer ([`SpanCacheStats`]; checked at load, off
+    /// otherwise), and the parallel encoder attached with
     /// [`Self::set_parallel`] if any (the same ids).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptMiss> {
         match &self.parallel {
@@ -311,7 +312,7 @@ impl ModelTokenizer {
 
 impl ModelTokenizer {
     /// [`Self::encode`] with the long pieces tokenized on `encoder`'s worker
-    /// pool ([`super::parallel`]): the same ids, split at seams the tokenizer
+    /// pool ([`ParallelEncoder`]): the same ids, split at seams the tokenizer
     /// provably cannot merge across. Span-cache segments are still looked up
     /// first; a segment that misses and is longer than the encoder's
     /// threshold is encoded in parallel, shorter ones on the caller's thread.

@@ -28,10 +28,9 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::Args;
 use kvroute_core::{BlockKey, EndpointId, HashContract, Medium, RequestExtras};
-use kvroute_engines::prompt::parallel::{ParallelConfig, ParallelEncoder};
-use kvroute_engines::prompt::request::OpenAiRequest;
 use kvroute_engines::prompt::{
-    pyvalue, render_chat, request, ApiKind, ModelOptions, ModelTokenizer,
+    extract_request, parse_json, render_chat, ApiKind, ModelOptions, ModelTokenizer, OpenAiRequest,
+    ParallelConfig, ParallelEncoder,
 };
 use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
 use serde::Serialize;
@@ -257,8 +256,8 @@ impl Calibrated {
     /// (ms, tokens) of a plain single-threaded `Tokenizer::encode` of one
     /// rendered body.
     fn encode(tok: &ModelTokenizer, body: &[u8]) -> anyhow::Result<(f64, usize)> {
-        let value = pyvalue::parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let req = request::extract(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let value = parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let req = extract_request(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
         let OpenAiRequest::Chat(chat) = &req else {
             anyhow::bail!("the bench body is not a chat request");
         };
@@ -355,8 +354,8 @@ impl Fixture {
     fn pass(&self, body: &[u8], encoder: Option<&ParallelEncoder>) -> anyhow::Result<Pass> {
         self.tok.clear_span_cache();
         let t = Instant::now();
-        let value = pyvalue::parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let req = request::extract(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let value = parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let req = extract_request(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
         let parse = ms(t);
         let OpenAiRequest::Chat(chat) = &req else {
             anyhow::bail!("the bench body is not a chat request");
@@ -411,8 +410,8 @@ impl Fixture {
     fn pipelined_pass(&self, body: &[u8]) -> anyhow::Result<Pipelined> {
         self.tok.clear_span_cache();
         let t = Instant::now();
-        let value = pyvalue::parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let req = request::extract(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let value = parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let req = extract_request(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
         let OpenAiRequest::Chat(chat) = &req else {
             anyhow::bail!("the bench body is not a chat request");
         };

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use kvroute::prompt::{prepare_admitted, PromptHost, PromptOptions};
-use kvroute_engines::prompt::{pyvalue, request, ApiKind, TokenizerPool};
+use kvroute_engines::prompt::{model_of, parse_json, ApiKind, TokenizerPool};
 use kvroute_select::{
     route, Availability, Choice, ConnectFailure, Decision, Endpoint, Health, Leg, Load, Proxy,
     RouteError, Target,
@@ -47,8 +47,8 @@ async fn model_only(body: &Bytes) -> Option<String> {
     }
     let body = body.clone();
     tokio::task::spawn_blocking(move || {
-        let value = pyvalue::parse_json(&body).ok()?;
-        request::model_of(&value).map(str::to_owned)
+        let value = parse_json(&body).ok()?;
+        model_of(&value).map(str::to_owned)
     })
     .await
     .ok()

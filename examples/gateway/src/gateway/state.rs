@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvroute_core::EndpointId;
-use kvroute_engines::prompt::parallel::{ParallelConfig, ParallelEncoder};
-use kvroute_engines::prompt::TokenizerPool;
+use kvroute_engines::prompt::{ParallelConfig, ParallelEncoder, TokenizerPool};
 use kvroute_engines::transport::{
     DecodingSink, IndexIngest, SubscriberMetrics, TrtllmPoller, TrtllmPollerConfig, TrtllmSink,
     ZmqSubscriber, ZmqSubscriberConfig,

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use kvroute_core::TokenId;
-use kvroute_engines::prompt::{self, pyvalue, ApiKind, ModelOptions, ModelTokenizer};
+use kvroute_engines::prompt::{self, ApiKind, ModelOptions, ModelTokenizer};
 use serde_json::Value;
 
 /// The prompt of one engine request.
@@ -43,7 +43,7 @@ impl ModelPrompts {
 
 impl PromptSource for ModelPrompts {
     fn prompt(&self, chat: bool, body: &[u8]) -> Result<Prompt, String> {
-        let value = pyvalue::parse_json(body).map_err(|e| e.to_string())?;
+        let value = prompt::parse_json(body).map_err(|e| e.to_string())?;
         let endpoint = if chat {
             ApiKind::Chat
         } else {
