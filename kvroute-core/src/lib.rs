@@ -33,7 +33,8 @@
 //!
 //! ## Modules
 //!
-//! * [`contract`]: [`HashContract`] descriptors and their validation.
+//! * [`HashContract`] (one of [`VllmContract`], [`SglangContract`],
+//!   [`TrtllmContract`], [`RekeyContract`]): the contract descriptors and their validation.
 //! * [`BlockHasher`] / [`PromptHasher`]: one-shot, incremental and chain-continuing hashing.
 //! * [`vllm`], [`sglang`], [`trtllm`], [`rekey`]: the engines' raw rules.
 //! * `golden` (feature `parity`): checkers for the golden hash-vector files (`kvroute parity`).
@@ -46,7 +47,7 @@
 #![warn(unreachable_pub)]
 #![deny(unsafe_code)]
 
-pub mod contract;
+mod contract;
 mod digest;
 mod error;
 mod extras;
@@ -60,7 +61,7 @@ pub mod mix;
 pub mod rekey;
 pub mod sglang;
 pub mod trtllm;
-pub mod types;
+mod types;
 mod version;
 pub mod vllm;
 
