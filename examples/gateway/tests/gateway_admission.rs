@@ -63,13 +63,21 @@ fn vm_hwm(pid: u32) -> u64 {
 /// Sends `bodies` at once; every answer must be 200 with the body intact.
 async fn flood(gw: &Gateway, bodies: Vec<String>) {
     let url = gw.url("/v1/completions");
+    // The test bounds memory, not latency: admitted 1 M-character prompts
+    // tokenize in a debug build, and on a loaded 2-core runner that took
+    // longer than the shared client's 60 s.
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(600))
+        .build()
+        .unwrap();
     let tasks: Vec<_> = bodies
         .into_iter()
         .map(|body| {
             let url = url.clone();
+            let client = client.clone();
             tokio::spawn(async move {
                 let n = body.len();
-                let resp = client()
+                let resp = client
                     .post(url)
                     .header("content-type", "application/json")
                     .body(body)
