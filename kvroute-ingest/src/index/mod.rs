@@ -1,6 +1,7 @@
 //! The shared inventory index ([`SharedIndex`], whose docs hold the layout,
 //! semantics and an example).
 
+mod ring;
 mod runs;
 mod shard;
 mod sliced;
@@ -8,13 +9,13 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvroute_core::{BlockKey, EndpointId, Medium};
 use parking_lot::{Mutex, RwLock};
 
 use crate::view::{InventoryView, Overlap};
+use ring::Ring;
 use runs::{RunHint, RunTable, MAX_RUN};
 pub(crate) use shard::mix;
 pub(crate) use shard::KeyMap;
@@ -64,7 +65,7 @@ pub struct IndexConfig {
     /// [`SharedIndex::set_capacity`] changes it; a store beyond it evicts the
     /// oldest inserted key of that tier. [`DEFAULT_CAPACITY`] by default;
     /// [`usize::MAX`] means unbounded: no insertion ring is kept, which saves
-    /// 8–16 bytes per (endpoint, key) pair (see [`SharedIndex`]).
+    /// 4 bytes per (endpoint, key) pair (see [`SharedIndex`]).
     pub capacity_per_endpoint: usize,
     /// Lock shards per bank of 64 endpoints (rounded up to a power of two).
     pub shards: usize,
@@ -154,7 +155,8 @@ struct Bank {
 }
 
 struct EndpointKeys {
-    rings: [VecDeque<u64>; 4],
+    /// Insertion order as key fingerprints (see [`SharedIndex::fingerprint`]).
+    rings: [Ring; 4],
     live: [u64; 4],
     /// Bound per tier ([`UNBOUNDED`]: none, and no ring).
     capacity: [u64; 4],
@@ -259,8 +261,11 @@ impl EndpointKeys {
 ///   the front until one names a key that is still present, and that key is
 ///   evicted whatever its reference count. A key that was removed and stored again may therefore be evicted at
 ///   its earlier ring position: eviction is "oldest insertion first" on that
-///   ring, not an exact LRU. Evictions are counted. The ring costs 8–16 bytes
-///   per (endpoint, key) pair, which is why unbounded indexes keep none.
+///   ring, not an exact LRU. Evictions are counted. A ring entry is a 4-byte
+///   fingerprint of the key (`fingerprint`: two keys of one endpoint
+///   sharing one — rare, see there — may be evicted in each other's order),
+///   kept in 4 KiB chunks, so the ring costs 4 bytes per (endpoint, key)
+///   pair, which is why unbounded indexes keep none.
 /// * **Clearing** an endpoint hides it from readers at once (one atomic store of a
 ///   per-bank mask), then purges its keys 128 at a time under a shard's write
 ///   lock. With a ring it takes the keys from the ring, grouped by shard;
@@ -388,7 +393,7 @@ impl SharedIndex {
         let mut stats = WriteStats::default();
         if capacity == UNBOUNDED {
             if let Some(ring) = slot.rings.get_mut(tier) {
-                *ring = VecDeque::new();
+                *ring = Ring::default();
             }
             return Ok(stats);
         }
@@ -400,7 +405,7 @@ impl SharedIndex {
             keys.sort_unstable();
             keys.dedup();
             if let Some(ring) = slot.rings.get_mut(tier) {
-                *ring = keys.into();
+                *ring = keys.iter().map(|k| self.fingerprint(*k)).collect();
             }
         }
         while slot.live.get(tier).is_some_and(|l| *l > capacity) {
@@ -447,8 +452,8 @@ impl SharedIndex {
                 let c = usize::try_from(c).ok()?;
                 total = total
                     .checked_add(c.checked_mul(BUDGET_BYTES_PER_KEY)?)?
-                    // Ring slack before a compaction, doubled by VecDeque growth.
-                    .checked_add(2 * RING_SLACK * std::mem::size_of::<u64>())?;
+                    // Ring slack before a compaction, and a last chunk's unused part.
+                    .checked_add(2 * RING_SLACK * std::mem::size_of::<u32>())?;
             }
         }
         Some(total)
@@ -748,7 +753,7 @@ impl SharedIndex {
                         }
                         if bounded {
                             if let Some(ring) = slot.rings.get_mut(tier) {
-                                ring.push_back(key.0);
+                                ring.push_back(self.fingerprint(key.0));
                             }
                         }
                     }
@@ -775,7 +780,7 @@ impl SharedIndex {
             return;
         }
         if let Some(ring) = slot.rings.get_mut(tier) {
-            ring.push_back(key);
+            ring.push_back(self.fingerprint(key));
         }
         let cap = slot.capacity.get(tier).copied().unwrap_or(UNBOUNDED);
         if slot.live.get(tier).is_some_and(|l| *l > cap) {
@@ -790,11 +795,13 @@ impl SharedIndex {
         let Some(ring) = slot.rings.get_mut(tier) else {
             return 0;
         };
-        while let Some(key) = ring.pop_front() {
-            let purged = self
-                .shard(bank, key)
-                .write()
-                .purge(tier, key, bit, &bank.runs);
+        while let Some(fp) = ring.pop_front() {
+            let (shard, tag, tag_bits) = self.split_fingerprint(fp);
+            let purged = {
+                let mut g = bank.shards[shard & (bank.shards.len() - 1)].0.write();
+                g.key_by_tag(tier, tag, tag_bits, bit, 0)
+                    .is_some_and(|key| g.purge(tier, key, bit, &bank.runs))
+            };
             if purged {
                 if let Some(live) = slot.live.get_mut(tier) {
                     *live -= 1;
@@ -850,9 +857,27 @@ impl SharedIndex {
         if (ring.len() as u64) <= live.saturating_mul(2) + RING_SLACK as u64 {
             return;
         }
-        let mut seen = hashbrown::HashSet::with_capacity(live as usize);
-        ring.retain(|k| self.shard(bank, *k).read().contains(tier, *k, bit) && seen.insert(*k));
-        ring.shrink_to_fit();
+        // Per fingerprint: entries kept so far, and this endpoint's keys
+        // present with it (usually one or none). The oldest entries of a
+        // fingerprint stay, as many as there are such keys.
+        let mut seen: KeyMap<(u32, u32)> = KeyMap::default();
+        seen.reserve(usize::try_from(live).unwrap_or(0));
+        ring.retain(|fp| {
+            let (kept, present) = seen.entry(u64::from(fp)).or_insert_with(|| {
+                let (shard, tag, tag_bits) = self.split_fingerprint(fp);
+                let present = bank.shards[shard & (bank.shards.len() - 1)]
+                    .0
+                    .read()
+                    .count_by_tag(tier, tag, tag_bits, bit);
+                (0, present)
+            });
+            if *kept < *present {
+                *kept += 1;
+                true
+            } else {
+                false
+            }
+        });
     }
 
     /// Empties endpoint `e` (all tiers). Readers see it empty immediately.
@@ -872,8 +897,10 @@ impl SharedIndex {
             match ring {
                 Some(ring) if bounded => {
                     // Grouped by shard so each write lock covers a batch of keys.
-                    let mut by_shard: Vec<(usize, u64)> =
-                        ring.iter().map(|k| (self.shard_index(*k), *k)).collect();
+                    let mut by_shard: Vec<(usize, u32)> = ring
+                        .iter()
+                        .map(|fp| (self.split_fingerprint(fp).0, fp))
+                        .collect();
                     drop(ring);
                     by_shard.sort_unstable();
                     for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
@@ -881,11 +908,14 @@ impl SharedIndex {
                             continue;
                         };
                         let shard = &bank.shards[*index & (bank.shards.len() - 1)].0;
-                        for keys in group.chunks(PURGE_BATCH) {
+                        for fps in group.chunks(PURGE_BATCH) {
                             let mut guard = shard.write();
-                            for (_, key) in keys {
-                                stats.cleared +=
-                                    u64::from(guard.purge(tier, *key, bit, &bank.runs));
+                            for (_, fp) in fps {
+                                let (_, tag, tag_bits) = self.split_fingerprint(*fp);
+                                if let Some(key) = guard.key_by_tag(tier, tag, tag_bits, bit, 0) {
+                                    stats.cleared +=
+                                        u64::from(guard.purge(tier, key, bit, &bank.runs));
+                                }
                             }
                         }
                     }
@@ -978,7 +1008,7 @@ impl SharedIndex {
                 s.lock()
                     .rings
                     .iter()
-                    .map(|r| r.capacity() * std::mem::size_of::<u64>())
+                    .map(Ring::allocation_bytes)
                     .sum::<usize>()
                     + std::mem::size_of::<Mutex<EndpointKeys>>()
             })
@@ -992,6 +1022,52 @@ impl SharedIndex {
     #[must_use]
     pub fn shard_of(&self, key: BlockKey) -> usize {
         self.shard_index(key.0)
+    }
+
+    /// Bits of a shard index (the shard count's log2).
+    #[inline]
+    fn shard_bits(&self) -> u32 {
+        64u32.saturating_sub(self.shard_shift)
+    }
+
+    /// A ring entry for `key`: its shard index in the top bits, then the top
+    /// bits of its table hash — 4 bytes instead of the key's 8. Eviction and
+    /// clearing find the key again by scanning the entries that hash may
+    /// lie in (its home bucket and overflow chain) for one this endpoint
+    /// holds with the same top bits ([`Shard::key_by_tag`]). Two keys of one
+    /// endpoint can share a fingerprint only by sharing a home bucket and the
+    /// following hash bits (a pair of a bucket's keys about once in
+    /// 2^(32 − shard bits − log2 of the table's buckets)); each of their
+    /// ring entries then evicts either, so eviction order between the two
+    /// is undefined, and nothing else changes: every fingerprint still
+    /// evicts or clears one key, and compaction keeps one entry per
+    /// matching key.
+    #[inline]
+    fn fingerprint(&self, key: u64) -> u32 {
+        let s = self.shard_bits();
+        let tag_bits = 32 - s;
+        let tag = (shard::entry_hash(key) >> (64 - tag_bits)) as u32;
+        if s == 0 {
+            tag
+        } else {
+            ((self.shard_index(key) as u32) << tag_bits) | tag
+        }
+    }
+
+    /// A fingerprint's shard, hash tag and the tag's width in bits.
+    #[inline]
+    fn split_fingerprint(&self, fp: u32) -> (usize, u32, u32) {
+        let s = self.shard_bits();
+        let tag_bits = 32 - s;
+        if s == 0 {
+            (0, fp, 32)
+        } else {
+            (
+                (fp >> tag_bits) as usize,
+                fp & ((1 << tag_bits) - 1),
+                tag_bits,
+            )
+        }
     }
 
     #[inline]

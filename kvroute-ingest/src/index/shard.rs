@@ -110,7 +110,7 @@ pub(crate) enum RemoveEffect {
 }
 
 #[inline]
-fn entry_hash(key: u64) -> u64 {
+pub(crate) fn entry_hash(key: u64) -> u64 {
     mix(key)
 }
 
@@ -398,6 +398,60 @@ impl Shard {
             runs.member_lost(run);
         }
         RemoveEffect::Removed
+    }
+
+    /// A key endpoint `bit` holds in `tier` whose entry hash has `tag` in
+    /// its top `tag_bits` bits (`tag_bits` in 1..=32), if any; `skip` such
+    /// keys are passed over first.
+    pub(crate) fn key_by_tag(
+        &self,
+        tier: usize,
+        tag: u32,
+        tag_bits: u32,
+        bit: u32,
+        skip: u32,
+    ) -> Option<u64> {
+        let table = self.tiers.get(tier)?;
+        let tag_bits = tag_bits.clamp(1, 32);
+        let lo = u64::from(tag) << (64 - tag_bits);
+        let hi = lo | (u64::MAX >> tag_bits);
+        let flag = 1u64 << (bit & 63);
+        let mut left = skip;
+        let at = table.entries.find_in_range(lo, hi, |key, code| {
+            if entry_hash(key) >> (64 - tag_bits) != u64::from(tag)
+                || table.decode(code) & flag == 0
+            {
+                return false;
+            }
+            if left == 0 {
+                return true;
+            }
+            left -= 1;
+            false
+        })?;
+        Some(table.entries.key_at(at))
+    }
+
+    /// Keys endpoint `bit` holds in `tier` with `tag` (see
+    /// [`Self::key_by_tag`]).
+    pub(crate) fn count_by_tag(&self, tier: usize, tag: u32, tag_bits: u32, bit: u32) -> u32 {
+        let Some(table) = self.tiers.get(tier) else {
+            return 0;
+        };
+        let tag_bits = tag_bits.clamp(1, 32);
+        let lo = u64::from(tag) << (64 - tag_bits);
+        let hi = lo | (u64::MAX >> tag_bits);
+        let flag = 1u64 << (bit & 63);
+        let mut n = 0u32;
+        table.entries.find_in_range(lo, hi, |key, code| {
+            if entry_hash(key) >> (64 - tag_bits) == u64::from(tag)
+                && table.decode(code) & flag != 0
+            {
+                n = n.saturating_add(1);
+            }
+            false
+        });
+        n
     }
 
     /// Drops (endpoint, tier, key) whatever its reference count; true if it was present.

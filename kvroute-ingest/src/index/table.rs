@@ -196,6 +196,42 @@ impl BucketTable {
         None
     }
 
+    /// Calls `visit` with every entry whose key's hash may lie in
+    /// `lo..=hi` (the home buckets of that range and the overflow chain past
+    /// them), until it returns true; where it did.
+    pub(crate) fn find_in_range(
+        &self,
+        lo: u64,
+        hi: u64,
+        mut visit: impl FnMut(u64, u32) -> bool,
+    ) -> Option<At> {
+        let n = self.buckets.len();
+        let mut i = self.home(lo);
+        // Home buckets of the range after the first (`home` keeps order).
+        let span = self.home(hi).saturating_sub(i);
+        for step in 0..n {
+            let b = self.buckets.get(i)?;
+            for slot in 0..b.len() {
+                if visit(b.key(slot), b.code.get(slot).copied().unwrap_or(0)) {
+                    return Some(At { bucket: i, slot });
+                }
+            }
+            // Keys homed in the range lie at or before the first bucket from
+            // its last home that no key passed.
+            if step >= span && !b.overflowed() {
+                return None;
+            }
+            i = self.next(i);
+        }
+        None
+    }
+
+    /// The key at `at`.
+    #[inline]
+    pub(crate) fn key_at(&self, at: At) -> u64 {
+        self.buckets.get(at.bucket).map_or(0, |b| b.key(at.slot))
+    }
+
     #[inline]
     pub(crate) fn code(&self, at: At) -> u32 {
         self.buckets
@@ -332,6 +368,22 @@ mod tests {
         assert_eq!(std::mem::align_of::<Bucket>(), 64);
     }
 
+    /// A range scan (what ring fingerprints use) reaches every key whose
+    /// hash lies in the range, clustered homes and wrapped chains included.
+    fn ranges_reach_every_key<'a>(t: &BucketTable, keys: impl Iterator<Item = &'a u64>) {
+        for key in keys {
+            let hash = h(*key);
+            for low_bits in [0u32, 16, 40, 62] {
+                let mask = (1u64 << low_bits) - 1;
+                let (lo, hi) = (hash & !mask, hash | mask);
+                assert!(
+                    t.find_in_range(lo, hi, |k, _| k == *key).is_some(),
+                    "{key} in {lo:#x}..={hi:#x}"
+                );
+            }
+        }
+    }
+
     /// Against a `std` map: inserts, removes and shrinks in an order that
     /// forces overflow chains (all keys of a small table share few homes).
     #[test]
@@ -371,12 +423,16 @@ mod tests {
             }
             assert_eq!(t.len(), model.len());
             peak = peak.max(t.allocation_size());
+            if step == 99_999 {
+                ranges_reach_every_key(&t, model.keys());
+            }
         }
         let mut got: Vec<(u64, u32)> = t.iter().collect();
         got.sort_unstable();
         let mut want: Vec<(u64, u32)> = model.iter().map(|(k, v)| (*k, *v as u32)).collect();
         want.sort_unstable();
         assert_eq!(got, want);
+        ranges_reach_every_key(&t, model.keys());
         assert!(model.len() < 40_000 / 8, "drained: {}", model.len());
         assert!(t.allocation_size() < peak / 4, "shrunk after the drain");
     }

@@ -1,6 +1,8 @@
 //! `store_chain` into a bounded tier against `store` of the same keys: the
 //! inventory, its eviction order and the counters must not depend on which
-//! path (grouped under several shard locks, or key by key) a call took.
+//! path (grouped under several shard locks, or key by key) a call took. And
+//! the insertion ring's 4-byte fingerprints: keys crafted to share one keep
+//! the counters exact and the bound held.
 
 use kvroute_core::{BlockKey, EndpointId, Medium};
 use proptest::prelude::*;
@@ -98,4 +100,190 @@ proptest! {
             }
         }
     }
+}
+
+/// The inverse of [`super::mix`]: a key whose table hash is `h`.
+fn unmix(mut h: u64) -> u64 {
+    fn inverse(c: u64) -> u64 {
+        // Newton's iteration for the inverse of an odd number mod 2^64.
+        let mut y = c;
+        for _ in 0..6 {
+            y = y.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(y)));
+        }
+        y
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(inverse(0xc4ce_b9fe_1a85_ec53));
+    h ^= h >> 33;
+    h = h.wrapping_mul(inverse(0xff51_afd7_ed55_8ccd));
+    h ^ (h >> 33)
+}
+
+/// `n` keys of one shard whose table hashes share their top 32 bits (so
+/// their ring fingerprints are equal whatever the shard count), group `g`.
+fn colliding(index: &SharedIndex, g: u64, n: usize) -> Vec<u64> {
+    let top = super::mix(g + 1) & 0xffff_ffff_0000_0000;
+    let mut out = Vec::new();
+    let mut shard = None;
+    for low in 1..u64::from(u32::MAX) {
+        if out.len() == n {
+            break;
+        }
+        let key = unmix(top | super::mix(low) >> 32);
+        let s = index.shard_of(BlockKey(key));
+        if *shard.get_or_insert(s) == s {
+            out.push(key);
+        }
+    }
+    out
+}
+
+#[test]
+fn crafted_keys_share_a_fingerprint() {
+    let index = SharedIndex::new(1, IndexConfig::default());
+    let keys = colliding(&index, 3, 4);
+    assert_eq!(keys.len(), 4);
+    assert_eq!(
+        super::mix(unmix(0x1234_5678_9abc_def0)),
+        0x1234_5678_9abc_def0
+    );
+    let fp = index.fingerprint(keys[0]);
+    for k in &keys {
+        assert_eq!(index.fingerprint(*k), fp, "{k:#x}");
+    }
+    let (shard, ..) = index.split_fingerprint(fp);
+    assert_eq!(shard, index.shard_of(BlockKey(keys[0])));
+}
+
+#[derive(Clone, Debug)]
+enum RingOp {
+    Store { ep: u32, key: usize },
+    Remove { ep: u32, key: usize },
+    Clear { ep: u32 },
+    Bound { ep: u32, cap: usize },
+}
+
+fn ring_op() -> impl Strategy<Value = RingOp> {
+    prop_oneof![
+        8 => (0u32..2, 0usize..24).prop_map(|(ep, key)| RingOp::Store { ep, key }),
+        3 => (0u32..2, 0usize..24).prop_map(|(ep, key)| RingOp::Remove { ep, key }),
+        1 => (0u32..2).prop_map(|ep| RingOp::Clear { ep }),
+        1 => (0u32..2, 0usize..10).prop_map(|(ep, cap)| RingOp::Bound { ep, cap }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Keys in groups of four sharing one fingerprint, two endpoints, a small
+    /// bound: which key of a group a ring entry evicts is not defined, but
+    /// the counters stay exact (live keys = what `keys` lists = stored −
+    /// removed − evicted − cleared), the bound holds, no key outlives its
+    /// ring entries (bounding to 0 empties the endpoint, whatever the
+    /// churn) and one endpoint's fingerprints never touch the other's keys.
+    #[test]
+    fn colliding_fingerprints_keep_counts_and_bound(
+        ops in proptest::collection::vec(ring_op(), 1..160),
+        cap in 1usize..8,
+        shards in prop_oneof![Just(1usize), Just(4usize), Just(64usize)],
+    ) {
+        let index = SharedIndex::new(2, IndexConfig { capacity_per_endpoint: cap, shards });
+        let universe: Vec<u64> = (0..6).flat_map(|g| colliding(&index, g, 4)).collect();
+        prop_assert_eq!(universe.len(), 24);
+        let mut caps = [cap as u64; 2];
+        let mut net = [0i64; 2];
+        for op in &ops {
+            match *op {
+                RingOp::Store { ep, key } => {
+                    let w = index.store(EndpointId(ep), Medium::Gpu, &[BlockKey(universe[key])]).unwrap();
+                    net[ep as usize] += w.inserted as i64 - w.evicted as i64;
+                }
+                RingOp::Remove { ep, key } => {
+                    let w = index.remove(EndpointId(ep), Medium::Gpu, &[BlockKey(universe[key])]).unwrap();
+                    net[ep as usize] -= w.removed as i64;
+                }
+                RingOp::Clear { ep } => {
+                    let w = index.clear_endpoint(EndpointId(ep)).unwrap();
+                    net[ep as usize] -= w.cleared as i64;
+                }
+                RingOp::Bound { ep, cap } => {
+                    let w = index.set_capacity(EndpointId(ep), Medium::Gpu, cap).unwrap();
+                    caps[ep as usize] = cap as u64;
+                    net[ep as usize] -= w.evicted as i64;
+                }
+            }
+            for ep in 0..2u32 {
+                let e = EndpointId(ep);
+                let live = index.inventory(e).keys_by_medium[0];
+                prop_assert_eq!(live as i64, net[ep as usize], "{:?}", op);
+                prop_assert_eq!(index.keys(e, Medium::Gpu).len() as u64, live, "{:?}", op);
+                prop_assert!(live <= caps[ep as usize], "{:?}: {} > {}", op, live, caps[ep as usize]);
+            }
+        }
+        // Every key present still has a ring entry that reaches it.
+        for ep in 0..2u32 {
+            let other = index.keys(EndpointId(1 - ep), Medium::Gpu);
+            index.set_capacity(EndpointId(ep), Medium::Gpu, 0).unwrap();
+            prop_assert!(index.keys(EndpointId(ep), Medium::Gpu).is_empty());
+            prop_assert_eq!(index.inventory(EndpointId(ep)).keys_by_medium[0], 0);
+            prop_assert_eq!(index.keys(EndpointId(1 - ep), Medium::Gpu), other);
+        }
+    }
+}
+
+/// A ring entry is 4 bytes, in chunks: a bounded index holds 4 bytes per
+/// key more than an unbounded one, plus under one chunk of slack.
+#[test]
+fn the_ring_costs_four_bytes_per_key() {
+    const KEYS: u64 = 200_000;
+    let keys: Vec<BlockKey> = (0..KEYS).map(|i| BlockKey(super::mix(i + 1))).collect();
+    let unbounded = SharedIndex::new(
+        1,
+        IndexConfig {
+            capacity_per_endpoint: usize::MAX,
+            shards: 64,
+        },
+    );
+    let bounded = SharedIndex::new(1, IndexConfig::default());
+    unbounded.store(EndpointId(0), Medium::Gpu, &keys).unwrap();
+    bounded.store(EndpointId(0), Medium::Gpu, &keys).unwrap();
+    let ring = bounded.memory_bytes() - unbounded.memory_bytes();
+    let per_key = ring as f64 / KEYS as f64;
+    assert!((4.0..=4.1).contains(&per_key), "{per_key} B per key");
+}
+
+/// Compaction keeps one ring entry per key present, also for keys sharing a
+/// fingerprint: four colliding keys stay while churn of a fifth key grows
+/// the ring past its slack (compactions run), and bounding the endpoint to
+/// 0 afterwards still reaches all four.
+#[test]
+fn compaction_keeps_an_entry_per_colliding_key() {
+    let index = SharedIndex::new(
+        1,
+        IndexConfig {
+            capacity_per_endpoint: 64,
+            shards: 64,
+        },
+    );
+    let e = EndpointId(0);
+    let group: Vec<BlockKey> = colliding(&index, 9, 4).into_iter().map(BlockKey).collect();
+    index.store(e, Medium::Gpu, &group).unwrap();
+    let churn = [BlockKey(super::mix(77))];
+    let idle = index.memory_bytes();
+    for _ in 0..5_000 {
+        index.store(e, Medium::Gpu, &churn).unwrap();
+        index.remove(e, Medium::Gpu, &churn).unwrap();
+    }
+    assert!(
+        index.memory_bytes() < idle + 3 * super::RING_SLACK * 4,
+        "compactions kept the ring short"
+    );
+    assert_eq!(index.keys(e, Medium::Gpu), {
+        let mut g = group.clone();
+        g.sort_unstable();
+        g
+    });
+    let w = index.set_capacity(e, Medium::Gpu, 0).unwrap();
+    assert_eq!(w.evicted, 4);
+    assert!(index.keys(e, Medium::Gpu).is_empty());
 }
