@@ -193,7 +193,9 @@ fn readme_quickstart_reaches_a_cache_hit() {
         procs.0.push(((*line).clone(), child, log));
     }
 
-    // The README's readiness check, polled until both event streams are up.
+    // The README's readiness check, polled until both engines pass their health
+    // probe and both event streams are up (the README's first answer names the
+    // first endpoint: with only the second one healthy yet, it would go there).
     let readyz = qs
         .lines
         .iter()
@@ -203,7 +205,10 @@ fn readme_quickstart_reaches_a_cache_hit() {
     let ready = loop {
         let v: Value = serde_json::from_str(&sh(readyz)).unwrap_or(Value::Null);
         let rule = &v["rules"][0];
-        if v["ready"] == true && rule["subscribers_connected"] == 2 {
+        if v["ready"] == true
+            && rule["endpoints_available"] == 2
+            && rule["subscribers_connected"] == 2
+        {
             break v;
         }
         assert!(

@@ -125,6 +125,10 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
         .rules_snapshot()
         .iter()
         .map(|rt| {
+            let now = gw.now();
+            let available = (0..rt.endpoints.len())
+                .filter(|&i| rt.is_available(i, now))
+                .count();
             let (mut subscribers, mut live) = (0usize, 0usize);
             let mut statuses = serde_json::Map::new();
             for (i, ep) in rt.endpoints.iter().enumerate() {
@@ -145,6 +149,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
                 "models": rt.spec.doc.models,
                 "contract": rt.spec.contract.as_ref().map(ToString::to_string),
                 "endpoints": rt.endpoints.len(),
+                "endpoints_available": available,
                 "subscribers": subscribers,
                 "subscribers_connected": live,
                 "contract_status": statuses,
