@@ -713,11 +713,13 @@ impl SharedIndex {
             for k in of_key.iter_mut().take(group.len()) {
                 *k = shards.binary_search(k).unwrap_or(usize::MAX);
             }
+            let mut lines: [Option<&u32>; LOCK_GROUP] = [None; LOCK_GROUP];
+            for ((key, g), line) in group.iter().zip(&of_key).zip(&mut lines) {
+                *line = guards.get(*g).and_then(|g| g.home_line(tier, key.0));
+            }
             let mut touched = 0u32;
-            for (key, g) in group.iter().zip(&of_key) {
-                if let Some(g) = guards.get(*g) {
-                    touched ^= g.touch(tier, key.0);
-                }
+            for line in lines.iter().take(group.len()).flatten() {
+                touched ^= **line;
             }
             // Kept: the touches exist for their loads alone.
             std::hint::black_box(touched);

@@ -317,18 +317,18 @@ impl Shard {
         (out, run)
     }
 
-    /// Reads the line a store of `key` into `tier` will touch, changing
-    /// nothing; the value read is meaningless.
+    /// The header word of the line a store of `key` into `tier` reads
+    /// first, not read yet.
     ///
-    /// A group's inserts are preceded by a touch of every key: one plain
-    /// load each, independent of one another and of any branch, so their
-    /// cache misses overlap and the inserts then find their lines cached
-    /// instead of each waiting out its own miss.
+    /// A group's inserts are preceded by a read of every key's word: one
+    /// plain load each, independent of one another and of any branch, so
+    /// their cache misses overlap and the inserts then find their lines
+    /// cached instead of each waiting out its own miss.
     #[inline]
-    pub(crate) fn touch(&self, tier: usize, key: u64) -> u32 {
+    pub(crate) fn home_line(&self, tier: usize, key: u64) -> Option<&u32> {
         self.tiers
             .get(tier)
-            .map_or(0, |t| t.entries.touch(entry_hash(key)))
+            .and_then(|t| t.entries.home_line(entry_hash(key)))
     }
 
     /// See `TierTable::attach` (GPU tier only).

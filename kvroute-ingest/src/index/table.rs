@@ -10,7 +10,7 @@
 //! spent most of its time in those misses (`examples/bench-dynamo`, `load`).
 //! Here a bucket is one 64-byte line holding five entries and its own
 //! length, so a lookup reads one line, and a group of inserts can fetch all
-//! its lines first with one plain load each (see [`BucketTable::touch`]).
+//! its lines first with one plain load each (see [`BucketTable::home_line`]).
 //!
 //! # Layout and probing
 //!
@@ -170,12 +170,14 @@ impl BucketTable {
         }
     }
 
-    /// Reads `hash`'s home line and returns a meaningless value: a group's
-    /// inserts touch all their lines first (independent plain loads, so the
-    /// misses overlap), then insert into cached lines.
+    /// The header word of `hash`'s home line, not read yet: a group of
+    /// inserts first finds all its lines (arithmetic only), then reads them
+    /// in a tight loop of plain loads whose values are discarded, so every
+    /// miss of the group is in flight at once, then inserts into cached
+    /// lines.
     #[inline]
-    pub(crate) fn touch(&self, hash: u64) -> u32 {
-        self.buckets.get(self.home(hash)).map_or(0, |b| b.header)
+    pub(crate) fn home_line(&self, hash: u64) -> Option<&u32> {
+        self.buckets.get(self.home(hash)).map(|b| &b.header)
     }
 
     /// Where `key` (whose hash is `hash`) is, if present.
