@@ -41,6 +41,8 @@ pub struct App {
     pub next_id: AtomicU64,
     /// `GET /metrics` calls (the TensorRT-LLM flavour's `iter`).
     pub scrapes: AtomicU64,
+    /// `--request-log`: one JSON line per admitted request.
+    pub request_log: Option<parking_lot::Mutex<std::fs::File>>,
 }
 
 /// All routes.
@@ -130,6 +132,41 @@ async fn cache_state(State(app): State<Arc<App>>) -> Response {
         "requests": app.next_id.load(Ordering::Relaxed),
     }))
     .into_response()
+}
+
+fn unix_secs_f64() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One `--request-log` line. Times are µs after submission, so a reader can
+/// put the engine's share of a client-measured latency beside the rest
+/// (gateway, client, scheduling) without sharing a clock beyond `unix_s`.
+fn log_request(
+    log: &parking_lot::Mutex<std::fs::File>,
+    id: &str,
+    unix_s: f64,
+    load: super::engine::LoadSnapshot,
+    prompt_tokens: u32,
+    a: &Admission<u64>,
+) {
+    use std::io::Write as _;
+    let since = |t: u64| t.saturating_sub(a.submitted_us);
+    let line = json!({
+        "id": id, "unix_s": unix_s, "prompt_tokens": prompt_tokens,
+        "cached_tokens": a.cached_tokens, "evicted_blocks": a.evicted_blocks,
+        "running_at_submit": load.running, "waiting_at_submit": load.waiting,
+        "admitted_us": since(a.admitted_us), "first_token_us": since(a.first_token_us),
+        "finish_us": since(a.finish_us),
+    });
+    // One write per line on an O_APPEND file: lines stay whole even if the
+    // process is killed mid-run. A failed write loses a log line, never a reply.
+    let mut text = line.to_string();
+    text.push('\n');
+    if let Err(e) = log.lock().write_all(text.as_bytes()) {
+        tracing::warn!(error = %e, "request log write failed");
+    }
 }
 
 fn unix_secs() -> u64 {
@@ -258,6 +295,12 @@ async fn serve(app: Arc<App>, kind: Kind, body: &[u8]) -> Response {
         kv_transferred: remote_prefill,
         cache_salt: prompt.cache_salt.as_deref(),
     };
+    // The queue this request joins, read before it is queued (log only: the
+    // read advances the model, which the submit does anyway).
+    let joined = app
+        .request_log
+        .as_ref()
+        .map(|_| (unix_secs_f64(), app.engine.load()));
     let waiting = match app.engine.submit(&spec) {
         Ok(rx) => rx,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
@@ -267,9 +310,11 @@ async fn serve(app: Arc<App>, kind: Kind, body: &[u8]) -> Response {
     };
 
     let n = app.next_id.fetch_add(1, Ordering::Relaxed);
+    // The port names the engine, so a client behind any gateway can tell which
+    // engine answered (bench_smg.py's per-request trace reads it).
     let id = match kind {
-        Kind::Completion => format!("cmpl-mock-{n}"),
-        Kind::Chat => format!("chatcmpl-mock-{n}"),
+        Kind::Completion => format!("cmpl-mock-{}-{n}", app.port),
+        Kind::Chat => format!("chatcmpl-mock-{}-{n}", app.port),
     };
     let kv_transfer_params = remote_decode.then(|| {
         json!({
@@ -283,6 +328,9 @@ async fn serve(app: Arc<App>, kind: Kind, body: &[u8]) -> Response {
             "tp_size": 1,
         })
     });
+    if let (Some(log), Some((unix_s, load))) = (&app.request_log, joined) {
+        log_request(log, &id, unix_s, load, prompt_tokens, &admission);
+    }
     let reply = Reply {
         kind,
         id,

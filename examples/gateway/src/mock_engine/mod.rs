@@ -110,6 +110,12 @@ pub struct Args {
     /// Time per output token, µs.
     #[arg(long, default_value_t = 20_000.0)]
     pub decode_us_per_token: f64,
+    /// Append one JSON line per admitted request to this file: response id,
+    /// prompt and cached tokens, blocks evicted, the engine's queue at
+    /// submission and the request's timeline. For benchmark forensics
+    /// (`scripts/bench_smg.sh TRACE=1`); off by default.
+    #[arg(long)]
+    pub request_log: Option<PathBuf>,
 }
 
 impl Args {
@@ -245,6 +251,16 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("binding HTTP port {}", args.port))?;
     let http = listener.local_addr()?;
+    let request_log = match &args.request_log {
+        Some(path) => Some(parking_lot::Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening request log {}", path.display()))?,
+        )),
+        None => None,
+    };
     let app = Arc::new(http::App {
         engine,
         hasher,
@@ -254,6 +270,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         port: http.port(),
         next_id: std::sync::atomic::AtomicU64::new(0),
         scrapes: std::sync::atomic::AtomicU64::new(0),
+        request_log,
     });
     let router = http::router(app);
     let server = tokio::spawn(async move {
