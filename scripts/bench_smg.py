@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -161,6 +162,7 @@ class Engine:
     zmq: int
     replay: int
     proc: subprocess.Popen | None = None
+    request_log: Path | None = None
 
 
 def start_engines(args, tmp: Path) -> list[Engine]:
@@ -177,6 +179,9 @@ def start_engines(args, tmp: Path) -> list[Engine]:
             "--prefill-step-us", str(args.prefill_step_us),
             "--decode-us-per-token", str(args.decode_us_per_token),
         ]
+        if args.trace:
+            e.request_log = tmp / f"engine{i}.requests.jsonl"
+            cmd += ["--request-log", str(e.request_log)]
         e.proc = spawn(cmd, tmp / f"engine{i}.log")
     for i, e in enumerate(engines):
         wait_until(
@@ -215,8 +220,9 @@ def kvroute_toml(args, engines: list[Engine], listen: int, admin: int) -> str:
         f'[[models]]\nslug = "{MODEL}"\ndir = {json.dumps(str(Path(args.model_dir).resolve()))}\n\n'
         f'[[rules]]\nname = "{MODEL}"\nmodels = ["{MODEL}"]\ndefault = true\nchoice = "kv_exact"\n'
         f'topology = "converged"\ncontract = "vllm@0.33.0:sha256_cbor:block=16:seed=0"\n'
-        # no `scorer` line: the default KV-exact policy is what is measured
-        f'selector = "round_robin"\n\n'
+        # no `scorer` line unless asked: the default KV-exact policy is what is measured
+        + (f'scorer = "{args.kvroute_scorer}"\n' if args.kvroute_scorer else "")
+        + 'selector = "round_robin"\n\n'
     )
     for e in engines:
         s += (
@@ -232,6 +238,7 @@ class Gateway:
     url: str
     proc: subprocess.Popen
     logfile: Path
+    admin: str | None = None
 
 
 def start_kvroute(args, engines, tmp: Path, tag: str) -> Gateway:
@@ -257,7 +264,7 @@ def start_kvroute(args, engines, tmp: Path, tag: str) -> Gateway:
         lambda: http("POST", f"{url}/v1/chat/completions", warm_body(), timeout=30)[0] == 200,
         p, 60, logfile,
     )
-    return Gateway("kvroute", url, p, logfile)
+    return Gateway("kvroute", url, p, logfile, f"http://{HOST}:{admin}")
 
 
 def start_smg(args, engines, tmp: Path, tag: str) -> Gateway:
@@ -314,16 +321,17 @@ class SplitMix:
         return " ".join(WORDS[self.below(len(WORDS))] for _ in range(n))
 
 
-def conversations(requests: int, tenants: int, seed: int) -> list[tuple[str, list[str]]]:
-    """(system prompt, user turns) per conversation; exactly `requests` turns in all."""
+def conversations(requests: int, tenants: int, seed: int) -> list[tuple[str, list[str], int]]:
+    """(system prompt, user turns, tenant) per conversation; exactly `requests` turns in all."""
     rng = SplitMix(seed)
     systems = [f"Tenant {t} assistant rules: {rng.words(250)}" for t in range(tenants)]
     out, total, c = [], 0, 0
     while total < requests:
         turns = min(3 + rng.below(8), requests - total)  # 3..10 turns
-        system = systems[rng.below(tenants)]
+        tenant = rng.below(tenants)
+        system = systems[tenant]
         users = [f"Conversation {c} turn {k}: {rng.words(20 + rng.below(21))}?" for k in range(turns)]
-        out.append((system, users))
+        out.append((system, users, tenant))
         total += turns
         c += 1
     return out
@@ -335,6 +343,13 @@ class Sample:
     ttft: float | None
     prompt_tokens: int
     cached_tokens: int
+    # Per-request trace (--trace): who asked, when, and which engine answered.
+    conv: int = -1
+    turn: int = -1
+    tenant: int = -1
+    start: float = 0.0  # perf_counter at send
+    unix_start: float = 0.0
+    response_id: str = ""
 
 
 @dataclass
@@ -342,6 +357,7 @@ class Tally:
     samples: list[Sample] = field(default_factory=list)
     errors: int = 0
     first_error: str | None = None
+    t0: float = 0.0
 
     def fail(self, msg: str) -> None:
         self.errors += 1
@@ -349,13 +365,16 @@ class Tally:
             self.first_error = msg
 
 
-async def one_turn(session: aiohttp.ClientSession, url: str, messages: list, stream: bool, max_tokens: int, tally: Tally):
+async def one_turn(session: aiohttp.ClientSession, url: str, messages: list, stream: bool, max_tokens: int,
+                   tally: Tally, who: tuple[int, int, int]):
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens}
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     data = json.dumps(body).encode()
+    unix0 = time.time()
     t0 = time.perf_counter()
+    response_id = ""
     async with session.post(url, data=data, headers={"content-type": "application/json"}) as resp:
         if resp.status != 200:
             text = await resp.text()
@@ -365,6 +384,7 @@ async def one_turn(session: aiohttp.ClientSession, url: str, messages: list, str
             raw = await resp.read()
             latency = time.perf_counter() - t0
             v = json.loads(raw)
+            response_id = str(v.get("id") or "")
             content = v["choices"][0]["message"]["content"]
             usage = v.get("usage") or {}
             ttft = None
@@ -384,6 +404,8 @@ async def one_turn(session: aiohttp.ClientSession, url: str, messages: list, str
                     if payload == b"[DONE]":
                         continue
                     v = json.loads(payload)
+                    if not response_id:
+                        response_id = str(v.get("id") or "")
                     if v.get("usage"):
                         usage = v["usage"]
                     for ch in v.get("choices") or ():
@@ -399,7 +421,9 @@ async def one_turn(session: aiohttp.ClientSession, url: str, messages: list, str
         tally.fail(f"no usage.prompt_tokens (stream={stream})")
         return None
     cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
-    tally.samples.append(Sample(latency, ttft if ttft is not None else latency, prompt, cached))
+    conv, turn, tenant = who
+    tally.samples.append(Sample(latency, ttft if ttft is not None else latency, prompt, cached,
+                                conv, turn, tenant, t0, unix0, response_id))
     return content
 
 
@@ -413,12 +437,13 @@ async def drive(url: str, convs, concurrency: int, stream: bool, max_tokens: int
 
         async def worker() -> None:
             for ci in nxt:  # shared iterator: each conversation is taken once
-                system, users = convs[ci]
+                system, users, tenant = convs[ci]
                 messages = [{"role": "system", "content": system}]
-                for u in users:
+                for k, u in enumerate(users):
                     messages.append({"role": "user", "content": u})
                     try:
-                        reply = await one_turn(session, endpoint, messages, stream, max_tokens, tally)
+                        reply = await one_turn(session, endpoint, messages, stream, max_tokens, tally,
+                                               (ci, k, tenant))
                     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
                         tally.fail(f"{type(e).__name__}: {e}")
                         reply = None
@@ -427,6 +452,7 @@ async def drive(url: str, convs, concurrency: int, stream: bool, max_tokens: int
                     messages.append({"role": "assistant", "content": reply})
 
         cpu0, t0 = time.process_time(), time.perf_counter()
+        tally.t0 = t0
         await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(concurrency))), timeout)
         wall = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
@@ -463,6 +489,123 @@ def summarize(tally: Tally, wall: float, client_cpu: float, stream: bool) -> dic
         r["ttft_p50_ms"] = round(pct(ttft, 50), 3)
         r["ttft_p99_ms"] = round(pct(ttft, 99), 3)
     return r
+
+
+# ---------------------------------------------------------------- trace (--trace)
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def group_cpu_seconds(pgids: set[int]) -> dict[int, float]:
+    """utime + stime of every live process, summed per process group in `pgids`."""
+    out = {g: 0.0 for g in pgids}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces; the fields after its ')' are fixed.
+        rest = stat.rsplit(")", 1)[-1].split()
+        try:
+            pgid, utime, stime = int(rest[2]), int(rest[11]), int(rest[12])
+        except (IndexError, ValueError):
+            continue
+        if pgid in out:
+            out[pgid] += (utime + stime) / CLK_TCK
+    return out
+
+
+def proc_stat() -> tuple[int, int, int]:
+    """(busy ticks, total ticks, runnable tasks) from /proc/stat."""
+    busy = total = running = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu "):
+                v = [int(x) for x in line.split()[1:]]
+                idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+                total = sum(v[:8])
+                busy = total - idle
+            elif line.startswith("procs_running"):
+                running = int(line.split()[1])
+    return busy, total, running
+
+
+class Sampler:
+    """Machine-wide CPU busy fraction and runnable tasks every `period` s, on a
+    thread so the event loop's stalls do not hide in its own timeline."""
+
+    def __init__(self, period: float = 0.05) -> None:
+        import threading
+
+        self.period = period
+        self.rows: list[tuple[float, float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        b0, t0, _ = proc_stat()
+        while not self._stop.wait(self.period):
+            b1, t1, running = proc_stat()
+            frac = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+            self.rows.append((time.perf_counter(), round(frac, 3), running))
+            b0, t0 = b1, t1
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def engine_log_offsets(engines: list[Engine]) -> list[int]:
+    return [e.request_log.stat().st_size if e.request_log and e.request_log.exists() else 0 for e in engines]
+
+
+def engine_log_lines(engines: list[Engine], offsets: list[int]) -> list[dict]:
+    rows = []
+    for i, (e, off) in enumerate(zip(engines, offsets)):
+        if not e.request_log or not e.request_log.exists():
+            continue
+        with open(e.request_log, "rb") as f:
+            f.seek(off)
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                r["engine"] = i
+                rows.append(r)
+    return rows
+
+
+def write_trace(path: Path, gw: Gateway, engines: list[Engine], tally: Tally, wall: float, extra: dict) -> None:
+    port_to_engine = {e.http: i for i, e in enumerate(engines)}
+
+    def engine_of(response_id: str) -> int:
+        # The mock's ids are chatcmpl-mock-<port>-<n>.
+        parts = response_id.split("-")
+        try:
+            return port_to_engine.get(int(parts[-2]), -1)
+        except (IndexError, ValueError):
+            return -1
+
+    reqs = [
+        {
+            "conv": x.conv, "turn": x.turn, "tenant": x.tenant, "engine": engine_of(x.response_id),
+            "id": x.response_id, "t": round(x.start - tally.t0, 6), "unix_s": x.unix_start,
+            "latency_ms": round(x.latency * 1e3, 3), "ttft_ms": round(x.ttft * 1e3, 3),
+            "prompt_tokens": x.prompt_tokens, "cached_tokens": x.cached_tokens,
+        }
+        for x in tally.samples
+    ]
+    doc = {"gateway": gw.name, "wall_s": wall, "requests": reqs} | extra
+    path.write_text(json.dumps(doc) + "\n")
 
 
 # ---------------------------------------------------------------- main
@@ -519,7 +662,18 @@ def main() -> int:
     ap.add_argument("--decode-us-per-token", type=int, default=500)
     ap.add_argument("--run-timeout", type=float, default=600.0, help="seconds one measurement may take")
     ap.add_argument("--json", help="write all figures here")
+    ap.add_argument(
+        "--kvroute-scorer",
+        help="KV-exact scorer for kvroute (cost, longest_prefix, overlap_count, load_aware); "
+        "default: none named, i.e. the default policy",
+    )
     ap.add_argument("--logs", help="directory for process logs (default: a temp dir)")
+    ap.add_argument(
+        "--trace", action="store_true",
+        help="per-request trace per measurement (client view, engine request logs, CPU samples, "
+        "kvroute's admin counters) as trace-<gateway>-<run>-c<conc>-<n|s>.json in the log dir; "
+        "read it with scripts/bench_smg_trace.py",
+    )
     args = ap.parse_args()
     if uvloop is not None:
         uvloop.install()
@@ -551,10 +705,31 @@ def main() -> int:
                         reset_engines(engines)
                         gw = start(args, engines, tmp, tag)
                         before = engine_requests(engines)
+                        offsets = engine_log_offsets(engines) if args.trace else []
+                        groups = {gw.proc.pid} | {e.proc.pid for e in engines if e.proc}
+                        cpu_before = group_cpu_seconds(groups) if args.trace else {}
+                        extra: dict = {}
                         try:
-                            tally, wall, cpu = asyncio.run(
-                                drive(gw.url, convs, conc, stream, args.max_tokens, args.run_timeout)
-                            )
+                            with Sampler() if args.trace else contextlib.nullcontext() as sampler:
+                                tally, wall, cpu = asyncio.run(
+                                    drive(gw.url, convs, conc, stream, args.max_tokens, args.run_timeout)
+                                )
+                            if sampler is not None:
+                                cpu_after = group_cpu_seconds(groups)
+                                used = {g: round(cpu_after[g] - cpu_before.get(g, 0.0), 3) for g in groups}
+                                extra["cpu_seconds"] = {
+                                    "gateway": used.get(gw.proc.pid, 0.0),
+                                    "engines": [used.get(e.proc.pid, 0.0) for e in engines if e.proc],
+                                    "client": round(cpu * wall, 3),
+                                }
+                                extra["cpu_samples"] = [
+                                    (round(t - tally.t0, 4), frac, run_q) for t, frac, run_q in sampler.rows
+                                ]
+                                if gw.admin:
+                                    for what in ("endpoints", "counters"):
+                                        status, body = http("GET", f"{gw.admin}/admin/{what}")
+                                        if status == 200:
+                                            extra[f"admin_{what}"] = json.loads(body)
                         finally:
                             stop(gw.proc)
                         r = summarize(tally, wall, cpu, stream)
@@ -564,6 +739,10 @@ def main() -> int:
                         # Other work on the machine shows here (the 1-minute load average).
                         r["loadavg_1m"] = round(os.getloadavg()[0], 2)
                         cells[(conc, stream)][name].append(r)
+                        if args.trace:
+                            extra["engine_requests"] = engine_log_lines(engines, offsets)
+                            extra["cell"] = {"run": run, "concurrency": conc, "stream": stream}
+                            write_trace(tmp / f"trace-{name}-{tag}.json", gw, engines, tally, wall, extra)
                         log(
                             f"run {run} c={conc} {'stream' if stream else 'plain'} {name}: "
                             f"{r['requests_per_second']} req/s p50 {r['p50_ms']} p99 {r['p99_ms']} "
@@ -586,7 +765,8 @@ def main() -> int:
             }
             | {"engines": ENGINES, "conversations": len(convs), "client": "python asyncio+aiohttp"
                + ("+uvloop" if uvloop else ""), "smg_policy": "cache_aware",
-               "kvroute_policy": "kv_exact default scorer"},
+               "kvroute_policy": f"kv_exact scorer {args.kvroute_scorer}" if args.kvroute_scorer
+               else "kv_exact default scorer"},
             "cells": [
                 {
                     "concurrency": c,

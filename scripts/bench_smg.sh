@@ -16,6 +16,11 @@
 #   SKIP_BUILD [0]   1: do not run cargo build, use target/release/kvroute as it is
 #   KVROUTE [target/release/kvroute]  the binary to run (implies SKIP_BUILD=1 when set):
 #                    a copy keeps one build for the whole run while others rebuild the tree
+#   TRACE [0]        1: per-request traces (client, engines' request logs, CPU samples,
+#                    kvroute's admin counters) in the log dir; scripts/bench_smg_trace.py reads them
+#   LOGS             log directory (default: a new temp dir, printed at start)
+#   KVROUTE_SCORER   a KV-exact scorer for kvroute's rule (default: none named = the default
+#                    policy); e.g. longest_prefix to see what pure affinity does
 #
 # Prints one markdown table per (concurrency, streaming). Exit 1 if any request failed.
 set -euo pipefail
@@ -27,7 +32,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --json) JSON_OUT=$2; shift 2 ;;
         --json=*) JSON_OUT=${1#--json=}; shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -91,6 +96,9 @@ ARGS=(
     --decode-us-per-token "${DECODE_US_PER_TOKEN:-500}" --max-tokens "${MAX_TOKENS:-8}"
 )
 [ -n "$JSON_OUT" ] && ARGS+=(--json "$JSON_OUT")
+[ "${TRACE:-0}" = 1 ] && ARGS+=(--trace)
+[ -n "${LOGS:-}" ] && ARGS+=(--logs "$LOGS")
+[ -n "${KVROUTE_SCORER:-}" ] && ARGS+=(--kvroute-scorer "$KVROUTE_SCORER")
 
 # setsid: the helper leads its own process group, which cleanup() kills whole.
 setsid timeout "${BENCH_TIMEOUT:-5400}" "$VENV/bin/python" "$ROOT/scripts/bench_smg.py" "${ARGS[@]}" &
