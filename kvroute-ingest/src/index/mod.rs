@@ -726,6 +726,7 @@ impl SharedIndex {
             for (key, g) in group.iter().zip(&of_key) {
                 let remaining = n.saturating_sub(done);
                 done += 1;
+                let shard_no = shards.get(*g).copied().unwrap_or(0);
                 let Some(g) = guards.get_mut(*g) else {
                     continue;
                 };
@@ -755,7 +756,7 @@ impl SharedIndex {
                         }
                         if bounded {
                             if let Some(ring) = slot.rings.get_mut(tier) {
-                                ring.push_back(self.fingerprint(key.0));
+                                ring.push_back(self.fingerprint_in(shard_no, key.0));
                             }
                         }
                     }
@@ -1046,13 +1047,19 @@ impl SharedIndex {
     /// matching key.
     #[inline]
     fn fingerprint(&self, key: u64) -> u32 {
+        self.fingerprint_in(self.shard_index(key), key)
+    }
+
+    /// [`Self::fingerprint`] of a key whose shard is known.
+    #[inline]
+    fn fingerprint_in(&self, shard: usize, key: u64) -> u32 {
         let s = self.shard_bits();
         let tag_bits = 32 - s;
         let tag = (shard::entry_hash(key) >> (64 - tag_bits)) as u32;
         if s == 0 {
             tag
         } else {
-            ((self.shard_index(key) as u32) << tag_bits) | tag
+            ((shard as u32) << tag_bits) | tag
         }
     }
 
