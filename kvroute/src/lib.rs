@@ -73,7 +73,8 @@
 //!   (used by every [`KvRouter::pick`]; usable by a host that tokenizes
 //!   itself).
 //! * [`receipt`]: the usage scanner (JSON and SSE), [`receipt::ReceiptBody`]
-//!   and [`receipt::include_usage`].
+//!   (an `http_body::Body`) and [`receipt::ReceiptTracker`] (the same for
+//!   hosts handed the body in chunks), and [`receipt::include_usage`].
 //! * `tower` feature: [`tower::KvRouteLayer`] — buffer the body, decide,
 //!   forward, retry through `tower::retry::Policy`, receipt body.
 //! * [`prompt`]: the per-request prompt step ([`prompt::prepare`],
@@ -104,9 +105,8 @@
 //! | `fail_to_connect` | `if ctx.pick.retry().is_some() { e.set_retry(true) }`: pingora calls `upstream_peer` again and gets the next-best endpoint |
 //! | `connected_to_upstream` | [`Pick::connected`] |
 //! | `upstream_request_filter` / `request_body_filter` | `Content-Length` of [`Pick::upstream_body`], then that body (pingora resends its retry buffer there on each attempt; the example keeps it filled) |
-//! | `response_filter` | [`receipt::BodyKind::of`] the response headers |
-//! | `response_body_filter` | [`receipt::UsageScanner::feed`] each chunk; [`kvroute_select::LoadGuard::first_byte`] on the first |
-//! | `logging` | without an error and past the body's end: [`receipt::UsageScanner::finish`] → [`Pick::record_receipt`]; in any case drop the `Pick` (releases the load charge, also on errors and disconnects) |
+//! | `response_filter` | `ctx.receipt = ctx.pick.take().map(\|p\| p.into_receipt(&resp.headers))` ([`Pick::into_receipt`]) |
+//! | `response_body_filter` | [`receipt::ReceiptTracker::on_chunk`] each chunk, [`receipt::ReceiptTracker::on_end`] at `end_of_stream`: the receipt is recorded and the load charge released; dropped with the context before that (an error, a disconnect), it records nothing and releases the charge |
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]

@@ -5,14 +5,17 @@
 //!
 //! * [`UsageScanner`]: a sans-IO scanner fed the body's chunks, for a JSON
 //!   answer or an SSE stream (the last `data:` event carrying `usage` wins).
-//! * [`ReceiptBody`]: an [`http_body::Body`] wrapper that feeds the scanner,
-//!   marks the first byte on the [`LoadGuard`] (prefill is over), and on the
-//!   body's end — or its drop, when the client goes away — calls the host's
-//!   completion once and releases the guard.
+//! * [`ReceiptTracker`]: one response's receipt for a host handed the body
+//!   in chunks (pingora's `response_body_filter`, other callbacks): it feeds
+//!   the scanner, marks the first byte on the [`LoadGuard`] (prefill is
+//!   over), and on [`ReceiptTracker::on_end`] — or its drop, when the client
+//!   goes away — calls the host's completion once and releases the guard.
+//! * [`ReceiptBody`]: the same tracker inside an [`http_body::Body`] wrapper,
+//!   driven by the body's frames.
 //! * [`include_usage`]: streamed requests carry usage only when they ask for it
 //!   (`stream_options.include_usage`); without it every streamed receipt is
-//!   silently `None`. The helper adds the option to a streamed request body
-//!   that does not mention it. Its effect on the client: one more SSE event
+//!   silently `None`. The helper splices the option into a streamed request
+//!   body that does not mention it, leaving the client's bytes as they were. Its effect on the client: one more SSE event
 //!   before `[DONE]`, with `"choices": []` and the `usage` object, as OpenAI
 //!   documents for the option. [`crate::KvRouterBuilder::include_usage`] turns
 //!   it off (a client that set the option itself is never overridden).
@@ -26,11 +29,13 @@
 //! ```
 
 use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use kvroute_select::LoadGuard;
+use serde_json::value::RawValue;
 
 /// Largest JSON answer (or single SSE line) held for the receipt; past it the
 /// receipt is `None` and the body still streams through untouched. A chat
@@ -209,11 +214,143 @@ pub struct Receipt {
     pub complete: bool,
 }
 
-/// Called once when a [`ReceiptBody`] ends or is dropped.
+/// Called once when a [`ReceiptTracker`] (or the [`ReceiptBody`] around it)
+/// ends or is dropped.
 pub type OnReceipt = Box<dyn FnOnce(Receipt) + Send>;
 
+/// One response's receipt, for hosts that see the body as chunks handed to a
+/// callback (pingora's `response_body_filter(body, end_of_stream)`, hyper or
+/// other push-style hooks) rather than as an [`http_body::Body`]: feed it
+/// each chunk with [`ReceiptTracker::on_chunk`], call
+/// [`ReceiptTracker::on_end`] at the body's end; dropping it first (an
+/// error, a client that went away) records nothing. Either way the
+/// completion runs once and then the load charge is released.
+/// [`ReceiptBody`] is this tracker driven by a body's frames.
+///
+/// ```
+/// use kvroute::receipt::{BodyKind, Receipt, ReceiptTracker};
+/// let (tx, rx) = std::sync::mpsc::channel();
+/// let mut r = ReceiptTracker::new(BodyKind::Sse, None, Box::new(move |r| tx.send(r).unwrap()));
+/// r.on_chunk(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens_details\":");
+/// r.on_chunk(b"{\"cached_tokens\":32}}}\n\ndata: [DONE]\n\n");
+/// r.on_end();
+/// assert_eq!(rx.recv().unwrap(), Receipt { cached_tokens: Some(32), complete: true });
+///
+/// // Dropped before its end: no receipt, the charge is released all the same.
+/// let (tx, rx) = std::sync::mpsc::channel();
+/// let mut r = ReceiptTracker::new(BodyKind::Json, None, Box::new(move |r| tx.send(r).unwrap()));
+/// r.on_chunk(br#"{"usage":{"prompt_tokens_details":{"cached_tokens":32}}}"#);
+/// drop(r);
+/// assert_eq!(rx.recv().unwrap(), Receipt { cached_tokens: None, complete: false });
+/// ```
+pub struct ReceiptTracker {
+    scanner: UsageScanner,
+    guard: Option<LoadGuard>,
+    // Hosts keep the tracker in per-request state that must be `Sync`
+    // (pingora's `CTX`), while the completion need only be `Send`: a mutex
+    // makes it `Sync`, and `get_mut` (every use takes `&mut self`) never locks.
+    on_end: Mutex<Option<OnReceipt>>,
+}
+
+impl std::fmt::Debug for ReceiptTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReceiptTracker")
+            .field("scanner", &self.scanner)
+            .field("guard", &self.guard)
+            .field("ended", &self.is_ended())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReceiptTracker {
+    /// A tracker for a body of `kind`; `guard` (if any) is released when it
+    /// ends or is dropped, after `on_end` ran.
+    #[must_use]
+    pub fn new(kind: BodyKind, guard: Option<LoadGuard>, on_end: OnReceipt) -> Self {
+        Self {
+            scanner: UsageScanner::new(kind),
+            guard,
+            on_end: Mutex::new(Some(on_end)),
+        }
+    }
+
+    /// The next chunk of the body. The first non-empty one marks the first
+    /// byte on the guard (the engine's prefill is over). Ignored once ended.
+    pub fn on_chunk(&mut self, chunk: &[u8]) {
+        let ended = self
+            .on_end
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none();
+        if chunk.is_empty() || ended {
+            return;
+        }
+        if let Some(g) = self.guard.as_mut() {
+            g.first_byte();
+        }
+        self.scanner.feed(chunk);
+    }
+
+    /// The body reached its end: the completion gets the receipt (if the
+    /// engine sent one) and the charge is released. Later calls do nothing.
+    pub fn on_end(&mut self) {
+        self.finish(true);
+    }
+
+    /// The body failed before its end (an upstream error): no receipt, the
+    /// charge is released. Dropping the tracker does the same.
+    pub fn on_error(&mut self) {
+        self.finish(false);
+    }
+
+    /// Whether [`ReceiptTracker::on_end`] or [`ReceiptTracker::on_error`] ran.
+    #[must_use]
+    pub fn is_ended(&self) -> bool {
+        self.on_end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
+
+    /// This tracker driven by `inner`'s frames.
+    #[must_use]
+    pub fn body<B>(self, inner: B) -> ReceiptBody<B> {
+        ReceiptBody {
+            inner,
+            tracker: self,
+        }
+    }
+
+    fn finish(&mut self, complete: bool) {
+        let on_end = self
+            .on_end
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = on_end.take() {
+            let cached_tokens = if complete {
+                self.scanner.finish()
+            } else {
+                None
+            };
+            f(Receipt {
+                cached_tokens,
+                complete,
+            });
+        }
+        self.guard = None;
+    }
+}
+
+impl Drop for ReceiptTracker {
+    fn drop(&mut self) {
+        // The client went away (or the host dropped the response) before the end.
+        self.finish(false);
+    }
+}
+
 /// A response body that records the delivery receipt and releases the
-/// request's load charge when it ends, errors or is dropped.
+/// request's load charge when it ends, errors or is dropped: a
+/// [`ReceiptTracker`] fed by the body's frames.
 ///
 /// ```
 /// use bytes::Bytes;
@@ -231,17 +368,13 @@ pub type OnReceipt = Box<dyn FnOnce(Receipt) + Send>;
 /// ```
 pub struct ReceiptBody<B> {
     inner: B,
-    scanner: UsageScanner,
-    guard: Option<LoadGuard>,
-    on_end: Option<OnReceipt>,
+    tracker: ReceiptTracker,
 }
 
 impl<B> std::fmt::Debug for ReceiptBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReceiptBody")
-            .field("scanner", &self.scanner)
-            .field("guard", &self.guard)
-            .field("ended", &self.on_end.is_none())
+            .field("tracker", &self.tracker)
             .finish_non_exhaustive()
     }
 }
@@ -251,34 +384,7 @@ impl<B> ReceiptBody<B> {
     /// dropped, after `on_end` ran.
     #[must_use]
     pub fn new(inner: B, kind: BodyKind, guard: Option<LoadGuard>, on_end: OnReceipt) -> Self {
-        Self {
-            inner,
-            scanner: UsageScanner::new(kind),
-            guard,
-            on_end: Some(on_end),
-        }
-    }
-
-    fn finish(&mut self, complete: bool) {
-        if let Some(f) = self.on_end.take() {
-            let cached_tokens = if complete {
-                self.scanner.finish()
-            } else {
-                None
-            };
-            f(Receipt {
-                cached_tokens,
-                complete,
-            });
-        }
-        self.guard = None;
-    }
-}
-
-impl<B> Drop for ReceiptBody<B> {
-    fn drop(&mut self) {
-        // The client went away (or the host dropped the response) before the end.
-        self.finish(false);
+        ReceiptTracker::new(kind, guard, on_end).body(inner)
     }
 }
 
@@ -297,25 +403,20 @@ where
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    if !data.is_empty() {
-                        if let Some(g) = this.guard.as_mut() {
-                            g.first_byte();
-                        }
-                        this.scanner.feed(data);
-                    }
+                    this.tracker.on_chunk(data);
                 }
                 // A sized body may never be polled past its last frame.
                 if this.inner.is_end_stream() {
-                    this.finish(true);
+                    this.tracker.on_end();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.finish(false);
+                this.tracker.on_error();
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => {
-                this.finish(true);
+                this.tracker.on_end();
                 Poll::Ready(None)
             }
             Poll::Pending => Poll::Pending,
@@ -334,39 +435,219 @@ where
 /// A streamed request body with `stream_options.include_usage = true` added,
 /// or `None` when nothing needs changing (not JSON, not `"stream": true`, or
 /// `stream_options` already says something about `include_usage`, or is not
-/// an object). Key order and every other field are kept.
+/// an object). Every byte of the client's body is kept: the option is
+/// spliced in (into the client's `stream_options` object, in place of a
+/// `null` one, or before the body's closing brace), so key order, spacing and
+/// number spelling stay as sent. A key repeated at the top level counts by
+/// its last occurrence, as a JSON parser reads it.
 ///
 /// ```
 /// use kvroute::receipt::include_usage;
 /// let body = br#"{"model":"m","stream":true,"messages":[]}"#;
 /// let out = include_usage(body).unwrap();
 /// assert_eq!(out, br#"{"model":"m","stream":true,"messages":[],"stream_options":{"include_usage":true}}"#.to_vec());
+/// let out = include_usage(br#"{"stream": true, "stream_options": {"continuous_usage_stats": true}}"#).unwrap();
+/// assert_eq!(out, br#"{"stream": true, "stream_options": {"continuous_usage_stats": true,"include_usage":true}}"#.to_vec());
 /// // The client's own choice stands; non-streamed requests are left alone.
 /// assert_eq!(include_usage(br#"{"stream":true,"stream_options":{"include_usage":false}}"#), None);
 /// assert_eq!(include_usage(br#"{"stream":false}"#), None);
 /// ```
 #[must_use]
 pub fn include_usage(body: &[u8]) -> Option<Vec<u8>> {
-    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let obj = v.as_object_mut()?;
-    if obj.get("stream").and_then(serde_json::Value::as_bool) != Some(true) {
+    // Accept exactly what a `serde_json::Value` parse accepts, without
+    // building one: the splice must not turn a body the engine would reject
+    // into one it takes, nor the reverse.
+    serde_json::from_slice::<splice::Valid>(body).ok()?;
+    let top: splice::Top<'_> = serde_json::from_slice(body).ok()?;
+    if top.stream.map(RawValue::get) != Some("true") {
         return None;
     }
-    match obj.get_mut("stream_options") {
-        None | Some(serde_json::Value::Null) => {
-            let mut opts = serde_json::Map::new();
-            opts.insert("include_usage".into(), serde_json::Value::Bool(true));
-            obj.insert("stream_options".into(), serde_json::Value::Object(opts));
+    const OPTION: &[u8] = br#""include_usage":true"#;
+    let (at, replace, insert): (usize, usize, &[&[u8]]) = match top.options {
+        None => {
+            // `Top` parsed an object, so the last non-space byte is its `}`;
+            // it holds at least `stream`, so the new member needs a comma.
+            let close = body.iter().rposition(|&b| b == b'}')?;
+            (close, 0, &[br#","stream_options":{"#, OPTION, b"}"])
         }
-        Some(serde_json::Value::Object(opts)) => {
-            if opts.contains_key("include_usage") {
+        Some(raw) if raw.get() == "null" => (splice::offset(body, raw)?, 4, &[b"{", OPTION, b"}"]),
+        Some(raw) => {
+            let opts: splice::Options = serde_json::from_str(raw.get()).ok()?;
+            if opts.include_usage {
                 return None;
             }
-            opts.insert("include_usage".into(), serde_json::Value::Bool(true));
+            let close = splice::offset(body, raw)? + raw.get().len() - 1;
+            let sep: &[u8] = if opts.members > 0 { b"," } else { b"" };
+            (close, 0, &[sep, OPTION])
         }
-        Some(_) => return None,
+    };
+    let (head, tail) = (body.get(..at)?, body.get(at + replace..)?);
+    let added: usize = insert.iter().map(|s| s.len()).sum();
+    let mut out = Vec::with_capacity(body.len() + added);
+    out.extend_from_slice(head);
+    for s in insert {
+        out.extend_from_slice(s);
     }
-    serde_json::to_vec(&v).ok()
+    out.extend_from_slice(tail);
+    Some(out)
+}
+
+/// The pieces [`include_usage`] reads with serde_json: a validator that keeps
+/// nothing, the top-level members it needs as raw slices of the body, and the
+/// keys of `stream_options`.
+mod splice {
+    use std::fmt;
+
+    use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde_json::value::RawValue;
+
+    /// Any JSON value, checked as strictly as a `serde_json::Value` parse
+    /// (strings decoded, so lone surrogates fail; numbers converted, so an
+    /// overflowing float fails; the same nesting limit) and dropped.
+    pub(super) struct Valid;
+
+    impl<'de> Deserialize<'de> for Valid {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(Valid)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Valid {
+        type Value = Valid;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Valid, E> {
+            Ok(Valid)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Valid, E> {
+            Ok(Valid)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Valid, E> {
+            Ok(Valid)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Valid, E> {
+            Ok(Valid)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Valid, E> {
+            Ok(Valid)
+        }
+        fn visit_unit<E>(self) -> Result<Valid, E> {
+            Ok(Valid)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Valid, A::Error> {
+            // Ends: every element consumes input.
+            while seq.next_element::<Valid>()?.is_some() {}
+            Ok(Valid)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Valid, A::Error> {
+            while map.next_entry::<Valid, Valid>()?.is_some() {}
+            Ok(Valid)
+        }
+    }
+
+    /// A member name, compared without keeping it.
+    enum Key {
+        Stream,
+        StreamOptions,
+        IncludeUsage,
+        Other,
+    }
+
+    impl<'de> Deserialize<'de> for Key {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl Visitor<'_> for V {
+                type Value = Key;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a member name")
+                }
+                // Escaped names arrive decoded: `"str\u0065am"` is `stream`.
+                fn visit_str<E>(self, s: &str) -> Result<Key, E> {
+                    Ok(match s {
+                        "stream" => Key::Stream,
+                        "stream_options" => Key::StreamOptions,
+                        "include_usage" => Key::IncludeUsage,
+                        _ => Key::Other,
+                    })
+                }
+            }
+            d.deserialize_str(V)
+        }
+    }
+
+    /// The top-level object's `stream` and `stream_options` (last occurrence
+    /// of each), as slices of the body.
+    pub(super) struct Top<'a> {
+        pub(super) stream: Option<&'a RawValue>,
+        pub(super) options: Option<&'a RawValue>,
+    }
+
+    impl<'de> Deserialize<'de> for Top<'de> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Top<'de>;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top<'de>, A::Error> {
+                    let mut top = Top {
+                        stream: None,
+                        options: None,
+                    };
+                    while let Some(k) = map.next_key::<Key>()? {
+                        let v: &'de RawValue = map.next_value()?;
+                        match k {
+                            Key::Stream => top.stream = Some(v),
+                            Key::StreamOptions => top.options = Some(v),
+                            Key::IncludeUsage | Key::Other => {}
+                        }
+                    }
+                    Ok(top)
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+
+    /// What [`super::include_usage`] needs of a `stream_options` object.
+    pub(super) struct Options {
+        pub(super) members: usize,
+        pub(super) include_usage: bool,
+    }
+
+    impl<'de> Deserialize<'de> for Options {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Options;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Options, A::Error> {
+                    let mut o = Options {
+                        members: 0,
+                        include_usage: false,
+                    };
+                    while let Some(k) = map.next_key::<Key>()? {
+                        map.next_value::<IgnoredAny>()?;
+                        o.members += 1;
+                        o.include_usage |= matches!(k, Key::IncludeUsage);
+                    }
+                    Ok(o)
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+
+    /// Where `raw`, a slice of `body` handed out by serde_json, starts in it.
+    pub(super) fn offset(body: &[u8], raw: &RawValue) -> Option<usize> {
+        let at = (raw.get().as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+        (at + raw.get().len() <= body.len()).then_some(at)
+    }
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use crate::prompt::{
     dialect_of, prepare_admitted, KeepText, PreparedPrompt, PromptHost, PromptOptions,
     TokenIdCounters, TokenIdSnapshot,
 };
-use crate::receipt::{BodyKind, OnReceipt, Receipt, ReceiptBody};
+use crate::receipt::{BodyKind, OnReceipt, Receipt, ReceiptBody, ReceiptTracker};
 
 /// Why a router could not be built or changed.
 #[derive(Debug, thiserror::Error)]
@@ -1186,16 +1186,34 @@ impl Pick {
     /// when it ends, errors or is dropped (a client disconnect). `headers`
     /// are the response's (SSE or JSON).
     pub fn into_body<B>(self, headers: &http::HeaderMap, body: B) -> ReceiptBody<B> {
-        self.into_body_with(headers, body, |_| {})
+        self.into_receipt(headers).body(body)
     }
 
     /// [`Pick::into_body`] that also hands the [`Receipt`] to `on_end`.
     pub fn into_body_with<B>(
-        mut self,
+        self,
         headers: &http::HeaderMap,
         body: B,
         on_end: impl FnOnce(Receipt) + Send + 'static,
     ) -> ReceiptBody<B> {
+        self.into_receipt_with(headers, on_end).body(body)
+    }
+
+    /// [`Pick::into_body`] for a host that is handed the response body in
+    /// chunks (pingora's `response_body_filter`): feed the tracker each
+    /// chunk and call [`ReceiptTracker::on_end`] at the end; the receipt is
+    /// recorded against this decision then, and the load charge released
+    /// then or when the tracker is dropped.
+    pub fn into_receipt(self, headers: &http::HeaderMap) -> ReceiptTracker {
+        self.into_receipt_with(headers, |_| {})
+    }
+
+    /// [`Pick::into_receipt`] that also hands the [`Receipt`] to `on_end`.
+    pub fn into_receipt_with(
+        mut self,
+        headers: &http::HeaderMap,
+        on_end: impl FnOnce(Receipt) + Send + 'static,
+    ) -> ReceiptTracker {
         let guard = self.guard.take();
         let gen = Arc::clone(&self.gen);
         let decision = std::mem::take(&mut self.decision);
@@ -1205,6 +1223,6 @@ impl Pick {
             }
             on_end(r);
         });
-        ReceiptBody::new(body, BodyKind::of(headers), guard, done)
+        ReceiptTracker::new(BodyKind::of(headers), guard, done)
     }
 }

@@ -9,12 +9,13 @@
 //! | `fail_to_connect` | `Pick::retry`; the error is marked retryable while an endpoint is left |
 //! | `connected_to_upstream` | `Pick::connected` |
 //! | `upstream_request_filter` / `request_body_filter` | `Pick::upstream_body` (the target's body) |
-//! | `response_filter` / `response_body_filter` | `UsageScanner::feed`, `LoadGuard::first_byte` |
-//! | `logging` | `UsageScanner::finish` → `Pick::record_receipt`; the `Pick` is dropped |
+//! | `response_filter` | `Pick::into_receipt`: the `Pick` becomes the response's `ReceiptTracker` |
+//! | `response_body_filter` | `ReceiptTracker::on_chunk` each chunk, `ReceiptTracker::on_end` at `end_of_stream` (the receipt is recorded, the load charge released) |
 //!
-//! The load charge lives in the `Pick` inside the request context, so it ends
-//! when pingora drops the context: after `logging`, whether the request
-//! succeeded, failed or the client went away.
+//! The load charge lives in the request context (in the `Pick`, then in its
+//! `ReceiptTracker`), so it also ends when pingora drops the context after
+//! `logging`: a failed request or a client that went away records no
+//! receipt.
 //!
 //! Pingora 0.9 has no hook that reads the request body before
 //! `upstream_peer` (cloudflare/pingora#780), and a body read in
@@ -33,7 +34,7 @@
 #![deny(missing_docs)]
 
 use bytes::{Bytes, BytesMut};
-use kvroute::receipt::{BodyKind, UsageScanner};
+use kvroute::receipt::ReceiptTracker;
 use kvroute::{ApiKind, KvRouter, Pick};
 use pingora_core::server::Server;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -97,8 +98,7 @@ impl KvProxy {
 pub struct Ctx {
     body: Bytes,
     pick: Option<Pick>,
-    scanner: Option<UsageScanner>,
-    ended: bool,
+    receipt: Option<ReceiptTracker>,
 }
 
 impl KvProxy {
@@ -249,9 +249,13 @@ impl ProxyHttp for KvProxy {
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        if let Some(pick) = &ctx.pick {
+        // A `100 Continue` is not the answer: its headers say nothing of the body.
+        if resp.status.is_informational() {
+            return Ok(());
+        }
+        if let Some(pick) = ctx.pick.take() {
             resp.insert_header("x-kvroute-endpoint", pick.url())?;
-            ctx.scanner = Some(UsageScanner::new(BodyKind::of(&resp.headers)));
+            ctx.receipt = Some(pick.into_receipt(&resp.headers));
         }
         Ok(())
     }
@@ -263,25 +267,12 @@ impl ProxyHttp for KvProxy {
         end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<Option<std::time::Duration>> {
-        if let (Some(chunk), Some(scanner)) = (body.as_ref(), ctx.scanner.as_mut()) {
-            if !chunk.is_empty() {
-                scanner.feed(chunk);
-                if let Some(guard) = ctx.pick.as_mut().and_then(Pick::guard_mut) {
-                    guard.first_byte();
-                }
+        if let Some(receipt) = ctx.receipt.as_mut() {
+            receipt.on_chunk(body.as_deref().unwrap_or_default());
+            if end_of_stream {
+                receipt.on_end();
             }
         }
-        ctx.ended |= end_of_stream;
         Ok(None)
-    }
-
-    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        // Dropping the pick ends its load charge, whatever happened.
-        let pick = ctx.pick.take();
-        if let (Some(pick), Some(scanner)) = (pick, ctx.scanner.as_mut()) {
-            if let (None, true, Some(cached)) = (e, ctx.ended, scanner.finish()) {
-                pick.record_receipt(cached);
-            }
-        }
     }
 }
