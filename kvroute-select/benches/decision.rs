@@ -7,8 +7,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use kvroute_core::BlockKey;
 use kvroute_select::{
-    AlwaysAvailable, ContractId, Endpoint, EndpointLoad, KeySetInventory, LoadTable, PromptInput,
-    Request, Role, Rule, RuleConfig, Topology,
+    AlwaysAvailable, ContractId, CostConfig, Endpoint, EndpointLoad, KeySetInventory, LoadTable,
+    PromptInput, Request, Role, Rule, RuleConfig, Scorer, Topology,
 };
 
 const ENDPOINTS: usize = 64;
@@ -236,11 +236,81 @@ fn decision_many_endpoints(c: &mut Criterion) {
     );
 }
 
+/// The cost scorer's drain model takes one lock per decision (and one per
+/// charge). Two threads deciding on one rule at once, with the drain on and
+/// off: if the lock contended, the two-thread time per decision would grow
+/// more with the drain on than off. (2k-token prompts, so the decision's
+/// share outside the lock is small and contention would show.)
+fn decision_two_threads_drain(c: &mut Criterion) {
+    let (_, inv, load, keys, contract) = setup();
+    let keys = &keys[..2048 / BLOCK];
+    for drain in [true, false] {
+        let endpoints: Vec<Endpoint> = (0..ENDPOINTS)
+            .map(|i| {
+                Endpoint::new(format!("10.0.{}.{}:8000", i / 256, i % 256), Role::Both)
+                    .with_inventory_slot(i as u32)
+            })
+            .collect();
+        let mut cfg = RuleConfig::kv_exact(
+            "bench",
+            Topology::Converged,
+            endpoints,
+            BLOCK as u32,
+            contract.clone(),
+        );
+        cfg.scorer = Scorer::Cost(CostConfig {
+            drain_queue: drain,
+            ..CostConfig::default()
+        });
+        let rule = Rule::new(cfg, None).unwrap();
+        for threads in [1usize, 2] {
+            let name = format!(
+                "decide/threads={threads}/drain={}/2k_tokens/64_endpoints",
+                if drain { "on" } else { "off" }
+            );
+            c.bench_function(&name, |b| {
+                b.iter_custom(|iters| {
+                    let start = std::time::Instant::now();
+                    std::thread::scope(|s| {
+                        for t in 0..threads {
+                            let (rule, inv, load, contract) = (&rule, &inv, &load, &contract);
+                            s.spawn(move || {
+                                let mut d = kvroute_select::Decision::new();
+                                for i in 0..iters {
+                                    let req = Request::new(PromptInput::Keys {
+                                        keys,
+                                        contract,
+                                        prompt_tokens: 2048,
+                                    });
+                                    // Distinct times: the drain's learning
+                                    // step runs on every decision.
+                                    let now = Duration::from_micros(i * 2 + t as u64);
+                                    rule.decide_into(
+                                        &mut d,
+                                        &req,
+                                        inv,
+                                        load,
+                                        &AlwaysAvailable,
+                                        now,
+                                    );
+                                    black_box(d.target());
+                                }
+                            });
+                        }
+                    });
+                    start.elapsed()
+                });
+            });
+        }
+    }
+}
+
 criterion_group!(
     benches,
     decision_from_keys,
     decision_from_keys_shared_index,
     decision_from_tokens,
-    decision_many_endpoints
+    decision_many_endpoints,
+    decision_two_threads_drain
 );
 criterion_main!(benches);

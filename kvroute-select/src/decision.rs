@@ -609,7 +609,7 @@ impl Rule {
         }
         if let Some(drain) = &self.drain {
             let eps = &self.config.endpoints;
-            drain.observe(now, &mut d.loads, |i| {
+            drain.observe(now, &mut d.loads, load, |i| {
                 eps.get(i)
                     .map_or(1, crate::endpoint::Endpoint::capacity_or_one)
             });

@@ -27,12 +27,23 @@
 //! forgetting, is the rate. Its resolution is the interval between decisions,
 //! which is short exactly when queues form.
 //! Until a second of busy time has been seen the rate is unknown and `B` does
-//! not drain: the estimate is the tracker's `Q`, as before. Work that other
-//! replicas or rules added (`Q` grew by more than this rule charged) is added
-//! to `B` as it is seen; once it is more than a twentieth of what the rule
-//! reads (several replicas sharing their load), the model stands aside and
-//! the tracker's figure is used, since it cannot time work it never saw
-//! charged. Every error is bounded by `Q`: an endpoint whose
+//! not drain: the estimate is the tracker's `Q`, as before.
+//!
+//! Replicas. `Q` is net (charged minus done), so work other gateway replicas
+//! charge cannot be told from work finished unless the view counts charges:
+//! [`Load::charged_prefill_tokens`], the tracker's monotonic counter plus
+//! the counters other replicas announce in their [`crate::LoadDelta`]s. The
+//! model then reads "charged since the last read" from the counter instead
+//! of its own charges, so the rate is learnt from every replica's work and
+//! the others' charges join `B` when they are seen; the host makes them seen
+//! when they arrive by calling [`crate::Rule::observe_load`] after applying
+//! a batch of deltas (without it they would join at this replica's next
+//! decision, up to a few hundred ms late with four replicas, and the
+//! intervals the rate is measured over would be four times longer). Work that appears in `Q` and in no counter (a view without the counter,
+//! engine reports' estimate of others' requests) is added to `B` as it is
+//! seen; once it is more than a twentieth of the known charges, the model
+//! stands aside and the tracker's figure is used, since it cannot time work
+//! it never saw charged. Every error is bounded by `Q`: an endpoint whose
 //! engine is slower than the rate shows a smaller backlog only until its
 //! requests' first tokens are overdue, and never below zero.
 
@@ -40,7 +51,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::load::EndpointLoad;
+use kvroute_core::EndpointId;
+
+use crate::load::{EndpointLoad, Load};
 
 /// Busy time (µs) the rate must be measured over before it is used.
 const MIN_BUSY_US: f64 = 1_000_000.0;
@@ -73,6 +86,11 @@ struct Slot {
     /// committed to the rate.
     period_tokens: f64,
     period_us: f64,
+    /// The load view's charged-token counter at the last read, if it counts.
+    total: Option<u64>,
+    /// Scratch of one `observe`: work known to have been charged since the
+    /// last read.
+    known: u64,
 }
 
 #[derive(Debug, Default)]
@@ -87,6 +105,8 @@ struct State {
     /// per decision.
     own: f64,
     foreign: f64,
+    /// Reused by [`PrefillDrain::observe_view`].
+    scratch: Vec<EndpointLoad>,
 }
 
 impl State {
@@ -122,45 +142,116 @@ impl PrefillDrain {
     /// by endpoint; `capacity(i)` is endpoint `i`'s capacity weight), learns
     /// the rate from them and replaces each `queued_prefill_tokens` by the
     /// backlog still ahead of a new request.
-    pub(crate) fn observe(
+    pub(crate) fn observe<L: Load + ?Sized>(
         &self,
         now: Duration,
         loads: &mut [EndpointLoad],
+        view: &L,
         capacity: impl Fn(usize) -> u32,
     ) {
+        let mut st = self.state.lock();
+        observe_locked(&mut st, micros(now), loads, view, capacity);
+    }
+
+    /// [`PrefillDrain::observe`] between decisions: reads `view` for
+    /// `endpoints` endpoints and learns from it (nothing is decided).
+    pub(crate) fn observe_view<L: Load + ?Sized>(
+        &self,
+        now: Duration,
+        endpoints: usize,
+        view: &L,
+        capacity: impl Fn(usize) -> u32,
+    ) {
+        let mut st = self.state.lock();
+        let mut loads = std::mem::take(&mut st.scratch);
+        loads.clear();
+        loads.extend(
+            (0..endpoints).map(|i| view.load(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)))),
+        );
+        observe_locked(&mut st, micros(now), &mut loads, view, capacity);
+        st.scratch = loads;
+    }
+
+    /// The decision sent `tokens` predicted uncached tokens to `endpoint` at
+    /// `now`.
+    pub(crate) fn charge(&self, endpoint: usize, tokens: u32, now: Duration, capacity: u32) {
         let now_us = micros(now);
         let mut st = self.state.lock();
-        let State {
-            slots,
-            tokens,
-            busy_us,
-            ..
-        } = &mut *st;
-        if slots.len() < loads.len() {
-            slots.resize(loads.len(), Slot::default());
+        let rate = st.rate();
+        if let Some(s) = st.slots.get_mut(endpoint) {
+            let b = drained(s, now_us, rate, capacity);
+            s.backlog = b + f64::from(tokens);
+            s.backlog_at_us = now_us;
+            s.charged = s.charged.saturating_add(u64::from(tokens));
         }
-        // Learn from every endpoint first, so this decision already uses the
-        // figures it brought. Samples are whole busy periods: the tracker only
-        // grows at decisions, so an endpoint that held work at the last one
-        // and still does now was busy throughout; over a busy period the
-        // drained tokens telescope to everything charged in it, so a partly
-        // prefilled head counted in full at an interval's start biases
-        // nothing. A period ends somewhere in the interval in which the
-        // endpoint emptied, counted as half of it — unless that interval is
-        // long against the period (an idle gap), when the period says nothing
-        // reliable and is dropped. A period busy for more than
-        // `SEGMENT_US` is committed as it goes (a saturated endpoint).
-        for (i, (l, s)) in loads.iter().zip(slots.iter_mut()).enumerate() {
-            let q = l.queued_prefill_tokens;
-            let before = s.queued.saturating_add(s.charged);
-            if !(s.seen && now_us > s.at_us && before > 0) {
-                continue;
-            }
+    }
+
+    /// The measured prefill rate, tokens per second per unit of capacity.
+    #[cfg(test)]
+    pub(crate) fn rate_per_s(&self) -> Option<f64> {
+        self.state.lock().rate().map(|r| r * 1e6)
+    }
+}
+
+/// [`PrefillDrain::observe`] under the lock.
+fn observe_locked<L: Load + ?Sized>(
+    st: &mut State,
+    now_us: u64,
+    loads: &mut [EndpointLoad],
+    view: &L,
+    capacity: impl Fn(usize) -> u32,
+) {
+    if st.slots.len() < loads.len() {
+        st.slots.resize(loads.len(), Slot::default());
+    }
+    let State {
+        slots,
+        tokens,
+        busy_us,
+        own,
+        foreign,
+        ..
+    } = &mut *st;
+    let (mut known_sum, mut unknown_sum) = (0.0, 0.0);
+    for (i, (l, s)) in loads.iter().zip(slots.iter_mut()).enumerate() {
+        // A read stamped before the last one (hosts' tasks racing for the
+        // lock) counts as made at the last one's time.
+        let now_us = now_us.max(s.at_us);
+        let q = l.queued_prefill_tokens;
+        let cap = capacity(i);
+        // Work charged since the last read: this rule's own charges or,
+        // when the view counts every host's charges (the tracker's
+        // counter plus replica sync's), all of them. `known − charged`
+        // is what others charged (other replicas, another rule on the
+        // tracker): it joins the backlog as it is seen.
+        let total = view.charged_prefill_tokens(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)));
+        let counted = match (s.total, total) {
+            (Some(a), Some(b)) if b >= a => b - a,
+            _ => 0,
+        };
+        let known = counted.max(s.charged);
+        s.known = known;
+        s.total = total;
+        let before = s.queued.saturating_add(known);
+        // Learn from every endpoint first, so this decision already uses
+        // the figures it brought. Samples are whole busy periods: charges
+        // come at reads (this rule's right after its reads, others' when
+        // the host reads their deltas), so an endpoint that held work at
+        // the last read and still does now was busy throughout; over a busy
+        // period the prefilled tokens telescope to everything charged in
+        // it, so a partly prefilled head counted in full at an
+        // interval's start biases nothing. A period ends somewhere in
+        // the interval in which the endpoint emptied, counted as half of
+        // it — unless that interval is long against the period (an idle
+        // gap), when the period says nothing reliable and is dropped. A
+        // period busy for more than `SEGMENT_US` is committed as it goes
+        // (a saturated endpoint).
+        if s.seen && now_us > s.at_us && before > 0 {
             #[allow(clippy::cast_precision_loss)]
             let (done, dt) = (before.saturating_sub(q) as f64, (now_us - s.at_us) as f64);
-            let cap = f64::from(capacity(i).max(1));
+            let c = f64::from(cap.max(1));
             let mut commit = |t: f64, b: f64| {
-                *tokens = *tokens * KEEP + t / cap;
+                *tokens = *tokens * KEEP + t / c;
                 *busy_us = *busy_us * KEEP + b;
             };
             if q > 0 {
@@ -180,66 +271,83 @@ impl PrefillDrain {
                 s.period_us = 0.0;
             }
         }
-        let mut foreign = 0.0;
-        for (l, s) in loads.iter().zip(st.slots.iter()) {
-            if s.seen {
-                let expected = s.queued.saturating_add(s.charged);
-                #[allow(clippy::cast_precision_loss)]
-                let added = l.queued_prefill_tokens.saturating_sub(expected) as f64;
-                foreign += added;
-            }
-        }
-        st.foreign = st.foreign * KEEP_SHARE + foreign;
-        st.own *= KEEP_SHARE;
-        let rate = st.rate();
-        for (i, (l, s)) in loads.iter_mut().zip(st.slots.iter_mut()).enumerate() {
-            let q = l.queued_prefill_tokens;
-            let expected = s.queued.saturating_add(s.charged);
-            let mut b = drained(s, now_us, rate, capacity(i));
-            if s.seen {
-                // Work this rule did not charge (another replica, another rule
-                // on the same tracker) joins the queue now.
-                #[allow(clippy::cast_precision_loss)]
-                let added = q.saturating_sub(expected) as f64;
-                b += added;
-            } else {
-                #[allow(clippy::cast_precision_loss)]
-                let all = q as f64;
-                b = all;
-            }
+        if s.seen {
             #[allow(clippy::cast_precision_loss)]
-            let b = b.clamp(0.0, q as f64);
-            s.seen = true;
-            s.at_us = now_us;
-            s.queued = q;
-            s.charged = 0;
-            s.backlog = b;
-            s.backlog_at_us = now_us;
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let ahead = b.ceil() as u64;
-            l.queued_prefill_tokens = ahead.min(q);
+            {
+                known_sum += known as f64;
+                unknown_sum += q.saturating_sub(before) as f64;
+            }
         }
     }
-
-    /// The decision sent `tokens` predicted uncached tokens to `endpoint` at
-    /// `now`.
-    pub(crate) fn charge(&self, endpoint: usize, tokens: u32, now: Duration, capacity: u32) {
-        let now_us = micros(now);
-        let mut st = self.state.lock();
-        st.own += f64::from(tokens);
-        let rate = st.rate();
-        if let Some(s) = st.slots.get_mut(endpoint) {
-            let b = drained(s, now_us, rate, capacity);
-            s.backlog = b + f64::from(tokens);
-            s.backlog_at_us = now_us;
-            s.charged = s.charged.saturating_add(u64::from(tokens));
-        }
+    *own = *own * KEEP_SHARE + known_sum;
+    *foreign = *foreign * KEEP_SHARE + unknown_sum;
+    let rate = st.rate();
+    for (i, (l, s)) in loads.iter_mut().zip(st.slots.iter_mut()).enumerate() {
+        let now_us = now_us.max(s.at_us);
+        let q = l.queued_prefill_tokens;
+        let cap = capacity(i);
+        let b = if s.seen {
+            // Work nobody charged in a way this view counts (engine
+            // reports' estimate of others' requests) joins the queue now,
+            // as does what others charged.
+            let unknown = q.saturating_sub(s.queued.saturating_add(s.known));
+            let late = s.known - s.charged;
+            #[allow(clippy::cast_precision_loss)]
+            let added = late.saturating_add(unknown) as f64;
+            drained(s, now_us, rate, cap) + added
+        } else {
+            #[allow(clippy::cast_precision_loss)]
+            let all = q as f64;
+            all
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let b = b.clamp(0.0, q as f64);
+        s.seen = true;
+        s.at_us = now_us;
+        s.queued = q;
+        s.charged = 0;
+        s.backlog = b;
+        s.backlog_at_us = now_us;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let ahead = b.ceil() as u64;
+        l.queued_prefill_tokens = ahead.min(q);
     }
+}
 
-    /// The measured prefill rate, tokens per second per unit of capacity.
-    #[cfg(test)]
-    pub(crate) fn rate_per_s(&self) -> Option<f64> {
-        self.state.lock().rate().map(|r| r * 1e6)
+impl crate::Rule {
+    /// Lets the cost scorer's drain model (`CostConfig::drain_queue`) read
+    /// `load` at `now` between decisions; nothing is decided. Call it when
+    /// the load changes in a way this rule's decisions do not see: after
+    /// applying other replicas' [`crate::LoadDelta`]s, so their charges join
+    /// the modelled queue when they arrive, not at this replica's next
+    /// decision, and the prefill rate is measured over intervals as short as
+    /// one replica's. `load` must be the view the rule decides by, with
+    /// [`Load::charged_prefill_tokens`]. A no-op for rules without the
+    /// drain.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kvroute_select::{
+    ///     ContractId, Endpoint, LoadTracker, RemoteConfig, RemoteLoad, Role, Rule, RuleConfig,
+    ///     Topology,
+    /// };
+    /// let eps = vec![Endpoint::new("10.0.0.1:8000", Role::Both)];
+    /// let cfg = RuleConfig::kv_exact("r", Topology::Converged, eps, 16, ContractId::new("c"));
+    /// let rule = Rule::new(cfg, None).unwrap();
+    /// let tracker = LoadTracker::with_sync(1, 7);
+    /// let remote = RemoteLoad::new(RemoteConfig { endpoints: 1, ..RemoteConfig::default() }, 7);
+    /// let now = Duration::from_millis(5);
+    /// // ... remote.apply(&delta, now) for each received delta, then:
+    /// rule.observe_load(&remote.view(&tracker, now), now);
+    /// ```
+    pub fn observe_load<L: Load + ?Sized>(&self, load: &L, now: Duration) {
+        if let Some(drain) = &self.drain {
+            let eps = &self.config.endpoints;
+            drain.observe_view(now, eps.len(), load, |i| {
+                eps.get(i)
+                    .map_or(1, crate::endpoint::Endpoint::capacity_or_one)
+            });
+        }
     }
 }
 
@@ -286,7 +394,7 @@ mod tests {
                 in_flight: 1,
                 queued_prefill_tokens: q,
             }];
-            drain.observe(ms(t), &mut loads, |_| 1);
+            drain.observe(ms(t), &mut loads, &crate::LoadTable::new(0), |_| 1);
             let truth = busy_until.saturating_sub(t) * 20;
             seen.push((q, loads[0].queued_prefill_tokens, truth));
             let tokens32 = u32::try_from(tokens).unwrap();
@@ -333,7 +441,7 @@ mod tests {
                 in_flight: 1,
                 queued_prefill_tokens: q,
             }];
-            drain.observe(ms(t), &mut loads, |_| 1);
+            drain.observe(ms(t), &mut loads, &crate::LoadTable::new(0), |_| 1);
             reads.push((q, loads[0].queued_prefill_tokens));
             // Every other request is the other host's: it reaches the
             // engine but never this rule's `charge`.
@@ -346,11 +454,87 @@ mod tests {
         assert!(reads[1000..].iter().all(|&(q, est)| q == est));
     }
 
+    /// A load view that counts every host's charges (the tracker's counter
+    /// plus replica sync's).
+    struct Counted(u64);
+
+    impl Load for Counted {
+        fn load(&self, _: EndpointId) -> EndpointLoad {
+            EndpointLoad::default()
+        }
+
+        fn charged_prefill_tokens(&self, _: EndpointId) -> Option<u64> {
+            Some(self.0)
+        }
+    }
+
+    /// Two hosts charge one serial engine alternately, and the view counts
+    /// both hosts' charges: the model learns the rate from all of them, adds
+    /// the other host's work as it arrives and tracks the true backlog much
+    /// better than the tracker's figure. (Without the counter this is
+    /// `work_charged_elsewhere_turns_the_drain_off`: the drain stands aside.)
+    #[test]
+    fn work_charged_elsewhere_and_counted_keeps_the_drain() {
+        let drain = PrefillDrain::new(1);
+        let (mut t, mut x, mut busy_until, mut total) = (0u64, 1u64, 0u64, 0u64);
+        let mut jobs: Vec<(u64, u64, u64)> = Vec::new(); // (charged ms, tokens, first token ms)
+        let queued = |jobs: &[(u64, u64, u64)], t: u64| -> u64 {
+            jobs.iter()
+                .filter(|&&(c, _, f)| c <= t && f > t)
+                .map(|j| j.1)
+                .sum()
+        };
+        let mut seen = Vec::new();
+        for k in 0..3000u64 {
+            x = crate::bounded::mix64(x);
+            t += 100 + x % 217;
+            let tokens = 500 + (x >> 32) % 4001;
+            let mut loads = [EndpointLoad {
+                in_flight: 1,
+                queued_prefill_tokens: queued(&jobs, t),
+            }];
+            // This rule decides every other request; the other host's are
+            // counted by the view, which the rule reads when they arrive
+            // (`Rule::observe_load` after applying the delta).
+            if k % 2 == 0 {
+                drain.observe(ms(t), &mut loads, &Counted(total), |_| 1);
+                let truth = busy_until.saturating_sub(t) * 20;
+                seen.push((loads[0].queued_prefill_tokens, truth, queued(&jobs, t)));
+                drain.charge(0, u32::try_from(tokens).unwrap(), ms(t), 1);
+            }
+            total += tokens;
+            busy_until = busy_until.max(t) + tokens / 20;
+            jobs.push((t, tokens, busy_until));
+            if k % 2 == 1 {
+                let mut loads = [EndpointLoad {
+                    in_flight: 1,
+                    queued_prefill_tokens: queued(&jobs, t),
+                }];
+                drain.observe(ms(t), &mut loads, &Counted(total), |_| 1);
+            }
+        }
+        // Learnt from both hosts' work. Biased low: a read right after the
+        // other host's charge sees work, so an idle stretch before it counts
+        // as busy (a slower drain, never more than the tracker holds).
+        let rate = drain.rate_per_s().expect("busy for seconds");
+        assert!((12_000.0..=24_000.0).contains(&rate), "rate {rate}");
+        let (mut err_tracker, mut err_drain) = (0u64, 0u64);
+        for &(est, truth, q) in &seen[200..] {
+            assert!(est <= q);
+            err_tracker += q.abs_diff(truth);
+            err_drain += est.abs_diff(truth);
+        }
+        assert!(
+            err_drain * 2 < err_tracker,
+            "drain error {err_drain} vs tracker {err_tracker}"
+        );
+    }
+
     #[test]
     fn empty_queue_resets_and_foreign_work_is_added() {
         let drain = PrefillDrain::new(2);
         let mut loads = [EndpointLoad::default(); 2];
-        drain.observe(ms(0), &mut loads, |_| 1);
+        drain.observe(ms(0), &mut loads, &crate::LoadTable::new(0), |_| 1);
         drain.charge(0, 500, ms(0), 1);
         // 700 on endpoint 0: 200 more than this rule charged (another
         // replica's request); endpoint 1 got 300 it never charged.
@@ -364,12 +548,12 @@ mod tests {
                 queued_prefill_tokens: 300,
             },
         ];
-        drain.observe(ms(1), &mut loads, |_| 1);
+        drain.observe(ms(1), &mut loads, &crate::LoadTable::new(0), |_| 1);
         // No rate yet: nothing drains, everything the tracker holds counts.
         assert_eq!(loads[0].queued_prefill_tokens, 700);
         assert_eq!(loads[1].queued_prefill_tokens, 300);
         let mut loads = [EndpointLoad::default(); 2];
-        drain.observe(ms(2), &mut loads, |_| 1);
+        drain.observe(ms(2), &mut loads, &crate::LoadTable::new(0), |_| 1);
         assert_eq!(loads[0].queued_prefill_tokens, 0);
     }
 }

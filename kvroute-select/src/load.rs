@@ -24,6 +24,17 @@ pub struct EndpointLoad {
 pub trait Load {
     /// The load of endpoint `endpoint`; unknown endpoints report zero load.
     fn load(&self, endpoint: EndpointId) -> EndpointLoad;
+
+    /// Predicted prefill tokens ever charged to `endpoint` by every host whose
+    /// work [`Load::load`] includes — a monotonic counter — or `None` when the
+    /// view does not count them (the default). `queued_prefill_tokens` is net
+    /// (charged minus done); with this counter the cost scorer's drain model
+    /// can tell how much arrived and how much was prefilled between two
+    /// decisions, including other replicas' requests.
+    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
+        let _ = endpoint;
+        None
+    }
 }
 
 /// A plain table of loads — what a host that counts its own in-flight requests
@@ -67,6 +78,10 @@ impl Load for LoadTable {
 impl<L: Load + ?Sized> Load for &L {
     fn load(&self, endpoint: EndpointId) -> EndpointLoad {
         (**self).load(endpoint)
+    }
+
+    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
+        (**self).charged_prefill_tokens(endpoint)
     }
 }
 
@@ -257,10 +272,20 @@ impl<L: Load + ?Sized> Load for CombinedLoad<'_, L> {
                 v
             })
     }
+
+    /// The local view's counter: engine reports carry no charges (work they
+    /// add is unknown to a drain model, which treats it as such).
+    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
+        self.local.charged_prefill_tokens(endpoint)
+    }
 }
 
 impl Load for std::sync::Arc<crate::tracker::LoadTracker> {
     fn load(&self, endpoint: EndpointId) -> EndpointLoad {
         (**self).load(endpoint)
+    }
+
+    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
+        (**self).charged_prefill_tokens(endpoint)
     }
 }

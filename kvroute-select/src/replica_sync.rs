@@ -97,6 +97,13 @@ pub struct LoadDelta {
     pub in_flight: u32,
     /// The origin's predicted queued prefill tokens there after the change.
     pub queued_prefill_tokens: u64,
+    /// Predicted prefill tokens the origin ever charged there (monotonic;
+    /// [`LoadTracker::charged_tokens`]). With it a peer's drain model tells
+    /// the origin's new work from its finished work, which the net
+    /// `queued_prefill_tokens` cannot. 0 from peers that do not send it:
+    /// their work then counts as untimed.
+    #[serde(default)]
+    pub charged_prefill_tokens: u64,
 }
 
 mod endpoint_number {
@@ -175,12 +182,19 @@ impl LoadTracker {
             let tokens = s.prefill_tokens.load(Ordering::Acquire);
             let sent_in_flight = s.sent_in_flight.load(Ordering::Relaxed);
             let sent_tokens = s.sent_tokens.load(Ordering::Relaxed);
-            let changed = in_flight != sent_in_flight || tokens != sent_tokens;
+            let charged = s.charged_tokens.load(Ordering::Acquire);
+            let sent_charged = s.sent_charged.load(Ordering::Relaxed);
+            // A charge and a first byte of equal size between two drains
+            // leave the totals as they were, but peers' drain models must
+            // still learn that work arrived and was done.
+            let changed =
+                in_flight != sent_in_flight || tokens != sent_tokens || charged != sent_charged;
             if !(all || (dirty && changed)) {
                 continue;
             }
             s.sent_in_flight.store(in_flight, Ordering::Relaxed);
             s.sent_tokens.store(tokens, Ordering::Relaxed);
+            s.sent_charged.store(charged, Ordering::Relaxed);
             out.push(LoadDelta {
                 origin: outbox.origin,
                 seq: outbox.next_seq.fetch_add(1, Ordering::Relaxed),
@@ -191,6 +205,7 @@ impl LoadTracker {
                     .saturating_sub(i64::try_from(sent_tokens).unwrap_or(i64::MAX)),
                 in_flight,
                 queued_prefill_tokens: tokens,
+                charged_prefill_tokens: charged,
             });
             n += 1;
         }
@@ -280,6 +295,19 @@ struct Entry {
     /// 0: nothing applied yet (sequence numbers start at 1).
     seq: u64,
     load: EndpointLoad,
+    /// The origin's announced charged-token counter, and its value when this
+    /// table first heard of the endpoint less what was queued then: the
+    /// entry's share of [`RemoteLoad::remote_charged`] is `charged − base`,
+    /// so an origin first heard of mid-run adds exactly its queue, not its
+    /// whole history.
+    charged: u64,
+    base: u64,
+}
+
+impl Entry {
+    fn charged_share(&self) -> u64 {
+        self.charged.saturating_sub(self.base)
+    }
 }
 
 #[derive(Debug)]
@@ -298,6 +326,9 @@ struct Inner {
     /// `max_origins` of them: a late message of an expired origin must not
     /// bring its old load back.
     tombstones: std::collections::VecDeque<(u64, u64)>,
+    /// Per endpoint, the charged-token shares of origins forgotten since:
+    /// keeps [`RemoteLoad::remote_charged`] monotonic.
+    retired: Vec<u64>,
     counters: RemoteCounters,
 }
 
@@ -390,12 +421,22 @@ impl RemoteLoad {
         if d.seq <= entry.seq {
             return Applied::Stale;
         }
+        let base = if entry.seq == 0 {
+            d.charged_prefill_tokens
+                .saturating_sub(d.queued_prefill_tokens)
+        } else {
+            entry.base
+        };
         *entry = Entry {
             seq: d.seq,
             load: EndpointLoad {
                 in_flight: d.in_flight,
                 queued_prefill_tokens: d.queued_prefill_tokens,
             },
+            // The counter is monotonic per origin; a reordered older value
+            // never arrives here (stale above).
+            charged: d.charged_prefill_tokens.max(entry.charged),
+            base,
         };
         // Only news keeps an origin alive: a late duplicate of an old
         // message must not revive a crashed replica.
@@ -407,10 +448,19 @@ impl RemoteLoad {
     fn expire_locked(&self, inner: &mut Inner, now: Duration) -> usize {
         let before = inner.origins.len();
         let mut gone_ids = Vec::new();
-        inner.origins.retain(|o| {
+        let Inner {
+            origins, retired, ..
+        } = inner;
+        if retired.len() < self.cfg.endpoints {
+            retired.resize(self.cfg.endpoints, 0);
+        }
+        origins.retain(|o| {
             let keep = self.live(o, now);
             if !keep {
                 gone_ids.push((o.id, o.max_seq));
+                for (r, e) in retired.iter_mut().zip(o.entries.iter()) {
+                    *r = r.saturating_add(e.charged_share());
+                }
             }
             keep
         });
@@ -446,6 +496,21 @@ impl RemoteLoad {
             }
         }
         sum
+    }
+
+    /// Predicted prefill tokens the other replicas charged to `endpoint`
+    /// since this table first heard of each of them (plus what was queued
+    /// then), a monotonic counter: silent and forgotten origins keep their
+    /// share, so a peer's drain model never sees it go backwards.
+    #[must_use]
+    pub fn remote_charged(&self, endpoint: EndpointId) -> u64 {
+        let inner = self.inner.read();
+        let retired = inner.retired.get(endpoint.index()).copied().unwrap_or(0);
+        inner
+            .origins
+            .iter()
+            .filter_map(|o| o.entries.get(endpoint.index()))
+            .fold(retired, |acc, e| acc.saturating_add(e.charged_share()))
     }
 
     /// The table's counters.
@@ -487,6 +552,14 @@ impl<L: Load + ?Sized> Load for WithRemote<'_, L> {
                 .queued_prefill_tokens
                 .saturating_add(r.queued_prefill_tokens),
         }
+    }
+
+    /// The local counter plus [`RemoteLoad::remote_charged`]; `None` when the
+    /// local view does not count.
+    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
+        self.local
+            .charged_prefill_tokens(endpoint)
+            .map(|l| l.saturating_add(self.remote.remote_charged(endpoint)))
     }
 }
 
@@ -573,8 +646,17 @@ mod tests {
     #[test]
     fn a_change_that_cancels_out_sends_nothing_but_resync_sends_all() {
         let t = Arc::new(LoadTracker::with_sync(2, 7));
-        drop(t.charge(target(0, None), 5));
+        drop(t.charge(target(0, None), 0));
         assert!(drain(&t).is_empty());
+        // Prefill tokens charged and done between two drains still go out:
+        // peers' drain models learn the work from the charged counter.
+        drop(t.charge(target(0, None), 5));
+        let d = drain(&t);
+        assert_eq!(d.len(), 1);
+        assert_eq!(
+            (d[0].queued_prefill_tokens, d[0].charged_prefill_tokens),
+            (0, 5)
+        );
         t.resync();
         let d = drain(&t);
         assert_eq!(d.len(), 2);
@@ -630,6 +712,57 @@ mod tests {
     }
 
     #[test]
+    fn charged_counters_travel_and_stay_monotonic() {
+        let one = Arc::new(LoadTracker::with_sync(1, 1));
+        let r = table(1, 4);
+        let now = Duration::from_secs(1);
+        // Charged before the table heard of the origin: its history does
+        // not count, only what is queued when it is first heard of.
+        drop(one.charge(target(0, None), 1000));
+        let mut g = one.charge(target(0, None), 300);
+        assert_eq!(one.charged_tokens(EndpointId(0)), 1300);
+        for d in drain(&one) {
+            r.apply(&d, now);
+        }
+        assert_eq!(r.remote_charged(EndpointId(0)), 300);
+        // A request charged and released between two drains leaves the
+        // totals as they were; the delta still goes out, the counter grows.
+        drop(one.charge(target(0, None), 100));
+        let d = drain(&one);
+        assert_eq!(d.len(), 1);
+        assert_eq!(
+            (
+                d[0].in_flight,
+                d[0].queued_prefill_tokens,
+                d[0].charged_prefill_tokens
+            ),
+            (1, 300, 1400)
+        );
+        r.apply(&d[0], now);
+        assert_eq!(r.remote_charged(EndpointId(0)), 400);
+        g.first_byte();
+        let _g2 = one.charge(target(0, None), 200);
+        for d in drain(&one) {
+            r.apply(&d, now);
+        }
+        assert_eq!(r.remote_charged(EndpointId(0)), 600);
+        let local = LoadTracker::new(1);
+        assert_eq!(
+            r.view(&local, now).charged_prefill_tokens(EndpointId(0)),
+            Some(600)
+        );
+        // The origin falls silent and is forgotten: its share stays.
+        assert_eq!(r.expire(Duration::from_secs(10)), 1);
+        assert_eq!(r.remote_charged(EndpointId(0)), 600);
+        // A view over a load that does not count reports nothing.
+        let plain = crate::LoadTable::new(1);
+        assert_eq!(
+            r.view(&plain, now).charged_prefill_tokens(EndpointId(0)),
+            None
+        );
+    }
+
+    #[test]
     fn bounded_origins_own_and_unknown_endpoints() {
         let r = table(2, 2);
         let now = Duration::from_secs(1);
@@ -641,6 +774,7 @@ mod tests {
             prefill_tokens: 0,
             in_flight: 1,
             queued_prefill_tokens: 0,
+            charged_prefill_tokens: 0,
         };
         assert_eq!(r.apply(&delta(1, 0), now), Applied::Applied);
         assert_eq!(r.apply(&delta(2, 0), now), Applied::Applied);

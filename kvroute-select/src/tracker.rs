@@ -43,12 +43,16 @@ use crate::load::{EndpointLoad, Load};
 pub(crate) struct Slot {
     pub(crate) in_flight: AtomicU32,
     pub(crate) prefill_tokens: AtomicU64,
+    /// Prefill tokens ever charged (monotonic): lets a drain model tell new
+    /// work from finished work, which the net figure above cannot.
+    pub(crate) charged_tokens: AtomicU64,
     started: AtomicU64,
     /// Replica sync: the slot changed since the outbox was last drained.
     pub(crate) dirty: AtomicBool,
     /// Replica sync: the totals the last drained delta announced.
     pub(crate) sent_in_flight: AtomicU32,
     pub(crate) sent_tokens: AtomicU64,
+    pub(crate) sent_charged: AtomicU64,
 }
 
 /// Per-endpoint requests in flight and predicted outstanding prefill tokens,
@@ -94,6 +98,15 @@ impl LoadTracker {
             .map_or(0, |s| s.started.load(Ordering::Relaxed))
     }
 
+    /// Predicted prefill tokens ever charged to `endpoint` (a monotonic
+    /// counter; what [`Load::charged_prefill_tokens`] reports).
+    #[must_use]
+    pub fn charged_tokens(&self, endpoint: EndpointId) -> u64 {
+        self.slots
+            .get(endpoint.index())
+            .map_or(0, |s| s.charged_tokens.load(Ordering::Relaxed))
+    }
+
     /// Charges a request to `target`: one in flight on its endpoint (and on its
     /// decode endpoint in P/D) and `prefill_tokens` predicted uncached tokens on
     /// the endpoint that prefills. The returned guard releases them.
@@ -117,6 +130,7 @@ impl LoadTracker {
             }
             if tokens > 0 {
                 s.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
+                s.charged_tokens.fetch_add(tokens, Ordering::Relaxed);
             }
             self.touched(s);
         }
@@ -163,6 +177,10 @@ impl Load for LoadTracker {
                 in_flight: s.in_flight.load(Ordering::Relaxed),
                 queued_prefill_tokens: s.prefill_tokens.load(Ordering::Relaxed),
             })
+    }
+
+    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
+        Some(self.charged_tokens(endpoint))
     }
 }
 
@@ -286,6 +304,12 @@ mod tests {
         assert_eq!(tr.load(EndpointId(1)).queued_prefill_tokens, 70);
         assert_eq!(tr.started(EndpointId(0)), 1);
         assert_eq!(tr.started(EndpointId(1)), 1);
+        // The charged counters only grow: releases and first bytes do not
+        // take work back.
+        g.first_byte();
+        drop(g);
+        assert_eq!(tr.charged_tokens(EndpointId(0)), 50);
+        assert_eq!(tr.charged_prefill_tokens(EndpointId(1)), Some(70));
     }
 
     #[test]

@@ -167,6 +167,7 @@ proptest! {
         let mut sent: Vec<LoadDelta> = vec![LoadDelta {
             origin: OWN, seq: 1, endpoint: EndpointId(0), requests: 1,
             prefill_tokens: 0, in_flight: 1, queued_prefill_tokens: 0,
+            charged_prefill_tokens: 0,
         }];
         let mut now = Duration::from_secs(1);
         for op in ops {

@@ -716,6 +716,10 @@ impl Load for Shared {
     fn load(&self, endpoint: EndpointId) -> kvroute_select::EndpointLoad {
         self.tracker.load(endpoint)
     }
+
+    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
+        self.tracker.charged_prefill_tokens(endpoint)
+    }
 }
 
 impl InventoryView for Shared {

@@ -1,5 +1,6 @@
 //! Gateway replicas that share their decisions (`LoadDelta`s, 1 ms apart)
-//! keep the TTFT of one replica; replicas that only see polled engine counts
+//! keep the hit ratio and TTFT of one replica running the default cost
+//! scorer with its drained queue; replicas that only see polled engine counts
 //! do not. Simulated time, real rule / tracker / ingest / worker model.
 
 #![allow(dead_code)]
@@ -38,11 +39,11 @@ fn fleet(replicas: usize, replica_sync_us: u64) -> FleetConfig {
     }
 }
 
-fn run(f: FleetConfig) -> PolicyReport {
+fn run(f: FleetConfig, kind: Kind, seed: u64) -> PolicyReport {
     let w = generate(&GenConfig {
-        kind: Kind::Rag,
+        kind,
         requests: 3000,
-        seed: 5,
+        seed,
         rate: 24.0,
     });
     let plan = RunPlan {
@@ -50,57 +51,73 @@ fn run(f: FleetConfig) -> PolicyReport {
         policies: vec![Policy::KvExact],
         time_scale: 1.0,
     };
-    let mut r = sim::simulate_all(w, "rag", &plan).unwrap();
+    let mut r = sim::simulate_all(w, kind.name(), &plan).unwrap();
     r.policies.remove(0)
 }
 
-/// One replica whose cost scorer reads the tracker's queued prefill as it is.
-///
-/// The drain model (`CostConfig::drain_queue`) needs every charge on an
-/// endpoint to be its own rule's to time it, so with replicas it stands aside;
-/// the single replica it is compared with must then read the queue the same
-/// way. (With the drain one replica's RAG p99 is lower still — 270 ms against
-/// 320 for four — which replicas do not reach yet: BENCHMARKS.md, sixth
-/// session.)
-fn one_undrained() -> FleetConfig {
-    let mut f = fleet(1, 0);
-    f.tuning.cost.drain_queue = false;
-    f
-}
-
-#[test]
-fn shared_decisions_keep_the_ttft_of_one_replica() {
-    let one = run(one_undrained());
-    let blind = run(fleet(4, 0));
-    let shared = run(fleet(4, 1_000));
-    for r in [&one, &blind, &shared] {
+/// Four replicas sharing their decisions against one replica as users run
+/// it: the default cost scorer, drained queue on. Each replica's drain model
+/// learns the other replicas' charges from the deltas' charged-token
+/// counters and reads the load when they arrive (`Rule::observe_load`), so
+/// it times the whole queue as one replica times its own.
+fn check(kind: Kind, seed: u64, blind_control: bool) {
+    let one = run(fleet(1, 0), kind, seed);
+    let shared = run(fleet(4, 1_000), kind, seed);
+    let blind = run(fleet(4, 0), kind, seed);
+    for r in [&one, &shared, &blind] {
         assert_eq!(r.served, 3000);
     }
-    let within = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol * b;
+    // "Keep": at most 5 % worse (lower hit ratio, higher TTFT); a
+    // different routing of the same workload may also come out better.
+    let hit_kept = |a: f64, b: f64| a >= 0.95 * b;
+    let ttft_kept = |a: f64, b: f64| a <= 1.05 * b;
+    let (k, s) = (kind.name(), seed);
+    eprintln!(
+        "{k} seed {s}: one hit {:.4} p50 {:.1} p99 {:.1} | four shared hit {:.4} p50 {:.1} p99 {:.1} | four blind p99 {:.1}",
+        one.prefix_hit_ratio,
+        one.ttft_ms.p50,
+        one.ttft_ms.p99,
+        shared.prefix_hit_ratio,
+        shared.ttft_ms.p50,
+        shared.ttft_ms.p99,
+        blind.ttft_ms.p99
+    );
     assert!(
-        within(shared.prefix_hit_ratio, one.prefix_hit_ratio, 0.05),
-        "hit {} vs {}",
+        hit_kept(shared.prefix_hit_ratio, one.prefix_hit_ratio),
+        "{k} seed {s}: hit {} vs {}",
         shared.prefix_hit_ratio,
         one.prefix_hit_ratio
     );
     assert!(
-        within(shared.ttft_ms.p50, one.ttft_ms.p50, 0.05),
-        "p50 {} vs {}",
+        ttft_kept(shared.ttft_ms.p50, one.ttft_ms.p50),
+        "{k} seed {s}: p50 {} vs {}",
         shared.ttft_ms.p50,
         one.ttft_ms.p50
     );
     assert!(
-        within(shared.ttft_ms.p99, one.ttft_ms.p99, 0.10),
-        "p99 {} vs {}",
+        ttft_kept(shared.ttft_ms.p99, one.ttft_ms.p99),
+        "{k} seed {s}: p99 {} vs {}",
         shared.ttft_ms.p99,
         one.ttft_ms.p99
     );
     // Without sharing, the same four replicas queue prefill behind each
-    // other's unseen decisions.
+    // other's unseen decisions. (Not on multi-turn: there four blind
+    // replicas, drain off, reach a lower p99 than one drained replica —
+    // 97 against 167 ms at seed 5 — a tail the drain does not explain.)
     assert!(
-        blind.ttft_ms.p99 > 1.3 * one.ttft_ms.p99,
-        "blind p99 {} vs one {}",
+        !blind_control || blind.ttft_ms.p99 > 1.3 * one.ttft_ms.p99,
+        "{k} seed {s}: blind p99 {} vs one {}",
         blind.ttft_ms.p99,
         one.ttft_ms.p99
     );
+}
+
+#[test]
+fn shared_decisions_keep_the_ttft_of_one_drained_replica_rag() {
+    check(Kind::Rag, 5, true);
+}
+
+#[test]
+fn shared_decisions_keep_the_ttft_of_one_drained_replica_multiturn() {
+    check(Kind::Multiturn, 5, false);
 }

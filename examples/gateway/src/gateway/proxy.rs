@@ -441,6 +441,10 @@ impl Load for Host<'_> {
     fn load(&self, endpoint: kvroute_core::EndpointId) -> kvroute_select::EndpointLoad {
         self.rt.load(endpoint)
     }
+
+    fn charged_prefill_tokens(&self, endpoint: kvroute_core::EndpointId) -> Option<u64> {
+        self.rt.charged_prefill_tokens(endpoint)
+    }
 }
 
 impl Health for Host<'_> {

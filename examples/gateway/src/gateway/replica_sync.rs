@@ -101,6 +101,10 @@ pub struct EndpointDelta {
     pub requests: i64,
     /// Change of `queued_prefill_tokens` since then.
     pub prefill_tokens: i64,
+    /// The sender's predicted prefill tokens ever charged there (monotonic;
+    /// absent from older senders).
+    #[serde(default)]
+    pub charged_prefill_tokens: u64,
 }
 
 /// What one received batch did, per delta (the answer to the post).
@@ -367,6 +371,7 @@ impl ReplicaSync {
                         queued_prefill_tokens: d.queued_prefill_tokens,
                         requests: d.requests,
                         prefill_tokens: d.prefill_tokens,
+                        charged_prefill_tokens: d.charged_prefill_tokens,
                     })
                 })
                 .collect();
@@ -419,6 +424,7 @@ impl ReplicaSync {
                     prefill_tokens: ed.prefill_tokens,
                     in_flight: ed.in_flight,
                     queued_prefill_tokens: ed.queued_prefill_tokens,
+                    charged_prefill_tokens: ed.charged_prefill_tokens,
                 };
                 match remote.apply(&delta, now) {
                     Applied::Applied => r.applied += 1,
@@ -428,6 +434,10 @@ impl ReplicaSync {
                     Applied::OriginsFull => r.origins_full += 1,
                 }
             }
+            // The cost scorer's drain model times the other replica's
+            // charges from their arrival, not from this replica's next
+            // decision.
+            rt.rule.observe_load(&**rt, now);
         }
         let c = &self.counters;
         for (counter, n) in [
@@ -995,6 +1005,7 @@ mod tests {
             queued_prefill_tokens: u64::from(in_flight) * 10,
             requests,
             prefill_tokens: requests * 10,
+            charged_prefill_tokens: 0,
         }
     }
 

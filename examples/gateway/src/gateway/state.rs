@@ -207,6 +207,16 @@ impl Load for RuleRuntime {
     fn load(&self, endpoint: EndpointId) -> EndpointLoad {
         self.load_of(endpoint)
     }
+
+    /// Every replica's charges (the cost scorer's drain times them).
+    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
+        let local = self.tracker.charged_tokens(endpoint);
+        Some(
+            self.remote
+                .as_ref()
+                .map_or(local, |r| local.saturating_add(r.remote_charged(endpoint))),
+        )
+    }
 }
 
 impl Health for RuleRuntime {

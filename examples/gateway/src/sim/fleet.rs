@@ -358,6 +358,13 @@ impl Load for ReplicaLoad<'_> {
             mine.load(endpoint)
         }
     }
+
+    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
+        self.rep
+            .remote
+            .view(&*self.rep.tracker, self.now)
+            .charged_prefill_tokens(endpoint)
+    }
 }
 
 struct Sim<'a> {
@@ -471,9 +478,17 @@ impl Sim<'_> {
             } else if synced == Some(t) {
                 if let Some((_, from, delta)) = self.sync.pop_front() {
                     let now = Duration::from_micros(t);
+                    let polled = self.cfg.load_poll_us > 0;
+                    let more_now = self.sync.front().is_some_and(|d| d.0 == t && d.1 == from);
                     for (k, rep) in self.replicas.iter().enumerate() {
                         if k != from {
                             rep.remote.apply(&delta, now);
+                            // Once per batch: the drain model times the
+                            // other replica's charges from their arrival.
+                            if !more_now {
+                                let view = ReplicaLoad { rep, polled, now };
+                                rep.rule.observe_load(&view, now);
+                            }
                         }
                     }
                 }
