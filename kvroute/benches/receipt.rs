@@ -1,7 +1,7 @@
 //! What adding `stream_options.include_usage` to a streamed chat request
-//! costs the router per request: `kvroute::receipt::include_usage` (a strict
-//! validating pass, a pass for the member offsets, one copy with the option
-//! spliced in) beside the serde_json `Value` round trip it replaced
+//! costs the router per request: `kvroute::receipt::include_usage` (one
+//! strict validating pass that keeps only `stream` / `stream_options` as raw
+//! slices, one copy with the option spliced in) beside the serde_json `Value` round trip it replaced
 //! (`tests/receipt_oracle`), on ~1K- and ~32K-token chat bodies (token counts
 //! from the real Qwen3 tokenizer, printed at start). Both run in the same
 //! process, alternating per benchmark: read them as a ratio.

@@ -454,10 +454,9 @@ where
 /// ```
 #[must_use]
 pub fn include_usage(body: &[u8]) -> Option<Vec<u8>> {
-    // Accept exactly what a `serde_json::Value` parse accepts, without
-    // building one: the splice must not turn a body the engine would reject
-    // into one it takes, nor the reverse.
-    serde_json::from_slice::<splice::Valid>(body).ok()?;
+    // One pass that accepts exactly what a `serde_json::Value` parse accepts,
+    // without building one: the splice must not turn a body the engine would
+    // reject into one it takes, nor the reverse.
     let top: splice::Top<'_> = serde_json::from_slice(body).ok()?;
     if top.stream.map(RawValue::get) != Some("true") {
         return None;
@@ -578,7 +577,8 @@ mod splice {
     }
 
     /// The top-level object's `stream` and `stream_options` (last occurrence
-    /// of each), as slices of the body.
+    /// of each), as slices of the body; every other member checked by
+    /// [`Valid`] and dropped.
     pub(super) struct Top<'a> {
         pub(super) stream: Option<&'a RawValue>,
         pub(super) options: Option<&'a RawValue>,
@@ -598,12 +598,22 @@ mod splice {
                         options: None,
                     };
                     while let Some(k) = map.next_key::<Key>()? {
+                        let slot = match k {
+                            Key::Stream => &mut top.stream,
+                            Key::StreamOptions => &mut top.options,
+                            Key::IncludeUsage | Key::Other => {
+                                map.next_value::<Valid>()?;
+                                continue;
+                            }
+                        };
+                        // A raw slice is read leniently (lone surrogates,
+                        // overflowing numbers pass): check it as strictly,
+                        // one level deep as it is here, so the nesting limit
+                        // counts the same.
                         let v: &'de RawValue = map.next_value()?;
-                        match k {
-                            Key::Stream => top.stream = Some(v),
-                            Key::StreamOptions => top.options = Some(v),
-                            Key::IncludeUsage | Key::Other => {}
-                        }
+                        serde_json::from_str::<[Valid; 1]>(&format!("[{}]", v.get()))
+                            .map_err(serde::de::Error::custom)?;
+                        *slot = Some(v);
                     }
                     Ok(top)
                 }

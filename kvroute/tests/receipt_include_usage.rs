@@ -253,18 +253,20 @@ fn every_case_is_covered_and_agrees() {
 /// serde_json's nesting limit applies to the splice as to the round trip.
 #[test]
 fn nesting_depth_is_judged_as_serde_json_judges_it() {
-    let mut seen = (false, false);
-    for depth in 120..136 {
-        let body = format!(
-            r#"{{"stream":true,"x":{}{}}}"#,
-            "[".repeat(depth),
-            "]".repeat(depth)
-        );
-        agree(body.as_bytes()).unwrap();
-        match include_usage(body.as_bytes()) {
-            Some(_) => seen.0 = true,
-            None => seen.1 = true,
+    // Inside a member the splice reads, and inside one it only checks.
+    for (before, after) in [
+        (r#"{"stream":true,"x":"#, "}"),
+        (r#"{"stream":true,"stream_options":{"x":"#, "}}"),
+    ] {
+        let mut seen = (false, false);
+        for depth in 120..136 {
+            let body = format!("{before}{}{}{after}", "[".repeat(depth), "]".repeat(depth));
+            agree(body.as_bytes()).unwrap();
+            match include_usage(body.as_bytes()) {
+                Some(_) => seen.0 = true,
+                None => seen.1 = true,
+            }
         }
+        assert_eq!(seen, (true, true), "both sides of the limit were tried");
     }
-    assert_eq!(seen, (true, true), "both sides of the limit were tried");
 }
