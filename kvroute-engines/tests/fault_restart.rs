@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use fault::{synthetic_key, Rig, RigConfig, EP};
 use interop_support::{free_port_pair, Peer};
 use kvroute_engines::transport::{ZmqEndpoint, ZmqSubscriberConfig};
-use kvroute_ingest::seq::{RestartPolicy, SeqWindowConfig};
 use kvroute_ingest::IngestConfig;
+use kvroute_ingest::{RestartPolicy, SeqWindowConfig};
 
 const T: Duration = Duration::from_secs(10);
 const BEFORE: u64 = 100;

@@ -13,7 +13,7 @@ use kvroute_core::EndpointId;
 use kvroute_engines::transport::{
     BatchApplier, IndexIngest, IngestOutcome, TrtllmPoller, TrtllmPollerConfig, TrtllmSink,
 };
-use kvroute_ingest::seq::SeqWindowConfig;
+use kvroute_ingest::SeqWindowConfig;
 use kvroute_ingest::{EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, SharedIndex};
 
 const T: Duration = Duration::from_secs(10);

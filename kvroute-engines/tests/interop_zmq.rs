@@ -407,8 +407,8 @@ fn restart_through_decoder_and_ingest_leaves_only_the_new_process_blocks() {
 
     use kvroute_core::{BlockKey, EndpointId, Medium};
     use kvroute_engines::transport::{DecodingSink, IndexIngest};
-    use kvroute_ingest::seq::{RestartPolicy, SeqWindowConfig};
     use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
+    use kvroute_ingest::{RestartPolicy, SeqWindowConfig};
 
     let rt = runtime();
     let port = free_port_pair();

@@ -1,13 +1,3 @@
-//! Attestation: recomputing the keys of stored blocks locally and comparing them
-//! with the keys the engine reported.
-//!
-//! A mismatch means the configured hash contract (algorithm, seed, block size,
-//! tokenizer, extra keys) differs from the engine's, and prompt-side keys will
-//! never match this endpoint's inventory: routing silently gets 0 % hits. The
-//! ingest therefore exposes a per-endpoint [`ContractStatus`], counts every
-//! verified and mismatched block, and logs an error on the first mismatch (and
-//! again at every power of two).
-
 use kvroute_core::{BlockHasher, BlockKey, ContractError, Digest, HashContract, RequestExtras};
 
 use crate::event::BlockStored;
@@ -33,6 +23,16 @@ pub struct Unverifiable {
 }
 
 /// Recomputes engine keys under the endpoint's hash contract.
+///
+/// Attestation: recomputing the keys of stored blocks locally and comparing them
+/// with the keys the engine reported.
+///
+/// A mismatch means the configured hash contract (algorithm, seed, block size,
+/// tokenizer, extra keys) differs from the engine's, and prompt-side keys will
+/// never match this endpoint's inventory: routing silently gets 0 % hits. The
+/// ingest therefore exposes a per-endpoint [`ContractStatus`], counts every
+/// verified and mismatched block, and logs an error on the first mismatch (and
+/// again at every power of two).
 pub trait KeyAttestor: Send + Sync {
     /// Appends the recomputed key and full digest of each of `stored`'s blocks
     /// (in order, as many as can be computed) continuing from `parent`.
@@ -119,7 +119,7 @@ impl AttestCounters {
 /// ```
 /// use std::sync::Arc;
 /// use kvroute_core::{BlockKey, EndpointId, HashContract, RequestExtras};
-/// use kvroute_ingest::attest::{ContractAttestor, ContractStatus};
+/// use kvroute_ingest::{ContractAttestor, ContractStatus};
 /// use kvroute_ingest::{
 ///     BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent,
 ///     SharedIndex,

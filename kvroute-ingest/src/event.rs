@@ -1,9 +1,3 @@
-//! Engine-neutral KV-cache events.
-//!
-//! Every engine adapter (vLLM / SGLang msgpack, TensorRT-LLM JSON) decodes its wire
-//! format into these types; everything downstream — the sequence window, the
-//! inventories, attestation — only ever sees this shape.
-
 use kvroute_core::{BlockKey, Medium, TokenId};
 
 /// One extra key attached to a stored block, already stripped of engine tags.
@@ -85,6 +79,10 @@ pub enum KvEvent {
 }
 
 /// A batch of events as one engine message carries it.
+///
+/// Every engine adapter (vLLM / SGLang msgpack, TensorRT-LLM JSON) decodes its wire
+/// format into these types; everything downstream — the sequence window, the
+/// inventories, attestation — only ever sees this shape.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct EventBatch {
     /// Transport sequence number (ZeroMQ frame 1; TensorRT-LLM `event_id` of the
@@ -132,7 +130,7 @@ impl EventBatch {
     ///
     /// The same publisher replaying a batch reproduces it exactly; a different
     /// process that numbered a different batch alike almost surely does not
-    /// (its timestamp alone differs). [`crate::seq::SeqWindow`] compares it to
+    /// (its timestamp alone differs). [`crate::SeqWindow`] compares it to
     /// verify a resume.
     ///
     /// ```

@@ -33,7 +33,7 @@ enum ModelResume {
     Verifying,
 }
 
-/// The naive sequence window: the rules tables of [`crate::seq`], restated with
+/// The naive sequence window: the rules tables of [`crate::SeqWindow`], restated with
 /// signed differences, keeping the whole last accepted batch (compared with
 /// `==` where the implementation compares digests).
 #[derive(Clone, Debug, Default)]

@@ -259,7 +259,7 @@ struct Attesting {
 ///   the endpoint, counted in [`IngestCounters::rekey_map_full`].
 /// * **Completeness.** Each stream's window counts the batches of the engine's
 ///   current process the inventory is known to lack
-///   ([`crate::seq::SeqWindow::missing_batches`]); an endpoint is
+///   ([`crate::SeqWindow::missing_batches`]); an endpoint is
 ///   [`Completeness::Partial`] while any stream lacks some. A clear caused by one
 ///   stream (or by the host) makes every other stream's batches missing; an
 ///   `AllBlocksCleared` makes its own stream complete again. The transition to
@@ -270,7 +270,7 @@ struct Attesting {
 /// use kvroute_core::{BlockKey, EndpointId, Medium};
 /// use kvroute_ingest::{
 ///     BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent,
-///     SharedIndex, seq::SeqAction,
+///     SharedIndex, SeqAction,
 /// };
 ///
 /// let index = SharedIndex::new(1, IndexConfig::default());

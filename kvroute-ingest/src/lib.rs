@@ -54,18 +54,20 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
-pub mod attest;
-pub mod event;
+mod attest;
+mod event;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod index;
 mod ingest;
-pub mod rekey;
-pub mod seq;
+mod rekey;
+mod seq;
 mod view;
 
-pub use attest::{ContractAttestor, ContractStatus, KeyAttestor};
+pub use attest::{
+    AttestCounters, ContractAttestor, ContractStatus, KeyAttestor, ParentLink, Unverifiable,
+};
 pub use event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
 pub use index::{
     EndpointInventory, IndexConfig, IndexError, SharedIndex, WriteStats, BUDGET_BYTES_PER_KEY,
@@ -74,6 +76,11 @@ pub use index::{
 pub use ingest::{
     Completeness, EndpointIngest, IngestConfig, IngestCounters, Keying, Outcome,
     DEFAULT_REKEY_ENTRIES,
+};
+pub use rekey::{BlockRekeyer, XxhChainRekeyer};
+pub use seq::{
+    ClearReason, DropReason, ReplayEnd, RestartPolicy, SeqAction, SeqCounters, SeqWindow,
+    SeqWindowConfig, DEFAULT_MAX_JUMP, DEFAULT_MAX_SEQ,
 };
 pub use view::{InventoryHealth, InventoryView, Overlap};
 

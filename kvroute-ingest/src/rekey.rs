@@ -1,12 +1,3 @@
-//! Re-keying: computing kvroute's own block keys from the token ids that
-//! `BlockStored` events carry, for engines whose keys the prompt side cannot
-//! reproduce (vLLM with a random hash seed, salted or LoRA TensorRT-LLM, SGLang
-//! before 0.5.6).
-//!
-//! The prompt side must hash prompts with the same [`BlockRekeyer`] rule; the
-//! ingest side keeps an engine-key → internal-key map per endpoint so that
-//! `BlockRemoved` (which carries only engine keys) still works.
-
 use kvroute_core::{BlockKey, TokenId};
 
 /// Computes internal keys for consecutive full blocks of tokens, chained after a
@@ -14,6 +5,15 @@ use kvroute_core::{BlockKey, TokenId};
 ///
 /// Implementations must be pure: the same inputs always give the same keys, on
 /// the prompt side and on the ingest side.
+///
+/// Re-keying: computing kvroute's own block keys from the token ids that
+/// `BlockStored` events carry, for engines whose keys the prompt side cannot
+/// reproduce (vLLM with a random hash seed, salted or LoRA TensorRT-LLM, SGLang
+/// before 0.5.6).
+///
+/// The prompt side must hash prompts with the same [`BlockRekeyer`] rule; the
+/// ingest side keeps an engine-key → internal-key map per endpoint so that
+/// `BlockRemoved` (which carries only engine keys) still works.
 pub trait BlockRekeyer: Send + Sync {
     /// Appends one key per full `block_size` block of `tokens` to `out`; a partial
     /// tail block gets no key.
@@ -31,7 +31,7 @@ pub trait BlockRekeyer: Send + Sync {
 ///
 /// ```
 /// use kvroute_core::BlockKey;
-/// use kvroute_ingest::rekey::{BlockRekeyer, XxhChainRekeyer};
+/// use kvroute_ingest::{BlockRekeyer, XxhChainRekeyer};
 ///
 /// let rekeyer = XxhChainRekeyer::default();
 /// let tokens: Vec<u32> = (0..40).collect();

@@ -1,117 +1,3 @@
-//! The sequence-window state machine: one per (endpoint, DP rank) event stream.
-//!
-//! Sans-IO: the transport adapter feeds it sequence numbers and connection
-//! events, and it answers with the [`SeqAction`] to take. It never touches an
-//! inventory itself.
-//!
-//! # Rules
-//!
-//! With `last` the highest sequence number accepted so far and `W` the window
-//! (64 by default):
-//!
-//! | input | condition | action |
-//! |---|---|---|
-//! | batch `s` | first batch of the stream | apply |
-//! | batch `s` | `s == last + 1` | apply |
-//! | batch `s` | `last + 1 < s ≤ last + 1 + W` (gap of at most `W`) | apply, keep inventory (counted) |
-//! | batch `s` | `s > last + 1 + W` | clear the endpoint, then apply |
-//! | batch `s` | `s == last` | drop (duplicate) |
-//! | batch `s` | `last - W ≤ s < last`, and not (`s == 0` outside a replay) | drop (old) |
-//! | batch `s` | `s < last - W`, or `s == 0 < last` outside a replay | engine restart |
-//! | batch `s` | first batch after [`SeqWindow::on_reconnect`] with `s ≤ last` | engine restart |
-//!
-//! **Restart vs. old duplicate.** Publishers number batches from 0 per process,
-//! and ZeroMQ PUB/SUB never redelivers, so outside a replay the only way to see
-//! an old number is a new publisher process. A number far below `last` (more
-//! than `W` back), a return to exactly 0, or any number `≤ last` right after the
-//! transport reported a reconnect is therefore a restart. Within `W` below `last`
-//! and not 0 it is treated as a stray duplicate (a replay overlapping live
-//! traffic), because clearing a healthy inventory costs more than a few
-//! missed events. While a replay is in flight ([`SeqWindow::on_bootstrap`] until
-//! [`SeqWindow::on_replay_done`]) every number `≤ last` is a duplicate.
-//!
-//! On restart, [`RestartPolicy::Clear`] clears and applies the batch (its
-//! events belong to the new process); [`RestartPolicy::Replay`] clears, does not
-//! apply it, and asks for a replay from 0 so the new process's buffer is read
-//! in order.
-//!
-//! **Reconnects.** After `on_reconnect`, a next batch within the window keeps the
-//! inventory (a near reconnect), one beyond it clears, one at or below `last`
-//! is a restart.
-//!
-//! **Verified resumes.** Sequence numbers cannot show a restart that happened
-//! while we were disconnected once the new process has published past `last`:
-//! its next batch looks like a small forward gap. A transport with a replay
-//! service (vLLM's and SGLang's ZeroMQ ROUTER socket) reports the reconnect with
-//! [`SeqWindow::on_resume`] instead, requests a replay from the number it
-//! returns (`last` itself, not `last + 1`), and passes each batch's content
-//! digest ([`SeqWindow::on_batch_with_digest`]). Then:
-//!
-//! | first input after `on_resume` | meaning | action |
-//! |---|---|---|
-//! | batch `last` with the digest we applied | same publisher | drop (duplicate); resume verified |
-//! | batch `last` with another digest (or none) | a different process numbered a different batch `last` | restart |
-//! | batch `s < last` | a new process | restart |
-//! | batch `s > last` | the publisher no longer holds `last`: restarted, or overwrote its buffer; unverifiable | restart |
-//! | replay ended complete, no batch ([`SeqWindow::on_replay_finished`]) | the publisher's newest batch is older than `last` | restart |
-//! | replay failed or timed out | no evidence yet | wait: the next batch decides |
-//!
-//! Why these signals and not others: a publisher process never numbers two
-//! different batches alike and its replay buffer serves the exact batches it
-//! published, so a digest mismatch at `last` proves a new process, and the
-//! buffer always holds its newest batches, so a complete replay from `last`
-//! that is empty proves its numbering is below `last`. A forward batch in place
-//! of `last` proves nothing either way, so the inventory is cleared rather than
-//! trusted (a cold endpoint costs a few cache misses; a stale one misroutes
-//! until its keys age out). Weaker evidence was rejected: a `BlockStored` whose
-//! parent we do not hold also follows any kept gap or capacity eviction, and
-//! the engine's timestamps move forward across a restart just as within one
-//! process (and wall clocks can step back), so neither distinguishes a restart.
-//! The adapter must deliver the replayed batches before buffered live ones.
-//!
-//! **Implausible numbers.** A publisher numbers its batches from 0, one per
-//! engine step, so a number above [`SeqWindowConfig::max_seq`] (2^48 by default:
-//! ~9 years at a million batches a second) cannot come from a real engine, and a
-//! jump of more than [`SeqWindowConfig::max_jump`] batches past `last` is
-//! implausible on a stream we stayed subscribed to. Accepting such a number as the
-//! new `last` would make every later real batch look old or duplicate and discard
-//! the live stream, so:
-//!
-//! | batch `s` | action |
-//! |---|---|
-//! | `s > max_seq` | drop ([`DropReason::Implausible`]), `last` unchanged |
-//! | `s > last + 1 + max_jump`, and the previous batch was not `s - 1` | drop ([`DropReason::Implausible`]), remember `s` |
-//! | `s > last + 1 + max_jump`, right after an implausible `s - 1` | a real jump (e.g. a long silent cut): judged as usual (a gap beyond the window clears) |
-//!
-//! A real stream that jumped is followed from its second batch on; one forged or
-//! corrupted number never moves `last`. The rule applies to replayed and live
-//! batches alike and is checked before the resume verification, which then
-//! judges the next plausible batch.
-//!
-//! **Completeness.** Besides the action, each window tracks how many of the
-//! current publisher process's batches it knows the inventory lacks
-//! ([`SeqWindow::missing_batches`]): a first batch at `s` (a subscriber started
-//! over a warm engine, or a bootstrap replay whose answer starts at `s` because
-//! the engine's buffer no longer reaches back, or failed) misses `s`; a gap kept
-//! inside the window adds its missed batches; a clear (gap beyond the window or a
-//! restart at `s`) leaves only what batch `s` and later carry, so `s` are missing.
-//! The count returns to 0 only when the inventory provably equals the engine's
-//! again: a batch carrying `AllBlocksCleared` ([`SeqWindow::mark_complete`], called
-//! by [`crate::EndpointIngest`]), or a new process seen from its batch 0.
-//!
-//! ```
-//! use kvroute_ingest::seq::{ClearReason, SeqAction, SeqWindow, SeqWindowConfig};
-//!
-//! let mut w = SeqWindow::new(SeqWindowConfig::default());
-//! assert_eq!(w.on_batch(0), SeqAction::Apply);
-//! assert_eq!(w.on_batch(1), SeqAction::Apply);
-//! assert_eq!(w.on_batch(5), SeqAction::ApplyAfterGap { missed: 3 });
-//! assert!(matches!(w.on_batch(5), SeqAction::Drop(_)));
-//! assert_eq!(w.on_batch(500), SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { missed: 494 }));
-//! assert_eq!(w.on_batch(0), SeqAction::ClearThenApply(ClearReason::Restart));
-//! assert_eq!(w.counters().restarts, 1);
-//! ```
-
 /// What to do after an engine restart.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RestartPolicy {
@@ -123,6 +9,118 @@ pub enum RestartPolicy {
 }
 
 /// Configuration of one stream's window.
+///
+/// Sans-IO: the transport adapter feeds it sequence numbers and connection
+/// events, and it answers with the [`SeqAction`] to take. It never touches an
+/// inventory itself.
+///
+/// # Rules
+///
+/// With `last` the highest sequence number accepted so far and `W` the window
+/// (64 by default):
+///
+/// | input | condition | action |
+/// |---|---|---|
+/// | batch `s` | first batch of the stream | apply |
+/// | batch `s` | `s == last + 1` | apply |
+/// | batch `s` | `last + 1 < s ≤ last + 1 + W` (gap of at most `W`) | apply, keep inventory (counted) |
+/// | batch `s` | `s > last + 1 + W` | clear the endpoint, then apply |
+/// | batch `s` | `s == last` | drop (duplicate) |
+/// | batch `s` | `last - W ≤ s < last`, and not (`s == 0` outside a replay) | drop (old) |
+/// | batch `s` | `s < last - W`, or `s == 0 < last` outside a replay | engine restart |
+/// | batch `s` | first batch after [`SeqWindow::on_reconnect`] with `s ≤ last` | engine restart |
+///
+/// **Restart vs. old duplicate.** Publishers number batches from 0 per process,
+/// and ZeroMQ PUB/SUB never redelivers, so outside a replay the only way to see
+/// an old number is a new publisher process. A number far below `last` (more
+/// than `W` back), a return to exactly 0, or any number `≤ last` right after the
+/// transport reported a reconnect is therefore a restart. Within `W` below `last`
+/// and not 0 it is treated as a stray duplicate (a replay overlapping live
+/// traffic), because clearing a healthy inventory costs more than a few
+/// missed events. While a replay is in flight ([`SeqWindow::on_bootstrap`] until
+/// [`SeqWindow::on_replay_done`]) every number `≤ last` is a duplicate.
+///
+/// On restart, [`RestartPolicy::Clear`] clears and applies the batch (its
+/// events belong to the new process); [`RestartPolicy::Replay`] clears, does not
+/// apply it, and asks for a replay from 0 so the new process's buffer is read
+/// in order.
+///
+/// **Reconnects.** After `on_reconnect`, a next batch within the window keeps the
+/// inventory (a near reconnect), one beyond it clears, one at or below `last`
+/// is a restart.
+///
+/// **Verified resumes.** Sequence numbers cannot show a restart that happened
+/// while we were disconnected once the new process has published past `last`:
+/// its next batch looks like a small forward gap. A transport with a replay
+/// service (vLLM's and SGLang's ZeroMQ ROUTER socket) reports the reconnect with
+/// [`SeqWindow::on_resume`] instead, requests a replay from the number it
+/// returns (`last` itself, not `last + 1`), and passes each batch's content
+/// digest ([`SeqWindow::on_batch_with_digest`]). Then:
+///
+/// | first input after `on_resume` | meaning | action |
+/// |---|---|---|
+/// | batch `last` with the digest we applied | same publisher | drop (duplicate); resume verified |
+/// | batch `last` with another digest (or none) | a different process numbered a different batch `last` | restart |
+/// | batch `s < last` | a new process | restart |
+/// | batch `s > last` | the publisher no longer holds `last`: restarted, or overwrote its buffer; unverifiable | restart |
+/// | replay ended complete, no batch ([`SeqWindow::on_replay_finished`]) | the publisher's newest batch is older than `last` | restart |
+/// | replay failed or timed out | no evidence yet | wait: the next batch decides |
+///
+/// Why these signals and not others: a publisher process never numbers two
+/// different batches alike and its replay buffer serves the exact batches it
+/// published, so a digest mismatch at `last` proves a new process, and the
+/// buffer always holds its newest batches, so a complete replay from `last`
+/// that is empty proves its numbering is below `last`. A forward batch in place
+/// of `last` proves nothing either way, so the inventory is cleared rather than
+/// trusted (a cold endpoint costs a few cache misses; a stale one misroutes
+/// until its keys age out). Weaker evidence was rejected: a `BlockStored` whose
+/// parent we do not hold also follows any kept gap or capacity eviction, and
+/// the engine's timestamps move forward across a restart just as within one
+/// process (and wall clocks can step back), so neither distinguishes a restart.
+/// The adapter must deliver the replayed batches before buffered live ones.
+///
+/// **Implausible numbers.** A publisher numbers its batches from 0, one per
+/// engine step, so a number above [`SeqWindowConfig::max_seq`] (2^48 by default:
+/// ~9 years at a million batches a second) cannot come from a real engine, and a
+/// jump of more than [`SeqWindowConfig::max_jump`] batches past `last` is
+/// implausible on a stream we stayed subscribed to. Accepting such a number as the
+/// new `last` would make every later real batch look old or duplicate and discard
+/// the live stream, so:
+///
+/// | batch `s` | action |
+/// |---|---|
+/// | `s > max_seq` | drop ([`DropReason::Implausible`]), `last` unchanged |
+/// | `s > last + 1 + max_jump`, and the previous batch was not `s - 1` | drop ([`DropReason::Implausible`]), remember `s` |
+/// | `s > last + 1 + max_jump`, right after an implausible `s - 1` | a real jump (e.g. a long silent cut): judged as usual (a gap beyond the window clears) |
+///
+/// A real stream that jumped is followed from its second batch on; one forged or
+/// corrupted number never moves `last`. The rule applies to replayed and live
+/// batches alike and is checked before the resume verification, which then
+/// judges the next plausible batch.
+///
+/// **Completeness.** Besides the action, each window tracks how many of the
+/// current publisher process's batches it knows the inventory lacks
+/// ([`SeqWindow::missing_batches`]): a first batch at `s` (a subscriber started
+/// over a warm engine, or a bootstrap replay whose answer starts at `s` because
+/// the engine's buffer no longer reaches back, or failed) misses `s`; a gap kept
+/// inside the window adds its missed batches; a clear (gap beyond the window or a
+/// restart at `s`) leaves only what batch `s` and later carry, so `s` are missing.
+/// The count returns to 0 only when the inventory provably equals the engine's
+/// again: a batch carrying `AllBlocksCleared` ([`SeqWindow::mark_complete`], called
+/// by [`crate::EndpointIngest`]), or a new process seen from its batch 0.
+///
+/// ```
+/// use kvroute_ingest::{ClearReason, SeqAction, SeqWindow, SeqWindowConfig};
+///
+/// let mut w = SeqWindow::new(SeqWindowConfig::default());
+/// assert_eq!(w.on_batch(0), SeqAction::Apply);
+/// assert_eq!(w.on_batch(1), SeqAction::Apply);
+/// assert_eq!(w.on_batch(5), SeqAction::ApplyAfterGap { missed: 3 });
+/// assert!(matches!(w.on_batch(5), SeqAction::Drop(_)));
+/// assert_eq!(w.on_batch(500), SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { missed: 494 }));
+/// assert_eq!(w.on_batch(0), SeqAction::ClearThenApply(ClearReason::Restart));
+/// assert_eq!(w.counters().restarts, 1);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SeqWindowConfig {
     /// Largest gap (missed batches) that keeps the inventory.
@@ -130,7 +128,7 @@ pub struct SeqWindowConfig {
     /// What a detected engine restart does.
     pub on_restart: RestartPolicy,
     /// Highest sequence number accepted at all (see "Implausible numbers" in the
-    /// [module docs](self)).
+    /// [`SeqWindow`] docs).
     pub max_seq: u64,
     /// Largest forward jump past the last accepted batch taken from a single
     /// batch; a longer one needs its successor to confirm it.
@@ -336,7 +334,7 @@ enum Resume {
     Verifying,
 }
 
-/// One stream's sequence window. See the [module docs](self).
+/// One stream's sequence window: the state machine of one (endpoint, DP rank) event stream.
 #[derive(Clone, Debug)]
 pub struct SeqWindow {
     config: SeqWindowConfig,
@@ -371,7 +369,7 @@ impl SeqWindow {
 
     /// Batches of the current publisher process whose effects the inventory is
     /// known to lack (0: complete as far as this stream can tell). See
-    /// "Completeness" in the [module docs](self).
+    /// "Completeness" in the [`SeqWindow`] docs.
     #[must_use]
     pub fn missing_batches(&self) -> u64 {
         self.missing
@@ -411,7 +409,7 @@ impl SeqWindow {
     }
 
     /// Decides what to do with batch `seq` (no content digest: a resume check
-    /// at `last` then cannot confirm continuity, see the [module docs](self)).
+    /// at `last` then cannot confirm continuity, see the [`SeqWindow`] docs).
     pub fn on_batch(&mut self, seq: u64) -> SeqAction {
         self.decide(seq, None)
     }
@@ -556,10 +554,10 @@ impl SeqWindow {
     /// from the returned sequence number (the last accepted batch) and pass
     /// batches with [`Self::on_batch_with_digest`]. `None` when nothing was
     /// accepted yet (there is nothing to verify; no replay is needed for it).
-    /// See the resume table in the [module docs](self).
+    /// See the resume table in the [`SeqWindow`] docs.
     ///
     /// ```
-    /// use kvroute_ingest::seq::{ClearReason, DropReason, SeqAction, SeqWindow, SeqWindowConfig};
+    /// use kvroute_ingest::{ClearReason, DropReason, SeqAction, SeqWindow, SeqWindowConfig};
     ///
     /// let mut w = SeqWindow::new(SeqWindowConfig::default());
     /// assert_eq!(w.on_batch_with_digest(7, 0xaa), SeqAction::Apply);

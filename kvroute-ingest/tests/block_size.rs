@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use kvroute_core::{BlockKey, EndpointId};
-use kvroute_ingest::attest::ContractStatus;
-use kvroute_ingest::rekey::XxhChainRekeyer;
+use kvroute_ingest::ContractStatus;
+use kvroute_ingest::XxhChainRekeyer;
 use kvroute_ingest::{
     BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent,
     SharedIndex,

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use common::{capture_rank, contract_attestor, load, vllm_batch};
 use kvroute_core::{BlockKey, EndpointId, Medium};
-use kvroute_ingest::attest::ContractStatus;
 use kvroute_ingest::fuzzing::{check, Model};
-use kvroute_ingest::rekey::{BlockRekeyer, XxhChainRekeyer};
-use kvroute_ingest::seq::{ClearReason, ReplayEnd, SeqAction};
+use kvroute_ingest::ContractStatus;
+use kvroute_ingest::{BlockRekeyer, XxhChainRekeyer};
+use kvroute_ingest::{ClearReason, ReplayEnd, SeqAction};
 use kvroute_ingest::{
     EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent, SharedIndex,
 };

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use kvroute_core::{BlockKey, EndpointId, Medium};
-use kvroute_ingest::rekey::XxhChainRekeyer;
+use kvroute_ingest::XxhChainRekeyer;
 use kvroute_ingest::{
     BlockRemoved, BlockStored, EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying,
     KvEvent, SharedIndex,

@@ -1,6 +1,6 @@
 //! The window's rules table, one scenario per row, and its counters.
 
-use kvroute_ingest::seq::{
+use kvroute_ingest::{
     ClearReason, DropReason, ReplayEnd, RestartPolicy, SeqAction, SeqWindow, SeqWindowConfig,
 };
 

@@ -11,12 +11,12 @@ use kvroute_core::{EndpointId, HashContract};
 use kvroute_engines::prompt::TokenizerPool;
 use kvroute_engines::transport::{EngineKind, IndexIngest, MetricsSnapshot, SharedIngest};
 use kvroute_engines::ApiKind;
-use kvroute_ingest::attest::{ContractAttestor, ContractStatus, KeyAttestor};
-use kvroute_ingest::seq::{RestartPolicy, SeqWindowConfig};
+use kvroute_ingest::{ContractAttestor, ContractStatus, KeyAttestor};
 use kvroute_ingest::{
     EndpointIngest, IndexConfig, IngestConfig, InventoryHealth, InventoryView, Keying, Overlap,
     SharedIndex,
 };
+use kvroute_ingest::{RestartPolicy, SeqWindowConfig};
 use kvroute_select::{
     AdminState, Availability, BreakerConfig, Choice, CircuitBreaker, ContractKeys,
     CountersSnapshot, Decision, Endpoint, Health, Leg, Load, LoadGuard, LoadTracker, PromptKeys,

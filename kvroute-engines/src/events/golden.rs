@@ -26,7 +26,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use kvroute_core::{BlockKey, Medium};
-use kvroute_ingest::event::{BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
+use kvroute_ingest::{BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 

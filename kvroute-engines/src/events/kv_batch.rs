@@ -10,7 +10,7 @@
 //! skipped and counted as unknown fields.
 
 use kvroute_core::{BlockKey, Medium, TokenId};
-use kvroute_ingest::event::{BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
+use kvroute_ingest::{BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
 
 use super::msgpack::{Int, Reader, MAX_DEPTH};
 use super::{DecodeError, DecodeStats};

@@ -1,5 +1,5 @@
 //! Decoders from the engines' KV-event wire formats to the engine-neutral
-//! [`kvroute_ingest::event`] types.
+//! [`kvroute_ingest::EventBatch`] types.
 //!
 //! | engine | transport | decoder |
 //! |---|---|---|
@@ -205,7 +205,7 @@ impl MalformedPayload {
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
-    use kvroute_ingest::event::{EventBatch, KvEvent};
+    use kvroute_ingest::{EventBatch, KvEvent};
 
     use super::{sglang, trtllm, vllm, DecodeError, DecodeStats};
 

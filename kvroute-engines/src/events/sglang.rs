@@ -10,7 +10,7 @@
 //! Hashes arrive as int64 (`0xd3`, negative values) or uint64 (`0xcf`); both keep
 //! their 64 bits (`BlockKey::from_i64`). Medium `"CPU_PINNED"` is the host tier.
 
-use kvroute_ingest::event::EventBatch;
+use kvroute_ingest::EventBatch;
 
 use super::kv_batch::{self, Dialect, Field};
 use super::{DecodeError, DecodeStats};

@@ -38,7 +38,7 @@
 //!   reusable prefix). The decoder remembers the largest window across drains.
 
 use kvroute_core::{BlockKey, Medium, TokenId};
-use kvroute_ingest::event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
+use kvroute_ingest::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
 use serde_json::{Map, Value};
 
 use super::{DecodeError, DecodeStats};

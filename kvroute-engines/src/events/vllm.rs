@@ -10,7 +10,7 @@
 //! default) or the raw digests as `bin` (`=0`); digests become the same 64-bit key
 //! the int mode publishes (last 8 bytes, big-endian), so both modes route alike.
 
-use kvroute_ingest::event::EventBatch;
+use kvroute_ingest::EventBatch;
 
 use super::kv_batch::{self, Dialect, Field};
 use super::{DecodeError, DecodeStats};

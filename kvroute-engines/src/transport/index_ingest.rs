@@ -23,12 +23,12 @@
 //!   interleaves the attention-DP ranks; each event names its own). The
 //!   capacity its `created` event reports bounds the endpoint's inventory.
 //!
-//! [`SeqWindowConfig::destructive_drain`]: kvroute_ingest::seq::SeqWindowConfig::destructive_drain
+//! [`SeqWindowConfig::destructive_drain`]: kvroute_ingest::SeqWindowConfig::destructive_drain
 
 use std::sync::Arc;
 
 use kvroute_core::Medium;
-use kvroute_ingest::seq::{ClearReason, DropReason, SeqAction};
+use kvroute_ingest::{ClearReason, DropReason, SeqAction};
 use kvroute_ingest::{EndpointIngest, EventBatch, Outcome, SharedIndex};
 use parking_lot::{Mutex, MutexGuard};
 

@@ -66,11 +66,11 @@ pub struct FrameReport {
     pub engine_timestamp: Option<f64>,
 }
 
-impl From<kvroute_ingest::seq::ReplayEnd> for FrameReport {
+impl From<kvroute_ingest::ReplayEnd> for FrameReport {
     /// The report of a replay's end as the ingest window judged it: a restart
     /// clears, and may ask for a replay from 0.
-    fn from(end: kvroute_ingest::seq::ReplayEnd) -> Self {
-        use kvroute_ingest::seq::ReplayEnd;
+    fn from(end: kvroute_ingest::ReplayEnd) -> Self {
+        use kvroute_ingest::ReplayEnd;
         let restart = end.clears();
         FrameReport {
             cleared: restart,

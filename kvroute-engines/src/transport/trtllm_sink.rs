@@ -14,7 +14,7 @@
 //! The `created` event's `num_blocks_per_cache_level` bounds the endpoint's
 //! inventory ([`BatchApplier::set_capacity`]).
 //!
-//! [`SeqWindowConfig::destructive_drain`]: kvroute_ingest::seq::SeqWindowConfig::destructive_drain
+//! [`SeqWindowConfig::destructive_drain`]: kvroute_ingest::SeqWindowConfig::destructive_drain
 
 use kvroute_ingest::EventBatch;
 
@@ -126,7 +126,7 @@ mod tests {
 
     use crate::transport::IndexIngest;
     use kvroute_core::{BlockKey, EndpointId, Medium};
-    use kvroute_ingest::seq::SeqWindowConfig;
+    use kvroute_ingest::SeqWindowConfig;
     use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
     use std::sync::Arc;
 

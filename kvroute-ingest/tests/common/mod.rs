@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use kvroute_core::{BlockKey, HashContract, Medium};
-use kvroute_ingest::attest::ContractAttestor;
+use kvroute_ingest::ContractAttestor;
 use kvroute_ingest::{BlockRemoved, BlockStored, EventBatch, KvEvent};
 use serde_json::Value;
 

@@ -36,12 +36,12 @@ use kvroute_core::{BlockKey, EndpointId, HashContract, Medium};
 use kvroute_engines::transport::{
     DecodingSink, EngineKind, IndexIngest, SharedIngest, TransportError, TrtllmSink,
 };
-use kvroute_ingest::attest::{AttestCounters, ContractAttestor, ContractStatus, KeyAttestor};
-use kvroute_ingest::seq::{RestartPolicy, SeqCounters, SeqWindowConfig};
+use kvroute_ingest::{AttestCounters, ContractAttestor, ContractStatus, KeyAttestor};
 use kvroute_ingest::{
     Completeness, EndpointIngest, IndexConfig, IngestConfig, IngestCounters, InventoryHealth,
     InventoryView, KeyMode, Keying, Overlap, SharedIndex,
 };
+use kvroute_ingest::{RestartPolicy, SeqCounters, SeqWindowConfig};
 
 use super::config::EndpointSpec;
 

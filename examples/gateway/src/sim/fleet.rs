@@ -36,10 +36,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvroute_core::{BlockKey, EndpointId};
-use kvroute_ingest::seq::{RestartPolicy, SeqWindowConfig};
 use kvroute_ingest::{
     EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent, SharedIndex,
 };
+use kvroute_ingest::{RestartPolicy, SeqWindowConfig};
 use kvroute_select::{
     AlwaysAvailable, ContractId, Decision, EndpointLoad, EngineReport, Load, LoadBound, LoadDelta,
     LoadGuard, LoadTracker, PromptInput, RemoteConfig, RemoteLoad, ReportedLoad, Request, Rule,
@@ -877,7 +877,7 @@ impl Sim<'_> {
             fallbacks += c.fallbacks;
             load_diversions += c.load_diversions;
         }
-        let mut seq = kvroute_ingest::seq::SeqCounters::default();
+        let mut seq = kvroute_ingest::SeqCounters::default();
         let mut clears = 0;
         for ingest in &self.ingests {
             seq += ingest.seq_counters();
