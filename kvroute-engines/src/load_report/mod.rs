@@ -5,7 +5,7 @@
 //! one sees about 1/N of an engine's load. The engines publish the whole picture
 //! (every replica's requests, prefill and decode alike), so a poller of these
 //! endpoints gives every replica the same, true load signal. The poller is the
-//! thin shell in `transport::load_poller` (feature `trtllm-http`); everything here
+//! thin shell in `transport::LoadPoller` (feature `trtllm-http`); everything here
 //! is a pure function of the response body.
 //!
 //! The metric names per engine and version, the files they were read from, and

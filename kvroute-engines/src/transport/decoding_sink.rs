@@ -63,7 +63,7 @@ impl<I: SeqIngest> DecodingSink<I> {
                 engine,
                 feature: "ZeroMQ KV events",
                 reason: "this engine exposes its KV events over HTTP, not ZeroMQ",
-                suggestion: "use the TensorRT-LLM drain poller (transport::trtllm_poller)",
+                suggestion: "use the TensorRT-LLM drain poller (transport::TrtllmPoller)",
             });
         }
         Ok(Self {

@@ -1,16 +1,3 @@
-//! Where a ZeroMQ subscriber dials or listens, derived from the engine's own config.
-//!
-//! vLLM and SGLang decide per endpoint string whether their PUB socket binds or
-//! connects (golden/vllm-events/README.md, golden/sglang-events/README.md): a
-//! wildcard host (`*`, `0.0.0.0`, `::`) or an `ipc://` / `inproc://` address binds,
-//! anything else connects. Our SUB must do the opposite. Data-parallel rank `r`
-//! publishes on `port + r` (and replays on `replay_port + r`).
-//!
-//! When our socket binds, it binds exactly what the address names
-//! ([`ZmqEndpoint::bind_target`]): an IP literal as written, a host name on each
-//! address the name resolves to (`localhost` → loopback), and every interface
-//! only for a wildcard host (`*`, `0.0.0.0`, `::`) that the address spells out.
-
 use super::EngineKind;
 
 /// Whether our socket dials the engine or waits for the engine to dial us.
@@ -23,6 +10,19 @@ pub enum SocketRole {
 }
 
 /// A ZeroMQ address together with what our socket does with it.
+///
+/// Where a ZeroMQ subscriber dials or listens, derived from the engine's own config.
+///
+/// vLLM and SGLang decide per endpoint string whether their PUB socket binds or
+/// connects (golden/vllm-events/README.md, golden/sglang-events/README.md): a
+/// wildcard host (`*`, `0.0.0.0`, `::`) or an `ipc://` / `inproc://` address binds,
+/// anything else connects. Our SUB must do the opposite. Data-parallel rank `r`
+/// publishes on `port + r` (and replays on `replay_port + r`).
+///
+/// When our socket binds, it binds exactly what the address names
+/// ([`ZmqEndpoint::bind_target`]): an IP literal as written, a host name on each
+/// address the name resolves to (`localhost` → loopback), and every interface
+/// only for a wildcard host (`*`, `0.0.0.0`, `::`) that the address spells out.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ZmqEndpoint {
     /// `tcp://host:port` or `ipc://path`.
@@ -169,7 +169,7 @@ impl ZmqEndpoint {
     ///
     /// ```
     /// use kvroute_engines::transport::ZmqEndpoint;
-    /// use kvroute_engines::transport::endpoint::BindTarget;
+    /// use kvroute_engines::transport::BindTarget;
     ///
     /// let name = ZmqEndpoint::bind("tcp://localhost:5557").bind_target().unwrap();
     /// assert_eq!(name, BindTarget::Name { host: "localhost".into(), port: 5557 });
@@ -208,7 +208,7 @@ impl ZmqEndpoint {
 /// which the operator did not ask for.
 ///
 /// ```
-/// use kvroute_engines::transport::endpoint::resolved_bind_addresses;
+/// use kvroute_engines::transport::resolved_bind_addresses;
 ///
 /// let v4 = std::net::Ipv4Addr::LOCALHOST.into();
 /// let v6 = std::net::Ipv6Addr::LOCALHOST.into();

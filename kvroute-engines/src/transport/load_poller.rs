@@ -1,19 +1,3 @@
-//! Engine-reported load: `GET` an engine's metrics endpoint on an interval and
-//! hand each parsed [`EngineLoadReport`] (or the reason there is none) to the host.
-//!
-//! A thin shell around [`parse_load`]: the HTTP request, a deadline, a body limit
-//! enforced while the body streams in, and counters. What the figures mean per
-//! engine (names, ranks, the TensorRT-LLM drain) is documented on
-//! [`MetricsDialect`]. Every poll reports, successful or not, so the host can age
-//! out a report the engine stopped confirming.
-//!
-//! vLLM and SGLang `/metrics` and TensorRT-LLM `/prometheus/metrics` can be read
-//! by any number of pollers (one per gateway replica). TensorRT-LLM's JSON
-//! `/metrics` ([`MetricsDialect::Trtllm`]) is a destructive drain of the
-//! iteration-stats queue: pollers sharing it each see a part of the iterations.
-//!
-//! Gated by the `trtllm-http` feature, the one that already brings `reqwest`.
-
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -182,6 +166,22 @@ impl LoadPollerMetrics {
 }
 
 /// Polls one engine's metrics endpoint.
+///
+/// Engine-reported load: `GET` an engine's metrics endpoint on an interval and
+/// hand each parsed [`EngineLoadReport`] (or the reason there is none) to the host.
+///
+/// A thin shell around [`parse_load`]: the HTTP request, a deadline, a body limit
+/// enforced while the body streams in, and counters. What the figures mean per
+/// engine (names, ranks, the TensorRT-LLM drain) is documented on
+/// [`MetricsDialect`]. Every poll reports, successful or not, so the host can age
+/// out a report the engine stopped confirming.
+///
+/// vLLM and SGLang `/metrics` and TensorRT-LLM `/prometheus/metrics` can be read
+/// by any number of pollers (one per gateway replica). TensorRT-LLM's JSON
+/// `/metrics` ([`MetricsDialect::Trtllm`]) is a destructive drain of the
+/// iteration-stats queue: pollers sharing it each see a part of the iterations.
+///
+/// Gated by the `trtllm-http` feature, the one that already brings `reqwest`.
 ///
 /// ```no_run
 /// use kvroute_engines::transport::{LoadPoller, LoadPollerConfig};

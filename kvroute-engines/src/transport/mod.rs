@@ -1,11 +1,11 @@
 //! Transports that carry engine KV events to kvroute: thin I/O shells around the
 //! sans-IO decoders and the ingest state machine.
 //!
-//! | engine | transport | module | feature |
+//! | engine | transport | type | feature |
 //! |---|---|---|---|
-//! | vLLM, SGLang | ZeroMQ PUB → our SUB, `[topic, seq, payload]`; ROUTER replay | [`zmq_subscriber`], [`replay`] | `zmq` |
-//! | TensorRT-LLM | `POST /kv_cache_events` (destructive drain) | [`trtllm_poller`] | `trtllm-http` |
-//! | engine load (all) | `GET /metrics` → [`crate::parse_load`] on an interval | [`load_poller`] | `trtllm-http` |
+//! | vLLM, SGLang | ZeroMQ PUB → our SUB, `[topic, seq, payload]`; ROUTER replay | `ZmqSubscriber`, `request_replay` | `zmq` |
+//! | TensorRT-LLM | `POST /kv_cache_events` (destructive drain) | `TrtllmPoller` | `trtllm-http` |
+//! | engine load (all) | `GET /metrics` → [`crate::parse_load`] on an interval | `LoadPoller` | `trtllm-http` |
 //! | llama.cpp | none: no KV event contract → [`TransportError::Unsupported`] | [`require_kv_events`] | — |
 //!
 //! The transports only move bytes: they own sockets, reconnects, replay and timers,
@@ -15,31 +15,39 @@
 //! future the host supplies. Every transport keeps [`SubscriberMetrics`].
 
 mod decoding_sink;
-pub mod endpoint;
+mod endpoint;
 mod index_ingest;
 mod metrics;
 mod sink;
 mod trtllm_sink;
 
 #[cfg(feature = "zmq")]
-pub mod replay;
+mod replay;
 #[cfg(feature = "zmq")]
-pub mod zmq_subscriber;
+mod zmq_subscriber;
 
 #[cfg(feature = "trtllm-http")]
-pub mod load_poller;
+mod load_poller;
 #[cfg(feature = "trtllm-http")]
-pub mod trtllm_poller;
+mod trtllm_poller;
 
 pub use decoding_sink::{DecodingSink, IngestOutcome, SeqIngest};
-pub use endpoint::{EndpointError, SocketRole, ZmqEndpoint};
+pub use endpoint::{
+    offset_endpoint_port, resolved_bind_addresses, BindTarget, EndpointError, SocketRole,
+    ZmqEndpoint,
+};
 pub use index_ingest::{IndexIngest, SharedIngest};
 pub use metrics::{MetricsSnapshot, SubscriberMetrics};
+#[cfg(feature = "zmq")]
+pub use replay::request_replay;
 pub use sink::{
     DrainReport, DrainSink, Frame, FrameReport, FrameSink, FrameSource, ReplayOutcome, SinkAction,
 };
 #[cfg(feature = "zmq")]
-pub use zmq_subscriber::{ZmqSubscriber, ZmqSubscriberConfig, DEFAULT_MAX_MESSAGE_BYTES};
+pub use zmq_subscriber::{
+    ZmqSubscriber, ZmqSubscriberConfig, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_MESSAGE_PARTS,
+};
 
 pub use trtllm_sink::{BatchApplier, TrtllmSink};
 

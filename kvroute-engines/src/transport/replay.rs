@@ -1,20 +1,3 @@
-//! The engines' replay protocol (vLLM ≥ 0.9, SGLang): a DEALER sends
-//! `[b"", start_seq]` to the engine's ROUTER and receives every buffered batch with
-//! seq ≥ start, then an end marker (golden/vllm-events/README.md).
-//!
-//! Two reply layouts exist, both accepted:
-//!
-//! | engine version | batch | end marker |
-//! |---|---|---|
-//! | vLLM ≥ 0.26, SGLang ≥ 0.5.22 | `[b"", topic, seq_be8, payload]` | `[b"", b"", ff×8, b""]` |
-//! | older | `[b"", seq_be8, payload]` | `[b"", ff×8, b""]` |
-//!
-//! Only the last `buffer_steps` batches are kept by the engine: a first replayed
-//! seq above the requested one means the start fell out of the buffer — the sink's
-//! sequence window sees that as an ordinary gap.
-//!
-//! Reply parsing is [`crate::events::ReplayReply`]; this module is the DEALER client.
-
 #[cfg(feature = "zmq")]
 pub use client::request_replay;
 
@@ -38,6 +21,23 @@ mod client {
     /// Never fails: errors end the replay early with `completed == false`. The
     /// caller reports the outcome to [`FrameSink::on_replay_done`], also when
     /// the replay could not even be sent.
+    ///
+    /// The engines' replay protocol (vLLM ≥ 0.9, SGLang): a DEALER sends
+    /// `[b"", start_seq]` to the engine's ROUTER and receives every buffered batch with
+    /// seq ≥ start, then an end marker (golden/vllm-events/README.md).
+    ///
+    /// Two reply layouts exist, both accepted:
+    ///
+    /// | engine version | batch | end marker |
+    /// |---|---|---|
+    /// | vLLM ≥ 0.26, SGLang ≥ 0.5.22 | `[b"", topic, seq_be8, payload]` | `[b"", b"", ff×8, b""]` |
+    /// | older | `[b"", seq_be8, payload]` | `[b"", ff×8, b""]` |
+    ///
+    /// Only the last `buffer_steps` batches are kept by the engine: a first replayed
+    /// seq above the requested one means the start fell out of the buffer — the sink's
+    /// sequence window sees that as an ordinary gap.
+    ///
+    /// Reply parsing is [`crate::events::ReplayReply`]; this function is the DEALER client.
     pub async fn request_replay<S: FrameSink + ?Sized>(
         endpoint: &str,
         topic: &[u8],

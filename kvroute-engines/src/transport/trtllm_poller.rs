@@ -1,24 +1,3 @@
-//! TensorRT-LLM KV events: `POST /kv_cache_events` on an interval.
-//!
-//! # ⚠ Destructive drain: exactly ONE poller per engine
-//!
-//! `trtllm-serve`'s handler drains the engine's event queue until it is empty and
-//! returns what it drained: **every call consumes the events it returns**. Two
-//! consumers of the same engine (two gateway replicas, a second kvroute instance,
-//! a monitoring script, `curl` by hand) each see a disjoint, random part of the
-//! stream and both inventories silently rot. Run exactly one poller per engine
-//! endpoint (and attention-DP rank set) in the whole fleet; fan the resulting
-//! inventory out from there. The sink notices a competing consumer only as
-//! `event_id` gaps (each one clears the inventory, see [`DrainReport::gap`](super::DrainReport::gap)) — a
-//! steady gap counter in the metrics is the symptom to alert on.
-//!
-//! Events exist only when the engine runs with a positive
-//! `kv_cache_config.event_buffer_max_size` and block reuse enabled; an idle engine
-//! answers `[]`. A slow poller loses
-//! events once that buffer overflows (again visible as an `event_id` gap).
-//! TensorRT-LLM block keys depend on salts and LoRA task ids the events do not
-//! fully carry, so the sink re-keys stored blocks from their tokens.
-
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,8 +79,27 @@ enum DrainError {
     TooLarge(usize),
 }
 
-/// Drains one TensorRT-LLM engine's KV events; read the
-/// [module docs](self) about destructive drains first.
+/// Drains one TensorRT-LLM engine's KV events: `POST /kv_cache_events` on an interval.
+///
+/// # ⚠ Destructive drain: exactly ONE poller per engine
+///
+/// `trtllm-serve`'s handler drains the engine's event queue until it is empty and
+/// returns what it drained: **every call consumes the events it returns**. Two
+/// consumers of the same engine (two gateway replicas, a second kvroute instance,
+/// a monitoring script, `curl` by hand) each see a disjoint, random part of the
+/// stream and both inventories silently rot. Run exactly one poller per engine
+/// endpoint (and attention-DP rank set) in the whole fleet; fan the resulting
+/// inventory out from there. The sink notices a competing consumer only as
+/// `event_id` gaps (each one clears the inventory, see
+/// [`DrainReport::gap`](super::DrainReport::gap)) — a steady
+/// gap counter in the metrics is the symptom to alert on.
+///
+/// Events exist only when the engine runs with a positive
+/// `kv_cache_config.event_buffer_max_size` and block reuse enabled; an idle engine
+/// answers `[]`. A slow poller loses
+/// events once that buffer overflows (again visible as an `event_id` gap).
+/// TensorRT-LLM block keys depend on salts and LoRA task ids the events do not
+/// fully carry, so the sink re-keys stored blocks from their tokens.
 ///
 /// ```no_run
 /// use kvroute_engines::transport::{DrainReport, DrainSink, TrtllmPoller, TrtllmPollerConfig};

@@ -1,47 +1,3 @@
-//! One ZeroMQ SUB subscriber per engine endpoint and data-parallel rank.
-//!
-//! It owns the socket lifecycle and nothing else: dial or bind as the engine
-//! demands ([`ZmqEndpoint`]), retry a failed first dial on an interval (a rule can
-//! exist before its engine is up), reconnect after a disconnect with its own short
-//! backoff, bootstrap through the engine's replay socket whenever the sink asks
-//! (on connect, after a detected restart), and hand every `[topic, seq, payload]`
-//! message to a [`FrameSink`].
-//!
-//! Why our own reconnect loop: the `zeromq` crate reconnects a SUB by itself, but
-//! starts at 100 ms and backs off to 30 s, and a PUB drops whatever it publishes
-//! before the new subscription reaches it. Tearing the socket down on disconnect
-//! lets us redial at once, tell the sink (so it can ask for a replay of what was
-//! missed) and count the event. `tests/interop_restart.rs` measures both.
-//!
-//! Bad frames (malformed, oversized, undecodable) are counted exactly in the
-//! metrics, but their warnings are rate-limited per subscriber (`BadFrameLog`):
-//! a peer spraying garbage must not turn into a log flood.
-//!
-//! # Bind or connect
-//!
-//! The role comes from the engine's own endpoint ([`ZmqEndpoint::for_engine`]):
-//! an engine that binds (a wildcard host such as `tcp://*:5557`, an IPv6
-//! literal, `ipc://`) is dialled at the rule's engine host; an engine that
-//! connects (any other `tcp://host:port`) is waited for on that host. A bound
-//! subscriber listens on exactly what the address names: an IP literal as
-//! written, a host name on each address it resolves to when the socket binds
-//! (`tcp://localhost:P` → 127.0.0.1 and/or ::1, never 0.0.0.0), and every
-//! interface only for a wildcard the address spells out (`tcp://*:P`,
-//! `tcp://0.0.0.0:P`). The bound addresses are logged at `info`.
-//!
-//! # Receive limits
-//!
-//! `max_message_bytes` is enforced twice. The socket refuses a frame whose
-//! header declares more than the limit, a multipart message whose parts would
-//! add up to more, or one with more than [`MAX_MESSAGE_PARTS`] parts, on the
-//! declared length before anything is buffered (our patched `zeromq`, see
-//! `patches/zeromq/PATCHES.md`): that peer's connection is closed and counted
-//! in `oversized_peers_dropped` (and `oversized_frames`). A connected
-//! subscriber then redials its engine; a bound one keeps listening. Messages
-//! that fit are checked again here, exactly, before they reach the sink.
-//! A peer that connects to a bound subscriber and does not complete the ZMTP
-//! handshake within `handshake_timeout` (default 5 s) is disconnected.
-
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,7 +35,7 @@ pub struct ZmqSubscriberConfig {
     /// Largest message (all frames together) received. The socket refuses a
     /// frame or multipart message declaring more before buffering it and drops
     /// the peer (`oversized_peers_dropped`); so per peer connection at most
-    /// about this much is ever buffered. See the [module docs](self).
+    /// about this much is ever buffered. See the [`ZmqSubscriber`] docs.
     pub max_message_bytes: usize,
     /// A peer that connects to a bound subscriber must finish the ZMTP
     /// handshake within this, or its connection is closed (a silent peer
@@ -103,7 +59,7 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_MESSAGE_PARTS: usize = 16;
 
 /// Socket options every subscriber and replay socket uses: the receive
-/// limits of the [module docs](self) and the dial timeout.
+/// limits of the [`ZmqSubscriber`] docs and the dial timeout.
 pub(crate) fn socket_options(max_message_bytes: usize, dial_timeout: Duration) -> SocketOptions {
     let mut options = SocketOptions::default();
     options
@@ -187,7 +143,50 @@ impl ZmqSubscriberConfig {
     }
 }
 
-/// Follows one engine's KV-event stream; see the [module docs](self).
+/// Follows one engine's KV-event stream: one ZeroMQ SUB subscriber per engine
+/// endpoint and data-parallel rank.
+///
+/// It owns the socket lifecycle and nothing else: dial or bind as the engine
+/// demands ([`ZmqEndpoint`]), retry a failed first dial on an interval (a rule can
+/// exist before its engine is up), reconnect after a disconnect with its own short
+/// backoff, bootstrap through the engine's replay socket whenever the sink asks
+/// (on connect, after a detected restart), and hand every `[topic, seq, payload]`
+/// message to a [`FrameSink`].
+///
+/// Why our own reconnect loop: the `zeromq` crate reconnects a SUB by itself, but
+/// starts at 100 ms and backs off to 30 s, and a PUB drops whatever it publishes
+/// before the new subscription reaches it. Tearing the socket down on disconnect
+/// lets us redial at once, tell the sink (so it can ask for a replay of what was
+/// missed) and count the event. `tests/interop_restart.rs` measures both.
+///
+/// Bad frames (malformed, oversized, undecodable) are counted exactly in the
+/// metrics, but their warnings are rate-limited per subscriber (`BadFrameLog`):
+/// a peer spraying garbage must not turn into a log flood.
+///
+/// # Bind or connect
+///
+/// The role comes from the engine's own endpoint ([`ZmqEndpoint::for_engine`]):
+/// an engine that binds (a wildcard host such as `tcp://*:5557`, an IPv6
+/// literal, `ipc://`) is dialled at the rule's engine host; an engine that
+/// connects (any other `tcp://host:port`) is waited for on that host. A bound
+/// subscriber listens on exactly what the address names: an IP literal as
+/// written, a host name on each address it resolves to when the socket binds
+/// (`tcp://localhost:P` → 127.0.0.1 and/or ::1, never 0.0.0.0), and every
+/// interface only for a wildcard the address spells out (`tcp://*:P`,
+/// `tcp://0.0.0.0:P`). The bound addresses are logged at `info`.
+///
+/// # Receive limits
+///
+/// `max_message_bytes` is enforced twice. The socket refuses a frame whose
+/// header declares more than the limit, a multipart message whose parts would
+/// add up to more, or one with more than [`MAX_MESSAGE_PARTS`] parts, on the
+/// declared length before anything is buffered (our patched `zeromq`, see
+/// `patches/zeromq/PATCHES.md`): that peer's connection is closed and counted
+/// in `oversized_peers_dropped` (and `oversized_frames`). A connected
+/// subscriber then redials its engine; a bound one keeps listening. Messages
+/// that fit are checked again here, exactly, before they reach the sink.
+/// A peer that connects to a bound subscriber and does not complete the ZMTP
+/// handshake within `handshake_timeout` (default 5 s) is disconnected.
 ///
 /// ```no_run
 /// use kvroute_engines::transport::{
@@ -394,7 +393,7 @@ impl ZmqSubscriber {
         }
     }
 
-    /// What a bound subscriber listens on: see the [module docs](self).
+    /// What a bound subscriber listens on: see the [`ZmqSubscriber`] docs.
     async fn bind_addresses(&self) -> Result<Vec<String>, EstablishError> {
         match self.config.endpoint.bind_target()? {
             BindTarget::Exact(address) | BindTarget::Wildcard(address) => Ok(vec![address]),

@@ -573,9 +573,8 @@ impl EndpointSpec {
                         .map_err(|err| invalid(f("zmq"), err.to_string()))?;
                 let replay = match &e.replay {
                     Some(r) => {
-                        let shifted =
-                            kvroute_engines::transport::endpoint::offset_endpoint_port(r, rank)
-                                .map_err(|err| invalid(f("replay"), err.to_string()))?;
+                        let shifted = kvroute_engines::transport::offset_endpoint_port(r, rank)
+                            .map_err(|err| invalid(f("replay"), err.to_string()))?;
                         Some(shifted.replace("tcp://*:", &format!("tcp://{host}:")))
                     }
                     None => None,
