@@ -10,7 +10,7 @@
 //! | module | what | I/O |
 //! |---|---|---|
 //! | [`events`] | sans-IO decoders: engine payload → [`kvroute_ingest::EventBatch`] | none |
-//! | [`transport`] | [`transport::ZmqSubscriber`], [`transport::TrtllmPoller`], and the sinks that decode and apply ([`transport::DecodingSink`]`<`[`transport::IndexIngest`]`>`) | tokio, on the host's runtime |
+//! | [`transport`] | `transport::ZmqSubscriber` (`zmq`), `transport::TrtllmPoller` (`trtllm-http`), and the sinks that decode and apply ([`transport::DecodingSink`]`<`[`transport::IndexIngest`]`>`) | tokio, on the host's runtime |
 //! | [`prompt`] | body → the engine's token ids ([`prompt::TokenizerPool`], [`prompt::prompt_tokens_limited`]) | reads the model directory |
 //! | [`parse_load`] | engine `/metrics` text → running / waiting / capacity | none |
 //!
@@ -35,7 +35,7 @@
 //! ## From an engine's event to a scored prompt
 //!
 //! One vLLM 0.33 `KVEventBatch` (a real capture from `golden/`) goes through
-//! the same sink a [`transport::ZmqSubscriber`] feeds, into the index scoring
+//! the same sink a `transport::ZmqSubscriber` feeds, into the index scoring
 //! reads; the prompt's keys, recomputed from its token ids under the engine's
 //! hash contract, find both stored blocks.
 //!
