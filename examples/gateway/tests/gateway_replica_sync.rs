@@ -101,6 +101,23 @@ fn replica_timed(id: &str, admin: u16, peer: u16, endpoints: &[SocketAddr], ttl_
     s
 }
 
+/// Two replicas naming each other's admin ports, which must be chosen before
+/// either starts: a port another process takes between `closed_port()` and
+/// the bind makes that gateway exit, and the pair is started again on new
+/// ports (at most three times).
+fn start_pair(configs: impl Fn(u16, u16) -> (String, String)) -> (Gateway, Gateway) {
+    let mut why = Vec::new();
+    for _ in 0..3 {
+        let (a1, a2) = (closed_port(), closed_port());
+        let (c1, c2) = configs(a1, a2);
+        match Gateway::try_start(&c1).and_then(|g1| Gateway::try_start(&c2).map(|g2| (g1, g2))) {
+            Ok(pair) => return pair,
+            Err(e) => why.push(e),
+        }
+    }
+    panic!("two replicas did not start: {why:?}")
+}
+
 async fn admin_get(gw: &Gateway, path: &str) -> Value {
     get_json(&gw.admin_url(path), Some(TOKEN)).await
 }
@@ -153,9 +170,13 @@ async fn received(what: &str, engine: &HeldEngine, n: usize) {
 async fn replicas_see_and_avoid_each_others_in_flight_requests() {
     let gate = Gate::new();
     let (busy, idle) = (held_engine(&gate).await, held_engine(&gate).await);
-    let (admin1, admin2) = (closed_port(), closed_port());
-    let mut g1 = Gateway::start(&replica("one", admin1, admin2, &[busy.addr, idle.addr]));
-    let g2 = Gateway::start(&replica("two", admin2, admin1, &[idle.addr, busy.addr]));
+    let (mut g1, g2) = start_pair(|admin1, admin2| {
+        (
+            replica("one", admin1, admin2, &[busy.addr, idle.addr]),
+            replica("two", admin2, admin1, &[idle.addr, busy.addr]),
+        )
+    });
+    let admin1 = g1.admin.port();
 
     // Replica 1 may only use `busy`: its requests pile up there.
     let resp = client()
@@ -294,18 +315,15 @@ async fn replicas_see_and_avoid_each_others_in_flight_requests() {
 async fn a_replaced_rule_still_announces_the_end_of_its_requests() {
     let gate = Gate::new();
     let (busy, idle) = (held_engine(&gate).await, held_engine(&gate).await);
-    let (admin1, admin2) = (closed_port(), closed_port());
     // Peers' load would expire only after 10 minutes: the old rule instance's
     // own deltas must bring replica 2's view back to 0.
     let ttl = 600_000;
-    let g1 = Gateway::start(&replica_timed("one", admin1, admin2, &[busy.addr], ttl));
-    let g2 = Gateway::start(&replica_timed(
-        "two",
-        admin2,
-        admin1,
-        &[busy.addr, idle.addr],
-        ttl,
-    ));
+    let (g1, g2) = start_pair(|admin1, admin2| {
+        (
+            replica_timed("one", admin1, admin2, &[busy.addr], ttl),
+            replica_timed("two", admin2, admin1, &[busy.addr, idle.addr], ttl),
+        )
+    });
     let held: Vec<_> = (0..2).map(|i| send(&g1, &format!("held-{i}"))).collect();
     received("replica 1's requests at the engine", &busy, 2).await;
     eventually_load("replica 2 sees them", &g2, &busy, (0, 2, 2)).await;

@@ -71,16 +71,32 @@ impl Proc {
     }
 
     /// The first stdout line starting with `prefix`.
-    fn line(&self, prefix: &str) -> String {
+    fn line(&mut self, prefix: &str) -> String {
+        self.try_line(prefix).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The first stdout line starting with `prefix`, or why there is none
+    /// (the process exited first, with its status, or the wait ran out).
+    fn try_line(&mut self, prefix: &str) -> Result<String, String> {
         let deadline = Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no {prefix:?} line within {WAIT:?}"));
-            if line.starts_with(prefix) {
-                return line;
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return Ok(line),
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self
+                        .child
+                        .wait()
+                        .map_or_else(|e| e.to_string(), |s| s.to_string());
+                    return Err(format!(
+                        "the process exited ({status}) before a {prefix:?} line \
+                         (KVROUTE_TEST_STDERR=1 shows its log)"
+                    ));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!("no {prefix:?} line within {WAIT:?}"))
+                }
             }
         }
     }
@@ -136,7 +152,7 @@ impl Engine {
         .iter()
         .map(ToString::to_string)
         .collect();
-        let proc = Proc::spawn(&args);
+        let mut proc = Proc::spawn(&args);
         let line = proc.line("mock-engine:");
         let http: SocketAddr = line
             .split("http://")
@@ -186,6 +202,13 @@ impl Gateway {
         Self::start_inner(toml, None)
     }
 
+    /// Like [`Gateway::start`], but a gateway that exits before it serves
+    /// (e.g. a port taken between `closed_port()` and its bind) is an `Err`,
+    /// so a test that must name its ports up front can pick new ones.
+    pub fn try_start(toml: &str) -> Result<Self, String> {
+        Self::try_start_inner(toml, None)
+    }
+
     /// Like [`Gateway::start`] with `RUST_LOG=rust_log` and the tracing output
     /// (stderr) written to `log`.
     pub fn start_logged(toml: &str, rust_log: &str, log: std::fs::File) -> Self {
@@ -193,6 +216,10 @@ impl Gateway {
     }
 
     fn start_inner(toml: &str, logged: Option<(&str, std::fs::File)>) -> Self {
+        Self::try_start_inner(toml, logged).unwrap_or_else(|e| panic!("kvroute serve: {e}"))
+    }
+
+    fn try_start_inner(toml: &str, logged: Option<(&str, std::fs::File)>) -> Result<Self, String> {
         let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
         file.write_all(toml.as_bytes()).unwrap();
         file.flush().unwrap();
@@ -201,11 +228,11 @@ impl Gateway {
             "--config".to_owned(),
             file.path().to_str().unwrap().to_owned(),
         ];
-        let proc = match logged {
+        let mut proc = match logged {
             Some((level, log)) => Proc::spawn_with(&args, level, Stdio::from(log)),
             None => Proc::spawn(&args),
         };
-        let line = proc.line("kvroute serve: proxy=");
+        let line = proc.try_line("kvroute serve: proxy=")?;
         let addr = |key: &str| -> SocketAddr {
             line.split(key)
                 .nth(1)
@@ -213,12 +240,12 @@ impl Gateway {
                 .and_then(|a| a.parse().ok())
                 .unwrap_or_else(|| panic!("bad serve line {line:?}"))
         };
-        Self {
+        Ok(Self {
             proxy: addr("proxy=http://"),
             admin: addr("admin=http://"),
             proc,
             _config: file,
-        }
+        })
     }
 
     pub fn url(&self, path: &str) -> String {
