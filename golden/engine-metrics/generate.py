@@ -107,6 +107,18 @@ def vllm_body(engines, model, num_gpu_blocks):
                      buckets=[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                               1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0],
                      registry=reg)
+    # vllm/v1/metrics/buckets.py: REQUEST_LATENCY_BUCKETS, and the 1-2-5 series up
+    # to max_model_len (40 960 for Qwen3) for the token family.
+    latency = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+    tokens = [m * 10 ** e for e in range(5) for m in (1, 2, 5) if m * 10 ** e <= 40960]
+    prefill_time = Histogram("vllm:request_prefill_time_seconds",
+                             "Histogram of time spent in PREFILL phase for request.", labelnames,
+                             buckets=latency, registry=reg)
+    prefill_kv = Histogram("vllm:request_prefill_kv_computed_tokens",
+                           "Histogram of new KV tokens computed during prefill "
+                           "(excluding cached tokens).", labelnames,
+                           buckets=tokens, registry=reg)
     for idx, (run, cap, deferred, kv) in enumerate(engines):
         lv = [model, str(idx)]
         running.labels(*lv).set(run)
@@ -121,6 +133,15 @@ def vllm_body(engines, model, num_gpu_blocks):
         hits.labels(*lv).inc(30_000 * (idx + 1))
         for t in (0.03, 0.2, 1.7):
             ttft.labels(*lv).observe(t)
+        # Finished requests: (prefill seconds, uncached tokens). An engine that has
+        # finished nothing exports the histograms with zero sums.
+        done = [] if run == 0 else [(0.125, 2500), (0.5, 10000), (0.0625, 1250)][: idx + 2]
+        for secs, toks in done:
+            prefill_time.labels(*lv).observe(secs)
+            prefill_kv.labels(*lv).observe(toks)
+        if not done:
+            prefill_time.labels(*lv)
+            prefill_kv.labels(*lv)
     info_labels = list(cache_config(None, []).keys()) + ["engine"]
     info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                  info_labels, multiprocess_mode="mostrecent", registry=reg)

@@ -28,6 +28,9 @@ fn expected(e: &Value) -> EngineLoadReport {
         block_size: opt_u64(&e["block_size"]).map(|b| b as u32),
         kv_capacity_tokens: opt_u64(&e["kv_capacity_tokens"]),
         waiting_prefill_tokens: opt_u64(&e["waiting_prefill_tokens"]),
+        // Absent in a case: the dialect has no progress counters.
+        prefill_computed_tokens: opt_u64(&e["prefill_computed_tokens"]),
+        prefill_seconds: e["prefill_seconds"].as_f64(),
         ranks: e["ranks"].as_u64().unwrap() as u32,
     }
 }

@@ -129,6 +129,9 @@ fn expected(e: &Engine) -> EngineLoadReport {
         block_size: e.block_size,
         kv_capacity_tokens,
         waiting_prefill_tokens: None,
+        // The generated bodies carry no prefill histograms.
+        prefill_computed_tokens: None,
+        prefill_seconds: None,
         ranks: n as u32,
     }
 }

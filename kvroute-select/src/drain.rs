@@ -29,6 +29,16 @@
 //! Until a second of busy time has been seen the rate is unknown and `B` does
 //! not drain: the estimate is the tracker's `Q`, as before.
 //!
+//! Where the tracker cannot see prefills end — a non-streamed request's first
+//! byte is its whole answer, so `Q` holds its prompt through decode and busy
+//! periods include decode time — that rate is too low and `B` keeps prompts
+//! long prefilled. Engines that count their own prefill work
+//! ([`Load::prefill_progress`], vLLM's per-request prefill time and computed
+//! tokens) give a second estimate: their counters' increments, tokens over
+//! prefill time, summed with the same forgetting. Each is a lower bound of
+//! the true rate (overlapping prefills each count their time), so the larger
+//! is used.
+//!
 //! Replicas. `Q` is net (charged minus done), so work other gateway replicas
 //! charge cannot be told from work finished unless the view counts charges:
 //! [`Load::charged_prefill_tokens`], the tracker's monotonic counter plus
@@ -53,7 +63,7 @@ use parking_lot::Mutex;
 
 use kvroute_core::EndpointId;
 
-use crate::load::{EndpointLoad, Load};
+use crate::load::{EndpointLoad, Load, PrefillProgress};
 
 /// Busy time (µs) the rate must be measured over before it is used.
 const MIN_BUSY_US: f64 = 1_000_000.0;
@@ -91,6 +101,8 @@ struct Slot {
     /// Scratch of one `observe`: work known to have been charged since the
     /// last read.
     known: u64,
+    /// The engine's prefill counters at the last read, if it reports them.
+    progress: Option<PrefillProgress>,
 }
 
 #[derive(Debug, Default)]
@@ -100,6 +112,10 @@ struct State {
     tokens: f64,
     /// Σ those intervals, µs.
     busy_us: f64,
+    /// The engines' own figures: Σ tokens prefilled per unit of capacity and
+    /// Σ time spent prefilling them (µs), from their counters' increments.
+    engine_tokens: f64,
+    engine_us: f64,
     /// Tokens this rule charged, and tokens that appeared without its charge
     /// (other replicas' requests, another rule on the tracker), both decayed
     /// per decision.
@@ -111,9 +127,24 @@ struct State {
 
 impl State {
     /// Tokens per µs per unit of capacity, once measured.
+    ///
+    /// Two lower bounds of the engines' rate, so the larger wins: the
+    /// tracker's (busy time counts until first tokens, which for a
+    /// non-streamed request is its last byte, so decode time dilutes it) and
+    /// the engines' own counters (overlapping prefills each count their
+    /// time).
     fn rate(&self) -> Option<f64> {
-        (self.busy_us >= MIN_BUSY_US && self.tokens > 0.0 && self.foreign <= FOREIGN * self.own)
-            .then(|| self.tokens / self.busy_us)
+        if self.foreign > FOREIGN * self.own {
+            return None;
+        }
+        let tracked =
+            (self.busy_us >= MIN_BUSY_US && self.tokens > 0.0).then(|| self.tokens / self.busy_us);
+        let reported = (self.engine_us >= MIN_BUSY_US && self.engine_tokens > 0.0)
+            .then(|| self.engine_tokens / self.engine_us);
+        match (tracked, reported) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
@@ -191,6 +222,32 @@ impl PrefillDrain {
     pub(crate) fn rate_per_s(&self) -> Option<f64> {
         self.state.lock().rate().map(|r| r * 1e6)
     }
+
+    /// Both estimates and the one in use.
+    pub(crate) fn rates(&self) -> PrefillRate {
+        let st = self.state.lock();
+        let per_s =
+            |tokens: f64, us: f64| (us >= MIN_BUSY_US && tokens > 0.0).then(|| tokens / us * 1e6);
+        PrefillRate {
+            tracked: per_s(st.tokens, st.busy_us),
+            reported: per_s(st.engine_tokens, st.engine_us),
+            used: st.rate().map(|r| r * 1e6),
+        }
+    }
+}
+
+/// The cost scorer's prefill-rate estimates ([`crate::Rule::prefill_rate`]),
+/// tokens per second per unit of endpoint capacity; `None` until a second of
+/// busy prefill has been measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PrefillRate {
+    /// From the tracker: tokens charged over the time endpoints held them.
+    pub tracked: Option<f64>,
+    /// From the engines' counters ([`Load::prefill_progress`]).
+    pub reported: Option<f64>,
+    /// The rate the queues drain at: the larger estimate, `None` while the
+    /// model stands aside (work in the view that no charge accounts for).
+    pub used: Option<f64>,
 }
 
 /// [`PrefillDrain::observe`] under the lock.
@@ -208,6 +265,8 @@ fn observe_locked<L: Load + ?Sized>(
         slots,
         tokens,
         busy_us,
+        engine_tokens,
+        engine_us,
         own,
         foreign,
         ..
@@ -219,6 +278,19 @@ fn observe_locked<L: Load + ?Sized>(
         let now_us = now_us.max(s.at_us);
         let q = l.queued_prefill_tokens;
         let cap = capacity(i);
+        // The engine's counters advance only as its reports arrive; a
+        // counter that went back is a restarted engine (its next increment
+        // counts).
+        let progress = view.prefill_progress(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)));
+        if let (Some(a), Some(b)) = (s.progress, progress) {
+            if b.tokens > a.tokens && b.seconds > a.seconds {
+                #[allow(clippy::cast_precision_loss)]
+                let t = (b.tokens - a.tokens) as f64 / f64::from(cap.max(1));
+                *engine_tokens = *engine_tokens * KEEP + t;
+                *engine_us = *engine_us * KEEP + (b.seconds - a.seconds) * 1e6;
+            }
+        }
+        s.progress = progress;
         // Work charged since the last read: this rule's own charges or,
         // when the view counts every host's charges (the tracker's
         // counter plus replica sync's), all of them. `known − charged`
@@ -341,6 +413,26 @@ impl crate::Rule {
     /// rule.observe_load(&remote.view(&tracker, now), now);
     /// ```
     pub fn observe_load<L: Load + ?Sized>(&self, load: &L, now: Duration) {
+        self.observe_load_inner(load, now);
+    }
+
+    /// The drain model's prefill-rate estimates, or `None` for a rule
+    /// without the drain (another scorer, `drain_queue` off).
+    ///
+    /// ```
+    /// use kvroute_select::{ContractId, Endpoint, Role, Rule, RuleConfig, Topology};
+    /// let eps = vec![Endpoint::new("10.0.0.1:8000", Role::Both)];
+    /// let cfg = RuleConfig::kv_exact("r", Topology::Converged, eps, 16, ContractId::new("c"));
+    /// let rule = Rule::new(cfg, None).unwrap();
+    /// // Nothing measured yet.
+    /// assert_eq!(rule.prefill_rate().unwrap().used, None);
+    /// ```
+    #[must_use]
+    pub fn prefill_rate(&self) -> Option<PrefillRate> {
+        self.drain.as_ref().map(PrefillDrain::rates)
+    }
+
+    fn observe_load_inner<L: Load + ?Sized>(&self, load: &L, now: Duration) {
         if let Some(drain) = &self.drain {
             let eps = &self.config.endpoints;
             drain.observe_view(now, eps.len(), load, |i| {
@@ -415,6 +507,90 @@ mod tests {
         assert!(
             err_drain * 3 < err_tracker,
             "drain error {err_drain} vs tracker {err_tracker}"
+        );
+    }
+
+    /// A view whose engine reports its prefill counters.
+    struct Reporting(Option<PrefillProgress>);
+
+    impl Load for Reporting {
+        fn load(&self, _: EndpointId) -> EndpointLoad {
+            EndpointLoad::default()
+        }
+
+        fn prefill_progress(&self, _: EndpointId) -> Option<PrefillProgress> {
+            self.0
+        }
+    }
+
+    /// The first test's engine serving non-streamed requests: the tracker
+    /// holds each prompt until its last byte, 400 ms of decode after its
+    /// first token, so the rate the tracker shows is diluted by decode time
+    /// and the backlog it implies is mostly decode. Returns the mean
+    /// absolute error of the drain's estimate against the true backlog,
+    /// with and without the engine's counters polled every 500 ms.
+    fn non_streamed_error(report: bool) -> (f64, Option<f64>) {
+        let drain = PrefillDrain::new(1);
+        // (charged ms, tokens, first token ms, prefill start ms)
+        let mut jobs: Vec<(u64, u64, u64, u64)> = Vec::new();
+        let (mut t, mut busy_until, mut x) = (0u64, 0u64, 1u64);
+        let (mut progress, mut polled_at) = (None, 0u64);
+        let (mut err, mut n) = (0u64, 0u64);
+        for k in 0..2000 {
+            x = crate::bounded::mix64(x);
+            t += 100 + x % 217;
+            let tokens = 500 + (x >> 32) % 4001;
+            let q: u64 = jobs
+                .iter()
+                .filter(|&&(c, _, f, _)| c <= t && f + 400 > t)
+                .map(|j| j.1)
+                .sum();
+            if report && t >= polled_at + 500 {
+                polled_at = t;
+                let done = jobs.iter().filter(|j| j.2 <= t);
+                #[allow(clippy::cast_precision_loss)]
+                let p = PrefillProgress {
+                    tokens: done.clone().map(|j| j.1).sum(),
+                    seconds: done.map(|j| (j.2 - j.3) as f64 / 1e3).sum(),
+                };
+                progress = Some(p);
+            }
+            let mut loads = [EndpointLoad {
+                in_flight: 1,
+                queued_prefill_tokens: q,
+            }];
+            drain.observe(ms(t), &mut loads, &Reporting(progress), |_| 1);
+            if k >= 200 {
+                err += loads[0]
+                    .queued_prefill_tokens
+                    .abs_diff(busy_until.saturating_sub(t) * 20);
+                n += 1;
+            }
+            drain.charge(0, u32::try_from(tokens).unwrap(), ms(t), 1);
+            let start = busy_until.max(t);
+            busy_until = start + tokens / 20;
+            jobs.push((t, tokens, busy_until, start));
+        }
+        #[allow(clippy::cast_precision_loss)]
+        (err as f64 / n as f64, drain.rate_per_s())
+    }
+
+    /// With the engine's counters the drain learns the true rate and its
+    /// estimate stays close to the true backlog; from the tracker alone the
+    /// decode-diluted rate leaves most of the held prompts in the estimate.
+    #[test]
+    fn engine_counters_give_the_rate_non_streamed_requests_hide() {
+        let (with, rate) = non_streamed_error(true);
+        let (without, diluted) = non_streamed_error(false);
+        let rate = rate.expect("reported for seconds");
+        assert!((16_000.0..=24_000.0).contains(&rate), "rate {rate}");
+        assert!(
+            diluted.is_none_or(|d| d < rate * 0.8),
+            "tracker rate {diluted:?}"
+        );
+        assert!(
+            with * 2.0 < without,
+            "error {with} with counters vs {without}"
         );
     }
 

@@ -94,13 +94,16 @@ pub use affinity::AffinityConfig;
 pub use contract_keys::ContractKeys;
 pub use counters::{CountersSnapshot, EndpointEvidence, MissReason, RuleCounters};
 pub use decision::{Decision, Leg, Source, Target};
+pub use drain::PrefillRate;
 pub use endpoint::{Endpoint, Role};
 pub use health::{
     AdminState, AlwaysAvailable, Availability, BreakerConfig, BreakerState, CircuitBreaker, Health,
     HealthTable,
 };
 pub use keys::{ContractId, KeyMode, KeysError, MissBeforeKeys, PromptInput, PromptKeys, Request};
-pub use load::{CombinedLoad, EndpointLoad, EngineReport, Load, LoadTable, ReportedLoad};
+pub use load::{
+    CombinedLoad, EndpointLoad, EngineReport, Load, LoadTable, PrefillProgress, ReportedLoad,
+};
 pub use memory_view::KeySetInventory;
 pub use names::{ScorerKind, UnknownName};
 pub use pool::LoadBound;

@@ -35,6 +35,29 @@ pub trait Load {
         let _ = endpoint;
         None
     }
+
+    /// What `endpoint`'s engine reports it has prefilled (monotonic
+    /// counters), or `None` (the default) when no report says. The cost
+    /// scorer's drain model learns the prefill rate from it where the host
+    /// cannot see prefills end: a non-streamed request's first byte is its
+    /// whole answer, so its charge lasts through decode.
+    fn prefill_progress(&self, endpoint: EndpointId) -> Option<PrefillProgress> {
+        let _ = endpoint;
+        None
+    }
+}
+
+/// An engine's own prefill counters: uncached prompt tokens it prefilled
+/// and the time those requests spent prefilling, each summed since the
+/// engine started (vLLM: the `_sum`s of `vllm:request_prefill_kv_computed_tokens`
+/// and `vllm:request_prefill_time_seconds`). Overlapping prefills each count
+/// their time, so tokens over time is a lower bound of the engine's rate.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PrefillProgress {
+    /// Uncached prompt tokens prefilled.
+    pub tokens: u64,
+    /// Seconds spent prefilling them, summed per request.
+    pub seconds: f64,
 }
 
 /// A plain table of loads — what a host that counts its own in-flight requests
@@ -83,6 +106,9 @@ impl<L: Load + ?Sized> Load for &L {
     fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
         (**self).charged_prefill_tokens(endpoint)
     }
+    fn prefill_progress(&self, endpoint: EndpointId) -> Option<PrefillProgress> {
+        (**self).prefill_progress(endpoint)
+    }
 }
 
 /// What an engine reports about its own queue (e.g. polled from its metrics
@@ -95,6 +121,8 @@ pub struct EngineReport {
     pub waiting: u32,
     /// KV-cache usage, 0..=1, if reported.
     pub kv_usage: Option<f64>,
+    /// The engine's prefill counters, if it exports them.
+    pub prefill: Option<PrefillProgress>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -277,6 +305,14 @@ impl<L: Load + ?Sized> Load for CombinedLoad<'_, L> {
     /// add is unknown to a drain model, which treats it as such).
     fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
         self.local.charged_prefill_tokens(endpoint)
+    }
+
+    /// The fresh report's counters, else the local view's.
+    fn prefill_progress(&self, endpoint: EndpointId) -> Option<PrefillProgress> {
+        self.reported
+            .report(endpoint, self.now)
+            .and_then(|r| r.prefill)
+            .or_else(|| self.local.prefill_progress(endpoint))
     }
 }
 

@@ -561,6 +561,10 @@ impl<L: Load + ?Sized> Load for WithRemote<'_, L> {
             .charged_prefill_tokens(endpoint)
             .map(|l| l.saturating_add(self.remote.remote_charged(endpoint)))
     }
+
+    fn prefill_progress(&self, endpoint: EndpointId) -> Option<crate::PrefillProgress> {
+        self.local.prefill_progress(endpoint)
+    }
 }
 
 #[cfg(test)]

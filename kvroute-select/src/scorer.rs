@@ -86,9 +86,17 @@ impl Default for LoadAwareConfig {
 /// `drain_queue` the rule keeps a virtual backlog per endpoint — charges add
 /// their tokens, time drains them at the endpoint's prefill rate, never more
 /// than the tracker holds and zero once it holds nothing — and the rate is
-/// measured from the tracker between decisions, so nothing about the engine
-/// is configured. Until a second of busy prefill has been measured the
-/// tracker's figure is used unchanged. With gateway replicas the drain needs
+/// measured, so nothing about the engine is configured: from the tracker
+/// between decisions and, where the view carries them
+/// ([`crate::Load::prefill_progress`]: vLLM's prefill-time and computed-token
+/// histograms, polled), from the engines' own counters; the larger of the two
+/// wins, since both can only underestimate. The counters matter for
+/// non-streamed requests, whose first byte is their last: the tracker then
+/// holds a prompt through its decode, and its rate alone is diluted by decode
+/// time (in `scripts/bench_smg.sh`'s non-streamed multi-turn cells that made
+/// the home endpoint of a conversation look busy while its engine had no
+/// prefill queued, and the scorer moved later turns away). Until a second of
+/// busy prefill has been measured the tracker's figure is used unchanged. With gateway replicas the drain needs
 /// every replica's charges: replica sync's deltas carry each replica's
 /// charged-token counter ([`crate::Load::charged_prefill_tokens`]) and the
 /// host calls [`crate::Rule::observe_load`] when they arrive, so each

@@ -91,3 +91,71 @@ async fn engine_reported_load_and_poll_outcomes_are_on_metrics() {
     })
     .await;
 }
+
+/// Non-streamed requests hide their prefill end from the gateway (the first
+/// byte is the whole answer), so the tracker holds each prompt through its
+/// decode. The engine's own prefill counters, polled from `/metrics`, give
+/// the cost scorer's drain the true rate: `/admin/counters` shows it beside
+/// the tracker's decode-diluted one, and the drain uses the larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_prefill_counters_set_the_drain_rate_for_non_streamed_requests() {
+    let engine = Engine::start("both");
+    let config = format!(
+        "{}{}{}",
+        config_head("[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 50\n"),
+        kv_rule("kv", "converged"),
+        engine.endpoint_toml("both"),
+    );
+    let gw = Gateway::start(&config);
+    wait_subscribed(&gw).await;
+
+    // The engine's true rate: one 100 µs step plus 50 µs per token per
+    // request. Fresh ~300-word prompts, 60 ms of decode each, four at a time.
+    let mut done = 0usize;
+    let mut rate = None;
+    for round in 0..60 {
+        let batch: Vec<_> = (0..4)
+            .map(|k| {
+                let p = prompt(&format!("r{round}k{k}"), 300);
+                let url = gw.url("/v1/completions");
+                tokio::spawn(async move {
+                    client()
+                        .post(url)
+                        .json(&json!({"model": MODEL, "prompt": p, "max_tokens": 120}))
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16())
+                })
+            })
+            .collect();
+        for b in batch {
+            assert_eq!(b.await.unwrap().unwrap(), 200);
+            done += 1;
+        }
+        let c = counters(&gw, "kv").await;
+        if c["prefill_rate"]["engine_reported"].is_number() {
+            rate = Some(c["prefill_rate"].clone());
+            break;
+        }
+    }
+    let rate = rate.unwrap_or_else(|| panic!("no engine-reported rate after {done} requests"));
+    let reported = rate["engine_reported"].as_f64().unwrap();
+    // ≤ 1e6 / 50 tokens/s; the step costs at most a few per cent at these sizes.
+    assert!(
+        (15_000.0..=20_000.0).contains(&reported),
+        "engine-reported rate {reported}: {rate}"
+    );
+    let used = rate["used"].as_f64().unwrap();
+    assert!(
+        rate["tracked"]
+            .as_f64()
+            .is_none_or(|t| t < reported * 0.8 && used == reported),
+        "the tracker's rate includes decode time: {rate}"
+    );
+    assert!(used >= reported, "{rate}");
+    // The per-endpoint report carries the counters it came from.
+    let eps = get_json(&gw.admin_url("/admin/endpoints"), None).await;
+    let rep = &eps["endpoints"][0]["load"]["engine_reported"];
+    assert!(rep["prefill_tokens"].as_u64().unwrap() > 0, "{eps}");
+    assert!(rep["prefill_seconds"].as_f64().unwrap() > 0.0, "{eps}");
+}

@@ -110,6 +110,8 @@ async fn vllm_gauges_follow_the_queue_and_the_cache() {
             block_size: Some(16),
             kv_capacity_tokens: Some(u64::from(CAPACITY) * 16),
             waiting_prefill_tokens: None,
+            prefill_computed_tokens: Some(0),
+            prefill_seconds: Some(0.0),
             ranks: 1,
         }
     );
@@ -120,12 +122,24 @@ async fn vllm_gauges_follow_the_queue_and_the_cache() {
     // The queue drains one request at a time.
     wait_for(&base, MetricsDialect::Vllm, (1, 1)).await;
     wait_for(&base, MetricsDialect::Vllm, (1, 0)).await;
+    let mut computed = 0u64;
     for r in requests {
-        r.await.unwrap();
+        let usage = &r.await.unwrap()["usage"];
+        computed += usage["prompt_tokens"].as_u64().unwrap()
+            - usage["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap();
     }
 
     let done = scrape(&base, MetricsDialect::Vllm).await;
     assert_eq!((done.running, done.waiting), (0, 0));
+    // The prefill histograms' sums: every uncached prompt token, and each
+    // request's prefill time from its start in the serial pipeline (one
+    // 100 µs step plus 10 µs per token), queueing excluded.
+    assert_eq!(done.prefill_computed_tokens, Some(computed));
+    let seconds = done.prefill_seconds.unwrap();
+    let expect = (3.0 * 100.0 + 10.0 * computed as f64) / 1e6;
+    assert!((seconds - expect).abs() < 1e-9, "{seconds} vs {expect}");
     // Finished requests leave their prompt blocks cached but unreferenced: free.
     assert_eq!(done.kv_usage, Some(0.0));
     let cache: Value = reqwest::get(format!("{base}/admin/cache"))

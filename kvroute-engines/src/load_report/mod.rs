@@ -42,6 +42,8 @@ pub const MAX_RANKS: usize = 1024;
 /// | `block_size` | label `block_size` of `vllm:cache_config_info` | `sglang:page_size` | `kvCacheStats.tokensPerBlock` | `trtllm_kv_cache_tokens_per_block` |
 /// | `kv_capacity_tokens` | blocks × block size | `sglang:max_total_num_tokens` | blocks × tokens per block | blocks × tokens per block |
 /// | `waiting_prefill_tokens` | — | — | `inflightBatchingStats.numQueuedCtxTokens` | — |
+/// | `prefill_computed_tokens` | `vllm:request_prefill_kv_computed_tokens_sum` | — | — | — |
+/// | `prefill_seconds` | `vllm:request_prefill_time_seconds_sum` | — | — | — |
 /// | rank label (summed) | `engine` (the DP engine index) | `dp_rank` | `attentionDpRank` | — |
 ///
 /// Sources:
@@ -51,6 +53,12 @@ pub const MAX_RANKS: usize = 1024;
 ///   label, `vllm/config/cache.py::CacheConfig.metrics_info`, so `num_gpu_blocks`
 ///   reads `"None"` before the engine has profiled memory). `vllm:gpu_cache_usage_perc`
 ///   is the pre-0.10 name (deprecated in 0.9, same file in 0.8–0.10).
+///   The two prefill histograms are observed per finished request
+///   (`PrometheusStatLogger.record`, from `FinishedRequestStats`):
+///   `request_prefill_time_seconds` is `first_token_ts − scheduled_ts`, the time
+///   the request spent prefilling once scheduled (queueing excluded), and
+///   `request_prefill_kv_computed_tokens` its prompt tokens minus the cached
+///   ones; only their `_sum` series are read.
 /// - SGLang 0.5.23, `sglang/srt/observability/metrics_collector.py`
 ///   (`SchedulerMetricsCollector`: labels `model_name, engine_type, tp_rank, pp_rank,
 ///   moe_ep_rank`, plus `dp_rank` under data parallelism and `priority` under
@@ -204,6 +212,15 @@ pub struct EngineLoadReport {
     pub kv_capacity_tokens: Option<u64>,
     /// Prompt tokens of queued requests still to prefill (TensorRT-LLM only).
     pub waiting_prefill_tokens: Option<u64>,
+    /// Uncached prompt tokens the engine has prefilled since it started, over
+    /// finished requests (a counter; vLLM only). With `prefill_seconds` it
+    /// gives the engine's own prefill rate, which a gateway cannot measure for
+    /// non-streamed requests (their first byte is the whole answer).
+    pub prefill_computed_tokens: Option<u64>,
+    /// Seconds those requests spent prefilling, summed per request (a counter;
+    /// overlapping prefills each count, so `tokens / seconds` is a lower bound
+    /// of the rate). `Some` exactly when `prefill_computed_tokens` is.
+    pub prefill_seconds: Option<f64>,
     /// Ranks (DP engines) the figures sum over; 0 when a TensorRT-LLM drain
     /// returned no iteration.
     pub ranks: u32,
@@ -327,6 +344,8 @@ struct RankLoad {
     block_size: Option<f64>,
     capacity_tokens: Option<f64>,
     waiting_prefill_tokens: Option<f64>,
+    prefill_computed_tokens: Option<f64>,
+    prefill_seconds: Option<f64>,
 }
 
 fn max_opt(a: Option<f64>, b: f64) -> Option<f64> {
@@ -413,6 +432,16 @@ fn combine(ranks: &[RankLoad]) -> EngineLoadReport {
             None => usage.iter().sum::<f64>() / usage.len() as f64,
         };
         report.kv_usage = mean.is_finite().then(|| mean.clamp(0.0, 1.0));
+    }
+    // Progress counters only when every rank has both: a partial sum would
+    // read as a rate change when a rank appears.
+    if let (Some(tokens), Some(seconds)) = (
+        all(|r| r.prefill_computed_tokens),
+        all(|r| r.prefill_seconds),
+    ) {
+        report.prefill_computed_tokens =
+            Some(tokens.iter().fold(0u64, |a, &b| a.saturating_add(count(b))));
+        report.prefill_seconds = Some(seconds.iter().sum());
     }
     let prefill: Vec<f64> = ranks
         .iter()

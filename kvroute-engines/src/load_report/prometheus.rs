@@ -30,6 +30,10 @@ enum Field {
     CapacityTokens,
     /// vLLM's `cache_config_info`: capacity and block size are labels.
     VllmCacheInfo,
+    /// A histogram's `_sum` of uncached tokens prefilled per request.
+    PrefillTokens,
+    /// A histogram's `_sum` of seconds spent prefilling per request.
+    PrefillSeconds,
 }
 
 /// One dialect: which names feed which field, and how series group into ranks.
@@ -51,6 +55,14 @@ pub(super) const VLLM: Spec = Spec {
         ("vllm:kv_cache_usage_perc", Field::KvUsage(0)),
         ("vllm:gpu_cache_usage_perc", Field::KvUsage(1)),
         ("vllm:cache_config_info", Field::VllmCacheInfo),
+        (
+            "vllm:request_prefill_kv_computed_tokens_sum",
+            Field::PrefillTokens,
+        ),
+        (
+            "vllm:request_prefill_time_seconds_sum",
+            Field::PrefillSeconds,
+        ),
     ],
     rank_label: Some("engine"),
     skip_label: None,
@@ -443,6 +455,16 @@ pub(super) fn parse(
             Field::CapacityTokens => {
                 rank.capacity_tokens =
                     max_opt(rank.capacity_tokens, count_value(&sample, metric, lineno)?);
+            }
+            Field::PrefillTokens => {
+                rank.prefill_computed_tokens = max_opt(
+                    rank.prefill_computed_tokens,
+                    count_value(&sample, metric, lineno)?,
+                );
+            }
+            Field::PrefillSeconds => {
+                rank.prefill_seconds =
+                    max_opt(rank.prefill_seconds, count_value(&sample, metric, lineno)?);
             }
             Field::VllmCacheInfo => {}
         }

@@ -94,6 +94,11 @@ pub struct Admission<T> {
     pub submitted_us: u64,
     /// When it got its slot and blocks.
     pub admitted_us: u64,
+    /// When its prefill began (the pipeline was free); `first_token_us` for a
+    /// request whose KV cache was transferred in.
+    pub prefill_start_us: u64,
+    /// Prompt tokens it prefilled (uncached; 0 when the KV was transferred).
+    pub computed_tokens: u32,
     /// When the first output token exists.
     pub first_token_us: u64,
     /// When the last output token exists and its blocks are freed.
@@ -328,13 +333,15 @@ impl<T: Copy> Worker<T> {
             };
             let cached_tokens = alloc.hit_blocks.saturating_mul(bs).min(w.prompt_tokens);
             let cost = self.config.cost;
-            let first_token_us = if w.kv_transferred {
-                at_us.saturating_add(cost.decode_us(1))
+            let (prefill_start_us, computed_tokens, first_token_us) = if w.kv_transferred {
+                let t = at_us.saturating_add(cost.decode_us(1));
+                (t, 0, t)
             } else {
                 let start = at_us.max(self.prefill_free_us);
-                let done = start.saturating_add(cost.prefill_us(w.prompt_tokens - cached_tokens));
+                let computed = w.prompt_tokens - cached_tokens;
+                let done = start.saturating_add(cost.prefill_us(computed));
                 self.prefill_free_us = done;
-                done
+                (start, computed, done)
             };
             let finish_us =
                 first_token_us.saturating_add(cost.decode_us(w.output_tokens.saturating_sub(1)));
@@ -345,6 +352,8 @@ impl<T: Copy> Worker<T> {
                 evicted_blocks: alloc.evicted,
                 submitted_us: w.submitted_us,
                 admitted_us: at_us,
+                prefill_start_us,
+                computed_tokens,
                 first_token_us,
                 finish_us,
             });

@@ -384,6 +384,8 @@ async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
                     "queued_prefill_tokens": rt.load_of(id).queued_prefill_tokens,
                     "engine_reported": rt.reported.report(id, gw.now()).map(|r| json!({
                         "running": r.running, "waiting": r.waiting, "kv_usage": r.kv_usage,
+                        "prefill_tokens": r.prefill.map(|p| p.tokens),
+                        "prefill_seconds": r.prefill.map(|p| p.seconds),
                     })),
                 },
                 "inventory_blocks": rt.inventory.blocks(i),
@@ -458,6 +460,11 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
                 "retries": s.retries,
                 "exhausted": s.exhausted,
                 "load_diversions": s.load_diversions,
+                // Tokens/s per unit of capacity the cost scorer's queues
+                // drain at (null: not measured yet, or no drain model).
+                "prefill_rate": rt.rule.prefill_rate().map(|r| json!({
+                    "tracked": r.tracked, "engine_reported": r.reported, "used": r.used,
+                })),
                 "predicted_blocks": s.predicted_blocks,
                 "drift_alarms_raised": s.drift_alarms_raised,
                 "hits": s.endpoints.iter().map(|e| e.hits).collect::<Vec<_>>(),

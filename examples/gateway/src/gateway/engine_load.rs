@@ -12,7 +12,7 @@ use std::time::Duration;
 use kvroute_core::{EndpointId, Medium};
 use kvroute_engines::transport::{EngineKind, LoadPoller, LoadPollerConfig};
 use kvroute_engines::MetricsDialect;
-use kvroute_select::EngineReport;
+use kvroute_select::{EngineReport, PrefillProgress};
 
 use super::state::RuleRuntime;
 
@@ -69,6 +69,9 @@ pub fn spawn(rt: &Arc<RuleRuntime>, interval: Duration) {
                         running: r.running,
                         waiting: r.waiting,
                         kv_usage: r.kv_usage,
+                        prefill: r.prefill_computed_tokens.zip(r.prefill_seconds).map(
+                            |(tokens, seconds)| PrefillProgress { tokens, seconds },
+                        ),
                     };
                     // Every replica's requests: the engine counts them all.
                     let local = rule.replicas_load(id);

@@ -445,6 +445,13 @@ impl Load for Host<'_> {
     fn charged_prefill_tokens(&self, endpoint: kvroute_core::EndpointId) -> Option<u64> {
         self.rt.charged_prefill_tokens(endpoint)
     }
+
+    fn prefill_progress(
+        &self,
+        endpoint: kvroute_core::EndpointId,
+    ) -> Option<kvroute_select::PrefillProgress> {
+        self.rt.prefill_progress(endpoint)
+    }
 }
 
 impl Health for Host<'_> {

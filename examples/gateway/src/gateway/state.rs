@@ -217,6 +217,13 @@ impl Load for RuleRuntime {
                 .map_or(local, |r| local.saturating_add(r.remote_charged(endpoint))),
         )
     }
+
+    /// The engine's own prefill counters, from its last fresh load report.
+    fn prefill_progress(&self, endpoint: EndpointId) -> Option<kvroute_select::PrefillProgress> {
+        self.reported
+            .report(endpoint, self.epoch.elapsed())
+            .and_then(|r| r.prefill)
+    }
 }
 
 impl Health for RuleRuntime {

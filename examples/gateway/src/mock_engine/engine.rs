@@ -34,6 +34,13 @@ struct State {
     next_tag: u64,
     events: Vec<KvEvent>,
     payload: Vec<u8>,
+    /// Admitted requests whose prefill has not ended: (first token, tokens,
+    /// prefill µs). At most the running requests.
+    prefilling: Vec<(u64, u64, u64)>,
+    /// Requests whose prefill has ended: uncached tokens and µs, summed.
+    prefilled_requests: u64,
+    prefilled_tokens: u64,
+    prefilled_us: u64,
 }
 
 /// The load figures `GET /metrics` exports, read from the worker.
@@ -51,6 +58,12 @@ pub struct LoadSnapshot {
     pub block_size: u32,
     /// Requests running at once at most.
     pub max_running: u32,
+    /// Requests past their first token.
+    pub prefilled_requests: u64,
+    /// Their uncached prompt tokens, summed.
+    pub prefilled_tokens: u64,
+    /// Their prefill time (first token − prefill start), summed, µs.
+    pub prefilled_us: u64,
 }
 
 /// A running engine model.
@@ -71,6 +84,10 @@ impl Engine {
                 next_tag: 0,
                 events: Vec::new(),
                 payload: Vec::new(),
+                prefilling: Vec::new(),
+                prefilled_requests: 0,
+                prefilled_tokens: 0,
+                prefilled_us: 0,
             }),
             wake: Notify::new(),
             clock: Instant::now(),
@@ -128,6 +145,24 @@ impl Engine {
             let now = self.now_us();
             st.worker.advance(now);
             self.dispatch(&mut st);
+            // vLLM counts a request's prefill when it finishes; counting it at
+            // its first token reports the same sums earlier.
+            let State {
+                prefilling,
+                prefilled_requests,
+                prefilled_tokens,
+                prefilled_us,
+                ..
+            } = &mut *st;
+            prefilling.retain(|&(first, tokens, us)| {
+                if first > now {
+                    return true;
+                }
+                *prefilled_requests += 1;
+                *prefilled_tokens = prefilled_tokens.saturating_add(tokens);
+                *prefilled_us = prefilled_us.saturating_add(us);
+                false
+            });
             let w = &st.worker;
             let cache = w.cache();
             LoadSnapshot {
@@ -137,6 +172,9 @@ impl Engine {
                 capacity_blocks: cache.capacity(),
                 block_size: w.config().block_size,
                 max_running: w.config().max_running,
+                prefilled_requests: st.prefilled_requests,
+                prefilled_tokens: st.prefilled_tokens,
+                prefilled_us: st.prefilled_us,
             }
         };
         // Advancing may have admitted requests that finish before the driver's timer.
@@ -160,9 +198,15 @@ impl Engine {
             waiters,
             events,
             payload,
+            prefilling,
             ..
         } = st;
         for a in worker.drain_admissions() {
+            prefilling.push((
+                a.first_token_us,
+                u64::from(a.computed_tokens),
+                a.first_token_us.saturating_sub(a.prefill_start_us),
+            ));
             if let Some(tx) = waiters.remove(&a.tag) {
                 let _ = tx.send(a);
             }

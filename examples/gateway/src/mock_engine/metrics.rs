@@ -4,7 +4,7 @@
 //!
 //! | `--format` | body | names |
 //! |---|---|---|
-//! | `vllm` | Prometheus text | `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, `vllm:cache_config_info{block_size, num_gpu_blocks, ...}` (labels `model_name`, `engine="0"`) |
+//! | `vllm` | Prometheus text | `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, `vllm:cache_config_info{block_size, num_gpu_blocks, ...}`, histograms `vllm:request_prefill_time_seconds` and `vllm:request_prefill_kv_computed_tokens` (`_count`, `_sum` and the `+Inf` bucket only) (labels `model_name`, `engine="0"`) |
 //! | `sglang` | Prometheus text | `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:num_used_tokens`, `sglang:max_total_num_tokens`, `sglang:page_size`, `sglang:num_pages` |
 //! | `trtllm` | JSON iteration stats | `numActiveRequests`, `numQueuedRequests`, `kvCacheStats.{maxNumBlocks, usedNumBlocks, freeNumBlocks, tokensPerBlock}` |
 //!
@@ -46,6 +46,17 @@ fn gauge(out: &mut String, name: &str, help: &str, labels: &str, value: f64) {
     let _ = writeln!(out, "# TYPE {name} gauge");
     // `{:?}` prints 3.0 and 0.25 as Python's repr does.
     let _ = writeln!(out, "{name}{{{labels}}} {value:?}");
+}
+
+/// A histogram reduced to what its totals say: the `+Inf` bucket, count and sum.
+fn histogram(out: &mut String, name: &str, help: &str, labels: &str, count: u64, sum: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    #[allow(clippy::cast_precision_loss)]
+    let count = count as f64;
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count:?}");
+    let _ = writeln!(out, "{name}_count{{{labels}}} {count:?}");
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {sum:?}");
 }
 
 fn escape(v: &str) -> String {
@@ -100,6 +111,24 @@ pub fn render(
                 "Information of the LLMEngine CacheConfig",
                 &info,
                 1.0,
+            );
+            #[allow(clippy::cast_precision_loss)]
+            let (tokens, secs) = (s.prefilled_tokens as f64, s.prefilled_us as f64 / 1e6);
+            histogram(
+                &mut out,
+                "vllm:request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request.",
+                &l,
+                s.prefilled_requests,
+                secs,
+            );
+            histogram(
+                &mut out,
+                "vllm:request_prefill_kv_computed_tokens",
+                "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+                &l,
+                s.prefilled_requests,
+                tokens,
             );
             (out, "text/plain; version=0.0.4; charset=utf-8")
         }

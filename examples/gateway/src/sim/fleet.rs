@@ -534,6 +534,9 @@ impl Sim<'_> {
                 running: worker.running(),
                 waiting: u32::try_from(worker.waiting()).unwrap_or(u32::MAX),
                 kv_usage: None,
+                // Simulated requests end their prefill charge at their first
+                // token, so the tracker's rate needs no engine counters.
+                prefill: None,
             };
             let id = EndpointId(u32::try_from(w).unwrap_or(u32::MAX));
             for rep in &self.replicas {
