@@ -683,24 +683,38 @@ impl SharedIndex {
                 }
             }
             let shards = shards.get_mut(..count).unwrap_or_default();
-            shards.sort_unstable();
             let mut unique = 0;
-            for i in 0..shards.len() {
-                let s = shards.get(i).copied();
-                if unique == 0 || s != shards.get(unique - 1).copied() {
-                    if let (Some(dst), Some(s)) = (shards.get_mut(unique), s) {
-                        *dst = s;
+            if bank.shards.len() <= 64 {
+                // Ascending and distinct from a bit set: no sort.
+                let mut set = 0u64;
+                for s in shards.iter() {
+                    set |= 1u64 << (*s & 63);
+                }
+                while set != 0 {
+                    if let Some(dst) = shards.get_mut(unique) {
+                        *dst = set.trailing_zeros() as usize;
                     }
+                    set &= set - 1;
                     unique += 1;
+                }
+            } else {
+                shards.sort_unstable();
+                for i in 0..shards.len() {
+                    let s = shards.get(i).copied();
+                    if unique == 0 || s != shards.get(unique - 1).copied() {
+                        if let (Some(dst), Some(s)) = (shards.get_mut(unique), s) {
+                            *dst = s;
+                        }
+                        unique += 1;
+                    }
                 }
             }
             let shards = shards.get(..unique).unwrap_or_default();
-            let mut guards: Vec<parking_lot::RwLockWriteGuard<'_, Shard>> =
-                Vec::with_capacity(shards.len());
-            for s in shards {
-                if let Some(shard) = bank.shards.get(*s) {
-                    guards.push(shard.0.write());
-                }
+            // On the stack: one allocation per group showed in profiles.
+            let mut guards: [Option<parking_lot::RwLockWriteGuard<'_, Shard>>; LOCK_GROUP + 1] =
+                std::array::from_fn(|_| None);
+            for (g, s) in guards.iter_mut().zip(shards) {
+                *g = bank.shards.get(*s).map(|shard| shard.0.write());
             }
             let guard_of = |key: u64| {
                 shards
@@ -715,7 +729,10 @@ impl SharedIndex {
             }
             let mut lines: [Option<&u32>; LOCK_GROUP] = [None; LOCK_GROUP];
             for ((key, g), line) in group.iter().zip(&of_key).zip(&mut lines) {
-                *line = guards.get(*g).and_then(|g| g.home_line(tier, key.0));
+                *line = guards
+                    .get(*g)
+                    .and_then(Option::as_ref)
+                    .and_then(|g| g.home_line(tier, key.0));
             }
             let mut touched = 0u32;
             for line in lines.iter().take(group.len()).flatten() {
@@ -727,7 +744,7 @@ impl SharedIndex {
                 let remaining = n.saturating_sub(done);
                 done += 1;
                 let shard_no = shards.get(*g).copied().unwrap_or(0);
-                let Some(g) = guards.get_mut(*g) else {
+                let Some(g) = guards.get_mut(*g).and_then(Option::as_mut) else {
                     continue;
                 };
                 let candidate = chain.candidate();
@@ -739,6 +756,7 @@ impl SharedIndex {
                         let run = chain.run_id();
                         let attached = guard_of(head)
                             .and_then(|i| guards.get_mut(i))
+                            .and_then(Option::as_mut)
                             .is_some_and(|h| h.attach_run(head, bit, run));
                         if attached {
                             chain.head_attached();
