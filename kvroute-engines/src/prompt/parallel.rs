@@ -9,7 +9,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
-use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
 use super::PromptMiss;
@@ -109,6 +108,17 @@ impl ParallelEncoder {
         &self.config
     }
 
+    /// The pool when `text` is to be split: long, a seam policy given, and
+    /// the caller not one of the pool's own threads (it would wait for
+    /// pieces queued behind itself).
+    fn pool_for(&self, policy: Option<&SeamPolicy>, text: &str) -> Option<&rayon::ThreadPool> {
+        self.pool.as_ref().filter(|pool| {
+            policy.is_some()
+                && text.len() >= self.config.min_bytes
+                && pool.current_thread_index().is_none()
+        })
+    }
+
     /// Ids of `text` without special tokens added, identical to
     /// `tokenizer.encode_fast(text, false)`: split at seams and encoded on the
     /// pool when the text is long and `policy` (from
@@ -120,33 +130,18 @@ impl ParallelEncoder {
         policy: Option<&SeamPolicy>,
         text: &str,
     ) -> Result<Vec<u32>, PromptMiss> {
-        let pool = match (&self.pool, policy) {
-            (Some(pool), Some(_)) if text.len() >= self.config.min_bytes => pool,
-            _ => return encode_one(tokenizer, text),
-        };
-        let want = self
-            .threads()
-            .saturating_mul(self.config.pieces_per_thread.max(1));
-        let cuts = seams(tokenizer, text, want, self.config.window_bytes);
-        if cuts.is_empty() {
+        if self.pool_for(policy, text).is_none() {
             return encode_one(tokenizer, text);
         }
-        let mut pieces = Vec::with_capacity(cuts.len() + 1);
-        let mut from = 0;
-        for &cut in cuts.iter().chain(std::iter::once(&text.len())) {
-            pieces.push(text.get(from..cut).unwrap_or_default());
-            from = cut;
-        }
-        let parts: Vec<Vec<u32>> = pool.install(|| {
-            pieces
-                .par_iter()
-                .map(|p| encode_one(tokenizer, p))
-                .collect::<Result<_, _>>()
+        let mut ids = Vec::new();
+        self.encode_each(tokenizer, policy, text, |part: &[u32]| {
+            if ids.is_empty() {
+                // About 4 bytes per token in prose: one reservation for most texts.
+                ids.reserve(part.len().max(text.len() / 3));
+            }
+            ids.extend_from_slice(part);
+            Ok::<_, PromptMiss>(())
         })?;
-        let mut ids = Vec::with_capacity(parts.iter().map(Vec::len).sum());
-        for part in parts {
-            ids.extend_from_slice(&part);
-        }
         Ok(ids)
     }
 
@@ -158,8 +153,8 @@ impl ParallelEncoder {
     /// `encode`'s result. A sink error stops the delivery, skips pieces not
     /// started yet and is returned.
     ///
-    /// Called from a thread of this pool it still works but gains nothing
-    /// (the caller's thread is one of the workers).
+    /// Called from a thread of this pool it encodes the text in one piece on
+    /// that thread.
     ///
     /// ```
     /// use kvroute_engines::prompt::{ParallelConfig, ParallelEncoder, SeamPolicy};
@@ -183,77 +178,165 @@ impl ParallelEncoder {
         tokenizer: &Tokenizer,
         policy: Option<&SeamPolicy>,
         text: &str,
-        mut sink: F,
+        sink: F,
     ) -> Result<(), E>
     where
         E: From<PromptMiss>,
         F: FnMut(&[u32]) -> Result<(), E>,
     {
-        let pool = match (&self.pool, policy) {
-            (Some(pool), Some(_)) if text.len() >= self.config.min_bytes => pool,
-            _ => return sink(&encode_one(tokenizer, text)?),
+        let window = self.config.window_bytes;
+        self.encode_each_checked(tokenizer, policy, text, sink, |lo, p| {
+            window_agrees(tokenizer, text, lo, p, window)
+        })
+    }
+
+    /// [`Self::encode_each`] with the seam check as a parameter (`check(lo,
+    /// p)`: may `text` be cut at `p`, the previous cut being `lo`), so tests
+    /// can make seams fail.
+    ///
+    /// The cuts are chosen first by the byte rule alone ([`SeamPolicy`]) and
+    /// every piece starts encoding at once; the task of piece `k` checks the
+    /// seam it starts at before encoding, so the checks run on the pool in
+    /// parallel instead of one after the other before any piece starts. A
+    /// piece is delivered only when the seam it ends at has passed. When a
+    /// seam fails (it never has: the rule is proven, the check is a guard),
+    /// the rest of the text from the last delivered cut — a cut that passed —
+    /// is encoded in one piece on the caller's thread.
+    fn encode_each_checked<E, F, C>(
+        &self,
+        tokenizer: &Tokenizer,
+        policy: Option<&SeamPolicy>,
+        text: &str,
+        mut sink: F,
+        check: C,
+    ) -> Result<(), E>
+    where
+        E: From<PromptMiss>,
+        F: FnMut(&[u32]) -> Result<(), E>,
+        C: Fn(usize, usize) -> bool + Sync,
+    {
+        let Some(pool) = self.pool_for(policy, text) else {
+            return sink(&encode_one(tokenizer, text)?);
         };
         let want = self
             .threads()
             .saturating_mul(self.config.pieces_per_thread.max(1));
-        let cuts = seams(tokenizer, text, want, self.config.window_bytes);
+        let cuts = candidate_seams(text, want);
         if cuts.is_empty() {
             return sink(&encode_one(tokenizer, text)?);
         }
-        let mut pieces = Vec::with_capacity(cuts.len() + 1);
-        let mut from = 0;
-        for &cut in cuts.iter().chain(std::iter::once(&text.len())) {
-            pieces.push(text.get(from..cut).unwrap_or_default());
-            from = cut;
-        }
+        // bounds[k]..bounds[k + 1] is piece k.
+        let mut bounds = Vec::with_capacity(cuts.len() + 2);
+        bounds.push(0);
+        bounds.extend_from_slice(&cuts);
+        bounds.push(text.len());
+        let n = bounds.len() - 1;
+        let bounds = &bounds;
         let stop = AtomicBool::new(false);
-        let (tx, rx) = mpsc::channel::<(usize, Result<Vec<u32>, PromptMiss>)>();
+        let (tx, rx) = mpsc::channel::<Done>();
         // The scope body runs here, on the caller's thread: it receives the
         // pieces as the workers finish them and feeds the sink in order. The
         // scope returns only when every spawned piece is done or skipped.
         pool.in_place_scope(|scope| {
-            for (k, piece) in pieces.iter().enumerate() {
-                let (tx, stop) = (tx.clone(), &stop);
+            for k in 0..n {
+                let (tx, stop, check) = (tx.clone(), &stop, &check);
                 scope.spawn(move |_| {
-                    if !stop.load(Ordering::Relaxed) {
+                    let (Some(&from), Some(&to)) = (bounds.get(k), bounds.get(k + 1)) else {
+                        return;
+                    };
+                    if k > 0 {
+                        let lo = bounds.get(k - 1).copied().unwrap_or(0);
+                        let ok = check(lo, from);
                         // A closed receiver means the caller stopped: nothing to do.
-                        let _ = tx.send((k, encode_one(tokenizer, piece)));
+                        if tx.send(Done::Seam(k, ok)).is_err() || !ok {
+                            return;
+                        }
+                    }
+                    if !stop.load(Ordering::Relaxed) {
+                        let piece = text.get(from..to).unwrap_or_default();
+                        let _ = tx.send(Done::Piece(k, encode_one(tokenizer, piece)));
                     }
                 });
             }
             drop(tx);
-            let mut ready: Vec<Option<Vec<u32>>> = vec![None; pieces.len()];
+            let stopped = |e: E| {
+                stop.store(true, Ordering::Relaxed);
+                Err(e)
+            };
+            let mut ready: Vec<Option<Vec<u32>>> = vec![None; n];
+            // seam[k]: the check of the cut piece k starts at (piece 0's is
+            // the start of the text).
+            let mut seam: Vec<Option<bool>> = vec![None; n];
+            if let Some(first) = seam.first_mut() {
+                *first = Some(true);
+            }
             let mut next = 0;
-            while next < pieces.len() {
-                let Ok((k, part)) = rx.recv() else {
+            loop {
+                // Deliver every piece whose ids are here and whose end passed.
+                while next < n {
+                    let end = if next + 1 < n {
+                        seam.get(next + 1).copied().flatten()
+                    } else {
+                        Some(true)
+                    };
+                    match end {
+                        Some(false) => {
+                            stop.store(true, Ordering::Relaxed);
+                            let from = bounds.get(next).copied().unwrap_or(0);
+                            tracing::debug!(cut = bounds.get(next + 1), "seam check failed");
+                            let rest = encode_one(tokenizer, text.get(from..).unwrap_or_default());
+                            return match rest {
+                                Ok(ids) => sink(&ids),
+                                Err(e) => Err(E::from(e)),
+                            };
+                        }
+                        None => break,
+                        Some(true) => {
+                            let Some(part) = ready.get_mut(next).and_then(Option::take) else {
+                                break;
+                            };
+                            if let Err(e) = sink(&part) {
+                                return stopped(e);
+                            }
+                            next += 1;
+                        }
+                    }
+                }
+                if next >= n {
+                    return Ok(());
+                }
+                match rx.recv() {
+                    Ok(Done::Seam(k, ok)) => {
+                        if let Some(s) = seam.get_mut(k) {
+                            *s = Some(ok);
+                        }
+                    }
+                    Ok(Done::Piece(k, Ok(part))) => {
+                        if let Some(slot) = ready.get_mut(k) {
+                            *slot = Some(part);
+                        }
+                    }
+                    Ok(Done::Piece(_, Err(e))) => return stopped(E::from(e)),
                     // Every sender is gone with pieces missing: only a
                     // panicking worker does that (rayon re-raises it at the
                     // end of the scope).
-                    return Err(E::from(PromptMiss::Tokenize(
-                        "a tokenizer worker stopped".into(),
-                    )));
-                };
-                let part = match part {
-                    Ok(p) => p,
-                    Err(e) => {
-                        stop.store(true, Ordering::Relaxed);
-                        return Err(E::from(e));
+                    Err(_) => {
+                        return Err(E::from(PromptMiss::Tokenize(
+                            "a tokenizer worker stopped".into(),
+                        )))
                     }
-                };
-                if let Some(slot) = ready.get_mut(k) {
-                    *slot = Some(part);
-                }
-                while let Some(part) = ready.get_mut(next).and_then(Option::take) {
-                    if let Err(e) = sink(&part) {
-                        stop.store(true, Ordering::Relaxed);
-                        return Err(e);
-                    }
-                    next += 1;
                 }
             }
-            Ok(())
         })
     }
+}
+
+/// What a piece's task reports to the caller's thread.
+enum Done {
+    /// The check of the seam piece `.0` starts at.
+    Seam(usize, bool),
+    /// Piece `.0`'s ids.
+    Piece(usize, Result<Vec<u32>, PromptMiss>),
 }
 
 fn encode_one(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, PromptMiss> {
@@ -291,7 +374,8 @@ fn encode_one(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, PromptMiss>
 ///   their part of the whole text, and BPE never merges across pre-tokens.
 ///
 /// Each seam is also checked by encoding a window around it whole and in two
-/// halves ([`ParallelConfig::window_bytes`]); a seam that fails is skipped.
+/// halves ([`ParallelConfig::window_bytes`]), on the pool beside the pieces;
+/// past a seam that fails, the rest of the text is encoded in one piece.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SeamPolicy {
     _proven: (),
@@ -414,6 +498,20 @@ fn window_agrees(tokenizer: &Tokenizer, text: &str, lo: usize, p: usize, window:
 /// [`SeamPolicy`].
 #[must_use]
 pub fn seams(tokenizer: &Tokenizer, text: &str, pieces: usize, window: usize) -> Vec<usize> {
+    seams_where(text, pieces, |lo, p| {
+        window_agrees(tokenizer, text, lo, p, window)
+    })
+}
+
+/// The seams of [`seams`] by the byte rule alone, unchecked.
+fn candidate_seams(text: &str, pieces: usize) -> Vec<usize> {
+    seams_where(text, pieces, |_, _| true)
+}
+
+/// For each of `pieces - 1` equally spaced targets, the first seam at or
+/// after it (within [`MAX_SCAN`] bytes, past the previous cut) that `accept(previous
+/// cut, seam)` takes.
+fn seams_where(text: &str, pieces: usize, accept: impl Fn(usize, usize) -> bool) -> Vec<usize> {
     let bytes = text.as_bytes();
     let mut out = Vec::new();
     if pieces < 2 {
@@ -426,7 +524,7 @@ pub fn seams(tokenizer: &Tokenizer, text: &str, pieces: usize, window: usize) ->
         let end = target.saturating_add(MAX_SCAN).min(text.len());
         let mut p = target;
         while p < end {
-            if is_seam(bytes, p) && window_agrees(tokenizer, text, last, p, window) {
+            if is_seam(bytes, p) && accept(last, p) {
                 out.push(p);
                 last = p;
                 break;
@@ -435,4 +533,70 @@ pub fn seams(tokenizer: &Tokenizer, text: &str, pieces: usize, window: usize) ->
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use super::*;
+
+    fn qwen3() -> &'static Tokenizer {
+        static T: OnceLock<super::super::ModelTokenizer> = OnceLock::new();
+        T.get_or_init(|| {
+            let dir =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
+            super::super::ModelTokenizer::load(&dir, &Default::default()).unwrap()
+        })
+        .tokenizer()
+    }
+
+    fn reference(text: &str) -> Vec<u32> {
+        encode_one(qwen3(), text).unwrap()
+    }
+
+    /// A seam whose check fails: the pieces before it are delivered, the
+    /// rest of the text from the last passed cut comes in one piece, and the
+    /// ids are those of one full encode — for each seam failing in turn.
+    #[test]
+    fn a_failing_seam_check_falls_back_to_one_piece_for_the_rest() {
+        let tok = qwen3();
+        let policy = SeamPolicy::for_tokenizer(tok);
+        let enc = ParallelEncoder::new(ParallelConfig {
+            threads: 2,
+            min_bytes: 0,
+            pieces_per_thread: 3,
+            window_bytes: 32,
+        })
+        .unwrap();
+        let text = "The router keeps the prefix of every prompt. ".repeat(300);
+        let cuts = candidate_seams(&text, 6);
+        assert_eq!(cuts.len(), 5);
+        let want = reference(&text);
+        for (i, &bad) in cuts.iter().enumerate() {
+            let mut parts = Vec::new();
+            enc.encode_each_checked(
+                tok,
+                policy.as_ref(),
+                &text,
+                |ids| {
+                    parts.push(ids.to_vec());
+                    Ok::<_, PromptMiss>(())
+                },
+                |_, p| p != bad,
+            )
+            .unwrap();
+            // Pieces 0..=i end at passed seams; the rest is one piece.
+            assert_eq!(parts.len(), i + 1, "seam {i} failing");
+            assert_eq!(parts.concat(), want, "seam {i} failing");
+        }
+        // With every check passing: one part per piece.
+        let mut n = 0;
+        enc.encode_each(tok, policy.as_ref(), &text, |_| {
+            n += 1;
+            Ok::<_, PromptMiss>(())
+        })
+        .unwrap();
+        assert_eq!(n, 6);
+    }
 }
