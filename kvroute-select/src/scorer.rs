@@ -57,8 +57,10 @@ impl Default for LoadAwareConfig {
 /// load max/mean 1.31 at weight 2, 1.23 at weight 1, hit ratio 71.4 % vs
 /// 74.1 %). The price: requests arriving at the same instant with a new
 /// shared prefix co-locate only while waiting behind each other costs less
-/// than the affinity slack (a simultaneous burst of four shares two
-/// endpoints; weight 2 keeps all four on one).
+/// than the affinity slack (in the test
+/// `the_default_slack_keeps_a_small_simultaneous_burst_together`, four
+/// 42-block prompts sharing 40 new blocks stay on one endpoint with the
+/// 64-token `affinity_tokens`, and share two without it).
 ///
 /// Only the *longest cached prefix* is credited (`prefix`, not the any-position
 /// count): vLLM and SGLang reuse the prefix up to the first missing block, so a
@@ -68,8 +70,15 @@ impl Default for LoadAwareConfig {
 /// the least cost wins; costs within `tie_tokens` are ties, which go to the
 /// less loaded endpoint, then rotate as round robin does — never to endpoint
 /// order. Affinity: the longest-prefix endpoint is kept when its cost is within
-/// `affinity_slack` of the best (relative), so small queue differences do not
-/// spread one conversation's cache over the fleet.
+/// `affinity_slack` of the best (relative) plus `affinity_tokens` (absolute),
+/// so small queue differences do not spread one conversation's cache over
+/// the fleet. The absolute part matters for short requests: a chat turn's
+/// cost is a few dozen uncached tokens, so a relative slack alone lets one
+/// more request in flight (`decode_tokens_per_request`) move the
+/// conversation, and each move re-prefills history on the new endpoint and
+/// duplicates it in a second cache (in `scripts/bench_smg.sh`'s multi-turn
+/// cells, 70–118 later turns moved at concurrency 32, against SGLang Model
+/// Gateway's 3–13).
 ///
 /// A prompt whose first block is held everywhere (a shared system prompt)
 /// saves the same on every endpoint, so the queue terms decide: no collapse.
@@ -118,8 +127,10 @@ pub struct CostConfig {
     /// 1: the cost is this request's predicted time to first token).
     pub prefill_weight: f64,
     /// Keep the longest-prefix endpoint while its cost is at most
-    /// `(1 + affinity_slack)` times the best cost.
+    /// `(1 + affinity_slack)` times the best cost plus `affinity_tokens`.
     pub affinity_slack: f64,
+    /// Absolute part of the affinity slack, prefill-token equivalents.
+    pub affinity_tokens: f64,
     /// Bounded-load factor `c ≥ 1`: an endpoint may take a request while its
     /// in-flight count stays within `⌈c · (Σ in-flight + 1) · cap / Σ cap⌉`.
     /// `f64::INFINITY` disables the cap.
@@ -146,6 +157,7 @@ impl Default for CostConfig {
             decode_tokens_per_request: 16.0,
             prefill_weight: 1.0,
             affinity_slack: 0.1,
+            affinity_tokens: 64.0,
             load_factor: 1.25,
             load_headroom: 2,
             tie_tokens: 0.0,
@@ -385,7 +397,9 @@ fn pick_cost(
         return KvPick::Miss(MissReason::AllCandidatesFiltered);
     };
     if let Some((li, lc, lp)) = longest {
-        if lp > prefix && lc <= best_cost * (1.0 + cfg.affinity_slack.max(0.0)) {
+        if lp > prefix
+            && lc <= best_cost * (1.0 + cfg.affinity_slack.max(0.0)) + cfg.affinity_tokens.max(0.0)
+        {
             index = li;
             prefix = lp;
         }

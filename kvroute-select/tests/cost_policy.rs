@@ -62,6 +62,7 @@ fn the_default_rule_is_the_cost_scorer_with_least_load_fallback() {
 fn cached_prefix_is_weighed_against_queued_prefill_as_the_formula_says() {
     let cfg = CostConfig {
         affinity_slack: 0.0,
+        affinity_tokens: 0.0,
         load_factor: f64::INFINITY,
         prefill_weight: 2.0,
         ..CostConfig::default()
@@ -302,16 +303,22 @@ fn predicted_entries_co_locate_a_burst_and_expire() {
     assert!(used.len() > 1);
 }
 
-/// The default weight: a burst of four simultaneous requests sharing a new
-/// prefix lands on two endpoints (predicted entries credit both), where
-/// without predicted entries it spreads by load.
+/// The default slack: a burst of four simultaneous requests sharing a new
+/// prefix stays on one endpoint (predicted entries credit it, and waiting
+/// behind three 42-block prefills costs less than the relative slack plus
+/// `affinity_tokens`); with no absolute slack it shares two, and without
+/// predicted entries it spreads by load.
 #[test]
-fn the_default_weight_shares_a_simultaneous_burst_over_two_endpoints() {
-    let run = |predicted: bool| {
+fn the_default_slack_keeps_a_small_simultaneous_burst_together() {
+    let run = |predicted: bool, affinity_tokens: f64| {
         let (r, c) = rule(4, |x| {
             if !predicted {
                 x.predicted.capacity = 0;
             }
+            x.scorer = Scorer::Cost(CostConfig {
+                affinity_tokens,
+                ..CostConfig::default()
+            });
         });
         let inv = KeySetInventory::new(4);
         let tracker = Arc::new(LoadTracker::new(4));
@@ -332,8 +339,10 @@ fn the_default_weight_shares_a_simultaneous_burst_over_two_endpoints() {
         }
         used.len()
     };
-    assert_eq!(run(true), 2);
-    assert_eq!(run(false), 4);
+    let default = CostConfig::default().affinity_tokens;
+    assert_eq!(run(true, default), 1);
+    assert_eq!(run(true, 0.0), 2);
+    assert_eq!(run(false, default), 4);
 }
 
 /// A receipt above the prompt's length is refused and counted.
@@ -389,7 +398,7 @@ fn model_pick(
         .filter(|&&i| prefixes[i] == longest)
         .map(|&i| cost(i))
         .fold(f64::INFINITY, f64::min);
-    if best_of_longest <= best * (1.0 + cfg.affinity_slack) {
+    if best_of_longest <= best * (1.0 + cfg.affinity_slack) + cfg.affinity_tokens {
         (Some(longest), best_of_longest)
     } else {
         (None, best)
@@ -404,11 +413,13 @@ proptest! {
         prefixes in proptest::collection::vec(0u32..12, 2..7),
         loads in proptest::collection::vec((0u32..6, 0u64..400), 7),
         slack in 0u32..4,
+        slack_tokens in 0u32..3,
         factor in 0u32..6,
     ) {
         let n = prefixes.len();
         let cfg = CostConfig {
             affinity_slack: f64::from(slack) / 4.0,
+            affinity_tokens: f64::from(slack_tokens) * 48.0,
             load_factor: 1.0 + f64::from(factor) / 4.0,
             ..CostConfig::default()
         };

@@ -167,6 +167,10 @@ pub struct RunArgs {
     /// `kv-exact`: relative cost slack within which the longest prefix is kept.
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().affinity_slack)]
     cost_affinity_slack: f64,
+    /// `kv-exact`: absolute cost slack (prefill tokens) within which the
+    /// longest prefix is kept.
+    #[arg(long, default_value_t = kvroute_select::CostConfig::default().affinity_tokens)]
+    cost_affinity_tokens: f64,
     /// `kv-exact`: prefill-token equivalent of one request in flight.
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().decode_tokens_per_request)]
     cost_decode_tokens: f64,
@@ -396,6 +400,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
                 cost: kvroute_select::CostConfig {
                     load_factor: args.cost_load_factor,
                     affinity_slack: args.cost_affinity_slack,
+                    affinity_tokens: args.cost_affinity_tokens,
                     decode_tokens_per_request: args.cost_decode_tokens,
                     prefill_weight: args.cost_prefill_weight,
                     load_headroom: args.cost_load_headroom,
