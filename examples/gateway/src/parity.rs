@@ -239,6 +239,8 @@ fn check_metrics_cases(
                         "kv_capacity_blocks": r.kv_capacity_blocks, "block_size": r.block_size,
                         "kv_capacity_tokens": r.kv_capacity_tokens,
                         "waiting_prefill_tokens": r.waiting_prefill_tokens, "ranks": r.ranks,
+                        "prefill_computed_tokens": r.prefill_computed_tokens,
+                        "prefill_seconds": r.prefill_seconds,
                     });
                     expect
                         .as_object()

@@ -210,7 +210,11 @@ fn send(gw: &Gateway, shared: &str, tag: &str) -> tokio::task::JoinHandle<Option
     let url = gw.url("/v1/completions");
     let body = serde_json::json!({
         "model": MODEL,
-        "prompt": format!("{shared} Question {tag}: what now?"),
+        // The tag comes right after the shared prefix, so prompts with tags
+        // that differ in their first word share no block beyond the prefix
+        // (else a predicted entry of the first makes the others' longest
+        // prefix there, and affinity keeps them together).
+        "prompt": format!("{shared} {tag}: what now?"),
         "max_tokens": 2,
     });
     tokio::spawn(async move {
@@ -286,8 +290,11 @@ async fn replica_two_split(sync: bool, scorer: Option<&str>) -> (usize, usize) {
 
     // Replica 2 routes one request at a time.
     let mut second = Vec::new();
-    for i in 0..4 {
-        second.push(send(&g2, &shared, &format!("two-{i}")));
+    for (i, word) in ["alpha", "bravo", "charlie", "delta"]
+        .into_iter()
+        .enumerate()
+    {
+        second.push(send(&g2, &shared, word));
         eventually("replica 2's request at an engine", || async {
             (busy.received() + idle.received() == 4 + i + 1).then_some(())
         })
