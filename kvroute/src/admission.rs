@@ -159,7 +159,9 @@ impl TokenizeAdmission {
         len.min(self.limits.max_bytes)
     }
 
-    fn try_take(self: &Arc<Self>, len: usize) -> Option<TokenizePermit> {
+    /// A permit if there is room now, without counting a refusal (the
+    /// caller has another way in).
+    pub(crate) fn try_take(self: &Arc<Self>, len: usize) -> Option<TokenizePermit> {
         let bytes = self.charge(len);
         let (count, total) = {
             let mut f = self.in_flight.lock();

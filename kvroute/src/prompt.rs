@@ -460,6 +460,12 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
     out
 }
 
+/// Bodies up to this size are prepared on the calling task when a permit is
+/// free at once: a chat turn of a few KiB costs tens to hundreds of
+/// microseconds (its earlier messages come from the span cache), less than
+/// the hand-off to the blocking pool and back.
+pub const INLINE_PREPARE_BYTES: usize = 4096;
+
 /// [`prepare`] on the blocking pool behind `handle`, admitted first by
 /// `admission` (at most so many tokenizations and bytes at once; a request
 /// finding no room waits up to `wait` under [`TokenizeOverload::Wait`], then
@@ -479,6 +485,11 @@ pub async fn prepare_admitted<H: PromptHost + Send + Sync + 'static>(
 ) -> PreparedPrompt {
     if body.is_empty() {
         return PreparedPrompt::missed(None, MissBeforeKeys::NoModel);
+    }
+    if body.len() <= INLINE_PREPARE_BYTES {
+        if let Some(_permit) = admission.try_take(body.len()) {
+            return prepare(&**host, api, body);
+        }
     }
     let permit = admission.admit(body.len(), overload, wait).await;
     let host = Arc::clone(host);

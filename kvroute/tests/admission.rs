@@ -76,3 +76,30 @@ async fn a_waiting_pick_gives_up_after_its_bound() {
     let s = r.tokenize_counters();
     assert_eq!((s.admitted_after_wait, s.overloaded), (0, 1));
 }
+
+/// A small body (≤ `INLINE_PREPARE_BYTES`) with a free slot is prepared on
+/// the calling task: the pick is ready at its first poll, with no hand-off
+/// to the blocking pool. A larger one goes to the pool (pending at first).
+#[tokio::test(flavor = "current_thread")]
+async fn a_small_body_is_prepared_inline_and_a_large_one_on_the_pool() {
+    let r = router(TokenizeOverload::Wait, Duration::from_secs(60));
+    let small = chat("inline", false);
+    assert!(small.len() <= kvroute::prompt::INLINE_PREPARE_BYTES);
+    let long = "the committee discusses the budget at length ".repeat(200);
+    let large = bytes::Bytes::from(
+        serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": long}]})
+            .to_string(),
+    );
+    assert!(large.len() > kvroute::prompt::INLINE_PREPARE_BYTES);
+    for (body, inline) in [(&small, true), (&large, false)] {
+        let mut pick = std::pin::pin!(r.pick(ApiKind::Chat, body));
+        let ready = std::future::poll_fn(|cx| Poll::Ready(pick.as_mut().poll(cx).is_ready())).await;
+        assert_eq!(ready, inline, "{} bytes", body.len());
+        if !ready {
+            let p = pick.await.unwrap();
+            assert!(p.decision().miss().is_some(), "no engine holds blocks");
+        }
+    }
+    let s = r.tokenize_counters();
+    assert_eq!((s.admitted, s.overloaded, s.in_flight), (2, 0, 0));
+}
