@@ -25,9 +25,9 @@ fn sample(text: &str, name: &str) -> Option<f64> {
     found
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn engine_reported_load_and_poll_outcomes_are_on_metrics() {
-    let mut engine = Engine::start("both");
+/// A gateway with one KV rule over `engine`, polling its `/metrics` every
+/// 50 ms (health probes off), subscribed to its events.
+async fn polling_gateway(engine: &Engine) -> Gateway {
     let config = format!(
         "{}{}{}",
         config_head("[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 50\n"),
@@ -36,6 +36,13 @@ async fn engine_reported_load_and_poll_outcomes_are_on_metrics() {
     );
     let gw = Gateway::start(&config);
     wait_subscribed(&gw).await;
+    gw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_reported_load_and_poll_outcomes_are_on_metrics() {
+    let mut engine = Engine::start("both");
+    let gw = polling_gateway(&engine).await;
 
     // Idle: polls succeed, the engine reports nothing running.
     eventually("first load polls", || async {
@@ -100,14 +107,7 @@ async fn engine_reported_load_and_poll_outcomes_are_on_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_prefill_counters_set_the_drain_rate_for_non_streamed_requests() {
     let engine = Engine::start("both");
-    let config = format!(
-        "{}{}{}",
-        config_head("[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 50\n"),
-        kv_rule("kv", "converged"),
-        engine.endpoint_toml("both"),
-    );
-    let gw = Gateway::start(&config);
-    wait_subscribed(&gw).await;
+    let gw = polling_gateway(&engine).await;
 
     // The engine's true rate: one 100 µs step plus 50 µs per token per
     // request. Fresh ~300-word prompts, 60 ms of decode each, four at a time.
