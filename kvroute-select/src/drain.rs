@@ -137,15 +137,26 @@ impl State {
         if self.foreign > FOREIGN * self.own {
             return None;
         }
-        let tracked =
-            (self.busy_us >= MIN_BUSY_US && self.tokens > 0.0).then(|| self.tokens / self.busy_us);
-        let reported = (self.engine_us >= MIN_BUSY_US && self.engine_tokens > 0.0)
-            .then(|| self.engine_tokens / self.engine_us);
-        match (tracked, reported) {
+        match (self.tracked_rate(), self.reported_rate()) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         }
     }
+
+    /// From the tracker, once measured over enough busy time.
+    fn tracked_rate(&self) -> Option<f64> {
+        measured(self.tokens, self.busy_us)
+    }
+
+    /// From the engines' counters, likewise.
+    fn reported_rate(&self) -> Option<f64> {
+        measured(self.engine_tokens, self.engine_us)
+    }
+}
+
+/// Tokens per µs over `us` of busy time, once that is long enough to trust.
+fn measured(tokens: f64, us: f64) -> Option<f64> {
+    (us >= MIN_BUSY_US && tokens > 0.0).then(|| tokens / us)
 }
 
 /// Per-rule drain model of the endpoints' prefill queues (see the module
@@ -226,12 +237,11 @@ impl PrefillDrain {
     /// Both estimates and the one in use.
     pub(crate) fn rates(&self) -> PrefillRate {
         let st = self.state.lock();
-        let per_s =
-            |tokens: f64, us: f64| (us >= MIN_BUSY_US && tokens > 0.0).then(|| tokens / us * 1e6);
+        let per_s = |r: Option<f64>| r.map(|r| r * 1e6);
         PrefillRate {
-            tracked: per_s(st.tokens, st.busy_us),
-            reported: per_s(st.engine_tokens, st.engine_us),
-            used: st.rate().map(|r| r * 1e6),
+            tracked: per_s(st.tracked_rate()),
+            reported: per_s(st.reported_rate()),
+            used: per_s(st.rate()),
         }
     }
 }

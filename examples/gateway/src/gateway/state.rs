@@ -221,8 +221,8 @@ impl Load for RuleRuntime {
     /// The engine's own prefill counters, from its last fresh load report.
     fn prefill_progress(&self, endpoint: EndpointId) -> Option<kvroute_select::PrefillProgress> {
         self.reported
-            .report(endpoint, self.epoch.elapsed())
-            .and_then(|r| r.prefill)
+            .view(&*self.tracker, self.epoch.elapsed())
+            .prefill_progress(endpoint)
     }
 }
 
