@@ -12,14 +12,14 @@ mod tests;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvroute_core::{BlockKey, EndpointId, Medium};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use crate::view::{InventoryView, Overlap};
 use ring::Ring;
 use runs::{RunHint, RunTable, MAX_RUN};
 pub(crate) use shard::mix;
 pub(crate) use shard::KeyMap;
-use shard::{RemoveEffect, Shard, StoreEffect};
+use shard::{entry_hash, RemoveEffect, Shard, StoreEffect};
 use sliced::SlicedCounters;
 
 /// Endpoints per bank (bits of a holder mask).
@@ -326,7 +326,8 @@ impl EndpointKeys {
 pub struct SharedIndex {
     banks: Box<[Bank]>,
     endpoints: Box<[Mutex<EndpointKeys>]>,
-    shard_shift: u32,
+    /// Bits of a shard index (the shard count's log2).
+    shard_bits: u32,
 }
 
 impl std::fmt::Debug for SharedIndex {
@@ -367,7 +368,7 @@ impl SharedIndex {
             endpoints: (0..endpoints)
                 .map(|_| Mutex::new(EndpointKeys::new(capacity)))
                 .collect(),
-            shard_shift: 64 - shards.trailing_zeros(),
+            shard_bits: shards.trailing_zeros(),
         }
     }
 
@@ -477,7 +478,7 @@ impl SharedIndex {
 
     #[inline]
     fn shard<'a>(&self, bank: &'a Bank, key: u64) -> &'a RwLock<Shard> {
-        // The index is < shards by construction of `shard_shift`.
+        // The index is < shards by construction of `shard_bits`.
         &bank.shards[self.shard_index(key) & (bank.shards.len() - 1)].0
     }
 
@@ -496,10 +497,14 @@ impl SharedIndex {
         for key in keys {
             // Bound first: a guard in the match scrutinee would live through the
             // arms, and eviction takes shard locks.
-            let effect = self
-                .shard(bank, key.0)
-                .write()
-                .store(tier, key.0, bit, &bank.runs, None);
+            let effect = self.shard(bank, key.0).write().store(
+                tier,
+                key.0,
+                entry_hash(key.0),
+                bit,
+                &bank.runs,
+                None,
+            );
             match effect {
                 StoreEffect::Inserted | StoreEffect::InsertedSole => {
                     stats.inserted += 1;
@@ -598,7 +603,7 @@ impl SharedIndex {
             let (effect, head) = {
                 let mut g = self.shard(bank, key.0).write();
                 let candidate = chain.candidate();
-                let effect = g.store(tier, key.0, bit, &bank.runs, candidate);
+                let effect = g.store(tier, key.0, entry_hash(key.0), bit, &bank.runs, candidate);
                 let head = if effect == StoreEffect::InsertedSole && candidate.is_some() {
                     chain.joined(key.0);
                     None
@@ -670,93 +675,50 @@ impl SharedIndex {
         let bounded = slot.bounded(tier);
         let mut done = 0u32;
         for group in keys.chunks(LOCK_GROUP) {
+            // One hash per key names its shard, its home bucket and its
+            // ring fingerprint.
+            let mut hashes = [0u64; LOCK_GROUP];
+            for (h, key) in hashes.iter_mut().zip(group) {
+                *h = entry_hash(key.0);
+            }
+            let hashes = hashes.get(..group.len()).unwrap_or_default();
             // A run started at the group's first key is headed by the pending
             // key, whose shard is locked with the group's.
-            let mut shards = [0usize; LOCK_GROUP + 1];
-            let mut of_key = [0usize; LOCK_GROUP + 1];
-            let mut count = 0;
-            for key in group.iter().map(|k| k.0).chain(chain.pending) {
-                if let (Some(s), Some(k)) = (shards.get_mut(count), of_key.get_mut(count)) {
-                    *s = self.shard_index(key) & (bank.shards.len() - 1);
-                    *k = *s;
-                    count += 1;
+            let pending = chain.pending.map(|p| self.shard_index(p));
+            let mut locks = GroupLocks::lock(
+                bank,
+                hashes.iter().map(|h| self.shard_of_hash(*h)).chain(pending),
+            );
+            // Every line's address first (arithmetic only), then one plain
+            // load each in a tight loop: all of the group's misses are in
+            // flight at once, and the inserts find their lines cached.
+            let mut lines: [[Option<&u32>; 2]; LOCK_GROUP] = [[None; 2]; LOCK_GROUP];
+            for (h, line) in hashes.iter().zip(&mut lines) {
+                if let Some(g) = locks.get(self.shard_of_hash(*h)) {
+                    *line = g.home_lines(tier, *h);
                 }
-            }
-            let shards = shards.get_mut(..count).unwrap_or_default();
-            let mut unique = 0;
-            if bank.shards.len() <= 64 {
-                // Ascending and distinct from a bit set: no sort.
-                let mut set = 0u64;
-                for s in shards.iter() {
-                    set |= 1u64 << (*s & 63);
-                }
-                while set != 0 {
-                    if let Some(dst) = shards.get_mut(unique) {
-                        *dst = set.trailing_zeros() as usize;
-                    }
-                    set &= set - 1;
-                    unique += 1;
-                }
-            } else {
-                shards.sort_unstable();
-                for i in 0..shards.len() {
-                    let s = shards.get(i).copied();
-                    if unique == 0 || s != shards.get(unique - 1).copied() {
-                        if let (Some(dst), Some(s)) = (shards.get_mut(unique), s) {
-                            *dst = s;
-                        }
-                        unique += 1;
-                    }
-                }
-            }
-            let shards = shards.get(..unique).unwrap_or_default();
-            // On the stack: one allocation per group showed in profiles.
-            let mut guards: [Option<parking_lot::RwLockWriteGuard<'_, Shard>>; LOCK_GROUP + 1] =
-                std::array::from_fn(|_| None);
-            for (g, s) in guards.iter_mut().zip(shards) {
-                *g = bank.shards.get(*s).map(|shard| shard.0.write());
-            }
-            let guard_of = |key: u64| {
-                shards
-                    .binary_search(&(self.shard_index(key) & (bank.shards.len() - 1)))
-                    .ok()
-            };
-            // Each key's guard, found once: the touch loop below must stay a
-            // few instructions per key (no searches, no unpredictable
-            // branches) for all of the group's loads to be in flight at once.
-            for k in of_key.iter_mut().take(group.len()) {
-                *k = shards.binary_search(k).unwrap_or(usize::MAX);
-            }
-            let mut lines: [Option<&u32>; LOCK_GROUP] = [None; LOCK_GROUP];
-            for ((key, g), line) in group.iter().zip(&of_key).zip(&mut lines) {
-                *line = guards
-                    .get(*g)
-                    .and_then(Option::as_ref)
-                    .and_then(|g| g.home_line(tier, key.0));
             }
             let mut touched = 0u32;
-            for line in lines.iter().take(group.len()).flatten() {
+            for line in lines.iter().take(group.len()).flatten().flatten() {
                 touched ^= **line;
             }
             // Kept: the touches exist for their loads alone.
             std::hint::black_box(touched);
-            for (key, g) in group.iter().zip(&of_key) {
+            for (key, h) in group.iter().zip(hashes) {
                 let remaining = n.saturating_sub(done);
                 done += 1;
-                let shard_no = shards.get(*g).copied().unwrap_or(0);
-                let Some(g) = guards.get_mut(*g).and_then(Option::as_mut) else {
+                let Some(g) = locks.get_mut(self.shard_of_hash(*h)) else {
                     continue;
                 };
                 let candidate = chain.candidate();
-                let effect = g.store(tier, key.0, bit, &bank.runs, candidate);
+                let effect = g.store(tier, key.0, *h, bit, &bank.runs, candidate);
                 if effect == StoreEffect::InsertedSole && candidate.is_some() {
                     chain.joined(key.0);
                 } else if effect == StoreEffect::InsertedSole {
                     if let Some(head) = chain.join(g, &bank.runs, key.0, bit, remaining) {
                         let run = chain.run_id();
-                        let attached = guard_of(head)
-                            .and_then(|i| guards.get_mut(i))
-                            .and_then(Option::as_mut)
+                        let attached = locks
+                            .get_mut(self.shard_index(head))
                             .is_some_and(|h| h.attach_run(head, bit, run));
                         if attached {
                             chain.head_attached();
@@ -774,7 +736,7 @@ impl SharedIndex {
                         }
                         if bounded {
                             if let Some(ring) = slot.rings.get_mut(tier) {
-                                ring.push_back(self.fingerprint_in(shard_no, key.0));
+                                ring.push_back(self.fingerprint_of_hash(*h));
                             }
                         }
                     }
@@ -1045,12 +1007,6 @@ impl SharedIndex {
         self.shard_index(key.0)
     }
 
-    /// Bits of a shard index (the shard count's log2).
-    #[inline]
-    fn shard_bits(&self) -> u32 {
-        64u32.saturating_sub(self.shard_shift)
-    }
-
     /// A ring entry for `key`: its shard index in the top bits, then the top
     /// bits of its table hash — 4 bytes instead of the key's 8. Eviction and
     /// clearing find the key again by scanning the entries that hash may
@@ -1065,15 +1021,16 @@ impl SharedIndex {
     /// matching key.
     #[inline]
     fn fingerprint(&self, key: u64) -> u32 {
-        self.fingerprint_in(self.shard_index(key), key)
+        self.fingerprint_of_hash(entry_hash(key))
     }
 
-    /// [`Self::fingerprint`] of a key whose shard is known.
+    /// [`Self::fingerprint`] of the key whose [`entry_hash`] is `hash`.
     #[inline]
-    fn fingerprint_in(&self, shard: usize, key: u64) -> u32 {
-        let s = self.shard_bits();
+    fn fingerprint_of_hash(&self, hash: u64) -> u32 {
+        let shard = self.shard_of_hash(hash);
+        let s = self.shard_bits;
         let tag_bits = 32 - s;
-        let tag = (shard::entry_hash(key) >> (64 - tag_bits)) as u32;
+        let tag = (hash >> (64 - tag_bits)) as u32;
         if s == 0 {
             tag
         } else {
@@ -1084,7 +1041,7 @@ impl SharedIndex {
     /// A fingerprint's shard, hash tag and the tag's width in bits.
     #[inline]
     fn split_fingerprint(&self, fp: u32) -> (usize, u32, u32) {
-        let s = self.shard_bits();
+        let s = self.shard_bits;
         let tag_bits = 32 - s;
         if s == 0 {
             (0, fp, 32)
@@ -1099,11 +1056,15 @@ impl SharedIndex {
 
     #[inline]
     fn shard_index(&self, key: u64) -> usize {
-        if self.shard_shift >= 64 {
-            0
-        } else {
-            (mix(key.rotate_left(17)) >> self.shard_shift) as usize
-        }
+        self.shard_of_hash(entry_hash(key))
+    }
+
+    /// The shard of the key whose [`entry_hash`] is `hash`: its low bits,
+    /// as a table's home bucket and a fingerprint's tag take the high ones.
+    /// One hash per key serves the shard, the bucket and the fingerprint.
+    #[inline]
+    fn shard_of_hash(&self, hash: u64) -> usize {
+        (hash as usize) & ((1usize << self.shard_bits) - 1)
     }
 
     /// Looks up the tier masks of `chunk` in `bank`, taking each shard's read lock
@@ -1118,11 +1079,13 @@ impl SharedIndex {
         mut hints: Option<&mut [RunHint; SCORE_CHUNK]>,
     ) {
         let mut shard_of = [0u16; SCORE_CHUNK];
+        let mut hashes = [0u64; SCORE_CHUNK];
         let mut starts = [0u16; SORT_BUCKETS + 1];
-        for (slot, key) in shard_of.iter_mut().zip(chunk) {
+        for ((slot, h), key) in shard_of.iter_mut().zip(&mut hashes).zip(chunk) {
+            *h = entry_hash(key.0);
             // Above SORT_BUCKETS shards, several shards share a bucket; the walk
             // below then re-locks when the shard changes, which stays correct.
-            *slot = (self.shard_index(key.0) % (1 << 16)) as u16;
+            *slot = (self.shard_of_hash(*h) % (1 << 16)) as u16;
             if let Some(c) = starts.get_mut(usize::from(*slot) % SORT_BUCKETS + 1) {
                 *c += 1;
             }
@@ -1145,8 +1108,12 @@ impl SharedIndex {
         let mut held: Option<(u16, parking_lot::RwLockReadGuard<'_, Shard>)> = None;
         for &i in order.iter().take(chunk.len()) {
             let i = usize::from(i);
-            let (Some(key), Some(s), Some(dst)) = (chunk.get(i), shard_of.get(i), masks.get_mut(i))
-            else {
+            let (Some(key), Some(h), Some(s), Some(dst)) = (
+                chunk.get(i),
+                hashes.get(i),
+                shard_of.get(i),
+                masks.get_mut(i),
+            ) else {
                 continue;
             };
             let guard = match &mut held {
@@ -1159,7 +1126,7 @@ impl SharedIndex {
             };
             match hints.as_deref_mut().and_then(|h| h.get_mut(i)) {
                 Some(hint) => {
-                    let (m, run) = guard.masks_and_run(key.0);
+                    let (m, run) = guard.masks_and_run(*h, key.0);
                     *dst = m;
                     // Read under the shard lock: the entry naming the run
                     // keeps its slot from being reused meanwhile.
@@ -1167,7 +1134,7 @@ impl SharedIndex {
                         .and_then(|(r, owner)| bank.runs.hint(r, owner))
                         .unwrap_or_default();
                 }
-                None => *dst = guard.masks(key.0),
+                None => *dst = guard.masks(*h, key.0),
             }
         }
     }
@@ -1175,8 +1142,11 @@ impl SharedIndex {
     /// One key looked up alone: its masks and run jump data.
     #[inline]
     fn lookup_one(&self, bank: &Bank, key: u64) -> ([u64; 4], RunHint) {
-        let guard = self.shard(bank, key).read();
-        let (masks, run) = guard.masks_and_run(key);
+        let hash = entry_hash(key);
+        let guard = bank.shards[self.shard_of_hash(hash) & (bank.shards.len() - 1)]
+            .0
+            .read();
+        let (masks, run) = guard.masks_and_run(hash, key);
         let hint = run
             .and_then(|(r, owner)| bank.runs.hint(r, owner))
             .unwrap_or_default();
@@ -1326,6 +1296,110 @@ impl SharedIndex {
             overlap.prefix = overlap.prefix_by_medium.iter().sum();
             *slot = overlap;
         }
+    }
+}
+
+/// [`GroupLocks::position`] of a shard the group does not hold.
+const NOT_LOCKED: u8 = u8::MAX;
+
+/// The write guards of one `store_chain` lock group: its distinct shards,
+/// locked in ascending order (the order every writer holding several
+/// takes them in), released together when dropped.
+struct GroupLocks<'a> {
+    /// The distinct shards, ascending.
+    shards: [usize; LOCK_GROUP + 1],
+    count: usize,
+    /// For a bank of at most 64 shards, each shard's guard position
+    /// ([`NOT_LOCKED`]: none), so finding a key's guard is one load, not a
+    /// search.
+    position: Option<[u8; 64]>,
+    guards: [Option<RwLockWriteGuard<'a, Shard>>; LOCK_GROUP + 1],
+}
+
+impl<'a> GroupLocks<'a> {
+    /// Write-locks the distinct shards among `shards` (at most
+    /// `LOCK_GROUP + 1`; more are ignored).
+    fn lock(bank: &'a Bank, shards: impl Iterator<Item = usize>) -> Self {
+        let mut out = Self {
+            shards: [0; LOCK_GROUP + 1],
+            count: 0,
+            position: None,
+            guards: std::array::from_fn(|_| None),
+        };
+        let mask = bank.shards.len() - 1;
+        if bank.shards.len() <= 64 {
+            // Ascending and distinct from a bit set: no sort.
+            let mut set = 0u64;
+            for s in shards.take(LOCK_GROUP + 1) {
+                set |= 1u64 << (s & mask & 63);
+            }
+            let mut position = [NOT_LOCKED; 64];
+            let mut rest = set;
+            while rest != 0 {
+                let s = rest.trailing_zeros() as usize;
+                if let (Some(dst), Some(p)) = (out.shards.get_mut(out.count), position.get_mut(s)) {
+                    *dst = s;
+                    *p = out.count as u8;
+                }
+                rest &= rest - 1;
+                out.count += 1;
+            }
+            out.position = Some(position);
+        } else {
+            for s in shards.take(LOCK_GROUP + 1) {
+                if let Some(dst) = out.shards.get_mut(out.count) {
+                    *dst = s & mask;
+                    out.count += 1;
+                }
+            }
+            let all = out.shards.get_mut(..out.count).unwrap_or_default();
+            all.sort_unstable();
+            let mut unique = 0;
+            for i in 0..all.len() {
+                let s = all.get(i).copied();
+                if unique == 0 || s != all.get(unique - 1).copied() {
+                    if let (Some(dst), Some(s)) = (all.get_mut(unique), s) {
+                        *dst = s;
+                    }
+                    unique += 1;
+                }
+            }
+            out.count = unique;
+        }
+        let locked = out.shards.get(..out.count).unwrap_or_default();
+        for (g, s) in out.guards.iter_mut().zip(locked) {
+            *g = bank.shards.get(*s).map(|shard| shard.0.write());
+        }
+        out
+    }
+
+    /// Where `shard`'s guard is, if the group holds it.
+    #[inline]
+    fn position(&self, shard: usize) -> Option<usize> {
+        match &self.position {
+            Some(position) => position
+                .get(shard)
+                .filter(|p| **p != NOT_LOCKED)
+                .map(|p| usize::from(*p)),
+            None => self
+                .shards
+                .get(..self.count)
+                .and_then(|s| s.binary_search(&shard).ok()),
+        }
+    }
+
+    #[inline]
+    fn get(&self, shard: usize) -> Option<&Shard> {
+        self.position(shard)
+            .and_then(|i| self.guards.get(i))
+            .and_then(Option::as_deref)
+    }
+
+    #[inline]
+    fn get_mut(&mut self, shard: usize) -> Option<&mut Shard> {
+        self.position(shard)
+            .and_then(|i| self.guards.get_mut(i))
+            .and_then(Option::as_deref_mut)
     }
 }
 

@@ -191,28 +191,38 @@ impl TierTable {
         }
     }
 
+    /// The holders of `key`, whose [`entry_hash`] is `hash`.
     #[inline]
-    fn mask(&self, key: u64) -> u64 {
+    fn mask(&self, hash: u64, key: u64) -> u64 {
         if self.entries.is_empty() {
             return 0;
         }
         self.entries
-            .get(entry_hash(key), key)
+            .get(hash, key)
             .map_or(0, |code| self.decode(code))
     }
 
-    /// Sets `flag` for `key`: `None` if it was already set, else whether the
-    /// key is new to the table, and the run its old code named (a second
-    /// holder ends a run's claim on the entry). A new entry names `join`.
-    fn set(&mut self, key: u64, flag: u64, join: Option<u32>) -> Option<(bool, Option<u32>)> {
-        let hash = entry_hash(key);
-        let Some(at) = self.entries.find(hash, key) else {
-            // A lone holder is always inline (what `encode` gives).
+    /// Sets `flag` for `key` (whose [`entry_hash`] is `hash`): `None` if it
+    /// was already set, else whether the key is new to the table, and the
+    /// run its old code named (a second holder ends a run's claim on the
+    /// entry). A new entry names `join`.
+    #[inline]
+    fn set(
+        &mut self,
+        hash: u64,
+        key: u64,
+        flag: u64,
+        join: Option<u32>,
+    ) -> Option<(bool, Option<u32>)> {
+        // A lone holder is always inline (what `encode` gives).
+        let code = || {
             let mut code = SOLE | (flag.trailing_zeros() & 63);
             if let Some(run) = join.filter(|r| *r < (1 << RUN_ID_BITS) - 1) {
                 code |= (run + 1) << RUN_SHIFT;
             }
-            self.entries.insert_new(hash, key, code, entry_hash);
+            code
+        };
+        let Some(at) = self.entries.find_or_insert(hash, key, code, entry_hash) else {
             return Some((true, None));
         };
         let old_code = self.entries.code(at);
@@ -286,12 +296,13 @@ fn dup_key(key: u64, bit: u32, tier: usize) -> DupKey {
 }
 
 impl Shard {
-    /// Holder masks of `key` in the four tiers.
+    /// Holder masks of `key` (whose [`entry_hash`] is `hash`: callers have
+    /// it from choosing the shard) in the four tiers.
     #[inline]
-    pub(crate) fn masks(&self, key: u64) -> [u64; 4] {
+    pub(crate) fn masks(&self, hash: u64, key: u64) -> [u64; 4] {
         let mut out = [0u64; 4];
         for (slot, table) in out.iter_mut().zip(&self.tiers) {
-            *slot = table.mask(key);
+            *slot = table.mask(hash, key);
         }
         out
     }
@@ -299,36 +310,37 @@ impl Shard {
     /// Like [`Self::masks`], plus the run the GPU entry names and its holder
     /// bit, if any.
     #[inline]
-    pub(crate) fn masks_and_run(&self, key: u64) -> ([u64; 4], Option<(u32, u32)>) {
+    pub(crate) fn masks_and_run(&self, hash: u64, key: u64) -> ([u64; 4], Option<(u32, u32)>) {
         let mut out = [0u64; 4];
         let mut run = None;
         let mut tables = self.tiers.iter();
         if let Some(gpu) = tables.next() {
             if !gpu.entries.is_empty() {
-                if let Some(code) = gpu.entries.get(entry_hash(key), key) {
+                if let Some(code) = gpu.entries.get(hash, key) {
                     out[0] = gpu.decode(code);
                     run = run_of(code).map(|r| (r, code & 63));
                 }
             }
         }
         for (slot, table) in out.iter_mut().skip(1).zip(tables) {
-            *slot = table.mask(key);
+            *slot = table.mask(hash, key);
         }
         (out, run)
     }
 
-    /// The header word of the line a store of `key` into `tier` reads
-    /// first, not read yet.
+    /// The header words of the lines a store into `tier` of the key whose
+    /// [`entry_hash`] is `hash` reads first (see
+    /// `BucketTable::home_lines`), not read yet.
     ///
-    /// A group's inserts are preceded by a read of every key's word: one
+    /// A group's inserts are preceded by a read of every key's words: one
     /// plain load each, independent of one another and of any branch, so
     /// their cache misses overlap and the inserts then find their lines
     /// cached instead of each waiting out its own miss.
     #[inline]
-    pub(crate) fn home_line(&self, tier: usize, key: u64) -> Option<&u32> {
+    pub(crate) fn home_lines(&self, tier: usize, hash: u64) -> [Option<&u32>; 2] {
         self.tiers
             .get(tier)
-            .and_then(|t| t.entries.home_line(entry_hash(key)))
+            .map_or([None; 2], |t| t.entries.home_lines(hash))
     }
 
     /// See `TierTable::attach` (GPU tier only).
@@ -338,13 +350,15 @@ impl Shard {
             .is_some_and(|t| t.attach(key, 1u64 << (bit & 63), run))
     }
 
-    /// Stores (endpoint, tier, key). A key new to the tier's table (so this
-    /// endpoint is its only holder) names run `join` in the GPU tier, saving
-    /// a second probe to attach it.
+    /// Stores (endpoint, tier, key); `hash` is the key's [`entry_hash`]. A
+    /// key new to the tier's table (so this endpoint is its only holder)
+    /// names run `join` in the GPU tier, saving a second probe to attach it.
+    #[inline]
     pub(crate) fn store(
         &mut self,
         tier: usize,
         key: u64,
+        hash: u64,
         bit: u32,
         runs: &RunTable,
         join: Option<u32>,
@@ -354,7 +368,7 @@ impl Shard {
         let Some(table) = self.tiers.get_mut(tier) else {
             return StoreEffect::Duplicate;
         };
-        if let Some((fresh, lost)) = table.set(key, flag, join) {
+        if let Some((fresh, lost)) = table.set(hash, key, flag, join) {
             if let Some(run) = lost {
                 runs.member_lost(run);
             }
@@ -380,7 +394,7 @@ impl Shard {
         let Some(table) = self.tiers.get_mut(tier) else {
             return RemoveEffect::Absent;
         };
-        if table.mask(key) & flag == 0 {
+        if table.mask(entry_hash(key), key) & flag == 0 {
             return RemoveEffect::Absent;
         }
         if !self.dups.is_empty() {
@@ -482,7 +496,7 @@ impl Shard {
     pub(crate) fn contains(&self, tier: usize, key: u64, bit: u32) -> bool {
         self.tiers
             .get(tier)
-            .is_some_and(|t| t.mask(key) & (1u64 << (bit & 63)) != 0)
+            .is_some_and(|t| t.mask(entry_hash(key), key) & (1u64 << (bit & 63)) != 0)
     }
 
     /// Reference count of (endpoint, tier, key): 0 when absent.
@@ -530,11 +544,12 @@ mod tests {
         let mut table = TierTable::default();
         let runs = RunTable::default();
         let run = runs.alloc(9, 3).unwrap();
-        assert_eq!(table.set(5, 1 << 9, Some(run)), Some((true, None)));
-        assert_eq!(table.mask(5), 1 << 9, "run bits are not holders");
+        let h = entry_hash(5);
+        assert_eq!(table.set(h, 5, 1 << 9, Some(run)), Some((true, None)));
+        assert_eq!(table.mask(h, 5), 1 << 9, "run bits are not holders");
         // A second holder takes the run out of the entry, and says so.
-        assert_eq!(table.set(5, 1 << 2, None), Some((false, Some(run))));
-        assert_eq!(table.mask(5), (1 << 9) | (1 << 2));
+        assert_eq!(table.set(h, 5, 1 << 2, None), Some((false, Some(run))));
+        assert_eq!(table.mask(h, 5), (1 << 9) | (1 << 2));
         assert!(!table.attach(5, 1 << 9, run), "two holders: no run");
         assert_eq!(table.unset(5, 1 << 2), Some(None));
         assert!(table.attach(5, 1 << 9, run));
@@ -552,13 +567,13 @@ mod tests {
         for (step, bit) in bits.iter().enumerate() {
             let flag = 1u64 << bit;
             if step < 7 {
-                assert!(table.set(77, flag, None).is_some());
+                assert!(table.set(entry_hash(77), 77, flag, None).is_some());
                 naive |= flag;
             } else {
                 assert!(table.unset(77, flag).is_some());
                 naive &= !flag;
             }
-            assert_eq!(table.mask(77), naive, "step {step}");
+            assert_eq!(table.mask(entry_hash(77), 77), naive, "step {step}");
         }
         assert!(table.entries.is_empty());
         assert!(table.spill.is_empty() && table.free.is_empty());

@@ -10,7 +10,7 @@
 //! spent most of its time in those misses (`examples/bench-dynamo`, `load`).
 //! Here a bucket is one 64-byte line holding five entries and its own
 //! length, so a lookup reads one line, and a group of inserts can fetch all
-//! its lines first with one plain load each (see [`BucketTable::home_line`]).
+//! its lines first with one plain load each (see [`BucketTable::home_lines`]).
 //!
 //! # Layout and probing
 //!
@@ -67,13 +67,18 @@ impl Bucket {
         self.header & OVERFLOW != 0
     }
 
+    /// The slot holding `key`, if any. Every slot is compared and the
+    /// result masked by the length, with no branch per slot: a probe's
+    /// branches then depend on whether the key is there, not on where.
     #[inline]
     fn slot_of(&self, key: u64) -> Option<usize> {
         let (lo, hi) = (key as u32, (key >> 32) as u32);
-        (0..self.len()).find(|&s| {
-            self.key_lo.get(s).is_some_and(|k| *k == lo)
-                && self.key_hi.get(s).is_some_and(|k| *k == hi)
-        })
+        let mut hits = 0u32;
+        for (s, (l, h)) in self.key_lo.iter().zip(&self.key_hi).enumerate() {
+            hits |= u32::from((*l == lo) & (*h == hi)) << s;
+        }
+        hits &= (1u32 << self.len()) - 1;
+        (hits != 0).then(|| hits.trailing_zeros() as usize)
     }
 
     #[inline]
@@ -181,14 +186,20 @@ impl BucketTable {
         }
     }
 
-    /// The header word of `hash`'s home line, not read yet: a group of
-    /// inserts first finds all its lines (arithmetic only), then reads them
-    /// in a tight loop of plain loads whose values are discarded, so every
-    /// miss of the group is in flight at once, then inserts into cached
-    /// lines.
+    /// The header words of `hash`'s home line and of the line after it,
+    /// not read yet: a group of inserts first finds all its lines
+    /// (arithmetic only), then reads them in a tight loop of plain loads
+    /// whose values are discarded, so every miss of the group is in flight
+    /// at once, then inserts into cached lines. The next line is read too
+    /// because near the load bound a home bucket is often full or marked
+    /// (an insert of a new key then visits ~2 buckets on average, and
+    /// reading the second line only once the first arrived doubled the
+    /// wait); the line after that no longer paid for its load (measured,
+    /// `examples/bench-dynamo` load).
     #[inline]
-    pub(crate) fn home_line(&self, hash: u64) -> Option<&u32> {
-        self.buckets.get(self.home(hash)).map(|b| &b.header)
+    pub(crate) fn home_lines(&self, hash: u64) -> [Option<&u32>; 2] {
+        let home = self.home(hash);
+        [home, self.next(home)].map(|i| self.buckets.get(i).map(|b| &b.header))
     }
 
     /// Where `key` (whose hash is `hash`) is, if present.
@@ -271,33 +282,66 @@ impl BucketTable {
         self.find(hash, key).map(|at| self.code(at))
     }
 
-    /// Inserts `key`, which must be absent (callers look it up first).
-    pub(crate) fn insert_new(
+    /// Where `key` is, if present; otherwise inserts it with the code
+    /// `code` makes (`None`). One walk from the home bucket both looks the
+    /// key up and finds where it goes: the first bucket with room, as a
+    /// walk from home would find it (the full buckets before it were
+    /// passed because they carry the overflow mark), or, when the lookup
+    /// stopped at a full bucket, the walk goes on from there instead of
+    /// starting over.
+    #[inline]
+    pub(crate) fn find_or_insert(
         &mut self,
         hash: u64,
         key: u64,
-        code: u32,
+        code: impl FnOnce() -> u32,
         rehash: impl Fn(u64) -> u64,
-    ) {
-        if self.len + 1 > self.capacity() {
-            let buckets = grown(self.buckets.len());
-            self.rebuild(buckets, &rehash);
-        } else if self.overflowed > self.overflow_limit && self.removed > self.buckets.len() / 4 {
-            #[cfg(test)]
-            {
-                self.same_size_rebuilds += 1;
-            }
-            self.rebuild(self.buckets.len(), &rehash);
-        }
-        self.place(hash, key, code);
-        self.len += 1;
-    }
-
-    /// Puts an entry in the first bucket with room from its home, marking
-    /// the full buckets passed. The load bound keeps a bucket with room.
-    fn place(&mut self, hash: u64, key: u64, code: u32) {
+    ) -> Option<At> {
         let n = self.buckets.len();
         let mut i = self.home(hash);
+        let mut room = None;
+        for _ in 0..n {
+            let Some(b) = self.buckets.get(i) else {
+                break;
+            };
+            if let Some(slot) = b.slot_of(key) {
+                return Some(At { bucket: i, slot });
+            }
+            if room.is_none() && b.len() < SLOTS {
+                room = Some(i);
+            }
+            if !b.overflowed() {
+                break;
+            }
+            i = self.next(i);
+        }
+        let code = code();
+        let grow = self.len + 1 > self.capacity();
+        if grow || (self.overflowed > self.overflow_limit && self.removed > self.buckets.len() / 4)
+        {
+            #[cfg(test)]
+            if !grow {
+                self.same_size_rebuilds += 1;
+            }
+            let buckets = if grow {
+                grown(self.buckets.len())
+            } else {
+                self.buckets.len()
+            };
+            self.rebuild(buckets, &rehash);
+            room = None;
+            i = self.home(hash);
+        }
+        self.place_from(room.unwrap_or(i), key, code);
+        self.len += 1;
+        None
+    }
+
+    /// Puts an entry in the first bucket with room from `start`, marking
+    /// the full buckets passed. The load bound keeps a bucket with room.
+    fn place_from(&mut self, start: usize, key: u64, code: u32) {
+        let n = self.buckets.len();
+        let mut i = start;
         for _ in 0..n {
             let Some(b) = self.buckets.get_mut(i) else {
                 return;
@@ -350,7 +394,7 @@ impl BucketTable {
             for s in 0..b.len() {
                 let key = b.key(s);
                 let code = b.code.get(s).copied().unwrap_or(0);
-                self.place(rehash(key), key, code);
+                self.place_from(self.home(rehash(key)), key, code);
             }
         }
         self.overflow_limit = (buckets / 2).max(self.overflowed + buckets / 4);
@@ -389,7 +433,7 @@ mod tests {
         let mut t = BucketTable::default();
         let mut limit_passed = 0;
         for key in 0..200_000u64 {
-            t.insert_new(h(key), key, 1, h);
+            assert_eq!(t.find_or_insert(h(key), key, || 1, h), None);
             limit_passed += usize::from(t.overflowed > t.overflow_limit);
         }
         assert!(limit_passed > 1000, "marks above the limit: {limit_passed}");
@@ -401,7 +445,7 @@ mod tests {
         // marks stale, and rebuilds at the same size drop them.
         let mut next = 200_000u64;
         while t.len() < t.capacity() {
-            t.insert_new(h(next), next, 1, h);
+            t.find_or_insert(h(next), next, || 1, h);
             next += 1;
         }
         let (full, buckets) = (t.len(), t.buckets.len());
@@ -414,7 +458,7 @@ mod tests {
                 t.remove(at, 64, h);
             }
             oldest += 1;
-            t.insert_new(h(next), next, 2, h);
+            t.find_or_insert(h(next), next, || 2, h);
             next += 1;
         }
         assert!(t.same_size_rebuilds > 0, "churn still rebuilds");
@@ -465,6 +509,8 @@ mod tests {
             match (t.find(hash, key), model.contains_key(&key)) {
                 (Some(at), true) => {
                     assert_eq!(t.code(at), model[&key] as u32);
+                    let again = t.find_or_insert(hash, key, || unreachable!("present"), h);
+                    assert_eq!(again, Some(at), "a present key is found, not inserted");
                     if remove {
                         t.remove(at, 64, h);
                         model.remove(&key);
@@ -475,7 +521,7 @@ mod tests {
                 }
                 (None, false) => {
                     if !remove {
-                        t.insert_new(hash, key, step as u32, h);
+                        assert_eq!(t.find_or_insert(hash, key, || step as u32, h), None);
                         model.insert(key, step);
                     }
                 }
