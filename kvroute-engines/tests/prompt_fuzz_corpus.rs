@@ -1,9 +1,10 @@
-//! Replays the committed cargo-fuzz corpora of `openai_request` and
-//! `chat_template` through the same functions the fuzz targets call.
+//! Replays the committed cargo-fuzz corpora of `openai_request`,
+//! `chat_template` and `byte_bpe` through the same functions the fuzz
+//! targets call.
 
 use std::path::PathBuf;
 
-use kvroute_engines::prompt::fuzzing::{chat_template, openai_request};
+use kvroute_engines::prompt::fuzzing::{byte_bpe, chat_template, openai_request};
 
 fn corpus(name: &str) -> Vec<(String, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -52,4 +53,15 @@ fn chat_template_corpus_replays() {
         .count();
     // The empty seed has no messages (template error); the others render.
     assert_eq!(rendered, files.len() - 1);
+}
+
+/// Every seed through kvroute's encode and `tokenizers`' own (the entry
+/// point panics on a difference); each has ids.
+#[test]
+fn byte_bpe_corpus_replays() {
+    let files = corpus("byte_bpe");
+    assert!(files.len() >= 10);
+    for (name, data) in files {
+        assert!(byte_bpe(&data) > 0, "{name}: no ids");
+    }
 }

@@ -77,6 +77,12 @@ fn cached_tokenization_equals_full_on_every_golden_prompt() {
         .expect("Qwen3 tokenizer admits the span cache");
     // Shared-prefix and repeated system prompts in the file must have produced hits.
     assert!(stats.hits > 0 && stats.misses > 0, "{stats:?}");
+    // The span cache's misses went through the fast byte-level BPE path
+    // (so the vLLM ids above are that path's), whose pre-token cache hit.
+    let words = tok
+        .pre_token_cache_stats()
+        .expect("Qwen3 takes the fast byte-level BPE path");
+    assert!(words.hits > 0 && words.misses > 0, "{words:?}");
     // And each rendered prompt, cached (now warm) vs a full tokenization:
     let file = kvroute_engines::prompt::parse_json(&cases_file()).unwrap();
     let cases = file.as_dict().unwrap()["cases"].as_list().unwrap();

@@ -1,7 +1,10 @@
-//! Entry points for the cargo-fuzz targets `openai_request` and `chat_template`
-//! (and the corpus replay test). Not a stable API.
+//! Entry points for the cargo-fuzz targets `openai_request`, `chat_template`
+//! and `byte_bpe` (and the corpus replay test). Not a stable API.
 
+use std::path::Path;
 use std::sync::OnceLock;
+
+use super::tokenizer::{ModelOptions, ModelTokenizer};
 
 use super::chat::template_input;
 use super::pyvalue::{parse_json, PyDict, PyValue};
@@ -139,4 +142,48 @@ fn tool_calls(arguments: &str) -> PyValue {
     c.insert("type".into(), PyValue::Str("function".into()));
     c.insert("function".into(), PyValue::Dict(f));
     PyValue::List(vec![PyValue::Dict(c)])
+}
+
+fn qwen3_tokenizer() -> Option<&'static ModelTokenizer> {
+    static T: OnceLock<Option<ModelTokenizer>> = OnceLock::new();
+    T.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
+        // A small span cache, so long runs also go through its evictions.
+        let options = ModelOptions {
+            span_cache_bytes: 1 << 20,
+            ..ModelOptions::default()
+        };
+        ModelTokenizer::load(&dir, &options).ok()
+    })
+    .as_ref()
+}
+
+/// Arbitrary bytes as text (lossy UTF-8) through the real Qwen3 tokenizer:
+/// kvroute's encode (span cache, NFC gate, the fast byte-level BPE path
+/// with its pre-token cache) must give `tokenizers`' own ids, with and
+/// without special tokens. Panics on a difference — the fuzzer's signal.
+/// Returns the number of ids.
+///
+/// # Panics
+///
+/// When the two tokenizations differ, or the tokenizer files are missing.
+pub fn byte_bpe(data: &[u8]) -> usize {
+    let Some(tok) = qwen3_tokenizer() else {
+        panic!("golden/tokenizers/qwen3 could not be loaded");
+    };
+    let text = String::from_utf8_lossy(data);
+    let mut n = 0;
+    for add_special in [false, true] {
+        let ours = tok.encode(&text, add_special);
+        let reference = tok.encode_uncached(&text, add_special);
+        match (ours, reference) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(a, b, "ids differ for {text:?}");
+                n += a.len();
+            }
+            (Err(_), Err(_)) => {}
+            (a, b) => panic!("one encode failed for {text:?}: {a:?} vs {b:?}"),
+        }
+    }
+    n
 }

@@ -54,6 +54,7 @@
 
 // The submodules are private: the items below are the module's surface, one
 // name per concept, so a submodule can be split or merged without breaking hosts.
+mod byte_bpe;
 mod chat;
 mod error;
 #[cfg(feature = "fuzzing")]
@@ -70,6 +71,7 @@ mod span_cache;
 mod template;
 mod tokenizer;
 
+pub use byte_bpe::PreTokenCacheStats;
 pub use error::PromptMiss;
 pub use parallel::{seams, ParallelConfig, ParallelEncoder, ParallelError, SeamPolicy};
 pub use pipeline::{encode_and_hash, prompt_tokens_and_keys, KeyedPrompt, PipelineError};

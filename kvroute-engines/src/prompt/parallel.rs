@@ -130,11 +130,27 @@ impl ParallelEncoder {
         policy: Option<&SeamPolicy>,
         text: &str,
     ) -> Result<Vec<u32>, PromptMiss> {
+        self.encode_with(&|t: &str| encode_one(tokenizer, t), policy, text)
+    }
+
+    /// [`Self::encode`] with `enc` as the whole-text encoder of the pieces
+    /// and the seam checks: any function giving `encode_fast(text, false)`'s
+    /// ids of the tokenizer `policy` was proven for (the fast byte-level
+    /// BPE path of [`super::ModelTokenizer`]).
+    pub(crate) fn encode_with<G>(
+        &self,
+        enc: &G,
+        policy: Option<&SeamPolicy>,
+        text: &str,
+    ) -> Result<Vec<u32>, PromptMiss>
+    where
+        G: Fn(&str) -> Result<Vec<u32>, PromptMiss> + Sync,
+    {
         if self.pool_for(policy, text).is_none() {
-            return encode_one(tokenizer, text);
+            return enc(text);
         }
         let mut ids = Vec::new();
-        self.encode_each(tokenizer, policy, text, |part: &[u32]| {
+        self.encode_each_with(enc, policy, text, |part: &[u32]| {
             if ids.is_empty() {
                 // About 4 bytes per token in prose: one reservation for most texts.
                 ids.reserve(part.len().max(text.len() / 3));
@@ -184,9 +200,25 @@ impl ParallelEncoder {
         E: From<PromptMiss>,
         F: FnMut(&[u32]) -> Result<(), E>,
     {
+        self.encode_each_with(&|t: &str| encode_one(tokenizer, t), policy, text, sink)
+    }
+
+    /// [`Self::encode_each`] with `enc` as the encoder ([`Self::encode_with`]).
+    pub(crate) fn encode_each_with<E, F, G>(
+        &self,
+        enc: &G,
+        policy: Option<&SeamPolicy>,
+        text: &str,
+        sink: F,
+    ) -> Result<(), E>
+    where
+        E: From<PromptMiss>,
+        F: FnMut(&[u32]) -> Result<(), E>,
+        G: Fn(&str) -> Result<Vec<u32>, PromptMiss> + Sync,
+    {
         let window = self.config.window_bytes;
-        self.encode_each_checked(tokenizer, policy, text, sink, |lo, p| {
-            window_agrees(tokenizer, text, lo, p, window)
+        self.encode_each_checked(enc, policy, text, sink, |lo, p| {
+            window_agrees(enc, text, lo, p, window)
         })
     }
 
@@ -202,9 +234,9 @@ impl ParallelEncoder {
     /// seam fails (it never has: the rule is proven, the check is a guard),
     /// the rest of the text from the last delivered cut — a cut that passed —
     /// is encoded in one piece on the caller's thread.
-    fn encode_each_checked<E, F, C>(
+    fn encode_each_checked<E, F, C, G>(
         &self,
-        tokenizer: &Tokenizer,
+        enc: &G,
         policy: Option<&SeamPolicy>,
         text: &str,
         mut sink: F,
@@ -214,16 +246,17 @@ impl ParallelEncoder {
         E: From<PromptMiss>,
         F: FnMut(&[u32]) -> Result<(), E>,
         C: Fn(usize, usize) -> bool + Sync,
+        G: Fn(&str) -> Result<Vec<u32>, PromptMiss> + Sync,
     {
         let Some(pool) = self.pool_for(policy, text) else {
-            return sink(&encode_one(tokenizer, text)?);
+            return sink(&enc(text)?);
         };
         let want = self
             .threads()
             .saturating_mul(self.config.pieces_per_thread.max(1));
         let cuts = candidate_seams(text, want);
         if cuts.is_empty() {
-            return sink(&encode_one(tokenizer, text)?);
+            return sink(&enc(text)?);
         }
         // bounds[k]..bounds[k + 1] is piece k.
         let mut bounds = Vec::with_capacity(cuts.len() + 2);
@@ -254,7 +287,7 @@ impl ParallelEncoder {
                     }
                     if !stop.load(Ordering::Relaxed) {
                         let piece = text.get(from..to).unwrap_or_default();
-                        let _ = tx.send(Done::Piece(k, encode_one(tokenizer, piece)));
+                        let _ = tx.send(Done::Piece(k, enc(piece)));
                     }
                 });
             }
@@ -284,7 +317,7 @@ impl ParallelEncoder {
                             stop.store(true, Ordering::Relaxed);
                             let from = bounds.get(next).copied().unwrap_or(0);
                             tracing::debug!(cut = bounds.get(next + 1), "seam check failed");
-                            let rest = encode_one(tokenizer, text.get(from..).unwrap_or_default());
+                            let rest = enc(text.get(from..).unwrap_or_default());
                             return match rest {
                                 Ok(ids) => sink(&ids),
                                 Err(e) => Err(E::from(e)),
@@ -472,18 +505,17 @@ fn ceil_boundary(text: &str, mut i: usize) -> usize {
 }
 
 /// Re-encodes `window` bytes each side of `p` whole and in two halves.
-fn window_agrees(tokenizer: &Tokenizer, text: &str, lo: usize, p: usize, window: usize) -> bool {
+fn window_agrees<G>(enc: &G, text: &str, lo: usize, p: usize, window: usize) -> bool
+where
+    G: Fn(&str) -> Result<Vec<u32>, PromptMiss>,
+{
     let a = floor_boundary(text, p.saturating_sub(window).max(lo));
     let b = ceil_boundary(text, p.saturating_add(window).min(text.len()));
     let (Some(whole), Some(left), Some(right)) = (text.get(a..b), text.get(a..p), text.get(p..b))
     else {
         return false;
     };
-    match (
-        encode_one(tokenizer, whole),
-        encode_one(tokenizer, left),
-        encode_one(tokenizer, right),
-    ) {
+    match (enc(whole), enc(left), enc(right)) {
         (Ok(w), Ok(l), Ok(r)) => {
             w.len() == l.len() + r.len() && w.starts_with(&l) && w.ends_with(&r)
         }
@@ -498,8 +530,9 @@ fn window_agrees(tokenizer: &Tokenizer, text: &str, lo: usize, p: usize, window:
 /// [`SeamPolicy`].
 #[must_use]
 pub fn seams(tokenizer: &Tokenizer, text: &str, pieces: usize, window: usize) -> Vec<usize> {
+    let enc = |t: &str| encode_one(tokenizer, t);
     seams_where(text, pieces, |lo, p| {
-        window_agrees(tokenizer, text, lo, p, window)
+        window_agrees(&enc, text, lo, p, window)
     })
 }
 
@@ -576,7 +609,7 @@ mod tests {
         for (i, &bad) in cuts.iter().enumerate() {
             let mut parts = Vec::new();
             enc.encode_each_checked(
-                tok,
+                &|t: &str| encode_one(tok, t),
                 policy.as_ref(),
                 &text,
                 |ids| {

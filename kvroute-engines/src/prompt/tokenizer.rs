@@ -10,6 +10,7 @@ use hashbrown::HashMap;
 use parking_lot::{Mutex, RwLock};
 use tokenizers::Tokenizer;
 
+use super::byte_bpe::{ByteBpe, PreTokenCacheStats, DEFAULT_WORD_CACHE_BYTES};
 use super::error::PromptMiss;
 use super::parallel::{ParallelEncoder, SeamPolicy};
 use super::span_cache::{SegmentPolicy, SpanCache, SpanCacheStats};
@@ -79,6 +80,9 @@ pub struct ModelTokenizer {
     nfc_free: Option<Tokenizer>,
     /// When set, [`ModelTokenizer::encode`] tokenizes long texts on it.
     parallel: Option<Arc<ParallelEncoder>>,
+    /// The exact fast path for byte-level BPE pipelines (`byte_bpe.rs`);
+    /// `None` for other pipelines.
+    fast: Option<ByteBpe>,
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -228,7 +232,9 @@ impl ModelTokenizer {
         let vocab_size = tokenizer.get_vocab_size(true);
         let seams = SeamPolicy::for_tokenizer(&tokenizer);
         let nfc_free = without_nfc(&tokenizer);
+        let fast = ByteBpe::for_tokenizer(&tokenizer, DEFAULT_WORD_CACHE_BYTES);
         Ok(Self {
+            fast,
             seams,
             nfc_free,
             parallel: None,
@@ -273,6 +279,14 @@ impl ModelTokenizer {
     #[must_use]
     pub fn span_cache_stats(&self) -> Option<SpanCacheStats> {
         self.cache.as_ref().map(SpanCache::stats)
+    }
+
+    /// Counters of the pre-token cache of the fast byte-level BPE path;
+    /// `None` when this tokenizer's pipeline is not one that path is proven
+    /// exact for (then every encode runs `tokenizers`' own pipeline).
+    #[must_use]
+    pub fn pre_token_cache_stats(&self) -> Option<PreTokenCacheStats> {
+        self.fast.as_ref().map(ByteBpe::cache_stats)
     }
 
     /// Full tokenization without the span cache (the reference).
@@ -325,13 +339,37 @@ impl ModelTokenizer {
         nfc_free_for(self.nfc_free.as_ref(), text).unwrap_or(&self.tokenizer)
     }
 
-    /// [`Self::encode_uncached`] on [`Self::tokenizer_for`]: the same ids.
+    /// [`Self::encode_uncached`]'s ids: through the fast byte-level BPE
+    /// path where it is exact for `text` (the pipeline is one it supports,
+    /// the normalizer leaves `text` as it is and the post-processor adds
+    /// nothing), else on [`Self::tokenizer_for`].
     fn encode_piece(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptMiss> {
+        if let Some(fast) = &self.fast {
+            if (!add_special_tokens || !self.post_processor_adds_tokens)
+                && normalizer_keeps(&self.tokenizer, self.nfc_free.is_some(), text)
+            {
+                let mut ids = Vec::with_capacity(text.len() / 3);
+                fast.encode_into(self.tokenizer.get_model(), text, &mut ids)?;
+                return Ok(ids);
+            }
+        }
         self.tokenizer_for(text)
             .encode_fast(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| PromptMiss::Tokenize(e.to_string()))
     }
+}
+
+/// True when `tokenizer`'s normalizer leaves `text` (and each of its
+/// substrings) as it is: there is none, or it is NFC (`nfc`) and `text`
+/// passes the NFC quick check (see [`nfc_free_for`]).
+fn normalizer_keeps(tokenizer: &Tokenizer, nfc: bool, text: &str) -> bool {
+    if tokenizer.get_normalizer().is_none() {
+        return true;
+    }
+    nfc && (text.is_ascii()
+        || unicode_normalization_alignments::is_nfc_quick(text.chars())
+            == unicode_normalization_alignments::IsNormalized::Yes)
 }
 
 /// A copy of `tokenizer` without its normalizer when that normalizer is
@@ -390,14 +428,13 @@ impl ModelTokenizer {
         let Some(seams) = &self.seams else {
             return self.encode_cached(text, add_special_tokens);
         };
+        let piece = |t: &str| self.encode_piece(t, false);
         let (Some(policy), Some(cache)) = (&self.segments, &self.cache) else {
-            return encoder.encode(self.tokenizer_for(text), Some(seams), text);
+            return encoder.encode_with(&piece, Some(seams), text);
         };
         let mut ids = Vec::with_capacity(text.len() / 3);
         for seg in policy.segments(text) {
-            let part = cache.get_or_insert(seg, |s| {
-                encoder.encode(self.tokenizer_for(s), Some(seams), s)
-            })?;
+            let part = cache.get_or_insert(seg, |s| encoder.encode_with(&piece, Some(seams), s))?;
             ids.extend_from_slice(&part);
         }
         Ok(ids)
@@ -421,10 +458,11 @@ impl ModelTokenizer {
     {
         let whole = add_special_tokens && self.post_processor_adds_tokens;
         let split = self.parallel.as_deref().zip(self.seams.as_ref());
+        let piece = |t: &str| self.encode_piece(t, false);
         let (Some(policy), Some(cache), false) = (&self.segments, &self.cache, whole) else {
             return match split {
                 Some((encoder, seams)) if !whole => {
-                    encoder.encode_each(self.tokenizer_for(text), Some(seams), text, sink)
+                    encoder.encode_each_with(&piece, Some(seams), text, sink)
                 }
                 _ => sink(&self.encode(text, add_special_tokens)?),
             };
@@ -438,7 +476,7 @@ impl ModelTokenizer {
                 };
                 let mut all = Vec::new();
                 streamed = true;
-                let r = encoder.encode_each(self.tokenizer_for(s), Some(seams), s, |part| {
+                let r = encoder.encode_each_with(&piece, Some(seams), s, |part| {
                     all.extend_from_slice(part);
                     sink(part)
                 });
@@ -466,6 +504,15 @@ impl ModelTokenizer {
     pub fn clear_span_cache(&self) {
         if let Some(cache) = &self.cache {
             cache.clear();
+        }
+    }
+
+    /// Empties the pre-token cache of the fast byte-level BPE path
+    /// (benchmarks of text no request has sent before; a no-op for
+    /// tokenizers that path does not cover).
+    pub fn clear_pre_token_cache(&self) {
+        if let Some(fast) = &self.fast {
+            fast.clear_cache();
         }
     }
 

@@ -58,6 +58,11 @@ pub struct PromptBenchArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Keep the pre-token cache of the fast byte-level BPE path between runs
+    /// (a gateway's steady state: a fresh document's words were mostly seen
+    /// before); by default every run starts with both caches empty.
+    #[arg(long)]
+    pub warm_pre_tokens: bool,
 }
 
 /// One (size, threads) line of the report; times in ms, medians.
@@ -337,6 +342,7 @@ struct Fixture {
     tok: ModelTokenizer,
     hasher: kvroute_core::BlockHasher,
     index: SharedIndex,
+    warm_pre_tokens: bool,
 }
 
 impl Fixture {
@@ -346,13 +352,26 @@ impl Fixture {
         let contract: HashContract = CONTRACT.parse().context("the bench contract")?;
         let hasher = contract.hasher().context("the bench contract's hasher")?;
         let index = background_index()?;
-        Ok(Self { tok, hasher, index })
+        Ok(Self {
+            tok,
+            hasher,
+            index,
+            warm_pre_tokens: false,
+        })
+    }
+
+    /// Empties the span cache, and the pre-token cache unless kept warm.
+    fn fresh(&self) {
+        self.tok.clear_span_cache();
+        if !self.warm_pre_tokens {
+            self.tok.clear_pre_token_cache();
+        }
     }
 
     /// Body → keys, step by step; `encoder` `None`: the span-cached
     /// single-threaded encode.
     fn pass(&self, body: &[u8], encoder: Option<&ParallelEncoder>) -> anyhow::Result<Pass> {
-        self.tok.clear_span_cache();
+        self.fresh();
         let t = Instant::now();
         let value = parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let req = extract_request(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -408,7 +427,7 @@ impl Fixture {
     }
 
     fn pipelined_pass(&self, body: &[u8]) -> anyhow::Result<Pipelined> {
-        self.tok.clear_span_cache();
+        self.fresh();
         let t = Instant::now();
         let value = parse_json(body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let req = extract_request(ApiKind::Chat, &value).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -497,6 +516,7 @@ pub fn run_prompt_bench(args: &PromptBenchArgs) -> anyhow::Result<PromptBenchRep
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../golden/tokenizers/qwen3")
     });
     let mut fx = Fixture::new(&model_dir)?;
+    fx.warm_pre_tokens = args.warm_pre_tokens;
     let runs = args.runs.max(1);
     let mut encoders = Vec::new();
     for &n in &args.threads {
