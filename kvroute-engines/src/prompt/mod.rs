@@ -13,8 +13,10 @@
 //!    [`ChatTemplate`] renders it with minijinja, Python-compatible (`tojson`
 //!    as `json.dumps`, `raise_exception`, `strftime_now`,
 //!    `continue_final_message`): [`render_chat`];
-//! 4. the [`ModelTokenizer`] tokenizes (span-cached, optionally on a
-//!    [`ParallelEncoder`]) and truncates; the engine's length/vocabulary checks
+//! 4. the [`ModelTokenizer`] tokenizes (span-cached; byte-level BPE
+//!    pipelines through an exact fast path with a pre-token cache,
+//!    [`PreTokenCacheStats`]; optionally on a [`ParallelEncoder`]) and
+//!    truncates; the engine's length/vocabulary checks
 //!    complete it: [`prompt_tokens`], [`prompt_tokens_limited`] (with
 //!    [`PromptLimits`]), [`prompt_tokens_as`] (with a [`Dialect`]).
 //!
