@@ -287,3 +287,36 @@ fn compaction_keeps_an_entry_per_colliding_key() {
     assert_eq!(w.evicted, 4);
     assert!(index.keys(e, Medium::Gpu).is_empty());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// A `store_chain` lock group against a set: it write-locks exactly the
+    /// distinct shards it was given, in ascending order, finds each one's
+    /// guard (position table up to 64 shards, search above), none for any
+    /// other shard, and releases them all when dropped.
+    #[test]
+    fn a_lock_group_holds_exactly_its_shards(
+        shard_bits in 0u32..8,
+        picks in proptest::collection::vec(any::<usize>(), 0..=super::LOCK_GROUP + 1),
+    ) {
+        let shards = 1usize << shard_bits;
+        let index = SharedIndex::new(64, IndexConfig { capacity_per_endpoint: 16, shards });
+        let bank = &index.banks[0];
+        let picks: Vec<usize> = picks.iter().map(|p| p % shards).collect();
+        let want: std::collections::BTreeSet<usize> = picks.iter().copied().collect();
+        {
+            let mut locks = super::GroupLocks::lock(bank, picks.iter().copied());
+            let held: Vec<usize> = locks.shards[..locks.count].to_vec();
+            prop_assert_eq!(held, want.iter().copied().collect::<Vec<_>>());
+            for s in 0..shards {
+                prop_assert_eq!(locks.get(s).is_some(), want.contains(&s), "shard {}", s);
+                prop_assert_eq!(locks.get_mut(s).is_some(), want.contains(&s), "shard {}", s);
+                prop_assert_eq!(bank.shards[s].0.is_locked_exclusive(), want.contains(&s));
+            }
+        }
+        for s in 0..shards {
+            prop_assert!(!bank.shards[s].0.is_locked(), "shard {} released", s);
+        }
+    }
+}
