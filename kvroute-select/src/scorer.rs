@@ -80,6 +80,9 @@ impl Default for LoadAwareConfig {
 /// cells, 70–118 later turns moved at concurrency 32, against SGLang Model
 /// Gateway's 3–13).
 ///
+/// Each diversion (a winner other than the longest-prefix endpoint) is
+/// logged at DEBUG with both endpoints' cost terms (`RUST_LOG=kvroute_select=debug`).
+///
 /// A prompt whose first block is held everywhere (a shared system prompt)
 /// saves the same on every endpoint, so the queue terms decide: no collapse.
 /// An endpoint with an empty inventory (restarted, newly added) carries no
@@ -397,11 +400,21 @@ fn pick_cost(
         return KvPick::Miss(MissReason::AllCandidatesFiltered);
     };
     if let Some((li, lc, lp)) = longest {
-        if lp > prefix
-            && lc <= best_cost * (1.0 + cfg.affinity_slack.max(0.0)) + cfg.affinity_tokens.max(0.0)
-        {
+        let slack = cfg.affinity_tokens.max(0.0);
+        if lp > prefix && lc <= best_cost * (1.0 + cfg.affinity_slack.max(0.0)) + slack {
             index = li;
             prefix = lp;
+        } else if lp > prefix && tracing::enabled!(tracing::Level::DEBUG) {
+            // Why a prompt left the endpoint holding most of it: the cost
+            // terms of both, for diagnosing diversions.
+            let (hl, bl) = (pool.load_of(li), pool.load_of(index));
+            tracing::debug!(
+                longest = li, longest_prefix = lp, longest_cost = lc,
+                longest_queued = hl.queued_prefill_tokens, longest_in_flight = hl.in_flight,
+                chosen = index, chosen_prefix = prefix, chosen_cost = best_cost,
+                chosen_queued = bl.queued_prefill_tokens, chosen_in_flight = bl.in_flight,
+                prompt_tokens = s.prompt_tokens, "cost scorer diverted"
+            );
         }
     }
     KvPick::Winner {
