@@ -206,10 +206,17 @@ impl ChatTemplate {
                 "conversation is empty: nothing to render".into(),
             ));
         }
-        let mut messages = input.messages.clone();
-        if input.continue_final_message {
-            append_continue_tag(&mut messages)?;
-        }
+        // Only continue_final_message changes a message: the others render
+        // from the input as it is, without a deep copy.
+        let continued;
+        let messages: &[PyValue] = if input.continue_final_message {
+            let mut m = input.messages.clone();
+            append_continue_tag(&mut m)?;
+            continued = m;
+            &continued
+        } else {
+            &input.messages
+        };
         let mut ctx: IndexMap<Value, Value> = IndexMap::new();
         for (k, v) in &self.special_tokens {
             ctx.insert(Value::from(k.as_str()), Value::from(v.as_str()));
