@@ -14,7 +14,9 @@ generator of `kvroute bench gateway` starts its own engines and gateway
 in-process and sends single-turn, non-streamed completions only, so it cannot
 be pointed at SMG. The client's CPU use is recorded per measurement
 (`client_cpu`: process CPU seconds / wall seconds, 1.0 = one core saturated)
-so a client-bound result is visible.
+so a client-bound result is visible, and so is each gateway's own CPU per request
+(`gateway_cpu_ms_per_request`: its process group's CPU seconds over the run, which
+other work on a shared machine moves far less than req/s or latency).
 
 Run through scripts/bench_smg.sh (venv, build, cleanup trap).
 """
@@ -625,8 +627,8 @@ def table(cells: dict, runs: int) -> str:
         if stream:
             head += " TTFT p50 ms | TTFT p99 ms |"
             sep += "---:|---:|"
-        head += " cached fraction | errors | client CPU |"
-        sep += "---:|---:|---:|"
+        head += " cached fraction | errors | client CPU | gateway CPU ms/req |"
+        sep += "---:|---:|---:|---:|"
         out += [head, sep]
         for gw, rows in by_gw.items():
             line = (
@@ -637,7 +639,7 @@ def table(cells: dict, runs: int) -> str:
                 line += f" {median(rows, 'ttft_p50_ms'):.1f} | {median(rows, 'ttft_p99_ms'):.1f} |"
             line += (
                 f" {median(rows, 'cached_fraction'):.3f} | {sum(r['errors'] for r in rows)} "
-                f"| {median(rows, 'client_cpu'):.2f} |"
+                f"| {median(rows, 'client_cpu'):.2f} | {median(rows, 'gateway_cpu_ms_per_request'):.3f} |"
             )
             out.append(line)
     return "\n".join(out) + "\n"
@@ -707,7 +709,10 @@ def main() -> int:
                         before = engine_requests(engines)
                         offsets = engine_log_offsets(engines) if args.trace else []
                         groups = {gw.proc.pid} | {e.proc.pid for e in engines if e.proc}
-                        cpu_before = group_cpu_seconds(groups) if args.trace else {}
+                        # The gateway's own CPU per request is measured in every run:
+                        # unlike req/s and latency it does not move with the other
+                        # work on a shared machine.
+                        cpu_before = group_cpu_seconds(groups if args.trace else {gw.proc.pid})
                         extra: dict = {}
                         try:
                             with Sampler() if args.trace else contextlib.nullcontext() as sampler:
@@ -730,9 +735,14 @@ def main() -> int:
                                         status, body = http("GET", f"{gw.admin}/admin/{what}")
                                         if status == 200:
                                             extra[f"admin_{what}"] = json.loads(body)
+                            gw_cpu = group_cpu_seconds({gw.proc.pid}).get(gw.proc.pid, 0.0) - cpu_before.get(
+                                gw.proc.pid, 0.0
+                            )
                         finally:
                             stop(gw.proc)
                         r = summarize(tally, wall, cpu, stream)
+                        done = len(tally.samples)
+                        r["gateway_cpu_ms_per_request"] = round(gw_cpu * 1e3 / done, 3) if done else 0.0
                         r["run"] = run
                         # How each gateway spread the load: a p99 or req/s gap often shows here.
                         r["per_engine"] = [a - b for a, b in zip(engine_requests(engines), before)]
@@ -747,6 +757,7 @@ def main() -> int:
                             f"run {run} c={conc} {'stream' if stream else 'plain'} {name}: "
                             f"{r['requests_per_second']} req/s p50 {r['p50_ms']} p99 {r['p99_ms']} "
                             f"cached {r['cached_fraction']} errors {r['errors']} client_cpu {r['client_cpu']} "
+                            f"gateway_cpu_ms/req {r['gateway_cpu_ms_per_request']} "
                             f"load {r['loadavg_1m']} per_engine {'/'.join(map(str, r['per_engine']))}"
                             + (f" first_error {r['first_error']}" if r["first_error"] else "")
                         )
@@ -776,7 +787,8 @@ def main() -> int:
                             "median": {
                                 k: median(rows, k)
                                 for k in ("requests_per_second", "p50_ms", "p99_ms", "ttft_p50_ms",
-                                          "ttft_p99_ms", "cached_fraction", "client_cpu")
+                                          "ttft_p99_ms", "cached_fraction", "client_cpu",
+                                          "gateway_cpu_ms_per_request")
                                 if rows and k in rows[0]
                             },
                             "runs": rows,
