@@ -22,11 +22,13 @@
 //! # the workers' events interleaved (one event of each worker in turn, as
 //! # 64 live engines publish) instead of one worker's inventory after another:
 //! BENCH_INTERLEAVE=1 cargo bench --bench load
+//! # both on the gateway binary's allocator (mimalloc) instead of the system one:
+//! cargo bench --features mimalloc --bench load
 //! ```
 
 use bench_dynamo::{
-    apply_dynamo_interleaved, apply_dynamo_tree, apply_kvroute_direct, apply_kvroute_interleaved,
-    chain_events, dynamo_events, Load, Workload,
+    allocator, apply_dynamo_interleaved, apply_dynamo_tree, apply_kvroute_direct,
+    apply_kvroute_interleaved, chain_events, dynamo_events, Load, Workload,
 };
 use kvroute_ingest::IndexConfig;
 
@@ -75,8 +77,9 @@ fn main() {
         dynamo_events(&w)
     };
     println!(
-        "{} (worker, block) pairs per load, {rounds} rounds, {}",
+        "{} (worker, block) pairs per load, {rounds} rounds, {} allocator, {}",
         w.pairs(),
+        allocator(),
         if interleave {
             "workers' events interleaved"
         } else {

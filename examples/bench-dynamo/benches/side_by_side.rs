@@ -8,13 +8,15 @@
 //! cd examples/bench-dynamo && cargo bench --bench side_by_side
 //! # smaller inventory (pairs = 64 × (32 + SEQUENCES × 512)):
 //! BENCH_SEQUENCES=20 cargo bench --bench side_by_side
+//! # on the gateway binary's allocator (mimalloc):
+//! cargo bench --features mimalloc --bench side_by_side
 //! ```
 
 use std::hint::black_box;
 
 use bench_dynamo::{
-    dense, kvroute_full_prefix, kvroute_prefix, load_dynamo_concurrent, load_dynamo_tree,
-    load_kvroute, load_kvroute_direct, split, Load, Workload,
+    allocator, dense, kvroute_full_prefix, kvroute_prefix, load_dynamo_concurrent,
+    load_dynamo_tree, load_kvroute, load_kvroute_direct, split, Load, Workload,
 };
 use criterion::Criterion;
 use dynamo_kv_router::SyncIndexer;
@@ -56,8 +58,9 @@ fn main() {
         .unwrap_or(IndexConfig::default().shards);
     let pairs = w.pairs();
     println!(
-        "inventory: {} workers, {pairs} (worker, block) pairs",
-        w.workers
+        "inventory: {} workers, {pairs} (worker, block) pairs, {} allocator",
+        w.workers,
+        allocator()
     );
 
     // Loaded one after the other, each measured on its own resident growth.

@@ -572,3 +572,20 @@ pub fn split(prompt: &[Block]) -> (Vec<BlockKey>, Vec<LocalBlockHash>) {
         prompt.iter().map(|b| LocalBlockHash(b.local)).collect(),
     )
 }
+
+// `--features mimalloc`: the gateway binary's allocator, so both indexes can
+// be measured the way the shipped binary runs them (benches link this
+// library, so one declaration covers every bench).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The global allocator the benches run on (printed in their headers).
+#[must_use]
+pub fn allocator() -> &'static str {
+    if cfg!(feature = "mimalloc") {
+        "mimalloc"
+    } else {
+        "system"
+    }
+}
