@@ -52,10 +52,10 @@ pub const DEFAULT_CAPACITY: usize = 1 << 20;
 
 /// Upper bound of heap bytes per block of capacity used by
 /// [`SharedIndex::memory_budget`]: a 12-byte table entry in its 64-byte
-/// bucket of five at the lowest load a table keeps before it shrinks (a
-/// quarter of 7/8: ≈ 59 bytes per live key, as hashbrown's 13-byte slots at
-/// the same bound), a duplicate-count entry, and the insertion ring with its
-/// compaction slack.
+/// bucket of five at the lowest load a table region keeps before it
+/// shrinks (a quarter of 7/8: ≈ 59 bytes per live key, as hashbrown's
+/// 13-byte slots at the same bound), a duplicate-count entry, and the
+/// insertion ring with its compaction slack.
 pub const BUDGET_BYTES_PER_KEY: usize = 96;
 
 /// Configuration of a [`SharedIndex`].
@@ -280,9 +280,18 @@ impl EndpointKeys {
 /// A table entry is 12 bytes (key + a 32-bit holder code listing up to four
 /// holders inline; keys held by more endpoints spill a 64-bit mask to a side
 /// vector), five to a 64-byte bucket, so a key held by one endpoint costs
-/// 12.8 bytes divided by the table's load factor (between 7/12 and 7/8, as
-/// tables grow by half). Shared keys cost one entry for all their holders.
-/// [`SharedIndex::memory_bytes`] reports the figure for a metrics gauge.
+/// 12.8 bytes divided by the load factor of its table's region. A shard's
+/// table (per tier) is 16 regions by hash, each growing by half on its own
+/// when it reaches 7/8, so one region's load swings between 7/12 and 7/8;
+/// but the regions' sizes are offset from one another's and from other
+/// shards' (a growth lattice with a phase per region), so at any inventory
+/// size the loads are spread over the swing and the index stays near its
+/// mean: ~18.6 bytes per unshared key, ~22.7 per (endpoint, key) pair with
+/// the insertion ring of a bounded tier, at every inventory size (64
+/// endpoints, 1 M to 6.4 M pairs; when every table grew at the same size
+/// the figure followed the swing, 19.8 to 26.3 with rings). Shared keys
+/// cost one entry for all their holders. [`SharedIndex::memory_bytes`]
+/// reports the figure for a metrics gauge.
 ///
 /// # Concurrency
 ///
@@ -350,7 +359,7 @@ impl SharedIndex {
                 let in_bank = endpoints.saturating_sub(b * BANK_WIDTH).min(BANK_WIDTH);
                 Bank {
                     shards: (0..shards)
-                        .map(|_| PaddedShard(RwLock::new(Shard::default())))
+                        .map(|s| PaddedShard(RwLock::new(Shard::new(s as u32))))
                         .collect(),
                     hidden: AtomicU64::new(0),
                     active: if in_bank == BANK_WIDTH {
@@ -431,7 +440,8 @@ impl SharedIndex {
     }
 
     /// The most heap bytes the index may hold under its current bounds
-    /// ([`BUDGET_BYTES_PER_KEY`] per block of capacity, plus fixed per-shard,
+    /// ([`BUDGET_BYTES_PER_KEY`] per block of capacity, plus fixed per-shard
+    /// (its four tables' regions at their smallest, which never shrink),
     /// per-slot and per-bank overhead — the run table of a bank is bounded
     /// at about 5 MiB — and each ring's compaction slack); `None` while any
     /// (endpoint, tier) is unbounded. [`Self::memory_bytes`] stays below it
@@ -440,7 +450,7 @@ impl SharedIndex {
     pub fn memory_budget(&self) -> Option<usize> {
         let fixed = self.banks.len()
             * (self.banks.first().map_or(0, |b| b.shards.len())
-                * (std::mem::size_of::<PaddedShard>() + 4096)
+                * (std::mem::size_of::<PaddedShard>() + 4 * table::SMALLEST_BYTES)
                 + RunTable::max_bytes())
             + self.endpoints.len() * std::mem::size_of::<Mutex<EndpointKeys>>();
         let mut total = fixed;

@@ -290,6 +290,20 @@ pub(crate) struct Shard {
     dups: HashMap<DupKey, u32, BuildHasherDefault<KeyHasher>>,
 }
 
+impl Shard {
+    /// An empty shard; `seed` (its index) offsets its tables' growth
+    /// steps from other shards' (see `BucketTable`).
+    pub(crate) fn new(seed: u32) -> Self {
+        Self {
+            tiers: std::array::from_fn(|_| TierTable {
+                entries: BucketTable::new(seed),
+                ..TierTable::default()
+            }),
+            dups: HashMap::default(),
+        }
+    }
+}
+
 #[inline]
 fn dup_key(key: u64, bit: u32, tier: usize) -> DupKey {
     (key, (bit << 2) | (tier as u32 & 3))

@@ -27,6 +27,25 @@
 //! without removals every mark leads somewhere, and loading 64 engines ×
 //! 100 K blocks spent as many entry moves on such futile rebuilds as on
 //! growth).
+//!
+//! # Regions and growth
+//!
+//! A table is [`REGIONS`] independent regions, chosen by the top
+//! [`REGION_BITS`] bits of the hash (the home within a region takes the
+//! bits after them, so hash order is kept within a region and from one
+//! region to the next). A region grows alone, by rebuilding itself at the
+//! next size of its *growth lattice*: `1.5^(k + phase)` buckets, `phase`
+//! differing from region to region and from shard to shard
+//! ([`BucketTable::new`]). A region's load therefore swings between 7/12
+//! and 7/8 as before, but at any inventory size the regions are spread
+//! over that swing, so the bytes per key of an index (64 shards × 16
+//! regions per tier) stay at the swing's mean, ~18 per unshared key, at
+//! every size. With one table per shard growing at the same moment as
+//! every other shard's, the figure followed the swing: 64 engines × 30 to
+//! 195 conversations of 512 blocks cost 15.6 to 22.2 bytes per pair
+//! unbounded, 19.8 to 26.3 with insertion rings (`bench-dynamo`, `memory`).
+//! A rebuild also moves one region, a sixteenth of the shard, so a
+//! shard's write lock is held a sixteenth as long.
 
 /// Entries per bucket: 5 × 12 bytes plus the bucket's 4-byte header fill a line.
 const SLOTS: usize = 5;
@@ -37,13 +56,43 @@ const LEN_MASK: u32 = 0xff;
 /// Most entries per bucket on average before the table doubles (7/8 of 5).
 const MAX_LOAD_NUM: usize = 35;
 const MAX_LOAD_DEN: usize = 8;
-/// Buckets of the first allocation.
-const MIN_BUCKETS: usize = 2;
+/// Heap bytes of a table whose regions are all at their smallest (one
+/// bucket each), which no removal shrinks further.
+pub(crate) const SMALLEST_BYTES: usize = REGIONS * std::mem::size_of::<Bucket>();
 
-/// The bucket count after growing from `n`: half again (a table is 58–88 %
-/// full, 14.6–22 bytes per entry, against 44–88 % when doubling).
-fn grown(n: usize) -> usize {
-    (n + n / 2).max(MIN_BUCKETS)
+/// Bits of a hash (its top ones) choosing its region of a table.
+const REGION_BITS: u32 = 4;
+/// Regions per table.
+const REGIONS: usize = 1 << REGION_BITS;
+/// Growth factor of a region: half again (a region is 58–88 % full,
+/// 14.6–22 bytes per entry, against 44–88 % when doubling).
+const GROWTH: f64 = 1.5;
+
+/// Size `k` of the growth lattice at `phase` (in 1/65536 of a step):
+/// `GROWTH^(k + phase)` buckets, rounded up.
+fn lattice_size(k: i32, phase: u16) -> usize {
+    let exponent = f64::from(k) + f64::from(phase) / 65536.0;
+    // Saturating float-to-int cast: sizes beyond `usize` cannot be allocated
+    // anyway.
+    GROWTH.powf(exponent).ceil() as usize
+}
+
+/// The bucket count a region of `n` buckets grows to: the next size of its
+/// lattice (about `n * GROWTH` once sizes are past the rounding of the
+/// first few steps; a first allocation is one or two buckets).
+fn next_size(n: usize, phase: u16) -> usize {
+    let from = (n.max(1) as f64).ln() / GROWTH.ln() - f64::from(phase) / 65536.0;
+    // Start a step below the estimate (float rounding) and walk up: the
+    // first few sizes round to the same count, later ones are 1.5x apart.
+    let mut k = (from.floor() as i32).saturating_sub(1);
+    for _ in 0..8 {
+        let size = lattice_size(k, phase);
+        if size > n {
+            return size;
+        }
+        k = k.saturating_add(1);
+    }
+    n.saturating_add(1)
 }
 
 #[derive(Clone, Copy, Default)]
@@ -119,18 +168,26 @@ impl Bucket {
     }
 }
 
-/// Where a key was found: bucket and slot.
+/// Where a key was found: bucket and slot of a region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct At {
+struct Slot {
     bucket: usize,
     slot: usize,
 }
 
-/// Open-addressed table of `(u64 key, u32 code)` in one-line buckets.
+/// One region of a [`BucketTable`]: an open-addressed table of
+/// `(u64 key, u32 code)` in one-line buckets, over the hashes of one
+/// [`REGIONS`]th of the hash space (given to it shifted left by
+/// [`REGION_BITS`], so its "hash" is the position within the region).
 #[derive(Default)]
-pub(crate) struct BucketTable {
+struct Region {
     buckets: Vec<Bucket>,
     len: usize,
+    /// Where this region's sizes sit on the growth lattice (see
+    /// [`lattice_size`]), in 1/65536 of a step: regions of one shard and of
+    /// different shards grow at different entry counts, so their sum grows
+    /// smoothly instead of in synchronised 1.5x steps.
+    phase: u16,
     /// Buckets carrying [`OVERFLOW`].
     overflowed: usize,
     /// `overflowed` above which the table is rebuilt at its size: half the
@@ -147,24 +204,21 @@ pub(crate) struct BucketTable {
     same_size_rebuilds: usize,
 }
 
-impl BucketTable {
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.len
+impl Region {
+    fn with_phase(phase: u16) -> Self {
+        Self {
+            phase,
+            ..Self::default()
+        }
     }
 
+    /// Entries the region holds before it grows.
     #[inline]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Entries the table holds before it grows.
-    #[inline]
-    pub(crate) fn capacity(&self) -> usize {
+    fn capacity(&self) -> usize {
         self.buckets.len() * MAX_LOAD_NUM / MAX_LOAD_DEN
     }
 
-    pub(crate) fn allocation_size(&self) -> usize {
+    fn allocation_size(&self) -> usize {
         self.buckets.capacity() * std::mem::size_of::<Bucket>()
     }
 
@@ -197,20 +251,20 @@ impl BucketTable {
     /// wait); the line after that no longer paid for its load (measured,
     /// `examples/bench-dynamo` load).
     #[inline]
-    pub(crate) fn home_lines(&self, hash: u64) -> [Option<&u32>; 2] {
+    fn home_lines(&self, hash: u64) -> [Option<&u32>; 2] {
         let home = self.home(hash);
         [home, self.next(home)].map(|i| self.buckets.get(i).map(|b| &b.header))
     }
 
     /// Where `key` (whose hash is `hash`) is, if present.
     #[inline]
-    pub(crate) fn find(&self, hash: u64, key: u64) -> Option<At> {
+    fn find(&self, hash: u64, key: u64) -> Option<Slot> {
         let n = self.buckets.len();
         let mut i = self.home(hash);
         for _ in 0..n {
             let b = self.buckets.get(i)?;
             if let Some(slot) = b.slot_of(key) {
-                return Some(At { bucket: i, slot });
+                return Some(Slot { bucket: i, slot });
             }
             if !b.overflowed() {
                 return None;
@@ -223,12 +277,12 @@ impl BucketTable {
     /// Calls `visit` with every entry whose key's hash may lie in
     /// `lo..=hi` (the home buckets of that range and the overflow chain past
     /// them), until it returns true; where it did.
-    pub(crate) fn find_in_range(
+    fn find_in_range(
         &self,
         lo: u64,
         hi: u64,
         mut visit: impl FnMut(u64, u32) -> bool,
-    ) -> Option<At> {
+    ) -> Option<Slot> {
         let n = self.buckets.len();
         let mut i = self.home(lo);
         // Home buckets of the range after the first (`home` keeps order).
@@ -237,7 +291,7 @@ impl BucketTable {
             let b = self.buckets.get(i)?;
             for slot in 0..b.len() {
                 if visit(b.key(slot), b.code.get(slot).copied().unwrap_or(0)) {
-                    return Some(At { bucket: i, slot });
+                    return Some(Slot { bucket: i, slot });
                 }
             }
             // Keys homed in the range lie at or before the first bucket from
@@ -252,12 +306,12 @@ impl BucketTable {
 
     /// The key at `at`.
     #[inline]
-    pub(crate) fn key_at(&self, at: At) -> u64 {
+    fn key_at(&self, at: Slot) -> u64 {
         self.buckets.get(at.bucket).map_or(0, |b| b.key(at.slot))
     }
 
     #[inline]
-    pub(crate) fn code(&self, at: At) -> u32 {
+    fn code(&self, at: Slot) -> u32 {
         self.buckets
             .get(at.bucket)
             .and_then(|b| b.code.get(at.slot))
@@ -266,7 +320,7 @@ impl BucketTable {
     }
 
     #[inline]
-    pub(crate) fn set_code(&mut self, at: At, code: u32) {
+    fn set_code(&mut self, at: Slot, code: u32) {
         if let Some(c) = self
             .buckets
             .get_mut(at.bucket)
@@ -278,7 +332,7 @@ impl BucketTable {
 
     /// The code of `key`, if present.
     #[inline]
-    pub(crate) fn get(&self, hash: u64, key: u64) -> Option<u32> {
+    fn get(&self, hash: u64, key: u64) -> Option<u32> {
         self.find(hash, key).map(|at| self.code(at))
     }
 
@@ -290,13 +344,13 @@ impl BucketTable {
     /// stopped at a full bucket, the walk goes on from there instead of
     /// starting over.
     #[inline]
-    pub(crate) fn find_or_insert(
+    fn find_or_insert(
         &mut self,
         hash: u64,
         key: u64,
         code: impl FnOnce() -> u32,
         rehash: impl Fn(u64) -> u64,
-    ) -> Option<At> {
+    ) -> Option<Slot> {
         let n = self.buckets.len();
         let mut i = self.home(hash);
         let mut room = None;
@@ -305,7 +359,7 @@ impl BucketTable {
                 break;
             };
             if let Some(slot) = b.slot_of(key) {
-                return Some(At { bucket: i, slot });
+                return Some(Slot { bucket: i, slot });
             }
             if room.is_none() && b.len() < SLOTS {
                 room = Some(i);
@@ -324,7 +378,7 @@ impl BucketTable {
                 self.same_size_rebuilds += 1;
             }
             let buckets = if grow {
-                grown(self.buckets.len())
+                next_size(self.buckets.len(), self.phase)
             } else {
                 self.buckets.len()
             };
@@ -357,29 +411,32 @@ impl BucketTable {
         }
     }
 
-    /// Removes the entry at `at`; shrinks the table when three quarters of
-    /// it are free (see `TierTable::unset` for why).
-    pub(crate) fn remove(&mut self, at: At, shrink_above: usize, rehash: impl Fn(u64) -> u64) {
-        if let Some(b) = self.buckets.get_mut(at.bucket) {
-            if at.slot < b.len() {
+    /// Removes the entry at `at` (false: nothing there); shrinks the region
+    /// when three quarters of it are free (see `TierTable::unset` for why).
+    fn remove(&mut self, at: Slot, shrink_above: usize, rehash: impl Fn(u64) -> u64) -> bool {
+        let removed = match self.buckets.get_mut(at.bucket) {
+            Some(b) if at.slot < b.len() => {
                 b.remove(at.slot);
                 self.len -= 1;
                 self.removed += 1;
+                true
             }
-        }
+            _ => false,
+        };
         let capacity = self.capacity();
         if capacity > shrink_above && self.len < capacity / 4 {
             self.shrink_to(self.len * 2, &rehash);
         }
+        removed
     }
 
     /// Rebuilds with the fewest buckets holding `min_capacity` entries (and
     /// the present ones) under the load bound.
     fn shrink_to(&mut self, min_capacity: usize, rehash: &impl Fn(u64) -> u64) {
         let want = min_capacity.max(self.len);
-        let mut buckets = MIN_BUCKETS;
+        let mut buckets = next_size(0, self.phase);
         while buckets * MAX_LOAD_NUM / MAX_LOAD_DEN < want {
-            buckets = grown(buckets);
+            buckets = next_size(buckets, self.phase);
         }
         if buckets < self.buckets.len() {
             self.rebuild(buckets, rehash);
@@ -401,13 +458,192 @@ impl BucketTable {
     }
 
     /// Every `(key, code)`.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+    fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.buckets.iter().flat_map(|b| {
             (0..b.len()).map(move |s| (b.key(s), b.code.get(s).copied().unwrap_or(0)))
         })
     }
 }
 
+/// Where a key was found: region, bucket and slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct At {
+    region: usize,
+    at: Slot,
+}
+
+/// The table of one (shard, tier): [`REGIONS`] independent [`Region`]s,
+/// chosen by the top [`REGION_BITS`] bits of a key's hash, each growing on
+/// its own.
+///
+/// A region grows by rebuilding itself at the next size of its growth
+/// lattice (1.5x apart), so a region's load swings between 7/12 and 7/8;
+/// the regions' lattices are offset from one another (`phase`), so at any
+/// inventory size their loads are spread over that range and the bytes
+/// per key of the whole index stay near their mean instead of following
+/// one synchronised swing (when every shard's single table grew at once,
+/// 64 x 100 K blocks cost 19.8 to 26.3 bytes per pair depending on the
+/// inventory size). A rebuild also moves a sixteenth of the shard's
+/// entries at a time, so the shard's write lock is held a sixteenth as long.
+pub(crate) struct BucketTable {
+    regions: [Region; REGIONS],
+    len: usize,
+}
+
+impl Default for BucketTable {
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+/// The golden ratio's fraction in 1/65536: successive seeds' phases
+/// (`seed * this`, modulo one step) are spread evenly over the step
+/// whatever their count.
+const PHASE_STRIDE: u32 = 40_503;
+
+impl BucketTable {
+    /// An empty table; `seed` (e.g. the shard's index) sets where its
+    /// regions sit on the growth lattice.
+    pub(crate) fn new(seed: u32) -> Self {
+        Self {
+            regions: std::array::from_fn(|r| {
+                let n = seed.wrapping_mul(REGIONS as u32).wrapping_add(r as u32);
+                Region::with_phase(n.wrapping_mul(PHASE_STRIDE) as u16)
+            }),
+            len: 0,
+        }
+    }
+
+    /// The region of `hash` and the hash's position within it.
+    #[inline]
+    fn split(hash: u64) -> (usize, u64) {
+        ((hash >> (64 - REGION_BITS)) as usize, hash << REGION_BITS)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn allocation_size(&self) -> usize {
+        self.regions.iter().map(Region::allocation_size).sum()
+    }
+
+    /// See [`Region::home_lines`].
+    #[inline]
+    pub(crate) fn home_lines(&self, hash: u64) -> [Option<&u32>; 2] {
+        let (r, inner) = Self::split(hash);
+        self.regions
+            .get(r)
+            .map_or([None; 2], |region| region.home_lines(inner))
+    }
+
+    /// Where `key` (whose hash is `hash`) is, if present.
+    #[inline]
+    pub(crate) fn find(&self, hash: u64, key: u64) -> Option<At> {
+        let (region, inner) = Self::split(hash);
+        let at = self.regions.get(region)?.find(inner, key)?;
+        Some(At { region, at })
+    }
+
+    /// Calls `visit` with every entry whose key's hash may lie in
+    /// `lo..=hi` until it returns true; where it did.
+    pub(crate) fn find_in_range(
+        &self,
+        lo: u64,
+        hi: u64,
+        mut visit: impl FnMut(u64, u32) -> bool,
+    ) -> Option<At> {
+        let (first, lo_inner) = Self::split(lo);
+        let (last, hi_inner) = Self::split(hi);
+        for region in first..=last.min(REGIONS - 1) {
+            let lo = if region == first { lo_inner } else { 0 };
+            // The low bits a shift dropped: every position up to the end.
+            let hi = if region == last {
+                hi_inner | ((1u64 << REGION_BITS) - 1)
+            } else {
+                u64::MAX
+            };
+            let found = self
+                .regions
+                .get(region)
+                .and_then(|r| r.find_in_range(lo, hi, &mut visit));
+            if let Some(at) = found {
+                return Some(At { region, at });
+            }
+        }
+        None
+    }
+
+    /// The key at `at`.
+    #[inline]
+    pub(crate) fn key_at(&self, at: At) -> u64 {
+        self.regions.get(at.region).map_or(0, |r| r.key_at(at.at))
+    }
+
+    #[inline]
+    pub(crate) fn code(&self, at: At) -> u32 {
+        self.regions.get(at.region).map_or(0, |r| r.code(at.at))
+    }
+
+    #[inline]
+    pub(crate) fn set_code(&mut self, at: At, code: u32) {
+        if let Some(r) = self.regions.get_mut(at.region) {
+            r.set_code(at.at, code);
+        }
+    }
+
+    /// The code of `key`, if present.
+    #[inline]
+    pub(crate) fn get(&self, hash: u64, key: u64) -> Option<u32> {
+        let (region, inner) = Self::split(hash);
+        self.regions.get(region)?.get(inner, key)
+    }
+
+    /// Where `key` is, if present; otherwise inserts it with the code
+    /// `code` makes (`None`). See [`Region::find_or_insert`]; `rehash`
+    /// gives any key's hash (for a rebuild).
+    #[inline]
+    pub(crate) fn find_or_insert(
+        &mut self,
+        hash: u64,
+        key: u64,
+        code: impl FnOnce() -> u32,
+        rehash: impl Fn(u64) -> u64,
+    ) -> Option<At> {
+        let (region, inner) = Self::split(hash);
+        let r = self.regions.get_mut(region)?;
+        match r.find_or_insert(inner, key, code, |k| rehash(k) << REGION_BITS) {
+            Some(at) => Some(At { region, at }),
+            None => {
+                self.len += 1;
+                None
+            }
+        }
+    }
+
+    /// Removes the entry at `at`; its region shrinks when three quarters of
+    /// it are free and it may hold more than `shrink_above` / [`REGIONS`]
+    /// entries (see `TierTable::unset` for why).
+    pub(crate) fn remove(&mut self, at: At, shrink_above: usize, rehash: impl Fn(u64) -> u64) {
+        let Some(r) = self.regions.get_mut(at.region) else {
+            return;
+        };
+        if r.remove(at.at, shrink_above / REGIONS, |k| rehash(k) << REGION_BITS) {
+            self.len -= 1;
+        }
+    }
+
+    /// Every `(key, code)`.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.regions.iter().flat_map(Region::iter)
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,7 +666,7 @@ mod tests {
     /// rebuilds to grow, while churn still drops marks (the limit is met).
     #[test]
     fn only_removals_trigger_same_size_rebuilds() {
-        let mut t = BucketTable::default();
+        let mut t = Region::default();
         let mut limit_passed = 0;
         for key in 0..200_000u64 {
             assert_eq!(t.find_or_insert(h(key), key, || 1, h), None);
@@ -444,11 +680,11 @@ mod tests {
         // Churn at the load bound (one remove, one insert): removals make
         // marks stale, and rebuilds at the same size drop them.
         let mut next = 200_000u64;
-        while t.len() < t.capacity() {
+        while t.len < t.capacity() {
             t.find_or_insert(h(next), next, || 1, h);
             next += 1;
         }
-        let (full, buckets) = (t.len(), t.buckets.len());
+        let (full, buckets) = (t.len, t.buckets.len());
         let mut oldest = 0u64;
         for _ in 0..2_000_000 {
             if t.same_size_rebuilds > 0 {
@@ -462,7 +698,7 @@ mod tests {
             next += 1;
         }
         assert!(t.same_size_rebuilds > 0, "churn still rebuilds");
-        assert_eq!((t.len(), t.buckets.len()), (full, buckets));
+        assert_eq!((t.len, t.buckets.len()), (full, buckets));
         for key in oldest..next {
             assert!(t.get(h(key), key).is_some(), "{key}");
         }
@@ -543,5 +779,210 @@ mod tests {
         ranges_reach_every_key(&t, model.keys());
         assert!(model.len() < 40_000 / 8, "drained: {}", model.len());
         assert!(t.allocation_size() < peak / 4, "shrunk after the drain");
+    }
+}
+
+/// The growth scheme against a plain map: keys present or absent, codes,
+/// range scans and memory through many growth steps of every region,
+/// interleaved with removals (which shrink regions) and clears.
+#[cfg(test)]
+mod growth_tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Keys of `class` 0 spread over the whole hash space; class 1 keep only
+    /// the top 12 bits (a few homes per region: long overflow chains that
+    /// wrap past a region's last bucket); class 2 share one region.
+    fn hash_of(key: u64) -> u64 {
+        let full = super::super::shard::mix(key);
+        match key % 8 {
+            0 => full & 0xfff0_0000_0000_0000,
+            1 => (full >> REGION_BITS) | (0b1010 << (64 - REGION_BITS)),
+            _ => full,
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Keys `from..from + len`.
+        Insert { from: u64, len: u64 },
+        /// Every `step`th present key, from the `skip`th on.
+        Remove { skip: usize, step: usize },
+        /// Every key removed.
+        Clear,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (0u64..20_000, 1u64..3_000).prop_map(|(from, len)| Op::Insert { from, len }),
+            3 => (0usize..7, 1usize..4).prop_map(|(skip, step)| Op::Remove { skip, step }),
+            1 => Just(Op::Clear),
+        ]
+    }
+
+    fn check(t: &BucketTable, model: &HashMap<u64, u32>, probe: &[u64]) {
+        assert_eq!(t.len(), model.len());
+        assert_eq!(t.is_empty(), model.is_empty());
+        for (key, code) in model {
+            let at = t.find(hash_of(*key), *key);
+            assert_eq!(at.map(|at| t.code(at)), Some(*code), "key {key}");
+            assert_eq!(at.map(|at| t.key_at(at)), Some(*key));
+            // What a ring fingerprint's scan covers: a range of hashes
+            // sharing the key's top bits.
+            let hash = hash_of(*key);
+            let mask = u64::MAX >> 26;
+            assert!(
+                t.find_in_range(hash & !mask, hash | mask, |k, _| k == *key)
+                    .is_some(),
+                "key {key} out of its range scan"
+            );
+        }
+        for key in probe {
+            if !model.contains_key(key) {
+                assert_eq!(t.find(hash_of(*key), *key), None, "absent key {key}");
+            }
+        }
+        let mut all: Vec<(u64, u32)> = t.iter().collect();
+        all.sort_unstable();
+        let mut want: Vec<(u64, u32)> = model.iter().map(|(k, c)| (*k, *c)).collect();
+        want.sort_unstable();
+        assert_eq!(all, want);
+        // Memory: each region at least a quarter of its 7/8 bound full,
+        // else at its smallest (which never shrinks).
+        assert!(
+            t.allocation_size() <= model.len() * 64 * 32 / 35 + SMALLEST_BYTES * 4,
+            "{} bytes for {} keys",
+            t.allocation_size(),
+            model.len()
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn regions_match_a_map_through_growth_removals_and_clears(
+            ops in proptest::collection::vec(op(), 1..24),
+            seed in 0u32..4096,
+        ) {
+            let mut t = BucketTable::new(seed);
+            let mut model: HashMap<u64, u32> = HashMap::new();
+            let probe: Vec<u64> = (0..24_000).step_by(7).collect();
+            for (step, op) in ops.iter().enumerate() {
+                let code = step as u32 + 1;
+                match *op {
+                    Op::Insert { from, len } => {
+                        for key in from..from + len {
+                            let found = t.find_or_insert(hash_of(key), key, || code, hash_of);
+                            prop_assert_eq!(found.is_some(), model.contains_key(&key));
+                            if let Some(at) = found {
+                                t.set_code(at, code);
+                            }
+                            model.insert(key, code);
+                        }
+                    }
+                    Op::Remove { skip, step } => {
+                        let mut keys: Vec<u64> = model.keys().copied().collect();
+                        keys.sort_unstable();
+                        for key in keys.into_iter().skip(skip).step_by(step) {
+                            let at = t.find(hash_of(key), key);
+                            prop_assert!(at.is_some());
+                            if let Some(at) = at {
+                                t.remove(at, 64, hash_of);
+                            }
+                            model.remove(&key);
+                        }
+                    }
+                    Op::Clear => {
+                        for key in model.keys() {
+                            if let Some(at) = t.find(hash_of(*key), *key) {
+                                t.remove(at, 64, hash_of);
+                            }
+                        }
+                        model.clear();
+                    }
+                }
+                check(&t, &model, &probe);
+            }
+        }
+    }
+
+    /// The lattice: sizes rise, by about half once past the first few, and
+    /// regions at different phases take different sizes.
+    #[test]
+    fn lattice_sizes_grow_by_half_and_differ_by_phase() {
+        for phase in [0u16, 1, 12_345, 40_503, 65_535] {
+            let mut n = 0;
+            for _ in 0..60 {
+                let next = next_size(n, phase);
+                assert!(next > n, "phase {phase}: {n} -> {next}");
+                if n >= 64 {
+                    let ratio = next as f64 / n as f64;
+                    assert!((1.45..=1.55).contains(&ratio), "{n} -> {next}");
+                }
+                n = next;
+                if n > 1 << 40 {
+                    break;
+                }
+            }
+        }
+        let sizes: std::collections::BTreeSet<usize> = (0..16u16)
+            .map(|r| {
+                let mut n = next_size(0, r * 4096);
+                while n < 10_000 {
+                    n = next_size(n, r * 4096);
+                }
+                n
+            })
+            .collect();
+        assert_eq!(sizes.len(), 16, "{sizes:?}");
+    }
+
+    /// The point of the phases: 64 tables (a bank's shards) filled key by
+    /// key keep their bytes per key in a narrow band at every size, where
+    /// tables growing in step swing between 7/12 and 7/8 full.
+    #[test]
+    fn staggered_tables_keep_bytes_per_key_flat() {
+        let mut tables: Vec<BucketTable> = (0..64).map(BucketTable::new).collect();
+        // Every region of every table at one phase: all grow together.
+        let mut in_step: Vec<BucketTable> = (0..64)
+            .map(|_| BucketTable {
+                regions: std::array::from_fn(|_| Region::with_phase(0)),
+                len: 0,
+            })
+            .collect();
+        let (mut lo, mut hi) = (f64::MAX, 0f64);
+        let (mut step_lo, mut step_hi) = (f64::MAX, 0f64);
+        for key in 0..1_200_000u64 {
+            // Spread keys (class 2 of `hash_of`), sharded by their low bits
+            // as the index shards them.
+            let hash = hash_of(key * 8 + 2);
+            let shard = (hash & 63) as usize;
+            for set in [&mut tables, &mut in_step] {
+                if let Some(t) = set.get_mut(shard) {
+                    t.find_or_insert(hash, key * 8 + 2, || 1, hash_of);
+                }
+            }
+            if key >= 200_000 && key % 25_000 == 0 {
+                let per_key = |set: &[BucketTable]| {
+                    set.iter().map(BucketTable::allocation_size).sum::<usize>() as f64 / key as f64
+                };
+                let (b, s) = (per_key(&tables), per_key(&in_step));
+                (lo, hi) = (lo.min(b), hi.max(b));
+                (step_lo, step_hi) = (step_lo.min(s), step_hi.max(s));
+            }
+        }
+        println!("bytes per key: staggered {lo:.2}..{hi:.2}, in step {step_lo:.2}..{step_hi:.2}");
+        assert!(
+            lo > 16.0 && hi < 19.5,
+            "staggered: {lo:.2}..{hi:.2} bytes per key"
+        );
+        assert!(
+            step_hi - step_lo > 4.0,
+            "in step: {step_lo:.2}..{step_hi:.2}"
+        );
     }
 }

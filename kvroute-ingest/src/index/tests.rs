@@ -320,3 +320,82 @@ proptest! {
         }
     }
 }
+
+/// Readers score and look keys up while one writer takes another
+/// endpoint's inventory through every table region's growth steps (from
+/// one bucket to thousands), removes a third of it (regions shrink) and
+/// clears it, three times, with a bound the writer reaches (evictions) and
+/// without one: the endpoint nobody writes is always found whole, in both
+/// walks, and the growing one never shows more than it holds.
+#[test]
+fn readers_see_every_key_while_regions_grow_and_shrink() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use crate::view::{InventoryView, Overlap};
+
+    for capacity in [usize::MAX, 150_000] {
+        let index = Arc::new(SharedIndex::new(
+            2,
+            IndexConfig {
+                capacity_per_endpoint: capacity,
+                ..IndexConfig::default()
+            },
+        ));
+        let stable: Vec<BlockKey> = (0..600).map(|i| BlockKey(key(1, i))).collect();
+        index
+            .store_chain(EndpointId(1), Medium::Gpu, None, &stable)
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|r| {
+                let (index, stop, stable) = (index.clone(), stop.clone(), stable.clone());
+                std::thread::spawn(move || {
+                    let mut out = vec![Overlap::default(); 2];
+                    let mut rounds = 0u32;
+                    while !stop.load(Ordering::Relaxed) || rounds == 0 {
+                        if r == 0 {
+                            index.score(&stable, &mut out);
+                        } else {
+                            index.score_prefix(&stable, &mut out);
+                        }
+                        assert_eq!((out[1].blocks, out[1].prefix), (600, 600));
+                        assert!(out[0].blocks <= 600);
+                        let k = stable[rounds as usize % stable.len()];
+                        assert!(index.contains(EndpointId(1), k, Medium::Gpu));
+                        rounds += 1;
+                    }
+                    rounds
+                })
+            })
+            .collect();
+        let growing: Vec<BlockKey> = (0..200_000).map(|i| BlockKey(super::mix(i) | 1)).collect();
+        for _ in 0..3 {
+            for (i, event) in growing.chunks(16).enumerate() {
+                let parent = (i * 16).checked_sub(1).map(|p| growing[p]);
+                index
+                    .store_chain(EndpointId(0), Medium::Gpu, parent, event)
+                    .unwrap();
+            }
+            let held = index.inventory(EndpointId(0)).keys_by_medium[0];
+            assert_eq!(held, growing.len().min(capacity) as u64);
+            let third: Vec<BlockKey> = growing.iter().step_by(3).copied().collect();
+            index.remove(EndpointId(0), Medium::Gpu, &third).unwrap();
+            for k in third.iter().take(2000) {
+                assert!(!index.contains(EndpointId(0), *k, Medium::Gpu));
+            }
+            if capacity == usize::MAX {
+                for k in growing.iter().skip(1).step_by(3).take(2000) {
+                    assert!(index.contains(EndpointId(0), *k, Medium::Gpu));
+                }
+            }
+            index.clear_endpoint(EndpointId(0)).unwrap();
+            assert_eq!(index.inventory(EndpointId(0)).total(), 0);
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            assert!(r.join().unwrap() > 0);
+        }
+        assert_eq!(index.keys(EndpointId(1), Medium::Gpu).len(), 600);
+    }
+}
