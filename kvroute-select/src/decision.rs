@@ -8,7 +8,7 @@ use std::time::Duration;
 use kvroute_core::{BlockKey, EndpointId, TokenId};
 use kvroute_ingest::{InventoryView, Overlap};
 
-use crate::bounded::{chain, hash_bytes};
+use crate::bounded::{chain, hash_bytes, BoundedMap};
 use crate::counters::MissReason;
 use crate::health::Health;
 use crate::keys::{KeysError, PromptInput, Request};
@@ -313,10 +313,30 @@ impl Rule {
         d.reset(self.config.endpoints.len());
         self.counters.decision();
         self.prepare_keys(d, request, view);
-        if d.key_miss.is_none() && self.config.choice == Choice::KvExact {
-            self.speculate(d, now);
+        let kv = self.config.choice == Choice::KvExact;
+        // From reading the predicted entries to recording this decision's
+        // (and its charge in the drained queue), decisions of the rule take
+        // turns: two decisions that both read before either recorded would
+        // each miss the other, and a burst sharing a new prefix would split
+        // (a tenant's first requests at a gateway's start each went to a
+        // different engine and each missed). Only this short section is
+        // serialised; scoring against the index above runs in parallel.
+        let mut predicted = (kv && self.config.predicted.capacity > 0 && !d.keys.is_empty())
+            .then(|| self.predicted.lock());
+        if d.key_miss.is_none() && kv {
+            if let Some(map) = predicted.as_deref() {
+                self.speculate(d, now, map);
+            }
         }
-        self.run_ladder(d, request, load, health, now, true);
+        self.run_ladder(
+            d,
+            request,
+            load,
+            health,
+            now,
+            true,
+            predicted.as_deref_mut(),
+        );
     }
 
     /// The host could not connect to `failed` of the current target: exclude it
@@ -356,7 +376,7 @@ impl Rule {
                 if let Some(x) = d.excluded.get_mut(current.endpoint.index()) {
                     *x = true;
                 }
-                self.run_ladder(d, request, load, health, now, false);
+                self.run_ladder(d, request, load, health, now, false, None);
             }
             Leg::Decode => {
                 if let Some(x) = current
@@ -535,11 +555,10 @@ impl Rule {
     /// cover. Keys are chained (key `j` depends on every earlier block), so an
     /// entry for key `j` on endpoint `e` stands for the whole prefix `0..=j`.
     /// The walk stops at the first key no entry names.
-    fn speculate(&self, d: &mut Decision, now: Duration) {
+    fn speculate(&self, d: &mut Decision, now: Duration, map: &BoundedMap<u64>) {
         if self.config.predicted.capacity == 0 || d.keys.is_empty() {
             return;
         }
-        let map = self.predicted.lock();
         if map.len() == 0 {
             return;
         }
@@ -568,8 +587,15 @@ impl Rule {
         }
     }
 
-    /// Records that `endpoint` will hold the prompt's blocks soon.
-    fn predict(&self, d: &Decision, endpoint: EndpointId, now: Duration) {
+    /// Records that `endpoint` will hold the prompt's blocks soon, in `held`
+    /// (the map the decision already locked) or else in the rule's map.
+    fn predict(
+        &self,
+        d: &Decision,
+        endpoint: EndpointId,
+        now: Duration,
+        held: Option<&mut BoundedMap<u64>>,
+    ) {
         let cfg = &self.config.predicted;
         if cfg.capacity == 0 || d.keys.is_empty() {
             return;
@@ -577,7 +603,14 @@ impl Rule {
         let clears = d.clears.get(endpoint.index()).copied().unwrap_or(0) as u32;
         let entry = pack(endpoint.0, clears);
         let keys = &d.keys[..d.keys.len().min(cfg.max_keys_per_request)];
-        let mut map = self.predicted.lock();
+        let mut locked;
+        let map = match held {
+            Some(m) => m,
+            None => {
+                locked = self.predicted.lock();
+                &mut *locked
+            }
+        };
         for j in predicted_positions(keys.len(), cfg.stride.max(1)) {
             if let Some(k) = keys.get(j) {
                 map.insert(k.0, entry, now);
@@ -643,6 +676,7 @@ impl Rule {
             .map(EndpointId)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run_ladder<L: Load + ?Sized, H: Health + ?Sized>(
         &self,
         d: &mut Decision,
@@ -651,6 +685,7 @@ impl Rule {
         health: &H,
         now: Duration,
         first: bool,
+        predicted: Option<&mut BoundedMap<u64>>,
     ) {
         self.refresh_pool(d, load, health, now);
         let pd = self.config.topology == Topology::PrefillDecode;
@@ -689,7 +724,7 @@ impl Rule {
             drain.charge(endpoint.index(), tokens, now, cap);
         }
         if self.config.choice == Choice::KvExact {
-            self.predict(d, endpoint, now);
+            self.predict(d, endpoint, now, predicted);
         }
         if pd {
             if let Some(s) = request.session {

@@ -195,6 +195,10 @@ pub enum RuleError {
 
 /// A built rule: configuration plus the state decisions share (counters,
 /// round-robin turns, affinity maps). Decisions take `&self`; the rule is `Sync`.
+/// Concurrent decisions score against the inventory in parallel; from reading
+/// the predicted entries to recording their own (KV-exact) they take turns, so
+/// each sees every decision that finished before it, as when decided one
+/// after another.
 pub struct Rule {
     pub(crate) config: RuleConfig,
     pub(crate) keys: Option<Arc<dyn PromptKeys>>,

@@ -409,11 +409,18 @@ fn pick_cost(
             // terms of both, for diagnosing diversions.
             let (hl, bl) = (pool.load_of(li), pool.load_of(index));
             tracing::debug!(
-                longest = li, longest_prefix = lp, longest_cost = lc,
-                longest_queued = hl.queued_prefill_tokens, longest_in_flight = hl.in_flight,
-                chosen = index, chosen_prefix = prefix, chosen_cost = best_cost,
-                chosen_queued = bl.queued_prefill_tokens, chosen_in_flight = bl.in_flight,
-                prompt_tokens = s.prompt_tokens, "cost scorer diverted"
+                longest = li,
+                longest_prefix = lp,
+                longest_cost = lc,
+                longest_queued = hl.queued_prefill_tokens,
+                longest_in_flight = hl.in_flight,
+                chosen = index,
+                chosen_prefix = prefix,
+                chosen_cost = best_cost,
+                chosen_queued = bl.queued_prefill_tokens,
+                chosen_in_flight = bl.in_flight,
+                prompt_tokens = s.prompt_tokens,
+                "cost scorer diverted"
             );
         }
     }

@@ -677,3 +677,47 @@ fn an_inventory_clear_voids_earlier_predictions() {
     );
     assert_eq!(after.miss(), Some(MissReason::ZeroOverlap));
 }
+
+/// The same burst decided on several threads at once: each decision must
+/// see the predicted entries and queued prefill of the decisions that
+/// finished before it, so the burst co-locates as it does one decision after
+/// another (a decision that read the predicted entries before another
+/// recorded its own, then chose, split the burst: a tenant's first requests
+/// at a gateway's start each went to a different engine and each missed).
+#[test]
+fn a_burst_decided_on_several_threads_at_once_co_locates() {
+    let (r, c) = rule(4, |_| {});
+    let inv = KeySetInventory::new(4);
+    let tracker = LoadTracker::new(4);
+    let busy = Busy {
+        tracker: &tracker,
+        base: 8,
+    };
+    let threads = 4;
+    let mut split = 0;
+    for round in 0..300u64 {
+        let prefix = chain(10_000 + round, 40);
+        let barrier = std::sync::Barrier::new(threads);
+        let targets: Vec<EndpointId> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads as u64)
+                .map(|i| {
+                    let (r, c, inv, busy, barrier, prefix) =
+                        (&r, &c, &inv, &busy, &barrier, &prefix);
+                    s.spawn(move || {
+                        let mut keys = prefix.clone();
+                        keys.extend(chain(900_000 + round * 8 + i, 2));
+                        barrier.wait();
+                        let d = decide(r, req(&keys, c, 42 * BS), inv, busy, Duration::ZERO);
+                        d.target().unwrap().endpoint
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let used: std::collections::HashSet<_> = targets.iter().collect();
+        if used.len() > 1 {
+            split += 1;
+        }
+    }
+    assert_eq!(split, 0, "{split} of 300 simultaneous bursts split");
+}
