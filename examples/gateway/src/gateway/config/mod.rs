@@ -9,7 +9,7 @@ mod schema;
 mod validate;
 
 pub use schema::{
-    DecisionsConfig, EndpointDoc, FileConfig, HealthConfig, LimitsConfig, ModelConfig,
+    CostDoc, DecisionsConfig, EndpointDoc, FileConfig, HealthConfig, LimitsConfig, ModelConfig,
     ReplicasConfig, RuleDoc,
 };
 pub use validate::{check_rule_set, rule_from_json, EndpointSpec, RuleSpec, ServeConfig};

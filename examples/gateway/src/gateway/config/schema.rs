@@ -420,6 +420,10 @@ pub struct RuleDoc {
     /// strictly; larger values favour cache affinity over balance.
     #[serde(default)]
     pub load_slack: Option<f64>,
+    /// Parameters of the `cost` scorer (`[rules.cost]`); whatever is left out
+    /// keeps `kvroute_select::CostConfig`'s default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostDoc>,
     /// On `/v1/completions`, send the engine the token ids kvroute computed
     /// (`prompt` as a list of ints) instead of the text, so it does not
     /// tokenize the prompt again.
@@ -433,6 +437,50 @@ pub struct RuleDoc {
     pub lora: Vec<LoraDoc>,
     /// Endpoints.
     pub endpoints: Vec<EndpointDoc>,
+}
+
+/// `[rules.cost]`: the `cost` scorer's parameters (`kvroute_select::CostConfig`
+/// documents the formula and each one). The defaults hold across the
+/// simulator's workloads (`BENCHMARKS.md`); an operator who values cache
+/// reuse over time to first token raises `affinity_tokens` (a conversation
+/// then moves only when staying costs that many prefill tokens more).
+///
+/// ```toml
+/// [rules.cost]
+/// affinity_tokens = 256       # absolute affinity slack, prefill tokens (default 64)
+/// affinity_slack = 0.1        # relative affinity slack (default 0.1)
+/// decode_tokens_per_request = 16
+/// load_factor = 1.25          # bounded-load cap factor (inf: no cap)
+/// load_headroom = 2
+/// ```
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CostDoc {
+    /// Keep the longest-prefix endpoint while its cost is at most `(1 +
+    /// affinity_slack)` times the best plus `affinity_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_slack: Option<f64>,
+    /// The absolute part of that slack, in prefill tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_tokens: Option<f64>,
+    /// Prefill-token equivalent of one request in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_tokens_per_request: Option<f64>,
+    /// Weight of the request's own uncached prefill (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_weight: Option<f64>,
+    /// Bounded-load factor (at least 1; `inf`: no cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_factor: Option<f64>,
+    /// Requests an endpoint may hold above the cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_headroom: Option<u32>,
+    /// Costs closer than this many prefill tokens are ties.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tie_tokens: Option<f64>,
+    /// Drain the queued prefill at the measured rate (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_queue: Option<bool>,
 }
 
 /// One `[[rules.lora]]` entry: vLLM's `--lora-modules <model>=<path>`.
@@ -615,6 +663,21 @@ mod tests {
                 // Finite and exactly representable in TOML and JSON text.
                 proptest::option::of((0..4000u32).prop_map(|n| f64::from(n) / 8.0)),
                 any::<bool>(),
+                proptest::option::of(
+                    (
+                        proptest::option::of((0..4000u32).prop_map(|n| f64::from(n) / 8.0)),
+                        proptest::option::of(0..16u32),
+                        proptest::option::of(any::<bool>()),
+                    )
+                        .prop_map(
+                            |(affinity_tokens, load_headroom, drain_queue)| CostDoc {
+                                affinity_tokens,
+                                load_headroom,
+                                drain_queue,
+                                ..CostDoc::default()
+                            },
+                        ),
+                ),
             ),
             proptest::collection::vec(("[a-z-]{1,8}", "/[a-z/]{1,12}"), 0..3),
             proptest::collection::vec(endpoint(), 1..4),
@@ -623,7 +686,7 @@ mod tests {
                 |(
                     (name, models, default, contract),
                     (choice, topology, scorer, selector),
-                    (min_overlap_blocks, max_retries, load_slack, forward_token_ids),
+                    (min_overlap_blocks, max_retries, load_slack, forward_token_ids, cost),
                     lora,
                     endpoints,
                 )| RuleDoc {
@@ -638,6 +701,7 @@ mod tests {
                     min_overlap_blocks,
                     max_retries,
                     load_slack,
+                    cost,
                     forward_token_ids,
                     lora: lora
                         .into_iter()

@@ -8,11 +8,13 @@ use std::path::Path;
 use hyper::Uri;
 use kvroute_core::{HashContract, HashError, LoraAdapter, RequestExtras};
 use kvroute_engines::transport::EngineKind;
-use kvroute_select::{Choice, LoadAwareConfig, Role, Scorer, ScorerKind, SelectorKind, Topology};
+use kvroute_select::{
+    Choice, CostConfig, LoadAwareConfig, Role, Scorer, ScorerKind, SelectorKind, Topology,
+};
 
 use super::{
-    invalid, ConfigError, DecisionsConfig, EndpointDoc, FileConfig, HealthConfig, LimitsConfig,
-    ModelConfig, ReplicasConfig, RuleDoc,
+    invalid, ConfigError, CostDoc, DecisionsConfig, EndpointDoc, FileConfig, HealthConfig,
+    LimitsConfig, ModelConfig, ReplicasConfig, RuleDoc,
 };
 
 /// A validated endpoint.
@@ -342,8 +344,18 @@ impl RuleSpec {
             ScorerKind::LoadAware => {
                 Scorer::LoadAware(load_aware_config(doc.load_slack, &f("load_slack"))?)
             }
+            ScorerKind::Cost => Scorer::Cost(cost_config(doc.cost.as_ref(), &f("cost"))?),
             kind => Scorer::from(kind),
         };
+        if doc.cost.is_some() && !matches!(scorer, Scorer::Cost(_)) {
+            return Err(invalid(
+                f("cost"),
+                format!(
+                    "only applies to scorer = \"cost\" (this rule uses \"{}\")",
+                    doc.scorer
+                ),
+            ));
+        }
         if doc.load_slack.is_some() && !matches!(scorer, Scorer::LoadAware(_)) {
             return Err(invalid(
                 f("load_slack"),
@@ -506,6 +518,58 @@ fn load_aware_config(slack: Option<f64>, field: &str) -> Result<LoadAwareConfig,
             ));
         }
         cfg.epsilon = eps;
+    }
+    Ok(cfg)
+}
+
+/// Largest accepted token figure of `[rules.cost]` (a slack or per-request
+/// weight beyond it decides nothing a smaller one would not).
+const MAX_COST_TOKENS: f64 = 1e9;
+
+/// The cost scorer's parameters with the rule's `[rules.cost]` overrides.
+fn cost_config(doc: Option<&CostDoc>, at: &str) -> Result<CostConfig, ConfigError> {
+    let mut cfg = CostConfig::default();
+    let Some(doc) = doc else {
+        return Ok(cfg);
+    };
+    let number =
+        |name: &str, v: Option<f64>, lo: f64, hi: f64| -> Result<Option<f64>, ConfigError> {
+            match v {
+                Some(x) if !(x >= lo && x <= hi) => Err(invalid(
+                    format!("{at}.{name}"),
+                    format!("{x} is out of range; expected a number from {lo} to {hi}"),
+                )),
+                other => Ok(other),
+            }
+        };
+    if let Some(x) = number("affinity_slack", doc.affinity_slack, 0.0, 100.0)? {
+        cfg.affinity_slack = x;
+    }
+    if let Some(x) = number("affinity_tokens", doc.affinity_tokens, 0.0, MAX_COST_TOKENS)? {
+        cfg.affinity_tokens = x;
+    }
+    if let Some(x) = number(
+        "decode_tokens_per_request",
+        doc.decode_tokens_per_request,
+        0.0,
+        MAX_COST_TOKENS,
+    )? {
+        cfg.decode_tokens_per_request = x;
+    }
+    if let Some(x) = number("prefill_weight", doc.prefill_weight, 1.0, 100.0)? {
+        cfg.prefill_weight = x;
+    }
+    if let Some(x) = number("load_factor", doc.load_factor, 1.0, f64::INFINITY)? {
+        cfg.load_factor = x;
+    }
+    if let Some(x) = number("tie_tokens", doc.tie_tokens, 0.0, MAX_COST_TOKENS)? {
+        cfg.tie_tokens = x;
+    }
+    if let Some(h) = doc.load_headroom {
+        cfg.load_headroom = h;
+    }
+    if let Some(d) = doc.drain_queue {
+        cfg.drain_queue = d;
     }
     Ok(cfg)
 }
@@ -693,6 +757,82 @@ mod tests {
         }
         let two_defaults = "name = \"a\"\ndefault = true\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://a:1\"\n[[rules]]\nname = \"b\"\ndefault = true\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://b:1\"\n";
         assert!(rule_error(two_defaults).contains("already the default rule"));
+    }
+
+    #[test]
+    fn rules_cost_sets_the_cost_scorer_and_is_validated() {
+        let rule = |extra: &str| {
+            format!(
+                "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{extra}\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1\"\n"
+            )
+        };
+        let scorer =
+            |text: &str| ServeConfig::from_toml(text, Path::new(".")).map(|c| c.rules[0].scorer);
+        assert_eq!(
+            scorer(&rule("")).unwrap(),
+            Scorer::Cost(CostConfig::default())
+        );
+        assert_eq!(
+            scorer(&rule(
+                "[rules.cost]\naffinity_tokens = 256\naffinity_slack = 0.2\nload_factor = inf\nload_headroom = 4\ndrain_queue = false"
+            ))
+            .unwrap(),
+            Scorer::Cost(CostConfig {
+                affinity_tokens: 256.0,
+                affinity_slack: 0.2,
+                load_factor: f64::INFINITY,
+                load_headroom: 4,
+                drain_queue: false,
+                ..CostConfig::default()
+            })
+        );
+        for (extra, field, want) in [
+            (
+                "[rules.cost]\naffinity_tokens = -1",
+                "affinity_tokens",
+                "out of range",
+            ),
+            (
+                "[rules.cost]\naffinity_slack = nan",
+                "affinity_slack",
+                "out of range",
+            ),
+            (
+                "[rules.cost]\nprefill_weight = 0.5",
+                "prefill_weight",
+                "out of range",
+            ),
+            (
+                "[rules.cost]\nload_factor = 0.9",
+                "load_factor",
+                "out of range",
+            ),
+            (
+                "[rules.cost]\ndecode_tokens_per_request = inf",
+                "decode_tokens_per_request",
+                "out of range",
+            ),
+        ] {
+            let err = scorer(&rule(extra)).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("rules[0].cost.{field}: ")),
+                "{extra}: {err}"
+            );
+            assert!(err.contains(want), "{extra}: {err}");
+        }
+        let err = scorer(&rule(
+            "scorer = \"longest_prefix\"\n[rules.cost]\naffinity_tokens = 1",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("rules[0].cost: ") && err.contains("only applies to scorer = \"cost\""),
+            "{err}"
+        );
+        let err = scorer(&rule("[rules.cost]\naffinity = 1"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("affinity"), "{err}");
     }
 
     #[test]
