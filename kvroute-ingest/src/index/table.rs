@@ -179,39 +179,32 @@ struct Slot {
 /// `(u64 key, u32 code)` in one-line buckets, over the hashes of one
 /// [`REGIONS`]th of the hash space (given to it shifted left by
 /// [`REGION_BITS`], so its "hash" is the position within the region).
+///
+/// 32 bytes (counters in `u32`: a region of 2^32 entries would be a 64 GiB
+/// allocation), so a shard's regions of one tier fill 8 lines: a lookup
+/// reads the line of its region, and a bank's GPU-tier regions (64 shards)
+/// fit in 32 KiB.
 #[derive(Default)]
 struct Region {
-    buckets: Vec<Bucket>,
-    len: usize,
-    /// Where this region's sizes sit on the growth lattice (see
-    /// [`lattice_size`]), in 1/65536 of a step: regions of one shard and of
-    /// different shards grow at different entry counts, so their sum grows
-    /// smoothly instead of in synchronised 1.5x steps.
-    phase: u16,
+    buckets: Box<[Bucket]>,
+    len: u32,
     /// Buckets carrying [`OVERFLOW`].
-    overflowed: usize,
+    overflowed: u32,
     /// `overflowed` above which the table is rebuilt at its size: half the
     /// buckets, or a quarter more than a rebuild left (a table near its load
     /// bound may carry many marks that all lead somewhere), so each rebuild
     /// follows a quarter of the bucket count of new marks.
-    overflow_limit: usize,
+    overflow_limit: u32,
     /// Entries removed since the last rebuild: only a removal can leave a
     /// mark that leads nowhere, so without removals a rebuild at the same
     /// size would recreate every mark it drops.
-    removed: usize,
+    removed: u32,
     /// Rebuilds that kept the bucket count (what `removed` rations).
     #[cfg(test)]
     same_size_rebuilds: usize,
 }
 
 impl Region {
-    fn with_phase(phase: u16) -> Self {
-        Self {
-            phase,
-            ..Self::default()
-        }
-    }
-
     /// Entries the region holds before it grows.
     #[inline]
     fn capacity(&self) -> usize {
@@ -219,7 +212,7 @@ impl Region {
     }
 
     fn allocation_size(&self) -> usize {
-        self.buckets.capacity() * std::mem::size_of::<Bucket>()
+        self.buckets.len() * std::mem::size_of::<Bucket>()
     }
 
     /// The bucket of the hash's fraction of the table (its high bits: any
@@ -350,6 +343,7 @@ impl Region {
         key: u64,
         code: impl FnOnce() -> u32,
         rehash: impl Fn(u64) -> u64,
+        phase: u16,
     ) -> Option<Slot> {
         let n = self.buckets.len();
         let mut i = self.home(hash);
@@ -370,15 +364,17 @@ impl Region {
             i = self.next(i);
         }
         let code = code();
-        let grow = self.len + 1 > self.capacity();
-        if grow || (self.overflowed > self.overflow_limit && self.removed > self.buckets.len() / 4)
+        let grow = self.len as usize + 1 > self.capacity();
+        if grow
+            || (self.overflowed > self.overflow_limit
+                && self.removed as usize > self.buckets.len() / 4)
         {
             #[cfg(test)]
             if !grow {
                 self.same_size_rebuilds += 1;
             }
             let buckets = if grow {
-                next_size(self.buckets.len(), self.phase)
+                next_size(self.buckets.len(), phase)
             } else {
                 self.buckets.len()
             };
@@ -387,7 +383,7 @@ impl Region {
             i = self.home(hash);
         }
         self.place_from(room.unwrap_or(i), key, code);
-        self.len += 1;
+        self.len = self.len.saturating_add(1);
         None
     }
 
@@ -405,7 +401,7 @@ impl Region {
             }
             if !b.overflowed() {
                 b.header |= OVERFLOW;
-                self.overflowed += 1;
+                self.overflowed = self.overflowed.saturating_add(1);
             }
             i = self.next(i);
         }
@@ -413,30 +409,37 @@ impl Region {
 
     /// Removes the entry at `at` (false: nothing there); shrinks the region
     /// when three quarters of it are free (see `TierTable::unset` for why).
-    fn remove(&mut self, at: Slot, shrink_above: usize, rehash: impl Fn(u64) -> u64) -> bool {
+    fn remove(
+        &mut self,
+        at: Slot,
+        shrink_above: usize,
+        rehash: impl Fn(u64) -> u64,
+        phase: u16,
+    ) -> bool {
         let removed = match self.buckets.get_mut(at.bucket) {
             Some(b) if at.slot < b.len() => {
                 b.remove(at.slot);
-                self.len -= 1;
-                self.removed += 1;
+                self.len = self.len.saturating_sub(1);
+                self.removed = self.removed.saturating_add(1);
                 true
             }
             _ => false,
         };
         let capacity = self.capacity();
-        if capacity > shrink_above && self.len < capacity / 4 {
-            self.shrink_to(self.len * 2, &rehash);
+        let len = self.len as usize;
+        if capacity > shrink_above && len < capacity / 4 {
+            self.shrink_to(len * 2, phase, &rehash);
         }
         removed
     }
 
     /// Rebuilds with the fewest buckets holding `min_capacity` entries (and
     /// the present ones) under the load bound.
-    fn shrink_to(&mut self, min_capacity: usize, rehash: &impl Fn(u64) -> u64) {
-        let want = min_capacity.max(self.len);
-        let mut buckets = next_size(0, self.phase);
+    fn shrink_to(&mut self, min_capacity: usize, phase: u16, rehash: &impl Fn(u64) -> u64) {
+        let want = min_capacity.max(self.len as usize);
+        let mut buckets = next_size(0, phase);
         while buckets * MAX_LOAD_NUM / MAX_LOAD_DEN < want {
-            buckets = next_size(buckets, self.phase);
+            buckets = next_size(buckets, phase);
         }
         if buckets < self.buckets.len() {
             self.rebuild(buckets, rehash);
@@ -444,7 +447,10 @@ impl Region {
     }
 
     fn rebuild(&mut self, buckets: usize, rehash: &impl Fn(u64) -> u64) {
-        let old = std::mem::replace(&mut self.buckets, vec![Bucket::default(); buckets]);
+        let old = std::mem::replace(
+            &mut self.buckets,
+            vec![Bucket::default(); buckets].into_boxed_slice(),
+        );
         self.overflowed = 0;
         self.removed = 0;
         for b in &old {
@@ -454,7 +460,8 @@ impl Region {
                 self.place_from(self.home(rehash(key)), key, code);
             }
         }
-        self.overflow_limit = (buckets / 2).max(self.overflowed + buckets / 4);
+        let limit = (buckets / 2).max(self.overflowed as usize + buckets / 4);
+        self.overflow_limit = u32::try_from(limit).unwrap_or(u32::MAX);
     }
 
     /// Every `(key, code)`.
@@ -488,6 +495,9 @@ pub(crate) struct At {
 pub(crate) struct BucketTable {
     regions: [Region; REGIONS],
     len: usize,
+    /// Where each region's sizes sit on the growth lattice (see
+    /// [`lattice_size`]), in 1/65536 of a step.
+    phases: [u16; REGIONS],
 }
 
 impl Default for BucketTable {
@@ -506,11 +516,12 @@ impl BucketTable {
     /// regions sit on the growth lattice.
     pub(crate) fn new(seed: u32) -> Self {
         Self {
-            regions: std::array::from_fn(|r| {
-                let n = seed.wrapping_mul(REGIONS as u32).wrapping_add(r as u32);
-                Region::with_phase(n.wrapping_mul(PHASE_STRIDE) as u16)
-            }),
+            regions: std::array::from_fn(|_| Region::default()),
             len: 0,
+            phases: std::array::from_fn(|r| {
+                let n = seed.wrapping_mul(REGIONS as u32).wrapping_add(r as u32);
+                n.wrapping_mul(PHASE_STRIDE) as u16
+            }),
         }
     }
 
@@ -617,8 +628,9 @@ impl BucketTable {
         rehash: impl Fn(u64) -> u64,
     ) -> Option<At> {
         let (region, inner) = Self::split(hash);
+        let phase = self.phases.get(region).copied().unwrap_or(0);
         let r = self.regions.get_mut(region)?;
-        match r.find_or_insert(inner, key, code, |k| rehash(k) << REGION_BITS) {
+        match r.find_or_insert(inner, key, code, |k| rehash(k) << REGION_BITS, phase) {
             Some(at) => Some(At { region, at }),
             None => {
                 self.len += 1;
@@ -631,10 +643,16 @@ impl BucketTable {
     /// it are free and it may hold more than `shrink_above` / [`REGIONS`]
     /// entries (see `TierTable::unset` for why).
     pub(crate) fn remove(&mut self, at: At, shrink_above: usize, rehash: impl Fn(u64) -> u64) {
+        let phase = self.phases.get(at.region).copied().unwrap_or(0);
         let Some(r) = self.regions.get_mut(at.region) else {
             return;
         };
-        if r.remove(at.at, shrink_above / REGIONS, |k| rehash(k) << REGION_BITS) {
+        if r.remove(
+            at.at,
+            shrink_above / REGIONS,
+            |k| rehash(k) << REGION_BITS,
+            phase,
+        ) {
             self.len -= 1;
         }
     }
@@ -669,7 +687,7 @@ mod tests {
         let mut t = Region::default();
         let mut limit_passed = 0;
         for key in 0..200_000u64 {
-            assert_eq!(t.find_or_insert(h(key), key, || 1, h), None);
+            assert_eq!(t.find_or_insert(h(key), key, || 1, h, 0), None);
             limit_passed += usize::from(t.overflowed > t.overflow_limit);
         }
         assert!(limit_passed > 1000, "marks above the limit: {limit_passed}");
@@ -680,8 +698,8 @@ mod tests {
         // Churn at the load bound (one remove, one insert): removals make
         // marks stale, and rebuilds at the same size drop them.
         let mut next = 200_000u64;
-        while t.len < t.capacity() {
-            t.find_or_insert(h(next), next, || 1, h);
+        while (t.len as usize) < t.capacity() {
+            t.find_or_insert(h(next), next, || 1, h, 0);
             next += 1;
         }
         let (full, buckets) = (t.len, t.buckets.len());
@@ -691,10 +709,10 @@ mod tests {
                 break;
             }
             if let Some(at) = t.find(h(oldest), oldest) {
-                t.remove(at, 64, h);
+                t.remove(at, 64, h, 0);
             }
             oldest += 1;
-            t.find_or_insert(h(next), next, || 2, h);
+            t.find_or_insert(h(next), next, || 2, h, 0);
             next += 1;
         }
         assert!(t.same_size_rebuilds > 0, "churn still rebuilds");
@@ -950,8 +968,9 @@ mod growth_tests {
         // Every region of every table at one phase: all grow together.
         let mut in_step: Vec<BucketTable> = (0..64)
             .map(|_| BucketTable {
-                regions: std::array::from_fn(|_| Region::with_phase(0)),
+                regions: std::array::from_fn(|_| Region::default()),
                 len: 0,
+                phases: [0; REGIONS],
             })
             .collect();
         let (mut lo, mut hi) = (f64::MAX, 0f64);
