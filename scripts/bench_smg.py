@@ -225,6 +225,14 @@ def kvroute_toml(args, engines: list[Engine], listen: int, admin: int) -> str:
         # no `scorer` line unless asked: the default KV-exact policy is what is measured
         + (f'scorer = "{args.kvroute_scorer}"\n' if args.kvroute_scorer else "")
         + 'selector = "round_robin"\n\n'
+        # [rules.cost] overrides, e.g. "affinity_tokens=256,load_headroom=4"
+        + (
+            "[rules.cost]\n"
+            + "".join(f"{kv.split('=', 1)[0].strip()} = {kv.split('=', 1)[1].strip()}\n"
+                      for kv in args.kvroute_cost.split(",") if kv.strip())
+            + "\n"
+            if args.kvroute_cost else ""
+        )
     )
     for e in engines:
         s += (
@@ -664,6 +672,8 @@ def main() -> int:
     ap.add_argument("--decode-us-per-token", type=int, default=500)
     ap.add_argument("--run-timeout", type=float, default=600.0, help="seconds one measurement may take")
     ap.add_argument("--json", help="write all figures here")
+    ap.add_argument("--kvroute-cost", default="",
+                    help="[rules.cost] overrides for kvroute's rule, e.g. affinity_tokens=256")
     ap.add_argument(
         "--kvroute-scorer",
         help="KV-exact scorer for kvroute (cost, longest_prefix, overlap_count, load_aware); "
@@ -776,8 +786,8 @@ def main() -> int:
             }
             | {"engines": ENGINES, "conversations": len(convs), "client": "python asyncio+aiohttp"
                + ("+uvloop" if uvloop else ""), "smg_policy": "cache_aware",
-               "kvroute_policy": f"kv_exact scorer {args.kvroute_scorer}" if args.kvroute_scorer
-               else "kv_exact default scorer"},
+               "kvroute_policy": (f"kv_exact scorer {args.kvroute_scorer}" if args.kvroute_scorer
+               else "kv_exact default scorer") + (f" cost {args.kvroute_cost}" if args.kvroute_cost else "")},
             "cells": [
                 {
                     "concurrency": c,

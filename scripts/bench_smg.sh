@@ -21,6 +21,7 @@
 #   LOGS             log directory (default: a new temp dir, printed at start)
 #   KVROUTE_SCORER   a KV-exact scorer for kvroute's rule (default: none named = the default
 #                    policy); e.g. longest_prefix to see what pure affinity does
+#   KVROUTE_COST     [rules.cost] overrides for kvroute's rule, e.g. affinity_tokens=256
 #
 # Prints one markdown table per (concurrency, streaming). Exit 1 if any request failed.
 set -euo pipefail
@@ -32,7 +33,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --json) JSON_OUT=$2; shift 2 ;;
         --json=*) JSON_OUT=${1#--json=}; shift ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -99,6 +100,7 @@ ARGS=(
 [ "${TRACE:-0}" = 1 ] && ARGS+=(--trace)
 [ -n "${LOGS:-}" ] && ARGS+=(--logs "$LOGS")
 [ -n "${KVROUTE_SCORER:-}" ] && ARGS+=(--kvroute-scorer "$KVROUTE_SCORER")
+[ -n "${KVROUTE_COST:-}" ] && ARGS+=(--kvroute-cost "$KVROUTE_COST")
 
 # setsid: the helper leads its own process group, which cleanup() kills whole.
 setsid timeout "${BENCH_TIMEOUT:-5400}" "$VENV/bin/python" "$ROOT/scripts/bench_smg.py" "${ARGS[@]}" &
