@@ -759,23 +759,22 @@ mod tests {
         assert!(rule_error(two_defaults).contains("already the default rule"));
     }
 
+    /// The scorer of a one-rule file whose rule carries `extra` lines.
+    fn scorer_with(extra: &str) -> Result<Scorer, ConfigError> {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{extra}\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1\"\n"
+        );
+        ServeConfig::from_toml(&text, Path::new(".")).map(|c| c.rules[0].scorer)
+    }
+
     #[test]
     fn rules_cost_sets_the_cost_scorer_and_is_validated() {
-        let rule = |extra: &str| {
-            format!(
-                "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{extra}\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1\"\n"
-            )
-        };
-        let scorer =
-            |text: &str| ServeConfig::from_toml(text, Path::new(".")).map(|c| c.rules[0].scorer);
         assert_eq!(
-            scorer(&rule("")).unwrap(),
+            scorer_with("").unwrap(),
             Scorer::Cost(CostConfig::default())
         );
         assert_eq!(
-            scorer(&rule(
-                "[rules.cost]\naffinity_tokens = 256\naffinity_slack = 0.2\nload_factor = inf\nload_headroom = 4\ndrain_queue = false"
-            ))
+            scorer_with("[rules.cost]\naffinity_tokens = 256\naffinity_slack = 0.2\nload_factor = inf\nload_headroom = 4\ndrain_queue = false")
             .unwrap(),
             Scorer::Cost(CostConfig {
                 affinity_tokens: 256.0,
@@ -813,23 +812,21 @@ mod tests {
                 "out of range",
             ),
         ] {
-            let err = scorer(&rule(extra)).unwrap_err().to_string();
+            let err = scorer_with(extra).unwrap_err().to_string();
             assert!(
                 err.starts_with(&format!("rules[0].cost.{field}: ")),
                 "{extra}: {err}"
             );
             assert!(err.contains(want), "{extra}: {err}");
         }
-        let err = scorer(&rule(
-            "scorer = \"longest_prefix\"\n[rules.cost]\naffinity_tokens = 1",
-        ))
-        .unwrap_err()
-        .to_string();
+        let err = scorer_with("scorer = \"longest_prefix\"\n[rules.cost]\naffinity_tokens = 1")
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with("rules[0].cost: ") && err.contains("only applies to scorer = \"cost\""),
             "{err}"
         );
-        let err = scorer(&rule("[rules.cost]\naffinity = 1"))
+        let err = scorer_with("[rules.cost]\naffinity = 1")
             .unwrap_err()
             .to_string();
         assert!(err.contains("affinity"), "{err}");
@@ -837,26 +834,19 @@ mod tests {
 
     #[test]
     fn load_slack_sets_the_load_aware_epsilon_and_is_validated() {
-        let rule = |extra: &str| {
-            format!(
-                "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{extra}\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1\"\n"
-            )
-        };
-        let scorer =
-            |text: &str| ServeConfig::from_toml(text, Path::new(".")).map(|c| c.rules[0].scorer);
         assert_eq!(
-            scorer(&rule("scorer = \"load_aware\"\nload_slack = 0.5")).unwrap(),
+            scorer_with("scorer = \"load_aware\"\nload_slack = 0.5").unwrap(),
             Scorer::LoadAware(LoadAwareConfig {
                 epsilon: 0.5,
                 ..LoadAwareConfig::default()
             })
         );
         assert_eq!(
-            scorer(&rule("scorer = \"load_aware\"")).unwrap(),
+            scorer_with("scorer = \"load_aware\"").unwrap(),
             Scorer::LoadAware(LoadAwareConfig::default())
         );
         assert_eq!(
-            scorer(&rule("scorer = \"load_aware\"\nload_slack = 0")).unwrap(),
+            scorer_with("scorer = \"load_aware\"\nload_slack = 0").unwrap(),
             Scorer::LoadAware(LoadAwareConfig {
                 epsilon: 0.0,
                 ..LoadAwareConfig::default()
@@ -875,7 +865,7 @@ mod tests {
                 "only applies to scorer = \"load_aware\"",
             ),
         ] {
-            let err = scorer(&rule(extra)).unwrap_err().to_string();
+            let err = scorer_with(extra).unwrap_err().to_string();
             assert!(err.starts_with("rules[0].load_slack: "), "{extra}: {err}");
             assert!(err.contains(want), "{extra}: {err}");
         }
