@@ -53,7 +53,7 @@ pub const DEFAULT_CAPACITY: usize = 1 << 20;
 /// Upper bound of heap bytes per block of capacity used by
 /// [`SharedIndex::memory_budget`]: a 12-byte table entry in its 64-byte
 /// bucket of five at the lowest load a table region keeps before it
-/// shrinks (a quarter of 7/8: ≈ 59 bytes per live key, as hashbrown's
+/// shrinks (a quarter of 85 %: ≈ 60 bytes per live key, as hashbrown's
 /// 13-byte slots at the same bound), a duplicate-count entry, and the
 /// insertion ring with its compaction slack.
 pub const BUDGET_BYTES_PER_KEY: usize = 96;
@@ -282,12 +282,12 @@ impl EndpointKeys {
 /// vector), five to a 64-byte bucket, so a key held by one endpoint costs
 /// 12.8 bytes divided by the load factor of its table's region. A shard's
 /// table (per tier) is 16 regions by hash, each growing by half on its own
-/// when it reaches 7/8, so one region's load swings between 7/12 and 7/8;
+/// when it reaches 85 %, so one region's load swings between 57 and 85 %;
 /// but the regions' sizes are offset from one another's and from other
 /// shards' (a growth lattice with a phase per region), so at any inventory
 /// size the loads are spread over the swing and the index stays near its
-/// mean: ~18.6 bytes per unshared key, ~22.7 per (endpoint, key) pair with
-/// the insertion ring of a bounded tier, at every inventory size (64
+/// mean: ~19.1 bytes per unshared key, 23.1–23.5 per (endpoint, key) pair
+/// with the insertion ring of a bounded tier, at every inventory size (64
 /// endpoints, 1 M to 6.4 M pairs; when every table grew at the same size
 /// the figure followed the swing, 19.8 to 26.3 with rings). Shared keys
 /// cost one entry for all their holders. [`SharedIndex::memory_bytes`]
