@@ -46,7 +46,10 @@ fn main() {
         }
         let (mut keys, _) = split(&prompt);
         // BENCH_KEYS=n: the prompt's first n keys only.
-        if let Some(n) = std::env::var("BENCH_KEYS").ok().and_then(|n| n.parse().ok()) {
+        if let Some(n) = std::env::var("BENCH_KEYS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+        {
             keys.truncate(n);
         }
         for full in [false, true] {
