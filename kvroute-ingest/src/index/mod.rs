@@ -280,18 +280,21 @@ impl EndpointKeys {
 /// A table entry is 12 bytes (key + a 32-bit holder code listing up to four
 /// holders inline; keys held by more endpoints spill a 64-bit mask to a side
 /// vector), five to a 64-byte bucket, so a key held by one endpoint costs
-/// 12.8 bytes divided by the load factor of its table's region. A shard's
-/// table (per tier) is 16 regions by hash, each growing by half on its own
-/// when it reaches 85 %, so one region's load swings between 57 and 85 %;
-/// but the regions' sizes are offset from one another's and from other
-/// shards' (a growth lattice with a phase per region), so at any inventory
-/// size the loads are spread over the swing and the index stays near its
-/// mean: ~19.1 bytes per unshared key, 23.1–23.5 per (endpoint, key) pair
-/// with the insertion ring of a bounded tier, at every inventory size (64
-/// endpoints, 1 M to 6.4 M pairs; when every table grew at the same size
-/// the figure followed the swing, 19.8 to 26.3 with rings). Shared keys
-/// cost one entry for all their holders. [`SharedIndex::memory_bytes`]
-/// reports the figure for a metrics gauge.
+/// 12.8 bytes divided by the load factor of its table. A table grows by
+/// half when it reaches 85 % full, so one table's load swings between 57
+/// and 85 %; but the sizes a shard's tables take are offset from other
+/// shards' (a growth lattice with a phase per shard), so at any inventory
+/// size the 64 shards' loads are spread over the swing and the index stays
+/// near its mean: ~19 bytes per unshared key, 23.0–23.4 per (endpoint,
+/// key) pair with the insertion ring of a bounded tier, at every inventory
+/// size (64 endpoints, 1 M to 6.4 M pairs; when every table grew at the
+/// same size the figure followed the swing, 19.8 to 26.3 with rings). With
+/// fewer shards ([`IndexConfig::shards`]) fewer phases average out: one
+/// shard follows the swing. Shared keys cost one entry for all their
+/// holders. [`SharedIndex::memory_bytes`] reports the figure for a metrics
+/// gauge; a process's resident memory also holds what its allocator keeps
+/// of freed tables (glibc after loading 64 × 100 K blocks: ~0.8 byte per
+/// pair more).
 ///
 /// # Concurrency
 ///

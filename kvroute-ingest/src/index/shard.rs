@@ -114,8 +114,9 @@ pub(crate) fn entry_hash(key: u64) -> u64 {
     mix(key)
 }
 
-/// Tables at most this large are never shrunk (their allocation is small).
-const SHRINK_ABOVE: usize = 64;
+/// Duplicate-count maps at most this large are never shrunk (as tables,
+/// see `table::KEEP_CAPACITY`).
+const SHRINK_ABOVE: usize = super::table::KEEP_CAPACITY;
 
 /// One tier's table: key → holder code, plus the masks of widely held keys.
 #[derive(Default)]
@@ -266,7 +267,7 @@ impl TierTable {
             // shard hash) would grow every shard to the endpoint's capacity.
             // Halving when three quarters are free keeps the index within its
             // budget; the hysteresis keeps the rehash cost amortised O(1).
-            self.entries.remove(at, SHRINK_ABOVE, entry_hash);
+            self.entries.remove(at, entry_hash);
             if code & SPILLED != 0 {
                 self.release(code & !SPILLED);
             }

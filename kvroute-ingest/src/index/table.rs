@@ -28,23 +28,27 @@
 //! 100 K blocks spent as many entry moves on such futile rebuilds as on
 //! growth).
 //!
-//! # Regions and growth
+//! # Growth
 //!
-//! A table is [`REGIONS`] independent regions, chosen by the top
-//! [`REGION_BITS`] bits of the hash (the home within a region takes the
-//! bits after them, so hash order is kept within a region and from one
-//! region to the next). A region grows alone, by rebuilding itself at the
-//! next size of its *growth lattice*: `1.5^(k + phase)` buckets, `phase`
-//! differing from region to region and from shard to shard
-//! ([`BucketTable::new`]). A region's load therefore swings between 57
-//! and 85 %, but at any inventory size the regions are spread over that
-//! swing, so the bytes per key of an index (64 shards × 16 regions per
-//! tier) stay at the swing's mean, ~19 per unshared key, at every size. With one table per shard growing at the same moment as
-//! every other shard's, the figure followed the swing: 64 engines × 30 to
+//! A table grows by rebuilding itself at the next size of its *growth
+//! lattice*: `1.5^(k + phase)` buckets, `phase` differing from shard to
+//! shard ([`BucketTable::new`]). A table's load therefore swings between
+//! 57 and 85 %, but at any inventory size the 64 shards' tables are spread
+//! over that swing, so the bytes per key of an index stay at the swing's
+//! mean, ~19 per unshared key, at every size. When every shard's table grew
+//! at the same moment, the figure followed the swing: 64 engines × 30 to
 //! 195 conversations of 512 blocks cost 15.6 to 22.2 bytes per pair
 //! unbounded, 19.8 to 26.3 with insertion rings (`bench-dynamo`, `memory`).
-//! A rebuild also moves one region, a sixteenth of the shard, so a
-//! shard's write lock is held a sixteenth as long.
+//!
+//! A table can also be split into [`REGIONS`] regions by the top
+//! [`REGION_BITS`] bits of the hash (the home within a region takes the
+//! bits after them, so hash order is kept), each growing on its own with
+//! its own phase: a rebuild then moves a region, not the table, and holds
+//! the shard's write lock that much shorter. It is one region: with 16, the
+//! many mid-sized buffers freed as regions grew stayed in glibc's heap (a
+//! process that loaded 64 × 100 K blocks resided 29 bytes per pair for 23
+//! in `memory_bytes`; one region: 23.8 for 23.0), and loading was no
+//! faster.
 
 /// Entries per bucket: 5 × 12 bytes plus the bucket's 4-byte header fill a line.
 const SLOTS: usize = 5;
@@ -61,12 +65,19 @@ const LEN_MASK: u32 = 0xff;
 /// `memory`).
 const MAX_LOAD_NUM: usize = 17;
 const MAX_LOAD_DEN: usize = 4;
-/// Heap bytes of a table whose regions are all at their smallest (one
-/// bucket each), which no removal shrinks further.
-pub(crate) const SMALLEST_BYTES: usize = REGIONS * std::mem::size_of::<Bucket>();
+/// Capacity (entries) up to which a table is never shrunk (its allocation
+/// is small), shared out among its regions.
+pub(crate) const KEEP_CAPACITY: usize = 64;
+/// Most heap bytes a table may hold whatever its entries: each region at
+/// the largest size never shrunk (capacity up to its share of
+/// [`KEEP_CAPACITY`]).
+pub(crate) const SMALLEST_BYTES: usize = REGIONS
+    * ((KEEP_CAPACITY / REGIONS) * MAX_LOAD_DEN / MAX_LOAD_NUM + 2)
+    * std::mem::size_of::<Bucket>();
 
-/// Bits of a hash (its top ones) choosing its region of a table.
-const REGION_BITS: u32 = 4;
+/// Bits of a hash (its top ones) choosing its region of a table: none, one
+/// region (see the module's "Growth" for what 4 measured).
+const REGION_BITS: u32 = 0;
 /// Regions per table.
 const REGIONS: usize = 1 << REGION_BITS;
 /// Growth factor of a region: half again (a region is 57–85 % full,
@@ -186,9 +197,9 @@ struct Slot {
 /// [`REGION_BITS`], so its "hash" is the position within the region).
 ///
 /// 32 bytes (counters in `u32`: a region of 2^32 entries would be a 64 GiB
-/// allocation), so a shard's regions of one tier fill 8 lines: a lookup
-/// reads the line of its region, and a bank's GPU-tier regions (64 shards)
-/// fit in 32 KiB.
+/// allocation), so the state a lookup reads stays small: with 16 regions a
+/// tier's filled 8 lines and a bank's GPU tier 32 KiB, where 64-byte
+/// regions had made full walks ~20 % slower (`bench-dynamo`, `score`).
 #[derive(Default)]
 struct Region {
     buckets: Box<[Bucket]>,
@@ -486,17 +497,16 @@ pub(crate) struct At {
 
 /// The table of one (shard, tier): [`REGIONS`] independent [`Region`]s,
 /// chosen by the top [`REGION_BITS`] bits of a key's hash, each growing on
-/// its own.
+/// its own (see the module's "Growth").
 ///
 /// A region grows by rebuilding itself at the next size of its growth
-/// lattice (1.5x apart), so a region's load swings between 57 and 85 %;
-/// the regions' lattices are offset from one another (`phase`), so at any
-/// inventory size their loads are spread over that range and the bytes
-/// per key of the whole index stay near their mean instead of following
-/// one synchronised swing (when every shard's single table grew at once,
-/// 64 x 100 K blocks cost 19.8 to 26.3 bytes per pair depending on the
-/// inventory size). A rebuild also moves a sixteenth of the shard's
-/// entries at a time, so the shard's write lock is held a sixteenth as long.
+/// lattice (1.5x apart), so its load swings between 57 and 85 %; the
+/// lattices of different shards' tables (and regions) are offset from one
+/// another (`phase`), so at any inventory size their loads are spread over
+/// that range and the bytes per key of the whole index stay near their
+/// mean instead of following one synchronised swing (when every shard's
+/// table grew at once, 64 x 100 K blocks cost 19.8 to 26.3 bytes per pair
+/// depending on the inventory size).
 pub(crate) struct BucketTable {
     regions: [Region; REGIONS],
     len: usize,
@@ -533,7 +543,9 @@ impl BucketTable {
     /// The region of `hash` and the hash's position within it.
     #[inline]
     fn split(hash: u64) -> (usize, u64) {
-        ((hash >> (64 - REGION_BITS)) as usize, hash << REGION_BITS)
+        // `checked_shr`: a shift by 64 (one region) is no shift at all.
+        let region = hash.checked_shr(64 - REGION_BITS).unwrap_or(0);
+        (region as usize, hash << REGION_BITS)
     }
 
     #[cfg(test)]
@@ -577,7 +589,8 @@ impl BucketTable {
     ) -> Option<At> {
         let (first, lo_inner) = Self::split(lo);
         let (last, hi_inner) = Self::split(hi);
-        for region in first..=last.min(REGIONS - 1) {
+        let regions = self.regions.iter().enumerate();
+        for (region, r) in regions.take(last + 1).skip(first) {
             let lo = if region == first { lo_inner } else { 0 };
             // The low bits a shift dropped: every position up to the end.
             let hi = if region == last {
@@ -585,11 +598,7 @@ impl BucketTable {
             } else {
                 u64::MAX
             };
-            let found = self
-                .regions
-                .get(region)
-                .and_then(|r| r.find_in_range(lo, hi, &mut visit));
-            if let Some(at) = found {
+            if let Some(at) = r.find_in_range(lo, hi, &mut visit) {
                 return Some(At { region, at });
             }
         }
@@ -645,16 +654,16 @@ impl BucketTable {
     }
 
     /// Removes the entry at `at`; its region shrinks when three quarters of
-    /// it are free and it may hold more than `shrink_above` / [`REGIONS`]
-    /// entries (see `TierTable::unset` for why).
-    pub(crate) fn remove(&mut self, at: At, shrink_above: usize, rehash: impl Fn(u64) -> u64) {
+    /// it are free and it may hold more than its share of
+    /// [`KEEP_CAPACITY`] (see `TierTable::unset` for why).
+    pub(crate) fn remove(&mut self, at: At, rehash: impl Fn(u64) -> u64) {
         let phase = self.phases.get(at.region).copied().unwrap_or(0);
         let Some(r) = self.regions.get_mut(at.region) else {
             return;
         };
         if r.remove(
             at.at,
-            shrink_above / REGIONS,
+            KEEP_CAPACITY / REGIONS,
             |k| rehash(k) << REGION_BITS,
             phase,
         ) {
@@ -771,7 +780,7 @@ mod tests {
                     let again = t.find_or_insert(hash, key, || unreachable!("present"), h);
                     assert_eq!(again, Some(at), "a present key is found, not inserted");
                     if remove {
-                        t.remove(at, 64, h);
+                        t.remove(at, h);
                         model.remove(&key);
                     } else {
                         t.set_code(at, step as u32);
@@ -801,7 +810,7 @@ mod tests {
         assert_eq!(got, want);
         ranges_reach_every_key(&t, model.keys());
         assert!(model.len() < 40_000 / 8, "drained: {}", model.len());
-        assert!(t.allocation_size() < peak / 4, "shrunk after the drain");
+        assert!(t.allocation_size() < peak / 3, "shrunk after the drain");
     }
 }
 
@@ -823,7 +832,7 @@ mod growth_tests {
         let full = super::super::shard::mix(key);
         match key % 8 {
             0 => full & 0xfff0_0000_0000_0000,
-            1 => (full >> REGION_BITS) | (0b1010 << (64 - REGION_BITS)),
+            1 => (full >> REGION_BITS) | 0b1010u64.checked_shl(64 - REGION_BITS).unwrap_or(0),
             _ => full,
         }
     }
@@ -877,7 +886,7 @@ mod growth_tests {
         // at its smallest (which never shrinks).
         assert!(
             t.allocation_size()
-                <= model.len() * 64 * 4 * MAX_LOAD_DEN / MAX_LOAD_NUM + SMALLEST_BYTES * 4,
+                <= model.len() * 64 * 4 * MAX_LOAD_DEN / MAX_LOAD_NUM + SMALLEST_BYTES,
             "{} bytes for {} keys",
             t.allocation_size(),
             model.len()
@@ -915,7 +924,7 @@ mod growth_tests {
                             let at = t.find(hash_of(key), key);
                             prop_assert!(at.is_some());
                             if let Some(at) = at {
-                                t.remove(at, 64, hash_of);
+                                t.remove(at, hash_of);
                             }
                             model.remove(&key);
                         }
@@ -923,7 +932,7 @@ mod growth_tests {
                     Op::Clear => {
                         for key in model.keys() {
                             if let Some(at) = t.find(hash_of(*key), *key) {
-                                t.remove(at, 64, hash_of);
+                                t.remove(at, hash_of);
                             }
                         }
                         model.clear();
