@@ -56,8 +56,10 @@ fn the_default_rule_is_the_cost_scorer_with_least_load_fallback() {
 
 /// The switch point follows the documented formula exactly: EP0 holds a
 /// 20-block prefix of a 400-token prompt (saves 320 tokens); with prefill
-/// weight 2 and λ = 16 it keeps the request while
-/// `queued_0 + 2·80 + 16·r_0 ≤ 2·400`.
+/// weight 2 it keeps the request while its predicted time to first token
+/// `queued_0 + 2·80 ≤ 2·400`, EP1's. Requests in flight on EP0 raise its cost
+/// (λ = 16 each) but never move the prompt off its cached prefix: the
+/// affinity test weighs times to first token only.
 #[test]
 fn cached_prefix_is_weighed_against_queued_prefill_as_the_formula_says() {
     let cfg = CostConfig {
@@ -65,6 +67,7 @@ fn cached_prefix_is_weighed_against_queued_prefill_as_the_formula_says() {
         affinity_tokens: 0.0,
         load_factor: f64::INFINITY,
         prefill_weight: 2.0,
+        decode_tokens_per_request: 16.0,
         ..CostConfig::default()
     };
     let (r, c) = rule(2, |x| {
@@ -86,12 +89,48 @@ fn cached_prefix_is_weighed_against_queued_prefill_as_the_formula_says() {
         let d = decide(&r, req(&keys, &c, 400), &inv, &load, Duration::ZERO);
         d.target().unwrap().endpoint.0
     };
-    // cost0 = q + 160 + 16·r, cost1 = 800.
+    // ttft0 = q + 160, ttft1 = 800; cost0 = ttft0 + 16·r, cost1 = 800.
     assert_eq!(decide(0, 0), 0);
     assert_eq!(decide(639, 0), 0);
     assert_eq!(decide(641, 0), 1);
-    assert_eq!(decide(620, 1), 0); // 620 + 160 + 16 = 796 < 800
-    assert_eq!(decide(630, 1), 1); // 806 > 800
+    assert_eq!(decide(620, 1), 0); // cost 796 < 800
+    assert_eq!(decide(630, 1), 0); // cost 806 > 800, but ttft 790 ≤ 800: affinity
+    assert_eq!(decide(630, 40), 0); // cost 1430: still affinity
+    assert_eq!(decide(641, 1), 1); // ttft 801 > 800
+}
+
+/// Where a prefix saves the same everywhere (a fresh conversation over a
+/// system prompt every endpoint holds), the in-flight term ranks endpoints:
+/// an endpoint carrying more requests loses to one with a little more queued
+/// prefill, which a time-to-first-token rule alone would not do.
+#[test]
+fn requests_in_flight_rank_endpoints_for_new_work() {
+    let (r, c) = rule(2, |x| x.predicted.capacity = 0);
+    let keys = chain(3, 25);
+    let mut inv = KeySetInventory::new(2);
+    inv.store(0, keys[..10].iter().copied());
+    inv.store(1, keys[..10].iter().copied());
+    let lambda = CostConfig::default().decode_tokens_per_request;
+    assert!(lambda >= 64.0, "default in-flight weight {lambda}");
+    let mut load = LoadTable::new(2);
+    load.set(
+        EndpointId(0),
+        EndpointLoad {
+            in_flight: 3,
+            queued_prefill_tokens: 0,
+        },
+    );
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let queued1 = (2.0 * lambda) as u64; // less than 3 requests' worth
+    load.set(
+        EndpointId(1),
+        EndpointLoad {
+            in_flight: 0,
+            queued_prefill_tokens: queued1,
+        },
+    );
+    let d = decide(&r, req(&keys, &c, 400), &inv, &load, Duration::ZERO);
+    assert_eq!(d.target().unwrap().endpoint, EndpointId(1));
 }
 
 /// Only the longest prefix saves work: blocks found after the first miss
@@ -385,21 +424,33 @@ fn model_pick(
     } else {
         admitted
     };
-    let cost = |i: usize| {
+    let ttft = |i: usize| {
         let cached = (f64::from(prefixes[i]) * f64::from(BS)).min(f64::from(prompt_tokens));
         loads[i].queued_prefill_tokens as f64
             + cfg.prefill_weight * (f64::from(prompt_tokens) - cached)
-            + cfg.decode_tokens_per_request * f64::from(loads[i].in_flight)
     };
+    let cost =
+        |i: usize| ttft(i) + cfg.decode_tokens_per_request * f64::from(loads[i].in_flight);
     let best = cands.iter().map(|&i| cost(i)).fold(f64::INFINITY, f64::min);
+    // The winner's time to first token: among equal least costs the scorer
+    // breaks ties by load and turn, so take every least-cost endpoint's.
+    let best_ttfts: Vec<f64> = cands
+        .iter()
+        .filter(|&&i| (cost(i) - best).abs() < 1e-9)
+        .map(|&i| ttft(i))
+        .collect();
     let longest = cands.iter().map(|&i| prefixes[i]).max().unwrap_or(0);
-    let best_of_longest = cands
+    let (best_of_longest, longest_ttft) = cands
         .iter()
         .filter(|&&i| prefixes[i] == longest)
-        .map(|&i| cost(i))
-        .fold(f64::INFINITY, f64::min);
-    if best_of_longest <= best * (1.0 + cfg.affinity_slack) + cfg.affinity_tokens {
+        .map(|&i| (cost(i), ttft(i)))
+        .fold((f64::INFINITY, f64::INFINITY), |a, b| if b.0 < a.0 { b } else { a });
+    let keeps = |t: f64| longest_ttft <= t * (1.0 + cfg.affinity_slack) + cfg.affinity_tokens;
+    if best_ttfts.iter().all(|&t| keeps(t)) {
         (Some(longest), best_of_longest)
+    } else if best_ttfts.iter().any(|&t| keeps(t)) {
+        // Depends on which least-cost endpoint the tie-break picks.
+        (None, f64::NAN)
     } else {
         (None, best)
     }
@@ -457,7 +508,9 @@ proptest! {
                     + cfg.prefill_weight * (f64::from(prompt_tokens) - cached)
                     + cfg.decode_tokens_per_request * f64::from(loads[t].in_flight)
             };
-            prop_assert!((chosen - cost).abs() < 1e-9, "chosen {} model {}", chosen, cost);
+            if !cost.is_nan() {
+                prop_assert!((chosen - cost).abs() < 1e-9, "chosen {} model {}", chosen, cost);
+            }
         }
     }
 

@@ -449,21 +449,23 @@ pub struct RuleDoc {
 /// [rules.cost]
 /// affinity_tokens = 256       # absolute affinity slack, prefill tokens (default 64)
 /// affinity_slack = 0.1        # relative affinity slack (default 0.1)
-/// decode_tokens_per_request = 16
+/// decode_tokens_per_request = 128   # ranks endpoints by requests in flight (default 128)
 /// load_factor = 1.25          # bounded-load cap factor (inf: no cap)
 /// load_headroom = 2
 /// ```
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CostDoc {
-    /// Keep the longest-prefix endpoint while its cost is at most `(1 +
-    /// affinity_slack)` times the best plus `affinity_tokens`.
+    /// Keep the longest-prefix endpoint while its predicted time to first
+    /// token is at most `(1 + affinity_slack)` times the winner's plus
+    /// `affinity_tokens`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity_slack: Option<f64>,
     /// The absolute part of that slack, in prefill tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity_tokens: Option<f64>,
-    /// Prefill-token equivalent of one request in flight.
+    /// Prefill-token equivalent of one request in flight (ranks endpoints;
+    /// not part of the affinity test).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode_tokens_per_request: Option<f64>,
     /// Weight of the request's own uncached prefill (at least 1).
