@@ -429,8 +429,7 @@ fn model_pick(
         loads[i].queued_prefill_tokens as f64
             + cfg.prefill_weight * (f64::from(prompt_tokens) - cached)
     };
-    let cost =
-        |i: usize| ttft(i) + cfg.decode_tokens_per_request * f64::from(loads[i].in_flight);
+    let cost = |i: usize| ttft(i) + cfg.decode_tokens_per_request * f64::from(loads[i].in_flight);
     let best = cands.iter().map(|&i| cost(i)).fold(f64::INFINITY, f64::min);
     // The winner's time to first token: among equal least costs the scorer
     // breaks ties by load and turn, so take every least-cost endpoint's.
@@ -444,7 +443,13 @@ fn model_pick(
         .iter()
         .filter(|&&i| prefixes[i] == longest)
         .map(|&i| (cost(i), ttft(i)))
-        .fold((f64::INFINITY, f64::INFINITY), |a, b| if b.0 < a.0 { b } else { a });
+        .fold((f64::INFINITY, f64::INFINITY), |a, b| {
+            if b.0 < a.0 {
+                b
+            } else {
+                a
+            }
+        });
     let keeps = |t: f64| longest_ttft <= t * (1.0 + cfg.affinity_slack) + cfg.affinity_tokens;
     if best_ttfts.iter().all(|&t| keeps(t)) {
         (Some(longest), best_of_longest)
