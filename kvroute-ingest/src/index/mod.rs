@@ -1,6 +1,7 @@
 //! The shared inventory index ([`SharedIndex`], whose docs hold the layout,
 //! semantics and an example).
 
+mod prefetch;
 mod ring;
 mod runs;
 mod shard;
@@ -15,6 +16,7 @@ use kvroute_core::{BlockKey, EndpointId, Medium};
 use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use crate::view::{InventoryView, Overlap};
+use prefetch::{prefetch_line, LineHint};
 use ring::Ring;
 use runs::{RunHint, RunTable, MAX_RUN};
 pub(crate) use shard::mix;
@@ -39,6 +41,8 @@ const SCORE_CHUNK: usize = 256;
 const DIRECT_LOOKUPS: usize = 128;
 /// Keys of one `store_chain` call inserted under one set of shard locks.
 const LOCK_GROUP: usize = 32;
+/// Lines prefetched per key ahead of a store: its home and the ones after.
+const PREFETCH_LINES: usize = 4;
 /// Buckets of the per-chunk counting sort by shard.
 const SORT_BUCKETS: usize = 256;
 /// Ring entries beyond twice the live keys tolerated before a compaction.
@@ -141,8 +145,10 @@ impl EndpointInventory {
     }
 }
 
+/// A shard's lock, and where its GPU table's lines are for writers that do
+/// not hold it yet (see [`prefetch`]).
 #[repr(align(64))]
-struct PaddedShard(RwLock<Shard>);
+struct PaddedShard(RwLock<Shard>, LineHint);
 
 struct Bank {
     shards: Box<[PaddedShard]>,
@@ -362,7 +368,9 @@ impl SharedIndex {
                 let in_bank = endpoints.saturating_sub(b * BANK_WIDTH).min(BANK_WIDTH);
                 Bank {
                     shards: (0..shards)
-                        .map(|s| PaddedShard(RwLock::new(Shard::new(s as u32))))
+                        .map(|s| {
+                            PaddedShard(RwLock::new(Shard::new(s as u32)), LineHint::default())
+                        })
                         .collect(),
                     hidden: AtomicU64::new(0),
                     active: if in_bank == BANK_WIDTH {
@@ -527,6 +535,61 @@ impl SharedIndex {
             }
         }
         Ok(stats)
+    }
+
+    /// [`Self::store_chain`] for each `(parent, keys)` of `chains` in order
+    /// (e.g. an engine's `BlockStored` events of one batch), with the same
+    /// effect on the index and the summed stats; stops at the first error.
+    ///
+    /// While one chain is stored, the GPU-table lines of the next one's
+    /// first keys are already being fetched (a software prefetch, see
+    /// [`prefetch`]): one chain stored after another waits for its table's
+    /// cache misses, which here overlap the chain before. Loading 64 engines
+    /// × 100 K blocks one engine after another, 16-block events, spent about
+    /// a quarter of its time waiting for those lines.
+    ///
+    /// ```
+    /// use kvroute_core::{BlockKey, EndpointId, Medium};
+    /// use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
+    ///
+    /// let index = SharedIndex::new(1, IndexConfig::default());
+    /// let chain: Vec<BlockKey> = (1..=40u64).map(|k| BlockKey(k * 0x9e37_79b9)).collect();
+    /// let events = [(None, &chain[..16]), (Some(chain[15]), &chain[16..])];
+    /// let stats = index.store_chains(EndpointId(0), Medium::Gpu, &events)?;
+    /// assert_eq!(stats.inserted, 40);
+    /// let mut out = [Overlap::default()];
+    /// index.score_prefix(&chain, &mut out);
+    /// assert_eq!(out[0].prefix, 40);
+    /// # Ok::<(), kvroute_ingest::IndexError>(())
+    /// ```
+    pub fn store_chains<K: AsRef<[BlockKey]>>(
+        &self,
+        e: EndpointId,
+        medium: Medium,
+        chains: &[(Option<BlockKey>, K)],
+    ) -> Result<WriteStats, IndexError> {
+        let mut stats = WriteStats::default();
+        let (bank, _, _) = self.locate(e)?;
+        let mut rest = chains.iter().peekable();
+        while let Some((parent, keys)) = rest.next() {
+            if let (Medium::Gpu, Some((_, next))) = (medium, rest.peek()) {
+                self.prefetch_keys(bank, next.as_ref());
+            }
+            stats += self.store_chain(e, medium, *parent, keys.as_ref())?;
+        }
+        Ok(stats)
+    }
+
+    /// Prefetches the GPU-table lines of `keys`' first [`LOCK_GROUP`] keys
+    /// (a store's first lock group).
+    #[inline]
+    fn prefetch_keys(&self, bank: &Bank, keys: &[BlockKey]) {
+        let mut hashes = [0u64; LOCK_GROUP];
+        for (h, key) in hashes.iter_mut().zip(keys) {
+            *h = entry_hash(key.0);
+        }
+        let n = keys.len().min(LOCK_GROUP);
+        self.prefetch_hashes(bank, hashes.get(..n).unwrap_or_default());
     }
 
     /// Stores `keys`, consecutive blocks of one chain (each key a hash of its
@@ -695,6 +758,9 @@ impl SharedIndex {
                 *h = entry_hash(key.0);
             }
             let hashes = hashes.get(..group.len()).unwrap_or_default();
+            // The lines' misses start before the locks, whose fences would
+            // otherwise wait for them one group at a time.
+            self.prefetch_hashes(bank, hashes);
             // A run started at the group's first key is headed by the pending
             // key, whose shard is locked with the group's.
             let pending = chain.pending.map(|p| self.shard_index(p));
@@ -754,6 +820,25 @@ impl SharedIndex {
                         }
                     }
                     StoreEffect::Duplicate => stats.duplicate_stores += 1,
+                }
+            }
+            locks.publish_hints(bank);
+        }
+    }
+
+    /// Prefetches the GPU-table lines the keys whose [`entry_hash`]es are
+    /// `hashes` will be inserted into, from their shards' [`LineHint`]s,
+    /// without their locks (see [`prefetch`]).
+    #[inline]
+    fn prefetch_hashes(&self, bank: &Bank, hashes: &[u64]) {
+        let mask = bank.shards.len() - 1;
+        for h in hashes {
+            if let Some(shard) = bank.shards.get(self.shard_of_hash(*h) & mask) {
+                for addr in table::hinted_lines::<PREFETCH_LINES>(shard.1.get(), *h)
+                    .into_iter()
+                    .flatten()
+                {
+                    prefetch_line(addr);
                 }
             }
         }
@@ -1398,6 +1483,17 @@ impl<'a> GroupLocks<'a> {
                 .shards
                 .get(..self.count)
                 .and_then(|s| s.binary_search(&shard).ok()),
+        }
+    }
+
+    /// Publishes each held shard's [`LineHint`] (its table may have been
+    /// rebuilt under the group's lock).
+    fn publish_hints(&self, bank: &Bank) {
+        let held = self.shards.get(..self.count).unwrap_or_default();
+        for (s, g) in held.iter().zip(&self.guards) {
+            if let (Some(shard), Some(g)) = (bank.shards.get(*s), g) {
+                shard.1.publish(g.line_hint());
+            }
         }
     }
 
