@@ -146,8 +146,9 @@ impl EndpointInventory {
 }
 
 /// A shard's lock, and where its GPU table's lines are for writers that do
-/// not hold it yet (see [`prefetch`]).
-#[repr(align(64))]
+/// not hold it yet (see [`prefetch`]). `repr(C)`: the lock and the shard
+/// first, where readers find them, the hint after.
+#[repr(C, align(64))]
 struct PaddedShard(RwLock<Shard>, LineHint);
 
 struct Bank {
