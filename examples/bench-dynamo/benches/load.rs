@@ -19,10 +19,6 @@
 //! BENCH_BOUNDED=1 cargo bench --bench load
 //! # blocks per store event (default 16):
 //! BENCH_EVENT_BLOCKS=64 cargo bench --bench load
-//! # each worker's events through `store_chains`, 8 per call (a batch's next
-//! # event's table lines prefetched while one is stored) instead of
-//! # `store_chain` per event:
-//! BENCH_BATCH=8 cargo bench --bench load
 //! # the workers' events interleaved (one event of each worker in turn, as
 //! # 64 live engines publish) instead of one worker's inventory after another:
 //! BENCH_INTERLEAVE=1 cargo bench --bench load
@@ -31,8 +27,8 @@
 //! ```
 
 use bench_dynamo::{
-    allocator, apply_dynamo_interleaved, apply_dynamo_tree, apply_kvroute_batched,
-    apply_kvroute_direct, apply_kvroute_interleaved, chain_events, dynamo_events, Load, Workload,
+    allocator, apply_dynamo_interleaved, apply_dynamo_tree, apply_kvroute_direct,
+    apply_kvroute_interleaved, chain_events, dynamo_events, Load, Workload,
 };
 use kvroute_ingest::IndexConfig;
 
@@ -74,9 +70,6 @@ fn main() {
             .unwrap_or(IndexConfig::default().shards),
     };
     let interleave = std::env::var_os("BENCH_INTERLEAVE").is_some();
-    let batch: Option<usize> = std::env::var("BENCH_BATCH")
-        .ok()
-        .and_then(|s| s.parse().ok());
     let kv_events: Vec<_> = (0..w.workers).map(|wk| chain_events(&w, wk)).collect();
     let dy_events = if only_kvroute {
         Vec::new()
@@ -88,11 +81,9 @@ fn main() {
         w.pairs(),
         allocator(),
         if interleave {
-            "workers' events interleaved".to_string()
-        } else if let Some(b) = batch {
-            format!("one worker after another, store_chains of {b} events")
+            "workers' events interleaved"
         } else {
-            "one worker after another".to_string()
+            "one worker after another"
         }
     );
     let (mut kv_rates, mut dy_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
@@ -108,8 +99,6 @@ fn main() {
         let kv = || {
             let (index, load) = if interleave {
                 apply_kvroute_interleaved(&w, config.clone(), &kv_events)
-            } else if let Some(b) = batch {
-                apply_kvroute_batched(&w, config.clone(), &kv_events, b)
             } else {
                 apply_kvroute_direct(&w, config.clone(), &kv_events)
             };

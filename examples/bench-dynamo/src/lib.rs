@@ -326,42 +326,6 @@ pub fn apply_kvroute_direct(
     )
 }
 
-/// [`apply_kvroute_direct`] through `SharedIndex::store_chains`: each
-/// worker's events in batches of `batch` (as an engine's `KVEventBatch`
-/// carries several), so a batch's next event's table lines are prefetched
-/// while the one before is stored.
-pub fn apply_kvroute_batched(
-    w: &Workload,
-    config: IndexConfig,
-    events: &[ChainEvents],
-    batch: usize,
-) -> (SharedIndex, Load) {
-    let before = rss_bytes();
-    let index = SharedIndex::new(w.workers as usize, config);
-    let mut apply = Duration::ZERO;
-    let mut cpu = Duration::ZERO;
-    let mut count = 0u64;
-    for (worker, events) in (0..w.workers).zip(events) {
-        count += events.iter().map(|(_, e)| e.len() as u64).sum::<u64>();
-        let (t, c) = (Instant::now(), thread_cpu());
-        for chunk in events.chunks(batch.max(1)) {
-            let _ = index.store_chains(EndpointId(worker), kvroute_core::Medium::Gpu, chunk);
-        }
-        apply += t.elapsed();
-        cpu += thread_cpu().saturating_sub(c);
-    }
-    let rss_growth = rss_bytes().saturating_sub(before);
-    (
-        index,
-        Load {
-            apply,
-            cpu,
-            blocks: count,
-            rss_growth,
-        },
-    )
-}
-
 /// [`apply_kvroute_direct`] with the workers' events interleaved, one event
 /// of each worker in turn (as 64 engines publishing at once arrive), instead
 /// of one worker's whole inventory after another's.

@@ -538,61 +538,6 @@ impl SharedIndex {
         Ok(stats)
     }
 
-    /// [`Self::store_chain`] for each `(parent, keys)` of `chains` in order
-    /// (e.g. an engine's `BlockStored` events of one batch), with the same
-    /// effect on the index and the summed stats; stops at the first error.
-    ///
-    /// While one chain is stored, the GPU-table lines of the next one's
-    /// first keys are already being fetched (a software prefetch, see
-    /// [`prefetch`]): one chain stored after another waits for its table's
-    /// cache misses, which here overlap the chain before. Loading 64 engines
-    /// × 100 K blocks one engine after another, 16-block events, spent about
-    /// a quarter of its time waiting for those lines.
-    ///
-    /// ```
-    /// use kvroute_core::{BlockKey, EndpointId, Medium};
-    /// use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
-    ///
-    /// let index = SharedIndex::new(1, IndexConfig::default());
-    /// let chain: Vec<BlockKey> = (1..=40u64).map(|k| BlockKey(k * 0x9e37_79b9)).collect();
-    /// let events = [(None, &chain[..16]), (Some(chain[15]), &chain[16..])];
-    /// let stats = index.store_chains(EndpointId(0), Medium::Gpu, &events)?;
-    /// assert_eq!(stats.inserted, 40);
-    /// let mut out = [Overlap::default()];
-    /// index.score_prefix(&chain, &mut out);
-    /// assert_eq!(out[0].prefix, 40);
-    /// # Ok::<(), kvroute_ingest::IndexError>(())
-    /// ```
-    pub fn store_chains<K: AsRef<[BlockKey]>>(
-        &self,
-        e: EndpointId,
-        medium: Medium,
-        chains: &[(Option<BlockKey>, K)],
-    ) -> Result<WriteStats, IndexError> {
-        let mut stats = WriteStats::default();
-        let (bank, _, _) = self.locate(e)?;
-        let mut rest = chains.iter().peekable();
-        while let Some((parent, keys)) = rest.next() {
-            if let (Medium::Gpu, Some((_, next))) = (medium, rest.peek()) {
-                self.prefetch_keys(bank, next.as_ref());
-            }
-            stats += self.store_chain(e, medium, *parent, keys.as_ref())?;
-        }
-        Ok(stats)
-    }
-
-    /// Prefetches the GPU-table lines of `keys`' first [`LOCK_GROUP`] keys
-    /// (a store's first lock group).
-    #[inline]
-    fn prefetch_keys(&self, bank: &Bank, keys: &[BlockKey]) {
-        let mut hashes = [0u64; LOCK_GROUP];
-        for (h, key) in hashes.iter_mut().zip(keys) {
-            *h = entry_hash(key.0);
-        }
-        let n = keys.len().min(LOCK_GROUP);
-        self.prefetch_hashes(bank, hashes.get(..n).unwrap_or_default());
-    }
-
     /// Stores `keys`, consecutive blocks of one chain (each key a hash of its
     /// block and of the key before it; `parent` is the key before `keys[0]`,
     /// if known), for endpoint `e` in tier `medium`.

@@ -6,9 +6,10 @@
 //! group of inserts already fetches its lines together (see
 //! `BucketTable::home_lines`), but only once it holds its shards' locks,
 //! and each lock is a full fence that waits for every load before it. A
-//! prefetch is not ordered by fences: issued for the *next* group's lines
-//! before the current group's locks and inserts, its misses overlap that
-//! work instead of following it.
+//! prefetch is not ordered by fences: issued for the group's lines before
+//! its locks, the misses overlap the lock acquisitions instead of following
+//! them. (Prefetching the *next* event's lines while one is stored, through
+//! a batched `store_chains`, measured no better: see the history.)
 //!
 //! The lines' addresses come from a [`LineHint`] per shard (the GPU
 //! table's buffer address and bucket count), published by writers while

@@ -8,7 +8,6 @@ use kvroute_core::{BlockKey, EndpointId, Medium};
 use proptest::prelude::*;
 
 use super::{IndexConfig, SharedIndex, WriteStats};
-use crate::view::{InventoryView, Overlap};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -398,80 +397,6 @@ fn readers_see_every_key_while_regions_grow_and_shrink() {
             assert!(r.join().unwrap() > 0);
         }
         assert_eq!(index.keys(EndpointId(1), Medium::Gpu).len(), 600);
-    }
-}
-
-/// One batch of chain events for [`SharedIndex::store_chains`]: per event
-/// the endpoint's chain keys `from..from + len`.
-fn batch_op() -> impl Strategy<Value = (u32, Vec<(u64, u64)>, Option<u64>)> {
-    (
-        0u32..3,
-        proptest::collection::vec((0u64..200, 1u64..40), 0..6),
-        proptest::option::of(0u64..200),
-    )
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
-
-    /// `store_chains` (each event's lines prefetched while the one before
-    /// is stored) changes the index exactly as `store_chain` per event:
-    /// same stats, inventory, refcounts, eviction order and scores, bounded
-    /// (both the grouped and the key-by-key path) or not.
-    #[test]
-    fn store_chains_equals_store_chain_per_event(
-        batches in proptest::collection::vec(batch_op(), 1..24),
-        capacity in prop_oneof![Just(usize::MAX), 1usize..300],
-        shards in prop_oneof![Just(1usize), 2usize..70],
-    ) {
-        let config = IndexConfig { capacity_per_endpoint: capacity, shards };
-        let (batched, single) = (SharedIndex::new(3, config.clone()), SharedIndex::new(3, config));
-        for (ep, events, remove) in &batches {
-            let e = EndpointId(*ep);
-            let chains: Vec<(Option<BlockKey>, Vec<BlockKey>)> = events
-                .iter()
-                .map(|&(from, len)| {
-                    let keys = (from..from + len).map(|i| BlockKey(key(*ep, i))).collect();
-                    (from.checked_sub(1).map(|p| BlockKey(key(*ep, p))), keys)
-                })
-                .collect();
-            let a = batched.store_chains(e, Medium::Gpu, &chains).unwrap();
-            let mut b = WriteStats::default();
-            for (parent, keys) in &chains {
-                b += single.store_chain(e, Medium::Gpu, *parent, keys).unwrap();
-            }
-            prop_assert_eq!(a, b);
-            if let Some(i) = remove {
-                let k = [BlockKey(key(*ep, *i))];
-                prop_assert_eq!(
-                    batched.remove(e, Medium::Gpu, &k).unwrap(),
-                    single.remove(e, Medium::Gpu, &k).unwrap()
-                );
-            }
-            for ep in 0..3 {
-                let e = EndpointId(ep);
-                prop_assert_eq!(batched.inventory(e), single.inventory(e));
-                prop_assert_eq!(batched.keys(e, Medium::Gpu), single.keys(e, Medium::Gpu));
-                for k in batched.keys(e, Medium::Gpu) {
-                    prop_assert_eq!(batched.refcount(e, k, Medium::Gpu), single.refcount(e, k, Medium::Gpu));
-                }
-                let prompt: Vec<BlockKey> = (0..240).map(|i| BlockKey(key(ep, i))).collect();
-                let (mut sa, mut sb) = ([Overlap::default(); 3], [Overlap::default(); 3]);
-                batched.score_prefix(&prompt, &mut sa);
-                single.score_prefix(&prompt, &mut sb);
-                prop_assert_eq!(sa, sb);
-            }
-        }
-        for ep in 0..3 {
-            let e = EndpointId(ep);
-            for bound in [1, 0] {
-                prop_assert_eq!(
-                    batched.set_capacity(e, Medium::Gpu, bound).unwrap(),
-                    single.set_capacity(e, Medium::Gpu, bound).unwrap()
-                );
-                prop_assert_eq!(batched.keys(e, Medium::Gpu), single.keys(e, Medium::Gpu));
-            }
-        }
     }
 }
 
