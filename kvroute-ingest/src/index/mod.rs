@@ -1,6 +1,7 @@
 //! The shared inventory index ([`SharedIndex`], whose docs hold the layout,
 //! semantics and an example).
 
+mod prefetch;
 mod ring;
 mod runs;
 mod shard;
@@ -15,6 +16,7 @@ use kvroute_core::{BlockKey, EndpointId, Medium};
 use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use crate::view::{InventoryView, Overlap};
+use prefetch::{prefetch_line, LineHint};
 use ring::Ring;
 use runs::{RunHint, RunTable, MAX_RUN};
 pub(crate) use shard::mix;
@@ -39,6 +41,8 @@ const SCORE_CHUNK: usize = 256;
 const DIRECT_LOOKUPS: usize = 128;
 /// Keys of one `store_chain` call inserted under one set of shard locks.
 const LOCK_GROUP: usize = 32;
+/// Lines prefetched per key ahead of a store: its home and the ones after.
+const PREFETCH_LINES: usize = 4;
 /// Buckets of the per-chunk counting sort by shard.
 const SORT_BUCKETS: usize = 256;
 /// Ring entries beyond twice the live keys tolerated before a compaction.
@@ -141,8 +145,11 @@ impl EndpointInventory {
     }
 }
 
-#[repr(align(64))]
-struct PaddedShard(RwLock<Shard>);
+/// A shard's lock, and where its GPU table's lines are for writers that do
+/// not hold it yet (see [`prefetch`]). `repr(C)`: the lock and the shard
+/// first, where readers find them, the hint after.
+#[repr(C, align(64))]
+struct PaddedShard(RwLock<Shard>, LineHint);
 
 struct Bank {
     shards: Box<[PaddedShard]>,
@@ -362,7 +369,9 @@ impl SharedIndex {
                 let in_bank = endpoints.saturating_sub(b * BANK_WIDTH).min(BANK_WIDTH);
                 Bank {
                     shards: (0..shards)
-                        .map(|s| PaddedShard(RwLock::new(Shard::new(s as u32))))
+                        .map(|s| {
+                            PaddedShard(RwLock::new(Shard::new(s as u32)), LineHint::default())
+                        })
                         .collect(),
                     hidden: AtomicU64::new(0),
                     active: if in_bank == BANK_WIDTH {
@@ -695,6 +704,9 @@ impl SharedIndex {
                 *h = entry_hash(key.0);
             }
             let hashes = hashes.get(..group.len()).unwrap_or_default();
+            // The lines' misses start before the locks, whose fences would
+            // otherwise wait for them one group at a time.
+            self.prefetch_hashes(bank, hashes);
             // A run started at the group's first key is headed by the pending
             // key, whose shard is locked with the group's.
             let pending = chain.pending.map(|p| self.shard_index(p));
@@ -754,6 +766,25 @@ impl SharedIndex {
                         }
                     }
                     StoreEffect::Duplicate => stats.duplicate_stores += 1,
+                }
+            }
+            locks.publish_hints(bank);
+        }
+    }
+
+    /// Prefetches the GPU-table lines the keys whose [`entry_hash`]es are
+    /// `hashes` will be inserted into, from their shards' [`LineHint`]s,
+    /// without their locks (see [`prefetch`]).
+    #[inline]
+    fn prefetch_hashes(&self, bank: &Bank, hashes: &[u64]) {
+        let mask = bank.shards.len() - 1;
+        for h in hashes {
+            if let Some(shard) = bank.shards.get(self.shard_of_hash(*h) & mask) {
+                for addr in table::hinted_lines::<PREFETCH_LINES>(shard.1.get(), *h)
+                    .into_iter()
+                    .flatten()
+                {
+                    prefetch_line(addr);
                 }
             }
         }
@@ -1398,6 +1429,17 @@ impl<'a> GroupLocks<'a> {
                 .shards
                 .get(..self.count)
                 .and_then(|s| s.binary_search(&shard).ok()),
+        }
+    }
+
+    /// Publishes each held shard's [`LineHint`] (its table may have been
+    /// rebuilt under the group's lock).
+    fn publish_hints(&self, bank: &Bank) {
+        let held = self.shards.get(..self.count).unwrap_or_default();
+        for (s, g) in held.iter().zip(&self.guards) {
+            if let (Some(shard), Some(g)) = (bank.shards.get(*s), g) {
+                shard.1.publish(g.line_hint());
+            }
         }
     }
 

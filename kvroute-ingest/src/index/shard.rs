@@ -393,6 +393,13 @@ impl Shard {
             .map_or([None; 2], |t| t.entries.home_lines(hash))
     }
 
+    /// The GPU table's `BucketTable::line_hint`, for the shard's
+    /// `prefetch::LineHint`.
+    #[inline]
+    pub(crate) fn line_hint(&self) -> (usize, usize) {
+        self.tiers.first().map_or((0, 0), |t| t.entries.line_hint())
+    }
+
     /// See `TierTable::attach` (GPU tier only).
     pub(crate) fn attach_run(&mut self, key: u64, bit: u32, run: u32) -> bool {
         self.tiers

@@ -521,6 +521,29 @@ impl Default for BucketTable {
     }
 }
 
+/// The addresses of `hash`'s home line and the `N - 1` lines after it (as
+/// a walk from home visits them, wrapping at the end), from a
+/// [`BucketTable::line_hint`] (arithmetic only: the hint may be stale, see
+/// `index::prefetch`); none for an empty hint. The first two are the lines
+/// [`BucketTable::home_lines`] reads.
+#[inline]
+pub(crate) fn hinted_lines<const N: usize>(
+    (base, buckets): (usize, usize),
+    hash: u64,
+) -> [Option<usize>; N] {
+    let mut out = [None; N];
+    if buckets == 0 {
+        return out;
+    }
+    // As `Region::home` and `Region::next` (one region: the hash unsplit).
+    let mut i = ((u128::from(hash) * buckets as u128) >> 64) as usize;
+    for line in &mut out {
+        *line = Some(base.wrapping_add(i.wrapping_mul(std::mem::size_of::<Bucket>())));
+        i = if i + 1 >= buckets { 0 } else { i + 1 };
+    }
+    out
+}
+
 /// The golden ratio's fraction in 1/65536: successive seeds' phases
 /// (`seed * this`, modulo one step) are spread evenly over the step
 /// whatever their count.
@@ -569,6 +592,18 @@ impl BucketTable {
         self.regions
             .get(r)
             .map_or([None; 2], |region| region.home_lines(inner))
+    }
+
+    /// The table's buffer address and bucket count, for [`hinted_lines`]
+    /// by a writer that does not hold the shard's lock (see
+    /// `index::prefetch`): `(0, 0)`, nothing to prefetch, when the table
+    /// is split into several regions or holds no buckets.
+    #[inline]
+    pub(crate) fn line_hint(&self) -> (usize, usize) {
+        self.regions
+            .first()
+            .filter(|r| REGIONS == 1 && !r.buckets.is_empty())
+            .map_or((0, 0), |r| (r.buckets.as_ptr() as usize, r.buckets.len()))
     }
 
     /// Where `key` (whose hash is `hash`) is, if present.
@@ -733,6 +768,29 @@ mod tests {
         assert_eq!((t.len, t.buckets.len()), (full, buckets));
         for key in oldest..next {
             assert!(t.get(h(key), key).is_some(), "{key}");
+        }
+    }
+
+    /// The prefetch hint names the very lines `home_lines` reads, at every
+    /// size the table passes through, clustered homes and the last bucket
+    /// (whose next line wraps to the first) included.
+    #[test]
+    fn hinted_lines_are_the_home_lines() {
+        let mut t = BucketTable::new(7);
+        assert_eq!(hinted_lines::<2>(t.line_hint(), 1), [None; 2]);
+        let line = |p: Option<&u32>| p.map(|p| p as *const u32 as usize & !63);
+        for key in 0..20_000u64 {
+            t.find_or_insert(h(key), key, || 1, h);
+            if key % 97 == 0 || key < 64 {
+                let hint = t.line_hint();
+                for probe in [h(key), h(key + 1), 0, u64::MAX, CLUSTER] {
+                    assert_eq!(
+                        t.home_lines(probe).map(line),
+                        hinted_lines::<2>(hint, probe),
+                        "key {key} probe {probe:#x}"
+                    );
+                }
+            }
         }
     }
 

@@ -399,3 +399,29 @@ fn readers_see_every_key_while_regions_grow_and_shrink() {
         assert_eq!(index.keys(EndpointId(1), Medium::Gpu).len(), 600);
     }
 }
+
+/// After chain stores, every shard's prefetch hint names its GPU table's
+/// buffer as it is (a table rebuilt by a store publishes its new one), so
+/// the next store's prefetches reach the lines it inserts into.
+#[test]
+fn chain_stores_publish_each_shards_table() {
+    let index = SharedIndex::new(
+        1,
+        IndexConfig {
+            capacity_per_endpoint: usize::MAX,
+            shards: 8,
+        },
+    );
+    let keys: Vec<BlockKey> = (0..5_000u64).map(|i| BlockKey(key(0, i))).collect();
+    for (i, event) in keys.chunks(16).enumerate() {
+        let parent = (i * 16).checked_sub(1).and_then(|p| keys.get(p)).copied();
+        index
+            .store_chain(EndpointId(0), Medium::Gpu, parent, event)
+            .unwrap();
+        for shard in index.banks[0].shards.iter() {
+            assert_eq!(shard.1.get(), shard.0.read().line_hint(), "after event {i}");
+        }
+    }
+    let (base, buckets) = index.banks[0].shards[0].1.get();
+    assert!(base != 0 && buckets > 0);
+}
