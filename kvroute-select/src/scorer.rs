@@ -83,7 +83,7 @@ impl Default for LoadAwareConfig {
 /// than the affinity slack (in the test
 /// `the_default_slack_keeps_a_small_simultaneous_burst_together`, four
 /// 42-block prompts sharing 40 new blocks stay on one endpoint with the
-/// 64-token `affinity_tokens`, and share two without it).
+/// default `affinity_tokens`, and share two without it).
 ///
 /// Only the *longest cached prefix* is credited (`prefix`, not the any-position
 /// count): vLLM and SGLang reuse the prefix up to the first missing block, so a
@@ -102,6 +102,18 @@ impl Default for LoadAwareConfig {
 /// and duplicates it in a second cache (in `scripts/bench_smg.sh`'s
 /// multi-turn cells, 70–118 later turns moved at concurrency 32 without it,
 /// against SGLang Model Gateway's 3–13).
+///
+/// The defaults `affinity_tokens` 128 and `load_headroom` 4 (were 64 and 2):
+/// with the in-flight term out of the affinity test, the later turns
+/// `scripts/bench_smg.sh` still moved went for queue differences of 100–250
+/// tokens (2–5 ms of the mock's prefill) against 3–11 blocks of history, and
+/// at concurrency 8 the cap itself moved them (a home holding 5 of 8
+/// requests, most of them decoding, which delays no first token). With both,
+/// kvroute cached at least as much as SGLang Model Gateway in each of 12 runs
+/// at concurrency 32 (before: less in 2 of 3), and the simulator gained too
+/// (multi-turn at 4 194 304 tokens: TTFT p99 115 → 98 ms; every
+/// `scripts/sim_targets.py` case passes; 4 replicas stay within 5 % of one in
+/// 18 of 18 cells).
 ///
 /// Each diversion (a winner other than the longest-prefix endpoint) is
 /// logged at DEBUG with both endpoints' cost terms (`RUST_LOG=kvroute_select=debug`).
@@ -185,9 +197,9 @@ impl Default for CostConfig {
             decode_tokens_per_request: 128.0,
             prefill_weight: 1.0,
             affinity_slack: 0.1,
-            affinity_tokens: 64.0,
+            affinity_tokens: 128.0,
             load_factor: 1.25,
-            load_headroom: 2,
+            load_headroom: 4,
             tie_tokens: 0.0,
             drain_queue: true,
         }

@@ -447,11 +447,11 @@ pub struct RuleDoc {
 ///
 /// ```toml
 /// [rules.cost]
-/// affinity_tokens = 256       # absolute affinity slack, prefill tokens (default 64)
+/// affinity_tokens = 256       # absolute affinity slack, prefill tokens (default 128)
 /// affinity_slack = 0.1        # relative affinity slack (default 0.1)
 /// decode_tokens_per_request = 128   # ranks endpoints by requests in flight (default 128)
 /// load_factor = 1.25          # bounded-load cap factor (inf: no cap)
-/// load_headroom = 2
+/// load_headroom = 4
 /// ```
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
