@@ -109,8 +109,9 @@ impl Default for LoadAwareConfig {
 /// tokens (2–5 ms of the mock's prefill) against 3–11 blocks of history, and
 /// at concurrency 8 the cap itself moved them (a home holding 5 of 8
 /// requests, most of them decoding, which delays no first token). With both,
-/// kvroute cached at least as much as SGLang Model Gateway in each of 12 runs
-/// at concurrency 32 (before: less in 2 of 3), and the simulator gained too
+/// kvroute caches at least as much as SGLang Model Gateway in that benchmark
+/// (`BENCHMARKS.md`, tenth session; before, less in 7 of its 8 cells), and
+/// the simulator gained too
 /// (multi-turn at 4 194 304 tokens: TTFT p99 115 → 98 ms; every
 /// `scripts/sim_targets.py` case passes; 4 replicas stay within 5 % of one in
 /// 18 of 18 cells).
