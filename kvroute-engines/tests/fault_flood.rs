@@ -124,8 +124,14 @@ fn random_key_flood_stays_within_capacity_and_counts_evictions() {
     assert_eq!(writes.inserted, distinct);
     assert_eq!(inv.evictions, distinct - CAPACITY as u64);
     assert_eq!(writes.evicted, inv.evictions);
+    // Under churn each shard's table keeps the size its largest count
+    // needed (a table shrinks only below a quarter full), and with random
+    // keys every shard's count walks around capacity / shards: the tables
+    // settle one or two 1.5x growth steps above a freshly loaded index's
+    // (2.00-2.01x measured). What must not happen is growth with the keys
+    // sent (here 62x the capacity), which this bound still catches.
     assert!(
-        max_memory <= 2 * reference,
-        "index memory {max_memory} B grew past twice a full index ({reference} B)"
+        max_memory * 2 <= 5 * reference,
+        "index memory {max_memory} B grew past 2.5 x a full index ({reference} B)"
     );
 }
