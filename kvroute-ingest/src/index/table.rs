@@ -237,16 +237,12 @@ impl Region {
     /// and fills the new ones front to back).
     #[inline]
     fn home(&self, hash: u64) -> usize {
-        ((u128::from(hash) * self.buckets.len() as u128) >> 64) as usize
+        home_of(hash, self.buckets.len())
     }
 
     #[inline]
     fn next(&self, i: usize) -> usize {
-        if i + 1 >= self.buckets.len() {
-            0
-        } else {
-            i + 1
-        }
+        next_of(i, self.buckets.len())
     }
 
     /// The header words of `hash`'s home line and of the line after it,
@@ -535,13 +531,30 @@ pub(crate) fn hinted_lines<const N: usize>(
     if buckets == 0 {
         return out;
     }
-    // As `Region::home` and `Region::next` (one region: the hash unsplit).
-    let mut i = ((u128::from(hash) * buckets as u128) >> 64) as usize;
+    // The walk `Region::home` / `Region::next` make (one region: the hash
+    // unsplit).
+    let mut i = home_of(hash, buckets);
     for line in &mut out {
         *line = Some(base.wrapping_add(i.wrapping_mul(std::mem::size_of::<Bucket>())));
-        i = if i + 1 >= buckets { 0 } else { i + 1 };
+        i = next_of(i, buckets);
     }
     out
+}
+
+/// A hash's home bucket among `buckets` (multiply-shift on the high bits).
+#[inline]
+fn home_of(hash: u64, buckets: usize) -> usize {
+    ((u128::from(hash) * buckets as u128) >> 64) as usize
+}
+
+/// The bucket after `i` among `buckets`, wrapping to the first.
+#[inline]
+fn next_of(i: usize, buckets: usize) -> usize {
+    if i + 1 >= buckets {
+        0
+    } else {
+        i + 1
+    }
 }
 
 /// The golden ratio's fraction in 1/65536: successive seeds' phases
