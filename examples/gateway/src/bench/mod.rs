@@ -41,7 +41,7 @@ use serde_json::json;
 
 use crate::gateway::metrics::Outcome;
 use crate::gateway::{self, ServeConfig};
-use crate::mock_engine;
+use kvroute_mock_engine as mock_engine;
 use load::{Job, RunStats};
 
 /// Model slug the engines serve and the gateway routes.

@@ -3,12 +3,7 @@
 //! usage follow the worker's state, and capacity and block size its configuration,
 //! in each imitated engine's names.
 
-#![allow(dead_code)]
-
-#[path = "../src/engine_model/mod.rs"]
-mod engine_model;
-#[path = "../src/mock_engine/mod.rs"]
-mod mock_engine;
+use kvroute_mock_engine as mock_engine;
 
 use std::time::{Duration, Instant};
 

@@ -2,12 +2,8 @@
 //! beats round robin where prompts share prefixes, nothing beats one infinite
 //! cache, the bounded scorer respects its bound, and lost events cost hits.
 
-#![allow(dead_code)]
-
-#[path = "../src/engine_model/mod.rs"]
-mod engine_model;
-#[path = "../src/sim/mod.rs"]
-mod sim;
+use kvroute_engine_model as engine_model;
+use kvroute_sim as sim;
 
 use engine_model::{CostModel, WorkerConfig};
 use sim::fleet::FleetConfig;

@@ -2,10 +2,7 @@
 //! exceeded, the event stream replays to exactly the cache contents, hits are the
 //! longest cached prefix and evictions follow vLLM's free-queue order.
 
-#![allow(dead_code)]
-
-#[path = "../src/engine_model/mod.rs"]
-mod engine_model;
+use kvroute_engine_model as engine_model;
 
 use std::collections::{BTreeMap, HashSet};
 

@@ -3,12 +3,8 @@
 //! scorer with its drained queue; replicas that only see polled engine counts
 //! do not. Simulated time, real rule / tracker / ingest / worker model.
 
-#![allow(dead_code)]
-
-#[path = "../src/engine_model/mod.rs"]
-mod engine_model;
-#[path = "../src/sim/mod.rs"]
-mod sim;
+use kvroute_engine_model as engine_model;
+use kvroute_sim as sim;
 
 use engine_model::{CostModel, WorkerConfig};
 use sim::fleet::FleetConfig;

@@ -28,8 +28,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
-use crate::engine_model::{CostModel, WorkerConfig};
 use fleet::FleetConfig;
+use kvroute_engine_model::{CostModel, WorkerConfig};
 use policy::{Policy, Tuning};
 use report::{FleetReport, SimReport, WorkloadReport};
 use trace::Workload;

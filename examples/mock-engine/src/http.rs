@@ -21,7 +21,7 @@ use super::metrics::{render, Flavor};
 use super::tokenize::PromptSource;
 use super::wire::WireFormat;
 use super::Role;
-use crate::engine_model::{Admission, RequestSpec};
+use kvroute_engine_model::{Admission, RequestSpec};
 
 /// Shared state of the HTTP handlers.
 pub struct App {

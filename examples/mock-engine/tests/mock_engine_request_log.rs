@@ -4,12 +4,7 @@
 //! request that waited for a running slot. `scripts/bench_smg_trace.py` joins
 //! these lines to a benchmark client's per-request view.
 
-#![allow(dead_code)]
-
-#[path = "../src/engine_model/mod.rs"]
-mod engine_model;
-#[path = "../src/mock_engine/mod.rs"]
-mod mock_engine;
+use kvroute_mock_engine as mock_engine;
 
 use clap::Parser;
 use serde_json::{json, Value};

@@ -1,10 +1,7 @@
 //! Throughput of the shared worker model, the simulator's inner loop: requests
 //! with shared prefixes spread over a fleet of workers, events drained.
 
-#![allow(dead_code)]
-
-#[path = "../src/engine_model/mod.rs"]
-mod engine_model;
+use kvroute_engine_model as engine_model;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use engine_model::{RequestSpec, Worker, WorkerConfig};

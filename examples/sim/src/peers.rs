@@ -40,13 +40,6 @@
 //! * **llm-d** scrapes the queue and KV-usage gauges on an interval; the view
 //!   here is exact at decision time, which flatters it.
 
-// The `with_*` builders and inspection helpers are the documented knobs of
-// each peer for experiments and unit tests; `kvroute sim` runs the defaults.
-#![allow(dead_code)]
-
-// The event loop in `fleet.rs` wires these in; until it does, the binary
-// only uses them from tests.
-
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::BuildHasherDefault;
@@ -55,7 +48,7 @@ use kvroute_core::BlockKey;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::engine_model::cache::KeyHasher;
+use kvroute_engine_model::cache::KeyHasher;
 
 /// What a policy sees of one worker at decision time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -744,7 +737,7 @@ impl PeerPolicy for LlmdWeighted {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::trace::block_keys;
+    use crate::trace::block_keys;
     use proptest::prelude::*;
 
     /// One key per id: the simulator's real key derivation with 512-token

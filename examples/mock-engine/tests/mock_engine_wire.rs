@@ -1,10 +1,7 @@
 //! The mock engine's msgpack encoders reproduce the engines' own payload bytes:
 //! every golden batch, rebuilt from its decoded form, encodes to identical bytes.
 
-#![allow(dead_code)]
-
-#[path = "../src/mock_engine/wire.rs"]
-mod wire;
+use kvroute_mock_engine::wire;
 
 use std::path::{Path, PathBuf};
 

@@ -13,7 +13,7 @@ use tokio::sync::{oneshot, Notify};
 use super::publisher::Publisher;
 use super::trtllm::TrtllmQueue;
 use super::wire::{encode_batch, WireFormat};
-use crate::engine_model::{Admission, RequestSpec, SubmitError, Worker, WorkerConfig};
+use kvroute_engine_model::{Admission, RequestSpec, SubmitError, Worker, WorkerConfig};
 
 /// Where event batches go.
 pub enum EventSink {

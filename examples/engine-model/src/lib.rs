@@ -14,8 +14,7 @@
 //! Per request the work is O(blocks) with no allocation in steady state beyond the
 //! events themselves (buffers are recycled).
 
-// The simulator and the tests use parts of this API the mock engine does not.
-#![allow(dead_code, unused_imports)]
+#![deny(missing_docs)]
 
 pub mod cache;
 pub mod cost;

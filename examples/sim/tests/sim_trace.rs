@@ -1,12 +1,7 @@
 //! Mooncake trace parsing (a hand-written golden trace and bad lines), block-key
 //! derivation at several block sizes, and generator round trips.
 
-#![allow(dead_code)]
-
-#[path = "../src/engine_model/mod.rs"]
-mod engine_model;
-#[path = "../src/sim/mod.rs"]
-mod sim;
+use kvroute_sim as sim;
 
 use std::path::PathBuf;
 

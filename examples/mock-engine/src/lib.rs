@@ -1,7 +1,7 @@
 //! `kvroute mock-engine`: an OpenAI-compatible stand-in for an inference engine
 //! with a real block-level prefix cache, publishing KV events like the real one.
 //!
-//! Thin shell around [`crate::engine_model::Worker`] (the same model the fleet
+//! Thin shell around [`kvroute_engine_model::Worker`] (the same model the fleet
 //! simulator runs): HTTP in front (axum), ZeroMQ PUB + replay ROUTER (or the
 //! TensorRT-LLM drain) behind, wall-clock sleeps for the modelled time.
 
@@ -21,8 +21,8 @@ use anyhow::Context as _;
 use axum::serve::ListenerExt as _;
 use kvroute_core::{HashContract, Medium};
 
-use crate::engine_model::{CostModel, WorkerConfig};
 use engine::{Engine, EventSink};
+use kvroute_engine_model::{CostModel, WorkerConfig};
 pub use tokenize::{ByteTokens, ModelPrompts, PromptSource};
 use wire::WireFormat;
 

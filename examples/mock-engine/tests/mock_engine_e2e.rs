@@ -2,12 +2,7 @@
 //! (and the TensorRT-LLM drain) out, decoded by an independent msgpack reader and
 //! by kvroute-engines' vLLM decoder.
 
-#![allow(dead_code)]
-
-#[path = "../src/engine_model/mod.rs"]
-mod engine_model;
-#[path = "../src/mock_engine/mod.rs"]
-mod mock_engine;
+use kvroute_mock_engine as mock_engine;
 
 use std::time::Duration;
 

@@ -51,8 +51,8 @@ use rand::{Rng, SeedableRng};
 use super::policy::{Policy, Tuning, SIM_CONTRACT};
 use super::report::{EventReport, LoadReport, PolicyReport, RoutingReport, Summary};
 use super::trace::{block_keys, Workload};
-use crate::engine_model::cache::KeyHasher;
-use crate::engine_model::{Admission, RequestSpec, Worker, WorkerConfig};
+use kvroute_engine_model::cache::KeyHasher;
+use kvroute_engine_model::{Admission, RequestSpec, Worker, WorkerConfig};
 
 /// How the fleet is built and fed.
 #[derive(Clone, Copy, Debug, PartialEq)]
