@@ -9,7 +9,7 @@ use crate::chwbl::Ring;
 use crate::counters::RuleCounters;
 use crate::endpoint::Endpoint;
 use crate::keys::{ContractId, KeyMode, PromptKeys};
-use crate::scorer::Scorer;
+use crate::scoring::{CostScorer, ScorerRef};
 use crate::selector::{SelectorKind, SelectorState};
 
 /// The routing choice of a rule.
@@ -116,7 +116,7 @@ pub struct RuleConfig {
     /// Engine keys or re-keyed.
     pub key_mode: KeyMode,
     /// KV-exact scorer.
-    pub scorer: Scorer,
+    pub scorer: ScorerRef,
     /// Converged fallback selector (used when `choice` is KV-exact).
     pub fallback: SelectorKind,
     /// Numeric knobs.
@@ -147,7 +147,7 @@ impl RuleConfig {
             block_size,
             contract,
             key_mode: KeyMode::Engine,
-            scorer: Scorer::default(),
+            scorer: Arc::new(CostScorer::default()),
             fallback: SelectorKind::LeastPrefill,
             thresholds: Thresholds::default(),
             affinity: AffinityConfig::default(),
@@ -283,14 +283,8 @@ impl Rule {
                 config.predicted.capacity,
                 config.predicted.ttl,
             )),
-            drain: match config.scorer {
-                crate::scorer::Scorer::Cost(c)
-                    if c.drain_queue && config.choice == Choice::KvExact =>
-                {
-                    Some(crate::drain::PrefillDrain::new(config.endpoints.len()))
-                }
-                _ => None,
-            },
+            drain: (config.scorer.drains_queue() && config.choice == Choice::KvExact)
+                .then(|| crate::drain::PrefillDrain::new(config.endpoints.len())),
             keys,
             config,
         })

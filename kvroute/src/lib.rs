@@ -127,6 +127,6 @@ pub use kvroute_core::HashContract;
 pub use kvroute_engines::transport::EngineKind;
 pub use kvroute_engines::ApiKind;
 pub use kvroute_select::{
-    Choice, Decision, Leg, LoadGuard, MissReason, Role, Scorer, ScorerKind, SelectorKind, Target,
-    Thresholds, Topology,
+    Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason, Role, Scorer, ScorerKind,
+    ScorerRef, SelectorKind, Target, Thresholds, Topology,
 };

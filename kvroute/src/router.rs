@@ -20,7 +20,7 @@ use kvroute_ingest::{RestartPolicy, SeqWindowConfig};
 use kvroute_select::{
     AdminState, Availability, BreakerConfig, Choice, CircuitBreaker, ContractKeys,
     CountersSnapshot, Decision, Endpoint, Health, Leg, Load, LoadGuard, LoadTracker, PromptKeys,
-    Request, Role, Rule, RuleConfig, Scorer, SelectorKind, Target, Thresholds, Topology,
+    Request, Role, Rule, RuleConfig, ScorerRef, SelectorKind, Target, Thresholds, Topology,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
@@ -89,7 +89,7 @@ pub struct KvRouterBuilder {
     backends: Vec<Backend>,
     topology: Topology,
     choice: Choice,
-    scorer: Scorer,
+    scorer: ScorerRef,
     fallback: SelectorKind,
     thresholds: Thresholds,
     breaker: BreakerConfig,
@@ -141,8 +141,9 @@ impl KvRouterBuilder {
         self
     }
 
-    /// The KV-exact scorer (default: the cost scorer).
-    pub fn scorer(mut self, scorer: Scorer) -> Self {
+    /// The KV-exact scorer (default: [`kvroute_select::CostScorer`]); a
+    /// host's own [`kvroute_select::Scorer`] runs here as the built-ins do.
+    pub fn scorer(mut self, scorer: ScorerRef) -> Self {
         self.scorer = scorer;
         self
     }
@@ -344,7 +345,7 @@ struct Settings {
     name: String,
     topology: Topology,
     choice: Choice,
-    scorer: Scorer,
+    scorer: ScorerRef,
     fallback: SelectorKind,
     thresholds: Thresholds,
 }
@@ -672,7 +673,7 @@ impl Shared {
         );
         cfg.choice = st.choice;
         cfg.key_mode = self.keys.key_mode();
-        cfg.scorer = st.scorer;
+        cfg.scorer = Arc::clone(&st.scorer);
         cfg.fallback = st.fallback;
         cfg.thresholds = st.thresholds;
         let rule = Rule::new(cfg, Some(Arc::clone(&self.keys) as Arc<dyn PromptKeys>))?;
@@ -776,7 +777,7 @@ impl KvRouter {
             backends: Vec::new(),
             topology: Topology::Converged,
             choice: Choice::KvExact,
-            scorer: Scorer::default(),
+            scorer: Arc::new(kvroute_select::CostScorer::default()),
             fallback: SelectorKind::LeastPrefill,
             thresholds: Thresholds::default(),
             breaker: BreakerConfig::default(),

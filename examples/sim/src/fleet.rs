@@ -43,7 +43,7 @@ use kvroute_ingest::{RestartPolicy, SeqWindowConfig};
 use kvroute_select::{
     AlwaysAvailable, ContractId, Decision, EndpointLoad, EngineReport, Load, LoadBound, LoadDelta,
     LoadGuard, LoadTracker, PromptInput, RemoteConfig, RemoteLoad, ReportedLoad, Request, Rule,
-    Source, Target,
+    Source,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -239,7 +239,6 @@ pub fn simulate(
                     },
                     origin,
                 ),
-                peer: policy.peer(n, seed),
             })
         })
         .collect::<Result<Vec<_>, FleetError>>()?;
@@ -288,8 +287,7 @@ pub fn simulate(
         admissions: Vec::new(),
         keys: Vec::new(),
         decision: Decision::new(),
-        overlaps: Vec::new(),
-        views: Vec::new(),
+        gauges: Vec::new(),
         ttft_us: vec![u64::MAX; requests],
         e2e_us: vec![u64::MAX; requests],
         cached: vec![0; requests],
@@ -336,7 +334,6 @@ struct Replica {
     reported: ReportedLoad,
     /// The other replicas' decisions, as their deltas announced them.
     remote: RemoteLoad,
-    peer: Option<Box<dyn super::peers::PeerPolicy>>,
 }
 
 /// What a replica routes by: its own tracker plus the other replicas'
@@ -347,6 +344,9 @@ struct ReplicaLoad<'a> {
     rep: &'a Replica,
     polled: bool,
     now: Duration,
+    /// Each worker's state at this instant (running, waiting, KV usage and
+    /// capacity), for the peers' policies, which read the engines' gauges.
+    gauges: &'a [EngineReport],
 }
 
 impl Load for ReplicaLoad<'_> {
@@ -364,6 +364,10 @@ impl Load for ReplicaLoad<'_> {
             .remote
             .view(&*self.rep.tracker, self.now)
             .charged_prefill_tokens(endpoint)
+    }
+
+    fn report(&self, endpoint: EndpointId) -> Option<EngineReport> {
+        self.gauges.get(endpoint.index()).copied()
     }
 }
 
@@ -395,8 +399,8 @@ struct Sim<'a> {
     keys: Vec<BlockKey>,
     /// Reused by every routing decision (no per-request allocation).
     decision: Decision,
-    overlaps: Vec<kvroute_ingest::Overlap>,
-    views: Vec<super::peers::WorkerView>,
+    /// The workers' gauges at the current decision (peer policies only).
+    gauges: Vec<EngineReport>,
     ttft_us: Vec<u64>,
     e2e_us: Vec<u64>,
     cached: Vec<u32>,
@@ -486,7 +490,12 @@ impl Sim<'_> {
                             // Once per batch: the drain model times the
                             // other replica's charges from their arrival.
                             if !more_now {
-                                let view = ReplicaLoad { rep, polled, now };
+                                let view = ReplicaLoad {
+                                    rep,
+                                    polled,
+                                    now,
+                                    gauges: &[],
+                                };
                                 rep.rule.observe_load(&view, now);
                             }
                         }
@@ -537,6 +546,7 @@ impl Sim<'_> {
                 // Simulated requests end their prefill charge at their first
                 // token, so the tracker's rate needs no engine counters.
                 prefill: None,
+                kv_capacity_blocks: None,
             };
             let id = EndpointId(u32::try_from(w).unwrap_or(u32::MAX));
             for rep in &self.replicas {
@@ -555,18 +565,8 @@ impl Sim<'_> {
             *g = None;
         }
         self.share(self.replica_index(r), t);
-        if let Some(rep) = self.replica_of(r) {
-            if let Some(p) = rep.peer.as_mut() {
-                p.on_finish(w, t);
-            }
-        }
         self.last_finish = self.last_finish.max(t);
         self.after_step(w, t);
-    }
-
-    fn replica_of(&mut self, r: usize) -> Option<&mut Replica> {
-        let k = self.replica_index(r);
-        self.replicas.get_mut(k)
     }
 
     /// The replica the front end sent request `r` to (recorded at routing).
@@ -608,86 +608,53 @@ impl Sim<'_> {
             return false;
         };
         let polled = self.cfg.load_poll_us > 0;
-        let (target, prefill, predicted) = if rep.peer.is_some() {
-            let n = self.workers.len();
-            self.overlaps.clear();
-            self.overlaps.resize(n, kvroute_ingest::Overlap::default());
-            kvroute_ingest::InventoryView::score(&self.index, &self.keys, &mut self.overlaps);
-            self.views.clear();
-            for (w, worker) in self.workers.iter_mut().enumerate() {
+        if self.policy.is_peer() {
+            // The peers read the engines' gauges at decision time.
+            self.gauges.clear();
+            for worker in &mut self.workers {
                 worker.advance(t);
-                let id = EndpointId(u32::try_from(w).unwrap_or(u32::MAX));
-                let l = ReplicaLoad {
-                    rep: &*rep,
-                    polled,
-                    now,
-                }
-                .load(id);
                 let cap = u64::from(worker.config().capacity_blocks.max(1));
                 let used = u64::from(worker.cache().used_blocks());
                 #[allow(clippy::cast_precision_loss)]
-                self.views.push(super::peers::WorkerView {
-                    prefix_blocks: self.overlaps.get(w).map_or(0, |o| o.prefix),
-                    active_prefix_blocks: 0,
-                    in_flight: l.in_flight,
+                self.gauges.push(EngineReport {
+                    running: worker.running(),
                     waiting: u32::try_from(worker.waiting()).unwrap_or(u32::MAX),
-                    queued_prefill_tokens: l.queued_prefill_tokens,
-                    active_blocks: used,
-                    kv_usage: used as f64 / cap as f64,
-                    capacity_blocks: cap,
+                    kv_usage: Some(used as f64 / cap as f64),
+                    prefill: None,
+                    kv_capacity_blocks: Some(cap),
                 });
             }
-            let preq = super::peers::PeerRequest {
-                keys: &self.keys,
-                prompt_tokens: req.input_tokens,
-                block_size: self.block_size,
-            };
-            let Some(peer) = rep.peer.as_mut() else {
-                return false;
-            };
-            let w = peer.pick(&preq, &self.views, t).min(n.saturating_sub(1));
-            let prefix = self.overlaps.get(w).map_or(0, |o| o.prefix);
-            let cached = prefix.saturating_mul(self.block_size).min(req.input_tokens);
-            let target = Target {
-                endpoint: EndpointId(u32::try_from(w).unwrap_or(0)),
-                decode: None,
-            };
-            (target, req.input_tokens - cached, cached)
-        } else {
-            let request = Request::new(PromptInput::Keys {
-                keys: &self.keys,
-                contract: &self.contract,
-                prompt_tokens: req.input_tokens,
-            });
-            let view = ReplicaLoad {
-                rep: &*rep,
-                polled,
-                now,
-            };
-            rep.rule.decide_into(
-                &mut self.decision,
-                &request,
-                &self.index,
-                &view,
-                &AlwaysAvailable,
-                now,
-            );
-            let decision = &self.decision;
-            let Some(target) = decision.target() else {
-                self.rejected += 1;
-                return false;
-            };
-            let predicted = if decision.source() == Source::KvExact {
-                decision.predicted_cached_tokens(self.block_size)
-            } else {
-                0
-            };
-            (
-                target,
-                decision.predicted_prefill_tokens(self.block_size),
-                predicted,
-            )
+        }
+        let request = Request::new(PromptInput::Keys {
+            keys: &self.keys,
+            contract: &self.contract,
+            prompt_tokens: req.input_tokens,
+        });
+        let view = ReplicaLoad {
+            rep: &*rep,
+            polled,
+            now,
+            gauges: &self.gauges,
         };
+        rep.rule.decide_into(
+            &mut self.decision,
+            &request,
+            &self.index,
+            &view,
+            &AlwaysAvailable,
+            now,
+        );
+        let decision = &self.decision;
+        let Some(target) = decision.target() else {
+            self.rejected += 1;
+            return false;
+        };
+        let predicted = if decision.source() == Source::KvExact {
+            decision.predicted_cached_tokens(self.block_size)
+        } else {
+            0
+        };
+        let prefill = decision.predicted_prefill_tokens(self.block_size);
         let w = target.endpoint.index();
         if let Some(p) = self.predicted.get_mut(r) {
             *p = predicted;

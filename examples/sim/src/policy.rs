@@ -11,14 +11,21 @@
 //! | `kv-prefix` | KV-exact, `Scorer::LongestPrefix`, round-robin fallback |
 //! | `kv-bounded` | KV-exact, `Scorer::LoadAware` (bounded load, ε = 0.25 by default), round-robin fallback (`--bounded-fallback`) |
 //! | `kv-exact` | **the default**: exactly what `kvroute serve` runs for a KV-exact rule that names no scorer — `RuleConfig::kv_exact` untouched (`Scorer::Cost`, least-load fallback, predicted entries) |
-//! | `dynamo-cost` | NVIDIA Dynamo's KV router cost function, re-implemented in [`super::peers`] |
-//! | `smg-cache-aware` | SGLang Model Gateway's `cache_aware` policy (approximate tree, no events), [`super::peers`] |
-//! | `llmd-weighted` | llm-d's weighted prefix / queue / KV-utilisation scorers, [`super::peers`] |
+//! | `dynamo-cost` | KV-exact with NVIDIA Dynamo's KV router cost function as the scorer, re-implemented in [`super::peers`] |
+//! | `smg-cache-aware` | KV-exact with SGLang Model Gateway's `cache_aware` policy as the scorer (approximate tree, no events), [`super::peers`] |
+//! | `llmd-weighted` | KV-exact with llm-d's weighted prefix / queue / KV-utilisation scorers as the scorer, [`super::peers`] |
+//!
+//! The peers' policies are scorers of a real rule ([`super::peers::PeerScorer`]),
+//! without predicted entries (the peers have none).
+
+use std::sync::Arc;
 
 use kvroute_select::{
-    Choice, ContractId, CostConfig, Endpoint, LoadAwareConfig, Role, RuleConfig, Scorer,
-    SelectorKind, Topology,
+    Choice, ContractId, CostConfig, CostScorer, Endpoint, LoadAwareConfig, LoadAwareScorer,
+    LongestPrefixScorer, OverlapCountScorer, Role, RuleConfig, SelectorKind, Topology,
 };
+
+use super::peers::PeerScorer;
 
 /// One compared policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -115,17 +122,14 @@ impl Policy {
         }
     }
 
-    /// The peer re-implementation behind a peer policy (`None` for kvroute's
-    /// own rules).
+    /// True for the peers' policies (their view includes the engines' own
+    /// reports, read at each decision).
     #[must_use]
-    pub fn peer(self, workers: usize, seed: u64) -> Option<Box<dyn super::peers::PeerPolicy>> {
-        use super::peers::{DynamoCost, LlmdWeighted, SmgCacheAware};
-        match self {
-            Policy::DynamoCost => Some(Box::new(DynamoCost::new(workers, seed))),
-            Policy::SmgCacheAware => Some(Box::new(SmgCacheAware::new(workers, seed))),
-            Policy::LlmdWeighted => Some(Box::new(LlmdWeighted::new(workers, seed))),
-            _ => None,
-        }
+    pub fn is_peer(self) -> bool {
+        matches!(
+            self,
+            Policy::DynamoCost | Policy::SmgCacheAware | Policy::LlmdWeighted
+        )
     }
 
     /// Parses a comma-separated list (`all` for every policy).
@@ -166,7 +170,7 @@ impl Policy {
         matches!(
             self,
             Policy::KvOverlap | Policy::KvPrefix | Policy::KvBounded | Policy::KvExact
-        )
+        ) || self.is_peer()
     }
 
     /// The rule for a fleet of `workers` workers.
@@ -195,28 +199,34 @@ impl Policy {
             Policy::Chwbl => cfg.choice = Choice::ContentAffinity,
             Policy::LeastLoad => cfg.fallback = SelectorKind::LeastLoad,
             Policy::PowerOfTwo => cfg.fallback = SelectorKind::PowerOfTwoChoices,
-            // The peers route outside the rule; it only names them.
             Policy::KvExact => {
-                cfg.scorer = Scorer::Cost(t.cost);
+                cfg.scorer = Arc::new(CostScorer(t.cost));
                 if !t.predicted {
                     cfg.predicted.capacity = 0;
                 }
             }
-            Policy::DynamoCost | Policy::SmgCacheAware | Policy::LlmdWeighted => {}
+            Policy::DynamoCost | Policy::SmgCacheAware | Policy::LlmdWeighted => {
+                cfg.scorer = Arc::new(match self {
+                    Policy::DynamoCost => PeerScorer::dynamo(workers, seed),
+                    Policy::SmgCacheAware => PeerScorer::smg(workers, seed),
+                    _ => PeerScorer::llmd(workers, seed),
+                });
+                cfg.predicted.capacity = 0;
+            }
             Policy::KvOverlap => {
-                cfg.scorer = Scorer::OverlapCount;
+                cfg.scorer = Arc::new(OverlapCountScorer);
                 cfg.fallback = SelectorKind::RoundRobin;
             }
             Policy::KvPrefix => {
-                cfg.scorer = Scorer::LongestPrefix;
+                cfg.scorer = Arc::new(LongestPrefixScorer);
                 cfg.fallback = SelectorKind::RoundRobin;
             }
             Policy::KvBounded => {
-                cfg.scorer = Scorer::LoadAware(LoadAwareConfig {
+                cfg.scorer = Arc::new(LoadAwareScorer(LoadAwareConfig {
                     epsilon: t.epsilon,
                     tokens_per_in_flight: t.tokens_per_in_flight,
                     ..LoadAwareConfig::default()
-                });
+                }));
                 cfg.fallback = t.bounded_fallback;
             }
         }

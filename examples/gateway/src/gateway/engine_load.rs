@@ -72,6 +72,7 @@ pub fn spawn(rt: &Arc<RuleRuntime>, interval: Duration) {
                         prefill: r.prefill_computed_tokens.zip(r.prefill_seconds).map(
                             |(tokens, seconds)| PrefillProgress { tokens, seconds },
                         ),
+                        kv_capacity_blocks: r.kv_capacity_blocks,
                     };
                     // Every replica's requests: the engine counts them all.
                     let local = rule.replicas_load(id);

@@ -478,7 +478,7 @@ impl Gateway {
         );
         cfg.choice = spec.choice;
         cfg.key_mode = key_mode;
-        cfg.scorer = spec.scorer;
+        cfg.scorer = std::sync::Arc::clone(&spec.scorer);
         cfg.fallback = spec.selector;
         cfg.thresholds = thresholds;
         let provider = keys.clone().map(|k| k as Arc<dyn PromptKeys>);

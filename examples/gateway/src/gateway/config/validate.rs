@@ -4,12 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 use hyper::Uri;
 use kvroute_core::{HashContract, HashError, LoraAdapter, RequestExtras};
 use kvroute_engines::transport::EngineKind;
 use kvroute_select::{
-    Choice, CostConfig, LoadAwareConfig, Role, Scorer, ScorerKind, SelectorKind, Topology,
+    Choice, CostConfig, CostScorer, LoadAwareConfig, LoadAwareScorer, Role, ScorerKind, ScorerRef,
+    SelectorKind, Topology,
 };
 
 use super::{
@@ -63,7 +65,7 @@ pub struct RuleSpec {
     /// Contract (KV-exact rules).
     pub contract: Option<HashContract>,
     /// Scorer.
-    pub scorer: Scorer,
+    pub scorer: ScorerRef,
     /// Miss selector.
     pub selector: SelectorKind,
     /// Endpoints.
@@ -340,14 +342,15 @@ impl RuleSpec {
             ));
         }
         let (choice, topology, selector) = (doc.choice, doc.topology, doc.selector);
-        let scorer = match doc.scorer {
-            ScorerKind::LoadAware => {
-                Scorer::LoadAware(load_aware_config(doc.load_slack, &f("load_slack"))?)
-            }
-            ScorerKind::Cost => Scorer::Cost(cost_config(doc.cost.as_ref(), &f("cost"))?),
-            kind => Scorer::from(kind),
+        let scorer: ScorerRef = match doc.scorer {
+            ScorerKind::LoadAware => Arc::new(LoadAwareScorer(load_aware_config(
+                doc.load_slack,
+                &f("load_slack"),
+            )?)),
+            ScorerKind::Cost => Arc::new(CostScorer(cost_config(doc.cost.as_ref(), &f("cost"))?)),
+            kind => kind.build(),
         };
-        if doc.cost.is_some() && !matches!(scorer, Scorer::Cost(_)) {
+        if doc.cost.is_some() && doc.scorer != ScorerKind::Cost {
             return Err(invalid(
                 f("cost"),
                 format!(
@@ -356,7 +359,7 @@ impl RuleSpec {
                 ),
             ));
         }
-        if doc.load_slack.is_some() && !matches!(scorer, Scorer::LoadAware(_)) {
+        if doc.load_slack.is_some() && doc.scorer != ScorerKind::LoadAware {
             return Err(invalid(
                 f("load_slack"),
                 format!(
@@ -760,23 +763,41 @@ mod tests {
     }
 
     /// The scorer of a one-rule file whose rule carries `extra` lines.
-    fn scorer_with(extra: &str) -> Result<Scorer, ConfigError> {
+    fn scorer_with(extra: &str) -> Result<Built, ConfigError> {
         let text = format!(
             "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{extra}\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1\"\n"
         );
-        ServeConfig::from_toml(&text, Path::new(".")).map(|c| c.rules[0].scorer)
+        ServeConfig::from_toml(&text, Path::new(".")).map(|c| Built::of(&c.rules[0].scorer))
+    }
+
+    /// A built-in scorer with its parameters, for comparisons.
+    #[derive(Debug, PartialEq)]
+    enum Built {
+        Cost(CostConfig),
+        LoadAware(LoadAwareConfig),
+        Other(String),
+    }
+
+    impl Built {
+        fn of(s: &ScorerRef) -> Self {
+            let any: &dyn std::any::Any = &**s;
+            if let Some(c) = any.downcast_ref::<CostScorer>() {
+                Built::Cost(c.0)
+            } else if let Some(l) = any.downcast_ref::<LoadAwareScorer>() {
+                Built::LoadAware(l.0)
+            } else {
+                Built::Other(s.name().to_owned())
+            }
+        }
     }
 
     #[test]
     fn rules_cost_sets_the_cost_scorer_and_is_validated() {
-        assert_eq!(
-            scorer_with("").unwrap(),
-            Scorer::Cost(CostConfig::default())
-        );
+        assert_eq!(scorer_with("").unwrap(), Built::Cost(CostConfig::default()));
         assert_eq!(
             scorer_with("[rules.cost]\naffinity_tokens = 256\naffinity_slack = 0.2\nload_factor = inf\nload_headroom = 4\ndrain_queue = false")
             .unwrap(),
-            Scorer::Cost(CostConfig {
+            Built::Cost(CostConfig {
                 affinity_tokens: 256.0,
                 affinity_slack: 0.2,
                 load_factor: f64::INFINITY,
@@ -836,18 +857,18 @@ mod tests {
     fn load_slack_sets_the_load_aware_epsilon_and_is_validated() {
         assert_eq!(
             scorer_with("scorer = \"load_aware\"\nload_slack = 0.5").unwrap(),
-            Scorer::LoadAware(LoadAwareConfig {
+            Built::LoadAware(LoadAwareConfig {
                 epsilon: 0.5,
                 ..LoadAwareConfig::default()
             })
         );
         assert_eq!(
             scorer_with("scorer = \"load_aware\"").unwrap(),
-            Scorer::LoadAware(LoadAwareConfig::default())
+            Built::LoadAware(LoadAwareConfig::default())
         );
         assert_eq!(
             scorer_with("scorer = \"load_aware\"\nload_slack = 0").unwrap(),
-            Scorer::LoadAware(LoadAwareConfig {
+            Built::LoadAware(LoadAwareConfig {
                 epsilon: 0.0,
                 ..LoadAwareConfig::default()
             })
@@ -1004,7 +1025,7 @@ mod tests {
             ScorerKind::LoadAware,
         ] {
             let c = parse(doc(&format!("scorer = \"{k}\""), "")).unwrap();
-            assert_eq!(c.rules[0].scorer, Scorer::from(k));
+            assert_eq!(c.rules[0].scorer.name(), k.build().name());
         }
         for (engine, want) in [
             ("vllm", EngineKind::Vllm),
