@@ -1,5 +1,7 @@
-//! `docs/configuration.md` checked against the gateway's configuration
-//! loader, so the reference cannot drift from the schema.
+//! The documentation checked against the code, so it cannot drift:
+//! `docs/configuration.md` against the gateway's configuration loader (first
+//! test), and every command the README and `docs/` show against the targets
+//! and tests that exist (second test, below).
 //!
 //! The page documents every key in tables whose first column is the key's
 //! full dotted path in backticks (`` `rules.cost.affinity_tokens` ``), with
@@ -534,6 +536,288 @@ fn the_configuration_reference_matches_the_gateway() {
     assert!(
         failures.is_empty(),
         "{PAGE} and the gateway's configuration disagree:\n  {}",
+        failures.join("\n  ")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The documentation's commands.
+//
+// A fenced `sh` block in README.md or docs/*.md is either run by a test or
+// says what it needs with a first line `# needs: ...` (a GPU, a real engine,
+// a release build and a quiet machine for a benchmark). Unmarked `kvroute`
+// lines are cheap and run here, from the repository root, with the built
+// binary; the README's quickstart is run by `quickstart.rs`; the few other
+// unmarked lines are listed below with the test that covers them. Every
+// `cargo test|bench|run -p PACKAGE --test|--bench|--example NAME [FILTER]` the
+// pages name, in a block or inline, must still point at an existing target
+// (and its filter at an existing test), so a moved crate or a renamed test
+// shows here.
+
+/// Unmarked commands run elsewhere, and where.
+const RUN_ELSEWHERE: [(&str, &str); 3] = [
+    (
+        "bash scripts/test.sh",
+        "the test command itself (`.ci/run`)",
+    ),
+    (
+        "cargo run --release -p kvroute-gateway -- demo",
+        "`demo_cli.rs` runs `kvroute demo` (fewer requests, debug build)",
+    ),
+    (
+        "cargo build --release -p kvroute-gateway",
+        "the test command builds the same package",
+    ),
+];
+
+/// A command and its line number.
+type Numbered = (usize, String);
+
+/// `(line number, command)` of every unmarked `sh` line, and the
+/// marked ones' commands separately (they are still checked for targets).
+fn shell_lines(file: &str, text: &str) -> (Vec<Numbered>, Vec<Numbered>) {
+    let (mut unmarked, mut marked) = (Vec::new(), Vec::new());
+    let mut block: Option<(String, Vec<Numbered>)> = None;
+    for (n, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if let Some((lang, lines)) = &mut block {
+            if t == "```" {
+                if lang == "sh" {
+                    let needs = lines
+                        .iter()
+                        .find(|(_, l)| !l.trim().is_empty())
+                        .is_some_and(|(_, l)| l.trim_start().starts_with("# needs:"));
+                    let mut joined: Vec<Numbered> = Vec::new();
+                    let mut cont = false;
+                    for (ln, l) in lines.drain(..) {
+                        let piece = l.trim().trim_end_matches('\\').trim().to_owned();
+                        if cont {
+                            let last = joined.last_mut().unwrap();
+                            last.1.push(' ');
+                            last.1.push_str(&piece);
+                        } else if !piece.is_empty() && !piece.starts_with('#') {
+                            joined.push((ln + 1, piece));
+                        }
+                        cont = l.trim_end().ends_with('\\');
+                    }
+                    if needs { &mut marked } else { &mut unmarked }.extend(joined);
+                }
+                block = None;
+            } else {
+                lines.push((n, line.to_owned()));
+            }
+        } else if let Some(lang) = t.strip_prefix("```") {
+            block = Some((lang.trim().to_owned(), Vec::new()));
+        }
+    }
+    assert!(block.is_none(), "{file}: a code fence is not closed");
+    (unmarked, marked)
+}
+
+/// Package name → directory, from the repository's manifests.
+fn packages() -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![repo()];
+    for d in [repo(), repo().join("examples")] {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            dirs.push(e.path());
+        }
+    }
+    for d in dirs {
+        let Ok(m) = std::fs::read_to_string(d.join("Cargo.toml")) else {
+            continue;
+        };
+        let Ok(t) = toml::from_str::<toml::Table>(&m) else {
+            continue;
+        };
+        if let Some(name) = t
+            .get("package")
+            .and_then(|p| p.get("name"))
+            .and_then(|n| n.as_str())
+        {
+            out.insert(name.to_owned(), d);
+        }
+    }
+    out
+}
+
+fn rs_files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rs_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// `path` relative to the repository root, for messages.
+fn rel(path: &std::path::Path) -> String {
+    path.strip_prefix(repo())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+fn mentions(files: &[PathBuf], word: &str) -> bool {
+    files
+        .iter()
+        .any(|f| std::fs::read_to_string(f).is_ok_and(|t| t.contains(word)))
+}
+
+/// Whether a `cargo test|bench|run` command names targets that exist; `None`
+/// when it is no such command.
+fn cargo_target_problem(cmd: &str, packages: &BTreeMap<String, PathBuf>) -> Option<String> {
+    let (dir_prefix, cmd) = match cmd.split_once(" && ") {
+        Some((cd, rest)) => (cd.strip_prefix("cd ").map(|d| repo().join(d)), rest),
+        None => (None, cmd),
+    };
+    let words: Vec<&str> = cmd
+        .split_whitespace()
+        .skip_while(|w| w.contains('=') && !w.starts_with('-'))
+        .collect();
+    if words.first() != Some(&"cargo") || !matches!(words.get(1), Some(&("test" | "bench" | "run")))
+    {
+        return None;
+    }
+    let args: Vec<&str> = words[2..]
+        .iter()
+        .copied()
+        .take_while(|w| *w != "--")
+        .collect();
+    let flag = |f: &str| {
+        args.iter()
+            .position(|w| *w == f)
+            .and_then(|i| args.get(i + 1))
+            .copied()
+    };
+    let dir = match (flag("-p"), dir_prefix) {
+        (Some(p), _) => match packages.get(p) {
+            Some(d) => d.clone(),
+            None => return Some(format!("no package `{p}`")),
+        },
+        (None, Some(d)) => d,
+        (None, None) => return None,
+    };
+    let mut problem = None;
+    for (kind, sub) in [
+        ("--test", "tests"),
+        ("--bench", "benches"),
+        ("--example", "examples"),
+    ] {
+        if let Some(name) = flag(kind) {
+            let file = dir.join(sub).join(format!("{name}.rs"));
+            if !file.is_file() && !dir.join(sub).join(name).is_dir() {
+                problem = Some(format!(
+                    "no {kind} target `{name}` ({} missing)",
+                    rel(&file)
+                ));
+            } else if kind == "--test" {
+                // The filter after the target, if any: a test in that file.
+                let i = args.iter().position(|w| *w == kind).unwrap() + 2;
+                if let Some(filter) = args.get(i).filter(|f| !f.starts_with('-')) {
+                    let mut files = Vec::new();
+                    rs_files(&dir.join(sub), &mut files);
+                    let word = filter.trim_end_matches('_').trim_end_matches('…');
+                    if !mentions(&files, word) {
+                        problem = Some(format!("no test matching `{filter}` in {}", rel(&file)));
+                    }
+                }
+            }
+        }
+    }
+    for kind in ["--lib", "--bin"] {
+        if let Some(i) = args.iter().position(|w| *w == kind) {
+            let skip = usize::from(kind == "--bin") + 1;
+            if let Some(filter) = args.get(i + skip).filter(|f| !f.starts_with('-')) {
+                let mut files = Vec::new();
+                rs_files(&dir.join("src"), &mut files);
+                let word = filter.rsplit("::").next().unwrap_or(filter);
+                if !mentions(&files, word) {
+                    problem = Some(format!(
+                        "no test matching `{filter}` in {}",
+                        rel(&dir.join("src"))
+                    ));
+                }
+            }
+        }
+    }
+    problem
+}
+
+#[test]
+fn every_documented_command_runs_in_a_test_or_says_what_it_needs() {
+    let mut pages = vec!["README.md".to_owned()];
+    for e in std::fs::read_dir(repo().join("docs")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") {
+            pages.push(format!("docs/{name}"));
+        }
+    }
+    pages.sort();
+    let packages = packages();
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let qs_start = readme
+        .find("## Quickstart")
+        .expect("README has a quickstart");
+    let qs_end = readme[qs_start + 3..]
+        .find("\n## ")
+        .map_or(readme.len(), |i| qs_start + 3 + i);
+    let qs_lines = (
+        readme[..qs_start].lines().count(),
+        readme[..qs_end].lines().count(),
+    );
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(repo().join(page)).unwrap();
+        let (unmarked, marked) = shell_lines(page, &text);
+        for (n, cmd) in unmarked.iter().chain(&marked) {
+            if let Some(p) = cargo_target_problem(cmd, &packages) {
+                failures.push(format!("{page}:{n}: `{cmd}`: {p}"));
+            }
+        }
+        // Inline `cargo ...` commands (tables of tests and benchmarks).
+        for (n, line) in text.lines().enumerate() {
+            for span in code_spans(line) {
+                if let Some(p) = cargo_target_problem(&span, &packages) {
+                    failures.push(format!("{page}:{}: `{span}`: {p}", n + 1));
+                }
+            }
+        }
+        for (n, cmd) in unmarked {
+            if page == "README.md" && n > qs_lines.0 && n <= qs_lines.1 {
+                continue; // quickstart.rs runs these as written
+            }
+            if RUN_ELSEWHERE.iter().any(|(c, _)| *c == cmd) {
+                continue;
+            }
+            let Some(args) = cmd.strip_prefix("kvroute ") else {
+                failures.push(format!(
+                    "{page}:{n}: `{cmd}` is run by no test: run it in one, or start its block with `# needs: ...`"
+                ));
+                continue;
+            };
+            let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+                .args(args.split_whitespace())
+                .current_dir(repo())
+                .output()
+                .unwrap();
+            ran += 1;
+            if !out.status.success() {
+                failures.push(format!(
+                    "{page}:{n}: `{cmd}` failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+    }
+    assert!(ran > 0, "no documented `kvroute` command ran");
+    assert!(
+        failures.is_empty(),
+        "documented commands:\n  {}",
         failures.join("\n  ")
     );
 }
