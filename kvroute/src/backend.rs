@@ -132,12 +132,6 @@ impl Backend {
         self
     }
 
-    /// Whether this endpoint keeps an inventory (it can prefill and publishes
-    /// events).
-    pub(crate) fn has_inventory(&self) -> bool {
-        self.role.can_prefill() && (self.events.is_some() || self.engine == EngineKind::TensorRtLlm)
-    }
-
     /// The host of `url`, for wildcard event endpoints.
     #[cfg(feature = "zmq")]
     pub(crate) fn host(&self) -> Option<String> {
