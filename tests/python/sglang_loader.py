@@ -22,6 +22,8 @@ The modules the SGLang stand-in runs are executed from those files, unchanged:
   (`--kv-events-config` JSON, `uses_dynamo_format`), `KVEventBatch`,
   `BlockStored` / `BlockRemoved` / `AllBlocksCleared`,
   `kv_event_namespace_seed`, `namespaced_block_hash`;
+* `sglang.srt.lora.lora_registry`     `LoRARef.deterministic_id` (the
+  `lora_id`, hence the radix `extra_key`, of a `--lora-paths name=path` adapter);
 * `sglang.srt.environ`, `sglang.srt.runtime_context`, `sglang.srt.utils.network`.
 
 What is NOT executed, and why that leaves the path above untouched:
@@ -47,6 +49,8 @@ What is NOT executed, and why that leaves the path above untouched:
     slots);
   - `sglang.srt.observability.metrics_collector` (`--enable-metrics` only);
   - `sglang.srt.utils.common.ceil_align` (sliding-window attention only);
+  - `sglang.srt.utils.ConcurrentCounter` (`LoRARegistry`'s in-flight counter;
+    only `LoRARef` is used);
   - `sglang.srt.utils.cpp_extension_loader` (torch's JIT extension builder):
     `load_extension_with_recovery` is replaced by `_build_native_hash`, which
     compiles the same `hash_binding.cpp` with the same flags (`-O3
@@ -308,11 +312,18 @@ def load() -> Sglang:
     mem = os.path.join(srt, "mem_cache")
     _torch_module()
     _shell_package("sglang", root)
-    for pkg in ("kernels", "kernels/ops", "kernels/ops/kvcache", "srt", "srt/utils",
-                "srt/disaggregation", "srt/mem_cache", "srt/mem_cache/cpp_utils",
+    for pkg in ("kernels", "kernels/ops", "kernels/ops/kvcache", "srt",
+                "srt/disaggregation", "srt/lora", "srt/mem_cache", "srt/mem_cache/cpp_utils",
                 "srt/mem_cache/unified_cache", "srt/observability", "srt/arg_groups",
                 "srt/arg_groups/fields"):
         _shell_package("sglang." + pkg.replace("/", "."), os.path.join(root, pkg))
+    # `sglang.srt.utils` re-exports utils.common (torch, triton, PIL...);
+    # `lora_registry` takes its request counter from it.
+    _shell_package(
+        "sglang.srt.utils",
+        os.path.join(srt, "utils"),
+        ConcurrentCounter=_placeholder_class("sglang.srt.utils.ConcurrentCounter"),
+    )
     _kernel_stub("sglang.kernels.ops.kvcache.mla_buffer")
     _stub("sglang.srt.mem_cache.allocator", BaseTokenToKVPoolAllocator=_placeholder_class("BaseTokenToKVPoolAllocator"))
     _stub("sglang.srt.mem_cache.memory_pool", ReqToTokenPool=_placeholder_class("ReqToTokenPool"))
@@ -334,6 +345,7 @@ def load() -> Sglang:
         native_hash=imp("sglang.srt.mem_cache.cpp_utils.native_hash"),
         base=imp("sglang.srt.mem_cache.base_prefix_cache"),
         radix=imp("sglang.srt.mem_cache.radix_cache"),
+        lora_registry=imp("sglang.srt.lora.lora_registry"),
         root=root,
     )
     for name in (
