@@ -45,6 +45,17 @@ fn sglang_page_chain_v0_5_23() {
     );
 }
 
+/// Empty `cache_salt` / `extra_key` request values (SGLang takes them as
+/// absent) beside their non-empty neighbours, default and dynamo formats.
+#[test]
+fn sglang_empty_values_v0_5_23() {
+    check_file(
+        "sglang/hash_vectors_v0.5.23_empty_values.json",
+        HashVectorFormat::SglangPageChain,
+        10,
+    );
+}
+
 #[test]
 fn sglang_legacy_pyhash() {
     // 5 vectors + the empty-tuple hash.
@@ -89,6 +100,7 @@ fn every_hash_vector_file_is_pinned() {
     let pinned = [
         "vllm/hash_vectors_v0.33.0.json",
         "sglang/hash_vectors_v0.5.23.json",
+        "sglang/hash_vectors_v0.5.23_empty_values.json",
         "sglang/hash_vectors_legacy_pyhash.json",
         "sglang/dynamo_xxh3_local_block_hash.json",
         "rekey/kvroute_xxh3_chain_vectors.json",

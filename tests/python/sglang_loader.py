@@ -24,6 +24,9 @@ The modules the SGLang stand-in runs are executed from those files, unchanged:
   `kv_event_namespace_seed`, `namespaced_block_hash`;
 * `sglang.srt.lora.lora_registry`     `LoRARef.deterministic_id` (the
   `lora_id`, hence the radix `extra_key`, of a `--lora-paths name=path` adapter);
+* `GenerateReqInput._normalize_single_inputs` (`managers/io_struct.py`, which
+  imports the whole scheduler): that one method, compiled from the wheel's
+  source (`wheel_method`): `extra_key` / `cache_salt` must be strings, "" is None;
 * `sglang.srt.environ`, `sglang.srt.runtime_context`, `sglang.srt.utils.network`.
 
 What is NOT executed, and why that leaves the path above untouched:
@@ -282,6 +285,65 @@ def _build_native_hash(name, sources, extra_cflags=(), extra_ldflags=(), with_cu
     return mod
 
 
+# -- single functions of modules that cannot be imported -----------------------------
+
+
+def wheel_method(relpath: str, class_name: str, name: str, **module_globals):
+    """One method of a class in a wheel module too heavy to import (e.g.
+    `managers/io_struct.py`, which pulls in the whole scheduler), compiled
+    from the wheel's own source text with `module_globals` as the names it
+    reads. The code object keeps the file name and line numbers."""
+    import ast
+
+    path = os.path.join(sglang_root(), relpath)
+    tree = ast.parse(Path(path).read_text(), filename=path)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    item.decorator_list = []
+                    code = compile(ast.Module(body=[item], type_ignores=[]), path, "exec")
+                    scope = dict(module_globals)
+                    exec(code, scope)
+                    return scope[name]
+    raise RuntimeError(f"sglang_loader: {class_name}.{name} not found in {path}")
+
+
+def request_normalizer():
+    """`GenerateReqInput._normalize_single_inputs` (io_struct.py): a single
+    request's `extra_key` / `cache_salt` must be strings, and "" becomes None.
+
+    Returns `normalize(cache_salt, extra_key) -> (cache_salt, extra_key)`.
+    """
+    import uuid
+
+    method = wheel_method(
+        "srt/managers/io_struct.py",
+        "GenerateReqInput",
+        "_normalize_single_inputs",
+        uuid=uuid,
+        decode_kv_hints_envelope=_placeholder_fn("decode_kv_hints_envelope"),
+    )
+
+    def normalize(cache_salt, extra_key):
+        obj = types.SimpleNamespace(
+            sampling_params=None,
+            rid=None,
+            return_logprob=None,
+            logprob_start_len=None,
+            top_logprobs_num=None,
+            token_ids_logprob=None,
+            return_sampling_mask=None,
+            extra_key=extra_key,
+            cache_salt=cache_salt,
+            kv_hints=None,
+        )
+        method(obj)
+        return obj.cache_salt, obj.extra_key
+
+    return normalize
+
+
 # -- loading ------------------------------------------------------------------------
 
 
@@ -346,6 +408,7 @@ def load() -> Sglang:
         base=imp("sglang.srt.mem_cache.base_prefix_cache"),
         radix=imp("sglang.srt.mem_cache.radix_cache"),
         lora_registry=imp("sglang.srt.lora.lora_registry"),
+        normalize_request=request_normalizer(),
         root=root,
     )
     for name in (
@@ -374,5 +437,7 @@ if __name__ == "__main__":
     # The wheel's page chain on a known vector (golden/sglang/hash_vectors_v0.5.23.json).
     h = s.utils.get_hash_str([1, 2, 3, 4, 5, 6, 7, 8], None, page_size=4)
     assert h[0].startswith("cf97adeedb59e05b"), h
+    assert s.normalize_request("", "") == (None, None)
+    assert s.normalize_request("t", "k") == ("t", "k")
     check()
     print("sglang_loader: ok", s.root)

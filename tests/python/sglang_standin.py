@@ -36,10 +36,12 @@ whole server, replaced by the smallest equivalent):
   (`release_kv_cache`, owned KV = all tokens but the last sampled one, with
   the prompt split as `_insert_cache(split_prompt=True)` does); one decode
   token per running request per step; output tokens are a fixed word cycle;
-* request normalisation as `GenerateReqInput._normalize_single_inputs` and
-  `Req.__init__` do it (`io_struct.py`, `schedule_batch.py` need torch): an
-  empty `cache_salt` / `extra_key` is None; a LoRA adapter (`model`
-  "base:adapter" or `lora_path`) appends its `lora_id` to `extra_key`;
+* request fields: `extra_key` / `cache_salt` go through the wheel's own
+  `GenerateReqInput._normalize_single_inputs` ("" is None; see
+  `sglang_loader.request_normalizer`); what `Req.__init__` does with them is
+  this file's (`schedule_batch.py` needs torch): `cache_salt or None`, and a
+  LoRA adapter (`model` "base:adapter" or `lora_path`) appends its `lora_id`
+  to `extra_key`;
 * the OpenAI server: `/v1/completions`, `/v1/chat/completions` (non-streamed
   and SSE; `usage.prompt_tokens_details.cached_tokens` as SGLang reports it
   with `--enable-cache-report`), `/health`, `/v1/models`; prompts are rendered
@@ -372,14 +374,6 @@ def usage(req: StandinReq) -> dict:
     }
 
 
-def optional_str(body: dict, name: str):
-    """`GenerateReqInput._normalize_single_inputs`: a string or null; "" is None."""
-    v = body.get(name)
-    if v is not None and not isinstance(v, str):
-        raise ValueError(f"{name} should be a string for a single request.")
-    return v or None
-
-
 def make_handler(engine: Engine, frontend: Frontend, model: str):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -463,12 +457,11 @@ def make_handler(engine: Engine, frontend: Frontend, model: str):
                         ids = list(prompt)
                     else:
                         raise ValueError("prompt must be a non-empty string or token list")
-                cache_salt = optional_str(body, "cache_salt")
-                extra_key = optional_str(body, "extra_key")
+                cache_salt, extra_key = engine.s.normalize_request(body.get("cache_salt"), body.get("extra_key"))
                 # OpenAIServingBase._resolve_lora_path: "base:adapter" wins over lora_path.
                 name = body.get("model") or model
                 adapter = name.split(":", 1)[1].strip() if ":" in name and name != model else None
-                adapter = adapter or optional_str(body, "lora_path")
+                adapter = adapter or body.get("lora_path") or None
                 lora = None
                 if adapter is not None:
                     lora = engine.loras.get(adapter)
