@@ -40,6 +40,10 @@ pub struct Backend {
     pub replay: Option<String>,
     /// Data-parallel ranks (each publishes on `port + rank`).
     pub dp_ranks: u32,
+    /// TensorRT-LLM: drain the engine's events from `url + /kv_cache_events`
+    /// (default `true` for TensorRT-LLM; the drain consumes them, so only
+    /// one router may drain an engine).
+    pub drain: bool,
     /// ZeroMQ topic (the engines' default is empty).
     pub topic: String,
     /// Relative weight (weighted / CHWBL selectors).
@@ -59,6 +63,7 @@ impl Backend {
             events: None,
             replay: None,
             dp_ranks: 1,
+            drain: engine == EngineKind::TensorRtLlm,
             topic: String::new(),
             weight: 1,
             capacity: 1,
@@ -94,6 +99,14 @@ impl Backend {
     #[must_use]
     pub fn replay(mut self, endpoint: impl Into<String>) -> Self {
         self.replay = Some(endpoint.into());
+        self
+    }
+
+    /// Whether a TensorRT-LLM engine's events are drained (see
+    /// [`Backend::drain`]).
+    #[must_use]
+    pub fn drained(mut self, on: bool) -> Self {
+        self.drain = on;
         self
     }
 

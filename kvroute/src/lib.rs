@@ -114,6 +114,10 @@
 pub mod admission;
 mod backend;
 mod clock;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod prompt;
 pub mod receipt;
 mod runtime;

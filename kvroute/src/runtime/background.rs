@@ -141,6 +141,7 @@ fn spawn_probe(
                     tracing::info!(endpoint = %url, "health probe recovered");
                 }
             } else {
+                state.probe_failures.fetch_add(1, Ordering::Relaxed);
                 state.breaker.lock().on_failure(shared.now());
                 if was != Some(false) {
                     tracing::warn!(endpoint = %url, "health probe failed");

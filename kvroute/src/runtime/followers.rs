@@ -21,7 +21,7 @@ fn endpoint_err(url: &str, reason: impl std::fmt::Display) -> BuildError {
 /// Whether `b` keeps an inventory: it can prefill and its engine publishes
 /// events the router follows.
 pub(crate) fn has_inventory(b: &Backend) -> bool {
-    b.role.can_prefill() && (b.events.is_some() || b.engine == EngineKind::TensorRtLlm)
+    b.role.can_prefill() && (b.events.is_some() || (b.engine == EngineKind::TensorRtLlm && b.drain))
 }
 
 /// The sequence-window policy of `b`'s event stream.

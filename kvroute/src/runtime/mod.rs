@@ -462,6 +462,13 @@ impl KvRouter {
         self.shared.admission.snapshot()
     }
 
+    /// Whether completions prompts are forwarded as token ids
+    /// ([`KvRouterBuilder::forward_token_ids`]).
+    #[must_use]
+    pub fn forwards_token_ids(&self) -> bool {
+        self.shared.options.forward_token_ids
+    }
+
     /// The tokenizer pool.
     #[must_use]
     pub fn tokenizers(&self) -> &Arc<TokenizerPool> {
@@ -567,6 +574,49 @@ impl KvRouter {
     #[must_use]
     pub fn memory_bytes(&self) -> usize {
         status::memory_bytes(&self.shared)
+    }
+
+    /// The URLs of the endpoints a request may go to now, least in flight
+    /// first; endpoints with equal load start at a rotating offset (`turn`),
+    /// so they take turns. For requests a host forwards without a decision.
+    #[must_use]
+    pub fn available_by_load(&self, turn: usize) -> Vec<String> {
+        let shared = &self.shared;
+        let now = shared.now();
+        let view = view::RouterView::new(shared, now);
+        let members = shared.membership.lock();
+        let n = members.len().max(1);
+        let mut order: Vec<(u32, String)> = (0..members.len())
+            .map(|k| turn.wrapping_add(k) % n)
+            .filter_map(|i| {
+                let s = members.get(i)?.as_ref()?;
+                kvroute_select::Health::availability(&view, id(i), now)
+                    .is_available()
+                    .then(|| {
+                        let l = kvroute_select::Load::load(&view, id(i));
+                        (l.in_flight, s.backend.url.clone())
+                    })
+            })
+            .collect();
+        order.sort_by_key(|(l, _)| *l);
+        order.into_iter().map(|(_, u)| u).collect()
+    }
+
+    /// A request the host forwarded without a decision reached `url`
+    /// (`true`) or failed to connect: feeds its circuit breaker as
+    /// [`Pick::connected`] and [`Pick::retry`] do.
+    pub fn record_connect(&self, url: &str, connected: bool) {
+        let Some(slot) = slots::slot_of(&self.shared, url) else {
+            return;
+        };
+        if let Some(s) = self.shared.slots.get(slot) {
+            let mut b = s.breaker.lock();
+            if connected {
+                b.on_success();
+            } else {
+                b.on_failure(self.shared.now());
+            }
+        }
     }
 
     /// A request without a KV decision (pass-through) charged to `url`

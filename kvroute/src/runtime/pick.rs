@@ -49,6 +49,9 @@ pub struct Pick {
     decision: Decision,
     guard: Option<LoadGuard>,
     input: Input,
+    /// A receipt was recorded already (a P/D prefill leg's): the response
+    /// body's is not recorded again.
+    recorded: bool,
 }
 
 impl std::fmt::Debug for Pick {
@@ -69,6 +72,7 @@ impl Pick {
             decision: Decision::new(),
             guard: None,
             input,
+            recorded: false,
         };
         let now = shared.now();
         let decision = {
@@ -173,6 +177,14 @@ impl Pick {
         if let Some(Ok(b)) = self.ids_body() {
             return b.clone();
         }
+        self.text_body(original)
+    }
+
+    /// The body to forward as text: the client's, or the same with
+    /// `stream_options.include_usage` added — what a host sends when it
+    /// builds bodies of its own from it (a P/D two-step).
+    #[must_use]
+    pub fn text_body(&self, original: &Bytes) -> Bytes {
         self.prompt()
             .and_then(PreparedPrompt::rewritten)
             .cloned()
@@ -183,9 +195,12 @@ impl Pick {
     /// while forwarding is off.
     fn ids_body(&self) -> Option<Result<&Bytes, KeepText>> {
         let ids = self.prompt()?.ids()?;
-        let engine = self
-            .decision
-            .target()
+        let target = self.decision.target();
+        // A P/D target's legs are built from the text by the two-step.
+        if target.is_some_and(|t| t.decode.is_some()) {
+            return Some(Err(KeepText::PrefillDecode));
+        }
+        let engine = target
             .and_then(|t| self.gen.engines.get(t.endpoint.index()).copied())
             .unwrap_or(EngineKind::LlamaCpp);
         Some(ids.for_engine(engine))
@@ -265,10 +280,19 @@ impl Pick {
     }
 
     /// Records the engine's cached-token receipt for this decision (what
-    /// [`Pick::into_body`] does by itself at the body's end). `false` when
-    /// the receipt was not counted (no target, or more than the prompt).
-    pub fn record_receipt(&self, cached_tokens: u32) -> bool {
+    /// [`Pick::into_body`] does by itself at the body's end; after this call
+    /// it records nothing more — a P/D host records the prefill leg's
+    /// answer here). `false` when the receipt was not counted (no target, or
+    /// more than the prompt).
+    pub fn record_receipt(&mut self, cached_tokens: u32) -> bool {
+        self.recorded = true;
         self.gen.rule.record_receipt(&self.decision, cached_tokens)
+    }
+
+    /// The response body's usage is not this decision's receipt (a P/D
+    /// decode leg's answer): [`Pick::into_body`] records nothing.
+    pub fn skip_body_receipt(&mut self) {
+        self.recorded = true;
     }
 
     /// The request's load charge (e.g. [`LoadGuard::prefill_leg_done`] after
@@ -313,8 +337,9 @@ impl Pick {
         let guard = self.guard.take();
         let gen = Arc::clone(&self.gen);
         let decision = std::mem::take(&mut self.decision);
+        let recorded = self.recorded;
         let done: OnReceipt = Box::new(move |r: Receipt| {
-            if let (true, Some(c)) = (r.complete, r.cached_tokens) {
+            if let (false, true, Some(c)) = (recorded, r.complete, r.cached_tokens) {
                 gen.rule.record_receipt(&decision, c);
             }
             on_end(r);

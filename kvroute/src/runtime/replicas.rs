@@ -121,6 +121,13 @@ pub trait ReplicaTransport: Send + Sync + fmt::Debug + 'static {
     /// The transport cannot subscribe.
     fn subscribe(&self, pool: &str, sink: ReplicaSink)
         -> Result<ReplicaSubscription, ReplicaError>;
+
+    /// How many times the transport has reconnected (monotonic; 0 for one
+    /// that never does). After a change every router sends all its
+    /// endpoints, so the others resynchronise at once.
+    fn reconnects(&self) -> u64 {
+        0
+    }
 }
 
 /// One replica's load changes.

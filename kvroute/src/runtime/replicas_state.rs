@@ -22,8 +22,9 @@ pub(crate) struct ReplicaState {
     origin: u64,
     remote: RemoteLoad,
     counting: Counting,
-    /// When every endpoint was last sent.
-    last_full: Mutex<Option<Duration>>,
+    /// When every endpoint was last sent, and the transport's reconnect
+    /// count then.
+    last_full: Mutex<(Option<Duration>, u64)>,
     subscription: Mutex<Option<ReplicaSubscription>>,
 }
 
@@ -43,7 +44,7 @@ impl ReplicaState {
             origin,
             config,
             counting: Counting::default(),
-            last_full: Mutex::new(None),
+            last_full: Mutex::new((None, 0)),
             subscription: Mutex::new(None),
         }
     }
@@ -160,9 +161,13 @@ impl ReplicaState {
         let now = shared.now();
         let full = {
             let mut last = self.last_full.lock();
-            let due = last.is_none_or(|t| now.saturating_sub(t) >= self.config.heartbeat);
+            let reconnects = self.config.transport.reconnects();
+            let due = last
+                .0
+                .is_none_or(|t| now.saturating_sub(t) >= self.config.heartbeat)
+                || reconnects != last.1;
             if due {
-                *last = Some(now);
+                *last = (Some(now), reconnects);
             }
             due
         };

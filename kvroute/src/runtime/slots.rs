@@ -36,6 +36,8 @@ pub(crate) struct SlotState {
     /// Last active probe verdict (`None` before the first probe).
     pub(crate) probe_ok: Mutex<Option<bool>>,
     pub(crate) ingest: RwLock<Option<SharedIngest>>,
+    /// Health probes that failed.
+    pub(crate) probe_failures: AtomicU64,
     /// Engine load polls that gave a report / failed.
     pub(crate) polls_ok: AtomicU64,
     pub(crate) polls_failed: AtomicU64,
@@ -231,6 +233,7 @@ pub(crate) fn assemble(
                 breaker: Mutex::new(CircuitBreaker::new(b.breaker)),
                 probe_ok: Mutex::new(None),
                 ingest: RwLock::new(None),
+                probe_failures: AtomicU64::new(0),
                 polls_ok: AtomicU64::new(0),
                 polls_failed: AtomicU64::new(0),
             })

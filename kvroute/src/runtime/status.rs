@@ -93,6 +93,8 @@ pub struct EndpointStatus {
     /// The last health probe's verdict (`None` before the first, or without
     /// probes).
     pub probe_ok: Option<bool>,
+    /// Health probes that failed.
+    pub probe_failures: u64,
     /// This replica's own requests there.
     pub local: EndpointLoad,
     /// The other replicas' announced requests there (`None` without
@@ -185,6 +187,7 @@ pub(crate) fn endpoint(shared: &Shared, slot: usize) -> Option<EndpointStatus> {
         admin_down: state.admin_down.load(Ordering::Acquire),
         breaker: state.breaker.lock().state(now),
         probe_ok: *state.probe_ok.lock(),
+        probe_failures: state.probe_failures.load(Ordering::Relaxed),
         local: shared.tracker.load(e),
         remote: shared.replicas.as_ref().map(|r| r.remote().remote(e, now)),
         load: view.load(e),

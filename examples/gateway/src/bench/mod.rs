@@ -326,10 +326,8 @@ async fn wait_ready(gw: &Arc<gateway::Gateway>) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
     for _ in 0..400 {
         let connected = gw.rules_snapshot().iter().all(|rt| {
-            rt.endpoints
-                .iter()
-                .flat_map(|e| &e.subscribers)
-                .all(|s| s.snapshot().connected)
+            let r = rt.router.readiness();
+            r.followers_connected == r.followers
         });
         if connected {
             return Ok(());

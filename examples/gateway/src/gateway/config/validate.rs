@@ -30,8 +30,17 @@ pub struct EndpointSpec {
     pub role: Role,
     /// Engine kind.
     pub engine: EngineKind,
-    /// KV-event subscriptions, one per DP rank (empty without events).
+    /// KV-event subscriptions, one per DP rank (empty without events): the
+    /// addresses the runtime derives from `zmq`, `replay` and `dp_ranks`.
     pub events: Vec<EventSource>,
+    /// The engine's KV-event endpoint as configured.
+    pub zmq: Option<String>,
+    /// The engine's replay endpoint as configured.
+    pub replay: Option<String>,
+    /// Data-parallel ranks.
+    pub dp_ranks: u32,
+    /// ZeroMQ topic.
+    pub topic: String,
     /// TensorRT-LLM drain URL (`<url>/kv_cache_events`) when `drain = true`.
     pub drain: Option<String>,
     /// Weight.
@@ -49,8 +58,6 @@ pub struct EventSource {
     pub zmq: kvroute_engines::transport::ZmqEndpoint,
     /// Replay ROUTER address for this rank.
     pub replay: Option<String>,
-    /// Topic.
-    pub topic: String,
 }
 
 /// A validated rule.
@@ -72,22 +79,6 @@ pub struct RuleSpec {
     pub endpoints: Vec<EndpointSpec>,
     /// LoRA adapters by the model name requests use for them.
     pub lora: BTreeMap<String, LoraAdapter>,
-}
-
-impl RuleSpec {
-    /// The hash extras of a request for `model` with vLLM `cache_salt`: the
-    /// rule's LoRA adapter for that model name, if any, and the salt. With
-    /// `[[rules.lora]] model = "sql", path = "/adapters/sql"`, a request for
-    /// `"sql"` gets `lora = {name: "sql", path: "/adapters/sql"}`; a request
-    /// for the base model gets none.
-    #[must_use]
-    pub fn request_extras(&self, model: Option<&str>, cache_salt: Option<String>) -> RequestExtras {
-        RequestExtras {
-            lora: model.and_then(|m| self.lora.get(m)).cloned(),
-            cache_salt,
-            ..RequestExtras::NONE
-        }
-    }
 }
 
 /// The validated file.
@@ -138,7 +129,7 @@ impl ServeConfig {
     fn validate(file: FileConfig, base: &Path) -> Result<Self, ConfigError> {
         let listen = parse_addr("listen", &file.listen)?;
         let admin_listen = parse_addr("admin.listen", &file.admin.listen)?;
-        crate::gateway::replica_sync::validate(&file.replicas, admin_listen)?;
+        let replicas = validate_replicas(file.replicas.clone(), base)?;
         let admin_token = match (&file.admin.token, &file.admin.token_env) {
             (Some(_), Some(_)) => {
                 return Err(invalid(
@@ -257,7 +248,7 @@ impl ServeConfig {
             limits,
             health: file.health,
             decisions: file.decisions,
-            replicas: file.replicas,
+            replicas,
             models,
             rules,
         })
@@ -650,7 +641,6 @@ impl EndpointSpec {
                     rank,
                     zmq: sub,
                     replay,
-                    topic: e.topic.clone(),
                 });
             }
         } else if e.replay.is_some() {
@@ -672,11 +662,90 @@ impl EndpointSpec {
             role,
             engine,
             events,
+            zmq: e.zmq.clone(),
+            replay: e.replay.clone(),
+            dp_ranks: e.dp_ranks,
+            topic: e.topic.clone(),
             drain,
             weight: e.weight,
             capacity: e.capacity,
         })
     }
+}
+
+/// `[replicas]`: intervals consistent, files resolved against `base`, the
+/// NATS URL and subject prefix usable.
+fn validate_replicas(mut cfg: ReplicasConfig, base: &Path) -> Result<ReplicasConfig, ConfigError> {
+    if cfg.sync_interval_ms == 0 {
+        return Err(invalid("replicas.sync_interval_ms", "must be at least 1"));
+    }
+    if cfg.heartbeat_ms == 0 {
+        return Err(invalid("replicas.heartbeat_ms", "must be at least 1"));
+    }
+    if cfg.remote_ttl_ms <= cfg.heartbeat_ms {
+        return Err(invalid(
+            "replicas.remote_ttl_ms",
+            format!(
+                "must exceed replicas.heartbeat_ms ({}): an idle replica would expire at the others between two heartbeats",
+                cfg.heartbeat_ms
+            ),
+        ));
+    }
+    if let Some(url) = &cfg.nats {
+        for u in url.split(',') {
+            let ok = ["nats://", "tls://", "ws://", "wss://"]
+                .iter()
+                .any(|s| u.trim().starts_with(s))
+                && u.trim().len() > 7;
+            if !ok {
+                return Err(invalid(
+                    "replicas.nats",
+                    format!("{u:?}: expected nats://host:port (or tls://, ws://, wss://)"),
+                ));
+            }
+        }
+    }
+    let prefix_ok = !cfg.subject_prefix.is_empty()
+        && cfg.subject_prefix.split('.').all(|t| {
+            !t.is_empty()
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        });
+    if !prefix_ok {
+        return Err(invalid(
+            "replicas.subject_prefix",
+            "dot-separated tokens of letters, digits, `-` and `_`",
+        ));
+    }
+    if cfg.tls_cert_file.is_some() != cfg.tls_key_file.is_some() {
+        return Err(invalid(
+            "replicas.tls_cert_file",
+            "a client certificate needs its key (tls_key_file), and the other way round",
+        ));
+    }
+    for (field, value) in [
+        ("replicas.credentials_file", &mut cfg.credentials_file),
+        ("replicas.tls_ca_file", &mut cfg.tls_ca_file),
+        ("replicas.tls_cert_file", &mut cfg.tls_cert_file),
+        ("replicas.tls_key_file", &mut cfg.tls_key_file),
+    ] {
+        if let Some(v) = value {
+            let p = base.join(&*v);
+            if !p.is_file() {
+                return Err(invalid(field, format!("{} is not a file", p.display())));
+            }
+            *v = p.to_string_lossy().into_owned();
+        }
+    }
+    if let Some(var) = &cfg.token_env {
+        if std::env::var(var).is_err() {
+            return Err(invalid(
+                "replicas.token_env",
+                format!("environment variable {var} is not set"),
+            ));
+        }
+    }
+    Ok(cfg)
 }
 
 /// Rule documents as the admin API receives them (JSON with the same fields).
@@ -918,22 +987,14 @@ mod tests {
             "[[rules.lora]]\nmodel = \"sql\"\npath = \"/adapters/sql-lora\"\n",
         )
         .unwrap();
-        let sql = rule.request_extras(Some("sql"), Some("tenant-a".to_owned()));
         assert_eq!(
-            sql.lora,
-            Some(LoraAdapter {
+            rule.lora.get("sql"),
+            Some(&LoraAdapter {
                 name: "sql".to_owned(),
                 path: "/adapters/sql-lora".to_owned()
             })
         );
-        assert_eq!(sql.cache_salt.as_deref(), Some("tenant-a"));
-        assert_eq!(rule.request_extras(Some("base"), None), RequestExtras::NONE);
-        assert_eq!(rule.request_extras(None, None), RequestExtras::NONE);
-        let salted = rule.request_extras(Some("base"), Some("s".to_owned()));
-        assert_eq!(
-            (salted.lora, salted.cache_salt.as_deref()),
-            (None, Some("s"))
-        );
+        assert_eq!(rule.lora.get("base"), None);
         // The admin API takes the same shape and lists it back.
         let json = serde_json::to_value(&rule.doc).unwrap();
         assert_eq!(json["lora"][0]["path"], "/adapters/sql-lora");
