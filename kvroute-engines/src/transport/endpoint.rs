@@ -118,7 +118,15 @@ impl ZmqEndpoint {
         engine_host: &str,
         dp_rank: u32,
     ) -> Result<Self, EndpointError> {
-        let _ = engine; // vLLM and SGLang share the rule; kept for future divergence.
+        let _ = engine; // vLLM and SGLang share the rule.
+        Self::subscriber_of(engine_endpoint, engine_host, dp_rank)
+    }
+
+    pub(crate) fn subscriber_of(
+        engine_endpoint: &str,
+        engine_host: &str,
+        dp_rank: u32,
+    ) -> Result<Self, EndpointError> {
         let endpoint = offset_endpoint_port(engine_endpoint, dp_rank)?;
         if let Some(rest) = endpoint.strip_prefix("tcp://") {
             let (host, port) = split_host_port(rest)
@@ -247,6 +255,49 @@ pub fn resolved_bind_addresses(
             std::net::IpAddr::V6(v6) => format!("tcp://[{v6}]:{port}"),
         })
         .collect())
+}
+
+/// The address our replay client dials for DP rank `dp_rank`, from the
+/// engine's `replay_endpoint` as configured in the engine.
+///
+/// The engine's ROUTER always binds: a wildcard host (`*`, `0.0.0.0`, `::`,
+/// `[::]`, empty) is replaced by `engine_host` (the endpoint's own host); any
+/// other address is dialled as written. Rank `r` replays on `port + r`.
+///
+/// ```
+/// use kvroute_engines::transport::replay_address;
+///
+/// assert_eq!(replay_address("tcp://*:5558", "10.0.0.7", 1).unwrap(), "tcp://10.0.0.7:5559");
+/// assert_eq!(replay_address("tcp://0.0.0.0:5558", "::1", 0).unwrap(), "tcp://[::1]:5558");
+/// assert_eq!(replay_address("tcp://10.0.0.9:5558", "10.0.0.7", 0).unwrap(), "tcp://10.0.0.9:5558");
+/// assert!(replay_address("inproc://replay", "h", 0).is_err());
+/// ```
+///
+/// # Errors
+/// [`EndpointError`] for an endpoint that is not `tcp://host:port` or
+/// `ipc://...`, an `ipc://` endpoint with a rank above 0, or a port overflow.
+pub fn replay_address(
+    engine_replay_endpoint: &str,
+    engine_host: &str,
+    dp_rank: u32,
+) -> Result<String, EndpointError> {
+    let endpoint = offset_endpoint_port(engine_replay_endpoint, dp_rank)?;
+    if let Some(rest) = endpoint.strip_prefix("tcp://") {
+        let (host, port) = split_host_port(rest)
+            .ok_or_else(|| EndpointError::Malformed(engine_replay_endpoint.to_owned()))?;
+        return Ok(if is_wildcard_host(host) {
+            format!("tcp://{}:{port}", bracket_v6(engine_host))
+        } else {
+            endpoint
+        });
+    }
+    if endpoint.starts_with("ipc://") {
+        return Ok(endpoint);
+    }
+    if endpoint.starts_with("inproc://") {
+        return Err(EndpointError::InProcess(engine_replay_endpoint.to_owned()));
+    }
+    Err(EndpointError::Malformed(engine_replay_endpoint.to_owned()))
 }
 
 /// The engines' `offset_endpoint_port`: `tcp://host:port` → `tcp://host:(port + rank)`.

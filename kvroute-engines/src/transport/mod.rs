@@ -33,8 +33,8 @@ mod trtllm_poller;
 
 pub use decoding_sink::{DecodingSink, IngestOutcome, SeqIngest};
 pub use endpoint::{
-    offset_endpoint_port, resolved_bind_addresses, BindTarget, EndpointError, SocketRole,
-    ZmqEndpoint,
+    offset_endpoint_port, replay_address, resolved_bind_addresses, BindTarget, EndpointError,
+    SocketRole, ZmqEndpoint,
 };
 pub use index_ingest::{IndexIngest, SharedIngest};
 pub use metrics::{MetricsSnapshot, SubscriberMetrics};
