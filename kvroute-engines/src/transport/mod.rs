@@ -98,8 +98,8 @@ pub enum TransportError {
     /// The engine cannot serve the requested routing mode.
     #[error("{engine} does not support {feature}: {reason}; {suggestion}")]
     Unsupported {
-        /// The engine asked about.
-        engine: EngineKind,
+        /// The engine asked about (its configuration name).
+        engine: String,
         /// What was asked for.
         feature: &'static str,
         /// Why it cannot work.
@@ -110,6 +110,34 @@ pub enum TransportError {
     /// An endpoint string could not be used.
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    /// What a host gave to follow one endpoint cannot be followed
+    /// ([`crate::engine::Follow`]).
+    #[error("{field}: {reason}")]
+    Follow {
+        /// The [`crate::engine::Follow`] field at fault (`url`, `events`,
+        /// `replay`, `dp_ranks`, `block_size`).
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The transport an engine needs is not compiled into this build.
+    #[error("{engine}: this build has no {transport} (enable the `{feature}` feature)")]
+    NotCompiled {
+        /// The engine's configuration name.
+        engine: String,
+        /// The missing transport.
+        transport: &'static str,
+        /// The cargo feature that brings it.
+        feature: &'static str,
+    },
+    /// An HTTP client could not be built.
+    #[error("{engine}: cannot build the HTTP client: {reason}")]
+    Client {
+        /// The engine's configuration name.
+        engine: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Checks that `engine` publishes the KV events KV-exact routing needs.
@@ -128,17 +156,7 @@ pub enum TransportError {
 /// assert!(err.to_string().contains("content affinity"));
 /// ```
 pub fn require_kv_events(engine: EngineKind) -> Result<(), TransportError> {
-    match engine {
-        EngineKind::Vllm | EngineKind::Sglang | EngineKind::TensorRtLlm => Ok(()),
-        EngineKind::LlamaCpp => Err(TransportError::Unsupported {
-            engine,
-            feature: "KV-exact routing",
-            reason: "llama.cpp publishes no KV-cache events and has no block-hash contract, \
-                     so its cache inventory cannot be followed",
-            suggestion: "use content affinity (CHWBL over a request-derived prefix), which \
-                         keeps a prompt prefix on the same server without engine events",
-        }),
-    }
+    crate::engine::of_kind(engine).kv_events()
 }
 
 #[cfg(test)]
