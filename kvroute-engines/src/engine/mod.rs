@@ -113,7 +113,7 @@ use kvroute_ingest::{EventBatch, RestartPolicy, SeqWindowConfig, SharedIndex};
 use crate::events::{DecodeError, DecodeStats};
 use crate::prompt::{Dialect, PyValue};
 use crate::transport::{
-    replay_address, EngineKind, SharedIngest, SubscriberMetrics, TransportError, ZmqEndpoint,
+    replay_address, SharedIngest, SubscriberMetrics, TransportError, ZmqEndpoint,
 };
 use crate::{ApiKind, MetricsDialect, UnknownName};
 
@@ -554,7 +554,7 @@ pub fn zmq_streams(follow: &Follow) -> Result<Vec<Stream>, TransportError> {
         .ok_or_else(|| Follow::invalid("url", format!("{:?} names no host", follow.url)))?;
     let mut streams = Vec::with_capacity(follow.dp_ranks.max(1) as usize);
     for rank in 0..follow.dp_ranks.max(1) {
-        let endpoint = ZmqEndpoint::subscriber_of(events, &host, rank)
+        let endpoint = ZmqEndpoint::for_engine(events, &host, rank)
             .map_err(|e| Follow::invalid("events", e.to_string()))?;
         let replay = match &follow.replay {
             Some(r) => Some(
@@ -873,16 +873,6 @@ pub fn by_name(name: &str) -> Result<Arc<dyn Engine>, UnknownName> {
 
 const BUILTIN_NAMES: &str = "vllm, sglang, trtllm or llama.cpp";
 
-/// The engine value of a [`EngineKind`].
-pub(crate) fn of_kind(kind: EngineKind) -> &'static dyn Engine {
-    match kind {
-        EngineKind::Vllm => &VLLM,
-        EngineKind::Sglang => &SGLANG,
-        EngineKind::TensorRtLlm => &TRTLLM,
-        EngineKind::LlamaCpp => &LLAMA_CPP,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -929,15 +919,6 @@ mod tests {
             assert_eq!(err.expected, "vllm, sglang, trtllm or llama.cpp");
             let err = r.get(bad).unwrap_err();
             assert_eq!(err.expected, ["vllm", "sglang", "trtllm", "llama.cpp"]);
-        }
-        // The names EngineKind prints and parses are the registry's.
-        for kind in [
-            EngineKind::Vllm,
-            EngineKind::Sglang,
-            EngineKind::TensorRtLlm,
-            EngineKind::LlamaCpp,
-        ] {
-            assert_eq!(by_name(kind.as_str()).unwrap().name(), of_kind(kind).name());
         }
         assert_eq!(
             Registry::empty().get("vllm").unwrap_err().to_string(),

@@ -170,7 +170,12 @@ mod tests {
     use crate::engine::{Engine, LLAMA_CPP, SGLANG, TRTLLM, VLLM};
     use crate::prompt::parse_json;
 
-    type Case = (&'static str, ApiKind, &'static dyn Engine, Result<(), KeepText>);
+    type Case = (
+        &'static str,
+        ApiKind,
+        &'static dyn Engine,
+        Result<(), KeepText>,
+    );
 
     #[test]
     fn each_reason_keeps_the_text() {

@@ -6,7 +6,7 @@
 use kvroute_ingest::EventBatch;
 
 use super::sink::{Frame, FrameReport, FrameSink, FrameSource, ReplayOutcome, SinkAction};
-use super::{EngineKind, TransportError};
+use super::TransportError;
 use crate::engine::{Engine, FrameDecoder};
 use crate::events::DecodeStats;
 
@@ -58,14 +58,6 @@ pub struct DecodingSink<I> {
 }
 
 impl<I: SeqIngest> DecodingSink<I> {
-    /// A sink for `engine`'s ZeroMQ wire format; only vLLM and SGLang publish one.
-    ///
-    /// # Errors
-    /// [`TransportError::Unsupported`] for an engine without ZeroMQ events.
-    pub fn new(engine: EngineKind, ingest: I) -> Result<Self, TransportError> {
-        Self::for_engine(crate::engine::of_kind(engine), ingest)
-    }
-
     /// A sink for `engine`'s ZeroMQ payloads, decoded by its
     /// [`Engine::frame_decoder`].
     ///
@@ -159,6 +151,7 @@ impl<I: SeqIngest> FrameSink for DecodingSink<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{LLAMA_CPP, SGLANG, TRTLLM, VLLM};
 
     #[derive(Debug, Default)]
     struct Seqs(Vec<(u64, usize)>);
@@ -186,7 +179,7 @@ mod tests {
 
     #[test]
     fn decodes_golden_payloads_and_maps_outcomes() {
-        let mut sink = DecodingSink::new(EngineKind::Vllm, Seqs::default()).unwrap();
+        let mut sink = DecodingSink::for_engine(&VLLM, Seqs::default()).unwrap();
         assert_eq!(sink.on_connected(), SinkAction::Replay { from_seq: 7 });
         let payload = golden("vllm-events/v0.33.0/stream/03_evict_then_store.msgpack");
         let frame = |seq, payload| Frame {
@@ -207,9 +200,9 @@ mod tests {
 
     #[test]
     fn only_zeromq_engines_are_accepted() {
-        assert!(DecodingSink::new(EngineKind::Sglang, Seqs::default()).is_ok());
-        for engine in [EngineKind::TensorRtLlm, EngineKind::LlamaCpp] {
-            let err = DecodingSink::new(engine, Seqs::default()).unwrap_err();
+        assert!(DecodingSink::for_engine(&SGLANG, Seqs::default()).is_ok());
+        for engine in [&TRTLLM as &dyn Engine, &LLAMA_CPP] {
+            let err = DecodingSink::for_engine(engine, Seqs::default()).unwrap_err();
             assert!(matches!(err, TransportError::Unsupported { .. }), "{err}");
         }
     }

@@ -1,5 +1,3 @@
-use super::EngineKind;
-
 /// Whether our socket dials the engine or waits for the engine to dial us.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SocketRole {
@@ -98,31 +96,26 @@ impl ZmqEndpoint {
     /// not visible in the string: build that case with [`ZmqEndpoint::connect`].
     ///
     /// ```
-    /// use kvroute_engines::transport::{EngineKind, SocketRole, ZmqEndpoint};
+    /// use kvroute_engines::transport::{SocketRole, ZmqEndpoint};
     ///
     /// // The engine binds every interface: we dial its host, rank 1 on port + 1.
-    /// let ep = ZmqEndpoint::for_engine(EngineKind::Vllm, "tcp://*:5557", "10.0.0.7", 1).unwrap();
+    /// let ep = ZmqEndpoint::for_engine("tcp://*:5557", "10.0.0.7", 1).unwrap();
     /// assert_eq!((ep.address.as_str(), ep.role), ("tcp://10.0.0.7:5558", SocketRole::Connect));
     ///
     /// // The engine dials the gateway: we listen.
-    /// let ep = ZmqEndpoint::for_engine(EngineKind::Vllm, "tcp://10.0.0.1:5557", "10.0.0.7", 0).unwrap();
+    /// let ep = ZmqEndpoint::for_engine("tcp://10.0.0.1:5557", "10.0.0.7", 0).unwrap();
     /// assert_eq!((ep.address.as_str(), ep.role), ("tcp://10.0.0.1:5557", SocketRole::Bind));
     ///
     /// // ... on the name it dials, not on every interface.
-    /// let ep = ZmqEndpoint::for_engine(EngineKind::Vllm, "tcp://localhost:5557", "10.0.0.7", 0).unwrap();
+    /// let ep = ZmqEndpoint::for_engine("tcp://localhost:5557", "10.0.0.7", 0).unwrap();
     /// assert_eq!((ep.address.as_str(), ep.role), ("tcp://localhost:5557", SocketRole::Bind));
     /// ```
+    ///
+    /// # Errors
+    /// [`EndpointError`] for an endpoint that is not `tcp://host:port` or
+    /// `ipc://...` (`inproc://` is only reachable inside the engine), an
+    /// `ipc://` endpoint with a rank above 0, or a port overflow.
     pub fn for_engine(
-        engine: EngineKind,
-        engine_endpoint: &str,
-        engine_host: &str,
-        dp_rank: u32,
-    ) -> Result<Self, EndpointError> {
-        let _ = engine; // vLLM and SGLang share the rule.
-        Self::subscriber_of(engine_endpoint, engine_host, dp_rank)
-    }
-
-    pub(crate) fn subscriber_of(
         engine_endpoint: &str,
         engine_host: &str,
         dp_rank: u32,
@@ -418,16 +411,15 @@ mod tests {
             ),
         ];
         for (engine_ep, rank, want, role) in cases {
-            let ep =
-                ZmqEndpoint::for_engine(EngineKind::Vllm, engine_ep, "10.1.2.3", rank).unwrap();
+            let ep = ZmqEndpoint::for_engine(engine_ep, "10.1.2.3", rank).unwrap();
             assert_eq!((ep.address.as_str(), ep.role), (want, role), "{engine_ep}");
         }
         assert!(matches!(
-            ZmqEndpoint::for_engine(EngineKind::Sglang, "inproc://kv", "h", 0),
+            ZmqEndpoint::for_engine("inproc://kv", "h", 0),
             Err(EndpointError::InProcess(_))
         ));
         assert!(matches!(
-            ZmqEndpoint::for_engine(EngineKind::Sglang, "udp://h:1", "h", 0),
+            ZmqEndpoint::for_engine("udp://h:1", "h", 0),
             Err(EndpointError::Malformed(_))
         ));
     }
