@@ -404,6 +404,14 @@ pub enum Stream {
     Zmq(ZmqStream),
     /// A TensorRT-LLM `POST /kv_cache_events` drain (all attention-DP ranks).
     Drain(DrainStream),
+    /// A transport of the engine's own: its [`Engine::followers`] builds the
+    /// follower ([`Follower::new`]).
+    Other {
+        /// What it follows, for logs and the admin API.
+        address: String,
+        /// The DP rank it follows, if one.
+        rank: Option<u32>,
+    },
 }
 
 /// One DP rank's ZeroMQ subscription.
@@ -420,6 +428,24 @@ pub struct ZmqStream {
     pub topic: String,
 }
 
+impl ZmqStream {
+    /// DP rank `rank`'s subscription at `endpoint`, with its replay address.
+    #[must_use]
+    pub fn new(
+        rank: u32,
+        endpoint: ZmqEndpoint,
+        replay: Option<String>,
+        topic: impl Into<String>,
+    ) -> Self {
+        Self {
+            rank,
+            endpoint,
+            replay,
+            topic: topic.into(),
+        }
+    }
+}
+
 /// One HTTP drain.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -430,6 +456,17 @@ pub struct DrainStream {
     pub tokens_per_block: u32,
 }
 
+impl DrainStream {
+    /// A drain of `url` for an engine with `tokens_per_block` tokens per block.
+    #[must_use]
+    pub fn new(url: impl Into<String>, tokens_per_block: u32) -> Self {
+        Self {
+            url: url.into(),
+            tokens_per_block,
+        }
+    }
+}
+
 impl Stream {
     /// The address it follows (ZeroMQ endpoint or drain URL), for logs and
     /// the admin API.
@@ -438,6 +475,7 @@ impl Stream {
         match self {
             Stream::Zmq(z) => &z.endpoint.address,
             Stream::Drain(d) => &d.url,
+            Stream::Other { address, .. } => address,
         }
     }
 
@@ -447,6 +485,7 @@ impl Stream {
         match self {
             Stream::Zmq(z) => Some(z.rank),
             Stream::Drain(_) => None,
+            Stream::Other { rank, .. } => *rank,
         }
     }
 }
@@ -582,7 +621,8 @@ pub fn zmq_streams(follow: &Follow) -> Result<Vec<Stream>, TransportError> {
 /// whole.
 ///
 /// # Errors
-/// [`TransportError::Unsupported`] for a ZeroMQ stream without a decoder,
+/// [`TransportError::Unsupported`] for a ZeroMQ stream without a decoder or
+/// a [`Stream::Other`],
 /// [`TransportError::NotCompiled`] for a transport this build lacks,
 /// [`TransportError::Client`] when the HTTP client cannot be built.
 pub fn followers_of_streams(
@@ -605,6 +645,14 @@ pub fn followers_of_streams(
                 zmq_follower(engine, z, decoder, target)?
             }
             Stream::Drain(d) => drain_follower(engine, d, target)?,
+            Stream::Other { .. } => {
+                return Err(TransportError::Unsupported {
+                    engine: engine.to_owned(),
+                    feature: "following a stream of its own transport",
+                    reason: "kvroute has no transport for a Stream::Other",
+                    suggestion: "build its follower in the engine's Engine::followers",
+                })
+            }
         });
     }
     Ok(out)
@@ -896,7 +944,7 @@ mod tests {
     fn zmq(stream: &Stream) -> &ZmqStream {
         match stream {
             Stream::Zmq(z) => z,
-            Stream::Drain(d) => panic!("a drain: {d:?}"),
+            other => panic!("not a ZeroMQ stream: {other:?}"),
         }
     }
 
@@ -1141,6 +1189,41 @@ mod tests {
             LLAMA_CPP.streams(&base.clone().events("tcp://*:1")),
             Err(TransportError::Unsupported { .. })
         ));
+    }
+
+    #[derive(Debug)]
+    struct OwnTransport;
+
+    impl Engine for OwnTransport {
+        fn name(&self) -> &str {
+            "own"
+        }
+        fn events_carry_tokens(&self) -> bool {
+            true
+        }
+        fn streams(&self, follow: &Follow) -> Result<Vec<Stream>, TransportError> {
+            Ok(vec![Stream::Other {
+                address: format!("{}/events", follow.url),
+                rank: Some(0),
+            }])
+        }
+    }
+
+    #[test]
+    fn a_stream_of_an_engines_own_transport_is_its_to_follow() {
+        let f = Follow::new("http://h:1", 16);
+        let s = OwnTransport.streams(&f).unwrap();
+        assert_eq!(
+            (s[0].address(), s[0].rank()),
+            ("http://h:1/events", Some(0))
+        );
+        let err = OwnTransport.followers(&f, &target()).unwrap_err();
+        assert!(matches!(err, TransportError::Unsupported { .. }), "{err}");
+        // Its followers, built with Follower::new, are run by the host like any.
+        let stream = s[0].clone();
+        let follower = Follower::new(stream, Arc::default(), |stop| stop);
+        assert_eq!(follower.stream().address(), "http://h:1/events");
+        drop(follower.run(std::future::ready(())));
     }
 
     #[test]
