@@ -13,7 +13,6 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use kvroute::prompt::{with_token_ids, IdsBody};
 use kvroute_engines::prompt::parse_json;
 use kvroute_engines::prompt::{ApiKind, ModelOptions, ModelTokenizer};
-use kvroute_engines::transport::EngineKind;
 
 const WORDS: &[&str] = &[
     "the",
@@ -94,13 +93,21 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| with_token_ids(&body, ids).expect("rewrite"));
             },
         );
+        let engines = vec![kvroute::engine::by_name("vllm").expect("built-in engine")];
         g.bench_with_input(
             BenchmarkId::new("ids_body_prepare", ids.len()),
             &ids,
             |b, ids| {
                 b.iter(|| {
-                    let p = IdsBody::prepare(ApiKind::Completions, &body, &value, Some(ids), false);
-                    assert!(p.for_engine(EngineKind::Vllm).is_ok());
+                    let p = IdsBody::prepare(
+                        ApiKind::Completions,
+                        &body,
+                        &value,
+                        Some(ids),
+                        false,
+                        &engines,
+                    );
+                    assert!(p.for_engine(&kvroute::engine::VLLM).is_ok());
                     p
                 });
             },

@@ -1,7 +1,9 @@
 //! One inference backend as the host describes it: what it is, where it
 //! answers HTTP and where it publishes KV events.
 
-use kvroute_engines::transport::EngineKind;
+use std::sync::Arc;
+
+use kvroute_engines::engine::{self, Engine, Follow};
 use kvroute_select::Role;
 
 /// One engine behind the router: its HTTP base URL, engine kind, where it
@@ -19,14 +21,15 @@ use kvroute_select::Role;
 ///     .dp_ranks(2);
 /// assert_eq!(b.role, Role::Both);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Backend {
     /// `http://host:port` (no path): requests go to `url + path`, and a
     /// wildcard event endpoint (`tcp://*:5557`) is dialled on this host.
     pub url: String,
-    /// The engine (vLLM, SGLang, TensorRT-LLM).
-    pub engine: EngineKind,
+    /// The engine (vLLM, SGLang, TensorRT-LLM, or a host's own
+    /// [`Engine`]): its transport, window policy and dialects.
+    pub engine: Arc<dyn Engine>,
     /// P/D role; `Both` in a converged pool. Decode-only endpoints are not
     /// subscribed (KV-exact scores prefill-capable endpoints).
     pub role: Role,
@@ -40,10 +43,15 @@ pub struct Backend {
     pub replay: Option<String>,
     /// Data-parallel ranks (each publishes on `port + rank`).
     pub dp_ranks: u32,
-    /// TensorRT-LLM: drain the engine's events from `url + /kv_cache_events`
-    /// (default `true` for TensorRT-LLM; the drain consumes them, so only
-    /// one router may drain an engine).
-    pub drain: bool,
+    /// Follow the engine's events with its own transport (default `true`;
+    /// for vLLM/SGLang it also needs [`Backend::events`]). Off for a
+    /// TensorRT-LLM engine another consumer drains (the drain consumes the
+    /// events, so only one router may drain an engine).
+    pub follow_events: bool,
+    /// The host applies this endpoint's event batches itself
+    /// ([`crate::KvRouter::ingest`]): it keeps an inventory without a
+    /// transport (the simulator's engines).
+    pub host_events: bool,
     /// ZeroMQ topic (the engines' default is empty).
     pub topic: String,
     /// Relative weight (weighted / CHWBL selectors).
@@ -55,7 +63,7 @@ pub struct Backend {
 impl Backend {
     /// A backend of `engine` at `url`, role `Both`, one DP rank, no events yet.
     #[must_use]
-    pub fn new(engine: EngineKind, url: impl Into<String>) -> Self {
+    pub fn new(engine: Arc<dyn Engine>, url: impl Into<String>) -> Self {
         Self {
             url: url.into().trim_end_matches('/').to_owned(),
             engine,
@@ -63,7 +71,8 @@ impl Backend {
             events: None,
             replay: None,
             dp_ranks: 1,
-            drain: engine == EngineKind::TensorRtLlm,
+            follow_events: true,
+            host_events: false,
             topic: String::new(),
             weight: 1,
             capacity: 1,
@@ -73,19 +82,19 @@ impl Backend {
     /// A vLLM backend.
     #[must_use]
     pub fn vllm(url: impl Into<String>) -> Self {
-        Self::new(EngineKind::Vllm, url)
+        Self::new(Arc::new(engine::Vllm), url)
     }
 
     /// An SGLang backend.
     #[must_use]
     pub fn sglang(url: impl Into<String>) -> Self {
-        Self::new(EngineKind::Sglang, url)
+        Self::new(Arc::new(engine::Sglang), url)
     }
 
     /// A TensorRT-LLM backend (`trtllm-serve`), its events drained over HTTP.
     #[must_use]
     pub fn trtllm(url: impl Into<String>) -> Self {
-        Self::new(EngineKind::TensorRtLlm, url)
+        Self::new(Arc::new(engine::Trtllm), url)
     }
 
     /// The engine's KV-event endpoint, as in its configuration.
@@ -102,12 +111,36 @@ impl Backend {
         self
     }
 
-    /// Whether a TensorRT-LLM engine's events are drained (see
-    /// [`Backend::drain`]).
+    /// Whether the engine's events are followed (see
+    /// [`Backend::follow_events`]).
     #[must_use]
-    pub fn drained(mut self, on: bool) -> Self {
-        self.drain = on;
+    pub fn follow_events(mut self, on: bool) -> Self {
+        self.follow_events = on;
         self
+    }
+
+    /// The host applies this endpoint's events itself (see
+    /// [`Backend::host_events`]).
+    #[must_use]
+    pub fn host_events(mut self) -> Self {
+        self.host_events = true;
+        self
+    }
+
+    /// What the engine follows for this endpoint (`block_size`: the
+    /// contract's).
+    #[must_use]
+    pub fn follow(&self, block_size: u32) -> Follow {
+        let mut f = Follow::new(self.url.clone(), block_size)
+            .topic(self.topic.clone())
+            .dp_ranks(self.dp_ranks);
+        if let Some(e) = &self.events {
+            f = f.events(e.clone());
+        }
+        if let Some(r) = &self.replay {
+            f = f.replay(r.clone());
+        }
+        f
     }
 
     /// Data-parallel ranks (at least 1).
@@ -143,17 +176,5 @@ impl Backend {
     pub fn capacity(mut self, capacity: u32) -> Self {
         self.capacity = capacity.max(1);
         self
-    }
-
-    /// The host of `url`, for wildcard event endpoints.
-    #[cfg(feature = "zmq")]
-    pub(crate) fn host(&self) -> Option<String> {
-        let uri: http::Uri = self.url.parse().ok()?;
-        let host = uri.host()?;
-        Some(
-            host.trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned(),
-        )
     }
 }

@@ -128,14 +128,14 @@ pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use prompt::miss_before_keys;
 pub use runtime::{
-    BuildError, Change, EndpointDelta, EndpointStatus, EngineLoadConfig, KvRouter, KvRouterBuilder,
-    LoadPolls, NoEndpoint, Pick, ProbeConfig, Readiness, ReplicaBatch, ReplicaConfig,
-    ReplicaCounters, ReplicaError, ReplicaSink, ReplicaSubscription, ReplicaTransport,
-    TokenizerState,
+    BuildError, Change, EndpointDelta, EndpointStatus, EngineLoadConfig, FollowerStatus, KvRouter,
+    KvRouterBuilder, LoadPolls, NoEndpoint, Pick, ProbeConfig, Readiness, ReplicaBatch,
+    ReplicaConfig, ReplicaCounters, ReplicaError, ReplicaSink, ReplicaSubscription,
+    ReplicaTransport, TokenizerState,
 };
 
 pub use kvroute_core::HashContract;
-pub use kvroute_engines::transport::EngineKind;
+pub use kvroute_engines::engine::{self, Engine};
 pub use kvroute_engines::ApiKind;
 pub use kvroute_select::{
     Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason, Role, Scorer, ScorerKind,

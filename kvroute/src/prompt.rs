@@ -62,8 +62,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kvroute_core::{BlockKey, RequestExtras};
+use kvroute_engines::engine::Engine;
 use kvroute_engines::prompt::{self, Dialect, PromptLimits, PromptMiss, PyValue, TokenizerPool};
-use kvroute_engines::transport::EngineKind;
 use kvroute_engines::ApiKind;
 use kvroute_select::{ContractId, ContractKeys, MissBeforeKeys, PromptInput, PromptKeys, Request};
 
@@ -122,8 +122,12 @@ pub struct PromptOptions {
     /// Add `stream_options.include_usage` to streamed requests
     /// ([`crate::receipt::include_usage`]; a client's own setting stands).
     pub include_usage: bool,
-    /// Whose request validators apply ([`dialect_of`] the endpoints' engines).
+    /// Whose request validators apply
+    /// ([`kvroute_engines::engine::prompt_dialect_of`] the endpoints' engines).
     pub dialect: Dialect,
+    /// The endpoints' engines (one of each): which of them take a
+    /// completions prompt as token ids ([`IdsBody`]).
+    pub engines: Vec<Arc<dyn Engine>>,
     /// Prepare the id-prompt body of `/v1/completions` ([`IdsBody`]).
     pub forward_token_ids: bool,
     /// The rule's contract keys, when it routes KV-exact: the prompt's block
@@ -145,37 +149,11 @@ impl Default for PromptOptions {
             max_prompt_tokens: 128 << 10,
             include_usage: true,
             dialect: Dialect::Vllm,
+            engines: Vec::new(),
             forward_token_ids: false,
             keys: None,
             extras: RequestExtras::NONE,
         }
-    }
-}
-
-/// The request validators of a pool of `engines`: SGLang's when every one
-/// is SGLang, else vLLM's (the stricter ones where they differ).
-///
-/// ```
-/// use kvroute::prompt::dialect_of;
-/// use kvroute::EngineKind;
-/// use kvroute_engines::prompt::Dialect;
-/// assert_eq!(dialect_of([EngineKind::Sglang, EngineKind::Sglang]), Dialect::Sglang);
-/// assert_eq!(dialect_of([EngineKind::Sglang, EngineKind::Vllm]), Dialect::Vllm);
-/// assert_eq!(dialect_of([]), Dialect::Vllm);
-/// ```
-#[must_use]
-pub fn dialect_of(engines: impl IntoIterator<Item = EngineKind>) -> Dialect {
-    let mut any = false;
-    for e in engines {
-        if e != EngineKind::Sglang {
-            return Dialect::Vllm;
-        }
-        any = true;
-    }
-    if any {
-        Dialect::Sglang
-    } else {
-        Dialect::Vllm
     }
 }
 
@@ -454,7 +432,14 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
     if options.forward_token_ids {
         let base = rewritten.as_deref().unwrap_or(body);
         let ids = out.tokens.as_deref().ok();
-        out.ids = Some(IdsBody::prepare(api, base, &value, ids, truncated));
+        out.ids = Some(IdsBody::prepare(
+            api,
+            base,
+            &value,
+            ids,
+            truncated,
+            &options.engines,
+        ));
     }
     out.rewritten = rewritten;
     out
@@ -523,169 +508,7 @@ pub async fn prepare_admitted<H: PromptHost + Send + Sync + 'static>(
 // ---------------------------------------------------------------------------
 // Token-id forwarding ("tokenize once").
 
-/// Why a `/v1/completions` request went to the engine as text although
-/// token-id forwarding was on (the counted reason, see [`TokenIdCounters`]).
-///
-/// Each reason is a case where sending `prompt` as the ids kvroute computed
-/// would not be provably the same request to the engine (see the
-/// [module documentation](self)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum KeepText {
-    /// A chat request: the engines' chat endpoints take `messages`, not ids.
-    Chat,
-    /// `prompt` is not one string (already ids, a batch list, embeddings).
-    PromptNotText,
-    /// `echo`: the engine would echo the ids decoded back to text, which may
-    /// differ from the client's string.
-    Echo,
-    /// `suffix`: vLLM renders fill-in-the-middle from text prompts only.
-    Suffix,
-    /// `truncate_prompt_tokens`: the forwarded ids must be the whole prompt.
-    Truncation,
-    /// `return_token_offsets`: vLLM computes character offsets for text input only.
-    TokenOffsets,
-    /// SGLang with an explicit `add_special_tokens`: not one of SGLang's
-    /// completions fields, so kvroute's ids may not be what it would encode.
-    AddSpecialTokens,
-    /// The target engine is not known to treat an id prompt exactly as its
-    /// tokenization of the text (TensorRT-LLM, llama.cpp).
-    Engine,
-    /// No exact ids: the prompt pipeline missed (no tokenizer, overloaded,
-    /// over `max_prompt_tokens`, invalid request, ...).
-    NoTokens,
-    /// The body could not be rewritten keeping every other byte (not strict
-    /// JSON, e.g. `NaN`, or `prompt` given twice).
-    Rewrite,
-    /// A prefill/decode two-step: a host that builds the two legs' bodies
-    /// from the client's (the example gateway) sends both as text.
-    PrefillDecode,
-}
-
-impl KeepText {
-    /// Every reason, in [`KeepText::index`] order.
-    pub const ALL: [KeepText; 11] = [
-        KeepText::Chat,
-        KeepText::PromptNotText,
-        KeepText::Echo,
-        KeepText::Suffix,
-        KeepText::Truncation,
-        KeepText::TokenOffsets,
-        KeepText::AddSpecialTokens,
-        KeepText::Engine,
-        KeepText::NoTokens,
-        KeepText::Rewrite,
-        KeepText::PrefillDecode,
-    ];
-
-    /// The metrics label.
-    ///
-    /// ```
-    /// use kvroute::prompt::KeepText;
-    /// assert_eq!(KeepText::Echo.as_str(), "echo");
-    /// assert!(KeepText::ALL.iter().enumerate().all(|(i, k)| k.index() == i));
-    /// ```
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Chat => "chat",
-            Self::PromptNotText => "prompt_not_text",
-            Self::Echo => "echo",
-            Self::Suffix => "suffix",
-            Self::Truncation => "truncate_prompt_tokens",
-            Self::TokenOffsets => "return_token_offsets",
-            Self::AddSpecialTokens => "add_special_tokens",
-            Self::Engine => "engine",
-            Self::NoTokens => "no_tokens",
-            Self::Rewrite => "rewrite",
-            Self::PrefillDecode => "prefill_decode",
-        }
-    }
-
-    /// Position in [`KeepText::ALL`].
-    #[must_use]
-    pub fn index(self) -> usize {
-        match self {
-            Self::Chat => 0,
-            Self::PromptNotText => 1,
-            Self::Echo => 2,
-            Self::Suffix => 3,
-            Self::Truncation => 4,
-            Self::TokenOffsets => 5,
-            Self::AddSpecialTokens => 6,
-            Self::Engine => 7,
-            Self::NoTokens => 8,
-            Self::Rewrite => 9,
-            Self::PrefillDecode => 10,
-        }
-    }
-}
-
-impl std::fmt::Display for KeepText {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Whether `engine` runs a completions `prompt` of token ids exactly as its
-/// own tokenization of the text, given the request's other fields (`body`,
-/// parsed as the engine parses it). `Ok(())` only when provably so; the
-/// ids themselves must also be the whole, untruncated prompt (the caller's
-/// part, [`IdsBody::prepare`]).
-///
-/// ```
-/// use kvroute::prompt::{token_ids_equivalent, KeepText};
-/// use kvroute_engines::{prompt::parse_json, transport::EngineKind, ApiKind};
-/// let plain = parse_json(br#"{"model": "m", "prompt": "hi", "max_tokens": 4}"#).unwrap();
-/// assert_eq!(token_ids_equivalent(ApiKind::Completions, EngineKind::Vllm, &plain), Ok(()));
-/// let echo = parse_json(br#"{"model": "m", "prompt": "hi", "echo": true}"#).unwrap();
-/// assert_eq!(token_ids_equivalent(ApiKind::Completions, EngineKind::Vllm, &echo), Err(KeepText::Echo));
-/// assert_eq!(token_ids_equivalent(ApiKind::Chat, EngineKind::Vllm, &plain), Err(KeepText::Chat));
-/// assert_eq!(token_ids_equivalent(ApiKind::Completions, EngineKind::TensorRtLlm, &plain), Err(KeepText::Engine));
-/// ```
-pub fn token_ids_equivalent(
-    api: ApiKind,
-    engine: EngineKind,
-    body: &PyValue,
-) -> Result<(), KeepText> {
-    if api == ApiKind::Chat {
-        return Err(KeepText::Chat);
-    }
-    if !matches!(engine, EngineKind::Vllm | EngineKind::Sglang) {
-        return Err(KeepText::Engine);
-    }
-    let Some(d) = body.as_dict() else {
-        return Err(KeepText::PromptNotText);
-    };
-    // A field the engine reads as "off" when null/false/absent; anything
-    // else (including a value of the wrong type, which the engine refuses
-    // for text and ids alike) keeps the text.
-    let set = |name: &str| {
-        d.get(name)
-            .is_some_and(|v| !matches!(v, PyValue::Null | PyValue::Bool(false)))
-    };
-    if !matches!(d.get("prompt"), Some(PyValue::Str(s)) if !s.is_empty()) || set("prompt_embeds") {
-        return Err(KeepText::PromptNotText);
-    }
-    if set("echo") {
-        return Err(KeepText::Echo);
-    }
-    if d.get("suffix").is_some_and(|v| !v.is_null()) {
-        return Err(KeepText::Suffix);
-    }
-    if d.get("truncate_prompt_tokens")
-        .is_some_and(|v| !v.is_null())
-    {
-        return Err(KeepText::Truncation);
-    }
-    if engine == EngineKind::Vllm && set("return_token_offsets") {
-        return Err(KeepText::TokenOffsets);
-    }
-    if engine == EngineKind::Sglang && d.get("add_special_tokens").is_some_and(|v| !v.is_null()) {
-        return Err(KeepText::AddSpecialTokens);
-    }
-    Ok(())
-}
+pub use kvroute_engines::engine::KeepText;
 
 /// `body` (a JSON object) with the value of its top-level `prompt` replaced
 /// by `ids` as a JSON list, every other byte kept as it was; `None` when the
@@ -762,16 +585,17 @@ fn prompt_span(body: &[u8]) -> Option<(usize, usize)> {
     (body.get(start..end)? == text).then_some((start, end))
 }
 
-/// One request's id-prompt body, prepared once with its tokenization and
-/// chosen per target engine ([`IdsBody::for_engine`]): retries may land on
-/// an engine of another kind.
+/// The id-prompt body of one completions request and, per engine, whether
+/// a target running it gets that body or the text (and why).
 #[derive(Debug, Clone)]
 pub struct IdsBody {
     /// The body with `prompt` as ids, when the ids are the whole prompt and
-    /// at least one engine kind may take it.
+    /// at least one engine may take it.
     body: Option<Bytes>,
-    vllm: Result<(), KeepText>,
-    sglang: Result<(), KeepText>,
+    /// Per engine (by name), the outcome for a target running it.
+    engines: Vec<(String, Result<(), KeepText>)>,
+    /// The outcome for any other engine.
+    other: KeepText,
 }
 
 impl IdsBody {
@@ -781,27 +605,30 @@ impl IdsBody {
     pub fn text(why: KeepText) -> Self {
         Self {
             body: None,
-            vllm: Err(why),
-            sglang: Err(why),
+            engines: Vec::new(),
+            other: why,
         }
     }
 
-    /// Prepares the id body of one request: `base` is the body that would be
-    /// forwarded otherwise (the client's, or its usage rewrite), `value` the
-    /// client's body parsed, `ids` the exact prompt ids kvroute computed
-    /// (`None` when the pipeline missed), `truncated` whether
-    /// `truncate_prompt_tokens` cut them. CPU work about the body's size: run
-    /// it where the tokenization runs.
+    /// Prepares the id body of one request for targets running `engines`:
+    /// `base` is the body that would be forwarded otherwise (the client's,
+    /// or its usage rewrite), `value` the client's body parsed, `ids` the
+    /// exact prompt ids kvroute computed (`None` when the pipeline missed),
+    /// `truncated` whether `truncate_prompt_tokens` cut them. CPU work about
+    /// the body's size: run it where the tokenization runs.
     ///
     /// ```
+    /// use std::sync::Arc;
     /// use kvroute::prompt::{IdsBody, KeepText};
-    /// use kvroute_engines::{prompt::parse_json, transport::EngineKind, ApiKind};
+    /// use kvroute_engines::engine::{by_name, Engine};
+    /// use kvroute_engines::{prompt::parse_json, ApiKind};
+    /// let (vllm, trt) = (by_name("vllm").unwrap(), by_name("trtllm").unwrap());
     /// let body = br#"{"model":"m","prompt":"Hello world"}"#;
     /// let value = parse_json(body).unwrap();
     /// let ids = [9707, 1879];
-    /// let p = IdsBody::prepare(ApiKind::Completions, body, &value, Some(&ids), false);
-    /// assert_eq!(&p.for_engine(EngineKind::Vllm).unwrap()[..], br#"{"model":"m","prompt":[9707,1879]}"#);
-    /// assert_eq!(p.for_engine(EngineKind::TensorRtLlm).unwrap_err(), KeepText::Engine);
+    /// let p = IdsBody::prepare(ApiKind::Completions, body, &value, Some(&ids), false, &[vllm.clone(), trt.clone()]);
+    /// assert_eq!(&p.for_engine(&*vllm).unwrap()[..], br#"{"model":"m","prompt":[9707,1879]}"#);
+    /// assert_eq!(p.for_engine(&*trt).unwrap_err(), KeepText::Engine);
     /// ```
     #[must_use]
     pub fn prepare(
@@ -810,9 +637,8 @@ impl IdsBody {
         value: &PyValue,
         ids: Option<&[u32]>,
         truncated: bool,
+        engines: &[Arc<dyn Engine>],
     ) -> Self {
-        let vllm = token_ids_equivalent(api, EngineKind::Vllm, value);
-        let sglang = token_ids_equivalent(api, EngineKind::Sglang, value);
         let gate = match (ids, truncated) {
             (None, _) => Err(KeepText::NoTokens),
             (Some(_), true) => Err(KeepText::Truncation),
@@ -821,37 +647,47 @@ impl IdsBody {
         };
         // The request's own reason first (chat, echo, ...): it says more than
         // the pipeline's miss.
-        let (vllm, sglang, ids) = match gate {
-            Err(g) => (vllm.and(Err(g)), sglang.and(Err(g)), None),
-            Ok(ids) => (vllm, sglang, Some(ids)),
-        };
-        let body = match ids {
-            Some(ids) if vllm.is_ok() || sglang.is_ok() => {
+        let mut outcomes: Vec<(String, Result<(), KeepText>)> = engines
+            .iter()
+            .map(|e| {
+                let own = e.token_ids_equivalent(api, value);
+                let r = match gate {
+                    Err(g) => own.and(Err(g)),
+                    Ok(_) => own,
+                };
+                (e.name().to_owned(), r)
+            })
+            .collect();
+        let body = match gate {
+            Ok(ids) if outcomes.iter().any(|(_, r)| r.is_ok()) => {
                 with_token_ids(base, ids).map(Bytes::from)
             }
             _ => None,
         };
-        let missing = |r: Result<(), KeepText>| match (&body, r) {
-            (None, Ok(())) => Err(KeepText::Rewrite),
-            (_, r) => r,
-        };
+        if body.is_none() {
+            for (_, r) in &mut outcomes {
+                if r.is_ok() {
+                    *r = Err(KeepText::Rewrite);
+                }
+            }
+        }
         Self {
-            vllm: missing(vllm),
-            sglang: missing(sglang),
             body,
+            engines: outcomes,
+            other: KeepText::Engine,
         }
     }
 
-    /// The id body for a target of `engine`, or why it gets the text.
+    /// The id body for a target running `engine`, or why it gets the text.
     ///
     /// # Errors
     /// The [`KeepText`] reason.
-    pub fn for_engine(&self, engine: EngineKind) -> Result<&Bytes, KeepText> {
-        let ok = match engine {
-            EngineKind::Vllm => self.vllm,
-            EngineKind::Sglang => self.sglang,
-            _ => Err(KeepText::Engine),
-        };
+    pub fn for_engine(&self, engine: &dyn Engine) -> Result<&Bytes, KeepText> {
+        let ok = self
+            .engines
+            .iter()
+            .find(|(n, _)| n == engine.name())
+            .map_or(Err(self.other), |(_, r)| *r);
         ok?;
         self.body.as_ref().ok_or(KeepText::Rewrite)
     }

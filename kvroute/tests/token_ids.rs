@@ -8,10 +8,10 @@ mod support;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use kvroute::engine::{Engine, SGLANG, TRTLLM, VLLM};
 use kvroute::prompt::{with_token_ids, IdsBody, KeepText};
 use kvroute::{ApiKind, Backend, KvRouter, Pick};
 use kvroute_engines::prompt::parse_json;
-use kvroute_engines::transport::EngineKind;
 use kvroute_select::Source;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -123,104 +123,117 @@ fn escaped_keys_and_python_only_json() {
     assert_eq!(with_token_ids(br#"{"prompt": "a", "t": NaN}"#, &[1]), None);
 }
 
+/// The built-in engines a pool may run.
+fn engines() -> Vec<std::sync::Arc<dyn Engine>> {
+    ["vllm", "sglang", "trtllm"]
+        .iter()
+        .map(|n| kvroute::engine::by_name(n).unwrap())
+        .collect()
+}
+
 #[test]
 fn each_reason_keeps_the_text() {
     let ids = [1u32, 2, 3];
-    let cases: [(&str, ApiKind, EngineKind, Result<(), KeepText>); 12] = [
+    type Case<'a> = (&'a str, ApiKind, &'a dyn Engine, Result<(), KeepText>);
+    let cases: [Case<'_>; 12] = [
         (
             r#"{"model":"m","prompt":"x"}"#,
             ApiKind::Completions,
-            EngineKind::Vllm,
+            &VLLM,
             Ok(()),
         ),
         (
             r#"{"model":"m","prompt":"x","add_special_tokens":false}"#,
             ApiKind::Completions,
-            EngineKind::Vllm,
+            &VLLM,
             Ok(()),
         ),
         (
             r#"{"model":"m","prompt":"x","echo":false,"suffix":null}"#,
             ApiKind::Completions,
-            EngineKind::Sglang,
+            &SGLANG,
             Ok(()),
         ),
         (
             r#"{"model":"m","messages":[]}"#,
             ApiKind::Chat,
-            EngineKind::Vllm,
+            &VLLM,
             Err(KeepText::Chat),
         ),
         (
             r#"{"model":"m","prompt":[1,2]}"#,
             ApiKind::Completions,
-            EngineKind::Vllm,
+            &VLLM,
             Err(KeepText::PromptNotText),
         ),
         (
             r#"{"model":"m","prompt":["a","b"]}"#,
             ApiKind::Completions,
-            EngineKind::Vllm,
+            &VLLM,
             Err(KeepText::PromptNotText),
         ),
         (
             r#"{"model":"m","prompt":"x","echo":true}"#,
             ApiKind::Completions,
-            EngineKind::Vllm,
+            &VLLM,
             Err(KeepText::Echo),
         ),
         (
             r#"{"model":"m","prompt":"x","suffix":"y"}"#,
             ApiKind::Completions,
-            EngineKind::Vllm,
+            &VLLM,
             Err(KeepText::Suffix),
         ),
         (
             r#"{"model":"m","prompt":"x","truncate_prompt_tokens":8}"#,
             ApiKind::Completions,
-            EngineKind::Vllm,
+            &VLLM,
             Err(KeepText::Truncation),
         ),
         (
             r#"{"model":"m","prompt":"x","return_token_offsets":true}"#,
             ApiKind::Completions,
-            EngineKind::Vllm,
+            &VLLM,
             Err(KeepText::TokenOffsets),
         ),
         (
             r#"{"model":"m","prompt":"x","add_special_tokens":true}"#,
             ApiKind::Completions,
-            EngineKind::Sglang,
+            &SGLANG,
             Err(KeepText::AddSpecialTokens),
         ),
         (
             r#"{"model":"m","prompt":"x"}"#,
             ApiKind::Completions,
-            EngineKind::TensorRtLlm,
+            &TRTLLM,
             Err(KeepText::Engine),
         ),
     ];
     for (body, api, engine, want) in cases {
         let value = parse_json(body.as_bytes()).unwrap();
-        let p = IdsBody::prepare(api, body.as_bytes(), &value, Some(&ids), false);
+        let p = IdsBody::prepare(api, body.as_bytes(), &value, Some(&ids), false, &engines());
         let got = p.for_engine(engine).map(|b| {
             let v: Value = serde_json::from_slice(b).unwrap();
             assert_eq!(v["prompt"], json!(ids), "{body}");
         });
-        assert_eq!(got, want, "{body} on {engine:?}");
+        assert_eq!(got, want, "{body} on {}", engine.name());
     }
     let plain = br#"{"model":"m","prompt":"x"}"#;
     let value = parse_json(plain).unwrap();
-    let truncated = IdsBody::prepare(ApiKind::Completions, plain, &value, Some(&ids), true);
+    let truncated = IdsBody::prepare(
+        ApiKind::Completions,
+        plain,
+        &value,
+        Some(&ids),
+        true,
+        &engines(),
+    );
     assert_eq!(
-        truncated.for_engine(EngineKind::Vllm).unwrap_err(),
+        truncated.for_engine(&VLLM).unwrap_err(),
         KeepText::Truncation
     );
-    let missed = IdsBody::prepare(ApiKind::Completions, plain, &value, None, false);
-    assert_eq!(
-        missed.for_engine(EngineKind::Vllm).unwrap_err(),
-        KeepText::NoTokens
-    );
+    let missed = IdsBody::prepare(ApiKind::Completions, plain, &value, None, false, &engines());
+    assert_eq!(missed.for_engine(&VLLM).unwrap_err(), KeepText::NoTokens);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,16 +1,11 @@
 //! `kvroute`: the example gateway binary — parity checker, tokenizer debugger,
 //! HTTP gateway, mock engine, demo and fleet simulator.
 
-mod bench;
-mod demo;
-mod gateway;
-mod parity;
-mod tokenize;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use kvroute_gateway::{bench, demo, gateway, parity, tokenize};
 use kvroute_mock_engine as mock_engine;
 use kvroute_sim as sim;
 

@@ -24,7 +24,6 @@ mod tables;
 
 use std::sync::Arc;
 
-use kvroute_engines::transport::EngineKind;
 use kvroute_select::MissReason;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -178,12 +177,12 @@ impl Collector for Routers {
                     reported: s.engine_report,
                     probe_failures: s.probe_failures,
                 });
-                for (i, m) in s.followers.iter().enumerate() {
-                    let rank = if s.engine == EngineKind::TensorRtLlm {
-                        Rank::Drain
-                    } else {
-                        Rank::Dp(u32::try_from(i).unwrap_or(u32::MAX))
+                for f in &s.followers {
+                    let rank = match &f.stream {
+                        kvroute_engines::engine::Stream::Drain(_) => Rank::Drain,
+                        other => Rank::Dp(other.rank().unwrap_or(0)),
                     };
+                    let m = &f.metrics;
                     followers.push(FollowerRow {
                         labels: EndpointLabels {
                             rank: Some(rank),

@@ -41,7 +41,7 @@ pub use replicas::{
     EndpointDelta, ReplicaBatch, ReplicaConfig, ReplicaCounters, ReplicaError, ReplicaSink,
     ReplicaSubscription, ReplicaTransport,
 };
-pub use status::{EndpointStatus, LoadPolls, Readiness, TokenizerState};
+pub use status::{EndpointStatus, FollowerStatus, LoadPolls, Readiness, TokenizerState};
 
 use slots::{Generation, SlotRuntime, SlotState};
 
@@ -566,7 +566,7 @@ impl KvRouter {
         url: &str,
     ) -> Vec<kvroute_engines::transport::MetricsSnapshot> {
         self.endpoint_status(url)
-            .map(|s| s.followers)
+            .map(|s| s.followers.into_iter().map(|f| f.metrics).collect())
             .unwrap_or_default()
     }
 

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kvroute_core::{BlockKey, EndpointId};
-use kvroute_engines::transport::EngineKind;
 use kvroute_select::{Decision, Leg, LoadGuard, PromptInput, Request, Target};
 
 use super::slots::Generation;
@@ -200,10 +199,11 @@ impl Pick {
         if target.is_some_and(|t| t.decode.is_some()) {
             return Some(Err(KeepText::PrefillDecode));
         }
-        let engine = target
-            .and_then(|t| self.gen.engines.get(t.endpoint.index()).copied())
-            .unwrap_or(EngineKind::LlamaCpp);
-        Some(ids.for_engine(engine))
+        let engine = target.and_then(|t| self.gen.engines.get(t.endpoint.index()));
+        Some(match engine {
+            Some(e) => ids.for_engine(&**e),
+            None => Err(KeepText::Engine),
+        })
     }
 
     /// Whether [`Pick::upstream_body`] sends token ids to the current target

@@ -9,7 +9,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kvroute_engines::transport::{EngineKind, IndexIngest, SharedIngest, SubscriberMetrics};
+use kvroute_engines::engine::{self, Engine, Stream};
+use kvroute_engines::transport::{IndexIngest, SharedIngest, SubscriberMetrics};
 use kvroute_ingest::{
     ContractAttestor, EndpointIngest, IngestConfig, KeyAttestor, Keying, SharedIndex,
 };
@@ -48,7 +49,7 @@ pub(crate) struct SlotState {
 pub(crate) struct SlotRuntime {
     pub(crate) backend: Backend,
     stop: watch::Sender<bool>,
-    pub(crate) followers: Vec<Arc<SubscriberMetrics>>,
+    pub(crate) followers: Vec<(Stream, Arc<SubscriberMetrics>)>,
 }
 
 impl Drop for SlotRuntime {
@@ -76,7 +77,7 @@ pub(crate) struct Generation {
     /// URL of each rule endpoint (= slot).
     pub(crate) urls: Vec<Arc<str>>,
     /// Engine of each rule endpoint (= slot): which body it takes.
-    pub(crate) engines: Vec<EngineKind>,
+    pub(crate) engines: Vec<Arc<dyn Engine>>,
 }
 
 fn contract_err(contract: &str, reason: impl std::fmt::Display) -> BuildError {
@@ -162,7 +163,14 @@ pub(crate) fn assemble(
         tokenizers.register(slug.clone(), dir.clone());
     }
     let mut options = b.options.clone();
-    options.dialect = crate::prompt::dialect_of(b.backends.iter().map(|x| x.engine));
+    let mut engines: Vec<Arc<dyn Engine>> = Vec::new();
+    for x in &b.backends {
+        if !engines.iter().any(|e| e.name() == x.engine.name()) {
+            engines.push(Arc::clone(&x.engine));
+        }
+    }
+    options.dialect = engine::prompt_dialect_of(engines.iter());
+    options.engines = engines;
     // Hashed with the tokenization when the keys are what the rule routes on.
     if b.choice == kvroute_select::Choice::KvExact {
         options.keys.clone_from(&contract.keys);
@@ -201,7 +209,7 @@ pub(crate) fn assemble(
             None,
         )?),
         urls: vec![Arc::from("")],
-        engines: vec![EngineKind::LlamaCpp],
+        engines: vec![text_only()],
     });
     let (stop, _) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -264,6 +272,11 @@ pub(crate) fn assemble(
     Ok(shared)
 }
 
+/// The engine of a slot that takes no id prompt (removed or placeholder).
+fn text_only() -> Arc<dyn Engine> {
+    Arc::new(engine::LlamaCpp)
+}
+
 fn placeholder_endpoint() -> Endpoint {
     Endpoint::new(String::new(), Role::Both)
 }
@@ -319,11 +332,11 @@ pub(crate) fn rebuild(shared: &Shared, slots: &[Option<SlotRuntime>]) -> Result<
                 let mut ep = Endpoint::new(b.url.clone(), b.role)
                     .with_weight(b.weight)
                     .with_capacity(b.capacity);
-                if followers::has_inventory(b) {
+                if followers::has_inventory(b, shared.contract.block_size) {
                     ep = ep.with_inventory_slot(u32::try_from(i).unwrap_or(u32::MAX));
                 }
                 urls.push(Arc::from(b.url.as_str()));
-                engines.push(b.engine);
+                engines.push(Arc::clone(&b.engine));
                 endpoints.push(ep);
             }
             None => {
@@ -335,14 +348,14 @@ pub(crate) fn rebuild(shared: &Shared, slots: &[Option<SlotRuntime>]) -> Result<
                 endpoints.push(Endpoint::new(old.to_string(), Role::Both));
                 urls.push(old);
                 // Never chosen again: the text body is the safe default.
-                engines.push(EngineKind::LlamaCpp);
+                engines.push(text_only());
             }
         }
     }
     if endpoints.is_empty() {
         endpoints.push(placeholder_endpoint());
         urls.push(Arc::from(""));
-        engines.push(EngineKind::LlamaCpp);
+        engines.push(text_only());
     }
     let rule = build_rule(
         &shared.settings,
@@ -369,7 +382,7 @@ fn new_ingest(shared: &Shared, slot: usize, b: &Backend) -> EndpointIngest {
             .contract
             .as_ref()
             .is_none_or(kvroute_core::HashContract::keys_chained),
-        window: followers::window(b),
+        window: followers::window(b, c.block_size),
         ..IngestConfig::default()
     };
     let ingest = EndpointIngest::new(id(slot), config, c.keying.clone()).with_name(b.url.as_str());
@@ -405,15 +418,20 @@ pub(crate) fn insert(
     };
     let (stop, _) = watch::channel(false);
     let mut metrics = Vec::new();
-    let ingest = if followers::has_inventory(&b) {
+    let bs = shared.contract.block_size;
+    let ingest = if followers::has_inventory(&b, bs) {
         let ingest = IndexIngest::share(new_ingest(shared, slot, &b));
         if let Some(h) = &shared.handle {
             metrics = followers::start(shared, h, &b, &ingest, &stop)?;
         } else {
-            followers::check(&b)?;
+            followers::check(&b, bs)?;
         }
         Some(ingest)
     } else {
+        // What a KV-exact router cannot follow is refused, not ignored.
+        if b.role.can_prefill() && shared.settings.choice == kvroute_select::Choice::KvExact {
+            followers::check(&b, bs)?;
+        }
         None
     };
     // A reused slot starts empty (its previous endpoint's keys were cleared

@@ -3,7 +3,10 @@
 
 use std::sync::atomic::Ordering;
 
-use kvroute_engines::transport::{EngineKind, MetricsSnapshot};
+use std::sync::Arc;
+
+use kvroute_engines::engine::{Engine, Stream};
+use kvroute_engines::transport::MetricsSnapshot;
 use kvroute_ingest::{
     AttestCounters, Completeness, ContractStatus, EndpointIngest, IngestCounters, KeyMode,
     SeqCounters,
@@ -72,6 +75,17 @@ pub struct LoadPolls {
     pub failed: u64,
 }
 
+/// One event follower of an endpoint (a DP rank's subscriber, a drain
+/// poller, or an engine's own transport).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct FollowerStatus {
+    /// What it follows.
+    pub stream: Stream,
+    /// Its counters.
+    pub metrics: MetricsSnapshot,
+}
+
 /// Everything the router knows about one endpoint.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -81,7 +95,7 @@ pub struct EndpointStatus {
     /// Its slot (rule endpoint id).
     pub slot: usize,
     /// Its engine.
-    pub engine: EngineKind,
+    pub engine: Arc<dyn Engine>,
     /// Its P/D role.
     pub role: Role,
     /// A request may go to it now.
@@ -108,7 +122,7 @@ pub struct EndpointStatus {
     /// Engine load polls.
     pub load_polls: LoadPolls,
     /// Its event followers (one per DP rank, or the drain poller).
-    pub followers: Vec<MetricsSnapshot>,
+    pub followers: Vec<FollowerStatus>,
     /// Blocks its inventory holds (all ranks, all tiers).
     pub inventory_blocks: u64,
     /// Clears its ingest made.
@@ -165,7 +179,13 @@ pub(crate) fn endpoint(shared: &Shared, slot: usize) -> Option<EndpointStatus> {
         let s = m.get(slot)?.as_ref()?;
         (
             s.backend.clone(),
-            s.followers.iter().map(|f| f.snapshot()).collect(),
+            s.followers
+                .iter()
+                .map(|(stream, m)| FollowerStatus {
+                    stream: stream.clone(),
+                    metrics: m.snapshot(),
+                })
+                .collect(),
         )
     };
     let state = shared.slots.get(slot)?;
@@ -181,7 +201,7 @@ pub(crate) fn endpoint(shared: &Shared, slot: usize) -> Option<EndpointStatus> {
     Some(EndpointStatus {
         url: backend.url.clone(),
         slot,
-        engine: backend.engine,
+        engine: Arc::clone(&backend.engine),
         role: backend.role,
         available: view.availability(e, now).is_available(),
         admin_down: state.admin_down.load(Ordering::Acquire),
@@ -232,7 +252,7 @@ pub(crate) fn readiness(shared: &Shared) -> Readiness {
         if view.availability(id(i), now).is_available() {
             available += 1;
         }
-        for f in &s.followers {
+        for (_, f) in &s.followers {
             followers += 1;
             if f.snapshot().connected {
                 connected += 1;

@@ -28,6 +28,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
+use kvroute::engine::Stream;
 use kvroute_select::{BreakerState, MissReason};
 use serde_json::{json, Value};
 
@@ -323,34 +324,40 @@ fn endpoint_json(
     ep: &super::config::EndpointSpec,
     st: &kvroute::EndpointStatus,
 ) -> Value {
-    let mut subscribers: Vec<Value> = ep
-        .events
+    let subscribers: Vec<Value> = st
+        .followers
         .iter()
-        .zip(&st.followers)
-        .map(|(src, s)| {
-            json!({
-                "transport": "zmq",
-                "rank": src.rank, "address": src.zmq.address, "replay": src.replay,
-                "connected": s.connected, "last_seq": s.last_seq,
-                "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
-                "restarts": s.restarts, "decode_errors": s.decode_errors,
-                "dial_failures": s.dial_failures, "replays_requested": s.replays_requested,
-                "malformed_frames": s.malformed_frames,
-                "oversized_frames": s.oversized_frames,
-                "last_rejected_seq": s.last_rejected_seq,
-            })
+        .map(|f| {
+            let s = &f.metrics;
+            match &f.stream {
+                Stream::Drain(d) => json!({
+                    "transport": "trtllm_drain",
+                    "rank": Value::Null, "address": d.url, "replay": Value::Null,
+                    "connected": s.connected, "last_seq": s.last_seq,
+                    "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
+                    "restarts": s.restarts, "decode_errors": s.decode_errors,
+                    "polls": s.polls, "poll_failures": s.poll_failures,
+                }),
+                other => {
+                    let (transport, replay) = match other {
+                        Stream::Zmq(z) => ("zmq", z.replay.clone()),
+                        _ => ("engine", None),
+                    };
+                    json!({
+                        "transport": transport,
+                        "rank": other.rank(), "address": other.address(), "replay": replay,
+                        "connected": s.connected, "last_seq": s.last_seq,
+                        "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
+                        "restarts": s.restarts, "decode_errors": s.decode_errors,
+                        "dial_failures": s.dial_failures, "replays_requested": s.replays_requested,
+                        "malformed_frames": s.malformed_frames,
+                        "oversized_frames": s.oversized_frames,
+                        "last_rejected_seq": s.last_rejected_seq,
+                    })
+                }
+            }
         })
         .collect();
-    if let (Some(url), Some(s)) = (&ep.drain, st.followers.first()) {
-        subscribers.push(json!({
-            "transport": "trtllm_drain",
-            "rank": Value::Null, "address": url, "replay": Value::Null,
-            "connected": s.connected, "last_seq": s.last_seq,
-            "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
-            "restarts": s.restarts, "decode_errors": s.decode_errors,
-            "polls": s.polls, "poll_failures": s.poll_failures,
-        }));
-    }
     let ev = st.evidence;
     // Per endpoint: one engine on another seed must not mark the others.
     let contract = if ev.drift_alarm {
@@ -368,7 +375,7 @@ fn endpoint_json(
         "index": st.slot,
         "url": ep.url,
         "role": st.role.as_str(),
-        "engine": ep.engine.as_str(),
+        "engine": ep.engine.name(),
         "available": st.available,
         "admin_down": st.admin_down,
         "breaker": breaker_label(st.breaker),

@@ -378,7 +378,7 @@ impl AcceptBackoff {
     const MAX: Duration = Duration::from_secs(1);
 
     /// The pause before the next accept, doubling for the one after.
-    pub fn next(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         let d = self.0;
         self.0 = (self.0 * 2).min(Self::MAX);
         d
@@ -419,10 +419,10 @@ mod tests {
     #[test]
     fn backoff_doubles_to_a_second_and_resets() {
         let mut b = AcceptBackoff::default();
-        let seq: Vec<u64> = (0..9).map(|_| b.next().as_millis() as u64).collect();
+        let seq: Vec<u64> = (0..9).map(|_| b.next_delay().as_millis() as u64).collect();
         assert_eq!(seq, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
         b.reset();
-        assert_eq!(b.next(), Duration::from_millis(10));
+        assert_eq!(b.next_delay(), Duration::from_millis(10));
     }
 
     #[test]

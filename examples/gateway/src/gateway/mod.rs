@@ -34,6 +34,7 @@ pub mod config;
 pub mod connections;
 #[cfg(test)]
 mod contract_hints;
+pub mod extensions;
 pub mod metrics;
 pub mod observe;
 pub mod passthrough;
@@ -273,7 +274,7 @@ async fn serve(
                         "accept failed (counted in kvroute_accept_errors_total)");
                 }
                 tokio::select! {
-                    () = tokio::time::sleep(backoff.next()) => {}
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
                     _ = stop.changed() => break,
                 }
                 continue;

@@ -63,13 +63,13 @@ impl RuleRuntime {
 
 /// The library backend of a configured endpoint.
 fn backend(e: &EndpointSpec) -> Backend {
-    let mut b = Backend::new(e.engine, e.url.clone())
+    let mut b = Backend::new(Arc::clone(&e.engine), e.url.clone())
         .role(e.role)
         .weight(e.weight)
         .capacity(e.capacity)
         .dp_ranks(e.dp_ranks)
         .topic(e.topic.clone())
-        .drained(e.drain.is_some());
+        .follow_events(e.zmq.is_some() || e.drain.is_some());
     if let Some(z) = &e.zmq {
         b = b.events(z.clone());
     }

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kvroute_engines::transport::EngineKind;
 use kvroute_select::{Choice, Role, ScorerKind, SelectorKind, Topology};
 use serde::{Deserialize, Serialize};
 
@@ -422,8 +421,11 @@ pub struct RuleDoc {
     /// `cost` (the default: least predicted time to first token, see
     /// `kvroute_select::CostConfig`), `overlap_count`, `longest_prefix` or
     /// `load_aware`.
-    #[serde(default = "default_scorer")]
-    pub scorer: ScorerKind,
+    #[serde(
+        default = "default_scorer",
+        deserialize_with = "scorer_name::deserialize"
+    )]
+    pub scorer: String,
     /// Converged miss selector: `least_prefill` (default), `round_robin`,
     /// `least_load`, `p2c`, `chwbl`, `random`, `weighted`.
     #[serde(default = "default_selector")]
@@ -532,8 +534,8 @@ fn default_choice() -> Choice {
 fn default_topology() -> Topology {
     Topology::Converged
 }
-fn default_scorer() -> ScorerKind {
-    ScorerKind::Cost
+fn default_scorer() -> String {
+    ScorerKind::Cost.as_str().to_owned()
 }
 fn default_selector() -> SelectorKind {
     SelectorKind::LeastPrefill
@@ -548,9 +550,13 @@ pub struct EndpointDoc {
     /// `both`, `prefill` or `decode`.
     #[serde(default = "default_role")]
     pub role: Role,
-    /// `vllm`, `sglang`, `trtllm` or `llama.cpp`.
-    #[serde(default = "default_engine", with = "engine_name")]
-    pub engine: EngineKind,
+    /// `vllm`, `sglang`, `trtllm` or `llama.cpp` (or an engine the hosting
+    /// program registered).
+    #[serde(
+        default = "default_engine",
+        deserialize_with = "engine_name::deserialize"
+    )]
+    pub engine: String,
     /// The engine's KV-event endpoint string (`--kv-events-config endpoint`).
     #[serde(default)]
     pub zmq: Option<String>,
@@ -578,25 +584,43 @@ pub struct EndpointDoc {
 fn default_role() -> Role {
     Role::Both
 }
-fn default_engine() -> EngineKind {
-    EngineKind::Vllm
+fn default_engine() -> String {
+    "vllm".to_owned()
 }
 
-/// [`EngineKind`] by its configuration name: kvroute-engines gives it
-/// `FromStr` and `as_str` (the same spellings) but no serde.
+/// An engine name, checked when the file is read: a built-in engine or one
+/// the hosting program registered (`super::super::extensions`).
 mod engine_name {
-    use kvroute_engines::transport::EngineKind;
-    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+    use serde::{de::Error as _, Deserialize, Deserializer};
 
-    pub(super) fn serialize<S: Serializer>(kind: &EngineKind, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(kind.as_str())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<EngineKind, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         let name = String::deserialize(d)?;
-        name.parse().map_err(D::Error::custom)
+        crate::gateway::extensions::engine(&name).map_err(D::Error::custom)?;
+        Ok(name)
     }
 }
+
+/// A scorer name, checked when the file is read: a built-in scorer or one
+/// the hosting program registered.
+mod scorer_name {
+    use serde::{de::Error as _, Deserialize, Deserializer};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        let name = String::deserialize(d)?;
+        let known = crate::gateway::extensions::scorer_names();
+        if known.contains(&name) {
+            return Ok(name);
+        }
+        let expected = match known.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => known.join(", "),
+        };
+        Err(D::Error::custom(format!(
+            "unknown scorer {name:?}; expected {expected}"
+        )))
+    }
+}
+
 fn one() -> u32 {
     1
 }
@@ -625,12 +649,7 @@ mod tests {
         SelectorKind::Weighted,
     ];
     const ROLES: [Role; 3] = [Role::Both, Role::Prefill, Role::Decode];
-    const ENGINES: [EngineKind; 4] = [
-        EngineKind::Vllm,
-        EngineKind::Sglang,
-        EngineKind::TensorRtLlm,
-        EngineKind::LlamaCpp,
-    ];
+    const ENGINES: [&str; 4] = ["vllm", "sglang", "trtllm", "llama.cpp"];
 
     fn endpoint() -> impl Strategy<Value = EndpointDoc> {
         (
@@ -652,7 +671,7 @@ mod tests {
                     EndpointDoc {
                         url,
                         role: ROLES[role],
-                        engine: ENGINES[engine],
+                        engine: ENGINES[engine].to_owned(),
                         zmq,
                         replay,
                         topic,
@@ -718,7 +737,7 @@ mod tests {
                     choice: CHOICES[choice],
                     topology: TOPOLOGIES[topology],
                     contract,
-                    scorer: SCORERS[scorer],
+                    scorer: SCORERS[scorer].as_str().to_owned(),
                     selector: SELECTORS[selector],
                     min_overlap_blocks,
                     max_retries,

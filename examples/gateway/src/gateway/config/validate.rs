@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hyper::Uri;
+use kvroute::engine::{Engine, Follow, Stream};
 use kvroute_core::{HashContract, HashError, LoraAdapter, RequestExtras};
-use kvroute_engines::transport::EngineKind;
 use kvroute_select::{
     Choice, CostConfig, CostScorer, LoadAwareConfig, LoadAwareScorer, Role, ScorerKind, ScorerRef,
     SelectorKind, Topology,
@@ -28,11 +28,11 @@ pub struct EndpointSpec {
     pub base: Uri,
     /// P/D role.
     pub role: Role,
-    /// Engine kind.
-    pub engine: EngineKind,
-    /// KV-event subscriptions, one per DP rank (empty without events): the
-    /// addresses the runtime derives from `zmq`, `replay` and `dp_ranks`.
-    pub events: Vec<EventSource>,
+    /// Engine.
+    pub engine: Arc<dyn Engine>,
+    /// What the runtime follows for this endpoint, as its engine plans it
+    /// (one ZeroMQ stream per DP rank, or the drain).
+    pub streams: Vec<Stream>,
     /// The engine's KV-event endpoint as configured.
     pub zmq: Option<String>,
     /// The engine's replay endpoint as configured.
@@ -47,17 +47,6 @@ pub struct EndpointSpec {
     pub weight: u32,
     /// Capacity.
     pub capacity: u32,
-}
-
-/// Where one DP rank of an endpoint publishes.
-#[derive(Clone, Debug)]
-pub struct EventSource {
-    /// Rank.
-    pub rank: u32,
-    /// The subscriber side.
-    pub zmq: kvroute_engines::transport::ZmqEndpoint,
-    /// Replay ROUTER address for this rank.
-    pub replay: Option<String>,
 }
 
 /// A validated rule.
@@ -333,15 +322,28 @@ impl RuleSpec {
             ));
         }
         let (choice, topology, selector) = (doc.choice, doc.topology, doc.selector);
-        let scorer: ScorerRef = match doc.scorer {
-            ScorerKind::LoadAware => Arc::new(LoadAwareScorer(load_aware_config(
+        let kind = doc.scorer.parse::<ScorerKind>().ok();
+        let scorer: ScorerRef = match kind {
+            Some(ScorerKind::LoadAware) => Arc::new(LoadAwareScorer(load_aware_config(
                 doc.load_slack,
                 &f("load_slack"),
             )?)),
-            ScorerKind::Cost => Arc::new(CostScorer(cost_config(doc.cost.as_ref(), &f("cost"))?)),
-            kind => kind.build(),
+            Some(ScorerKind::Cost) => {
+                Arc::new(CostScorer(cost_config(doc.cost.as_ref(), &f("cost"))?))
+            }
+            Some(kind) => kind.build(),
+            None => crate::gateway::extensions::scorer(&doc.scorer).ok_or_else(|| {
+                invalid(
+                    f("scorer"),
+                    format!(
+                        "unknown scorer {:?}; expected {}",
+                        doc.scorer,
+                        crate::gateway::extensions::scorer_names().join(", ")
+                    ),
+                )
+            })?,
         };
-        if doc.cost.is_some() && doc.scorer != ScorerKind::Cost {
+        if doc.cost.is_some() && kind != Some(ScorerKind::Cost) {
             return Err(invalid(
                 f("cost"),
                 format!(
@@ -350,7 +352,7 @@ impl RuleSpec {
                 ),
             ));
         }
-        if doc.load_slack.is_some() && doc.scorer != ScorerKind::LoadAware {
+        if doc.load_slack.is_some() && kind != Some(ScorerKind::LoadAware) {
             return Err(invalid(
                 f("load_slack"),
                 format!(
@@ -412,7 +414,7 @@ impl RuleSpec {
         if choice == Choice::KvExact
             && !endpoints
                 .iter()
-                .any(|e| e.role.can_prefill() && (!e.events.is_empty() || e.drain.is_some()))
+                .any(|e| e.role.can_prefill() && !e.streams.is_empty())
         {
             return Err(invalid(
                 f("endpoints"),
@@ -608,60 +610,74 @@ impl EndpointSpec {
             .path_and_query("/")
             .build()
             .map_err(|err| invalid(f("url"), err.to_string()))?;
-        let (role, engine) = (e.role, e.engine);
+        let role = e.role;
+        let engine = crate::gateway::extensions::engine(&e.engine)
+            .map_err(|err| invalid(f("engine"), err))?;
         if choice == Choice::KvExact && role.can_prefill() {
-            kvroute_engines::transport::require_kv_events(engine)
+            engine
+                .kv_events()
                 .map_err(|err| invalid(f("engine"), err.to_string()))?;
         }
         if e.dp_ranks == 0 {
             return Err(invalid(f("dp_ranks"), "must be at least 1"));
         }
-        let mut events = Vec::new();
-        if let Some(zmq) = &e.zmq {
-            if engine == EngineKind::TensorRtLlm {
-                return Err(invalid(
-                    f("zmq"),
-                    "TensorRT-LLM publishes no ZeroMQ events; set `drain = true` to poll its /kv_cache_events",
-                ));
-            }
-            let host = authority.host();
-            for rank in 0..e.dp_ranks {
-                let sub =
-                    kvroute_engines::transport::ZmqEndpoint::for_engine(engine, zmq, host, rank)
-                        .map_err(|err| invalid(f("zmq"), err.to_string()))?;
-                let replay = match &e.replay {
-                    Some(r) => {
-                        let shifted = kvroute_engines::transport::offset_endpoint_port(r, rank)
-                            .map_err(|err| invalid(f("replay"), err.to_string()))?;
-                        Some(shifted.replace("tcp://*:", &format!("tcp://{host}:")))
-                    }
-                    None => None,
-                };
-                events.push(EventSource {
-                    rank,
-                    zmq: sub,
-                    replay,
-                });
-            }
-        } else if e.replay.is_some() {
+        if e.replay.is_some() && e.zmq.is_none() {
             return Err(invalid(f("replay"), "a replay endpoint needs `zmq` too"));
         }
-        let drain = match (e.drain, engine) {
-            (false, _) => None,
-            (true, EngineKind::TensorRtLlm) => Some(format!("http://{authority}/kv_cache_events")),
-            (true, _) => {
-                return Err(invalid(
-                    f("drain"),
-                    "only TensorRT-LLM is drained over HTTP; other engines publish over `zmq`",
-                ))
-            }
+        // What the engine would follow, planned by the engine itself (the
+        // runtime follows exactly these streams).
+        let mut follow = Follow::new(e.url.clone(), 16)
+            .topic(e.topic.clone())
+            .dp_ranks(e.dp_ranks);
+        if let Some(z) = &e.zmq {
+            follow = follow.events(z.clone());
+        }
+        if let Some(r) = &e.replay {
+            follow = follow.replay(r.clone());
+        }
+        let streams = if e.zmq.is_some() || e.drain {
+            engine.streams(&follow).map_err(|err| match &err {
+                kvroute_engines::transport::TransportError::Follow { field, .. } => invalid(
+                    f(match *field {
+                        "events" => "zmq",
+                        "replay" => "replay",
+                        _ => "url",
+                    }),
+                    err.to_string(),
+                ),
+                _ => invalid(f("engine"), err.to_string()),
+            })?
+        } else {
+            Vec::new()
         };
+        let drain = streams.iter().find_map(|s| match s {
+            Stream::Drain(d) => Some(d.url.clone()),
+            _ => None,
+        });
+        if e.drain && drain.is_none() {
+            return Err(invalid(
+                f("drain"),
+                format!(
+                    "{} publishes its events over `zmq`; only engines drained over HTTP (TensorRT-LLM) take `drain`",
+                    engine.name()
+                ),
+            ));
+        }
+        if !e.drain && drain.is_some() {
+            return Err(invalid(
+                f("zmq"),
+                format!(
+                    "{} publishes no ZeroMQ events; set `drain = true` to poll its /kv_cache_events",
+                    engine.name()
+                ),
+            ));
+        }
         Ok(Self {
             url: e.url.clone(),
             base,
             role,
             engine,
-            events,
+            streams,
             zmq: e.zmq.clone(),
             replay: e.replay.clone(),
             dp_ranks: e.dp_ranks,
@@ -776,13 +792,15 @@ mod tests {
             let rule = &c.rules[0];
             assert_eq!(rule.choice, Choice::KvExact);
             // `tcp://*:P` means the engine binds: we dial its host.
-            let ev = &rule.endpoints[0].events[0];
-            assert_eq!(ev.zmq.address, "tcp://127.0.0.1:5557");
+            let Some(Stream::Zmq(ev)) = rule.endpoints[0].streams.first() else {
+                panic!("{name}: {:?}", rule.endpoints[0].streams);
+            };
+            assert_eq!(ev.endpoint.address, "tcp://127.0.0.1:5557");
             assert_eq!(ev.replay.as_deref(), Some("tcp://127.0.0.1:5558"));
         }
         let pd = ServeConfig::load(&config_dir().join("pd.toml")).unwrap();
         assert_eq!(pd.rules[0].topology, Topology::PrefillDecode);
-        assert!(pd.rules[0].endpoints[2].events.is_empty());
+        assert!(pd.rules[0].endpoints[2].streams.is_empty());
     }
 
     fn rule_error(doc: &str) -> String {
@@ -1089,14 +1107,14 @@ mod tests {
             assert_eq!(c.rules[0].scorer.name(), k.build().name());
         }
         for (engine, want) in [
-            ("vllm", EngineKind::Vllm),
-            ("sglang", EngineKind::Sglang),
-            ("trtllm", EngineKind::TensorRtLlm),
-            ("llama.cpp", EngineKind::LlamaCpp),
-            ("llamacpp", EngineKind::LlamaCpp),
+            ("vllm", "vllm"),
+            ("sglang", "sglang"),
+            ("trtllm", "trtllm"),
+            ("llama.cpp", "llama.cpp"),
+            ("llamacpp", "llama.cpp"),
         ] {
             let c = parse(doc("", &format!("engine = \"{engine}\""))).unwrap();
-            assert_eq!(c.rules[0].endpoints[0].engine, want, "{engine}");
+            assert_eq!(c.rules[0].endpoints[0].engine.name(), want, "{engine}");
         }
         for (rule, endpoint, field, names) in [
             (
