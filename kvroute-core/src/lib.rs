@@ -58,6 +58,7 @@ pub mod fuzzing;
 pub mod golden;
 mod hasher;
 pub mod mix;
+mod names;
 pub mod rekey;
 pub mod sglang;
 pub mod trtllm;
@@ -67,13 +68,13 @@ pub mod vllm;
 
 pub use contract::{
     HashContract, KeyMode, PythonHashSeed, RekeyAlgorithm, RekeyContract, SglangAlgorithm,
-    SglangContract, SglangEventsFormat, TrtllmAlgorithm, TrtllmContract, UnknownKeyMode,
-    VllmContract,
+    SglangContract, SglangEventsFormat, TrtllmAlgorithm, TrtllmContract, VllmContract,
 };
 pub use digest::Digest;
 pub use error::{ContractError, HashError};
 pub use extras::{LoraAdapter, MmFeature, PromptEmbedsDigest, RequestExtras};
 pub use hasher::{BlockHasher, PromptHasher};
+pub use names::UnknownName;
 pub use types::{BlockKey, EndpointId, Medium, TokenId};
 pub use version::{EngineVersion, VersionParseError};
 pub use vllm::VllmAlgorithm;

@@ -3,21 +3,10 @@
 
 use std::str::FromStr;
 
+pub use kvroute_core::UnknownName;
+
 use crate::prompt::ApiKind;
 use crate::transport::EngineKind;
-
-/// A name that is not an engine (`vllm`, `sglang`, `trtllm`, `llama.cpp`) or
-/// an API kind (`chat`, `completions`).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {name:?}; expected {expected}")]
-pub struct UnknownName {
-    /// What was parsed.
-    pub what: &'static str,
-    /// The name given.
-    pub name: String,
-    /// The accepted names.
-    pub expected: &'static str,
-}
 
 impl FromStr for EngineKind {
     type Err = UnknownName;

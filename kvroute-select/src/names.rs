@@ -25,22 +25,12 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub use kvroute_core::UnknownName;
+
 use crate::endpoint::Role;
 use crate::rule::{Choice, Topology};
 use crate::scorer::{CostConfig, LoadAwareConfig, Scorer};
 use crate::selector::SelectorKind;
-
-/// A name no variant of the enum has.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {name:?}; expected {expected}")]
-pub struct UnknownName {
-    /// What was parsed (`"choice"`, `"topology"`, ...).
-    pub what: &'static str,
-    /// The name given.
-    pub name: String,
-    /// The accepted names, as a sentence fragment.
-    pub expected: &'static str,
-}
 
 /// Which KV-exact scorer, without its parameters (a [`Scorer`] carries them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

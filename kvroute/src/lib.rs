@@ -123,7 +123,7 @@ pub use backend::Backend;
 pub use prompt::miss_before_keys;
 pub use router::{BuildError, Change, KvRouter, KvRouterBuilder, NoEndpoint, Pick};
 
-pub use kvroute_core::HashContract;
+pub use kvroute_core::{HashContract, UnknownName};
 pub use kvroute_engines::transport::EngineKind;
 pub use kvroute_engines::ApiKind;
 pub use kvroute_select::{
