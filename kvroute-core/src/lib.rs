@@ -57,6 +57,7 @@ pub mod fuzzing;
 #[cfg(feature = "parity")]
 pub mod golden;
 mod hasher;
+mod miss;
 pub mod mix;
 mod names;
 pub mod rekey;
@@ -74,6 +75,7 @@ pub use digest::Digest;
 pub use error::{ContractError, HashError};
 pub use extras::{LoraAdapter, MmFeature, PromptEmbedsDigest, RequestExtras};
 pub use hasher::{BlockHasher, PromptHasher};
+pub use miss::MissReason;
 pub use names::UnknownName;
 pub use types::{BlockKey, EndpointId, Medium, TokenId};
 pub use version::{EngineVersion, VersionParseError};

@@ -9,8 +9,8 @@ use kvroute_ingest::InventoryView;
 
 use crate::{
     Availability, Choice, ContractId, CostConfig, Decision, Endpoint, EndpointLoad, Health,
-    KeySetInventory, Leg, LoadAwareConfig, LoadTable, MissBeforeKeys, PromptInput, Request, Role,
-    Rule, RuleConfig, Scorer, SelectorKind, Source, Topology,
+    KeySetInventory, Leg, LoadAwareConfig, LoadTable, MissReason, PromptInput, Request, Role, Rule,
+    RuleConfig, Scorer, SelectorKind, Source, Topology,
 };
 
 struct Bytes<'a>(&'a [u8]);
@@ -145,7 +145,7 @@ pub fn select_ladder(data: &[u8]) {
     let health = FuzzHealth(health);
     let other = ContractId::new("other");
     let prompt = match b.next() % 8 {
-        0 => PromptInput::Missing(MissBeforeKeys::NotJson),
+        0 => PromptInput::Missing(MissReason::NotJson),
         1 => PromptInput::Keys {
             keys: &keys,
             contract: &other,

@@ -79,8 +79,9 @@
 //!   forward, retry through `tower::retry::Policy`, receipt body.
 //! * [`prompt`]: the per-request prompt step ([`prompt::prepare`],
 //!   [`prompt::prepare_admitted`]) for hosts that drive selection themselves,
-//!   as the example gateway does; [`miss_before_keys`]: the prompt
-//!   pipeline's miss as selection counts it.
+//!   as the example gateway does; a prompt-pipeline failure
+//!   ([`kvroute_engines::prompt::PromptError`]) is counted as its
+//!   [`MissReason`] ([`kvroute_engines::prompt::PromptError::reason`]).
 //!
 //! `kvroute_select::Proxy` / `route` stay for hosts that want a sans-IO
 //! driver with their own load and health; the facade is the shorter path
@@ -120,7 +121,6 @@ mod router;
 pub mod tower;
 
 pub use backend::Backend;
-pub use prompt::miss_before_keys;
 pub use router::{BuildError, Change, KvRouter, KvRouterBuilder, NoEndpoint, Pick};
 
 pub use kvroute_core::{HashContract, UnknownName};

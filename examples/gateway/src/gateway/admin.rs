@@ -435,7 +435,7 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
         let s = rt.rule.counters().snapshot();
         let misses: serde_json::Map<String, Value> = MissReason::ALL
             .iter()
-            .map(|r| (r.label().to_owned(), json!(s.misses_for(*r))))
+            .map(|r| (r.as_str().to_owned(), json!(s.misses_for(*r))))
             .collect();
         let name = rt.spec.doc.name.clone();
         let tiers: serde_json::Map<String, Value> = [

@@ -899,7 +899,7 @@ fn encode_gateway(gw: &Gateway, enc: &mut DescriptorEncoder) -> std::fmt::Result
             MissReason::ALL
                 .iter()
                 .zip(r.misses)
-                .map(|(reason, n)| ([("rule", Esc(r.rule)), ("reason", Esc(reason.label()))], n))
+                .map(|(reason, n)| ([("rule", Esc(r.rule)), ("reason", Esc(reason.as_str()))], n))
         }),
     )?;
     family(

@@ -190,7 +190,7 @@ impl<'a> Shown<'a> {
             decode: target.and_then(|t| t.decode).and_then(url),
             tier: tier_label(d.source()),
             predicted_cached_tokens: d.predicted_cached_tokens(rt.rule.config().block_size),
-            miss: d.miss().map(kvroute_select::MissReason::label),
+            miss: d.miss().map(kvroute_select::MissReason::as_str),
         }
     }
 
