@@ -126,7 +126,8 @@ pub use router::{BuildError, Change, KvRouter, KvRouterBuilder, NoEndpoint, Pick
 pub use kvroute_core::{HashContract, UnknownName};
 pub use kvroute_engines::transport::EngineKind;
 pub use kvroute_engines::ApiKind;
+pub use kvroute_ingest::IndexConfig;
 pub use kvroute_select::{
-    Choice, Decision, Leg, LoadGuard, MissReason, Role, Scorer, ScorerKind, SelectorKind, Target,
-    Thresholds, Topology,
+    BreakerConfig, Choice, Decision, Leg, LoadGuard, MissReason, Role, Scorer, ScorerKind,
+    SelectorKind, Source, Target, Thresholds, Topology,
 };

@@ -28,7 +28,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use kvroute_select::{BreakerState, MissReason};
+use kvroute_select::{BreakerState, MissReason, SelectorKind, Source};
 use serde_json::{json, Value};
 
 use super::config::{rule_from_json, ConfigError};
@@ -112,15 +112,15 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
         .into_iter()
         .map(|(m, s)| {
             let v = match &s {
-                TokenizerState::Failed(e) => json!({"state": s.label(), "error": e}),
-                _ => json!({"state": s.label()}),
+                TokenizerState::Failed(e) => json!({"state": s.as_str(), "error": e}),
+                _ => json!({"state": s.as_str()}),
             };
             (m, v)
         })
         .collect();
     let all_loaded = tokenizers
         .values()
-        .all(|v| v["state"] == TokenizerState::Loaded.label());
+        .all(|v| v["state"] == TokenizerState::Loaded.as_str());
     let rules: Vec<Value> = gw
         .rules_snapshot()
         .iter()
@@ -439,12 +439,13 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
             .collect();
         let name = rt.spec.doc.name.clone();
         let tiers: serde_json::Map<String, Value> = [
-            "kv_exact",
-            "session_affinity",
-            "trie_affinity",
-            "fallback",
-            "exhausted",
+            Source::KvExact,
+            Source::SessionAffinity,
+            Source::TrieAffinity,
+            Source::Fallback(SelectorKind::RoundRobin),
+            Source::Exhausted,
         ]
+        .map(Source::as_str)
         .iter()
         .map(|t| ((*t).to_owned(), json!(gw.metrics.tier_count(&name, t))))
         .collect();
