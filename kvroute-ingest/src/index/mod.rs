@@ -19,7 +19,6 @@ use crate::view::{InventoryView, Overlap};
 use prefetch::{prefetch_line, LineHint};
 use ring::Ring;
 use runs::{RunHint, RunTable, MAX_RUN};
-pub(crate) use shard::mix;
 pub(crate) use shard::KeyMap;
 use shard::{entry_hash, RemoveEffect, Shard, StoreEffect};
 use sliced::SlicedCounters;
