@@ -304,7 +304,7 @@ proptest! {
         let picks: Vec<usize> = picks.iter().map(|p| p % shards).collect();
         let want: std::collections::BTreeSet<usize> = picks.iter().copied().collect();
         {
-            let mut locks = super::GroupLocks::lock(bank, picks.iter().copied());
+            let mut locks = super::chain::GroupLocks::lock(bank, picks.iter().copied());
             let held: Vec<usize> = locks.shards[..locks.count].to_vec();
             prop_assert_eq!(held, want.iter().copied().collect::<Vec<_>>());
             for s in 0..shards {
