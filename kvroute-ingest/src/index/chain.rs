@@ -96,7 +96,7 @@ impl<'a> GroupLocks<'a> {
         }
     }
 
-    /// Publishes each held shard's [`LineHint`] (its table may have been
+    /// Publishes each held shard's [`LineHint`](super::prefetch::LineHint) (its table may have been
     /// rebuilt under the group's lock).
     pub(super) fn publish_hints(&self, bank: &Bank) {
         let held = self.shards.get(..self.count).unwrap_or_default();

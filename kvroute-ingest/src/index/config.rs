@@ -88,7 +88,7 @@ impl std::ops::AddAssign for WriteStats {
 /// Size of one endpoint's inventory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EndpointInventory {
-    /// Keys present, per tier (indexed by [`Medium::index`]).
+    /// Keys present, per tier (indexed by [`Medium::index`](kvroute_core::Medium::index)).
     pub keys_by_medium: [u64; 4],
     /// Keys evicted by the capacity bound since the index was built.
     pub evictions: u64,

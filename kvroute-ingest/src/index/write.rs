@@ -58,7 +58,7 @@ impl SharedIndex {
     /// the index also records *runs*: consecutive keys that this endpoint
     /// alone holds, up to 32 per run, continued across calls whose `parent`
     /// ends a run (an engine storing one block per event while decoding).
-    /// [`InventoryView::score_prefix`] then verifies a whole run with one
+    /// [`InventoryView::score_prefix`](crate::InventoryView::score_prefix) then verifies a whole run with one
     /// lookup when only this endpoint still matches. A run is void as soon
     /// as any member leaves (remove, eviction, clear) or gains a second
     /// holder; the walk then looks its keys up one by one.
@@ -285,8 +285,8 @@ impl SharedIndex {
     }
 
     /// Prefetches the GPU-table lines the keys whose [`entry_hash`]es are
-    /// `hashes` will be inserted into, from their shards' [`LineHint`]s,
-    /// without their locks (see [`prefetch`]).
+    /// `hashes` will be inserted into, from their shards' [`LineHint`](super::prefetch::LineHint)s,
+    /// without their locks (see [`prefetch`](super::prefetch)).
     #[inline]
     fn prefetch_hashes(&self, bank: &Bank, hashes: &[u64]) {
         let mask = bank.shards.len() - 1;
