@@ -164,7 +164,7 @@ impl ModelTokenizer {
     ///
     /// A tokenizer whose normalizer is NFC is held twice: as loaded, and
     /// without the normalizer for the texts NFC leaves unchanged (most
-    /// prompts; NFC was ~6 % of a Qwen3 encode). The copy costs the
+    /// prompts; NFC is ~6 % of a Qwen3 encode). The copy costs the
     /// tokenizer's size again (~23 MB for Qwen3).
     pub fn load(dir: &Path, options: &ModelOptions) -> Result<Self, ModelLoadError> {
         let json = read_tokenizer_json(dir)?;

@@ -210,8 +210,8 @@ impl EndpointKeys {
 /// size the 64 shards' loads are spread over the swing and the index stays
 /// near its mean: ~19 bytes per unshared key, 23.0–23.4 per (endpoint,
 /// key) pair with the insertion ring of a bounded tier, at every inventory
-/// size (64 endpoints, 1 M to 6.4 M pairs; when every table grew at the
-/// same size the figure followed the swing, 19.8 to 26.3 with rings). With
+/// size (64 endpoints, 1 M to 6.4 M pairs; tables that all grow at the
+/// same size make the figure follow the swing, 19.8 to 26.3 with rings). With
 /// fewer shards ([`IndexConfig::shards`]) fewer phases average out: one
 /// shard follows the swing. Shared keys cost one entry for all their
 /// holders. [`SharedIndex::memory_bytes`] reports the figure for a metrics

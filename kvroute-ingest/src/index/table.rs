@@ -35,9 +35,9 @@
 //! shard ([`BucketTable::new`]). A table's load therefore swings between
 //! 57 and 85 %, but at any inventory size the 64 shards' tables are spread
 //! over that swing, so the bytes per key of an index stay at the swing's
-//! mean, ~19 per unshared key, at every size. When every shard's table grew
-//! at the same moment, the figure followed the swing: 64 engines × 30 to
-//! 195 conversations of 512 blocks cost 15.6 to 22.2 bytes per pair
+//! mean, ~19 per unshared key, at every size. Tables that all grow at the
+//! same moment make the figure follow the swing: 64 engines × 30 to 195
+//! conversations of 512 blocks then cost 15.6 to 22.2 bytes per pair
 //! unbounded, 19.8 to 26.3 with insertion rings (`bench-dynamo`, `memory`).
 //!
 //! A table can also be split into [`REGIONS`] regions by the top
@@ -45,9 +45,9 @@
 //! bits after them, so hash order is kept), each growing on its own with
 //! its own phase: a rebuild then moves a region, not the table, and holds
 //! the shard's write lock that much shorter. It is one region: with 16, the
-//! many mid-sized buffers freed as regions grew stayed in glibc's heap (a
-//! process that loaded 64 × 100 K blocks resided 29 bytes per pair for 23
-//! in `memory_bytes`; one region: 23.8 for 23.0), and loading was no
+//! many mid-sized buffers freed as regions grow stay in glibc's heap (a
+//! process that loads 64 × 100 K blocks resides 29 bytes per pair for 23
+//! in `memory_bytes`; with one region, 23.8 for 23.0), and loading is no
 //! faster.
 
 /// Entries per bucket: 5 × 12 bytes plus the bucket's 4-byte header fill a line.
@@ -253,7 +253,7 @@ impl Region {
     /// because near the load bound a home bucket is often full or marked
     /// (an insert of a new key then visits ~2 buckets on average, and
     /// reading the second line only once the first arrived doubled the
-    /// wait); the line after that no longer paid for its load (measured,
+    /// wait); the line after that does not pay for its load (measured,
     /// `examples/bench-dynamo` load).
     #[inline]
     fn home_lines(&self, hash: u64) -> [Option<&u32>; 2] {
@@ -500,8 +500,8 @@ pub(crate) struct At {
 /// lattices of different shards' tables (and regions) are offset from one
 /// another (`phase`), so at any inventory size their loads are spread over
 /// that range and the bytes per key of the whole index stay near their
-/// mean instead of following one synchronised swing (when every shard's
-/// table grew at once, 64 x 100 K blocks cost 19.8 to 26.3 bytes per pair
+/// mean instead of following one synchronised swing (tables that all grow
+/// at once make 64 x 100 K blocks cost 19.8 to 26.3 bytes per pair,
 /// depending on the inventory size).
 pub(crate) struct BucketTable {
     regions: [Region; REGIONS],
