@@ -12,6 +12,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::ContractError;
+use crate::names::UnknownName;
 use crate::version::EngineVersion;
 use crate::vllm::VllmAlgorithm;
 
@@ -398,19 +399,18 @@ impl fmt::Display for KeyMode {
     }
 }
 
-/// A name that is not a [`KeyMode`] (`engine`, `rekey`).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown key mode {0:?} (expected `engine` or `rekey`)")]
-pub struct UnknownKeyMode(pub String);
-
 impl FromStr for KeyMode {
-    type Err = UnknownKeyMode;
+    type Err = UnknownName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "engine" => Ok(KeyMode::Engine),
             "rekey" => Ok(KeyMode::Rekey),
-            other => Err(UnknownKeyMode(other.to_owned())),
+            other => Err(UnknownName {
+                what: "key mode",
+                name: other.to_owned(),
+                expected: "engine or rekey",
+            }),
         }
     }
 }

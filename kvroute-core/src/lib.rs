@@ -57,7 +57,9 @@ pub mod fuzzing;
 #[cfg(feature = "parity")]
 pub mod golden;
 mod hasher;
+mod miss;
 pub mod mix;
+mod names;
 pub mod rekey;
 pub mod sglang;
 pub mod trtllm;
@@ -67,13 +69,14 @@ pub mod vllm;
 
 pub use contract::{
     HashContract, KeyMode, PythonHashSeed, RekeyAlgorithm, RekeyContract, SglangAlgorithm,
-    SglangContract, SglangEventsFormat, TrtllmAlgorithm, TrtllmContract, UnknownKeyMode,
-    VllmContract,
+    SglangContract, SglangEventsFormat, TrtllmAlgorithm, TrtllmContract, VllmContract,
 };
 pub use digest::Digest;
 pub use error::{ContractError, HashError};
 pub use extras::{LoraAdapter, MmFeature, PromptEmbedsDigest, RequestExtras};
 pub use hasher::{BlockHasher, PromptHasher};
+pub use miss::MissReason;
+pub use names::UnknownName;
 pub use types::{BlockKey, EndpointId, Medium, TokenId};
 pub use version::{EngineVersion, VersionParseError};
 pub use vllm::VllmAlgorithm;

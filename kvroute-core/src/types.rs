@@ -117,9 +117,14 @@ impl Medium {
         }
     }
 
-    /// A lowercase label for metrics.
+    /// The lowercase tier name of metrics and the admin API.
+    ///
+    /// ```
+    /// use kvroute_core::Medium;
+    /// assert_eq!(Medium::Gpu.as_str(), "gpu");
+    /// ```
     #[must_use]
-    pub const fn label(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Medium::Gpu => "gpu",
             Medium::Cpu => "cpu",

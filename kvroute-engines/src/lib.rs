@@ -91,6 +91,9 @@ pub mod transport;
 mod names;
 pub use names::UnknownName;
 
+/// The counted reason of a miss ([`prompt::PromptError::reason`]).
+pub use kvroute_core::MissReason;
+
 /// The OpenAI API a request body was posted to (chat or completions).
 pub use prompt::ApiKind;
 

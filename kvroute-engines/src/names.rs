@@ -3,20 +3,9 @@
 
 use std::str::FromStr;
 
-use crate::prompt::ApiKind;
+pub use kvroute_core::UnknownName;
 
-/// A name that is not an engine (`vllm`, `sglang`, `trtllm`, `llama.cpp`) or
-/// an API kind (`chat`, `completions`).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {name:?}; expected {expected}")]
-pub struct UnknownName {
-    /// What was parsed.
-    pub what: &'static str,
-    /// The name given.
-    pub name: String,
-    /// The accepted names.
-    pub expected: &'static str,
-}
+use crate::prompt::ApiKind;
 
 impl FromStr for ApiKind {
     type Err = UnknownName;

@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 
 use kvroute_engines::prompt::parse_json;
 use kvroute_engines::prompt::{
-    prompt_tokens, prompt_tokens_as, ApiKind, Dialect, ModelOptions, ModelTokenizer, PromptLimits,
-    PromptMiss, PromptTokens,
+    prompt_tokens, prompt_tokens_as, ApiKind, Dialect, ModelOptions, ModelTokenizer, PromptError,
+    PromptLimits, PromptTokens,
 };
 
 fn qwen3() -> &'static ModelTokenizer {
@@ -20,7 +20,7 @@ fn qwen3() -> &'static ModelTokenizer {
     })
 }
 
-fn run(endpoint: ApiKind, body: &str) -> Result<PromptTokens, PromptMiss> {
+fn run(endpoint: ApiKind, body: &str) -> Result<PromptTokens, PromptError> {
     prompt_tokens(qwen3(), endpoint, &parse_json(body.as_bytes()).unwrap())
 }
 

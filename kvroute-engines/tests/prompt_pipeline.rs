@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 use kvroute_core::{BlockHasher, BlockKey, EndpointId, HashContract, Medium, RequestExtras};
 use kvroute_engines::prompt::{
-    encode_and_hash, ModelOptions, ModelTokenizer, ParallelConfig, ParallelEncoder, PromptMiss,
+    encode_and_hash, ModelOptions, ModelTokenizer, ParallelConfig, ParallelEncoder, PromptError,
     SeamPolicy,
 };
 use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
@@ -166,7 +166,7 @@ proptest! {
         let mut parts: Vec<Vec<u32>> = Vec::new();
         enc.encode_each(tok, SeamPolicy::for_tokenizer(tok).as_ref(), &text, |ids| {
             parts.push(ids.to_vec());
-            Ok::<_, PromptMiss>(())
+            Ok::<_, PromptError>(())
         }).unwrap();
         let want = reference(&text);
         prop_assert_eq!(parts.concat(), want.clone());
@@ -282,20 +282,20 @@ fn a_sink_error_stops_the_pipeline() {
     let mut calls = 0;
     let r = enc.encode_each(tok, SeamPolicy::for_tokenizer(tok).as_ref(), &text, |_| {
         calls += 1;
-        Err(PromptMiss::Tokenize("enough".into()))
+        Err(PromptError::Tokenize("enough".into()))
     });
-    assert_eq!(r, Err(PromptMiss::Tokenize("enough".into())));
+    assert_eq!(r, Err(PromptError::Tokenize("enough".into())));
     assert_eq!(calls, 1);
     // The same through the span-cached path, and the failed segment is not cached.
     let tok = parallel_tok();
     tok.clear_span_cache();
     let misses = tok.span_cache_stats().unwrap().misses;
-    let r = tok.encode_each(&text, false, |_| Err(PromptMiss::NoModel));
-    assert_eq!(r, Err(PromptMiss::NoModel));
+    let r = tok.encode_each(&text, false, |_| Err(PromptError::NoModel));
+    assert_eq!(r, Err(PromptError::NoModel));
     let mut n = 0;
     tok.encode_each(&text, false, |_| {
         n += 1;
-        Ok::<_, PromptMiss>(())
+        Ok::<_, PromptError>(())
     })
     .unwrap();
     assert!(

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use kvroute_engines::prompt::parse_json;
 use kvroute_engines::prompt::{
-    prompt_tokens, ApiKind, ModelOptions, ModelTokenizer, PromptMiss, PromptTokens, TokenizerPool,
+    prompt_tokens, ApiKind, ModelOptions, ModelTokenizer, PromptError, PromptTokens, TokenizerPool,
 };
 
 fn qwen3_dir() -> PathBuf {
@@ -25,7 +25,7 @@ fn qwen3() -> &'static ModelTokenizer {
     })
 }
 
-fn run(endpoint: ApiKind, body: &str) -> Result<PromptTokens, PromptMiss> {
+fn run(endpoint: ApiKind, body: &str) -> Result<PromptTokens, PromptError> {
     prompt_tokens(qwen3(), endpoint, &parse_json(body.as_bytes()).unwrap())
 }
 
@@ -226,15 +226,15 @@ fn pool_misses_are_typed() {
     );
     assert!(matches!(
         pool.prompt_tokens(ApiKind::Chat, b"hello there"),
-        Err(PromptMiss::NotJson(_))
+        Err(PromptError::NotJson(_))
     ));
     assert_eq!(
         pool.prompt_tokens(ApiKind::Chat, br#"{"messages":[]}"#),
-        Err(PromptMiss::NoModel)
+        Err(PromptError::NoModel)
     );
     assert_eq!(
         pool.prompt_tokens(ApiKind::Chat, br#"{"model":"other","messages":[]}"#),
-        Err(PromptMiss::UnknownModel("other".into()))
+        Err(PromptError::UnknownModel("other".into()))
     );
     assert_eq!(
         pool.prompt_tokens(ApiKind::Chat, br#"{"model":"broken","messages":[]}"#)

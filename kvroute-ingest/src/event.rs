@@ -96,17 +96,16 @@ pub struct EventBatch {
     pub events: Vec<KvEvent>,
 }
 
-/// Order-sensitive accumulator for [`EventBatch::fingerprint`]: one multiply per
-/// word, a full finalizer at the end. Detects accidental differences; not meant
-/// to resist a publisher crafting collisions (it could fake any batch anyway).
+/// Order-sensitive accumulator for [`EventBatch::fingerprint`]
+/// ([`kvroute_core::mix::fold`] per word, [`kvroute_core::mix::fmix64`] at
+/// the end). Detects accidental differences; not meant to resist a publisher
+/// crafting collisions (it could fake any batch anyway).
 struct Fold(u64);
 
 impl Fold {
     #[inline]
     fn word(&mut self, x: u64) {
-        self.0 = (self.0 ^ x)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .rotate_left(29);
+        self.0 = kvroute_core::mix::fold(self.0, x);
     }
 
     fn bytes(&mut self, b: &[u8]) {
@@ -119,7 +118,7 @@ impl Fold {
     }
 
     fn finish(self) -> u64 {
-        crate::index::mix(self.0)
+        kvroute_core::mix::fmix64(self.0)
     }
 }
 

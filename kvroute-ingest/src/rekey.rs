@@ -27,7 +27,9 @@ pub trait BlockRekeyer: Send + Sync {
 }
 
 /// kvroute's re-key contract `xxh3_64_chain` (Dynamo's local-block-hash +
-/// sequence-hash scheme), computed by [`kvroute_core::rekey`].
+/// sequence-hash scheme): the chain of [`kvroute_core::rekey::extend_chain`],
+/// the one the prompt side hashes with, so both sides' keys agree by
+/// construction.
 ///
 /// ```
 /// use kvroute_core::BlockKey;
@@ -61,19 +63,15 @@ impl Default for XxhChainRekeyer {
 impl BlockRekeyer for XxhChainRekeyer {
     fn rekey(
         &self,
-        mut parent: Option<BlockKey>,
+        parent: Option<BlockKey>,
         tokens: &[TokenId],
         block_size: u32,
         out: &mut Vec<BlockKey>,
     ) {
-        if block_size == 0 {
+        // A block size beyond the address space has no full block.
+        let Ok(block_size) = usize::try_from(block_size) else {
             return;
-        }
-        for block in tokens.chunks_exact(block_size as usize) {
-            let local = kvroute_core::rekey::local_block_hash(block, self.seed);
-            let key = kvroute_core::rekey::sequence_key(parent, local, self.seed);
-            out.push(key);
-            parent = Some(key);
-        }
+        };
+        kvroute_core::rekey::extend_chain(parent, tokens, block_size, self.seed, out);
     }
 }

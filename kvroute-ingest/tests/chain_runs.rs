@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use kvroute_core::mix::splitmix64 as splitmix;
 use kvroute_core::{BlockKey, EndpointId, Medium};
 use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
 use proptest::prelude::*;
@@ -15,13 +16,6 @@ use proptest::prelude::*;
 const SLOTS: u32 = 70;
 /// Endpoints the operations draw from (three in each bank).
 const EPS: [u32; 6] = [0, 1, 2, 64, 65, 66];
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// Chains of keys, each key a hash of the previous key and a block: chain 0
 /// from the root, chain `c` forking off an earlier chain at some position.

@@ -450,7 +450,7 @@ impl Rule {
         d.affinity_key = request.session.map(|s| hash_bytes(s.as_bytes()));
         let kv = self.config.choice == Choice::KvExact;
         let result: Result<(), MissReason> = match request.prompt {
-            PromptInput::Missing(m) => Err(m.into()),
+            PromptInput::Missing(m) => Err(m),
             PromptInput::Tokens([]) => Err(MissReason::EmptyPrompt),
             PromptInput::Tokens(tokens) => {
                 d.prompt_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);

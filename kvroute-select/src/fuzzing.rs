@@ -11,7 +11,7 @@ use kvroute_ingest::InventoryView;
 use crate::{
     Availability, Choice, ContractId, CostConfig, CostScorer, Decision, Endpoint, EndpointLoad,
     Health, KeySetInventory, Leg, LoadAwareConfig, LoadAwareScorer, LoadTable, LongestPrefixScorer,
-    MissBeforeKeys, OverlapCountScorer, PromptInput, Request, Role, Rule, RuleConfig, SelectorKind,
+    MissReason, OverlapCountScorer, PromptInput, Request, Role, Rule, RuleConfig, SelectorKind,
     Source, Topology,
 };
 
@@ -147,7 +147,7 @@ pub fn select_ladder(data: &[u8]) {
     let health = FuzzHealth(health);
     let other = ContractId::new("other");
     let prompt = match b.next() % 8 {
-        0 => PromptInput::Missing(MissBeforeKeys::NotJson),
+        0 => PromptInput::Missing(MissReason::NotJson),
         1 => PromptInput::Keys {
             keys: &keys,
             contract: &other,

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use kvroute_core::KeyMode;
-use kvroute_core::{BlockKey, RequestExtras, TokenId};
+use kvroute_core::{BlockKey, MissReason, RequestExtras, TokenId};
 
 /// Names one hash contract (engine, version range, algorithm, seed, block size,
 /// extra keys). Two contracts match only when their names are equal; the
@@ -148,34 +148,6 @@ pub trait PromptKeys: Send + Sync {
     }
 }
 
-/// A miss that happened before any key existed (in the gateway's body parsing or
-/// tokenization), reported so it is counted with the rule's other misses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MissBeforeKeys {
-    /// The body was not OpenAI JSON (e.g. `text/plain`).
-    NotJson,
-    /// The body had no `model`.
-    NoModel,
-    /// No staged tokenizer for the model.
-    NoTokenizer,
-    /// The tokenizer or chat template failed.
-    TokenizeError,
-    /// The prompt was empty.
-    EmptyPrompt,
-    /// The prompt exceeds the host's routing limit (characters or tokens), so
-    /// it was not tokenized or hashed: bounded work per request.
-    PromptTooLong,
-    /// The request is one the engine itself refuses (a vLLM 400: schema or
-    /// validation error, unknown content-part type, a template's
-    /// `raise_exception`): there is nothing to route on, and it is the client's
-    /// error, not a tokenizer failure.
-    InvalidRequest,
-    /// The host's tokenization capacity (concurrent tokenizations, bytes in
-    /// flight) was used up, so the prompt was not tokenized: bounded memory
-    /// under a flood of long prompts.
-    TokenizeOverloaded,
-}
-
 /// The prompt as the gateway hands it to selection.
 #[derive(Clone, Copy, Debug)]
 pub enum PromptInput<'a> {
@@ -190,8 +162,9 @@ pub enum PromptInput<'a> {
         /// Prompt length in tokens (for load-aware cost and receipts).
         prompt_tokens: u32,
     },
-    /// No keys: the request missed before hashing.
-    Missing(MissBeforeKeys),
+    /// No keys: the request missed before hashing (one of the reasons that
+    /// arise before keys exist, e.g. [`MissReason::NoTokenizer`]).
+    Missing(MissReason),
 }
 
 /// One request as selection sees it.

@@ -100,7 +100,7 @@ pub use health::{
     AdminState, AlwaysAvailable, Availability, BreakerConfig, BreakerState, CircuitBreaker, Health,
     HealthTable,
 };
-pub use keys::{ContractId, KeyMode, KeysError, MissBeforeKeys, PromptInput, PromptKeys, Request};
+pub use keys::{ContractId, KeyMode, KeysError, PromptInput, PromptKeys, Request};
 pub use load::{
     CombinedLoad, EndpointLoad, EngineReport, Load, LoadTable, PrefillProgress, ReportedLoad,
 };

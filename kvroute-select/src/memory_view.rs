@@ -3,30 +3,10 @@
 //! with one writer; production hosts use the concurrent index of
 //! `kvroute-ingest`.
 
-use std::hash::{BuildHasherDefault, Hasher};
-
 use hashbrown::HashMap;
+use kvroute_core::mix::BuildKeyHasher;
 use kvroute_core::BlockKey;
 use kvroute_ingest::{InventoryView, Overlap};
-
-/// Block keys are already uniform hashes: one multiply spreads them enough for
-/// the table, where SipHash would dominate the lookup cost.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
 
 /// Block key → bitset of slots holding it; every block counts as device-resident.
 ///
@@ -48,22 +28,10 @@ impl Hasher for KeyHasher {
 pub struct KeySetInventory {
     slots: usize,
     words: usize,
-    rows: HashMap<BlockKey, u32, BuildHasherDefault<KeyHasher>>,
+    rows: HashMap<BlockKey, u32, BuildKeyHasher>,
     /// `words` bitset words per row.
     bits: Vec<u64>,
     free_rows: Vec<u32>,
-}
-
-impl std::fmt::Debug for KeyHasher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KeyHasher")
-    }
-}
-
-impl Clone for KeyHasher {
-    fn clone(&self) -> Self {
-        Self(self.0)
-    }
 }
 
 impl KeySetInventory {

@@ -7,6 +7,9 @@
 //! name [`FromStr`] accepts, so every value round-trips. An unknown name is a
 //! [`UnknownName`] that lists the accepted ones.
 //!
+//! [`Source::as_str`] is the label of a decision's tier (not a configuration
+//! name: nothing parses it).
+//!
 //! ```
 //! use kvroute_select::{Choice, ScorerKind, SelectorKind, Topology};
 //! assert_eq!("prefill_decode".parse::<Topology>(), Ok(Topology::PrefillDecode));
@@ -25,24 +28,15 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub use kvroute_core::UnknownName;
+
+use crate::decision::Source;
 use crate::endpoint::Role;
 use crate::rule::{Choice, Topology};
 use crate::scoring::{
     CostScorer, LoadAwareScorer, LongestPrefixScorer, OverlapCountScorer, Scorer, ScorerRef,
 };
 use crate::selector::SelectorKind;
-
-/// A name no variant of the enum has.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {name:?}; expected {expected}")]
-pub struct UnknownName {
-    /// What was parsed (`"choice"`, `"topology"`, ...).
-    pub what: &'static str,
-    /// The name given.
-    pub name: String,
-    /// The accepted names, as a sentence fragment.
-    pub expected: &'static str,
-}
 
 /// Which KV-exact scorer, without its parameters (a [`Scorer`] carries them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -161,6 +155,28 @@ names!(Role, "role", "both, prefill or decode", {
     Role::Prefill => "prefill",
     Role::Decode => "decode",
 });
+
+impl Source {
+    /// The tier label of metrics (`kvroute_decisions_total{tier="..."}`), the
+    /// decision log and the admin API. Every fallback is `fallback`, whatever
+    /// its selector.
+    ///
+    /// ```
+    /// use kvroute_select::{SelectorKind, Source};
+    /// assert_eq!(Source::KvExact.as_str(), "kv_exact");
+    /// assert_eq!(Source::Fallback(SelectorKind::Chwbl).as_str(), "fallback");
+    /// ```
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Source::Exhausted => "exhausted",
+            Source::Fallback(_) => "fallback",
+            Source::KvExact => "kv_exact",
+            Source::SessionAffinity => "session_affinity",
+            Source::TrieAffinity => "trie_affinity",
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use kvroute_core::mix::GAMMA;
+
 use crate::bounded::mix64;
 use crate::chwbl::Ring;
 use crate::pool::{compare_load, Pool};
@@ -53,7 +55,7 @@ impl SelectorState {
     }
 
     fn next_random(&self) -> u64 {
-        mix64(self.rng.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed))
+        mix64(self.rng.fetch_add(GAMMA, Ordering::Relaxed))
     }
 
     /// Picks an eligible endpoint index.

@@ -70,23 +70,23 @@ fn every_miss_reason_before_scoring_is_counted_and_falls_back() {
     let keys = [BlockKey(1)];
     let cases: Vec<(Request<'_>, MissReason)> = vec![
         (
-            Request::new(PromptInput::Missing(MissBeforeKeys::NotJson)),
+            Request::new(PromptInput::Missing(MissReason::NotJson)),
             MissReason::NotJson,
         ),
         (
-            Request::new(PromptInput::Missing(MissBeforeKeys::NoModel)),
+            Request::new(PromptInput::Missing(MissReason::NoModel)),
             MissReason::NoModel,
         ),
         (
-            Request::new(PromptInput::Missing(MissBeforeKeys::NoTokenizer)),
+            Request::new(PromptInput::Missing(MissReason::NoTokenizer)),
             MissReason::NoTokenizer,
         ),
         (
-            Request::new(PromptInput::Missing(MissBeforeKeys::TokenizeError)),
+            Request::new(PromptInput::Missing(MissReason::TokenizeError)),
             MissReason::TokenizeError,
         ),
         (
-            Request::new(PromptInput::Missing(MissBeforeKeys::EmptyPrompt)),
+            Request::new(PromptInput::Missing(MissReason::EmptyPrompt)),
             MissReason::EmptyPrompt,
         ),
         (
@@ -291,7 +291,7 @@ fn pd_decode_is_least_loaded_and_decode_failure_keeps_prefill() {
             queued_prefill_tokens: 0,
         },
     );
-    let req = Request::new(PromptInput::Missing(MissBeforeKeys::NoModel));
+    let req = Request::new(PromptInput::Missing(MissReason::NoModel));
     let mut d = rule.decide(&req, &inv, &load, &AlwaysAvailable, T0);
     let t = d.target().unwrap();
     assert_eq!(t.decode, Some(EndpointId(3)));
@@ -464,7 +464,7 @@ fn weighted_selector_never_picks_zero_weight_when_others_weigh() {
     let mut counts = [0u32; 3];
     for _ in 0..400 {
         let d = rule.decide(
-            &Request::new(PromptInput::Missing(MissBeforeKeys::NoModel)),
+            &Request::new(PromptInput::Missing(MissReason::NoModel)),
             &inv,
             &load,
             &AlwaysAvailable,
@@ -516,7 +516,7 @@ fn retries_are_bounded() {
     let rule = Rule::new(cfg, None).unwrap();
     let inv = KeySetInventory::new(6);
     let load = LoadTable::new(6);
-    let req = Request::new(PromptInput::Missing(MissBeforeKeys::NoModel));
+    let req = Request::new(PromptInput::Missing(MissReason::NoModel));
     let mut d = rule.decide(&req, &inv, &load, &AlwaysAvailable, T0);
     let mut seen = vec![d.target().unwrap().endpoint];
     for _ in 0..2 {

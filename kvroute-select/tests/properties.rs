@@ -174,7 +174,7 @@ proptest! {
         for (t, s) in sessions.iter().enumerate() {
             let id = format!("s{s}");
             let text = format!("{s:05}{s:05}{t}");
-            let req = Request::new(PromptInput::Missing(MissBeforeKeys::NoModel)).with_session(&id).with_text(&text);
+            let req = Request::new(PromptInput::Missing(MissReason::NoModel)).with_session(&id).with_text(&text);
             let _ = rule.decide(&req, &inv, &load, &AlwaysAvailable, Duration::from_millis(t as u64));
             prop_assert!(rule.session_count() <= cap);
             prop_assert!(rule.trie_nodes() <= cap);

@@ -272,6 +272,6 @@ fn extras_a_provider_or_contract_cannot_hash_are_a_counted_miss_never_wrong_keys
             Duration::ZERO,
         );
         assert_eq!(d.source(), Source::KvExact, "{contract}");
-        assert_eq!(MissReason::ExtrasUnsupported.label(), "extras_unsupported");
+        assert_eq!(MissReason::ExtrasUnsupported.as_str(), "extras_unsupported");
     }
 }

@@ -79,8 +79,9 @@
 //!   forward, retry through `tower::retry::Policy`, receipt body.
 //! * [`prompt`]: the per-request prompt step ([`prompt::prepare`],
 //!   [`prompt::prepare_admitted`]) for hosts that drive selection themselves,
-//!   as the example gateway does; [`miss_before_keys`]: the prompt
-//!   pipeline's miss as selection counts it.
+//!   as the example gateway does; a prompt-pipeline failure
+//!   ([`kvroute_engines::prompt::PromptError`]) is counted as its
+//!   [`MissReason`] ([`kvroute_engines::prompt::PromptError::reason`]).
 //!
 //! `kvroute_select::Proxy` / `route` stay for hosts that want a sans-IO
 //! driver with their own load and health; the facade is the shorter path
@@ -126,7 +127,6 @@ pub mod tower;
 
 pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use prompt::miss_before_keys;
 pub use runtime::{
     BuildError, Change, EndpointDelta, EndpointStatus, EngineLoadConfig, FollowerStatus, KvRouter,
     KvRouterBuilder, LoadPolls, NoEndpoint, Pick, ProbeConfig, Readiness, ReplicaBatch,
@@ -134,10 +134,11 @@ pub use runtime::{
     ReplicaTransport, TokenizerState,
 };
 
-pub use kvroute_core::HashContract;
+pub use kvroute_core::{HashContract, UnknownName};
 pub use kvroute_engines::engine::{self, Engine};
 pub use kvroute_engines::ApiKind;
+pub use kvroute_ingest::IndexConfig;
 pub use kvroute_select::{
-    Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason, Role, Scorer, ScorerKind,
-    ScorerRef, SelectorKind, Target, Thresholds, Topology,
+    BreakerConfig, Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason, Role,
+    Scorer, ScorerKind, ScorerRef, SelectorKind, Source, Target, Thresholds, Topology,
 };

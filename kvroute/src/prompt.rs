@@ -63,40 +63,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kvroute_core::{BlockKey, RequestExtras};
 use kvroute_engines::engine::Engine;
-use kvroute_engines::prompt::{self, Dialect, PromptLimits, PromptMiss, PyValue, TokenizerPool};
+use kvroute_engines::prompt::{self, Dialect, PromptLimits, PyValue, TokenizerPool};
 use kvroute_engines::ApiKind;
-use kvroute_select::{ContractId, ContractKeys, MissBeforeKeys, PromptInput, PromptKeys, Request};
+use kvroute_select::{ContractId, ContractKeys, MissReason, PromptInput, PromptKeys, Request};
 
 use crate::admission::{TokenizeAdmission, TokenizeOverload};
-
-/// The selection-side miss of a prompt-pipeline miss.
-///
-/// `PromptMiss` (kvroute-engines) and [`MissBeforeKeys`] (kvroute-select)
-/// live in crates that may not depend on each other, so Rust's orphan rule
-/// leaves no crate where a `From` impl could be written except this one's
-/// function; `MissBeforeKeys` then converts with `From` into the counted
-/// [`kvroute_select::MissReason`].
-///
-/// ```
-/// use kvroute::miss_before_keys;
-/// use kvroute_engines::prompt::PromptMiss;
-/// use kvroute_select::{MissBeforeKeys, MissReason};
-/// let m = miss_before_keys(&PromptMiss::UnknownModel("x".into()));
-/// assert_eq!(m, MissBeforeKeys::NoTokenizer);
-/// assert_eq!(MissReason::from(m), MissReason::NoTokenizer);
-/// assert_eq!(miss_before_keys(&PromptMiss::RequestRule("tools: []".into())), MissBeforeKeys::InvalidRequest);
-/// ```
-#[must_use]
-pub fn miss_before_keys(m: &PromptMiss) -> MissBeforeKeys {
-    match m {
-        PromptMiss::NotJson(_) => MissBeforeKeys::NotJson,
-        PromptMiss::NoModel => MissBeforeKeys::NoModel,
-        PromptMiss::UnknownModel(_) | PromptMiss::ModelLoad { .. } => MissBeforeKeys::NoTokenizer,
-        PromptMiss::PromptTooLong { .. } => MissBeforeKeys::PromptTooLong,
-        m if m.is_request_error() => MissBeforeKeys::InvalidRequest,
-        _ => MissBeforeKeys::TokenizeError,
-    }
-}
 
 /// How [`prepare`] treats one request body: its limits, the rewrites of the
 /// body to forward, and whether to hash the prompt's block keys in the same
@@ -190,7 +161,7 @@ pub trait PromptHost {
 #[derive(Debug, Clone)]
 pub struct PreparedPrompt {
     model: Option<String>,
-    tokens: Result<Vec<u32>, MissBeforeKeys>,
+    tokens: Result<Vec<u32>, MissReason>,
     text: Option<String>,
     extras: RequestExtras,
     /// The keys of `tokens` with `extras`, and their contract.
@@ -205,16 +176,16 @@ pub struct PreparedPrompt {
 
 impl PreparedPrompt {
     /// A request that missed before tokenizing (e.g. an empty body:
-    /// [`MissBeforeKeys::NoModel`]); nothing to rewrite.
+    /// [`MissReason::NoModel`]); nothing to rewrite.
     ///
     /// ```
     /// use kvroute::prompt::PreparedPrompt;
-    /// use kvroute_select::{MissBeforeKeys, PromptInput};
-    /// let p = PreparedPrompt::missed(None, MissBeforeKeys::NoModel);
-    /// assert!(matches!(p.request().prompt, PromptInput::Missing(MissBeforeKeys::NoModel)));
+    /// use kvroute_select::{MissReason, PromptInput};
+    /// let p = PreparedPrompt::missed(None, MissReason::NoModel);
+    /// assert!(matches!(p.request().prompt, PromptInput::Missing(MissReason::NoModel)));
     /// ```
     #[must_use]
-    pub fn missed(model: Option<String>, miss: MissBeforeKeys) -> Self {
+    pub fn missed(model: Option<String>, miss: MissReason) -> Self {
         Self {
             model,
             tokens: Err(miss),
@@ -235,8 +206,8 @@ impl PreparedPrompt {
     /// The prompt ids routed on (the first engine prompt), or the miss.
     ///
     /// # Errors
-    /// The [`MissBeforeKeys`] the prompt pipeline ended in.
-    pub fn tokens(&self) -> Result<&[u32], MissBeforeKeys> {
+    /// The [`MissReason`] the prompt pipeline ended in.
+    pub fn tokens(&self) -> Result<&[u32], MissReason> {
         self.tokens.as_deref().map_err(|m| *m)
     }
 
@@ -302,14 +273,14 @@ impl PreparedPrompt {
 /// ```
 /// use kvroute::prompt::{unadmitted, PromptHost, PromptOptions};
 /// use kvroute_engines::prompt::TokenizerPool;
-/// use kvroute_select::MissBeforeKeys;
+/// use kvroute_select::MissReason;
 /// struct Host(TokenizerPool);
 /// impl PromptHost for Host {
 ///     fn tokenizers(&self) -> &TokenizerPool { &self.0 }
 ///     fn options(&self, _: Option<&str>) -> PromptOptions { PromptOptions::default() }
 /// }
 /// let p = unadmitted(&Host(TokenizerPool::new()), br#"{"model": "m", "stream": true, "prompt": "x"}"#);
-/// assert_eq!((p.model(), p.tokens()), (Some("m"), Err(MissBeforeKeys::TokenizeOverloaded)));
+/// assert_eq!((p.model(), p.tokens()), (Some("m"), Err(MissReason::TokenizeOverloaded)));
 /// assert!(p.rewritten().is_some());
 /// ```
 pub fn unadmitted<H: PromptHost + ?Sized>(host: &H, body: &[u8]) -> PreparedPrompt {
@@ -318,7 +289,7 @@ pub fn unadmitted<H: PromptHost + ?Sized>(host: &H, body: &[u8]) -> PreparedProm
         .as_ref()
         .and_then(|v| prompt::model_of(v).map(str::to_owned));
     let options = host.options(model.as_deref());
-    let mut out = PreparedPrompt::missed(model, MissBeforeKeys::TokenizeOverloaded);
+    let mut out = PreparedPrompt::missed(model, MissReason::TokenizeOverloaded);
     out.rewritten = usage_rewrite(&options, value.as_ref(), body);
     if options.forward_token_ids {
         out.ids = Some(IdsBody::text(KeepText::NoTokens));
@@ -362,10 +333,10 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
         p
     };
     let Some(value) = value else {
-        return no_ids(PreparedPrompt::missed(None, MissBeforeKeys::NotJson));
+        return no_ids(PreparedPrompt::missed(None, MissReason::NotJson));
     };
     let Some(m) = &model else {
-        return no_ids(PreparedPrompt::missed(None, MissBeforeKeys::NoModel));
+        return no_ids(PreparedPrompt::missed(None, MissReason::NoModel));
     };
     let limits = PromptLimits {
         max_chars: options.max_prompt_chars,
@@ -400,13 +371,13 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
             let first = p.engine_prompts.into_iter().next();
             let (ids, text) = first.map_or((Vec::new(), None), |e| (e.token_ids, e.rendered));
             let tokens = if ids.is_empty() {
-                Err(MissBeforeKeys::EmptyPrompt)
+                Err(MissReason::EmptyPrompt)
             } else if ids.len() > options.max_prompt_tokens {
                 tracing::debug!(
                     tokens = ids.len(),
                     "prompt over max_prompt_tokens: not routed by KV"
                 );
-                Err(MissBeforeKeys::PromptTooLong)
+                Err(MissReason::PromptTooLong)
             } else {
                 Ok(ids)
             };
@@ -426,7 +397,7 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
         }
         Err(e) => {
             tracing::debug!(kind = e.kind(), "no prompt tokens");
-            PreparedPrompt::missed(model, miss_before_keys(&e))
+            PreparedPrompt::missed(model, e.reason())
         }
     };
     if options.forward_token_ids {
@@ -471,7 +442,7 @@ pub async fn prepare_admitted<H: PromptHost + Send + Sync + 'static>(
     body: &Bytes,
 ) -> PreparedPrompt {
     if body.is_empty() {
-        return PreparedPrompt::missed(None, MissBeforeKeys::NoModel);
+        return PreparedPrompt::missed(None, MissReason::NoModel);
     }
     if body.len() <= INLINE_PREPARE_BYTES {
         if let Some(_permit) = admission.try_take(body.len()) {
@@ -500,7 +471,7 @@ pub async fn prepare_admitted<H: PromptHost + Send + Sync + 'static>(
         Ok(p) => p,
         Err(err) => {
             tracing::warn!(%err, "tokenize task failed");
-            PreparedPrompt::missed(None, MissBeforeKeys::TokenizeError)
+            PreparedPrompt::missed(None, MissReason::TokenizeError)
         }
     }
 }

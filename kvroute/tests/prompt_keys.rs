@@ -204,7 +204,7 @@ fn a_long_prompt_arrives_in_parts_and_still_hashes_to_the_same_keys() {
     let mut parts = 0;
     tok.encode_each(p.text().unwrap(), false, |_| {
         parts += 1;
-        Ok::<(), kvroute_engines::prompt::PromptMiss>(())
+        Ok::<(), kvroute_engines::prompt::PromptError>(())
     })
     .unwrap();
     assert!(parts > 1, "{parts} parts");

@@ -17,39 +17,19 @@
 //! request shares the first one's block.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
+use kvroute_core::mix::BuildKeyHasher;
 use kvroute_core::{BlockKey, Medium, TokenId};
 use kvroute_ingest::{BlockRemoved, BlockStored, ExtraKey, KvEvent};
 
 const NIL: u32 = u32::MAX;
 
-/// Block keys are already uniform hashes; a multiply-xorshift finaliser is enough
-/// and keeps lookups cheap (SipHash would dominate the simulator's profile).
-#[derive(Default, Clone, Copy)]
-pub struct KeyHasher(u64);
+/// The hasher of block-key maps (the simulator's too): block keys are
+/// already uniform hashes, so kvroute's unseeded [`kvroute_core::mix::fmix64`]
+/// table hash keeps lookups cheap where SipHash would dominate the profile.
+pub use kvroute_core::mix::KeyHasher;
 
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        x
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
-
-type KeyMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
+type KeyMap = HashMap<u64, u32, BuildKeyHasher>;
 
 #[derive(Clone, Copy, Debug)]
 struct Node {

@@ -45,7 +45,7 @@ use parking_lot::RwLock;
 use tokenizers::utils::SysRegex;
 use tokenizers::{Model, ModelWrapper, Tokenizer};
 
-use super::error::PromptMiss;
+use super::error::PromptError;
 
 /// Cache shards (a power of two): parallel tokenization threads look up
 /// pre-tokens at once, and one lock word would bounce between their cores.
@@ -205,7 +205,7 @@ impl ByteBpe {
         model: &ModelWrapper,
         text: &str,
         out: &mut Vec<u32>,
-    ) -> Result<(), PromptMiss> {
+    ) -> Result<(), PromptError> {
         let Some(added) = &self.added else {
             return self.encode_gap(model, text, out);
         };
@@ -231,7 +231,7 @@ impl ByteBpe {
         model: &ModelWrapper,
         text: &str,
         out: &mut Vec<u32>,
-    ) -> Result<(), PromptMiss> {
+    ) -> Result<(), PromptError> {
         self.split_from(0, model, text, out)
     }
 
@@ -243,7 +243,7 @@ impl ByteBpe {
         model: &ModelWrapper,
         piece: &str,
         out: &mut Vec<u32>,
-    ) -> Result<(), PromptMiss> {
+    ) -> Result<(), PromptError> {
         if piece.is_empty() {
             return Ok(());
         }
@@ -280,7 +280,7 @@ impl ByteBpe {
         model: &ModelWrapper,
         word: &str,
         out: &mut Vec<u32>,
-    ) -> Result<(), PromptMiss> {
+    ) -> Result<(), PromptError> {
         let cacheable = word.len() <= MAX_CACHED_WORD;
         let hash = self.words.hash(word.as_bytes());
         if cacheable {
@@ -296,7 +296,7 @@ impl ByteBpe {
             .collect();
         let tokens = model
             .tokenize(&mapped)
-            .map_err(|e| PromptMiss::Tokenize(e.to_string()))?;
+            .map_err(|e| PromptError::Tokenize(e.to_string()))?;
         let start = out.len();
         out.extend(tokens.iter().map(|t| t.id));
         if cacheable {

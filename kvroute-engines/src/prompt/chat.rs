@@ -1,7 +1,7 @@
 //! Chat messages → template input, following vLLM 0.33's
 //! `renderers/chat_utils/chat_message.py` and `renderers/hf.py`.
 
-use super::error::PromptMiss;
+use super::error::PromptError;
 use super::pyvalue::{parse_json_str, PyDict, PyValue};
 use super::request::ChatRequest;
 use super::template::{ChatTemplate, ContentFormat, TemplateInput};
@@ -38,13 +38,13 @@ const MEDIA_PART_TYPES: &[&str] = &[
     "tool_reference",
 ];
 
-fn validation(msg: String) -> PromptMiss {
-    PromptMiss::RequestValidation(msg)
+fn validation(msg: String) -> PromptError {
+    PromptError::RequestValidation(msg)
 }
 
 /// The text pieces of a message's content, before joining: `None` content is no
 /// pieces, a string is one piece, text parts give their text (null skipped).
-fn content_texts(content: Option<&PyValue>, idx: usize) -> Result<Vec<String>, PromptMiss> {
+fn content_texts(content: Option<&PyValue>, idx: usize) -> Result<Vec<String>, PromptError> {
     match content {
         None | Some(PyValue::Null) => Ok(Vec::new()),
         Some(PyValue::Str(s)) => Ok(vec![s.clone()]),
@@ -66,18 +66,18 @@ fn content_texts(content: Option<&PyValue>, idx: usize) -> Result<Vec<String>, P
                 let ty = match p.get("type") {
                     Some(PyValue::Str(t)) => t.as_str(),
                     _ => {
-                        return Err(PromptMiss::RenderValidation(format!(
+                        return Err(PromptError::RenderValidation(format!(
                             "messages[{idx}].content[{j}]: missing 'type'"
                         )))
                     }
                 };
                 let Some(key) = text_field(ty) else {
                     if MEDIA_PART_TYPES.contains(&ty) {
-                        return Err(PromptMiss::Unsupported(format!(
+                        return Err(PromptError::Unsupported(format!(
                             "content part type {ty:?} (multimodal) on a text-only path"
                         )));
                     }
-                    return Err(PromptMiss::RenderValidation(format!(
+                    return Err(PromptError::RenderValidation(format!(
                         "messages[{idx}].content[{j}]: Unsupported chat content part type: {ty:?}"
                     )));
                 };
@@ -85,13 +85,13 @@ fn content_texts(content: Option<&PyValue>, idx: usize) -> Result<Vec<String>, P
                     Some(PyValue::Null) => {}
                     Some(PyValue::Str(t)) => out.push(t.clone()),
                     Some(other) => {
-                        return Err(PromptMiss::RenderValidation(format!(
+                        return Err(PromptError::RenderValidation(format!(
                             "messages[{idx}].content[{j}].{key}: expected a string, got {}",
                             other.type_name()
                         )))
                     }
                     None => {
-                        return Err(PromptMiss::RenderValidation(format!(
+                        return Err(PromptError::RenderValidation(format!(
                             "messages[{idx}].content[{j}]: missing {key:?}"
                         )))
                     }
@@ -144,7 +144,7 @@ fn content_value(texts: Vec<String>, format: ContentFormat) -> PyValue {
     }
 }
 
-fn req_str<'a>(d: &'a PyDict, key: &str, at: &str) -> Result<&'a str, PromptMiss> {
+fn req_str<'a>(d: &'a PyDict, key: &str, at: &str) -> Result<&'a str, PromptError> {
     match d.get(key) {
         Some(PyValue::Str(s)) => Ok(s),
         Some(other) => Err(validation(format!(
@@ -157,7 +157,7 @@ fn req_str<'a>(d: &'a PyDict, key: &str, at: &str) -> Result<&'a str, PromptMiss
 
 /// One tool call in pydantic's field order (`id`, `function{arguments, name}`,
 /// `type`), with `arguments` parsed as vLLM's post-processing does.
-fn tool_call(v: &PyValue, at: &str) -> Result<PyValue, PromptMiss> {
+fn tool_call(v: &PyValue, at: &str) -> Result<PyValue, PromptError> {
     let d = v
         .as_dict()
         .ok_or_else(|| validation(format!("{at}: expected an object")))?;
@@ -193,7 +193,7 @@ fn tool_call(v: &PyValue, at: &str) -> Result<PyValue, PromptMiss> {
 }
 
 /// One request message → the template's message dict.
-fn message(v: &PyValue, idx: usize, format: ContentFormat) -> Result<PyValue, PromptMiss> {
+fn message(v: &PyValue, idx: usize, format: ContentFormat) -> Result<PyValue, PromptError> {
     let at = format!("messages[{idx}]");
     let d = v
         .as_dict()
@@ -279,7 +279,7 @@ fn message(v: &PyValue, idx: usize, format: ContentFormat) -> Result<PyValue, Pr
 
 /// vLLM's tool shape: `{"type": "function", "function": {"name", "description",
 /// "parameters"[, "strict"][, "defer_loading"]}}`, nulls for absent optionals.
-fn tool(v: &PyValue, idx: usize) -> Result<PyValue, PromptMiss> {
+fn tool(v: &PyValue, idx: usize) -> Result<PyValue, PromptError> {
     let at = format!("tools[{idx}]");
     let d = v
         .as_dict()
@@ -401,7 +401,7 @@ fn map_developer_role(messages: &mut Vec<PyValue>, format: ContentFormat) {
 pub(crate) fn template_input(
     req: &ChatRequest,
     template: &ChatTemplate,
-) -> Result<TemplateInput, PromptMiss> {
+) -> Result<TemplateInput, PromptError> {
     let format = template.content_format();
     let mut messages = req
         .messages

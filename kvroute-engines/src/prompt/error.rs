@@ -1,14 +1,18 @@
 //! The typed reasons a request yields no prompt tokens.
 
+use kvroute_core::MissReason;
+
 use super::template::TemplateError;
 
-/// Why no token ids could be produced for a request.
+/// Why no token ids could be produced for a request, with the detail a log
+/// needs.
 ///
-/// For the router every variant is a *miss* (fall back to the rule's selector);
-/// none of them is an error to the client. Variants that vLLM itself would
-/// answer with HTTP 400 map to the golden `error.kind` via [`PromptMiss::kind`].
+/// For the router every variant is a *miss* (fall back to the rule's selector),
+/// counted under [`PromptError::reason`]; none of them is an error to the
+/// client. Variants that vLLM itself would answer with HTTP 400 map to the
+/// golden `error.kind` via [`PromptError::kind`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PromptMiss {
+pub enum PromptError {
     /// The body is not JSON (e.g. `text/plain`): the model stays unknown.
     #[error("request body is not JSON: {0}")]
     NotJson(String),
@@ -63,7 +67,7 @@ pub enum PromptMiss {
     },
 }
 
-impl PromptMiss {
+impl PromptError {
     /// The golden-file `error.kind` vLLM reports for this condition, or a
     /// router-only reason (`no_model`, `unknown_model`, ...).
     #[must_use]
@@ -86,15 +90,37 @@ impl PromptMiss {
         }
     }
 
+    /// The counted miss reason: what selection and the metrics see of this
+    /// failure (the detail stays in the error's message).
+    ///
+    /// ```
+    /// use kvroute_core::MissReason;
+    /// use kvroute_engines::prompt::PromptError;
+    /// assert_eq!(PromptError::UnknownModel("x".into()).reason(), MissReason::NoTokenizer);
+    /// assert_eq!(PromptError::RequestRule("tools: []".into()).reason(), MissReason::InvalidRequest);
+    /// assert_eq!(PromptError::Unsupported("image_url".into()).reason(), MissReason::TokenizeError);
+    /// ```
+    #[must_use]
+    pub fn reason(&self) -> MissReason {
+        match self {
+            Self::NotJson(_) => MissReason::NotJson,
+            Self::NoModel => MissReason::NoModel,
+            Self::UnknownModel(_) | Self::ModelLoad { .. } => MissReason::NoTokenizer,
+            Self::PromptTooLong { .. } => MissReason::PromptTooLong,
+            m if m.is_request_error() => MissReason::InvalidRequest,
+            _ => MissReason::TokenizeError,
+        }
+    }
+
     /// True when the engine itself refuses the request with HTTP 400 (schema,
     /// request rule, renderer, content part, template or input check): a
     /// client error no routing choice changes, to be counted apart from
     /// tokenizer failures and unsupported inputs.
     ///
     /// ```
-    /// use kvroute_engines::prompt::PromptMiss;
-    /// assert!(PromptMiss::RequestValidation("messages: field required".into()).is_request_error());
-    /// assert!(!PromptMiss::Unsupported("image_url".into()).is_request_error());
+    /// use kvroute_engines::prompt::PromptError;
+    /// assert!(PromptError::RequestValidation("messages: field required".into()).is_request_error());
+    /// assert!(!PromptError::Unsupported("image_url".into()).is_request_error());
     /// ```
     #[must_use]
     pub fn is_request_error(&self) -> bool {

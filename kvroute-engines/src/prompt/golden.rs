@@ -9,7 +9,7 @@ use super::pyvalue::{parse_json, PyDict, PyValue};
 use super::request::{self, ApiKind, OpenAiRequest};
 use super::template::{to_value, TemplateInput};
 use super::tokenizer::{ModelOptions, ModelTokenizer};
-use super::{prompt_tokens, render_chat, PromptMiss, PromptTokens};
+use super::{prompt_tokens, render_chat, PromptError, PromptTokens};
 
 /// The file is not a chat-golden file.
 #[derive(Debug, thiserror::Error)]
@@ -129,12 +129,12 @@ fn check_case(d: &PyDict, tok: &ModelTokenizer, report: &mut ChatCaseReport) -> 
         Some("completions") => ApiKind::Completions,
         other => return Err(format!("unknown endpoint {other:?}")),
     };
-    let outcome: Result<PromptTokens, PromptMiss> = match d.get("request") {
+    let outcome: Result<PromptTokens, PromptError> = match d.get("request") {
         Some(req @ PyValue::Dict(_)) => prompt_tokens(tok, endpoint, req),
         _ => {
             let raw = d.get("request_raw").and_then(PyValue::as_str).unwrap_or("");
             parse_json(raw.as_bytes())
-                .map_err(|e| PromptMiss::NotJson(e.to_string()))
+                .map_err(|e| PromptError::NotJson(e.to_string()))
                 .and_then(|v| prompt_tokens(tok, endpoint, &v))
         }
     };

@@ -4,7 +4,7 @@
 //! `golden/chat/README.md`, the specification):
 //!
 //! 1. [`parse_json`] parses the body like Python's `json.loads` into a
-//!    [`PyValue`] (not JSON → [`PromptMiss::NotJson`]);
+//!    [`PyValue`] (not JSON → [`PromptError::NotJson`]);
 //! 2. [`extract_request`] reduces it to the prompt-deciding fields
 //!    ([`OpenAiRequest`]) with vLLM's defaults and validators ([`Dialect`]
 //!    where SGLang differs);
@@ -23,7 +23,7 @@
 //! [`TokenizerPool`] loads the tokenizers by model slug and runs all four
 //! steps from body bytes; [`prompt_tokens_and_keys`] and [`encode_and_hash`]
 //! also compute the block keys, overlapped with the tokenization. Every
-//! failure is a typed [`PromptMiss`]: the request is routed without KV
+//! failure is a typed [`PromptError`]: the request is routed without KV
 //! awareness, never refused for it.
 //!
 //! What each completions `prompt` shape routes on: a string → one engine prompt
@@ -74,7 +74,7 @@ mod template;
 mod tokenizer;
 
 pub use byte_bpe::PreTokenCacheStats;
-pub use error::PromptMiss;
+pub use error::PromptError;
 pub use parallel::{seams, ParallelConfig, ParallelEncoder, ParallelError, SeamPolicy};
 pub use pipeline::{encode_and_hash, prompt_tokens_and_keys, KeyedPrompt, PipelineError};
 pub use pyvalue::{parse_json, JsonSyntaxError, PyDict, PyValue, MAX_JSON_DEPTH};
@@ -115,34 +115,34 @@ pub struct PromptTokens {
 impl TokenizerPool {
     /// Body bytes → prompt tokens for the model the body names.
     ///
-    /// Every failure is a typed [`PromptMiss`]; nothing here is an error to the client.
+    /// Every failure is a typed [`PromptError`]; nothing here is an error to the client.
     pub fn prompt_tokens(
         &self,
         endpoint: ApiKind,
         body: &[u8],
-    ) -> Result<PromptTokens, PromptMiss> {
-        let value = parse_json(body).map_err(|e| PromptMiss::NotJson(e.to_string()))?;
-        let model = model_of(&value).ok_or(PromptMiss::NoModel)?;
+    ) -> Result<PromptTokens, PromptError> {
+        let value = parse_json(body).map_err(|e| PromptError::NotJson(e.to_string()))?;
+        let model = model_of(&value).ok_or(PromptError::NoModel)?;
         let tok = self.get(model)?;
         prompt_tokens(&tok, endpoint, &value)
     }
 }
 
 /// Bounds on the work one request may cost the router before it gives up on
-/// KV routing (a [`PromptMiss::PromptTooLong`] miss, never a client error).
+/// KV routing (a [`PromptError::PromptTooLong`] miss, never a client error).
 ///
 /// Tokenizing is linear in the prompt but far from free (a few MB of text costs
 /// the router a CPU-second); the body size limit alone does not bound it tightly.
 ///
 /// ```
 /// use kvroute_engines::prompt::{parse_json, prompt_tokens_limited, ApiKind,
-///     ModelOptions, ModelTokenizer, PromptLimits, PromptMiss};
+///     ModelOptions, ModelTokenizer, PromptLimits, PromptError};
 /// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
 /// let tok = ModelTokenizer::load(&dir, &ModelOptions::default()).unwrap();
 /// let body = parse_json(br#"{"model": "m", "prompt": "a rather long prompt"}"#).unwrap();
 /// let limits = PromptLimits { max_chars: 8 };
 /// let miss = prompt_tokens_limited(&tok, ApiKind::Completions, &body, limits).unwrap_err();
-/// assert_eq!(miss, PromptMiss::PromptTooLong { limit: 8 });
+/// assert_eq!(miss, PromptError::PromptTooLong { limit: 8 });
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PromptLimits {
@@ -163,9 +163,9 @@ impl Default for PromptLimits {
 
 impl PromptLimits {
     /// `Err` when `chars` already counted exceed the limit.
-    fn check(self, chars: usize) -> Result<(), PromptMiss> {
+    fn check(self, chars: usize) -> Result<(), PromptError> {
         if chars > self.max_chars {
-            Err(PromptMiss::PromptTooLong {
+            Err(PromptError::PromptTooLong {
                 limit: self.max_chars,
             })
         } else {
@@ -175,7 +175,7 @@ impl PromptLimits {
 
     /// Adds `text`'s characters to `total` and checks the limit; counting only
     /// happens when the byte length could exceed it (chars ≤ bytes).
-    fn add(self, total: &mut usize, text: &str) -> Result<(), PromptMiss> {
+    fn add(self, total: &mut usize, text: &str) -> Result<(), PromptError> {
         let chars = if total.saturating_add(text.len()) <= self.max_chars {
             text.len()
         } else {
@@ -187,7 +187,7 @@ impl PromptLimits {
 }
 
 /// Adds the characters of every string inside `v` (dict keys excluded) to `total`.
-fn add_strings(limits: PromptLimits, total: &mut usize, v: &PyValue) -> Result<(), PromptMiss> {
+fn add_strings(limits: PromptLimits, total: &mut usize, v: &PyValue) -> Result<(), PromptError> {
     match v {
         PyValue::Str(s) => limits.add(total, s),
         PyValue::List(items) => items.iter().try_for_each(|i| add_strings(limits, total, i)),
@@ -202,18 +202,18 @@ pub fn prompt_tokens(
     tok: &ModelTokenizer,
     endpoint: ApiKind,
     body: &PyValue,
-) -> Result<PromptTokens, PromptMiss> {
+) -> Result<PromptTokens, PromptError> {
     prompt_tokens_limited(tok, endpoint, body, PromptLimits::default())
 }
 
 /// [`prompt_tokens`] that refuses, before tokenizing, prompt text beyond
-/// `limits` ([`PromptMiss::PromptTooLong`]).
+/// `limits` ([`PromptError::PromptTooLong`]).
 pub fn prompt_tokens_limited(
     tok: &ModelTokenizer,
     endpoint: ApiKind,
     body: &PyValue,
     limits: PromptLimits,
-) -> Result<PromptTokens, PromptMiss> {
+) -> Result<PromptTokens, PromptError> {
     prompt_tokens_as(tok, endpoint, body, limits, Dialect::Vllm)
 }
 
@@ -226,7 +226,7 @@ pub fn prompt_tokens_as(
     body: &PyValue,
     limits: PromptLimits,
     dialect: Dialect,
-) -> Result<PromptTokens, PromptMiss> {
+) -> Result<PromptTokens, PromptError> {
     prompt_tokens_encoded(tok, endpoint, body, limits, dialect, &mut |_, text, add| {
         tok.encode(text, add)
     })
@@ -235,7 +235,7 @@ pub fn prompt_tokens_as(
 /// How a request's single prompt text is encoded: given its `cache_salt`,
 /// the text and `add_special_tokens`, the ids ([`encode_and_hash`] hashes there).
 pub(crate) type EncodeOne<'a> =
-    dyn FnMut(Option<&str>, &str, bool) -> Result<Vec<u32>, PromptMiss> + 'a;
+    dyn FnMut(Option<&str>, &str, bool) -> Result<Vec<u32>, PromptError> + 'a;
 
 /// [`prompt_tokens_as`] with the one text of a chat request (its rendered
 /// prompt) or of a string completions prompt encoded by `encode`; lists of
@@ -247,7 +247,7 @@ pub(crate) fn prompt_tokens_encoded(
     limits: PromptLimits,
     dialect: Dialect,
     encode: &mut EncodeOne<'_>,
-) -> Result<PromptTokens, PromptMiss> {
+) -> Result<PromptTokens, PromptError> {
     let req = extract_request_as(endpoint, body, dialect)?;
     let common = req.common().clone();
     let mut truncated = false;
@@ -323,7 +323,7 @@ pub(crate) fn prompt_tokens_encoded(
 pub fn render_chat(
     tok: &ModelTokenizer,
     chat: &ChatRequest,
-) -> Result<(TemplateInput, String), PromptMiss> {
+) -> Result<(TemplateInput, String), PromptError> {
     let template = tok.chat_template()?;
     let input = chat::template_input(chat, template)?;
     let rendered = template.render(&input)?;
@@ -331,14 +331,14 @@ pub fn render_chat(
 }
 
 /// The engine refuses ids outside the vocabulary.
-fn checked_ids(tok: &ModelTokenizer, ids: &[i64]) -> Result<Vec<u32>, PromptMiss> {
+fn checked_ids(tok: &ModelTokenizer, ids: &[i64]) -> Result<Vec<u32>, PromptError> {
     ids.iter()
         .map(|&id| {
             u32::try_from(id)
                 .ok()
                 .filter(|&u| (u as usize) < tok.vocab_size())
                 .ok_or_else(|| {
-                    PromptMiss::EngineInput(format!("token id {id} is out of vocabulary"))
+                    PromptError::EngineInput(format!("token id {id} is out of vocabulary"))
                 })
         })
         .collect()
@@ -351,7 +351,7 @@ fn finish(
     rendered: Option<String>,
     mut ids: Vec<u32>,
     truncated: &mut bool,
-) -> Result<EnginePrompt, PromptMiss> {
+) -> Result<EnginePrompt, PromptError> {
     let keep = match common.truncate_prompt_tokens {
         Some(-1) => tok.max_model_len().map(|m| {
             if common.max_tokens == Some(0) {
@@ -375,13 +375,13 @@ fn finish(
         }
     }
     if ids.is_empty() {
-        return Err(PromptMiss::EngineInput(
+        return Err(PromptError::EngineInput(
             "the decoder prompt cannot be empty".into(),
         ));
     }
     if let Some(max) = tok.max_model_len() {
         if ids.len() > max {
-            return Err(PromptMiss::EngineInput(format!(
+            return Err(PromptError::EngineInput(format!(
                 "prompt has {} tokens, more than max_model_len {max}",
                 ids.len()
             )));
@@ -412,7 +412,7 @@ mod tests {
         e: ApiKind,
         v: &serde_json::Value,
         max: usize,
-    ) -> Result<PromptTokens, PromptMiss> {
+    ) -> Result<PromptTokens, PromptError> {
         prompt_tokens_limited(tok, e, &body(v), PromptLimits { max_chars: max })
     }
 
@@ -426,7 +426,7 @@ mod tests {
         assert_eq!(limited(&tok, ApiKind::Completions, &v, 10).unwrap(), full);
         assert_eq!(
             limited(&tok, ApiKind::Completions, &v, 9),
-            Err(PromptMiss::PromptTooLong { limit: 9 })
+            Err(PromptError::PromptTooLong { limit: 9 })
         );
         // A list prompt counts all its elements together.
         let v = serde_json::json!({"model": "m", "prompt": ["abcdef", "ghijkl"]});
@@ -464,13 +464,13 @@ mod tests {
         // Over the rendered length but not over the message text: refused after rendering.
         assert_eq!(
             limited(&tok, ApiKind::Chat, &v, n - 1),
-            Err(PromptMiss::PromptTooLong { limit: n - 1 })
+            Err(PromptError::PromptTooLong { limit: n - 1 })
         );
         // Message strings ("user", "text", "0123456789" = 18 chars) over the
         // limit: refused before rendering.
         assert_eq!(
             limited(&tok, ApiKind::Chat, &v, 17),
-            Err(PromptMiss::PromptTooLong { limit: 17 })
+            Err(PromptError::PromptTooLong { limit: 17 })
         );
     }
 }

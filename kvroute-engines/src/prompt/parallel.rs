@@ -11,7 +11,7 @@ use std::sync::mpsc;
 
 use tokenizers::Tokenizer;
 
-use super::PromptMiss;
+use super::PromptError;
 
 /// Settings of a [`ParallelEncoder`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,7 +129,7 @@ impl ParallelEncoder {
         tokenizer: &Tokenizer,
         policy: Option<&SeamPolicy>,
         text: &str,
-    ) -> Result<Vec<u32>, PromptMiss> {
+    ) -> Result<Vec<u32>, PromptError> {
         self.encode_with(&|t: &str| encode_one(tokenizer, t), policy, text)
     }
 
@@ -142,9 +142,9 @@ impl ParallelEncoder {
         enc: &G,
         policy: Option<&SeamPolicy>,
         text: &str,
-    ) -> Result<Vec<u32>, PromptMiss>
+    ) -> Result<Vec<u32>, PromptError>
     where
-        G: Fn(&str) -> Result<Vec<u32>, PromptMiss> + Sync,
+        G: Fn(&str) -> Result<Vec<u32>, PromptError> + Sync,
     {
         if self.pool_for(policy, text).is_none() {
             return enc(text);
@@ -156,7 +156,7 @@ impl ParallelEncoder {
                 ids.reserve(part.len().max(text.len() / 3));
             }
             ids.extend_from_slice(part);
-            Ok::<_, PromptMiss>(())
+            Ok::<_, PromptError>(())
         })?;
         Ok(ids)
     }
@@ -183,7 +183,7 @@ impl ParallelEncoder {
     /// let mut pieces = Vec::new();
     /// encoder.encode_each(tokenizer, policy.as_ref(), &text, |ids| {
     ///     pieces.push(ids.to_vec());
-    ///     Ok::<_, kvroute_engines::prompt::PromptMiss>(())
+    ///     Ok::<_, kvroute_engines::prompt::PromptError>(())
     /// })?;
     /// assert!(pieces.len() > 1);
     /// assert_eq!(pieces.concat(), tokenizer.encode_fast(text.as_str(), false).unwrap().get_ids());
@@ -197,7 +197,7 @@ impl ParallelEncoder {
         sink: F,
     ) -> Result<(), E>
     where
-        E: From<PromptMiss>,
+        E: From<PromptError>,
         F: FnMut(&[u32]) -> Result<(), E>,
     {
         self.encode_each_with(&|t: &str| encode_one(tokenizer, t), policy, text, sink)
@@ -212,9 +212,9 @@ impl ParallelEncoder {
         sink: F,
     ) -> Result<(), E>
     where
-        E: From<PromptMiss>,
+        E: From<PromptError>,
         F: FnMut(&[u32]) -> Result<(), E>,
-        G: Fn(&str) -> Result<Vec<u32>, PromptMiss> + Sync,
+        G: Fn(&str) -> Result<Vec<u32>, PromptError> + Sync,
     {
         let window = self.config.window_bytes;
         self.encode_each_checked(enc, policy, text, sink, |lo, p| {
@@ -243,10 +243,10 @@ impl ParallelEncoder {
         check: C,
     ) -> Result<(), E>
     where
-        E: From<PromptMiss>,
+        E: From<PromptError>,
         F: FnMut(&[u32]) -> Result<(), E>,
         C: Fn(usize, usize) -> bool + Sync,
-        G: Fn(&str) -> Result<Vec<u32>, PromptMiss> + Sync,
+        G: Fn(&str) -> Result<Vec<u32>, PromptError> + Sync,
     {
         let Some(pool) = self.pool_for(policy, text) else {
             return sink(&enc(text)?);
@@ -354,7 +354,7 @@ impl ParallelEncoder {
                     // panicking worker does that (rayon re-raises it at the
                     // end of the scope).
                     Err(_) => {
-                        return Err(E::from(PromptMiss::Tokenize(
+                        return Err(E::from(PromptError::Tokenize(
                             "a tokenizer worker stopped".into(),
                         )))
                     }
@@ -369,14 +369,14 @@ enum Done {
     /// The check of the seam piece `.0` starts at.
     Seam(usize, bool),
     /// Piece `.0`'s ids.
-    Piece(usize, Result<Vec<u32>, PromptMiss>),
+    Piece(usize, Result<Vec<u32>, PromptError>),
 }
 
-fn encode_one(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, PromptMiss> {
+fn encode_one(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, PromptError> {
     tokenizer
         .encode_fast(text, false)
         .map(|e| e.get_ids().to_vec())
-        .map_err(|e| PromptMiss::Tokenize(e.to_string()))
+        .map_err(|e| PromptError::Tokenize(e.to_string()))
 }
 
 /// Proof, for one tokenizer, that its pipeline is one the seam rule below
@@ -507,7 +507,7 @@ fn ceil_boundary(text: &str, mut i: usize) -> usize {
 /// Re-encodes `window` bytes each side of `p` whole and in two halves.
 fn window_agrees<G>(enc: &G, text: &str, lo: usize, p: usize, window: usize) -> bool
 where
-    G: Fn(&str) -> Result<Vec<u32>, PromptMiss>,
+    G: Fn(&str) -> Result<Vec<u32>, PromptError>,
 {
     let a = floor_boundary(text, p.saturating_sub(window).max(lo));
     let b = ceil_boundary(text, p.saturating_add(window).min(text.len()));
@@ -614,7 +614,7 @@ mod tests {
                 &text,
                 |ids| {
                     parts.push(ids.to_vec());
-                    Ok::<_, PromptMiss>(())
+                    Ok::<_, PromptError>(())
                 },
                 |_, p| p != bad,
             )
@@ -627,7 +627,7 @@ mod tests {
         let mut n = 0;
         enc.encode_each(tok, policy.as_ref(), &text, |_| {
             n += 1;
-            Ok::<_, PromptMiss>(())
+            Ok::<_, PromptError>(())
         })
         .unwrap();
         assert_eq!(n, 6);

@@ -5,14 +5,14 @@ use kvroute_core::{BlockHasher, BlockKey, HashError, PromptHasher, RequestExtras
 
 use super::pyvalue::PyValue;
 use super::request::Dialect;
-use super::{ApiKind, ModelTokenizer, PromptLimits, PromptMiss, PromptTokens};
+use super::{ApiKind, ModelTokenizer, PromptError, PromptLimits, PromptTokens};
 
 /// Why [`encode_and_hash`] produced no keys.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     /// Tokenization failed.
     #[error(transparent)]
-    Prompt(#[from] PromptMiss),
+    Prompt(#[from] PromptError),
     /// The hash contract refused the request (its extras) or a block.
     #[error(transparent)]
     Hash(#[from] HashError),
@@ -125,7 +125,7 @@ pub struct KeyedPrompt {
 /// ```
 ///
 /// # Errors
-/// The [`PromptMiss`] of `prompt_tokens_as`.
+/// The [`PromptError`] of `prompt_tokens_as`.
 pub fn prompt_tokens_and_keys(
     tok: &ModelTokenizer,
     api: ApiKind,
@@ -134,7 +134,7 @@ pub fn prompt_tokens_and_keys(
     dialect: Dialect,
     hasher: &BlockHasher,
     extras: impl FnOnce(Option<&str>) -> RequestExtras,
-) -> Result<KeyedPrompt, PromptMiss> {
+) -> Result<KeyedPrompt, PromptError> {
     let mut extras = Some(extras);
     let mut made: Option<RequestExtras> = None;
     // Keys of the one text prompt, hashed as it tokenized (`None`: the

@@ -1,7 +1,7 @@
 //! OpenAI request bodies → the fields that decide the prompt (vLLM 0.33 defaults
 //! and validators). Sampling, streaming and unknown fields are ignored.
 
-use super::error::PromptMiss;
+use super::error::PromptError;
 use super::pyvalue::{PyDict, PyValue};
 
 /// Which OpenAI API a body was posted to (not a backend: that is
@@ -150,8 +150,8 @@ pub fn model_of(body: &PyValue) -> Option<&str> {
     body.as_dict()?.get("model")?.as_str()
 }
 
-fn invalid(field: &str, want: &str, got: &PyValue) -> PromptMiss {
-    PromptMiss::RequestValidation(format!("{field}: expected {want}, got {}", got.type_name()))
+fn invalid(field: &str, want: &str, got: &PyValue) -> PromptError {
+    PromptError::RequestValidation(format!("{field}: expected {want}, got {}", got.type_name()))
 }
 
 /// A present, non-null field.
@@ -159,7 +159,7 @@ fn field<'a>(d: &'a PyDict, name: &str) -> Option<&'a PyValue> {
     d.get(name).filter(|v| !v.is_null())
 }
 
-fn opt_bool(d: &PyDict, name: &str, default: bool) -> Result<bool, PromptMiss> {
+fn opt_bool(d: &PyDict, name: &str, default: bool) -> Result<bool, PromptError> {
     match d.get(name) {
         None => Ok(default),
         Some(PyValue::Bool(b)) => Ok(*b),
@@ -175,7 +175,7 @@ fn opt_bool(d: &PyDict, name: &str, default: bool) -> Result<bool, PromptMiss> {
     }
 }
 
-fn opt_int(d: &PyDict, name: &str) -> Result<Option<i64>, PromptMiss> {
+fn opt_int(d: &PyDict, name: &str) -> Result<Option<i64>, PromptError> {
     match field(d, name) {
         None => Ok(None),
         Some(PyValue::Int(i)) => Ok(Some(*i)),
@@ -184,7 +184,7 @@ fn opt_int(d: &PyDict, name: &str) -> Result<Option<i64>, PromptMiss> {
     }
 }
 
-fn opt_string(d: &PyDict, name: &str) -> Result<Option<String>, PromptMiss> {
+fn opt_string(d: &PyDict, name: &str) -> Result<Option<String>, PromptError> {
     match field(d, name) {
         None => Ok(None),
         Some(PyValue::Str(s)) => Ok(Some(s.clone())),
@@ -220,8 +220,8 @@ const MAX_CACHE_SALT_CHARS: usize = 128;
 ///   `value or None` (`managers/io_struct.py:873-875`) and `RadixKey` keeps
 ///   `cache_salt or None` (`mem_cache/radix_cache.py:77`): an empty salt is no
 ///   salt, the blocks are the unsalted ones.
-fn cache_salt(d: &PyDict, dialect: Dialect) -> Result<Option<String>, PromptMiss> {
-    let rule = |msg: &str| PromptMiss::RequestRule(format!("cache_salt: {msg}"));
+fn cache_salt(d: &PyDict, dialect: Dialect) -> Result<Option<String>, PromptError> {
+    let rule = |msg: &str| PromptError::RequestRule(format!("cache_salt: {msg}"));
     match (dialect, field(d, "cache_salt")) {
         (_, None) => Ok(None),
         (Dialect::Sglang, Some(PyValue::Str(s))) => Ok((!s.is_empty()).then(|| s.clone())),
@@ -248,11 +248,11 @@ fn common_fields(
     model: &str,
     add_special_default: bool,
     dialect: Dialect,
-) -> Result<CommonFields, PromptMiss> {
+) -> Result<CommonFields, PromptError> {
     let truncate_prompt_tokens = opt_int(d, "truncate_prompt_tokens")?;
     if let Some(n) = truncate_prompt_tokens {
         if n < -1 {
-            return Err(PromptMiss::RequestValidation(
+            return Err(PromptError::RequestValidation(
                 "truncate_prompt_tokens must be >= -1".into(),
             ));
         }
@@ -261,7 +261,7 @@ fn common_fields(
         None | Some("left") => TruncationSide::Left,
         Some("right") => TruncationSide::Right,
         Some(other) => {
-            return Err(PromptMiss::RequestValidation(format!(
+            return Err(PromptError::RequestValidation(format!(
                 "truncation_side: expected 'left' or 'right', got {other:?}"
             )))
         }
@@ -290,7 +290,7 @@ fn common_fields(
 /// assert_eq!(req.prompt, CompletionPrompt::Ids(vec![1, 2, 3]));
 /// assert!(req.common.add_special_tokens);
 /// ```
-pub fn extract_request(endpoint: ApiKind, body: &PyValue) -> Result<OpenAiRequest, PromptMiss> {
+pub fn extract_request(endpoint: ApiKind, body: &PyValue) -> Result<OpenAiRequest, PromptError> {
     extract_request_as(endpoint, body, Dialect::Vllm)
 }
 
@@ -304,13 +304,13 @@ pub fn extract_request_as(
     endpoint: ApiKind,
     body: &PyValue,
     dialect: Dialect,
-) -> Result<OpenAiRequest, PromptMiss> {
+) -> Result<OpenAiRequest, PromptError> {
     let d = body
         .as_dict()
         .ok_or_else(|| invalid("body", "a JSON object", body))?;
     let model = match d.get("model") {
         Some(PyValue::Str(s)) => s.as_str(),
-        None | Some(PyValue::Null) => return Err(PromptMiss::NoModel),
+        None | Some(PyValue::Null) => return Err(PromptError::NoModel),
         Some(other) => return Err(invalid("model", "a string", other)),
     };
     match endpoint {
@@ -321,12 +321,12 @@ pub fn extract_request_as(
     }
 }
 
-fn extract_chat(d: &PyDict, model: &str, dialect: Dialect) -> Result<ChatRequest, PromptMiss> {
+fn extract_chat(d: &PyDict, model: &str, dialect: Dialect) -> Result<ChatRequest, PromptError> {
     let messages = match d.get("messages") {
         Some(PyValue::List(l)) => l.clone(),
         Some(other) => return Err(invalid("messages", "a list", other)),
         None => {
-            return Err(PromptMiss::RequestValidation(
+            return Err(PromptError::RequestValidation(
                 "messages: field required".into(),
             ))
         }
@@ -334,7 +334,7 @@ fn extract_chat(d: &PyDict, model: &str, dialect: Dialect) -> Result<ChatRequest
     let tools = match field(d, "tools") {
         None => None,
         Some(PyValue::List(l)) if l.is_empty() => {
-            return Err(PromptMiss::RequestRule(
+            return Err(PromptError::RequestRule(
                 "tools: an empty list is not allowed; omit the field".into(),
             ))
         }
@@ -344,7 +344,7 @@ fn extract_chat(d: &PyDict, model: &str, dialect: Dialect) -> Result<ChatRequest
     let add_generation_prompt = opt_bool(d, "add_generation_prompt", true)?;
     let continue_final_message = opt_bool(d, "continue_final_message", false)?;
     if add_generation_prompt && continue_final_message {
-        return Err(PromptMiss::RequestRule(
+        return Err(PromptError::RequestRule(
             "continue_final_message and add_generation_prompt cannot both be true".into(),
         ));
     }
@@ -356,7 +356,7 @@ fn extract_chat(d: &PyDict, model: &str, dialect: Dialect) -> Result<ChatRequest
     if field(d, "chat_template").is_some()
         || field(&chat_template_kwargs, "chat_template").is_some()
     {
-        return Err(PromptMiss::RenderRule(
+        return Err(PromptError::RenderRule(
             "a request-supplied chat_template needs --trust-request-chat-template".into(),
         ));
     }
@@ -386,14 +386,14 @@ fn extract_completion(
     d: &PyDict,
     model: &str,
     dialect: Dialect,
-) -> Result<CompletionRequest, PromptMiss> {
+) -> Result<CompletionRequest, PromptError> {
     if field(d, "prompt_embeds").is_some() {
-        return Err(PromptMiss::Unsupported("prompt_embeds".into()));
+        return Err(PromptError::Unsupported("prompt_embeds".into()));
     }
-    let empty = || PromptMiss::RequestRule("prompt must not be empty".into());
+    let empty = || PromptError::RequestRule("prompt must not be empty".into());
     let prompt = match field(d, "prompt") {
         None => {
-            return Err(PromptMiss::RequestRule(
+            return Err(PromptError::RequestRule(
                 "either prompt or prompt_embeds must be provided".into(),
             ))
         }
@@ -416,7 +416,7 @@ fn extract_completion(
             {
                 CompletionPrompt::IdLists(lists)
             } else {
-                return Err(PromptMiss::RequestValidation(
+                return Err(PromptError::RequestValidation(
                     "prompt: expected a string, a list of ints, strings, or int lists".into(),
                 ));
             }
@@ -434,7 +434,7 @@ mod tests {
     use super::*;
     use crate::prompt::parse_json;
 
-    fn ex(endpoint: ApiKind, json: &str) -> Result<OpenAiRequest, PromptMiss> {
+    fn ex(endpoint: ApiKind, json: &str) -> Result<OpenAiRequest, PromptError> {
         extract_request(endpoint, &parse_json(json.as_bytes()).unwrap())
     }
 
@@ -447,7 +447,7 @@ mod tests {
         assert!(!c.common.add_special_tokens);
         assert_eq!(
             ex(ApiKind::Chat, r#"{"messages":[]}"#),
-            Err(PromptMiss::NoModel)
+            Err(PromptError::NoModel)
         );
         assert_eq!(
             ex(ApiKind::Chat, r#"{"model":"m","messages":[],"tools":[]}"#).map_err(|e| e.kind()),

@@ -11,7 +11,7 @@ use parking_lot::{Mutex, RwLock};
 use tokenizers::Tokenizer;
 
 use super::byte_bpe::{ByteBpe, PreTokenCacheStats, DEFAULT_WORD_CACHE_BYTES};
-use super::error::PromptMiss;
+use super::error::PromptError;
 use super::parallel::{ParallelEncoder, SeamPolicy};
 use super::span_cache::{SegmentPolicy, SpanCache, SpanCacheStats};
 use super::template::{ChatTemplate, TemplateError};
@@ -164,7 +164,7 @@ impl ModelTokenizer {
     ///
     /// A tokenizer whose normalizer is NFC is held twice: as loaded, and
     /// without the normalizer for the texts NFC leaves unchanged (most
-    /// prompts; NFC was ~6 % of a Qwen3 encode). The copy costs the
+    /// prompts; NFC is ~6 % of a Qwen3 encode). The copy costs the
     /// tokenizer's size again (~23 MB for Qwen3).
     pub fn load(dir: &Path, options: &ModelOptions) -> Result<Self, ModelLoadError> {
         let json = read_tokenizer_json(dir)?;
@@ -249,11 +249,11 @@ impl ModelTokenizer {
     }
 
     /// The chat template, if the model has one (or why it does not compile).
-    pub fn chat_template(&self) -> Result<&ChatTemplate, PromptMiss> {
+    pub fn chat_template(&self) -> Result<&ChatTemplate, PromptError> {
         match &self.template {
             Some(Ok(t)) => Ok(t),
-            Some(Err(e)) => Err(PromptMiss::Template(e.clone())),
-            None => Err(PromptMiss::NoChatTemplate),
+            Some(Err(e)) => Err(PromptError::Template(e.clone())),
+            None => Err(PromptError::NoChatTemplate),
         }
     }
 
@@ -294,18 +294,18 @@ impl ModelTokenizer {
         &self,
         text: &str,
         add_special_tokens: bool,
-    ) -> Result<Vec<u32>, PromptMiss> {
+    ) -> Result<Vec<u32>, PromptError> {
         self.tokenizer
             .encode_fast(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| PromptMiss::Tokenize(e.to_string()))
+            .map_err(|e| PromptError::Tokenize(e.to_string()))
     }
 
     /// Token ids of `text`, using the span cache when it is provably exact
     /// for this tokenizer ([`SpanCacheStats`]; checked at load, off
     /// otherwise), and the parallel encoder attached with
     /// [`Self::set_parallel`] if any (the same ids).
-    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptMiss> {
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptError> {
         match &self.parallel {
             Some(encoder) => self.encode_parallel(text, add_special_tokens, encoder),
             None => self.encode_cached(text, add_special_tokens),
@@ -318,7 +318,7 @@ impl ModelTokenizer {
         self.parallel = encoder;
     }
 
-    fn encode_cached(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptMiss> {
+    fn encode_cached(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptError> {
         let (Some(policy), Some(cache)) = (&self.segments, &self.cache) else {
             return self.encode_piece(text, add_special_tokens);
         };
@@ -343,7 +343,7 @@ impl ModelTokenizer {
     /// path where it is exact for `text` (the pipeline is one it supports,
     /// the normalizer leaves `text` as it is and the post-processor adds
     /// nothing), else on [`Self::tokenizer_for`].
-    fn encode_piece(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptMiss> {
+    fn encode_piece(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptError> {
         if let Some(fast) = &self.fast {
             if (!add_special_tokens || !self.post_processor_adds_tokens)
                 && normalizer_keeps(&self.tokenizer, self.nfc_free.is_some(), text)
@@ -356,7 +356,7 @@ impl ModelTokenizer {
         self.tokenizer_for(text)
             .encode_fast(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| PromptMiss::Tokenize(e.to_string()))
+            .map_err(|e| PromptError::Tokenize(e.to_string()))
     }
 }
 
@@ -421,7 +421,7 @@ impl ModelTokenizer {
         text: &str,
         add_special_tokens: bool,
         encoder: &ParallelEncoder,
-    ) -> Result<Vec<u32>, PromptMiss> {
+    ) -> Result<Vec<u32>, PromptError> {
         if add_special_tokens && self.post_processor_adds_tokens {
             return self.encode_piece(text, add_special_tokens);
         }
@@ -453,7 +453,7 @@ impl ModelTokenizer {
         mut sink: F,
     ) -> Result<(), E>
     where
-        E: From<PromptMiss>,
+        E: From<PromptError>,
         F: FnMut(&[u32]) -> Result<(), E>,
     {
         let whole = add_special_tokens && self.post_processor_adds_tokens;
@@ -484,7 +484,7 @@ impl ModelTokenizer {
                     Ok(()) => Ok(all),
                     Err(e) => {
                         failed = Some(e);
-                        Err(PromptMiss::Tokenize("stopped by the caller".into()))
+                        Err(PromptError::Tokenize("stopped by the caller".into()))
                     }
                 }
             });
@@ -604,7 +604,7 @@ impl TokenizerPool {
 
     /// The loaded tokenizer for `model`, loading it on first use. A failed load
     /// is remembered (no retry storm) until [`reload`](Self::reload).
-    pub fn get(&self, model: &str) -> Result<Arc<ModelTokenizer>, PromptMiss> {
+    pub fn get(&self, model: &str) -> Result<Arc<ModelTokenizer>, PromptError> {
         if let Some(r) = self.loaded.read().get(model) {
             return Self::result(model, r);
         }
@@ -613,7 +613,7 @@ impl TokenizerPool {
             return Self::result(model, r);
         }
         let Some((dir, options)) = self.staged.read().get(model).cloned() else {
-            return Err(PromptMiss::UnknownModel(model.to_owned()));
+            return Err(PromptError::UnknownModel(model.to_owned()));
         };
         let loaded = match ModelTokenizer::load(&dir, &options) {
             Ok(mut t) => {
@@ -634,8 +634,8 @@ impl TokenizerPool {
     fn result(
         model: &str,
         r: &Result<Arc<ModelTokenizer>, String>,
-    ) -> Result<Arc<ModelTokenizer>, PromptMiss> {
-        r.clone().map_err(|reason| PromptMiss::ModelLoad {
+    ) -> Result<Arc<ModelTokenizer>, PromptError> {
+        r.clone().map_err(|reason| PromptError::ModelLoad {
             model: model.to_owned(),
             reason,
         })

@@ -11,58 +11,18 @@
 //! (endpoint, key) pairs with no sharing this is what keeps the index near
 //! 12.8 bytes per slot instead of 16 (see the crate's memory notes).
 
-use std::hash::{BuildHasherDefault, Hasher};
-
 use hashbrown::HashMap;
+use kvroute_core::mix::BuildKeyHasher;
 
 use super::runs::{RunTable, RUN_ID_BITS};
 use super::table::BucketTable;
 
-/// Finalizer of MurmurHash3: block keys are already hashes, but tests and some
-/// engines use small or sequential keys, which this spreads over all bits.
-#[inline]
-pub(crate) const fn mix(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^= k >> 33;
-    k
-}
+// The table hash of a block key: block keys are already hashes, but tests and
+// some engines use small or sequential keys, which `fmix64` spreads over all
+// bits.
+pub(crate) use kvroute_core::mix::fmix64 as mix;
 
-/// Hasher for `u64` block keys (one multiply-xorshift chain, no seed).
-///
-/// Unseeded on purpose: block keys are digests chosen by the engines' hash
-/// contracts, so a client cannot aim prompts at colliding buckets.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    #[inline]
-    fn write_u64(&mut self, k: u64) {
-        self.0 = mix(self.0 ^ k);
-    }
-
-    #[inline]
-    fn write_u32(&mut self, k: u32) {
-        self.write_u64(u64::from(k));
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word.iter_mut().zip(chunk).for_each(|(w, b)| *w = *b);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-}
-
-pub(crate) type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
+pub(crate) type KeyMap<V> = HashMap<u64, V, BuildKeyHasher>;
 
 /// `(block key, endpoint bit << 2 | tier)` → stores beyond the first.
 type DupKey = (u64, u32);
@@ -294,7 +254,7 @@ pub(crate) struct Shard {
     /// three tables' lines.
     present: u8,
     tiers: [TierTable; 4],
-    dups: HashMap<DupKey, u32, BuildHasherDefault<KeyHasher>>,
+    dups: HashMap<DupKey, u32, BuildKeyHasher>,
 }
 
 impl Shard {

@@ -35,9 +35,9 @@
 //! shard ([`BucketTable::new`]). A table's load therefore swings between
 //! 57 and 85 %, but at any inventory size the 64 shards' tables are spread
 //! over that swing, so the bytes per key of an index stay at the swing's
-//! mean, ~19 per unshared key, at every size. When every shard's table grew
-//! at the same moment, the figure followed the swing: 64 engines × 30 to
-//! 195 conversations of 512 blocks cost 15.6 to 22.2 bytes per pair
+//! mean, ~19 per unshared key, at every size. Tables that all grow at the
+//! same moment make the figure follow the swing: 64 engines × 30 to 195
+//! conversations of 512 blocks then cost 15.6 to 22.2 bytes per pair
 //! unbounded, 19.8 to 26.3 with insertion rings (`bench-dynamo`, `memory`).
 //!
 //! A table can also be split into [`REGIONS`] regions by the top
@@ -45,9 +45,9 @@
 //! bits after them, so hash order is kept), each growing on its own with
 //! its own phase: a rebuild then moves a region, not the table, and holds
 //! the shard's write lock that much shorter. It is one region: with 16, the
-//! many mid-sized buffers freed as regions grew stayed in glibc's heap (a
-//! process that loaded 64 × 100 K blocks resided 29 bytes per pair for 23
-//! in `memory_bytes`; one region: 23.8 for 23.0), and loading was no
+//! many mid-sized buffers freed as regions grow stay in glibc's heap (a
+//! process that loads 64 × 100 K blocks resides 29 bytes per pair for 23
+//! in `memory_bytes`; with one region, 23.8 for 23.0), and loading is no
 //! faster.
 
 /// Entries per bucket: 5 × 12 bytes plus the bucket's 4-byte header fill a line.
@@ -253,7 +253,7 @@ impl Region {
     /// because near the load bound a home bucket is often full or marked
     /// (an insert of a new key then visits ~2 buckets on average, and
     /// reading the second line only once the first arrived doubled the
-    /// wait); the line after that no longer paid for its load (measured,
+    /// wait); the line after that does not pay for its load (measured,
     /// `examples/bench-dynamo` load).
     #[inline]
     fn home_lines(&self, hash: u64) -> [Option<&u32>; 2] {
@@ -500,8 +500,8 @@ pub(crate) struct At {
 /// lattices of different shards' tables (and regions) are offset from one
 /// another (`phase`), so at any inventory size their loads are spread over
 /// that range and the bytes per key of the whole index stay near their
-/// mean instead of following one synchronised swing (when every shard's
-/// table grew at once, 64 x 100 K blocks cost 19.8 to 26.3 bytes per pair
+/// mean instead of following one synchronised swing (tables that all grow
+/// at once make 64 x 100 K blocks cost 19.8 to 26.3 bytes per pair,
 /// depending on the inventory size).
 pub(crate) struct BucketTable {
     regions: [Region; REGIONS],
@@ -724,370 +724,8 @@ impl BucketTable {
         self.regions.iter().flat_map(Region::iter)
     }
 }
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A third of the keys keep 8 hash bits: at most 256 homes, so long
-    /// overflow chains.
-    const CLUSTER: u64 = 0xff00_0000_0000_0000;
-
-    fn h(k: u64) -> u64 {
-        let full = super::super::shard::mix(k);
-        if k.is_multiple_of(3) {
-            full & CLUSTER
-        } else {
-            full
-        }
-    }
-
-    /// Without removals every overflow mark leads to a key, so a rebuild at
-    /// the same size would recreate them all: an insert-only table only
-    /// rebuilds to grow, while churn still drops marks (the limit is met).
-    #[test]
-    fn only_removals_trigger_same_size_rebuilds() {
-        let mut t = Region::default();
-        let mut limit_passed = 0;
-        for key in 0..200_000u64 {
-            assert_eq!(t.find_or_insert(h(key), key, || 1, h, 0), None);
-            limit_passed += usize::from(t.overflowed > t.overflow_limit);
-        }
-        assert!(limit_passed > 1000, "marks above the limit: {limit_passed}");
-        assert_eq!(t.same_size_rebuilds, 0);
-        for key in 0..200_000u64 {
-            assert_eq!(t.get(h(key), key), Some(1), "{key}");
-        }
-        // Churn at the load bound (one remove, one insert): removals make
-        // marks stale, and rebuilds at the same size drop them.
-        let mut next = 200_000u64;
-        while (t.len as usize) < t.capacity() {
-            t.find_or_insert(h(next), next, || 1, h, 0);
-            next += 1;
-        }
-        let (full, buckets) = (t.len, t.buckets.len());
-        let mut oldest = 0u64;
-        for _ in 0..2_000_000 {
-            if t.same_size_rebuilds > 0 {
-                break;
-            }
-            if let Some(at) = t.find(h(oldest), oldest) {
-                t.remove(at, 64, h, 0);
-            }
-            oldest += 1;
-            t.find_or_insert(h(next), next, || 2, h, 0);
-            next += 1;
-        }
-        assert!(t.same_size_rebuilds > 0, "churn still rebuilds");
-        assert_eq!((t.len, t.buckets.len()), (full, buckets));
-        for key in oldest..next {
-            assert!(t.get(h(key), key).is_some(), "{key}");
-        }
-    }
-
-    /// The prefetch hint names the very lines `home_lines` reads, at every
-    /// size the table passes through, clustered homes and the last bucket
-    /// (whose next line wraps to the first) included.
-    #[test]
-    fn hinted_lines_are_the_home_lines() {
-        let mut t = BucketTable::new(7);
-        assert_eq!(hinted_lines::<2>(t.line_hint(), 1), [None; 2]);
-        let line = |p: Option<&u32>| p.map(|p| p as *const u32 as usize & !63);
-        for key in 0..20_000u64 {
-            t.find_or_insert(h(key), key, || 1, h);
-            if key % 97 == 0 || key < 64 {
-                let hint = t.line_hint();
-                for probe in [h(key), h(key + 1), 0, u64::MAX, CLUSTER] {
-                    assert_eq!(
-                        t.home_lines(probe).map(line),
-                        hinted_lines::<2>(hint, probe),
-                        "key {key} probe {probe:#x}"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_bucket_is_one_line() {
-        assert_eq!(std::mem::size_of::<Bucket>(), 64);
-        assert_eq!(std::mem::align_of::<Bucket>(), 64);
-    }
-
-    /// A range scan (what ring fingerprints use) reaches every key whose
-    /// hash lies in the range, clustered homes and wrapped chains included.
-    fn ranges_reach_every_key<'a>(t: &BucketTable, keys: impl Iterator<Item = &'a u64>) {
-        for key in keys {
-            let hash = h(*key);
-            for low_bits in [0u32, 16, 40, 62] {
-                let mask = (1u64 << low_bits) - 1;
-                let (lo, hi) = (hash & !mask, hash | mask);
-                assert!(
-                    t.find_in_range(lo, hi, |k, _| k == *key).is_some(),
-                    "{key} in {lo:#x}..={hi:#x}"
-                );
-            }
-        }
-    }
-
-    /// Against a `std` map: inserts, removes and shrinks in an order that
-    /// forces overflow chains (all keys of a small table share few homes).
-    #[test]
-    fn matches_a_map_through_growth_churn_and_shrink() {
-        let mut t = BucketTable::default();
-        let mut model = std::collections::HashMap::new();
-        let mut peak = 0;
-        let mut x = 0x1234_5678_u64;
-        for step in 0..200_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            // Phases: grow to ~30 K keys with churn, then drain to a few.
-            let key = x % 40_000;
-            let hash = h(key);
-            let remove = step >= 100_000 || x.is_multiple_of(5);
-            match (t.find(hash, key), model.contains_key(&key)) {
-                (Some(at), true) => {
-                    assert_eq!(t.code(at), model[&key] as u32);
-                    let again = t.find_or_insert(hash, key, || unreachable!("present"), h);
-                    assert_eq!(again, Some(at), "a present key is found, not inserted");
-                    if remove {
-                        t.remove(at, h);
-                        model.remove(&key);
-                    } else {
-                        t.set_code(at, step as u32);
-                        model.insert(key, step);
-                    }
-                }
-                (None, false) => {
-                    if !remove {
-                        assert_eq!(t.find_or_insert(hash, key, || step as u32, h), None);
-                        model.insert(key, step);
-                    }
-                }
-                (found, present) => {
-                    panic!("step {step}: key {key} found {found:?}, model {present}")
-                }
-            }
-            assert_eq!(t.len(), model.len());
-            peak = peak.max(t.allocation_size());
-            if step == 99_999 {
-                ranges_reach_every_key(&t, model.keys());
-            }
-        }
-        let mut got: Vec<(u64, u32)> = t.iter().collect();
-        got.sort_unstable();
-        let mut want: Vec<(u64, u32)> = model.iter().map(|(k, v)| (*k, *v as u32)).collect();
-        want.sort_unstable();
-        assert_eq!(got, want);
-        ranges_reach_every_key(&t, model.keys());
-        assert!(model.len() < 40_000 / 8, "drained: {}", model.len());
-        assert!(t.allocation_size() < peak / 3, "shrunk after the drain");
-    }
-}
-
-/// The growth scheme against a plain map: keys present or absent, codes,
-/// range scans and memory through many growth steps of every region,
-/// interleaved with removals (which shrink regions) and clears.
+mod growth_tests;
 #[cfg(test)]
-mod growth_tests {
-    use std::collections::HashMap;
-
-    use proptest::prelude::*;
-
-    use super::*;
-
-    /// Keys of `class` 0 spread over the whole hash space; class 1 keep only
-    /// the top 12 bits (a few homes per region: long overflow chains that
-    /// wrap past a region's last bucket); class 2 share one region.
-    fn hash_of(key: u64) -> u64 {
-        let full = super::super::shard::mix(key);
-        match key % 8 {
-            0 => full & 0xfff0_0000_0000_0000,
-            1 => (full >> REGION_BITS) | 0b1010u64.checked_shl(64 - REGION_BITS).unwrap_or(0),
-            _ => full,
-        }
-    }
-
-    #[derive(Clone, Debug)]
-    enum Op {
-        /// Keys `from..from + len`.
-        Insert { from: u64, len: u64 },
-        /// Every `step`th present key, from the `skip`th on.
-        Remove { skip: usize, step: usize },
-        /// Every key removed.
-        Clear,
-    }
-
-    fn op() -> impl Strategy<Value = Op> {
-        prop_oneof![
-            8 => (0u64..20_000, 1u64..3_000).prop_map(|(from, len)| Op::Insert { from, len }),
-            3 => (0usize..7, 1usize..4).prop_map(|(skip, step)| Op::Remove { skip, step }),
-            1 => Just(Op::Clear),
-        ]
-    }
-
-    fn check(t: &BucketTable, model: &HashMap<u64, u32>, probe: &[u64]) {
-        assert_eq!(t.len(), model.len());
-        assert_eq!(t.is_empty(), model.is_empty());
-        for (key, code) in model {
-            let at = t.find(hash_of(*key), *key);
-            assert_eq!(at.map(|at| t.code(at)), Some(*code), "key {key}");
-            assert_eq!(at.map(|at| t.key_at(at)), Some(*key));
-            // What a ring fingerprint's scan covers: a range of hashes
-            // sharing the key's top bits.
-            let hash = hash_of(*key);
-            let mask = u64::MAX >> 26;
-            assert!(
-                t.find_in_range(hash & !mask, hash | mask, |k, _| k == *key)
-                    .is_some(),
-                "key {key} out of its range scan"
-            );
-        }
-        for key in probe {
-            if !model.contains_key(key) {
-                assert_eq!(t.find(hash_of(*key), *key), None, "absent key {key}");
-            }
-        }
-        let mut all: Vec<(u64, u32)> = t.iter().collect();
-        all.sort_unstable();
-        let mut want: Vec<(u64, u32)> = model.iter().map(|(k, c)| (*k, *c)).collect();
-        want.sort_unstable();
-        assert_eq!(all, want);
-        // Memory: each region at least a quarter of its bound full, else
-        // at its smallest (which never shrinks).
-        assert!(
-            t.allocation_size()
-                <= model.len() * 64 * 4 * MAX_LOAD_DEN / MAX_LOAD_NUM + SMALLEST_BYTES,
-            "{} bytes for {} keys",
-            t.allocation_size(),
-            model.len()
-        );
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
-
-        #[test]
-        fn regions_match_a_map_through_growth_removals_and_clears(
-            ops in proptest::collection::vec(op(), 1..24),
-            seed in 0u32..4096,
-        ) {
-            let mut t = BucketTable::new(seed);
-            let mut model: HashMap<u64, u32> = HashMap::new();
-            let probe: Vec<u64> = (0..24_000).step_by(7).collect();
-            for (step, op) in ops.iter().enumerate() {
-                let code = step as u32 + 1;
-                match *op {
-                    Op::Insert { from, len } => {
-                        for key in from..from + len {
-                            let found = t.find_or_insert(hash_of(key), key, || code, hash_of);
-                            prop_assert_eq!(found.is_some(), model.contains_key(&key));
-                            if let Some(at) = found {
-                                t.set_code(at, code);
-                            }
-                            model.insert(key, code);
-                        }
-                    }
-                    Op::Remove { skip, step } => {
-                        let mut keys: Vec<u64> = model.keys().copied().collect();
-                        keys.sort_unstable();
-                        for key in keys.into_iter().skip(skip).step_by(step) {
-                            let at = t.find(hash_of(key), key);
-                            prop_assert!(at.is_some());
-                            if let Some(at) = at {
-                                t.remove(at, hash_of);
-                            }
-                            model.remove(&key);
-                        }
-                    }
-                    Op::Clear => {
-                        for key in model.keys() {
-                            if let Some(at) = t.find(hash_of(*key), *key) {
-                                t.remove(at, hash_of);
-                            }
-                        }
-                        model.clear();
-                    }
-                }
-                check(&t, &model, &probe);
-            }
-        }
-    }
-
-    /// The lattice: sizes rise, by about half once past the first few, and
-    /// regions at different phases take different sizes.
-    #[test]
-    fn lattice_sizes_grow_by_half_and_differ_by_phase() {
-        for phase in [0u16, 1, 12_345, 40_503, 65_535] {
-            let mut n = 0;
-            for _ in 0..60 {
-                let next = next_size(n, phase);
-                assert!(next > n, "phase {phase}: {n} -> {next}");
-                if n >= 64 {
-                    let ratio = next as f64 / n as f64;
-                    assert!((1.45..=1.55).contains(&ratio), "{n} -> {next}");
-                }
-                n = next;
-                if n > 1 << 40 {
-                    break;
-                }
-            }
-        }
-        let sizes: std::collections::BTreeSet<usize> = (0..16u16)
-            .map(|r| {
-                let mut n = next_size(0, r * 4096);
-                while n < 10_000 {
-                    n = next_size(n, r * 4096);
-                }
-                n
-            })
-            .collect();
-        assert_eq!(sizes.len(), 16, "{sizes:?}");
-    }
-
-    /// The point of the phases: 64 tables (a bank's shards) filled key by
-    /// key keep their bytes per key in a narrow band at every size, where
-    /// tables growing in step swing between 57 and 85 % full.
-    #[test]
-    fn staggered_tables_keep_bytes_per_key_flat() {
-        let mut tables: Vec<BucketTable> = (0..64).map(BucketTable::new).collect();
-        // Every region of every table at one phase: all grow together.
-        let mut in_step: Vec<BucketTable> = (0..64)
-            .map(|_| BucketTable {
-                regions: std::array::from_fn(|_| Region::default()),
-                len: 0,
-                phases: [0; REGIONS],
-            })
-            .collect();
-        let (mut lo, mut hi) = (f64::MAX, 0f64);
-        let (mut step_lo, mut step_hi) = (f64::MAX, 0f64);
-        for key in 0..1_200_000u64 {
-            // Spread keys (class 2 of `hash_of`), sharded by their low bits
-            // as the index shards them.
-            let hash = hash_of(key * 8 + 2);
-            let shard = (hash & 63) as usize;
-            for set in [&mut tables, &mut in_step] {
-                if let Some(t) = set.get_mut(shard) {
-                    t.find_or_insert(hash, key * 8 + 2, || 1, hash_of);
-                }
-            }
-            if key >= 200_000 && key % 25_000 == 0 {
-                let per_key = |set: &[BucketTable]| {
-                    set.iter().map(BucketTable::allocation_size).sum::<usize>() as f64 / key as f64
-                };
-                let (b, s) = (per_key(&tables), per_key(&in_step));
-                (lo, hi) = (lo.min(b), hi.max(b));
-                (step_lo, step_hi) = (step_lo.min(s), step_hi.max(s));
-            }
-        }
-        println!("bytes per key: staggered {lo:.2}..{hi:.2}, in step {step_lo:.2}..{step_hi:.2}");
-        assert!(
-            lo > 16.0 && hi < 19.5,
-            "staggered: {lo:.2}..{hi:.2} bytes per key"
-        );
-        assert!(
-            step_hi - step_lo > 4.0,
-            "in step: {step_lo:.2}..{step_hi:.2}"
-        );
-    }
-}
+mod tests;

@@ -4,6 +4,7 @@
 //! the insertion ring's 4-byte fingerprints: keys crafted to share one keep
 //! the counters exact and the bound held.
 
+use kvroute_core::mix::fmix64 as mix;
 use kvroute_core::{BlockKey, EndpointId, Medium};
 use proptest::prelude::*;
 
@@ -42,7 +43,7 @@ fn key(ep: u32, i: u64) -> u64 {
     } else {
         u64::from(ep)
     };
-    super::mix(owner << 32 | i) | 1
+    mix(owner << 32 | i) | 1
 }
 
 proptest! {
@@ -102,7 +103,7 @@ proptest! {
     }
 }
 
-/// The inverse of [`super::mix`]: a key whose table hash is `h`.
+/// The inverse of [`mix`]: a key whose table hash is `h`.
 fn unmix(mut h: u64) -> u64 {
     fn inverse(c: u64) -> u64 {
         // Newton's iteration for the inverse of an odd number mod 2^64.
@@ -122,14 +123,14 @@ fn unmix(mut h: u64) -> u64 {
 /// `n` keys of one shard whose table hashes share their top 32 bits (so
 /// their ring fingerprints are equal whatever the shard count), group `g`.
 fn colliding(index: &SharedIndex, g: u64, n: usize) -> Vec<u64> {
-    let top = super::mix(g + 1) & 0xffff_ffff_0000_0000;
+    let top = mix(g + 1) & 0xffff_ffff_0000_0000;
     let mut out = Vec::new();
     let mut shard = None;
     for low in 1..u64::from(u32::MAX) {
         if out.len() == n {
             break;
         }
-        let key = unmix(top | super::mix(low) >> 32);
+        let key = unmix(top | mix(low) >> 32);
         let s = index.shard_of(BlockKey(key));
         if *shard.get_or_insert(s) == s {
             out.push(key);
@@ -143,10 +144,7 @@ fn crafted_keys_share_a_fingerprint() {
     let index = SharedIndex::new(1, IndexConfig::default());
     let keys = colliding(&index, 3, 4);
     assert_eq!(keys.len(), 4);
-    assert_eq!(
-        super::mix(unmix(0x1234_5678_9abc_def0)),
-        0x1234_5678_9abc_def0
-    );
+    assert_eq!(mix(unmix(0x1234_5678_9abc_def0)), 0x1234_5678_9abc_def0);
     let fp = index.fingerprint(keys[0]);
     for k in &keys {
         assert_eq!(index.fingerprint(*k), fp, "{k:#x}");
@@ -236,7 +234,7 @@ proptest! {
 #[test]
 fn the_ring_costs_four_bytes_per_key() {
     const KEYS: u64 = 200_000;
-    let keys: Vec<BlockKey> = (0..KEYS).map(|i| BlockKey(super::mix(i + 1))).collect();
+    let keys: Vec<BlockKey> = (0..KEYS).map(|i| BlockKey(mix(i + 1))).collect();
     let unbounded = SharedIndex::new(
         1,
         IndexConfig {
@@ -268,7 +266,7 @@ fn compaction_keeps_an_entry_per_colliding_key() {
     let e = EndpointId(0);
     let group: Vec<BlockKey> = colliding(&index, 9, 4).into_iter().map(BlockKey).collect();
     index.store(e, Medium::Gpu, &group).unwrap();
-    let churn = [BlockKey(super::mix(77))];
+    let churn = [BlockKey(mix(77))];
     let idle = index.memory_bytes();
     for _ in 0..5_000 {
         index.store(e, Medium::Gpu, &churn).unwrap();
@@ -306,7 +304,7 @@ proptest! {
         let picks: Vec<usize> = picks.iter().map(|p| p % shards).collect();
         let want: std::collections::BTreeSet<usize> = picks.iter().copied().collect();
         {
-            let mut locks = super::GroupLocks::lock(bank, picks.iter().copied());
+            let mut locks = super::chain::GroupLocks::lock(bank, picks.iter().copied());
             let held: Vec<usize> = locks.shards[..locks.count].to_vec();
             prop_assert_eq!(held, want.iter().copied().collect::<Vec<_>>());
             for s in 0..shards {
@@ -369,7 +367,7 @@ fn readers_see_every_key_while_regions_grow_and_shrink() {
                 })
             })
             .collect();
-        let growing: Vec<BlockKey> = (0..200_000).map(|i| BlockKey(super::mix(i) | 1)).collect();
+        let growing: Vec<BlockKey> = (0..200_000).map(|i| BlockKey(mix(i) | 1)).collect();
         for _ in 0..3 {
             for (i, event) in growing.chunks(16).enumerate() {
                 let parent = (i * 16).checked_sub(1).map(|p| growing[p]);

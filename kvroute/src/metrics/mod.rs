@@ -226,7 +226,7 @@ fn encode_rows(
             MissReason::ALL
                 .iter()
                 .zip(r.misses)
-                .map(|(reason, n)| ([("rule", Esc(r.rule)), ("reason", Esc(reason.label()))], n))
+                .map(|(reason, n)| ([("rule", Esc(r.rule)), ("reason", Esc(reason.as_str()))], n))
         }),
     )?;
     family(

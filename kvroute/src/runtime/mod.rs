@@ -344,7 +344,7 @@ impl KvRouter {
     /// [`NoEndpoint`] when no endpoint is available.
     pub fn pick_unrouted(&self) -> Result<Pick, NoEndpoint> {
         self.pick_prepared(
-            PreparedPrompt::missed(None, kvroute_select::MissBeforeKeys::NoModel),
+            PreparedPrompt::missed(None, kvroute_select::MissReason::NoModel),
             None,
         )
     }

@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use kvroute::engine::Stream;
-use kvroute_select::{BreakerState, MissReason};
+use kvroute_select::{BreakerState, MissReason, SelectorKind, Source};
 use serde_json::{json, Value};
 
 use super::config::{rule_from_json, ConfigError};
@@ -112,15 +112,15 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
         .into_iter()
         .map(|(m, s)| {
             let v = match &s {
-                TokenizerState::Failed(e) => json!({"state": s.label(), "error": e}),
-                _ => json!({"state": s.label()}),
+                TokenizerState::Failed(e) => json!({"state": s.as_str(), "error": e}),
+                _ => json!({"state": s.as_str()}),
             };
             (m, v)
         })
         .collect();
     let all_loaded = tokenizers
         .values()
-        .all(|v| v["state"] == TokenizerState::Loaded.label());
+        .all(|v| v["state"] == TokenizerState::Loaded.as_str());
     let rules: Vec<Value> = gw
         .rules_snapshot()
         .iter()
@@ -440,16 +440,17 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
         let s = rt.router.counters();
         let misses: serde_json::Map<String, Value> = MissReason::ALL
             .iter()
-            .map(|r| (r.label().to_owned(), json!(s.misses_for(*r))))
+            .map(|r| (r.as_str().to_owned(), json!(s.misses_for(*r))))
             .collect();
         let name = rt.spec.doc.name.clone();
         let tiers: serde_json::Map<String, Value> = [
-            "kv_exact",
-            "session_affinity",
-            "trie_affinity",
-            "fallback",
-            "exhausted",
+            Source::KvExact,
+            Source::SessionAffinity,
+            Source::TrieAffinity,
+            Source::Fallback(SelectorKind::RoundRobin),
+            Source::Exhausted,
         ]
+        .map(Source::as_str)
         .iter()
         .map(|t| ((*t).to_owned(), json!(gw.metrics.tier_count(&name, t))))
         .collect();

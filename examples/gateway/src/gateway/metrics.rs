@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use kvroute_select::Source;
+use kvroute_select::{SelectorKind, Source};
 use parking_lot::RwLock;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
@@ -150,7 +150,7 @@ impl Outcome {
         Outcome::Rejected,
     ];
 
-    fn label(self) -> &'static str {
+    fn as_str(self) -> &'static str {
         match self {
             Outcome::Proxied => "proxied",
             Outcome::Passthrough => "passthrough",
@@ -166,17 +166,18 @@ impl Outcome {
 
 impl EncodeLabelValue for Outcome {
     fn encode(&self, out: &mut LabelValueEncoder) -> std::fmt::Result {
-        out.write_str(self.label())
+        out.write_str(self.as_str())
     }
 }
 
-/// Tier labels, in exposition order; [`tier_index`] maps a source here.
+/// Tier labels ([`Source::as_str`]), in exposition order; [`tier_index`]
+/// maps a source here.
 const TIERS: [&str; 5] = [
-    "exhausted",
-    "fallback",
-    "kv_exact",
-    "session_affinity",
-    "trie_affinity",
+    Source::Exhausted.as_str(),
+    Source::Fallback(SelectorKind::RoundRobin).as_str(),
+    Source::KvExact.as_str(),
+    Source::SessionAffinity.as_str(),
+    Source::TrieAffinity.as_str(),
 ];
 
 fn tier_index(source: Source) -> usize {
@@ -187,12 +188,6 @@ fn tier_index(source: Source) -> usize {
         Source::SessionAffinity => 3,
         Source::TrieAffinity => 4,
     }
-}
-
-/// The tier label of a decision source.
-#[must_use]
-pub fn tier_label(source: Source) -> &'static str {
-    TIERS[tier_index(source)]
 }
 
 /// A ladder tier as a label value (an index into [`TIERS`]).

@@ -17,7 +17,6 @@ use kvroute_select::Decision;
 use parking_lot::Mutex;
 
 use super::config::DecisionsConfig;
-use super::metrics::tier_label;
 use super::state::RuleRuntime;
 
 /// Response header naming the endpoint the request went to.
@@ -47,7 +46,7 @@ pub enum TokenizerState {
 impl TokenizerState {
     /// The word `/readyz` shows.
     #[must_use]
-    pub fn label(&self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             TokenizerState::Loading => "loading",
             TokenizerState::Loaded => "loaded",
@@ -188,9 +187,9 @@ impl<'a> Shown<'a> {
             rule: &rt.spec.doc.name,
             endpoint: target.and_then(|t| url(t.endpoint)),
             decode: target.and_then(|t| t.decode).and_then(url),
-            tier: tier_label(d.source()),
+            tier: d.source().as_str(),
             predicted_cached_tokens: d.predicted_cached_tokens(rt.router.block_size()),
-            miss: d.miss().map(kvroute_select::MissReason::label),
+            miss: d.miss().map(kvroute_select::MissReason::as_str),
         }
     }
 

@@ -1,0 +1,361 @@
+//! A batch's events applied to the index: the window's decision carried out,
+//! stores (re-keyed and attested when configured), removes, moves and the
+//! re-key map's upkeep.
+
+use kvroute_core::{BlockKey, EndpointId, Medium};
+
+use super::{EndpointIngest, Outcome, Rekeying};
+use crate::attest::ParentLink;
+use crate::event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
+use crate::index::{KeyMap, SharedIndex, WriteStats};
+use crate::seq::{DropReason, SeqAction};
+
+impl EndpointIngest {
+    /// Runs `batch` through its stream's window and applies it to `index`.
+    pub fn apply_batch(&mut self, batch: &EventBatch, index: &SharedIndex) -> Outcome {
+        self.apply_batch_on(batch.dp_rank, batch, index)
+    }
+
+    /// [`Self::apply_batch`] on the window of stream `dp_rank`, whatever rank the
+    /// payload names (a subscriber per DP rank knows its rank from its socket;
+    /// older engines leave it out of the payload).
+    pub fn apply_batch_on(
+        &mut self,
+        dp_rank: Option<u32>,
+        batch: &EventBatch,
+        index: &SharedIndex,
+    ) -> Outcome {
+        self.counters.batches += 1;
+        let Some(pos) = self.stream_pos(dp_rank) else {
+            self.counters.stream_limit_drops += 1;
+            return Outcome {
+                action: SeqAction::Drop(DropReason::StreamLimit),
+                writes: WriteStats::default(),
+                events_applied: 0,
+            };
+        };
+        let action = match self.streams.get_mut(pos) {
+            Some((_, window)) => window.on_batch_with_digest(batch.seq, batch.fingerprint()),
+            None => SeqAction::Drop(DropReason::StreamLimit),
+        };
+        let mut writes = WriteStats::default();
+        if action.clears() {
+            writes += self.clear_for(index, Some(pos));
+        }
+        let mut events_applied = 0;
+        if action.applies() {
+            for event in &batch.events {
+                if let Some(w) = self.apply_event(event, index, pos) {
+                    writes += w;
+                    events_applied += 1;
+                }
+            }
+        }
+        self.counters.writes += writes;
+        if writes.evicted > 0 {
+            self.after_evictions(writes.evicted, index);
+        }
+        self.check_completeness();
+        Outcome {
+            action,
+            writes,
+            events_applied,
+        }
+    }
+
+    fn in_scored_group(&mut self, group: u32) -> bool {
+        let keep = self.config.scored_group.is_none_or(|g| g == group);
+        if !keep {
+            self.counters.other_group_events += 1;
+        }
+        keep
+    }
+
+    /// False (counted and logged) when `stored` has another block size than the
+    /// contract's.
+    fn block_size_matches(&mut self, stored: &BlockStored) -> bool {
+        let Some(expected) = self.config.expected_block_size else {
+            return true;
+        };
+        if stored.block_size == expected {
+            return true;
+        }
+        let before = self.counters.block_size_mismatches;
+        let after = before + stored.keys.len() as u64;
+        self.counters.block_size_mismatches = after;
+        tracing::debug!(
+            endpoint = %self.name,
+            engine_block_size = stored.block_size,
+            expected,
+            blocks = after,
+            "engine block size differs from the contract's"
+        );
+        self.mismatch_seen();
+        false
+    }
+
+    fn apply_event(
+        &mut self,
+        event: &KvEvent,
+        index: &SharedIndex,
+        stream: usize,
+    ) -> Option<WriteStats> {
+        let result = match event {
+            KvEvent::Stored(s) => {
+                if !self.in_scored_group(s.group) {
+                    return None;
+                }
+                self.counters.stored_events += 1;
+                // A block of the wrong size is one mismatch, not also an attestation one.
+                if self.block_size_matches(s) {
+                    self.attest(s);
+                }
+                self.store(s, index)
+            }
+            KvEvent::Removed(r) => {
+                if !self.in_scored_group(r.group) {
+                    return None;
+                }
+                self.counters.removed_events += 1;
+                self.remove(r, index)
+            }
+            KvEvent::Moved(m) => {
+                self.counters.moved_events += 1;
+                self.mov(m, index)
+            }
+            KvEvent::AllCleared => {
+                self.counters.all_cleared_events += 1;
+                let writes = self.clear_for(index, Some(stream));
+                // The engine emptied its cache: nothing of this stream is missing.
+                if let Some((_, w)) = self.streams.get_mut(stream) {
+                    w.mark_complete();
+                }
+                return Some(writes);
+            }
+        };
+        match result {
+            Ok(w) => Some(w),
+            Err(err) => {
+                tracing::warn!(%err, "event not applied");
+                None
+            }
+        }
+    }
+
+    fn store(
+        &mut self,
+        s: &BlockStored,
+        index: &SharedIndex,
+    ) -> Result<WriteStats, crate::IndexError> {
+        let Some(r) = &mut self.rekeying else {
+            // A stored event's blocks are consecutive in one chain after
+            // `parent`; with chained keys that lets the index record runs.
+            if !self.config.chained_keys {
+                return index.store(self.endpoint, s.medium, &s.keys);
+            }
+            return index.store_chain(self.endpoint, s.medium, s.parent, &s.keys);
+        };
+        let parent = match s.parent {
+            None => None,
+            Some(p) => match r.map.get(&p.0) {
+                Some((internal, _)) => Some(BlockKey(*internal)),
+                None => {
+                    self.counters.rekey_orphan_blocks += s.keys.len() as u64;
+                    return Ok(WriteStats::default());
+                }
+            },
+        };
+        let bs = s.block_size as usize;
+        let full = s
+            .token_ids
+            .len()
+            .checked_div(bs)
+            .map_or(0, |blocks| s.keys.len().min(blocks));
+        self.counters.rekey_untokenized_blocks += (s.keys.len() - full) as u64;
+        let mut reset = WriteStats::default();
+        if r.map.len().saturating_add(full) > r.limit {
+            let held: u64 = Medium::ALL
+                .iter()
+                .map(|m| index.capacity(self.endpoint, *m).unwrap_or(0))
+                .sum();
+            let held = usize::try_from(held).unwrap_or(usize::MAX);
+            r.limit = self.config.max_rekey_entries.max(held.saturating_add(1024));
+        }
+        if r.map.len().saturating_add(full) > r.limit {
+            // Only evictions leave stale entries behind (removes drop theirs):
+            // without one since the last compaction, another would free nothing.
+            if r.evicted_since_compact > 0 {
+                compact_rekey_map(r, self.endpoint, index);
+            }
+            if r.map.len().saturating_add(full) > r.limit {
+                // More engine keys than the inventory can hold keys: only many
+                // engine keys per internal key get here (a hostile or broken
+                // publisher). Start the endpoint over rather than freeze it.
+                self.counters.rekey_map_full += 1;
+                r.map = KeyMap::default();
+                r.evicted_since_compact = 0;
+                tracing::warn!(
+                    endpoint = %self.name,
+                    limit = r.limit,
+                    "re-key map full of live entries: endpoint inventory reset"
+                );
+                self.counters.clears += 1;
+                for (_, w) in &mut self.streams {
+                    w.mark_lost();
+                }
+                reset = index.clear_endpoint(self.endpoint)?;
+            }
+        }
+        self.scratch.clear();
+        let tokens = s.token_ids.get(..full * bs).unwrap_or_default();
+        r.rekeyer
+            .rekey(parent, tokens, s.block_size, &mut self.scratch);
+        for (engine, internal) in s.keys.iter().zip(&self.scratch) {
+            let entry = r.map.entry(engine.0).or_insert((internal.0, 0));
+            if entry.0 != internal.0 {
+                self.counters.rekey_conflicts += 1;
+                entry.0 = internal.0;
+            }
+            entry.1 = entry.1.saturating_add(1);
+        }
+        let n = full.min(self.scratch.len());
+        let mut writes = index.store_chain(
+            self.endpoint,
+            s.medium,
+            parent,
+            self.scratch.get(..n).unwrap_or_default(),
+        )?;
+        writes += reset;
+        Ok(writes)
+    }
+
+    fn remove(
+        &mut self,
+        rm: &BlockRemoved,
+        index: &SharedIndex,
+    ) -> Result<WriteStats, crate::IndexError> {
+        let Some(r) = &mut self.rekeying else {
+            return index.remove(self.endpoint, rm.medium, &rm.keys);
+        };
+        self.scratch.clear();
+        for engine in &rm.keys {
+            let Some(entry) = r.map.get_mut(&engine.0) else {
+                self.counters.remove_unmapped += 1;
+                continue;
+            };
+            self.scratch.push(BlockKey(entry.0));
+            entry.1 = entry.1.saturating_sub(1);
+            if entry.1 == 0 {
+                r.map.remove(&engine.0);
+            }
+        }
+        index.remove(self.endpoint, rm.medium, &self.scratch)
+    }
+
+    fn mov(
+        &mut self,
+        m: &BlockMoved,
+        index: &SharedIndex,
+    ) -> Result<WriteStats, crate::IndexError> {
+        let key = match &self.rekeying {
+            None => m.key,
+            Some(r) => match r.map.get(&m.key.0) {
+                Some((internal, _)) => BlockKey(*internal),
+                None => {
+                    self.counters.remove_unmapped += 1;
+                    return Ok(WriteStats::default());
+                }
+            },
+        };
+        let mut w = index.remove(self.endpoint, m.from, &[key])?;
+        w += index.store(self.endpoint, m.to, &[key])?;
+        Ok(w)
+    }
+
+    /// Capacity evictions leave re-key map entries behind; once they could make up
+    /// half of the map, drop the entries whose internal key is gone.
+    fn after_evictions(&mut self, evicted: u64, index: &SharedIndex) {
+        let Some(r) = &mut self.rekeying else {
+            return;
+        };
+        r.evicted_since_compact += evicted;
+        if r.evicted_since_compact.saturating_mul(2) < r.map.len() as u64 {
+            return;
+        }
+        compact_rekey_map(r, self.endpoint, index);
+    }
+
+    fn attest(&mut self, s: &BlockStored) {
+        let Some(a) = &mut self.attesting else {
+            return;
+        };
+        a.keys.clear();
+        a.digests.clear();
+        let parent = match s.parent {
+            None => ParentLink::Root,
+            Some(p) => a
+                .links
+                .get(&p.0)
+                .map_or(ParentLink::KeyOnly(p), ParentLink::Digest),
+        };
+        let result = a.attestor.recompute(parent, s, &mut a.keys, &mut a.digests);
+        if let Err(err) = result {
+            a.counters.unverifiable_events += 1;
+            tracing::debug!(endpoint = %self.name, %err, "stored event not attestable");
+            return;
+        }
+        if a.keys.is_empty() {
+            a.counters.unverifiable_events += 1;
+            return;
+        }
+        let before = a.counters.mismatched_blocks;
+        if s.parent.is_none() && a.keys.first() != s.keys.first() {
+            a.counters.mismatched_root_blocks += 1;
+        }
+        for (i, (mine, theirs)) in a.keys.iter().zip(&s.keys).enumerate() {
+            if mine == theirs {
+                a.counters.verified_blocks += 1;
+                if let Some(d) = a.digests.get(i) {
+                    if a.links.len() >= self.config.attest_links {
+                        a.links.clear();
+                    }
+                    a.links.insert(theirs.0, *d);
+                }
+            } else {
+                a.counters.mismatched_blocks += 1;
+            }
+        }
+        let after = a.counters.mismatched_blocks;
+        if after > before {
+            self.mismatch_seen();
+        }
+    }
+
+    /// Names a mismatched endpoint once, at WARN, with the most likely cause.
+    fn mismatch_seen(&mut self) {
+        if std::mem::replace(&mut self.mismatch_warned, true) {
+            return;
+        }
+        let a = self.attest_counters();
+        tracing::warn!(
+            endpoint = %self.name,
+            likely_cause = self.likely_mismatch_cause().unwrap_or("unknown"),
+            block_size_mismatches = self.counters.block_size_mismatches,
+            expected_block_size = ?self.config.expected_block_size,
+            mismatched_blocks = a.mismatched_blocks,
+            verified_blocks = a.verified_blocks,
+            "hash contract mismatch: this engine's block keys differ from the rule's contract; \
+             KV-exact routing misses on this endpoint (counted as contract_mismatch)"
+        );
+    }
+}
+
+/// Drops the re-key entries whose internal key is no longer in the index.
+fn compact_rekey_map(r: &mut Rekeying, endpoint: EndpointId, index: &SharedIndex) {
+    r.map.retain(|_, (internal, _)| {
+        Medium::ALL
+            .iter()
+            .any(|m| index.contains(endpoint, BlockKey(*internal), *m))
+    });
+    r.evicted_since_compact = 0;
+}
