@@ -8,9 +8,8 @@
 //! vLLM 0.33 batches of 64 random 64-bit keys).
 #![cfg(feature = "zmq")]
 
-#[path = "interop_support/fault.rs"]
-mod fault;
 mod interop_support;
+use interop_support::fault;
 
 use std::cell::Cell;
 use std::time::Duration;

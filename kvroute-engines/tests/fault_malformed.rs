@@ -12,9 +12,8 @@
 //! Real peer: tests/python/kv_fault_publisher.py.
 #![cfg(feature = "zmq")]
 
-#[path = "interop_support/fault.rs"]
-mod fault;
 mod interop_support;
+use interop_support::fault;
 
 use std::time::Duration;
 

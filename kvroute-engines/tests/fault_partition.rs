@@ -14,9 +14,8 @@
 //! precondition held (near < 64 ≤ far) before checking the outcome.
 #![cfg(feature = "zmq")]
 
-#[path = "interop_support/fault.rs"]
-mod fault;
 mod interop_support;
+use interop_support::fault;
 
 use std::time::Duration;
 

@@ -8,9 +8,8 @@
 //! (`--nocapture`), never asserted.
 #![cfg(feature = "zmq")]
 
-#[path = "interop_support/fault.rs"]
-mod fault;
 mod interop_support;
+use interop_support::fault;
 
 use std::time::{Duration, Instant};
 

@@ -8,9 +8,8 @@
 //! Real peer: tests/python/kv_fault_publisher.py (`poison_replay`, `inject`).
 #![cfg(feature = "zmq")]
 
-#[path = "interop_support/fault.rs"]
-mod fault;
 mod interop_support;
+use interop_support::fault;
 
 use std::time::Duration;
 

@@ -14,9 +14,8 @@
 //! process's resident memory grows by far less than what was published.
 #![cfg(feature = "zmq")]
 
-#[path = "interop_support/fault.rs"]
-mod fault;
 mod interop_support;
+use interop_support::fault;
 
 use std::cell::Cell;
 use std::time::Duration;

@@ -21,9 +21,8 @@
 //! 127.0.0.1:P (checked in /proc/net/tcp), not on every interface.
 #![cfg(feature = "zmq")]
 
-#[path = "interop_support/fault.rs"]
-mod fault;
 mod interop_support;
+use interop_support::fault;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};

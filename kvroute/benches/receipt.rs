@@ -14,8 +14,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use kvroute::receipt::include_usage;
 use kvroute_engines::prompt::{ModelOptions, ModelTokenizer};
 
-#[path = "../tests/receipt_oracle/mod.rs"]
-mod receipt_oracle;
+use kvroute_testkit::receipt_oracle;
 
 const WORDS: &[&str] = &[
     "the",

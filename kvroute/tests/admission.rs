@@ -4,7 +4,7 @@
 //! room under `TokenizeOverload::Wait`. Endpoints need no engine: the
 //! decision is the fallback's either way, the miss reason tells them apart.
 
-mod support;
+use kvroute_testkit as support;
 
 use std::future::Future;
 use std::task::Poll;

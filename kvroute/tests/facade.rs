@@ -3,7 +3,7 @@
 //! receipts come from their `usage`, load charges end with the body, retries
 //! exclude the failed endpoint, endpoints come and go at run time.
 
-mod support;
+use kvroute_testkit as support;
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -3,7 +3,7 @@
 //! whether to rewrite, and the spliced body parses to the oracle's document
 //! (key order included) while keeping every byte the client sent.
 
-mod receipt_oracle;
+use kvroute_testkit::receipt_oracle;
 
 use kvroute::receipt::include_usage;
 use proptest::prelude::*;

@@ -3,7 +3,7 @@
 //! against a real vLLM stand-in through the facade, whose streamed answer is
 //! handed to the tracker chunk by chunk as it arrives from the socket.
 
-mod support;
+use kvroute_testkit as support;
 
 use std::sync::{mpsc, Arc};
 

@@ -4,7 +4,7 @@
 //! pool behind its OpenAI schema), which reports the form a completions
 //! `prompt` arrived in and the ids it ran.
 
-mod support;
+use kvroute_testkit as support;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

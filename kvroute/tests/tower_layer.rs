@@ -1,7 +1,7 @@
 //! The tower layer in front of hyper-util's client: buffer → decide → forward
 //! → retry (tower's `Retry` with the router's retry) → receipt body.
 
-mod support;
+use kvroute_testkit as support;
 
 use http_body_util::Full;
 use kvroute::tower::KvRouteLayer;

@@ -2,8 +2,7 @@
 //! 0.33.0's own KV-cache code), the example's axum proxy on 127.0.0.1, the
 //! same chat sent twice through it.
 
-#[path = "../../../kvroute/tests/support/mod.rs"]
-mod support;
+use kvroute_testkit as support;
 
 use std::future::IntoFuture;
 use std::io::{BufRead, BufReader};

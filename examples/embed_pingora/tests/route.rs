@@ -2,8 +2,7 @@
 //! 0.33.0's own KV-cache code) behind the example's pingora server on
 //! 127.0.0.1, run in-process by pingora's own `Server`.
 
-#[path = "../../../kvroute/tests/support/mod.rs"]
-mod support;
+use kvroute_testkit as support;
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};

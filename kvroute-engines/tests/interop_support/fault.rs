@@ -2,8 +2,6 @@
 //! behind our ZeroMQ subscriber, an observing sink wrapper, a TCP relay that can cut
 //! the subscriber off, and the process's resident memory.
 //!
-//! Included with `#[path = "interop_support/fault.rs"] mod fault;` next to
-//! `mod interop_support;`.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -129,7 +127,7 @@ pub struct Rig {
 
 impl Rig {
     pub fn start(config: RigConfig) -> Rig {
-        let rt = super::interop_support::runtime();
+        let rt = super::runtime();
         let index = Arc::new(SharedIndex::new(1, config.index));
         let ingest = EndpointIngest::new(EP, config.ingest, Keying::Engine);
         let observed = Arc::new(Mutex::new(Observed::default()));

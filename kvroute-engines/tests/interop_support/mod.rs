@@ -3,6 +3,8 @@
 //! recording sink.
 #![allow(dead_code)]
 
+pub mod fault;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
