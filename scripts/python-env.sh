@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the Python virtualenv that the interop tests use as real
 # ZeroMQ / HTTP peers: pyzmq (libzmq) and msgspec, the libraries vLLM and SGLang
-# publish their KV events with, and vLLM 0.33.0's own wheel (installed with
-# --no-deps: tests/python/vllm_standin.py runs its KV-cache modules without
-# torch) plus the light packages those modules and the stand-in import.
+# publish their KV events with, and the wheels of vLLM 0.33.0 and SGLang 0.5.23
+# (installed with --no-deps: tests/python/vllm_standin.py and sglang_standin.py
+# run their KV-cache modules without torch) plus the light packages those
+# modules and the stand-ins import. SGLang's page hash is its own C++ source
+# (hash_binding.cpp), compiled by tests/python/sglang_loader.py with g++,
+# pybind11 and OpenSSL's headers (Debian's libssl-dev, installed here when
+# missing and apt-get is at hand).
 # Idempotent (a quick version check when everything is in place); fails loudly.
-# A fresh install downloads ~340 MB (the vLLM wheel) and takes ~1 min.
+# A fresh install downloads ~370 MB (the vLLM and SGLang wheels) and takes ~1 min.
 #
 #   scripts/python-env.sh            # -> .venv/bin/python at the repo root
 #   KVROUTE_PYTHON=python3.12 scripts/python-env.sh
@@ -22,6 +26,8 @@ requirements=("pyzmq==27.3.0" "msgspec==0.23.0"
     # golden/chat/README.md where listed there).
     "cbor2==6.3.0" "xxhash==4.1.0" "pydantic==2.14.4" "psutil==7.2.2" "urllib3==2.8.0"
     "tokenizers==0.23.3" "jinja2==3.1.6"
+    # sglang_loader.py: builds SGLang's hash_binding.cpp (a pybind11 module).
+    "pybind11==3.1.0"
     # The official Prometheus client's strict OpenMetrics parser: the gateway's
     # /metrics test (examples/gateway/tests/gateway_metrics.rs) validates with it.
     "prometheus_client==0.26.0"
@@ -30,7 +36,22 @@ requirements=("pyzmq==27.3.0" "msgspec==0.23.0"
     # through CMAKE, so a machine without a system cmake still builds.
     "cmake==3.31.6")
 # Installed without its dependencies (torch, CUDA kernels...): only its sources are used.
-nodeps=("vllm==0.33.0")
+nodeps=("vllm==0.33.0" "sglang==0.5.23")
+
+# SGLang's page hash links libcrypto; its header comes from libssl-dev.
+if [ ! -f /usr/include/openssl/sha.h ]; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "python-env: installing libssl-dev (OpenSSL headers for SGLang's hash_binding.cpp)" >&2
+        apt-get install -y -qq libssl-dev >/dev/null || { apt-get update -qq && apt-get install -y -qq libssl-dev >/dev/null; }
+    else
+        echo "python-env: OpenSSL headers (openssl/sha.h) are missing; install libssl-dev" >&2
+        exit 1
+    fi
+fi
+if ! command -v "${CXX:-g++}" >/dev/null 2>&1; then
+    echo "python-env: ${CXX:-g++} not found; SGLang's page hash (hash_binding.cpp) needs a C++17 compiler" >&2
+    exit 1
+fi
 
 if ! command -v "${python}" >/dev/null 2>&1; then
     echo "python-env: '${python}' not found; install Python >= 3.9 or set KVROUTE_PYTHON" >&2
@@ -60,3 +81,5 @@ fi
 "${venv}/bin/python" -c 'import zmq, msgspec; print("python-env: ok, libzmq", zmq.zmq_version(), "pyzmq", zmq.__version__, "msgspec", msgspec.__version__)'
 # The stand-in's loader imports vLLM's cache modules (no torch) and fails if a placeholder is used.
 "${venv}/bin/python" "${repo_root}/tests/python/vllm_loader.py"
+# Likewise SGLang's radix cache, events and publisher; compiles its page hash once.
+"${venv}/bin/python" "${repo_root}/tests/python/sglang_loader.py"

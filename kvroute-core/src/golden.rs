@@ -697,21 +697,21 @@ fn check_sglang(file: &str, v: &Value, report: &mut GoldenReport) -> Res<()> {
                 .map_err(|e: ContractError| e.to_string())?;
             let salt = opt_str(case, "cache_salt")?;
             let extra_key = opt_str(case, "extra_key")?;
+            // The seeds as SGLang applies them to the request's values (an
+            // empty salt or extra key is none).
+            let (root, namespace) = sglang::request_namespace(
+                format == SglangEventsFormat::Dynamo,
+                extra_key.as_deref(),
+                salt.as_deref(),
+            );
             p.eq(
                 "salt_seed_hex",
-                salt.as_deref().map(|s| sglang::salt_seed(s).to_hex()),
+                root.map(|d| d.to_hex()),
                 opt_str(case, "salt_seed_hex")?,
             );
-            let namespaced =
-                extra_key.is_some() || (format == SglangEventsFormat::Dynamo && salt.is_some());
             p.eq(
                 "namespace_seed_hex",
-                namespaced.then(|| {
-                    to_hex(&sglang::namespace_seed(
-                        extra_key.as_deref(),
-                        salt.as_deref(),
-                    ))
-                }),
+                namespace.map(|n| to_hex(&n)),
                 opt_str(case, "namespace_seed_hex")?,
             );
             let contract = sglang_contract(version, u64_of(case, "page_size")?, format, false)?;

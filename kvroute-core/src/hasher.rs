@@ -275,7 +275,6 @@ impl BlockHasher {
             };
             return Err(self.refuse(field, hint));
         }
-        let salt = extras.cache_salt.as_deref().filter(|s| !s.is_empty());
         match &self.kind {
             Kind::Vllm { none_hash, .. } => Ok(Prepared {
                 root: *none_hash,
@@ -283,26 +282,25 @@ impl BlockHasher {
                 plain: extras.set_fields().next().is_none(),
             }),
             Kind::SglangChain { version, dynamo } => {
+                // SGLang takes an empty salt or extra key as none (sglang::present).
+                let salt = sglang::present(extras.cache_salt.as_deref());
+                let extra_key = sglang::present(extras.sglang_extra_key.as_deref());
                 if salt.is_some() && *version < SGLANG_FIRST_SALT_SEED {
                     return Err(self.refuse(
                         "cache_salt",
                         "SGLang seeds pages with cache_salt since 0.5.18; older versions ignore it, so drop it from the request extras",
                     ));
                 }
-                let extra_key = extras.sglang_extra_key.as_deref();
                 if extra_key.is_some() && *version < SGLANG_FIRST_NAMESPACE {
                     return Err(self.refuse(
                         "sglang_extra_key",
                         "LoRA key namespacing is only known for SGLang >= 0.5.22; re-key LoRA traffic (`contract = \"rekey:xxh3_64_chain:block=16:seed=1337\"`)",
                     ));
                 }
-                let root = salt.map_or(Digest::EMPTY, sglang::salt_seed);
-                // Dynamo format namespaces salted/LoRA requests; a registered LoRA
-                // namespaces in every format. Plain requests keep plain keys.
-                let namespaced = extra_key.is_some() || (*dynamo && salt.is_some());
+                let (root, namespace) = sglang::request_namespace(*dynamo, extra_key, salt);
                 Ok(Prepared {
-                    root,
-                    namespace: namespaced.then(|| sglang::namespace_seed(extra_key, salt)),
+                    root: root.unwrap_or(Digest::EMPTY),
+                    namespace,
                     plain: false,
                 })
             }

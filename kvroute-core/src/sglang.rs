@@ -6,6 +6,12 @@
 //! * ≥ 0.5.22: `kv_events_format = "dynamo"` or a registered LoRA maps every key
 //!   through a namespace seed.
 //! * 0.4.8 ..= 0.5.5: CPython `hash(tuple(page))`, see [`legacy_page_hash`].
+//!
+//! An empty `cache_salt` or `extra_key` is no value at all: SGLang normalises
+//! both to `None` before they reach the radix tree
+//! (`GenerateReqInput._normalize_single_inputs`, `Req.__init__`,
+//! `RadixKey.__init__`), so such a request keeps the plain keys
+//! ([`request_namespace`]).
 
 use sha2::{Digest as _, Sha256};
 
@@ -62,6 +68,33 @@ pub fn namespace_seed(extra_key: Option<&str>, cache_salt: Option<&str>) -> [u8;
     part(&mut h, extra_key);
     part(&mut h, cache_salt);
     h.finalize().into()
+}
+
+/// A request's `cache_salt` / `extra_key` as SGLang keeps it: `value or None`.
+#[must_use]
+#[inline]
+pub fn present(value: Option<&str>) -> Option<&str> {
+    value.filter(|v| !v.is_empty())
+}
+
+/// The chain seed and namespace seed SGLang (≥ 0.5.22) applies to a request's
+/// pages: `(salt_seed(salt), namespace_seed)` after [`present`] on both
+/// inputs. The dynamo format namespaces salted and LoRA requests; the
+/// default format only a registered LoRA's `extra_key`
+/// (`KVCacheEventRecorder._namespace_seed`). Plain requests keep plain keys.
+#[must_use]
+pub fn request_namespace(
+    dynamo: bool,
+    extra_key: Option<&str>,
+    cache_salt: Option<&str>,
+) -> (Option<Digest>, Option<[u8; 32]>) {
+    let (extra_key, cache_salt) = (present(extra_key), present(cache_salt));
+    let root = cache_salt.map(salt_seed);
+    let namespaced = extra_key.is_some() || (dynamo && cache_salt.is_some());
+    (
+        root,
+        namespaced.then(|| namespace_seed(extra_key, cache_salt)),
+    )
 }
 
 /// `int64_be(SHA256(seed || i64_be(key))[0..8])`.

@@ -36,12 +36,34 @@ fn vllm_v0_33_0() {
     );
 }
 
+/// Empty optional inputs (`cache_salt`, `PYTHONHASHSEED`, a LoRA name, an mm
+/// identifier) as vLLM's own hasher treats them.
+#[test]
+fn vllm_empty_values_v0_33_0() {
+    check_file(
+        "vllm/hash_vectors_v0.33.0_empty_values.json",
+        HashVectorFormat::VllmBlockHashV1,
+        8,
+    );
+}
+
 #[test]
 fn sglang_page_chain_v0_5_23() {
     check_file(
         "sglang/hash_vectors_v0.5.23.json",
         HashVectorFormat::SglangPageChain,
         13,
+    );
+}
+
+/// Empty `cache_salt` / `extra_key` request values (SGLang takes them as
+/// absent) beside their non-empty neighbours, default and dynamo formats.
+#[test]
+fn sglang_empty_values_v0_5_23() {
+    check_file(
+        "sglang/hash_vectors_v0.5.23_empty_values.json",
+        HashVectorFormat::SglangPageChain,
+        10,
     );
 }
 
@@ -82,17 +104,31 @@ fn trtllm_v1_block_key() {
     );
 }
 
+/// `lora_task_id` / `cache_salt_id` 0 (and the id of an empty salt string):
+/// TensorRT-LLM mixes an optional input whenever it is present.
+#[test]
+fn trtllm_v1_block_key_empty_values() {
+    check_file(
+        "trtllm-events/hash_vectors_v1_block_key_empty_values.json",
+        HashVectorFormat::TrtllmV1BlockKey,
+        4,
+    );
+}
+
 /// Every JSON file under golden/ that looks like a hash-vector file is one of the
 /// files pinned above, so a new vector file cannot be skipped silently.
 #[test]
 fn every_hash_vector_file_is_pinned() {
     let pinned = [
         "vllm/hash_vectors_v0.33.0.json",
+        "vllm/hash_vectors_v0.33.0_empty_values.json",
         "sglang/hash_vectors_v0.5.23.json",
+        "sglang/hash_vectors_v0.5.23_empty_values.json",
         "sglang/hash_vectors_legacy_pyhash.json",
         "sglang/dynamo_xxh3_local_block_hash.json",
         "rekey/kvroute_xxh3_chain_vectors.json",
         "trtllm-events/hash_vectors_v1_block_key.json",
+        "trtllm-events/hash_vectors_v1_block_key_empty_values.json",
     ];
     let mut found = Vec::new();
     let mut stack = vec![golden_dir()];

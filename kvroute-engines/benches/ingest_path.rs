@@ -22,9 +22,10 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvroute_core::EndpointId;
+use kvroute_engines::engine::VLLM;
 use kvroute_engines::events::{vllm, DecodeStats};
 use kvroute_engines::transport::{
-    DecodingSink, EngineKind, Frame, FrameSink, FrameSource, IndexIngest, SeqIngest,
+    DecodingSink, Frame, FrameSink, FrameSource, IndexIngest, SeqIngest,
 };
 use kvroute_ingest::{EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, SharedIndex};
 use rmpv::Value as M;
@@ -120,7 +121,7 @@ fn bench(c: &mut Criterion) {
 
     // Sanity (outside the timing): the run applies every event and keeps the
     // inventory that stores minus removes predict.
-    let mut sink = DecodingSink::new(EngineKind::Vllm, fresh_ingest()).unwrap();
+    let mut sink = DecodingSink::for_engine(&VLLM, fresh_ingest()).unwrap();
     for (seq, p) in payloads.iter().enumerate() {
         let r = sink.on_frame(Frame {
             topic: b"",
@@ -140,7 +141,7 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(RUN as u64));
     g.bench_function(format!("decode_apply_run_of_{RUN}"), |b| {
         b.iter_batched(
-            || DecodingSink::new(EngineKind::Vllm, fresh_ingest()).unwrap(),
+            || DecodingSink::for_engine(&VLLM, fresh_ingest()).unwrap(),
             |mut sink| {
                 for (seq, p) in payloads.iter().enumerate() {
                     black_box(sink.on_frame(Frame {

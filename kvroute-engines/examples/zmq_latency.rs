@@ -41,9 +41,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kvroute_core::EndpointId;
+use kvroute_engines::engine::VLLM;
 use kvroute_engines::transport::{
-    DecodingSink, EngineKind, Frame, FrameReport, FrameSink, IndexIngest, ReplayOutcome,
-    SinkAction, ZmqEndpoint, ZmqSubscriber, ZmqSubscriberConfig,
+    DecodingSink, Frame, FrameReport, FrameSink, IndexIngest, ReplayOutcome, SinkAction,
+    ZmqEndpoint, ZmqSubscriber, ZmqSubscriberConfig,
 };
 use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
 
@@ -180,8 +181,8 @@ fn main() {
     let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
     let samples = Arc::new(Mutex::new(Vec::with_capacity(count as usize)));
     let sink = TimedSink {
-        inner: DecodingSink::new(
-            EngineKind::Vllm,
+        inner: DecodingSink::for_engine(
+            &VLLM,
             IndexIngest::new(ingest, Arc::clone(&index), Some(0), false),
         )
         .unwrap(),

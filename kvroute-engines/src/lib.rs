@@ -9,13 +9,17 @@
 //!
 //! | module | what | I/O |
 //! |---|---|---|
+//! | [`engine`] | each engine as one value ([`engine::Engine`]): names, KV support, window policy, transport, metrics and prompt dialects, token-id prompts; the [`engine::Registry`] hosts look engines up in | none (its followers are tasks the host spawns) |
 //! | [`events`] | sans-IO decoders: engine payload → [`kvroute_ingest::EventBatch`] | none |
 //! | [`transport`] | `transport::ZmqSubscriber` (`zmq`), `transport::TrtllmPoller` (`trtllm-http`), and the sinks that decode and apply ([`transport::DecodingSink`]`<`[`transport::IndexIngest`]`>`) | tokio, on the host's runtime |
 //! | [`prompt`] | body → the engine's token ids ([`prompt::TokenizerPool`], [`prompt::prompt_tokens_limited`]) | reads the model directory |
 //! | [`parse_load`] | engine `/metrics` text → running / waiting / capacity | none |
 //!
-//! Nothing here starts a runtime or a thread: transports are `async fn`s the
-//! host spawns, stopped by a future it supplies. Most hosts use the `kvroute`
+//! Hosts never match on the engine: they look it up by its configuration
+//! name ([`engine::by_name`], or a [`engine::Registry`] extended with their
+//! own engines) and ask it. Nothing here starts a runtime or a thread:
+//! transports are `async fn`s the host spawns, stopped by a future it
+//! supplies. Most hosts use the `kvroute`
 //! facade crate, which wires these pieces from one contract and one list of
 //! endpoints; this crate is for hosts that wire them themselves.
 //!
@@ -42,7 +46,8 @@
 //! ```
 //! use std::sync::Arc;
 //! use kvroute_core::{EndpointId, HashContract, RequestExtras};
-//! use kvroute_engines::transport::{DecodingSink, EngineKind, Frame, FrameSink, FrameSource, IndexIngest};
+//! use kvroute_engines::engine;
+//! use kvroute_engines::transport::{DecodingSink, Frame, FrameSink, FrameSource, IndexIngest};
 //! use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, InventoryView, Keying, Overlap, SharedIndex};
 //!
 //! let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/vllm-events/v0.33.0/stream");
@@ -56,11 +61,12 @@
 //! let config = IngestConfig { expected_block_size: Some(16), ..IngestConfig::default() };
 //! // The inventory is keyed as the contract says (here: the engine's own keys).
 //! let ingest = EndpointIngest::new(EndpointId(0), config, Keying::for_contract(&contract));
-//! // DP rank 0's stream, without a replay socket.
-//! let mut sink = DecodingSink::new(EngineKind::Vllm, IndexIngest::new(ingest, Arc::clone(&index), Some(0), false))?;
+//! // DP rank 0's stream, without a replay socket, decoded as the engine named in configuration.
+//! let vllm = engine::by_name("vllm")?;
+//! let mut sink = DecodingSink::for_engine(&*vllm, IndexIngest::new(ingest, Arc::clone(&index), Some(0), false))?;
 //!
-//! // A subscriber does this for every message:
-//! // `ZmqSubscriber::new(ZmqSubscriberConfig::new(endpoint)).run(sink, shutdown).await`.
+//! // A subscriber does this for every message; `vllm.followers(&follow, &target)`
+//! // builds the subscribers of one endpoint with these sinks.
 //! let report = sink.on_frame(Frame { topic: b"", seq: 0, payload: &payload, source: FrameSource::Live });
 //! assert_eq!(report.events_applied, 1);
 //!
@@ -75,6 +81,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+pub mod engine;
 pub mod events;
 mod load_report;
 pub mod prompt;

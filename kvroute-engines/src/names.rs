@@ -1,10 +1,9 @@
-//! Configuration names of the engines' enums (`FromStr`), matching
-//! [`EngineKind::as_str`] and [`crate::ApiKind::as_str`].
+//! Configuration names: the error of an unknown one, and `FromStr` of
+//! [`crate::ApiKind`] (engines are looked up in [`crate::engine::Registry`]).
 
 use std::str::FromStr;
 
 use crate::prompt::ApiKind;
-use crate::transport::EngineKind;
 
 /// A name that is not an engine (`vllm`, `sglang`, `trtllm`, `llama.cpp`) or
 /// an API kind (`chat`, `completions`).
@@ -17,33 +16,6 @@ pub struct UnknownName {
     pub name: String,
     /// The accepted names.
     pub expected: &'static str,
-}
-
-impl FromStr for EngineKind {
-    type Err = UnknownName;
-
-    /// The names [`EngineKind::as_str`] prints (`llamacpp` is accepted too).
-    ///
-    /// ```
-    /// use kvroute_engines::transport::EngineKind;
-    /// for e in [EngineKind::Vllm, EngineKind::Sglang, EngineKind::TensorRtLlm, EngineKind::LlamaCpp] {
-    ///     assert_eq!(e.as_str().parse::<EngineKind>(), Ok(e));
-    /// }
-    /// assert!("tgi".parse::<EngineKind>().is_err());
-    /// ```
-    fn from_str(s: &str) -> Result<Self, UnknownName> {
-        match s {
-            "vllm" => Ok(Self::Vllm),
-            "sglang" => Ok(Self::Sglang),
-            "trtllm" => Ok(Self::TensorRtLlm),
-            "llama.cpp" | "llamacpp" => Ok(Self::LlamaCpp),
-            _ => Err(UnknownName {
-                what: "engine",
-                name: s.to_owned(),
-                expected: "vllm, sglang, trtllm or llama.cpp",
-            }),
-        }
-    }
 }
 
 impl FromStr for ApiKind {

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use fault::{synthetic_key, Rig, RigConfig};
 use interop_support::{free_port_pair, Peer};
 use kvroute_engines::transport::{
-    EngineKind, SocketRole, ZmqEndpoint, ZmqSubscriberConfig, DEFAULT_MAX_MESSAGE_BYTES,
+    SocketRole, ZmqEndpoint, ZmqSubscriberConfig, DEFAULT_MAX_MESSAGE_BYTES,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -197,13 +197,8 @@ fn silent_peers_of_a_bound_subscriber_are_disconnected() {
 #[test]
 fn binding_a_host_name_listens_on_its_addresses_not_the_wildcard() {
     let port = free_port_pair();
-    let endpoint = ZmqEndpoint::for_engine(
-        EngineKind::Vllm,
-        &format!("tcp://localhost:{port}"),
-        "127.0.0.1",
-        0,
-    )
-    .unwrap();
+    let endpoint =
+        ZmqEndpoint::for_engine(&format!("tcp://localhost:{port}"), "127.0.0.1", 0).unwrap();
     assert_eq!(endpoint.role, SocketRole::Bind);
     assert_eq!(endpoint.address, format!("tcp://localhost:{port}"));
     let rig = Rig::start(RigConfig::new(ZmqSubscriberConfig::new(endpoint)));

@@ -10,7 +10,7 @@ use std::time::Duration;
 use interop_support::{free_port_pair, golden, runtime, Peer, Recorder};
 use kvroute_engines::events::{sglang, vllm, DecodeStats};
 use kvroute_engines::transport::{
-    EngineKind, MetricsSnapshot, SocketRole, ZmqEndpoint, ZmqSubscriber, ZmqSubscriberConfig,
+    MetricsSnapshot, SocketRole, ZmqEndpoint, ZmqSubscriber, ZmqSubscriberConfig,
 };
 use kvroute_ingest::KvEvent;
 
@@ -244,9 +244,7 @@ fn dp_rank_1_is_followed_on_port_plus_one() {
     let port = free_port_pair();
     let replay_port = free_port_pair();
     // The engine binds every interface: the subscriber dials the engine host.
-    let endpoint =
-        ZmqEndpoint::for_engine(EngineKind::Vllm, &format!("tcp://*:{port}"), "127.0.0.1", 1)
-            .unwrap();
+    let endpoint = ZmqEndpoint::for_engine(&format!("tcp://*:{port}"), "127.0.0.1", 1).unwrap();
     assert_eq!(endpoint.role, SocketRole::Connect);
     assert_eq!(endpoint.address, format!("tcp://127.0.0.1:{}", port + 1));
     let sink = Recorder::new(true);
@@ -286,13 +284,8 @@ fn bind_mode_engine_connects_and_restart_is_recovered_by_replay() {
     let rt = runtime();
     let port = free_port_pair();
     let replay_port = free_port_pair();
-    let endpoint = ZmqEndpoint::for_engine(
-        EngineKind::Vllm,
-        &format!("tcp://127.0.0.1:{port}"),
-        "unused",
-        0,
-    )
-    .unwrap();
+    let endpoint =
+        ZmqEndpoint::for_engine(&format!("tcp://127.0.0.1:{port}"), "unused", 0).unwrap();
     assert_eq!(endpoint.role, SocketRole::Bind);
     let sink = Recorder::new(true);
     let config = ZmqSubscriberConfig::new(endpoint)
@@ -406,6 +399,7 @@ fn restart_through_decoder_and_ingest_leaves_only_the_new_process_blocks() {
     use std::sync::Arc;
 
     use kvroute_core::{BlockKey, EndpointId, Medium};
+    use kvroute_engines::engine::VLLM;
     use kvroute_engines::transport::{DecodingSink, IndexIngest};
     use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
     use kvroute_ingest::{RestartPolicy, SeqWindowConfig};
@@ -422,8 +416,8 @@ fn restart_through_decoder_and_ingest_leaves_only_the_new_process_blocks() {
         ..IngestConfig::default()
     };
     let ingest = EndpointIngest::new(EndpointId(0), config, Keying::Engine);
-    let sink = DecodingSink::new(
-        EngineKind::Vllm,
+    let sink = DecodingSink::for_engine(
+        &VLLM,
         IndexIngest::new(ingest, index.clone(), Some(0), true),
     )
     .unwrap();

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use kvroute_core::BlockKey;
+use std::sync::Arc;
+
 use kvroute_select::{
-    AlwaysAvailable, ContractId, CostConfig, Endpoint, EndpointLoad, KeySetInventory, LoadTable,
-    PromptInput, Request, Role, Rule, RuleConfig, Scorer, Topology,
+    AlwaysAvailable, ContractId, CostConfig, CostScorer, Endpoint, EndpointLoad, KeySetInventory,
+    LoadTable, PromptInput, Request, Role, Rule, RuleConfig, Topology,
 };
 
 const ENDPOINTS: usize = 64;
@@ -258,10 +260,10 @@ fn decision_two_threads_drain(c: &mut Criterion) {
             BLOCK as u32,
             contract.clone(),
         );
-        cfg.scorer = Scorer::Cost(CostConfig {
+        cfg.scorer = Arc::new(CostScorer(CostConfig {
             drain_queue: drain,
             ..CostConfig::default()
-        });
+        }));
         let rule = Rule::new(cfg, None).unwrap();
         for threads in [1usize, 2] {
             let name = format!(

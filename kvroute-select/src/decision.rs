@@ -12,10 +12,10 @@ use crate::bounded::{chain, hash_bytes, BoundedMap};
 use crate::counters::MissReason;
 use crate::health::Health;
 use crate::keys::{KeysError, PromptInput, Request};
-use crate::load::{EndpointLoad, Load};
+use crate::load::{EndpointLoad, EngineReport, Load};
 use crate::pool::Pool;
 use crate::rule::{Choice, Rule, Topology};
-use crate::scorer::{KvPick, KvScoring};
+use crate::scoring::{ScoreInput, ScorePick};
 use crate::selector::SelectorKind;
 
 /// Where a request goes.
@@ -70,6 +70,8 @@ pub struct Decision {
     eligible: Vec<bool>,
     decode_eligible: Vec<bool>,
     loads: Vec<EndpointLoad>,
+    /// The engines' own reports, per endpoint, when the host polls them.
+    reports: Vec<Option<EngineReport>>,
     prompt_tokens: u32,
     /// Endpoints whose inventory reports a mismatched hash contract.
     mismatched: Vec<bool>,
@@ -112,6 +114,7 @@ impl Decision {
         // Filled by `pick_decode` when a P/D decision needs it.
         self.decode_eligible.clear();
         fill(&mut self.loads, n, EndpointLoad::default());
+        fill(&mut self.reports, n, None);
         self.prompt_tokens = 0;
         fill(&mut self.mismatched, n, false);
         fill(&mut self.clears, n, 0);
@@ -633,6 +636,9 @@ impl Rule {
             if let Some(l) = d.loads.get_mut(ix) {
                 *l = load.load(i);
             }
+            if let Some(r) = d.reports.get_mut(ix) {
+                *r = load.report(i);
+            }
             let ok = !d.excluded.get(ix).copied().unwrap_or(true)
                 && (!pd || e.role.can_prefill())
                 && health.availability(i, now).is_available();
@@ -767,19 +773,33 @@ impl Rule {
         } else {
             0
         };
-        let scoring = |sticky| KvScoring {
+        let scoring = |retry| ScoreInput {
+            pool,
             overlaps: &d.overlaps,
+            speculative: &d.speculative,
+            reports: &d.reports,
+            keys: &d.keys,
             prompt_tokens: d.prompt_tokens,
             block_size: cfg.block_size,
             min_blocks: cfg.thresholds.min_overlap_blocks.max(1),
-            sticky,
-            speculative: &d.speculative,
-            tie_turn,
+            retry,
+            turn: tie_turn,
+            now,
+        };
+        // A scorer may only name an eligible endpoint: anything else (a
+        // host's own scorer gone wrong) is treated as no pick.
+        let checked = |pick: ScorePick| match pick {
+            ScorePick::Winner { index, .. } if !d.eligible.get(index).copied().unwrap_or(false) => {
+                tracing::warn!(rule = %cfg.name, scorer = cfg.scorer.name(), index,
+                    "scorer picked an endpoint that is not a candidate; ignored");
+                ScorePick::Miss(MissReason::AllCandidatesFiltered)
+            }
+            other => other,
         };
         // A retry after a KV-exact pick stays in the tier: next best by overlap.
         if !first && d.source == Source::KvExact {
-            return match cfg.scorer.pick(&pool, &scoring(true)) {
-                KvPick::Winner {
+            return match checked(cfg.scorer.pick(&scoring(true))) {
+                ScorePick::Winner {
                     index,
                     predicted_blocks,
                     diverted,
@@ -788,7 +808,7 @@ impl Rule {
                     self.counters.hit(index, predicted_blocks, diverted);
                     Some(index)
                 }
-                KvPick::Miss(_) => None,
+                ScorePick::Miss(_) => None,
             };
         }
         if pd {
@@ -812,17 +832,17 @@ impl Rule {
         }
         if cfg.choice == Choice::KvExact {
             let pick = match d.key_miss {
-                Some(miss) => KvPick::Miss(miss),
-                None => match cfg.scorer.pick(&pool, &scoring(false)) {
+                Some(miss) => ScorePick::Miss(miss),
+                None => match checked(cfg.scorer.pick(&scoring(false))) {
                     // Nothing matched because no engine hashes like the rule.
-                    KvPick::Miss(MissReason::ZeroOverlap) if d.all_mismatched => {
-                        KvPick::Miss(MissReason::ContractMismatch)
+                    ScorePick::Miss(MissReason::ZeroOverlap) if d.all_mismatched => {
+                        ScorePick::Miss(MissReason::ContractMismatch)
                     }
                     other => other,
                 },
             };
             match pick {
-                KvPick::Winner {
+                ScorePick::Winner {
                     index,
                     predicted_blocks,
                     diverted,
@@ -832,7 +852,7 @@ impl Rule {
                     self.counters.hit(index, predicted_blocks, diverted);
                     return Some(index);
                 }
-                KvPick::Miss(reason) => {
+                ScorePick::Miss(reason) => {
                     if d.miss.is_none() {
                         self.counters.miss(reason);
                     }

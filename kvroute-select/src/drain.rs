@@ -439,7 +439,7 @@ impl crate::Rule {
     /// ```
     #[must_use]
     pub fn prefill_rate(&self) -> Option<PrefillRate> {
-        self.drain.as_ref().map(PrefillDrain::rates)
+        self.drain.as_deref().map(PrefillDrain::rates)
     }
 
     fn observe_load_inner<L: Load + ?Sized>(&self, load: &L, now: Duration) {

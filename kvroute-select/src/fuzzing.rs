@@ -2,15 +2,17 @@
 //! replay test and the property tests). The assertions here are the oracle:
 //! they state the ladder's invariants.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvroute_core::{BlockKey, EndpointId};
 use kvroute_ingest::InventoryView;
 
 use crate::{
-    Availability, Choice, ContractId, CostConfig, Decision, Endpoint, EndpointLoad, Health,
-    KeySetInventory, Leg, LoadAwareConfig, LoadTable, MissBeforeKeys, PromptInput, Request, Role,
-    Rule, RuleConfig, Scorer, SelectorKind, Source, Topology,
+    Availability, Choice, ContractId, CostConfig, CostScorer, Decision, Endpoint, EndpointLoad,
+    Health, KeySetInventory, Leg, LoadAwareConfig, LoadAwareScorer, LoadTable, LongestPrefixScorer,
+    MissBeforeKeys, OverlapCountScorer, PromptInput, Request, Role, Rule, RuleConfig, SelectorKind,
+    Source, Topology,
 };
 
 struct Bytes<'a>(&'a [u8]);
@@ -80,17 +82,17 @@ pub fn select_ladder(data: &[u8]) {
         _ => Choice::KvExact,
     };
     cfg.scorer = match b.next() % 4 {
-        0 => Scorer::OverlapCount,
-        1 => Scorer::LongestPrefix,
-        2 => Scorer::LoadAware(LoadAwareConfig {
+        0 => Arc::new(OverlapCountScorer),
+        1 => Arc::new(LongestPrefixScorer),
+        2 => Arc::new(LoadAwareScorer(LoadAwareConfig {
             epsilon: f64::from(b.next() % 8) / 4.0,
             ..LoadAwareConfig::default()
-        }),
-        _ => Scorer::Cost(CostConfig {
+        })),
+        _ => Arc::new(CostScorer(CostConfig {
             load_factor: 1.0 + f64::from(b.next() % 8) / 4.0,
             affinity_slack: f64::from(b.next() % 4) / 4.0,
             ..CostConfig::default()
-        }),
+        })),
     };
     cfg.fallback = match b.next() % 7 {
         0 => SelectorKind::RoundRobin,
@@ -230,25 +232,28 @@ pub fn check<V: InventoryView + ?Sized>(
         let ids = (0..eps.len()).filter_map(|i| u32::try_from(i).ok().map(EndpointId));
         let figure = |i: EndpointId| {
             let o = d.overlaps().get(i.index()).copied().unwrap_or_default();
-            if rule.config().scorer == Scorer::OverlapCount {
+            if rule.config().scorer.reads_any_position() {
                 o.blocks
             } else {
                 let spec = d.speculative_prefix().get(i.index()).copied().unwrap_or(0);
                 o.prefix.max(spec)
             }
         };
-        match rule.config().scorer {
-            Scorer::OverlapCount | Scorer::LongestPrefix => {
+        let scorer: &dyn std::any::Any = &*rule.config().scorer;
+        let load_aware = scorer.downcast_ref::<LoadAwareScorer>().map(|s| s.0);
+        let cost = scorer.downcast_ref::<CostScorer>().map(|s| s.0);
+        match (load_aware, cost) {
+            (None, None) => {
                 let best = ids.filter(|i| eligible(*i)).map(figure).max().unwrap_or(0);
                 assert_eq!(figure(t.endpoint), best, "KV winner is not the argmax");
                 if first {
                     assert!(best >= rule.config().thresholds.min_overlap_blocks.max(1));
                 }
             }
-            Scorer::LoadAware(_) | Scorer::Cost(_) => {
-                let (factor, headroom) = match rule.config().scorer {
-                    Scorer::LoadAware(cfg) => (1.0 + cfg.epsilon.max(0.0), 0),
-                    Scorer::Cost(cfg) => (cfg.load_factor, cfg.load_headroom),
+            _ => {
+                let (factor, headroom) = match (load_aware, cost) {
+                    (Some(cfg), _) => (1.0 + cfg.epsilon.max(0.0), 0),
+                    (_, Some(cfg)) => (cfg.load_factor, cfg.load_headroom),
                     _ => (1.0, 0),
                 };
                 let (mut total, mut cap) = (0u64, 0u64);

@@ -86,7 +86,7 @@ mod pool;
 mod proxy;
 pub mod replica_sync;
 mod rule;
-mod scorer;
+mod scoring;
 mod selector;
 mod tracker;
 
@@ -112,6 +112,9 @@ pub use replica_sync::{
     Applied, LoadDelta, OutboxCounters, RemoteConfig, RemoteCounters, RemoteLoad, WithRemote,
 };
 pub use rule::{Choice, PredictedConfig, Rule, RuleConfig, RuleError, Thresholds, Topology};
-pub use scorer::{CostConfig, LoadAwareConfig, Scorer};
+pub use scoring::{
+    Candidate, CostConfig, CostScorer, LoadAwareConfig, LoadAwareScorer, LongestPrefixScorer,
+    OverlapCountScorer, ScoreInput, ScorePick, Scorer, ScorerRef,
+};
 pub use selector::SelectorKind;
 pub use tracker::{LoadGuard, LoadTracker};

@@ -45,6 +45,14 @@ pub trait Load {
         let _ = endpoint;
         None
     }
+
+    /// The engine's own last report on `endpoint` (running, waiting, KV
+    /// usage and capacity), or `None` (the default) when the host does not
+    /// poll it. Scorers read it through [`crate::Candidate::report`].
+    fn report(&self, endpoint: EndpointId) -> Option<EngineReport> {
+        let _ = endpoint;
+        None
+    }
 }
 
 /// An engine's own prefill counters: uncached prompt tokens it prefilled
@@ -109,6 +117,10 @@ impl<L: Load + ?Sized> Load for &L {
     fn prefill_progress(&self, endpoint: EndpointId) -> Option<PrefillProgress> {
         (**self).prefill_progress(endpoint)
     }
+
+    fn report(&self, endpoint: EndpointId) -> Option<EngineReport> {
+        (**self).report(endpoint)
+    }
 }
 
 /// What an engine reports about its own queue (e.g. polled from its metrics
@@ -123,6 +135,8 @@ pub struct EngineReport {
     pub kv_usage: Option<f64>,
     /// The engine's prefill counters, if it exports them.
     pub prefill: Option<PrefillProgress>,
+    /// The engine's KV capacity in blocks, if it reports it.
+    pub kv_capacity_blocks: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -313,6 +327,12 @@ impl<L: Load + ?Sized> Load for CombinedLoad<'_, L> {
             .report(endpoint, self.now)
             .and_then(|r| r.prefill)
             .or_else(|| self.local.prefill_progress(endpoint))
+    }
+
+    fn report(&self, endpoint: EndpointId) -> Option<EngineReport> {
+        self.reported
+            .report(endpoint, self.now)
+            .or_else(|| self.local.report(endpoint))
     }
 }
 

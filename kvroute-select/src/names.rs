@@ -14,9 +14,9 @@
 //! let err = "fastest".parse::<Choice>().unwrap_err();
 //! assert_eq!(err.to_string(),
 //!     "unknown choice \"fastest\"; expected kv_exact, round_robin or content_affinity");
-//! // A scorer name picks the scorer with its default parameters.
-//! let scorer: kvroute_select::Scorer = "longest_prefix".parse::<ScorerKind>().unwrap().into();
-//! assert_eq!(ScorerKind::of(&scorer), ScorerKind::LongestPrefix);
+//! // A scorer name picks the built-in scorer with its default parameters.
+//! let scorer = "longest_prefix".parse::<ScorerKind>().unwrap().build();
+//! assert_eq!(ScorerKind::of(&*scorer), Some(ScorerKind::LongestPrefix));
 //! ```
 //!
 //! [`Display`]: std::fmt::Display
@@ -27,7 +27,9 @@ use std::str::FromStr;
 
 use crate::endpoint::Role;
 use crate::rule::{Choice, Topology};
-use crate::scorer::{CostConfig, LoadAwareConfig, Scorer};
+use crate::scoring::{
+    CostScorer, LoadAwareScorer, LongestPrefixScorer, OverlapCountScorer, Scorer, ScorerRef,
+};
 use crate::selector::SelectorKind;
 
 /// A name no variant of the enum has.
@@ -57,26 +59,20 @@ pub enum ScorerKind {
 }
 
 impl ScorerKind {
-    /// The kind of `scorer`.
+    /// The built-in kind of `scorer`, by its name; `None` for a host's own.
     #[must_use]
-    pub fn of(scorer: &Scorer) -> Self {
-        match scorer {
-            Scorer::Cost(_) => Self::Cost,
-            Scorer::OverlapCount => Self::OverlapCount,
-            Scorer::LongestPrefix => Self::LongestPrefix,
-            Scorer::LoadAware(_) => Self::LoadAware,
-        }
+    pub fn of(scorer: &dyn Scorer) -> Option<Self> {
+        scorer.name().parse().ok()
     }
-}
 
-impl From<ScorerKind> for Scorer {
-    /// The scorer of that kind with default parameters.
-    fn from(kind: ScorerKind) -> Self {
-        match kind {
-            ScorerKind::Cost => Scorer::Cost(CostConfig::default()),
-            ScorerKind::OverlapCount => Scorer::OverlapCount,
-            ScorerKind::LongestPrefix => Scorer::LongestPrefix,
-            ScorerKind::LoadAware => Scorer::LoadAware(LoadAwareConfig::default()),
+    /// The built-in scorer of this kind with default parameters.
+    #[must_use]
+    pub fn build(self) -> ScorerRef {
+        match self {
+            ScorerKind::Cost => std::sync::Arc::new(CostScorer::default()),
+            ScorerKind::OverlapCount => std::sync::Arc::new(OverlapCountScorer),
+            ScorerKind::LongestPrefix => std::sync::Arc::new(LongestPrefixScorer),
+            ScorerKind::LoadAware => std::sync::Arc::new(LoadAwareScorer::default()),
         }
     }
 }
@@ -218,7 +214,9 @@ mod tests {
         ];
         check(&scorers);
         for k in scorers {
-            assert_eq!(ScorerKind::of(&Scorer::from(k)), k);
+            let built = k.build();
+            assert_eq!(ScorerKind::of(&*built), Some(k));
+            assert_eq!(built.name(), k.as_str());
         }
         let selectors = [
             SelectorKind::RoundRobin,
@@ -248,7 +246,14 @@ mod tests {
     /// default configuration says.
     #[test]
     fn defaults_have_the_default_names() {
-        assert_eq!(ScorerKind::of(&Scorer::default()), ScorerKind::default());
+        let rule = crate::RuleConfig::kv_exact(
+            "r",
+            Topology::Converged,
+            Vec::new(),
+            16,
+            crate::ContractId::new("c"),
+        );
+        assert_eq!(ScorerKind::of(&*rule.scorer), Some(ScorerKind::default()));
         assert_eq!(ScorerKind::default().as_str(), "cost");
         assert_eq!(Choice::default().as_str(), "kv_exact");
         assert_eq!(Topology::default().as_str(), "converged");

@@ -6,6 +6,7 @@ use crate::endpoint::Endpoint;
 use crate::load::EndpointLoad;
 
 /// Eligible endpoints and their loads, indexed by rule endpoint position.
+#[derive(Clone, Copy)]
 pub(crate) struct Pool<'a> {
     pub(crate) endpoints: &'a [Endpoint],
     pub(crate) eligible: &'a [bool],

@@ -9,7 +9,7 @@ use crate::chwbl::Ring;
 use crate::counters::RuleCounters;
 use crate::endpoint::Endpoint;
 use crate::keys::{ContractId, KeyMode, PromptKeys};
-use crate::scorer::Scorer;
+use crate::scoring::{CostScorer, ScorerRef};
 use crate::selector::{SelectorKind, SelectorState};
 
 /// The routing choice of a rule.
@@ -116,7 +116,7 @@ pub struct RuleConfig {
     /// Engine keys or re-keyed.
     pub key_mode: KeyMode,
     /// KV-exact scorer.
-    pub scorer: Scorer,
+    pub scorer: ScorerRef,
     /// Converged fallback selector (used when `choice` is KV-exact).
     pub fallback: SelectorKind,
     /// Numeric knobs.
@@ -127,6 +127,11 @@ pub struct RuleConfig {
     pub predicted: PredictedConfig,
     /// Seed of the pseudo-random selectors (decisions are reproducible per seed).
     pub seed: u64,
+    /// Endpoints the rule's per-endpoint state (counters, the drain model) is
+    /// sized for, at least `endpoints.len()`: a host that adds endpoints
+    /// later and rebuilds the rule ([`Rule::rebuild`]) keeps that state as
+    /// long as the endpoint count stays within it.
+    pub endpoint_capacity: usize,
 }
 
 impl RuleConfig {
@@ -147,12 +152,13 @@ impl RuleConfig {
             block_size,
             contract,
             key_mode: KeyMode::Engine,
-            scorer: Scorer::default(),
+            scorer: Arc::new(CostScorer::default()),
             fallback: SelectorKind::LeastPrefill,
             thresholds: Thresholds::default(),
             affinity: AffinityConfig::default(),
             predicted: PredictedConfig::default(),
             seed: 0,
+            endpoint_capacity: 0,
         }
     }
 }
@@ -202,17 +208,20 @@ pub enum RuleError {
 pub struct Rule {
     pub(crate) config: RuleConfig,
     pub(crate) keys: Option<Arc<dyn PromptKeys>>,
-    pub(crate) counters: RuleCounters,
     pub(crate) selector: SelectorState,
-    pub(crate) decode_turns: std::sync::atomic::AtomicU64,
+    // What decisions accumulate, shared with the rules rebuilt from this one.
+    pub(crate) counters: Arc<RuleCounters>,
+    pub(crate) decode_turns: Arc<std::sync::atomic::AtomicU64>,
     /// Rotates the cost scorer's exact ties (apart from the selector's
     /// round-robin turn, which only fallback decisions advance).
-    pub(crate) tie_turns: std::sync::atomic::AtomicU64,
-    pub(crate) sessions: Mutex<SessionMap>,
-    pub(crate) trie: Mutex<PrefixTrie>,
-    pub(crate) predicted: Mutex<crate::bounded::BoundedMap<u64>>,
+    pub(crate) tie_turns: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) sessions: Arc<Mutex<SessionMap>>,
+    pub(crate) trie: Arc<Mutex<PrefixTrie>>,
+    pub(crate) predicted: Arc<Mutex<crate::bounded::BoundedMap<u64>>>,
     /// The cost scorer's prefill-queue drain model (`CostConfig::drain_queue`).
-    pub(crate) drain: Option<crate::drain::PrefillDrain>,
+    pub(crate) drain: Option<Arc<crate::drain::PrefillDrain>>,
+    /// Endpoints `counters` and `drain` are sized for.
+    capacity: usize,
 }
 
 impl std::fmt::Debug for Rule {
@@ -231,6 +240,70 @@ impl Rule {
     /// # Errors
     /// [`RuleError`] for an inconsistent configuration.
     pub fn new(config: RuleConfig, keys: Option<Arc<dyn PromptKeys>>) -> Result<Self, RuleError> {
+        Self::validate(&config, keys.as_deref())?;
+        let capacity = config.endpoint_capacity.max(config.endpoints.len());
+        let ring = Ring::new(&config.endpoints, config.thresholds.chwbl_virtual_nodes);
+        Ok(Self {
+            counters: Arc::new(RuleCounters::new(capacity)),
+            selector: SelectorState::new(ring, config.seed),
+            decode_turns: Arc::default(),
+            tie_turns: Arc::default(),
+            sessions: Arc::new(Mutex::new(SessionMap::new(&config.affinity))),
+            trie: Arc::new(Mutex::new(PrefixTrie::new(&config.affinity))),
+            predicted: Arc::new(Mutex::new(crate::bounded::BoundedMap::new(
+                config.predicted.capacity,
+                config.predicted.ttl,
+            ))),
+            drain: (config.scorer.drains_queue() && config.choice == Choice::KvExact)
+                .then(|| Arc::new(crate::drain::PrefillDrain::new(capacity))),
+            keys,
+            config,
+            capacity,
+        })
+    }
+
+    /// A rule for `config` that carries on this one's state — decision
+    /// counters, turns, predicted entries, the drain model's rates and the
+    /// P/D affinity maps — as a host does when its endpoint set changes: the
+    /// endpoint ids must keep naming the same endpoints (a removed endpoint
+    /// stays, never available, until its id is reused). When `config` has
+    /// more endpoints than this rule's [`RuleConfig::endpoint_capacity`], or
+    /// changes the choice, scorer kind or predicted-entry bounds, the state
+    /// starts afresh.
+    ///
+    /// # Errors
+    /// [`RuleError`] for an inconsistent configuration.
+    pub fn rebuild(
+        &self,
+        config: RuleConfig,
+        keys: Option<Arc<dyn PromptKeys>>,
+    ) -> Result<Self, RuleError> {
+        let compatible = config.endpoints.len() <= self.capacity
+            && config.choice == self.config.choice
+            && config.scorer.drains_queue() == self.config.scorer.drains_queue()
+            && config.predicted == self.config.predicted
+            && config.affinity == self.config.affinity;
+        if !compatible {
+            return Self::new(config, keys);
+        }
+        Self::validate(&config, keys.as_deref())?;
+        let ring = Ring::new(&config.endpoints, config.thresholds.chwbl_virtual_nodes);
+        Ok(Self {
+            counters: Arc::clone(&self.counters),
+            selector: SelectorState::new(ring, config.seed),
+            decode_turns: Arc::clone(&self.decode_turns),
+            tie_turns: Arc::clone(&self.tie_turns),
+            sessions: Arc::clone(&self.sessions),
+            trie: Arc::clone(&self.trie),
+            predicted: Arc::clone(&self.predicted),
+            drain: self.drain.clone(),
+            keys,
+            config,
+            capacity: self.capacity,
+        })
+    }
+
+    fn validate(config: &RuleConfig, keys: Option<&dyn PromptKeys>) -> Result<(), RuleError> {
         if config.endpoints.is_empty() {
             return Err(RuleError::NoEndpoints(config.name.clone()));
         }
@@ -257,7 +330,7 @@ impl Rule {
                 w.first().copied().unwrap_or(0),
             ));
         }
-        if let Some(p) = &keys {
+        if let Some(p) = keys {
             if p.contract() != &config.contract {
                 return Err(RuleError::ContractMismatch {
                     rule: config.contract.clone(),
@@ -271,29 +344,7 @@ impl Rule {
                 });
             }
         }
-        let ring = Ring::new(&config.endpoints, config.thresholds.chwbl_virtual_nodes);
-        Ok(Self {
-            counters: RuleCounters::new(config.endpoints.len()),
-            selector: SelectorState::new(ring, config.seed),
-            decode_turns: std::sync::atomic::AtomicU64::new(0),
-            tie_turns: std::sync::atomic::AtomicU64::new(0),
-            sessions: Mutex::new(SessionMap::new(&config.affinity)),
-            trie: Mutex::new(PrefixTrie::new(&config.affinity)),
-            predicted: Mutex::new(crate::bounded::BoundedMap::new(
-                config.predicted.capacity,
-                config.predicted.ttl,
-            )),
-            drain: match config.scorer {
-                crate::scorer::Scorer::Cost(c)
-                    if c.drain_queue && config.choice == Choice::KvExact =>
-                {
-                    Some(crate::drain::PrefillDrain::new(config.endpoints.len()))
-                }
-                _ => None,
-            },
-            keys,
-            config,
-        })
+        Ok(())
     }
 
     /// The configuration.

@@ -49,7 +49,10 @@ fn chain(seed: u64, n: usize) -> Vec<BlockKey> {
 #[test]
 fn the_default_rule_is_the_cost_scorer_with_least_load_fallback() {
     let (r, _) = rule(2, |_| {});
-    assert_eq!(r.config().scorer, Scorer::Cost(CostConfig::default()));
+    assert_eq!(
+        (&*r.config().scorer as &dyn std::any::Any).downcast_ref::<CostScorer>(),
+        Some(&CostScorer::default())
+    );
     assert_eq!(r.config().fallback, SelectorKind::LeastPrefill);
     assert!(r.config().predicted.capacity > 0);
 }
@@ -71,7 +74,7 @@ fn cached_prefix_is_weighed_against_queued_prefill_as_the_formula_says() {
         ..CostConfig::default()
     };
     let (r, c) = rule(2, |x| {
-        x.scorer = Scorer::Cost(cfg);
+        x.scorer = Arc::new(CostScorer(cfg));
         x.predicted.capacity = 0;
     });
     let keys = chain(1, 25);
@@ -154,7 +157,7 @@ fn blocks_after_the_first_miss_save_nothing() {
 /// scorer spreads by load.
 #[test]
 fn a_block_every_prompt_shares_does_not_collapse_the_fleet() {
-    let run = |scorer: Scorer| {
+    let run = |scorer: ScorerRef| {
         let (r, c) = rule(4, |x| {
             x.scorer = scorer;
             x.predicted.capacity = 0;
@@ -180,9 +183,9 @@ fn a_block_every_prompt_shares_does_not_collapse_the_fleet() {
         }
         per
     };
-    let argmax = run(Scorer::OverlapCount);
+    let argmax = run(Arc::new(OverlapCountScorer));
     assert_eq!(argmax[0], 400, "reference argmax collapses: {argmax:?}");
-    let cost = run(Scorer::default());
+    let cost = run(Arc::new(CostScorer::default()));
     let (max, min) = (*cost.iter().max().unwrap(), *cost.iter().min().unwrap());
     assert!(max <= 110 && min >= 90, "cost scorer spreads: {cost:?}");
 }
@@ -221,7 +224,7 @@ fn ties_go_by_load_then_rotate_never_endpoint_order() {
         ..CostConfig::default()
     };
     let (r, c) = rule(4, |x| {
-        x.scorer = Scorer::Cost(cfg);
+        x.scorer = Arc::new(CostScorer(cfg));
         x.predicted.capacity = 0;
     });
     for i in 0..16u64 {
@@ -304,10 +307,10 @@ impl Load for Busy<'_> {
 #[test]
 fn predicted_entries_co_locate_a_burst_and_expire() {
     let (r, c) = rule(4, |x| {
-        x.scorer = Scorer::Cost(CostConfig {
+        x.scorer = Arc::new(CostScorer(CostConfig {
             prefill_weight: 2.0,
             ..CostConfig::default()
-        });
+        }));
     });
     let inv = KeySetInventory::new(4); // no engine has reported anything yet
     let tracker = Arc::new(LoadTracker::new(4));
@@ -366,10 +369,10 @@ fn the_default_slack_keeps_a_small_simultaneous_burst_together() {
             if !predicted {
                 x.predicted.capacity = 0;
             }
-            x.scorer = Scorer::Cost(CostConfig {
+            x.scorer = Arc::new(CostScorer(CostConfig {
                 affinity_tokens,
                 ..CostConfig::default()
-            });
+            }));
         });
         let inv = KeySetInventory::new(4);
         let tracker = Arc::new(LoadTracker::new(4));
@@ -492,7 +495,7 @@ proptest! {
             ..CostConfig::default()
         };
         let (r, c) = rule(n as u32, |x| {
-            x.scorer = Scorer::Cost(cfg);
+            x.scorer = Arc::new(CostScorer(cfg));
             x.predicted.capacity = 0;
         });
         let keys = chain(9, 12);

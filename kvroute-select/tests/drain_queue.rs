@@ -33,10 +33,10 @@ impl Host {
             .map(|i| Endpoint::new(format!("ep{i}"), Role::Both).with_inventory_slot(i))
             .collect();
         let mut cfg = RuleConfig::kv_exact("drain", Topology::Converged, eps, BS, contract.clone());
-        cfg.scorer = Scorer::Cost(CostConfig {
+        cfg.scorer = Arc::new(CostScorer(CostConfig {
             drain_queue,
             ..CostConfig::default()
-        });
+        }));
         Self {
             rule: Rule::new(cfg, None).unwrap(),
             contract,

@@ -5,6 +5,8 @@ mod common;
 use std::time::Duration;
 
 use kvroute_core::{BlockKey, EndpointId};
+use std::sync::Arc;
+
 use kvroute_select::*;
 
 const T0: Duration = Duration::from_secs(1000);
@@ -14,7 +16,7 @@ const T0: Duration = Duration::from_secs(1000);
 /// inventory and loads given (the default cost scorer and predicted entries
 /// have their own tests in `cost_policy.rs`).
 fn reference(mut cfg: RuleConfig) -> RuleConfig {
-    cfg.scorer = Scorer::OverlapCount;
+    cfg.scorer = Arc::new(OverlapCountScorer);
     cfg.fallback = SelectorKind::RoundRobin;
     cfg.predicted.capacity = 0;
     cfg
@@ -305,7 +307,7 @@ fn pd_decode_is_least_loaded_and_decode_failure_keeps_prefill() {
 
 /// Every request shares block 1; the first request put it on EP0 only. Requests
 /// never complete during the burst, so load only grows.
-fn burst(scorer: Scorer) -> Vec<u32> {
+fn burst(scorer: ScorerRef) -> Vec<u32> {
     let c = ContractId::new("c");
     let mut cfg = converged(4, &c);
     cfg.scorer = scorer;
@@ -326,17 +328,17 @@ fn burst(scorer: Scorer) -> Vec<u32> {
 
 #[test]
 fn load_aware_scorer_does_not_hot_spot_a_shared_block() {
-    let argmax = burst(Scorer::OverlapCount);
+    let argmax = burst(Arc::new(OverlapCountScorer));
     assert_eq!(
         argmax,
         vec![200, 0, 0, 0],
         "reference scorer piles everything on the holder"
     );
     let eps = 0.25;
-    let balanced = burst(Scorer::LoadAware(LoadAwareConfig {
+    let balanced = burst(Arc::new(LoadAwareScorer(LoadAwareConfig {
         epsilon: eps,
         ..LoadAwareConfig::default()
-    }));
+    })));
     let total: u32 = balanced.iter().sum();
     let cap = ((1.0 + eps) * f64::from(total) / 4.0).ceil() as u32;
     assert!(
@@ -370,7 +372,7 @@ fn load_aware_prefers_gpu_tier_and_short_queues() {
     }
     let c = ContractId::new("c");
     let mut cfg = converged(2, &c);
-    cfg.scorer = Scorer::LoadAware(LoadAwareConfig::default());
+    cfg.scorer = Arc::new(LoadAwareScorer(LoadAwareConfig::default()));
     let rule = Rule::new(cfg, None).unwrap();
     let keys = [BlockKey(1), BlockKey(2)];
     let mut load = LoadTable::new(2);

@@ -4,6 +4,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use kvroute_core::{BlockKey, EndpointId};
+use std::sync::Arc;
+
 use kvroute_select::*;
 use proptest::prelude::*;
 
@@ -32,7 +34,7 @@ proptest! {
         let c = ContractId::new("c");
         let eps = (0..n as u32).map(|i| Endpoint::new(format!("e{i}"), Role::Both).with_inventory_slot(i)).collect();
         let mut cfg = RuleConfig::kv_exact("p", Topology::Converged, eps, 16, c.clone());
-        cfg.scorer = Scorer::OverlapCount;
+        cfg.scorer = Arc::new(OverlapCountScorer);
         let mut inv = KeySetInventory::new(n);
         let mut health = HealthTable::new(n, BreakerConfig::default());
         for (i, set) in inventories.iter().enumerate() {
@@ -131,7 +133,7 @@ proptest! {
         let c = ContractId::new("c");
         let eps = (0..n as u32).map(|i| Endpoint::new(format!("e{i}"), Role::Both).with_inventory_slot(i)).collect();
         let mut cfg = RuleConfig::kv_exact("p", Topology::Converged, eps, 16, c.clone());
-        cfg.scorer = Scorer::OverlapCount;
+        cfg.scorer = Arc::new(OverlapCountScorer);
         cfg.thresholds.max_retries = 100;
         let rule = Rule::new(cfg, None).unwrap();
         let mut inv = KeySetInventory::new(n);

@@ -40,6 +40,10 @@ pub struct Backend {
     pub replay: Option<String>,
     /// Data-parallel ranks (each publishes on `port + rank`).
     pub dp_ranks: u32,
+    /// TensorRT-LLM: drain the engine's events from `url + /kv_cache_events`
+    /// (default `true` for TensorRT-LLM; the drain consumes them, so only
+    /// one router may drain an engine).
+    pub drain: bool,
     /// ZeroMQ topic (the engines' default is empty).
     pub topic: String,
     /// Relative weight (weighted / CHWBL selectors).
@@ -59,6 +63,7 @@ impl Backend {
             events: None,
             replay: None,
             dp_ranks: 1,
+            drain: engine == EngineKind::TensorRtLlm,
             topic: String::new(),
             weight: 1,
             capacity: 1,
@@ -97,6 +102,14 @@ impl Backend {
         self
     }
 
+    /// Whether a TensorRT-LLM engine's events are drained (see
+    /// [`Backend::drain`]).
+    #[must_use]
+    pub fn drained(mut self, on: bool) -> Self {
+        self.drain = on;
+        self
+    }
+
     /// Data-parallel ranks (at least 1).
     #[must_use]
     pub fn dp_ranks(mut self, ranks: u32) -> Self {
@@ -130,12 +143,6 @@ impl Backend {
     pub fn capacity(mut self, capacity: u32) -> Self {
         self.capacity = capacity.max(1);
         self
-    }
-
-    /// Whether this endpoint keeps an inventory (it can prefill and publishes
-    /// events).
-    pub(crate) fn has_inventory(&self) -> bool {
-        self.role.can_prefill() && (self.events.is_some() || self.engine == EngineKind::TensorRtLlm)
     }
 
     /// The host of `url`, for wildcard event endpoints.

@@ -113,20 +113,31 @@
 
 pub mod admission;
 mod backend;
+mod clock;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod prompt;
 pub mod receipt;
-mod router;
+mod runtime;
 #[cfg(feature = "tower")]
 pub mod tower;
 
 pub use backend::Backend;
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use prompt::miss_before_keys;
-pub use router::{BuildError, Change, KvRouter, KvRouterBuilder, NoEndpoint, Pick};
+pub use runtime::{
+    BuildError, Change, EndpointDelta, EndpointStatus, EngineLoadConfig, KvRouter, KvRouterBuilder,
+    LoadPolls, NoEndpoint, Pick, ProbeConfig, Readiness, ReplicaBatch, ReplicaConfig,
+    ReplicaCounters, ReplicaError, ReplicaSink, ReplicaSubscription, ReplicaTransport,
+    TokenizerState,
+};
 
 pub use kvroute_core::HashContract;
 pub use kvroute_engines::transport::EngineKind;
 pub use kvroute_engines::ApiKind;
 pub use kvroute_select::{
-    Choice, Decision, Leg, LoadGuard, MissReason, Role, Scorer, ScorerKind, SelectorKind, Target,
-    Thresholds, Topology,
+    Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason, Role, Scorer, ScorerKind,
+    ScorerRef, SelectorKind, Target, Thresholds, Topology,
 };

@@ -41,8 +41,8 @@ use parking_lot::Mutex;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
 use crate::receipt::ReceiptBody;
-use crate::router::{KvRouter, Pick};
 use crate::ApiKind;
+use crate::{KvRouter, Pick};
 
 /// Default [`KvRouteLayer::max_body_bytes`]: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
@@ -101,7 +101,7 @@ pub enum KvRouteError {
     Body(BoxError),
     /// No endpoint was available (or every retry failed to connect and none is left).
     #[error(transparent)]
-    NoEndpoint(#[from] crate::router::NoEndpoint),
+    NoEndpoint(#[from] crate::NoEndpoint),
     /// The upstream request could not be built for the chosen endpoint.
     #[error("upstream request: {0}")]
     Build(#[from] http::Error),

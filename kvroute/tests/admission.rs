@@ -85,7 +85,9 @@ async fn a_small_body_is_prepared_inline_and_a_large_one_on_the_pool() {
     let r = router(TokenizeOverload::Wait, Duration::from_secs(60));
     let small = chat("inline", false);
     assert!(small.len() <= kvroute::prompt::INLINE_PREPARE_BYTES);
-    let long = "the committee discusses the budget at length ".repeat(200);
+    // Large enough that its tokenization (tens of ms) cannot finish on the
+    // blocking pool before the first poll, even on a busy machine.
+    let long = "the committee discusses the budget at length ".repeat(20_000);
     let large = bytes::Bytes::from(
         serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": long}]})
             .to_string(),

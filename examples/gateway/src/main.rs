@@ -3,17 +3,16 @@
 
 mod bench;
 mod demo;
-mod engine_model;
 mod gateway;
-mod mock_engine;
 mod parity;
-mod sim;
 mod tokenize;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use kvroute_mock_engine as mock_engine;
+use kvroute_sim as sim;
 
 // glibc malloc/free were 17 % of the gateway's CPU samples at 32 concurrent
 // streamed requests (per-request bodies, JSON values, token vectors freed on

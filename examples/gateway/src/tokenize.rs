@@ -8,7 +8,9 @@ use std::process::ExitCode;
 
 use kvroute_core::{BlockKey, HashContract, RequestExtras};
 use kvroute_engines::prompt::parse_json;
-use kvroute_engines::prompt::{prompt_tokens, ApiKind, ModelOptions, ModelTokenizer};
+use kvroute_engines::prompt::{
+    prompt_tokens_as, ApiKind, Dialect, ModelOptions, ModelTokenizer, PromptLimits,
+};
 
 /// Arguments of `kvroute tokenize`.
 #[derive(clap::Args)]
@@ -78,7 +80,14 @@ fn tokenize(args: &TokenizeArgs) -> Result<String, String> {
         Some("completions") => ApiKind::Completions,
         Some(other) => return Err(format!("--endpoint {other}: use chat or completions")),
     };
-    let prompt = prompt_tokens(&tok, endpoint, &value)
+    // The contract's engine validates the request (SGLang serves an empty
+    // `cache_salt` as no salt; vLLM refuses it), as the gateway does for a
+    // pool of that engine.
+    let dialect = match &contract {
+        Some(HashContract::Sglang(_)) => Dialect::Sglang,
+        _ => Dialect::Vllm,
+    };
+    let prompt = prompt_tokens_as(&tok, endpoint, &value, PromptLimits::default(), dialect)
         .map_err(|miss| format!("{} ({})", miss, miss.kind()))?;
     let extras = RequestExtras {
         cache_salt: prompt.cache_salt.clone(),

@@ -35,10 +35,11 @@ fn every_golden_case_passes() {
     let (passed, failed) = summary(&text);
     assert!(ok, "parity failed:\n{text}");
     assert_eq!(failed, 0, "{text}");
-    // 94 hash-vector cases (vLLM 54, SGLang 13 + legacy 6, Dynamo 6, re-key 8,
-    // TRT-LLM 7) + 62 event fixtures + 50 chat cases: a file that silently
-    // stopped being checked changes this number. + 9 engine-metrics pages.
-    assert_eq!(passed, 94 + 62 + 50 + 9, "{text}");
+    // 116 hash-vector cases (vLLM 54 + 8 empty values, SGLang 13 + 10 empty
+    // values + legacy 6, Dynamo 6, re-key 8, TRT-LLM 7 + 4 empty values) + 62
+    // event fixtures + 50 chat cases: a file that silently stopped being
+    // checked changes this number. + 9 engine-metrics pages.
+    assert_eq!(passed, 116 + 62 + 50 + 9, "{text}");
     assert!(!text.contains("FAIL"), "{text}");
 }
 

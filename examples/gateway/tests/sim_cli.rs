@@ -133,7 +133,8 @@ fn generated_trace_replays_like_the_in_memory_workload() {
 
 #[test]
 fn golden_trace_runs_and_bad_trace_names_the_line() {
-    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads/mooncake-golden.jsonl");
+    let golden =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sim/workloads/mooncake-golden.jsonl");
     let table = ok(&[
         "sim",
         "run",

@@ -1,12 +1,14 @@
-//! The concrete ZeroMQ sink: decode each vLLM / SGLang payload and hand the batch,
-//! with its transport seq, to the endpoint's sequence-window state
-//! ([`SeqIngest`], implemented by the ingest layer). Sans-IO.
+//! The concrete ZeroMQ sink: decode each payload with the engine's
+//! [`FrameDecoder`] and hand the batch, with its transport seq, to the
+//! endpoint's sequence-window state ([`SeqIngest`], implemented by the ingest
+//! layer). Sans-IO.
 
 use kvroute_ingest::EventBatch;
 
 use super::sink::{Frame, FrameReport, FrameSink, FrameSource, ReplayOutcome, SinkAction};
-use super::{require_kv_events, EngineKind, TransportError};
-use crate::events::{sglang, vllm, DecodeStats};
+use super::TransportError;
+use crate::engine::{Engine, FrameDecoder};
+use crate::events::DecodeStats;
 
 /// What the sequence-window state machine did with one batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -45,33 +47,46 @@ pub trait SeqIngest: Send {
     }
 }
 
-/// [`FrameSink`] that decodes vLLM or SGLang payloads into a [`SeqIngest`].
+/// [`FrameSink`] that decodes an engine's ZeroMQ payloads (vLLM, SGLang, or
+/// any [`Engine`] with a [`FrameDecoder`]) into a [`SeqIngest`].
 #[derive(Debug)]
 pub struct DecodingSink<I> {
-    engine: EngineKind,
+    decoder: Box<dyn FrameDecoder>,
     batch: EventBatch,
     stats: DecodeStats,
     ingest: I,
 }
 
 impl<I: SeqIngest> DecodingSink<I> {
-    /// A sink for `engine`'s ZeroMQ wire format; only vLLM and SGLang publish one.
-    pub fn new(engine: EngineKind, ingest: I) -> Result<Self, TransportError> {
-        require_kv_events(engine)?;
-        if !matches!(engine, EngineKind::Vllm | EngineKind::Sglang) {
-            return Err(TransportError::Unsupported {
-                engine,
+    /// A sink for `engine`'s ZeroMQ payloads, decoded by its
+    /// [`Engine::frame_decoder`].
+    ///
+    /// # Errors
+    /// The engine's [`Engine::kv_events`] error, or
+    /// [`TransportError::Unsupported`] when it publishes no ZeroMQ payloads
+    /// (no frame decoder: TensorRT-LLM drains over HTTP).
+    pub fn for_engine(engine: &dyn Engine, ingest: I) -> Result<Self, TransportError> {
+        engine.kv_events()?;
+        let decoder = engine
+            .frame_decoder()
+            .ok_or_else(|| TransportError::Unsupported {
+                engine: engine.name().to_owned(),
                 feature: "ZeroMQ KV events",
-                reason: "this engine exposes its KV events over HTTP, not ZeroMQ",
-                suggestion: "use the TensorRT-LLM drain poller (transport::TrtllmPoller)",
-            });
-        }
-        Ok(Self {
-            engine,
+                reason: "this engine does not publish its KV events over ZeroMQ",
+                suggestion: "follow it with its own transport (engine::Engine::followers)",
+            })?;
+        Ok(Self::with_decoder(decoder, ingest))
+    }
+
+    /// A sink decoding every payload with `decoder`.
+    #[must_use]
+    pub fn with_decoder(decoder: Box<dyn FrameDecoder>, ingest: I) -> Self {
+        Self {
+            decoder,
             batch: EventBatch::default(),
             stats: DecodeStats::default(),
             ingest,
-        })
+        }
     }
 
     /// The ingest state.
@@ -87,12 +102,9 @@ impl<I: SeqIngest> DecodingSink<I> {
 
 impl<I: SeqIngest> FrameSink for DecodingSink<I> {
     fn on_frame(&mut self, frame: Frame<'_>) -> FrameReport {
-        let decoded = match self.engine {
-            EngineKind::Sglang => {
-                sglang::decode_into(frame.payload, frame.seq, &mut self.batch, &mut self.stats)
-            }
-            _ => vllm::decode_into(frame.payload, frame.seq, &mut self.batch, &mut self.stats),
-        };
+        let decoded =
+            self.decoder
+                .decode_into(frame.payload, frame.seq, &mut self.batch, &mut self.stats);
         if let Err(e) = decoded {
             // The transport logs the drop with its endpoint; the reason is here.
             tracing::debug!(seq = frame.seq, error = %e, "undecodable KV event payload");
@@ -139,6 +151,7 @@ impl<I: SeqIngest> FrameSink for DecodingSink<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{LLAMA_CPP, SGLANG, TRTLLM, VLLM};
 
     #[derive(Debug, Default)]
     struct Seqs(Vec<(u64, usize)>);
@@ -166,7 +179,7 @@ mod tests {
 
     #[test]
     fn decodes_golden_payloads_and_maps_outcomes() {
-        let mut sink = DecodingSink::new(EngineKind::Vllm, Seqs::default()).unwrap();
+        let mut sink = DecodingSink::for_engine(&VLLM, Seqs::default()).unwrap();
         assert_eq!(sink.on_connected(), SinkAction::Replay { from_seq: 7 });
         let payload = golden("vllm-events/v0.33.0/stream/03_evict_then_store.msgpack");
         let frame = |seq, payload| Frame {
@@ -187,9 +200,9 @@ mod tests {
 
     #[test]
     fn only_zeromq_engines_are_accepted() {
-        assert!(DecodingSink::new(EngineKind::Sglang, Seqs::default()).is_ok());
-        for engine in [EngineKind::TensorRtLlm, EngineKind::LlamaCpp] {
-            let err = DecodingSink::new(engine, Seqs::default()).unwrap_err();
+        assert!(DecodingSink::for_engine(&SGLANG, Seqs::default()).is_ok());
+        for engine in [&TRTLLM as &dyn Engine, &LLAMA_CPP] {
+            let err = DecodingSink::for_engine(engine, Seqs::default()).unwrap_err();
             assert!(matches!(err, TransportError::Unsupported { .. }), "{err}");
         }
     }

@@ -1,5 +1,3 @@
-use super::EngineKind;
-
 /// Whether our socket dials the engine or waits for the engine to dial us.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SocketRole {
@@ -98,27 +96,30 @@ impl ZmqEndpoint {
     /// not visible in the string: build that case with [`ZmqEndpoint::connect`].
     ///
     /// ```
-    /// use kvroute_engines::transport::{EngineKind, SocketRole, ZmqEndpoint};
+    /// use kvroute_engines::transport::{SocketRole, ZmqEndpoint};
     ///
     /// // The engine binds every interface: we dial its host, rank 1 on port + 1.
-    /// let ep = ZmqEndpoint::for_engine(EngineKind::Vllm, "tcp://*:5557", "10.0.0.7", 1).unwrap();
+    /// let ep = ZmqEndpoint::for_engine("tcp://*:5557", "10.0.0.7", 1).unwrap();
     /// assert_eq!((ep.address.as_str(), ep.role), ("tcp://10.0.0.7:5558", SocketRole::Connect));
     ///
     /// // The engine dials the gateway: we listen.
-    /// let ep = ZmqEndpoint::for_engine(EngineKind::Vllm, "tcp://10.0.0.1:5557", "10.0.0.7", 0).unwrap();
+    /// let ep = ZmqEndpoint::for_engine("tcp://10.0.0.1:5557", "10.0.0.7", 0).unwrap();
     /// assert_eq!((ep.address.as_str(), ep.role), ("tcp://10.0.0.1:5557", SocketRole::Bind));
     ///
     /// // ... on the name it dials, not on every interface.
-    /// let ep = ZmqEndpoint::for_engine(EngineKind::Vllm, "tcp://localhost:5557", "10.0.0.7", 0).unwrap();
+    /// let ep = ZmqEndpoint::for_engine("tcp://localhost:5557", "10.0.0.7", 0).unwrap();
     /// assert_eq!((ep.address.as_str(), ep.role), ("tcp://localhost:5557", SocketRole::Bind));
     /// ```
+    ///
+    /// # Errors
+    /// [`EndpointError`] for an endpoint that is not `tcp://host:port` or
+    /// `ipc://...` (`inproc://` is only reachable inside the engine), an
+    /// `ipc://` endpoint with a rank above 0, or a port overflow.
     pub fn for_engine(
-        engine: EngineKind,
         engine_endpoint: &str,
         engine_host: &str,
         dp_rank: u32,
     ) -> Result<Self, EndpointError> {
-        let _ = engine; // vLLM and SGLang share the rule; kept for future divergence.
         let endpoint = offset_endpoint_port(engine_endpoint, dp_rank)?;
         if let Some(rest) = endpoint.strip_prefix("tcp://") {
             let (host, port) = split_host_port(rest)
@@ -249,6 +250,49 @@ pub fn resolved_bind_addresses(
         .collect())
 }
 
+/// The address our replay client dials for DP rank `dp_rank`, from the
+/// engine's `replay_endpoint` as configured in the engine.
+///
+/// The engine's ROUTER always binds: a wildcard host (`*`, `0.0.0.0`, `::`,
+/// `[::]`, empty) is replaced by `engine_host` (the endpoint's own host); any
+/// other address is dialled as written. Rank `r` replays on `port + r`.
+///
+/// ```
+/// use kvroute_engines::transport::replay_address;
+///
+/// assert_eq!(replay_address("tcp://*:5558", "10.0.0.7", 1).unwrap(), "tcp://10.0.0.7:5559");
+/// assert_eq!(replay_address("tcp://0.0.0.0:5558", "::1", 0).unwrap(), "tcp://[::1]:5558");
+/// assert_eq!(replay_address("tcp://10.0.0.9:5558", "10.0.0.7", 0).unwrap(), "tcp://10.0.0.9:5558");
+/// assert!(replay_address("inproc://replay", "h", 0).is_err());
+/// ```
+///
+/// # Errors
+/// [`EndpointError`] for an endpoint that is not `tcp://host:port` or
+/// `ipc://...`, an `ipc://` endpoint with a rank above 0, or a port overflow.
+pub fn replay_address(
+    engine_replay_endpoint: &str,
+    engine_host: &str,
+    dp_rank: u32,
+) -> Result<String, EndpointError> {
+    let endpoint = offset_endpoint_port(engine_replay_endpoint, dp_rank)?;
+    if let Some(rest) = endpoint.strip_prefix("tcp://") {
+        let (host, port) = split_host_port(rest)
+            .ok_or_else(|| EndpointError::Malformed(engine_replay_endpoint.to_owned()))?;
+        return Ok(if is_wildcard_host(host) {
+            format!("tcp://{}:{port}", bracket_v6(engine_host))
+        } else {
+            endpoint
+        });
+    }
+    if endpoint.starts_with("ipc://") {
+        return Ok(endpoint);
+    }
+    if endpoint.starts_with("inproc://") {
+        return Err(EndpointError::InProcess(engine_replay_endpoint.to_owned()));
+    }
+    Err(EndpointError::Malformed(engine_replay_endpoint.to_owned()))
+}
+
 /// The engines' `offset_endpoint_port`: `tcp://host:port` → `tcp://host:(port + rank)`.
 ///
 /// Rank 0 returns the endpoint unchanged whatever its transport.
@@ -367,16 +411,15 @@ mod tests {
             ),
         ];
         for (engine_ep, rank, want, role) in cases {
-            let ep =
-                ZmqEndpoint::for_engine(EngineKind::Vllm, engine_ep, "10.1.2.3", rank).unwrap();
+            let ep = ZmqEndpoint::for_engine(engine_ep, "10.1.2.3", rank).unwrap();
             assert_eq!((ep.address.as_str(), ep.role), (want, role), "{engine_ep}");
         }
         assert!(matches!(
-            ZmqEndpoint::for_engine(EngineKind::Sglang, "inproc://kv", "h", 0),
+            ZmqEndpoint::for_engine("inproc://kv", "h", 0),
             Err(EndpointError::InProcess(_))
         ));
         assert!(matches!(
-            ZmqEndpoint::for_engine(EngineKind::Sglang, "udp://h:1", "h", 0),
+            ZmqEndpoint::for_engine("udp://h:1", "h", 0),
             Err(EndpointError::Malformed(_))
         ));
     }

@@ -45,19 +45,20 @@ pub type SharedIngest = Arc<Mutex<EndpointIngest>>;
 /// ```
 /// use std::sync::Arc;
 /// use kvroute_core::EndpointId;
-/// use kvroute_engines::transport::{DecodingSink, EngineKind, IndexIngest};
+/// use kvroute_engines::engine::VLLM;
+/// use kvroute_engines::transport::{DecodingSink, IndexIngest};
 /// use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
 ///
 /// let index = Arc::new(SharedIndex::new(4, IndexConfig::default()));
 /// let ingest = EndpointIngest::new(EndpointId(2), IngestConfig::default(), Keying::Engine);
 /// let shared = IndexIngest::share(ingest);
 /// // Two DP ranks of endpoint 2, each with its own subscriber and replay socket.
-/// let rank0 = DecodingSink::new(
-///     EngineKind::Vllm,
+/// let rank0 = DecodingSink::for_engine(
+///     &VLLM,
 ///     IndexIngest::shared(Arc::clone(&shared), Arc::clone(&index), Some(0), true),
 /// );
-/// let rank1 = DecodingSink::new(
-///     EngineKind::Vllm,
+/// let rank1 = DecodingSink::for_engine(
+///     &VLLM,
 ///     IndexIngest::shared(Arc::clone(&shared), index, Some(1), true),
 /// );
 /// assert!(rank0.is_ok() && rank1.is_ok());
@@ -243,8 +244,9 @@ impl BatchApplier for IndexIngest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::VLLM;
     use crate::transport::sink::{Frame, FrameSink, SinkAction};
-    use crate::transport::{DecodingSink, EngineKind};
+    use crate::transport::DecodingSink;
     use kvroute_core::{BlockKey, EndpointId, Medium};
     use kvroute_ingest::{Completeness, IndexConfig, IngestConfig, Keying};
 
@@ -267,8 +269,8 @@ mod tests {
     fn golden_vllm_stream_lands_in_the_shared_index() {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
         let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
-        let mut sink = DecodingSink::new(
-            EngineKind::Vllm,
+        let mut sink = DecodingSink::for_engine(
+            &VLLM,
             IndexIngest::new(ingest, index.clone(), Some(0), true),
         )
         .unwrap();
@@ -307,8 +309,8 @@ mod tests {
     fn a_reconnect_without_replay_socket_keeps_the_inventory() {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
         let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
-        let mut sink = DecodingSink::new(
-            EngineKind::Vllm,
+        let mut sink = DecodingSink::for_engine(
+            &VLLM,
             IndexIngest::new(ingest, index.clone(), Some(0), false),
         )
         .unwrap();
@@ -333,8 +335,8 @@ mod tests {
     fn a_failed_bootstrap_replay_leaves_the_endpoint_partial() {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
         let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
-        let mut sink = DecodingSink::new(
-            EngineKind::Vllm,
+        let mut sink = DecodingSink::for_engine(
+            &VLLM,
             IndexIngest::new(ingest, index.clone(), Some(0), true),
         )
         .unwrap();
@@ -371,8 +373,8 @@ mod tests {
         );
         let mut sinks: Vec<_> = [0, 1]
             .map(|rank| {
-                DecodingSink::new(
-                    EngineKind::Vllm,
+                DecodingSink::for_engine(
+                    &VLLM,
                     IndexIngest::shared(Arc::clone(&shared), index.clone(), Some(rank), true),
                 )
                 .unwrap()

@@ -8,6 +8,10 @@
 //! | engine load (all) | `GET /metrics` → [`crate::parse_load`] on an interval | `LoadPoller` | `trtllm-http` |
 //! | llama.cpp | none: no KV event contract → [`TransportError::Unsupported`] | [`require_kv_events`] | — |
 //!
+//! Which transport an engine uses, and how one endpoint of it is followed, is
+//! the engine's ([`crate::engine::Engine::followers`]); this module is what
+//! the engines are built from.
+//!
 //! The transports only move bytes: they own sockets, reconnects, replay and timers,
 //! and hand each frame to a [`FrameSink`] (ZeroMQ) or [`DrainSink`] (HTTP), which
 //! decodes and applies it. Nothing here starts a runtime: every transport is an
@@ -33,8 +37,8 @@ mod trtllm_poller;
 
 pub use decoding_sink::{DecodingSink, IngestOutcome, SeqIngest};
 pub use endpoint::{
-    offset_endpoint_port, resolved_bind_addresses, BindTarget, EndpointError, SocketRole,
-    ZmqEndpoint,
+    offset_endpoint_port, replay_address, resolved_bind_addresses, BindTarget, EndpointError,
+    SocketRole, ZmqEndpoint,
 };
 pub use index_ingest::{IndexIngest, SharedIngest};
 pub use metrics::{MetricsSnapshot, SubscriberMetrics};
@@ -51,45 +55,14 @@ pub use zmq_subscriber::{
 
 pub use trtllm_sink::{BatchApplier, TrtllmSink};
 
+use crate::engine::Engine;
+
 #[cfg(feature = "trtllm-http")]
 pub use load_poller::{
     LoadPollError, LoadPollSnapshot, LoadPoller, LoadPollerConfig, LoadPollerMetrics,
 };
 #[cfg(feature = "trtllm-http")]
 pub use trtllm_poller::{TrtllmPoller, TrtllmPollerConfig};
-
-/// The inference engines kvroute knows about, as far as transports are concerned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum EngineKind {
-    /// vLLM: msgpack KV events over ZeroMQ PUB, optional ROUTER replay.
-    Vllm,
-    /// SGLang: msgpack KV events over ZeroMQ PUB, optional ROUTER replay.
-    Sglang,
-    /// TensorRT-LLM (`trtllm-serve`): JSON events drained by `POST /kv_cache_events`.
-    TensorRtLlm,
-    /// llama.cpp server: has a prompt cache but publishes no KV events.
-    LlamaCpp,
-}
-
-impl EngineKind {
-    /// Lower-case engine name as used in configuration and metrics labels.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EngineKind::Vllm => "vllm",
-            EngineKind::Sglang => "sglang",
-            EngineKind::TensorRtLlm => "trtllm",
-            EngineKind::LlamaCpp => "llama.cpp",
-        }
-    }
-}
-
-impl std::fmt::Display for EngineKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Errors of the transport layer.
 #[derive(Debug, thiserror::Error)]
@@ -98,8 +71,8 @@ pub enum TransportError {
     /// The engine cannot serve the requested routing mode.
     #[error("{engine} does not support {feature}: {reason}; {suggestion}")]
     Unsupported {
-        /// The engine asked about.
-        engine: EngineKind,
+        /// The engine asked about (its configuration name).
+        engine: String,
         /// What was asked for.
         feature: &'static str,
         /// Why it cannot work.
@@ -110,9 +83,38 @@ pub enum TransportError {
     /// An endpoint string could not be used.
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    /// What a host gave to follow one endpoint cannot be followed
+    /// ([`crate::engine::Follow`]).
+    #[error("{field}: {reason}")]
+    Follow {
+        /// The [`crate::engine::Follow`] field at fault (`url`, `events`,
+        /// `replay`, `dp_ranks`, `block_size`).
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The transport an engine needs is not compiled into this build.
+    #[error("{engine}: this build has no {transport} (enable the `{feature}` feature)")]
+    NotCompiled {
+        /// The engine's configuration name.
+        engine: String,
+        /// The missing transport.
+        transport: &'static str,
+        /// The cargo feature that brings it.
+        feature: &'static str,
+    },
+    /// An HTTP client could not be built.
+    #[error("{engine}: cannot build the HTTP client: {reason}")]
+    Client {
+        /// The engine's configuration name.
+        engine: String,
+        /// Why.
+        reason: String,
+    },
 }
 
-/// Checks that `engine` publishes the KV events KV-exact routing needs.
+/// Checks that `engine` publishes the KV events KV-exact routing needs
+/// ([`Engine::kv_events`]).
 ///
 /// llama.cpp keeps a prompt cache per slot but has no event stream (no ZeroMQ
 /// publisher, no drain endpoint) and no block-hash contract, so an inventory of
@@ -120,34 +122,29 @@ pub enum TransportError {
 /// error, reported with the alternative that works (content affinity).
 ///
 /// ```
-/// use kvroute_engines::transport::{require_kv_events, EngineKind, TransportError};
+/// use kvroute_engines::engine::{LLAMA_CPP, VLLM};
+/// use kvroute_engines::transport::{require_kv_events, TransportError};
 ///
-/// assert!(require_kv_events(EngineKind::Vllm).is_ok());
-/// let err = require_kv_events(EngineKind::LlamaCpp).unwrap_err();
+/// assert!(require_kv_events(&VLLM).is_ok());
+/// let err = require_kv_events(&LLAMA_CPP).unwrap_err();
 /// assert!(matches!(err, TransportError::Unsupported { .. }));
 /// assert!(err.to_string().contains("content affinity"));
 /// ```
-pub fn require_kv_events(engine: EngineKind) -> Result<(), TransportError> {
-    match engine {
-        EngineKind::Vllm | EngineKind::Sglang | EngineKind::TensorRtLlm => Ok(()),
-        EngineKind::LlamaCpp => Err(TransportError::Unsupported {
-            engine,
-            feature: "KV-exact routing",
-            reason: "llama.cpp publishes no KV-cache events and has no block-hash contract, \
-                     so its cache inventory cannot be followed",
-            suggestion: "use content affinity (CHWBL over a request-derived prefix), which \
-                         keeps a prompt prefix on the same server without engine events",
-        }),
-    }
+///
+/// # Errors
+/// The engine's [`TransportError::Unsupported`].
+pub fn require_kv_events(engine: &dyn Engine) -> Result<(), TransportError> {
+    engine.kv_events()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{LLAMA_CPP, SGLANG, TRTLLM, VLLM};
 
     #[test]
     fn llama_cpp_kv_exact_is_a_clear_unsupported_error() {
-        let err = require_kv_events(EngineKind::LlamaCpp).unwrap_err();
+        let err = require_kv_events(&LLAMA_CPP).unwrap_err();
         let msg = err.to_string();
         assert!(msg.starts_with("llama.cpp does not support KV-exact routing"));
         assert!(msg.contains("no KV-cache events"));
@@ -156,12 +153,8 @@ mod tests {
 
     #[test]
     fn event_publishing_engines_are_accepted() {
-        for engine in [
-            EngineKind::Vllm,
-            EngineKind::Sglang,
-            EngineKind::TensorRtLlm,
-        ] {
-            assert!(require_kv_events(engine).is_ok(), "{engine}");
+        for engine in [&VLLM as &dyn Engine, &SGLANG, &TRTLLM] {
+            assert!(require_kv_events(engine).is_ok(), "{}", engine.name());
         }
     }
 }

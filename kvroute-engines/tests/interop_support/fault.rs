@@ -13,9 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvroute_core::EndpointId;
+use kvroute_engines::engine::VLLM;
 use kvroute_engines::transport::{
-    DecodingSink, EngineKind, Frame, FrameReport, FrameSink, IndexIngest, MetricsSnapshot,
-    ReplayOutcome, SinkAction, SubscriberMetrics, ZmqSubscriber, ZmqSubscriberConfig,
+    DecodingSink, Frame, FrameReport, FrameSink, IndexIngest, MetricsSnapshot, ReplayOutcome,
+    SinkAction, SubscriberMetrics, ZmqSubscriber, ZmqSubscriberConfig,
 };
 use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
 
@@ -133,8 +134,8 @@ impl Rig {
         let ingest = EndpointIngest::new(EP, config.ingest, Keying::Engine);
         let observed = Arc::new(Mutex::new(Observed::default()));
         let sink = ObservingSink {
-            inner: DecodingSink::new(
-                EngineKind::Vllm,
+            inner: DecodingSink::for_engine(
+                &VLLM,
                 IndexIngest::new(ingest, Arc::clone(&index), Some(0), config.bootstrap),
             )
             .unwrap(),

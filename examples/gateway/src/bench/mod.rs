@@ -41,7 +41,7 @@ use serde_json::json;
 
 use crate::gateway::metrics::Outcome;
 use crate::gateway::{self, ServeConfig};
-use crate::mock_engine;
+use kvroute_mock_engine as mock_engine;
 use load::{Job, RunStats};
 
 /// Model slug the engines serve and the gateway routes.
@@ -326,10 +326,8 @@ async fn wait_ready(gw: &Arc<gateway::Gateway>) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
     for _ in 0..400 {
         let connected = gw.rules_snapshot().iter().all(|rt| {
-            rt.endpoints
-                .iter()
-                .flat_map(|e| &e.subscribers)
-                .all(|s| s.snapshot().connected)
+            let r = rt.router.readiness();
+            r.followers_connected == r.followers
         });
         if connected {
             return Ok(());

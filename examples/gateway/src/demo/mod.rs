@@ -15,8 +15,8 @@ use anyhow::Context as _;
 use serde_json::Value;
 
 use crate::gateway::{self, ServeConfig};
-use crate::mock_engine;
 use hold::Hold;
+use kvroute_mock_engine as mock_engine;
 use table::PolicyReport;
 
 /// Model slug the engines serve and the gateway routes.

@@ -9,15 +9,15 @@
 //! | DELETE | `/admin/rules/{name}` | remove |
 //! | PUT | `/admin/rules/{name}/endpoints/{i}/admin` | `{"down": bool}` drain / restore |
 //! | GET | `/admin/endpoints` | endpoints with subscriber health, inventory size, contract status |
-//! | GET | `/admin/counters` | per-rule decision and delivery counters |
-//! | POST | `/admin/replica-sync` | another replica's load changes (`[replicas]`) |
+//! | GET | `/admin/counters` | per-rule decision and delivery counters, replica sharing |
 //! | GET | `/metrics` | Prometheus (no token needed: loopback scrape) |
 //! | GET | `/healthz` | liveness: 200 while the process serves (no token) |
 //! | GET | `/readyz` | readiness: 200 once every tokenizer loaded, else 503; per rule its live subscribers and verified contracts (no token) |
 //!
 //! `docs/admin.md` is the reference with example outputs.
-//! A posted rule starts its subscribers at once; they keep retrying until the
-//! engine is up. Invalid documents get 400 with the field at fault.
+//! A posted rule starts its runtime at once (event followers keep retrying
+//! until the engine is up). Invalid documents get 400 with the field at
+//! fault.
 
 use std::sync::Arc;
 
@@ -26,7 +26,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{get, put};
 use axum::{Json, Router};
 use kvroute_select::{BreakerState, MissReason};
 use serde_json::{json, Value};
@@ -51,7 +51,6 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         )
         .route("/admin/endpoints", get(endpoints))
         .route("/admin/counters", get(counters))
-        .route(super::replica_sync::PATH, post(replica_sync))
         .layer(middleware::from_fn_with_state(Arc::clone(&gw), auth));
     Router::new()
         .route("/metrics", get(metrics))
@@ -125,33 +124,23 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
         .rules_snapshot()
         .iter()
         .map(|rt| {
-            let now = gw.now();
-            let available = (0..rt.endpoints.len())
-                .filter(|&i| rt.is_available(i, now))
-                .count();
-            let (mut subscribers, mut live) = (0usize, 0usize);
+            let r = rt.router.readiness();
             let mut statuses = serde_json::Map::new();
-            for (i, ep) in rt.endpoints.iter().enumerate() {
-                for m in &ep.subscribers {
-                    subscribers += 1;
-                    live += usize::from(m.snapshot().connected);
-                }
-                if let Some(d) = &ep.drain {
-                    subscribers += 1;
-                    live += usize::from(d.snapshot().connected);
-                }
-                let status = rt.inventory.endpoint_contract_status(i);
-                let n = statuses.get(status).and_then(Value::as_u64).unwrap_or(0);
-                statuses.insert(status.to_owned(), json!(n + 1));
+            for e in rt.router.endpoint_statuses() {
+                let n = statuses
+                    .get(e.contract_status)
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                statuses.insert(e.contract_status.to_owned(), json!(n + 1));
             }
             json!({
                 "rule": rt.spec.doc.name,
                 "models": rt.spec.doc.models,
                 "contract": rt.spec.contract.as_ref().map(ToString::to_string),
-                "endpoints": rt.endpoints.len(),
-                "endpoints_available": available,
-                "subscribers": subscribers,
-                "subscribers_connected": live,
+                "endpoints": r.endpoints,
+                "endpoints_available": r.endpoints_available,
+                "subscribers": r.followers,
+                "subscribers_connected": r.followers_connected,
                 "contract_status": statuses,
             })
         })
@@ -281,7 +270,7 @@ async fn set_admin(
             format!("no rule {name:?}"),
         );
     };
-    let Some(ep) = rt.endpoints.get(index) else {
+    let Some(ep) = rt.endpoint(index) else {
         return error(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -298,10 +287,10 @@ async fn set_admin(
             "expected {\"down\": true|false}",
         );
     };
-    ep.set_admin_down(down);
-    tracing::info!(rule = %name, endpoint = %ep.spec.url, index, down,
+    rt.router.set_admin_down(&ep.url, down);
+    tracing::info!(rule = %name, endpoint = %ep.url, index, down,
         "{}", if down { "endpoint drained (admin down)" } else { "endpoint restored (admin up)" });
-    Json(json!({"endpoint": ep.spec.url, "down": down})).into_response()
+    Json(json!({"endpoint": ep.url, "down": down})).into_response()
 }
 
 fn breaker_label(s: BreakerState) -> &'static str {
@@ -313,126 +302,135 @@ fn breaker_label(s: BreakerState) -> &'static str {
 }
 
 async fn endpoints(State(gw): State<Arc<Gateway>>) -> Response {
-    let now = gw.now();
     let mut out = Vec::new();
     for rt in gw.rules_snapshot() {
-        let snap = rt.rule.counters().snapshot();
-        for (i, ep) in rt.endpoints.iter().enumerate() {
-            let ev = snap.endpoints.get(i).copied().unwrap_or_default();
-            let id = kvroute_core::EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
-            let mut subscribers: Vec<Value> = ep
-                .spec
-                .events
-                .iter()
-                .zip(&ep.subscribers)
-                .map(|(src, m)| {
-                    let s = m.snapshot();
-                    json!({
-                        "transport": "zmq",
-                        "rank": src.rank, "address": src.zmq.address, "replay": src.replay,
-                        "connected": s.connected, "last_seq": s.last_seq,
-                        "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
-                        "restarts": s.restarts, "decode_errors": s.decode_errors,
-                        "dial_failures": s.dial_failures, "replays_requested": s.replays_requested,
-                        "malformed_frames": s.malformed_frames,
-                        "oversized_frames": s.oversized_frames,
-                        "last_rejected_seq": s.last_rejected_seq,
-                    })
-                })
-                .collect();
-            if let (Some(m), Some(url)) = (&ep.drain, &ep.spec.drain) {
-                let s = m.snapshot();
-                subscribers.push(json!({
-                    "transport": "trtllm_drain",
-                    "rank": Value::Null, "address": url, "replay": Value::Null,
-                    "connected": s.connected, "last_seq": s.last_seq,
-                    "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
-                    "restarts": s.restarts, "decode_errors": s.decode_errors,
-                    "polls": s.polls, "poll_failures": s.poll_failures,
-                }));
-            }
-            let seq = rt.inventory.seq_counters(i);
-            let ingest = rt.inventory.ingest_counters(i);
-            // Per endpoint: one engine on another seed must not mark the others.
-            let contract = if ev.drift_alarm {
-                "drift_alarm"
-            } else {
-                rt.inventory.endpoint_contract_status(i)
+        for st in rt.router.endpoint_statuses() {
+            let Some(ep) = rt.endpoint_by_url(&st.url) else {
+                continue;
             };
-            let completeness = rt.inventory.completeness(i);
-            let missing = match completeness {
-                kvroute_ingest::Completeness::Partial { missing_batches } => missing_batches,
-                _ => 0,
-            };
-            let att = rt.inventory.endpoint_attestation(i);
-            out.push(json!({
-                "rule": rt.spec.doc.name,
-                "index": i,
-                "url": ep.spec.url,
-                "role": format!("{:?}", ep.spec.role).to_lowercase(),
-                "engine": ep.spec.engine.as_str(),
-                "available": rt.is_available(i, now),
-                "admin_down": ep.is_admin_down(),
-                "breaker": breaker_label(ep.breaker_state(now)),
-                "probe_ok": *ep.probe_ok.lock(),
-                "in_flight": kvroute_select::Load::load(&*rt.tracker, id).in_flight,
-                "queued_prefill_tokens": kvroute_select::Load::load(&*rt.tracker, id).queued_prefill_tokens,
-                "remote_in_flight": rt.remote.as_ref().map(|r| r.remote(id, now).in_flight),
-                "remote_queued_prefill_tokens": rt.remote.as_ref().map(|r| r.remote(id, now).queued_prefill_tokens),
-                "load": {
-                    "in_flight": rt.load_of(id).in_flight,
-                    "queued_prefill_tokens": rt.load_of(id).queued_prefill_tokens,
-                    "engine_reported": rt.reported.report(id, gw.now()).map(|r| json!({
-                        "running": r.running, "waiting": r.waiting, "kv_usage": r.kv_usage,
-                        "prefill_tokens": r.prefill.map(|p| p.tokens),
-                        "prefill_seconds": r.prefill.map(|p| p.seconds),
-                    })),
-                },
-                "inventory_blocks": rt.inventory.blocks(i),
-                "inventory_clears": rt.inventory.ingest_clears(i),
-                "inventory_status": completeness.as_str(),
-                "inventory_missing_batches": missing,
-                "inventory_capacity_blocks": rt.inventory.capacity(i, kvroute_core::Medium::Gpu),
-                "contract_mismatch_cause": rt.inventory.mismatch_cause(i),
-                "attestation": {
-                    "verified_blocks": att.verified_blocks,
-                    "mismatched_blocks": att.mismatched_blocks,
-                    "unverifiable_events": att.unverifiable_events,
-                },
-                "ingest": {
-                    "replays_late": ingest.replays_late,
-                    "replays_incomplete": ingest.replays_incomplete,
-                    "partial_episodes": ingest.partial_episodes,
-                    "implausible_batches": seq.implausible,
-                    "rekey_map_full": ingest.rekey_map_full,
-                    "reconnects": seq.reconnects,
-                    "near_reconnects": seq.near_reconnects,
-                    "resumes": seq.resumes,
-                    "resumes_verified": seq.resumes_verified,
-                    "resume_restarts": seq.resume_restarts,
-                    "restarts": seq.restarts,
-                    "key_mode": if rt.inventory.is_rekeyed() { "rekey" } else { "engine" },
-                    "rekey_orphan_blocks": ingest.rekey_orphan_blocks,
-                    "rekey_untokenized_blocks": ingest.rekey_untokenized_blocks,
-                    "remove_unmapped": ingest.remove_unmapped,
-                },
-                "contract": rt.spec.contract.as_ref().map(ToString::to_string),
-                "contract_status": contract,
-                "subscribers": subscribers,
-                "hits": ev.hits,
-                "receipts": ev.receipts,
-                "predicted_cached_tokens": ev.predicted_tokens,
-                "delivered_cached_tokens": ev.delivered_tokens,
-            }));
+            out.push(endpoint_json(&rt, ep, &st));
         }
     }
     Json(json!({ "endpoints": out })).into_response()
 }
 
+fn load_json(l: kvroute_select::EndpointLoad) -> Value {
+    json!({"in_flight": l.in_flight, "queued_prefill_tokens": l.queued_prefill_tokens})
+}
+
+fn endpoint_json(
+    rt: &super::state::RuleRuntime,
+    ep: &super::config::EndpointSpec,
+    st: &kvroute::EndpointStatus,
+) -> Value {
+    let mut subscribers: Vec<Value> = ep
+        .events
+        .iter()
+        .zip(&st.followers)
+        .map(|(src, s)| {
+            json!({
+                "transport": "zmq",
+                "rank": src.rank, "address": src.zmq.address, "replay": src.replay,
+                "connected": s.connected, "last_seq": s.last_seq,
+                "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
+                "restarts": s.restarts, "decode_errors": s.decode_errors,
+                "dial_failures": s.dial_failures, "replays_requested": s.replays_requested,
+                "malformed_frames": s.malformed_frames,
+                "oversized_frames": s.oversized_frames,
+                "last_rejected_seq": s.last_rejected_seq,
+            })
+        })
+        .collect();
+    if let (Some(url), Some(s)) = (&ep.drain, st.followers.first()) {
+        subscribers.push(json!({
+            "transport": "trtllm_drain",
+            "rank": Value::Null, "address": url, "replay": Value::Null,
+            "connected": s.connected, "last_seq": s.last_seq,
+            "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
+            "restarts": s.restarts, "decode_errors": s.decode_errors,
+            "polls": s.polls, "poll_failures": s.poll_failures,
+        }));
+    }
+    let ev = st.evidence;
+    // Per endpoint: one engine on another seed must not mark the others.
+    let contract = if ev.drift_alarm {
+        "drift_alarm"
+    } else {
+        st.contract_status
+    };
+    let missing = match st.completeness {
+        kvroute_ingest::Completeness::Partial { missing_batches } => missing_batches,
+        _ => 0,
+    };
+    let (seq, ingest, att) = (&st.seq, &st.ingest, &st.attestation);
+    json!({
+        "rule": rt.spec.doc.name,
+        "index": st.slot,
+        "url": ep.url,
+        "role": st.role.as_str(),
+        "engine": ep.engine.as_str(),
+        "available": st.available,
+        "admin_down": st.admin_down,
+        "breaker": breaker_label(st.breaker),
+        "probe_ok": st.probe_ok,
+        "in_flight": st.local.in_flight,
+        "queued_prefill_tokens": st.local.queued_prefill_tokens,
+        "remote_in_flight": st.remote.map(|r| r.in_flight),
+        "remote_queued_prefill_tokens": st.remote.map(|r| r.queued_prefill_tokens),
+        "load": {
+            "in_flight": st.load.in_flight,
+            "queued_prefill_tokens": st.load.queued_prefill_tokens,
+            "engine_reported": st.engine_report.map(|r| json!({
+                "running": r.running, "waiting": r.waiting, "kv_usage": r.kv_usage,
+                "kv_capacity_blocks": r.kv_capacity_blocks,
+                "prefill_tokens": r.prefill.map(|p| p.tokens),
+                "prefill_seconds": r.prefill.map(|p| p.seconds),
+            })),
+            "engine_load_polls": st.load_polls,
+        },
+        "own_load": load_json(st.local),
+        "inventory_blocks": st.inventory_blocks,
+        "inventory_clears": st.inventory_clears,
+        "inventory_status": st.completeness.as_str(),
+        "inventory_missing_batches": missing,
+        "inventory_capacity_blocks": st.capacity_blocks,
+        "contract_mismatch_cause": st.mismatch_cause,
+        "attestation": {
+            "verified_blocks": att.verified_blocks,
+            "mismatched_blocks": att.mismatched_blocks,
+            "unverifiable_events": att.unverifiable_events,
+        },
+        "ingest": {
+            "replays_late": ingest.replays_late,
+            "replays_incomplete": ingest.replays_incomplete,
+            "partial_episodes": ingest.partial_episodes,
+            "implausible_batches": seq.implausible,
+            "rekey_map_full": ingest.rekey_map_full,
+            "reconnects": seq.reconnects,
+            "near_reconnects": seq.near_reconnects,
+            "resumes": seq.resumes,
+            "resumes_verified": seq.resumes_verified,
+            "resume_restarts": seq.resume_restarts,
+            "restarts": seq.restarts,
+            "key_mode": if st.contract_status == "rekeyed" { "rekey" } else { "engine" },
+            "rekey_orphan_blocks": ingest.rekey_orphan_blocks,
+            "rekey_untokenized_blocks": ingest.rekey_untokenized_blocks,
+            "remove_unmapped": ingest.remove_unmapped,
+        },
+        "contract": rt.spec.contract.as_ref().map(ToString::to_string),
+        "contract_status": contract,
+        "subscribers": subscribers,
+        "hits": ev.hits,
+        "receipts": ev.receipts,
+        "predicted_cached_tokens": ev.predicted_tokens,
+        "delivered_cached_tokens": ev.delivered_tokens,
+    })
+}
+
 async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
     let mut rules = serde_json::Map::new();
     for rt in gw.rules_snapshot() {
-        let s = rt.rule.counters().snapshot();
+        let s = rt.router.counters();
         let misses: serde_json::Map<String, Value> = MissReason::ALL
             .iter()
             .map(|r| (r.label().to_owned(), json!(s.misses_for(*r))))
@@ -462,11 +460,13 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
                 "load_diversions": s.load_diversions,
                 // Tokens/s per unit of capacity the cost scorer's queues
                 // drain at (null: not measured yet, or no drain model).
-                "prefill_rate": rt.rule.prefill_rate().map(|r| json!({
+                "prefill_rate": rt.router.rule().prefill_rate().map(|r| json!({
                     "tracked": r.tracked, "engine_reported": r.reported, "used": r.used,
                 })),
                 "predicted_blocks": s.predicted_blocks,
                 "drift_alarms_raised": s.drift_alarms_raised,
+                "implausible_receipts": s.implausible_receipts,
+                "replicas": rt.router.replica_counters(),
                 "hits": s.endpoints.iter().map(|e| e.hits).collect::<Vec<_>>(),
             }),
         );
@@ -474,41 +474,7 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
     Json(json!({
         "rules": rules,
         "tokenize": gw.tokenize_admission.snapshot(),
-        "replica_sync": gw.replica_sync.as_ref().map(|s| s.snapshot(&gw)),
+        "nats": gw.replicas.as_ref().map(|(n, _)| n.counters()),
     }))
     .into_response()
-}
-
-/// Another replica's load changes; the body is read up to the sync limit so
-/// an oversized post is refused (and counted) without buffering it.
-async fn replica_sync(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let Some(sync) = gw.replica_sync.clone() else {
-        return error(
-            StatusCode::CONFLICT,
-            "replica_sync_off",
-            "this replica shares no load: its [replicas] peers is empty",
-        );
-    };
-    let body = match axum::body::to_bytes(req.into_body(), super::replica_sync::MAX_BODY).await {
-        Ok(b) => b,
-        Err(_) => {
-            sync.reject();
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request",
-                format!(
-                    "replica sync body over {} bytes or truncated",
-                    super::replica_sync::MAX_BODY
-                ),
-            );
-        }
-    };
-    match sync.receive(&gw, &body) {
-        Ok(receipt) => Json(receipt).into_response(),
-        Err(e) => error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            format!("not a replica sync batch: {e}"),
-        ),
-    }
 }

@@ -17,16 +17,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use kvroute_select::{MissReason, Role, Source};
+use kvroute_select::Source;
 use parking_lot::RwLock;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
-    LabelSetEncoder, LabelValueEncoder, MetricEncoder, NoLabelSet,
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+    MetricEncoder, NoLabelSet,
 };
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
@@ -64,16 +63,6 @@ pub struct LabelText(Arc<str>);
 impl EncodeLabelValue for LabelText {
     fn encode(&self, out: &mut LabelValueEncoder) -> std::fmt::Result {
         write_escaped(out, &self.0)
-    }
-}
-
-/// A borrowed label value of a scrape-time family.
-#[derive(Clone, Copy, Debug)]
-struct Esc<'a>(&'a str);
-
-impl EncodeLabelValue for Esc<'_> {
-    fn encode(&self, out: &mut LabelValueEncoder) -> std::fmt::Result {
-        write_escaped(out, self.0)
     }
 }
 
@@ -239,8 +228,6 @@ struct DecisionLabels {
 pub struct RuleCounters {
     outcomes: [Counter; Outcome::ALL.len()],
     tiers: [Counter; TIERS.len()],
-    /// Rule `forward_token_ids`: prompts sent as ids / kept as text by reason.
-    pub token_ids: kvroute::prompt::TokenIdCounters,
 }
 
 impl RuleCounters {
@@ -267,7 +254,6 @@ impl RuleCounters {
                     })
                     .clone()
             }),
-            token_ids: kvroute::prompt::TokenIdCounters::default(),
         }
     }
 
@@ -306,8 +292,6 @@ pub struct GatewayMetrics {
     /// Upstream responses aborted mid-body (engine died, idle timeout,
     /// client gone).
     pub aborted_streams: Counter,
-    /// Active health probes that failed.
-    pub probe_failures: Counter,
     /// Proxy listener connections (see `connections`).
     pub proxy_connections: Arc<super::connections::ConnectionMetrics>,
     /// Admin listener connections.
@@ -322,7 +306,6 @@ impl Default for GatewayMetrics {
         let decision_latency = Histogram::default();
         let prefill_requests = Counter::default();
         let aborted_streams = Counter::default();
-        let probe_failures = Counter::default();
         // Counter names go in without `_total` and help texts without their
         // final period: the registry appends both.
         registry.register(
@@ -350,15 +333,25 @@ impl Default for GatewayMetrics {
             "Upstream bodies that failed mid-stream or that the client dropped before their end",
             aborted_streams.clone(),
         );
-        registry.register(
-            "kvroute_probe_failures",
-            "Failed active health probes",
-            probe_failures.clone(),
-        );
         let gateway = Arc::new(OnceLock::new());
         registry.register_collector(Box::new(Scraped {
             gateway: Arc::clone(&gateway),
         }));
+        // Every rule's runtime: decisions, inventories, followers, load,
+        // replica sharing, tokenization admission (the library's families).
+        let rules = Arc::clone(&gateway);
+        registry.register_collector(Box::new(kvroute::metrics::Routers::new(move || {
+            rules
+                .get()
+                .and_then(Weak::upgrade)
+                .map(|gw| {
+                    gw.rules_snapshot()
+                        .iter()
+                        .map(|rt| rt.router.clone())
+                        .collect()
+                })
+                .unwrap_or_default()
+        })));
         let unrouted = RuleCounters::register("", &requests, &decisions);
         Self {
             registry,
@@ -370,7 +363,6 @@ impl Default for GatewayMetrics {
             decision_latency,
             prefill_requests,
             aborted_streams,
-            probe_failures,
             proxy_connections: Arc::default(),
             admin_connections: Arc::default(),
         }
@@ -451,317 +443,6 @@ impl GatewayMetrics {
     }
 }
 
-fn role_label(r: Role) -> &'static str {
-    match r {
-        Role::Prefill => "prefill",
-        Role::Decode => "decode",
-        Role::Both => "both",
-    }
-}
-
-/// A gauge value as the encoder takes it (it refuses `u64::MAX` and would
-/// wrap values past `i64::MAX`).
-fn gauge_value(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// Subscriber metric families, in the order the collector fills them (counter names without the `_total` the encoder appends).
-const SUBSCRIBER_METRICS: [(&str, MetricType, &str); 11] = [
-    (
-        "kvroute_subscriber_connected",
-        MetricType::Gauge,
-        "1 while the KV-event subscriber has its engine connected.",
-    ),
-    (
-        "kvroute_subscriber_events_applied",
-        MetricType::Counter,
-        "KV events applied to the inventory.",
-    ),
-    (
-        "kvroute_subscriber_gaps",
-        MetricType::Counter,
-        "Sequence gaps seen.",
-    ),
-    (
-        "kvroute_subscriber_clears",
-        MetricType::Counter,
-        "Inventory clears (gap beyond window, restart, AllBlocksCleared).",
-    ),
-    (
-        "kvroute_subscriber_restarts",
-        MetricType::Counter,
-        "Engine restarts detected.",
-    ),
-    (
-        "kvroute_subscriber_decode_errors",
-        MetricType::Counter,
-        "Event payloads that did not decode.",
-    ),
-    (
-        "kvroute_subscriber_dial_failures",
-        MetricType::Counter,
-        "Failed dials or binds.",
-    ),
-    (
-        "kvroute_subscriber_replays",
-        MetricType::Counter,
-        "Replay requests sent.",
-    ),
-    (
-        "kvroute_subscriber_malformed_frames",
-        MetricType::Counter,
-        "Messages without the [topic, seq, payload] shape, dropped.",
-    ),
-    (
-        "kvroute_subscriber_oversized_frames",
-        MetricType::Counter,
-        "Messages over the subscriber's size limit, dropped.",
-    ),
-    (
-        "kvroute_subscriber_polls",
-        MetricType::Counter,
-        "TensorRT-LLM drains attempted (HTTP poller only).",
-    ),
-];
-
-/// Per-endpoint ingest (sequence window) metric families, in the order
-/// the collector fills them.
-const INGEST_METRICS: [(&str, MetricType, &str); 16] = [
-    (
-        "kvroute_ingest_resumes",
-        MetricType::Counter,
-        "Reconnects that resumed from the last applied batch (something to verify).",
-    ),
-    (
-        "kvroute_ingest_resumes_verified",
-        MetricType::Counter,
-        "Resumes whose replayed last batch matched the one applied.",
-    ),
-    (
-        "kvroute_ingest_resume_restarts",
-        MetricType::Counter,
-        "Engine restarts found by a resume check (also counted as restarts).",
-    ),
-    (
-        "kvroute_ingest_rekey_orphan_blocks",
-        MetricType::Counter,
-        "Re-key rules: stored blocks skipped because their parent is unknown.",
-    ),
-    (
-        "kvroute_ingest_rekey_untokenized_blocks",
-        MetricType::Counter,
-        "Re-key rules: stored blocks skipped because the event lacks their tokens.",
-    ),
-    (
-        "kvroute_ingest_inventory_partial",
-        MetricType::Gauge,
-        "1 while the endpoint's inventory is known to lack engine batches (late or failed bootstrap replay, gap, clear) until an AllBlocksCleared or an engine restart seen from batch 0.",
-    ),
-    (
-        "kvroute_ingest_missing_batches",
-        MetricType::Gauge,
-        "Engine batches the endpoint's inventory is known to lack (summed over DP ranks).",
-    ),
-    (
-        "kvroute_ingest_partial_episodes",
-        MetricType::Counter,
-        "Transitions of the endpoint's inventory to partial.",
-    ),
-    (
-        "kvroute_ingest_replays_late",
-        MetricType::Counter,
-        "Replays whose first batch came after the requested one (the engine's buffer no longer reached back).",
-    ),
-    (
-        "kvroute_ingest_replays_incomplete",
-        MetricType::Counter,
-        "Replays that failed or timed out before the engine's end marker.",
-    ),
-    (
-        "kvroute_ingest_implausible_batches",
-        MetricType::Counter,
-        "Batches dropped because their sequence number is implausible (beyond max_seq, or an unconfirmed far jump).",
-    ),
-    (
-        "kvroute_ingest_contract_mismatch",
-        MetricType::Gauge,
-        "1 when the endpoint's engine keys provably differ from the rule's contract (attestation or block size).",
-    ),
-    (
-        "kvroute_ingest_verified_blocks",
-        MetricType::Counter,
-        "Stored blocks of this endpoint whose keys the rule's contract reproduces.",
-    ),
-    (
-        "kvroute_ingest_mismatched_blocks",
-        MetricType::Counter,
-        "Stored blocks of this endpoint whose keys differ from the rule's contract (or whose block size does).",
-    ),
-    (
-        "kvroute_ingest_capacity_blocks",
-        MetricType::Gauge,
-        "Bound of the endpoint's GPU-tier inventory (the engine's reported capacity, else the default).",
-    ),
-    (
-        "kvroute_ingest_rekey_map_full",
-        MetricType::Counter,
-        "Re-key rules: stored blocks skipped because the re-key map was at its bound.",
-    ),
-];
-
-/// Emits one counter or gauge family: its descriptor, then a sample per row
-/// (no rows: the descriptor alone, so every family is always described).
-fn family<L: EncodeLabelSet>(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    kind: MetricType,
-    rows: impl IntoIterator<Item = (L, u64)>,
-) -> std::fmt::Result {
-    let mut metric = enc.encode_descriptor(name, help, None, kind)?;
-    for (labels, v) in rows {
-        let sample = metric.encode_family(&labels)?;
-        match kind {
-            MetricType::Counter => ConstCounter::new(v).encode(sample)?,
-            _ => ConstGauge::new(gauge_value(v)).encode(sample)?,
-        }
-    }
-    Ok(())
-}
-
-/// One unlabelled sample (no `{}`: an empty label set is written as one).
-fn single(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    kind: MetricType,
-    v: u64,
-) -> std::fmt::Result {
-    let metric = enc.encode_descriptor(name, help, None, kind)?;
-    match kind {
-        MetricType::Counter => ConstCounter::new(v).encode(metric),
-        _ => ConstGauge::new(gauge_value(v)).encode(metric),
-    }
-}
-
-/// A subscriber's DP rank, or the TensorRT-LLM drain poller.
-#[derive(Clone, Copy, Debug)]
-enum Rank {
-    Dp(u32),
-    Drain,
-}
-
-/// The labels of a per-endpoint (and per-subscriber) sample, borrowed from
-/// the rule runtime for the scrape.
-#[derive(Clone, Copy, Debug)]
-struct EndpointLabels<'a> {
-    rule: &'a str,
-    endpoint: &'a str,
-    role: &'static str,
-    rank: Option<Rank>,
-}
-
-impl EncodeLabelSet for EndpointLabels<'_> {
-    fn encode(&self, mut enc: LabelSetEncoder) -> std::fmt::Result {
-        ("rule", Esc(self.rule)).encode(enc.encode_label())?;
-        ("endpoint", Esc(self.endpoint)).encode(enc.encode_label())?;
-        ("role", self.role).encode(enc.encode_label())?;
-        match self.rank {
-            Some(Rank::Dp(r)) => ("rank", r).encode(enc.encode_label()),
-            Some(Rank::Drain) => ("rank", "drain").encode(enc.encode_label()),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Per-endpoint families, in the order of [`EndpointRow::values`].
-const ENDPOINT_METRICS: [(&str, MetricType, &str); 11] = [
-    (
-        "kvroute_kv_hits",
-        MetricType::Counter,
-        "KV-exact decisions with a predicted overlap, per endpoint.",
-    ),
-    (
-        "kvroute_predicted_cached_tokens",
-        MetricType::Counter,
-        "Cached tokens the decision predicted, over receipts.",
-    ),
-    (
-        "kvroute_delivered_cached_tokens",
-        MetricType::Counter,
-        "Cached tokens the engine reported (usage.prompt_tokens_details.cached_tokens).",
-    ),
-    (
-        "kvroute_receipts",
-        MetricType::Counter,
-        "Responses that carried a cached-token receipt.",
-    ),
-    (
-        "kvroute_contract_drift_alarm",
-        MetricType::Gauge,
-        "1 while predicted hits keep delivering zero cached tokens.",
-    ),
-    (
-        "kvroute_inventory_blocks",
-        MetricType::Gauge,
-        "Blocks in the endpoint's inventory (all DP ranks).",
-    ),
-    (
-        "kvroute_in_flight",
-        MetricType::Gauge,
-        "Requests this gateway has in flight per endpoint, from the routing decision until the response body ends or is dropped.",
-    ),
-    (
-        "kvroute_queued_prefill_tokens",
-        MetricType::Gauge,
-        "Predicted uncached prompt tokens of this gateway's requests not yet at their first response byte, per endpoint.",
-    ),
-    (
-        "kvroute_endpoint_available",
-        MetricType::Gauge,
-        "1 when the endpoint is eligible (admin up, breaker not open).",
-    ),
-    (
-        "kvroute_engine_load_polls",
-        MetricType::Counter,
-        "Polls of the engine's own load report (its /metrics page) that gave a report.",
-    ),
-    (
-        "kvroute_engine_load_poll_failures",
-        MetricType::Counter,
-        "Polls of the engine's own load report that failed (selection then uses this replica's own counts).",
-    ),
-];
-
-/// One endpoint's values for one scrape.
-struct EndpointRow<'a> {
-    labels: EndpointLabels<'a>,
-    values: [u64; ENDPOINT_METRICS.len()],
-    ingest: [u64; INGEST_METRICS.len()],
-    /// The engine's own fresh load report, if its poller has one.
-    reported: Option<kvroute_select::EngineReport>,
-}
-
-/// One subscriber's values for one scrape.
-struct SubscriberRow<'a> {
-    labels: EndpointLabels<'a>,
-    values: [u64; SUBSCRIBER_METRICS.len()],
-    last_rejected_seq: Option<u64>,
-}
-
-/// One rule's values for one scrape.
-struct RuleRow<'a> {
-    rule: &'a str,
-    misses: [u64; MissReason::ALL.len()],
-    retries: u64,
-    exhausted: u64,
-    memory_bytes: u64,
-    /// match, mismatch, unverifiable.
-    attestations: [u64; 3],
-    /// Rules with `forward_token_ids` only.
-    token_ids: Option<kvroute::prompt::TokenIdSnapshot>,
-}
-
 /// Reads the library's and the subscribers' counters at scrape time.
 #[derive(Debug)]
 struct Scraped {
@@ -777,245 +458,14 @@ impl Collector for Scraped {
     }
 }
 
-#[allow(clippy::too_many_lines)]
 fn encode_gateway(gw: &Gateway, enc: &mut DescriptorEncoder) -> std::fmt::Result {
-    let runtimes = gw.rules_snapshot();
-    let now = gw.now();
-    let mut rules = Vec::with_capacity(runtimes.len());
-    let mut endpoints = Vec::new();
-    let mut subscribers = Vec::new();
-    for rt in &runtimes {
-        let rule = rt.spec.doc.name.as_str();
-        let snap = rt.rule.counters().snapshot();
-        let att = rt.inventory.attestation();
-        rules.push(RuleRow {
-            rule,
-            misses: MissReason::ALL.map(|r| snap.misses_for(r)),
-            retries: snap.retries,
-            exhausted: snap.exhausted,
-            memory_bytes: rt.inventory.memory_bytes() as u64,
-            attestations: [
-                att.verified_blocks,
-                att.mismatched_blocks,
-                att.unverifiable_events,
-            ],
-            token_ids: rt
-                .spec
-                .doc
-                .forward_token_ids
-                .then(|| rt.counters.token_ids.snapshot()),
-        });
-        for (i, (ep, ev)) in rt.endpoints.iter().zip(&snap.endpoints).enumerate() {
-            let labels = EndpointLabels {
-                rule,
-                endpoint: &ep.spec.url,
-                role: role_label(ep.spec.role),
-                rank: None,
-            };
-            let id = kvroute_core::EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
-            let own = kvroute_select::Load::load(&*rt.tracker, id);
-            let seq = rt.inventory.seq_counters(i);
-            let counters = rt.inventory.ingest_counters(i);
-            let health = kvroute_ingest::InventoryView::health(&*rt.inventory, i);
-            let ep_att = rt.inventory.endpoint_attestation(i);
-            endpoints.push(EndpointRow {
-                labels,
-                values: [
-                    ev.hits,
-                    ev.predicted_tokens,
-                    ev.delivered_tokens,
-                    ev.receipts,
-                    u64::from(ev.drift_alarm),
-                    rt.inventory.blocks(i),
-                    u64::from(own.in_flight),
-                    own.queued_prefill_tokens,
-                    u64::from(rt.is_available(i, now)),
-                    ep.load_polls.ok.load(std::sync::atomic::Ordering::Relaxed),
-                    ep.load_polls
-                        .failed
-                        .load(std::sync::atomic::Ordering::Relaxed),
-                ],
-                ingest: [
-                    seq.resumes,
-                    seq.resumes_verified,
-                    seq.resume_restarts,
-                    counters.rekey_orphan_blocks,
-                    counters.rekey_untokenized_blocks,
-                    u64::from(health.partial()),
-                    health.missing_batches,
-                    counters.partial_episodes,
-                    counters.replays_late,
-                    counters.replays_incomplete,
-                    seq.implausible,
-                    u64::from(health.contract_mismatch),
-                    ep_att.verified_blocks,
-                    ep_att.mismatched_blocks,
-                    rt.inventory
-                        .capacity(i, kvroute_core::Medium::Gpu)
-                        .unwrap_or(u64::MAX),
-                    counters.rekey_map_full,
-                ],
-                reported: rt.reported.report(id, now),
-            });
-            let ranks = ep
-                .spec
-                .events
-                .iter()
-                .zip(&ep.subscribers)
-                .map(|(src, m)| (Rank::Dp(src.rank), m))
-                .chain(ep.drain.iter().map(|m| (Rank::Drain, m)));
-            for (rank, m) in ranks {
-                let s = m.snapshot();
-                subscribers.push(SubscriberRow {
-                    labels: EndpointLabels {
-                        rank: Some(rank),
-                        ..labels
-                    },
-                    values: [
-                        u64::from(s.connected),
-                        s.events_applied,
-                        s.gaps,
-                        s.clears,
-                        s.restarts,
-                        s.decode_errors,
-                        s.dial_failures,
-                        s.replays_requested,
-                        s.malformed_frames,
-                        s.oversized_frames,
-                        s.polls,
-                    ],
-                    last_rejected_seq: s.last_rejected_seq,
-                });
-            }
-        }
-    }
-
-    family(
-        enc,
-        "kvroute_kv_misses",
-        "KV-exact misses by reason.",
-        MetricType::Counter,
-        rules.iter().flat_map(|r| {
-            MissReason::ALL
-                .iter()
-                .zip(r.misses)
-                .map(|(reason, n)| ([("rule", Esc(r.rule)), ("reason", Esc(reason.label()))], n))
-        }),
-    )?;
-    family(
-        enc,
-        "kvroute_prompt_token_ids",
-        "Completions prompts of forward_token_ids rules sent to the engine as token ids (outcome forwarded), or as text and why.",
-        MetricType::Counter,
-        rules.iter().flat_map(|r| {
-            r.token_ids.into_iter().flat_map(move |t| {
-                let kept = kvroute::prompt::KeepText::ALL
-                    .into_iter()
-                    .map(move |k| ([("rule", Esc(r.rule)), ("outcome", Esc(k.as_str()))], t.kept(k)));
-                std::iter::once(([("rule", Esc(r.rule)), ("outcome", Esc("forwarded"))], t.forwarded))
-                    .chain(kept)
-            })
-        }),
-    )?;
-    family(
-        enc,
-        "kvroute_retries",
-        "Retries after upstream connect failures.",
-        MetricType::Counter,
-        rules.iter().map(|r| ([("rule", Esc(r.rule))], r.retries)),
-    )?;
-    family(
-        enc,
-        "kvroute_exhausted",
-        "Decisions or retries that found no eligible endpoint.",
-        MetricType::Counter,
-        rules.iter().map(|r| ([("rule", Esc(r.rule))], r.exhausted)),
-    )?;
-    family(
-        enc,
-        "kvroute_contract_attestations",
-        "Stored KV blocks re-hashed with the rule's contract (match, mismatch); stored events that cannot be re-hashed (unverifiable).",
-        MetricType::Counter,
-        rules.iter().flat_map(|r| {
-            ["match", "mismatch", "unverifiable"]
-                .into_iter()
-                .zip(r.attestations)
-                .map(|(result, n)| ([("rule", Esc(r.rule)), ("result", Esc(result))], n))
-        }),
-    )?;
-    family(
-        enc,
-        "kvroute_inventory_memory_bytes",
-        "Heap bytes of the rule's inventory index and ingest maps (bounded by the endpoints' capacities).",
-        MetricType::Gauge,
-        rules.iter().map(|r| ([("rule", Esc(r.rule))], r.memory_bytes)),
-    )?;
-    for (k, (name, kind, help)) in ENDPOINT_METRICS.iter().enumerate() {
-        family(
-            enc,
-            name,
-            help,
-            *kind,
-            endpoints.iter().map(|e| (e.labels, e.values[k])),
-        )?;
-    }
-    family(
-        enc,
-        "kvroute_engine_reported_running",
-        "Requests the engine says it is running (all replicas' requests), from its last fresh load report; absent without one.",
-        MetricType::Gauge,
-        endpoints
-            .iter()
-            .filter_map(|e| Some((e.labels, u64::from(e.reported?.running)))),
-    )?;
-    family(
-        enc,
-        "kvroute_engine_reported_waiting",
-        "Requests the engine says are waiting in its queue, from its last fresh load report; absent without one.",
-        MetricType::Gauge,
-        endpoints
-            .iter()
-            .filter_map(|e| Some((e.labels, u64::from(e.reported?.waiting)))),
-    )?;
-    for (k, (name, kind, help)) in SUBSCRIBER_METRICS.iter().enumerate() {
-        family(
-            enc,
-            name,
-            help,
-            *kind,
-            subscribers.iter().map(|s| (s.labels, s.values[k])),
-        )?;
-    }
-    family(
-        enc,
-        "kvroute_subscriber_last_rejected_seq",
-        "Sequence number of the last message dropped as malformed, oversized or undecodable (absent until one carried a readable sequence).",
-        MetricType::Gauge,
-        subscribers
-            .iter()
-            .filter_map(|s| Some((s.labels, s.last_rejected_seq?))),
-    )?;
-    for (k, (name, kind, help)) in INGEST_METRICS.iter().enumerate() {
-        family(
-            enc,
-            name,
-            help,
-            *kind,
-            endpoints.iter().map(|e| (e.labels, e.ingest[k])),
-        )?;
-    }
     encode_connections(
         enc,
         &[
             ("proxy", &gw.metrics.proxy_connections),
             ("admin", &gw.metrics.admin_connections),
         ],
-    )?;
-    encode_admission(enc, &gw.tokenize_admission.snapshot())?;
-    if let Some(sync) = &gw.replica_sync {
-        sync.encode(enc, gw)?;
-    }
-    Ok(())
+    )
 }
 
 /// Both listeners' connection counters.
@@ -1063,7 +513,7 @@ fn encode_connections(
         ),
     ];
     for (name, kind, help, field) in families {
-        family(
+        kvroute::metrics::family(
             enc,
             name,
             help,
@@ -1072,73 +522,6 @@ fn encode_connections(
                 .iter()
                 .map(|(l, m)| ([("listener", *l)], field(m).load(Ordering::Relaxed))),
         )?;
-    }
-    Ok(())
-}
-
-/// The tokenization bound's configuration and counters.
-fn encode_admission(
-    enc: &mut DescriptorEncoder,
-    s: &kvroute::admission::AdmissionSnapshot,
-) -> std::fmt::Result {
-    let families: [(&str, MetricType, &str, u64); 9] = [
-        (
-            "kvroute_tokenize_max_concurrent",
-            MetricType::Gauge,
-            "Configured bound on tokenizations running at once (limits.max_concurrent_tokenizations).",
-            s.max_concurrent as u64,
-        ),
-        (
-            "kvroute_tokenize_max_bytes_in_flight",
-            MetricType::Gauge,
-            "Configured bound on request bytes being tokenized at once (limits.max_tokenize_bytes_in_flight).",
-            s.max_bytes_in_flight as u64,
-        ),
-        (
-            "kvroute_tokenize_in_flight",
-            MetricType::Gauge,
-            "Tokenizations running now.",
-            s.in_flight as u64,
-        ),
-        (
-            "kvroute_tokenize_bytes_in_flight",
-            MetricType::Gauge,
-            "Request bytes charged by the running tokenizations.",
-            s.bytes_in_flight as u64,
-        ),
-        (
-            "kvroute_tokenize_peak_in_flight",
-            MetricType::Gauge,
-            "Most tokenizations ever running at once.",
-            s.peak_in_flight as u64,
-        ),
-        (
-            "kvroute_tokenize_peak_bytes_in_flight",
-            MetricType::Gauge,
-            "Most request bytes ever charged by tokenizations at once.",
-            s.peak_bytes_in_flight as u64,
-        ),
-        (
-            "kvroute_tokenize_admitted",
-            MetricType::Counter,
-            "Completion requests admitted to tokenization.",
-            s.admitted,
-        ),
-        (
-            "kvroute_tokenize_admitted_after_wait",
-            MetricType::Counter,
-            "Admitted only after waiting for room (tokenize_overload = \"wait\").",
-            s.admitted_after_wait,
-        ),
-        (
-            "kvroute_tokenize_overloaded",
-            MetricType::Counter,
-            "Completion requests that found no tokenization room (in time) and skipped KV routing.",
-            s.overloaded,
-        ),
-    ];
-    for (name, kind, help, v) in families {
-        single(enc, name, help, kind, v)?;
     }
     Ok(())
 }

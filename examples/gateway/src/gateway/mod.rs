@@ -3,19 +3,23 @@
 //!
 //! | module | role |
 //! |---|---|
+//! The gateway is a host of the library's runtime: each rule is one
+//! [`kvroute::KvRouter`] (inventories, event followers, breakers, health
+//! probes, engine load polling, replica load sharing over NATS). What the
+//! server adds:
+//!
+//! | module | role |
+//! |---|---|
 //! | [`config`] | TOML file + admin rule documents → validated specs |
-//! | [`state`] | rule table, library rules, per-endpoint load / breakers |
-//! | [`inventory`] | KV-event sinks and the per-rule inventory view |
-//! | [`proxy`] | `/v1/*`: body → tokens → decision → upstream |
-//! | [`upstream`] | client, header hygiene, streaming tee with receipts |
+//! | [`state`] | the rule table: one runtime per rule, rebuilt on reload |
+//! | [`proxy`] | `/v1/*`: body → the runtime's prompt step and pick → upstream, retries through the pick |
+//! | [`upstream`] | client, header hygiene, idle limit on response bodies |
 //! | [`passthrough`] | non-completion `/v1/*` requests, no KV decision |
 //! | [`pd`] | vLLM disaggregated two-step bodies |
-//! | [`health`] | active probes feeding the breakers |
 //! | [`admin`] | REST admin API + `/metrics` |
 //! | [`connections`] | first-byte deadline, connection cap, accept errors |
-//! | [`metrics`] | Prometheus exposition |
+//! | [`metrics`] | Prometheus exposition (the runtimes' families + the server's) |
 //! | [`observe`] | readiness, decision headers, sampled decision log |
-//! | [`replica_sync`] | load sharing between replicas (`[replicas]`) |
 //!
 //! Security posture: the admin API binds loopback unless told otherwise (then a
 //! token is mandatory); requests go only to configured upstreams (the client's
@@ -30,15 +34,11 @@ pub mod config;
 pub mod connections;
 #[cfg(test)]
 mod contract_hints;
-pub mod engine_load;
-pub mod health;
-pub mod inventory;
 pub mod metrics;
 pub mod observe;
 pub mod passthrough;
 pub mod pd;
 pub mod proxy;
-pub mod replica_sync;
 pub mod state;
 pub mod upstream;
 
@@ -99,7 +99,11 @@ impl Running {
 /// # Errors
 /// A listener that cannot be bound or a rule the library refuses.
 pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
-    let gateway = Gateway::start(config)?;
+    let nats = match &config.replicas.nats {
+        Some(url) => Some(connect_nats(url, &config.replicas).await?),
+        None => None,
+    };
+    let gateway = Gateway::start(config, nats)?;
     let gw = Arc::clone(&gateway);
     // Loaded before routing: the first requests must not stall on the load.
     let warm = tokio::task::spawn_blocking(move || {
@@ -178,6 +182,27 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
         shutdown,
         tasks,
     })
+}
+
+/// The replica transport `[replicas]` names. The client keeps reconnecting
+/// on its own: a NATS server that is down at start delays nothing (replicas
+/// route on their own view until it is up).
+async fn connect_nats(
+    url: &str,
+    cfg: &config::ReplicasConfig,
+) -> anyhow::Result<Arc<kvroute::nats::NatsReplicas>> {
+    let mut o = kvroute::nats::NatsOptions::new(url);
+    o.subject_prefix.clone_from(&cfg.subject_prefix);
+    o.credentials_file = cfg.credentials_file.as_ref().map(PathBuf::from);
+    o.token = cfg.token_env.as_ref().and_then(|v| std::env::var(v).ok());
+    o.require_tls = cfg.tls_required;
+    o.tls_root_certificates = cfg.tls_ca_file.as_ref().map(PathBuf::from);
+    o.tls_client = cfg
+        .tls_cert_file
+        .as_ref()
+        .zip(cfg.tls_key_file.as_ref())
+        .map(|(c, k)| (PathBuf::from(c), PathBuf::from(k)));
+    Ok(kvroute::nats::NatsReplicas::connect(o).await?)
 }
 
 /// How one listener treats its connections.

@@ -182,14 +182,14 @@ struct Shown<'a> {
 
 impl<'a> Shown<'a> {
     fn of(rt: &'a RuleRuntime, d: &Decision) -> Self {
-        let url = |id| rt.endpoint(id).map(|e| e.spec.url.as_str());
+        let url = |id: kvroute_core::EndpointId| rt.endpoint(id.index()).map(|e| e.url.as_str());
         let target = d.target();
         Self {
             rule: &rt.spec.doc.name,
             endpoint: target.and_then(|t| url(t.endpoint)),
             decode: target.and_then(|t| t.decode).and_then(url),
             tier: tier_label(d.source()),
-            predicted_cached_tokens: d.predicted_cached_tokens(rt.rule.config().block_size),
+            predicted_cached_tokens: d.predicted_cached_tokens(rt.router.block_size()),
             miss: d.miss().map(kvroute_select::MissReason::label),
         }
     }

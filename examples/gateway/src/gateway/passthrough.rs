@@ -13,7 +13,6 @@ use axum::body::Body;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
-use kvroute_core::EndpointId;
 
 use super::metrics::Outcome;
 use super::proxy::error;
@@ -32,39 +31,23 @@ pub struct Forward<'a> {
     pub body: Bytes,
 }
 
-/// Available endpoints, least in-flight first; ties start at a rotating offset.
-fn candidates(gw: &Gateway, rt: &RuleRuntime) -> Vec<usize> {
-    let now = gw.now();
-    let n = rt.endpoints.len();
-    let turn = gw.passthrough_turn.fetch_add(1, Ordering::Relaxed) as usize;
-    let mut order: Vec<usize> = (0..n)
-        .map(|k| (turn.wrapping_add(k)) % n.max(1))
-        .filter(|&i| rt.is_available(i, now))
-        .collect();
-    order.sort_by_key(|&i| {
-        rt.load_of(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)))
-            .in_flight
-    });
-    order
-}
-
 /// Forwards `req` through `rt` and streams the answer back.
 pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>) -> Response {
     let name = rt.spec.doc.name.as_str();
-    let attempts = usize::try_from(rt.rule.config().thresholds.max_retries)
+    let attempts = usize::try_from(rt.router.rule().config().thresholds.max_retries)
         .unwrap_or(usize::MAX)
         .saturating_add(1);
     let mut failures = Vec::new();
-    for i in candidates(gw, rt).into_iter().take(attempts) {
-        let Some(ep) = rt.endpoints.get(i) else {
+    let turn = gw.passthrough_turn.fetch_add(1, Ordering::Relaxed) as usize;
+    for url in rt.router.available_by_load(turn).into_iter().take(attempts) {
+        let Some(ep) = rt.endpoint_by_url(&url) else {
             continue;
         };
-        let id = EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
-        let guard = rt.start_request(id);
+        let guard = rt.router.charge_unrouted(&url);
         let sent = gw
             .client
             .send(
-                &ep.spec.base,
+                &ep.base,
                 req.method.clone(),
                 req.path_and_query,
                 req.headers,
@@ -73,7 +56,7 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
             .await;
         match sent {
             Ok(resp) => {
-                ep.success();
+                rt.router.record_connect(&url, true);
                 rt.counters.outcome(Outcome::Passthrough);
                 let (parts, incoming) = resp.into_parts();
                 let gw2 = Arc::clone(gw);
@@ -87,13 +70,13 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                     incoming,
                     kvroute::receipt::BodyKind::Opaque,
                     gw.limits.upstream_idle_timeout(),
-                    Some(guard),
+                    guard,
                     on_end,
                 );
                 let mut builder = Response::builder().status(parts.status);
                 if let Some(h) = builder.headers_mut() {
                     copy_headers(&parts.headers, h, false);
-                    super::observe::passthrough_headers(&gw.observe, name, &ep.spec.url, h);
+                    super::observe::passthrough_headers(&gw.observe, name, &ep.url, h);
                 }
                 return builder.body(Body::new(tee)).unwrap_or_else(|_| {
                     error(
@@ -104,14 +87,14 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                 });
             }
             Err(e) if e.is_connect() => {
-                ep.failure(gw.now());
-                tracing::warn!(rule = %name, endpoint = %ep.spec.url, error = %e,
+                rt.router.record_connect(&url, false);
+                tracing::warn!(rule = %name, endpoint = %ep.url, error = %e,
                     "pass-through connect failed; trying the next endpoint");
-                failures.push(format!("{}: {e}", ep.spec.url));
+                failures.push(format!("{}: {e}", ep.url));
             }
             Err(e) => {
                 rt.counters.outcome(Outcome::UpstreamError);
-                tracing::warn!(rule = %name, endpoint = %ep.spec.url, error = %e,
+                tracing::warn!(rule = %name, endpoint = %ep.url, error = %e,
                     "pass-through upstream failed");
                 return error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string());
             }

@@ -4,9 +4,8 @@
 //! chosen upstream (P/D: the two-step), retry with exclusion on connect
 //! failure → response streamed back.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -16,17 +15,15 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use kvroute::prompt::{prepare_admitted, PromptHost, PromptOptions};
+use kvroute::{NoEndpoint, Pick};
 use kvroute_engines::prompt::{model_of, parse_json, ApiKind, TokenizerPool};
-use kvroute_select::{
-    route, Availability, Choice, ConnectFailure, Decision, Endpoint, Health, Leg, Load, Proxy,
-    RouteError, Target,
-};
+use kvroute_select::{Decision, Leg};
 
 use super::metrics::Outcome;
 use super::passthrough::{self, Forward};
 use super::pd;
 use super::state::{Gateway, RuleRuntime};
-use super::upstream::{read_small, response_body, UpstreamError};
+use super::upstream::{read_small, IdleTimeout, UpstreamError};
 
 /// Session header for P/D session affinity.
 const SESSION_HEADER: &str = "x-session-id";
@@ -56,28 +53,26 @@ async fn model_only(body: &Bytes) -> Option<String> {
 }
 
 /// The facade's prompt step ([`kvroute::prompt::prepare`]) under each
-/// request's rule: its contract's keys (hashed while the prompt tokenizes),
-/// its LoRA adapter, its engines' request validators, `forward_token_ids`;
-/// the gateway's limits and `limits.include_usage`.
+/// request's rule: the options of the rule's runtime for the request's model
+/// (its contract's keys, hashed while the prompt tokenizes, its LoRA
+/// adapter, its engines' request validators, `forward_token_ids`, the
+/// gateway's limits).
 impl PromptHost for Gateway {
     fn tokenizers(&self) -> &TokenizerPool {
         &self.tokenizers
     }
 
     fn options(&self, model: Option<&str>) -> PromptOptions {
-        let mut o = PromptOptions::default();
-        o.max_prompt_chars = self.limits.max_prompt_chars;
-        o.max_prompt_tokens = self.limits.max_prompt_tokens;
-        o.include_usage = self.limits.include_usage;
-        if let Some(rt) = self.rule_for_model(model) {
-            o.forward_token_ids = rt.spec.doc.forward_token_ids;
-            o.dialect = kvroute::prompt::dialect_of(rt.spec.endpoints.iter().map(|e| e.engine));
-            if rt.spec.choice == Choice::KvExact {
-                o.keys.clone_from(&rt.keys);
+        match self.rule_for_model(model) {
+            Some(rt) => rt.router.prompt_options(model),
+            None => {
+                let mut o = PromptOptions::default();
+                o.max_prompt_chars = self.limits.max_prompt_chars;
+                o.max_prompt_tokens = self.limits.max_prompt_tokens;
+                o.include_usage = self.limits.include_usage;
+                o
             }
-            o.extras = rt.spec.request_extras(model, None);
         }
-        o
     }
 }
 
@@ -236,50 +231,74 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    // With cache_salt and the model's LoRA adapter (they change the engine's
-    // block keys), and the keys when the rule's contract hashed them.
-    let mut sreq = prompt.request();
-    if let Some(s) = &session {
-        sreq = sreq.with_session(s);
-    }
-    let host = Host {
-        gw: &gw,
-        rt: &rt,
-        started,
+    let name = rt.spec.doc.name.clone();
+    let mut pick = match rt.router.pick_prepared(prompt, session.as_deref()) {
+        Ok(p) => p,
+        Err(NoEndpoint { decision }) => {
+            rt.counters.outcome(Outcome::NoEndpoint);
+            let reason = unavailable_reason(&rt, &decision, &[]);
+            tracing::warn!(rule = %name, %reason, "no endpoint");
+            let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
+            gw.observe.decision(&rt, &decision, resp.headers_mut());
+            return resp;
+        }
     };
+    gw.metrics.decision_latency.observe(started.elapsed());
+    rt.counters.tier(pick.decision().source());
+    tracing::debug!(rule = %name, source = ?pick.decision().source(),
+        target = ?pick.decision().target(), miss = ?pick.decision().miss(),
+        predicted_blocks = pick.decision().predicted_blocks(), "decision");
     let mut ctx = Ctx {
         method: parts.method.clone(),
         path_and_query,
         headers: parts.headers.clone(),
-        // With stream_options.include_usage added (limits.include_usage).
-        body: prompt.rewritten().cloned().unwrap_or(body),
-        ids: prompt.ids().cloned(),
-        ids_counted: false,
+        body,
         prefill: None,
         failures: Vec::new(),
         pd: None,
     };
-    let routed = route(&host, &rt.rule, &*rt.inventory, &sreq, &mut ctx).await;
-    let name = &rt.spec.doc.name;
-    match routed {
-        Ok(r) => {
-            rt.counters.outcome(Outcome::Proxied);
-            respond(&gw, &rt, r.connection, r.decision, r.guard)
-        }
-        Err(RouteError::NoEndpoint { decision }) => {
-            rt.counters.outcome(Outcome::NoEndpoint);
-            let reason = unavailable_reason(&gw, &rt, &decision, &ctx.failures);
-            tracing::warn!(rule = %name, %reason, "no endpoint");
-            let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
-            gw.observe.decision(&rt, &decision, resp.headers_mut());
-            resp
-        }
-        Err(RouteError::ConnectFailed { error: e, decision }) => {
-            rt.counters.outcome(Outcome::UpstreamError);
-            tracing::warn!(rule = %name, error = %e, "upstream failed");
-            let mut resp = error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string());
-            gw.observe.decision(&rt, &decision, resp.headers_mut());
-            resp
+    // The one retry driver: the library's `Pick`.
+    loop {
+        match connect(&gw, &rt, &mut ctx, &mut pick).await {
+            Ok(conn) => {
+                pick.connected();
+                rt.counters.outcome(Outcome::Proxied);
+                return respond(&gw, &rt, conn, pick);
+            }
+            Err(failure) if failure.retryable => {
+                let failed = match failure.leg {
+                    Leg::Endpoint => pick.url().to_owned(),
+                    Leg::Decode => pick.decode_url().unwrap_or_default().to_owned(),
+                };
+                ctx.failures
+                    .push((failed.clone(), failure.error.to_string()));
+                if pick.retry_leg(failure.leg).is_some() {
+                    tracing::warn!(rule = %name, endpoint = %failed, error = %failure.error,
+                        next = pick.url(), "upstream connect failed; retrying elsewhere");
+                    continue;
+                }
+                rt.counters.outcome(Outcome::NoEndpoint);
+                let reason = unavailable_reason(&rt, pick.decision(), &ctx.failures);
+                tracing::warn!(rule = %name, endpoint = %failed, error = %failure.error, %reason,
+                    "upstream connect failed; no endpoint left");
+                let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
+                gw.observe
+                    .decision(&rt, pick.decision(), resp.headers_mut());
+                return resp;
+            }
+            Err(failure) => {
+                rt.counters.outcome(Outcome::UpstreamError);
+                tracing::warn!(rule = %name, endpoint = %pick.url(), error = %failure.error,
+                    "upstream failed");
+                let mut resp = error(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_error",
+                    failure.error.to_string(),
+                );
+                gw.observe
+                    .decision(&rt, pick.decision(), resp.headers_mut());
+                return resp;
+            }
         }
     }
 }
@@ -327,28 +346,30 @@ fn no_rule_message(model: Option<&str>) -> String {
 }
 
 /// "no eligible endpoint" with the why, per endpoint.
-fn unavailable_reason(
-    gw: &Gateway,
-    rt: &RuleRuntime,
-    d: &Decision,
-    failures: &[(String, String)],
-) -> String {
-    let now = gw.now();
+fn unavailable_reason(rt: &RuleRuntime, d: &Decision, failures: &[(String, String)]) -> String {
     let mut parts = Vec::new();
-    for (i, e) in rt.endpoints.iter().enumerate() {
-        let id = kvroute_core::EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
-        let why = if let Some((_, f)) = failures.iter().rev().find(|(u, _)| *u == e.spec.url) {
+    for (i, e) in rt.spec.endpoints.iter().enumerate() {
+        let why = if let Some((_, f)) = failures.iter().rev().find(|(u, _)| *u == e.url) {
             // `f` already says what failed ("connect failed: ...").
             f.clone()
         } else {
-            match rt.availability(id, now) {
-                Availability::AdminDown => "admin down".to_owned(),
-                Availability::BreakerOpen => "circuit breaker open".to_owned(),
-                Availability::Available if d.is_excluded(id) => "excluded".to_owned(),
-                Availability::Available => "not eligible for this request".to_owned(),
+            match rt.router.endpoint_status(&e.url) {
+                None => "not present".to_owned(),
+                Some(s) if s.admin_down => "admin down".to_owned(),
+                Some(s) if s.breaker == kvroute_select::BreakerState::Open => {
+                    "circuit breaker open".to_owned()
+                }
+                Some(_)
+                    if d.is_excluded(kvroute_core::EndpointId(
+                        u32::try_from(i).unwrap_or(u32::MAX),
+                    )) =>
+                {
+                    "excluded".to_owned()
+                }
+                Some(_) => "not eligible for this request".to_owned(),
             }
         };
-        parts.push(format!("{}: {why}", e.spec.url));
+        parts.push(format!("{}: {why}", e.url));
     }
     format!(
         "rule {:?}: no endpoint available after {} retries [{}]",
@@ -365,23 +386,31 @@ pub struct Connection {
     prefill_cached: Option<Option<u32>>,
 }
 
+/// A connect attempt that failed, and whether another endpoint may be
+/// tried (the request never reached the engine).
+struct ConnectFailure {
+    leg: Leg,
+    retryable: bool,
+    error: UpstreamError,
+}
+
+fn refused(leg: Leg, e: UpstreamError) -> ConnectFailure {
+    ConnectFailure {
+        leg,
+        retryable: e.is_connect(),
+        error: e,
+    }
+}
+
 /// Per-request state across connect attempts.
 struct Ctx {
     method: Method,
     path_and_query: String,
     headers: HeaderMap,
+    /// The client's body, read once.
     body: Bytes,
-    /// `body` with `prompt` as token ids, for targets whose engine takes them.
-    ids: Option<kvroute::prompt::IdsBody>,
-    /// Whether the ids-or-text outcome was counted (once per request, at its
-    /// first connect attempt).
-    ids_counted: bool,
     /// The prefill leg already done for a P/D target: (endpoint, params, cached).
-    prefill: Option<(
-        kvroute_core::EndpointId,
-        Option<serde_json::Value>,
-        Option<u32>,
-    )>,
+    prefill: Option<(String, Option<serde_json::Value>, Option<u32>)>,
     /// (endpoint url, error) of connect failures, for the 503 reason.
     failures: Vec<(String, String)>,
     /// P/D: the request parsed once for every leg and attempt (`None` until
@@ -431,265 +460,149 @@ impl PdRequest {
     }
 }
 
-struct Host<'a> {
-    gw: &'a Arc<Gateway>,
-    rt: &'a Arc<RuleRuntime>,
-    started: Instant,
-}
-
-impl Load for Host<'_> {
-    fn load(&self, endpoint: kvroute_core::EndpointId) -> kvroute_select::EndpointLoad {
-        self.rt.load(endpoint)
-    }
-
-    fn charged_prefill_tokens(&self, endpoint: kvroute_core::EndpointId) -> Option<u64> {
-        self.rt.charged_prefill_tokens(endpoint)
-    }
-
-    fn prefill_progress(
-        &self,
-        endpoint: kvroute_core::EndpointId,
-    ) -> Option<kvroute_select::PrefillProgress> {
-        self.rt.prefill_progress(endpoint)
-    }
-}
-
-impl Health for Host<'_> {
-    fn availability(&self, endpoint: kvroute_core::EndpointId, now: Duration) -> Availability {
-        self.rt.availability(endpoint, now)
-    }
-}
-
-fn refused(leg: Leg, e: UpstreamError) -> ConnectFailure<UpstreamError> {
-    ConnectFailure {
-        leg,
-        retryable: e.is_connect(),
-        error: e,
-    }
-}
-
-impl Proxy for Host<'_> {
-    type Ctx = Ctx;
-    type Connection = Connection;
-    type Error = UpstreamError;
-
-    fn now(&self) -> Duration {
-        self.gw.now()
-    }
-
-    fn tracker(&self) -> &Arc<kvroute_select::LoadTracker> {
-        &self.rt.tracker
-    }
-
-    fn on_decision(&self, _ctx: &mut Ctx, decision: &Decision) {
-        self.gw
-            .metrics
-            .decision_latency
-            .observe(self.started.elapsed());
-        self.rt.counters.tier(decision.source());
-        tracing::debug!(rule = %self.rt.spec.doc.name, source = ?decision.source(),
-            target = ?decision.target(), miss = ?decision.miss(),
-            predicted_blocks = decision.predicted_blocks(), "decision");
-    }
-
-    fn on_connect_failure(
-        &self,
-        ctx: &mut Ctx,
-        target: Target,
-        failure: &ConnectFailure<UpstreamError>,
-    ) {
-        let id = match failure.leg {
-            Leg::Endpoint => target.endpoint,
-            Leg::Decode => target.decode.unwrap_or(target.endpoint),
-        };
-        if let Some(e) = self.rt.endpoint(id) {
-            e.failure(self.gw.now());
-            tracing::warn!(rule = %self.rt.spec.doc.name, endpoint = %e.spec.url,
-                error = %failure.error, "upstream connect failed; retrying elsewhere");
-            ctx.failures
-                .push((e.spec.url.clone(), failure.error.to_string()));
+/// Sends the request to the pick's target: one leg converged, the two-step
+/// for a P/D target (the prefill leg once per prefill endpoint, even if the
+/// decode leg is retried).
+async fn connect(
+    gw: &Arc<Gateway>,
+    rt: &Arc<RuleRuntime>,
+    ctx: &mut Ctx,
+    pick: &mut Pick,
+) -> Result<Connection, ConnectFailure> {
+    let Some(main) = rt.endpoint_by_url(pick.url()) else {
+        return Err(refused(
+            Leg::Endpoint,
+            UpstreamError::Build("unknown endpoint".into()),
+        ));
+    };
+    let decode = pick.decode_url().and_then(|u| rt.endpoint_by_url(u));
+    let prepared = match (&decode, &ctx.pd) {
+        (None, _) => None,
+        (Some(_), Some(p)) => p.clone(),
+        (Some(_), None) => {
+            let p = PdRequest::prepare(&pick.text_body(&ctx.body)).await;
+            ctx.pd = Some(p.clone());
+            p
         }
-    }
-
-    fn connect(
-        &self,
-        ctx: &mut Ctx,
-        target: Target,
-        _endpoints: &[Endpoint],
-    ) -> impl Future<Output = Result<Connection, ConnectFailure<UpstreamError>>> + Send {
-        let gw = Arc::clone(self.gw);
-        let rt = Arc::clone(self.rt);
-        async move {
-            let Some(main) = rt.endpoint(target.endpoint) else {
-                return Err(refused(
-                    Leg::Endpoint,
-                    UpstreamError::Build("unknown endpoint".into()),
-                ));
-            };
-            let decode = target.decode.and_then(|d| rt.endpoint(d).map(|e| (d, e)));
-            let prepared = match (&decode, &ctx.pd) {
-                (None, _) => None,
-                (Some(_), Some(p)) => p.clone(),
-                (Some(_), None) => {
-                    let p = PdRequest::prepare(&ctx.body).await;
-                    ctx.pd = Some(p.clone());
-                    p
-                }
-            };
-            let two_step = decode.is_some() && prepared.is_some();
-            // The two-step builds both legs' bodies from the client's: text.
-            let ids = ctx.ids.as_ref().map(|i| {
-                if two_step {
-                    Err(kvroute::prompt::KeepText::PrefillDecode)
-                } else {
-                    i.for_engine(main.spec.engine).cloned()
-                }
-            });
-            if let (Some(outcome), false) = (&ids, ctx.ids_counted) {
-                ctx.ids_counted = true;
-                rt.counters
-                    .token_ids
-                    .record(outcome.as_ref().map(|_| ()).map_err(|k| *k));
-                if let Err(why) = outcome {
-                    tracing::debug!(reason = why.as_str(), "prompt forwarded as text");
-                }
-            }
-            let (Some((decode_id, decode_ep)), Some(prepared)) = (decode, prepared) else {
-                let body = match ids {
-                    Some(Ok(ids)) => ids,
-                    _ => ctx.body.clone(),
-                };
-                let response = gw
-                    .client
-                    .send(
-                        &main.spec.base,
-                        ctx.method.clone(),
-                        &ctx.path_and_query,
-                        &ctx.headers,
-                        body,
-                    )
-                    .await
-                    .map_err(|e| refused(Leg::Endpoint, e))?;
-                main.success();
-                return Ok(Connection {
-                    response,
-                    prefill_cached: None,
-                });
-            };
-            // Prefill leg (done once per prefill endpoint, even if decode retries).
-            let reuse = ctx
-                .prefill
-                .as_ref()
-                .filter(|(e, _, _)| *e == target.endpoint);
-            let (params, cached) = match reuse {
-                Some((_, p, c)) => (p.clone(), *c),
-                None => {
-                    let body = prepared.prefill.clone();
-                    gw.metrics.prefill_requests.inc();
-                    let resp = gw
-                        .client
-                        .send(
-                            &main.spec.base,
-                            ctx.method.clone(),
-                            &ctx.path_and_query,
-                            &ctx.headers,
-                            body,
-                        )
-                        .await
-                        .map_err(|e| refused(Leg::Endpoint, e))?;
-                    main.success();
-                    if !resp.status().is_success() {
-                        // The engine refused the request itself: the client gets its answer.
-                        return Ok(Connection {
-                            response: resp,
-                            prefill_cached: None,
-                        });
-                    }
-                    let answer = read_small(
-                        resp.into_body(),
-                        PREFILL_ANSWER_CAP,
-                        gw.limits.upstream_idle_timeout(),
-                    )
-                    .await
-                    .map_err(|e| ConnectFailure {
-                        leg: Leg::Endpoint,
-                        retryable: false,
-                        error: e,
-                    })?;
-                    let params = pd::transfer_params(&answer);
-                    let cached = serde_json::from_slice::<serde_json::Value>(&answer)
-                        .ok()
-                        .and_then(|v| kvroute::receipt::cached_tokens(&v));
-                    ctx.prefill = Some((target.endpoint, params.clone(), cached));
-                    (params, cached)
-                }
-            };
-            let body = prepared.decode_body(&ctx.body, params).await;
-            let response = gw
+    };
+    let (Some(decode_ep), Some(prepared)) = (decode, prepared) else {
+        if let Some(Err(why)) = pick.ids_outcome() {
+            tracing::debug!(reason = why.as_str(), "prompt forwarded as text");
+        }
+        let response = gw
+            .client
+            .send(
+                &main.base,
+                ctx.method.clone(),
+                &ctx.path_and_query,
+                &ctx.headers,
+                pick.upstream_body(&ctx.body),
+            )
+            .await
+            .map_err(|e| refused(Leg::Endpoint, e))?;
+        return Ok(Connection {
+            response,
+            prefill_cached: None,
+        });
+    };
+    // Prefill leg (done once per prefill endpoint, even if decode retries).
+    let reuse = ctx.prefill.as_ref().filter(|(e, _, _)| *e == main.url);
+    let (params, cached) = match reuse {
+        Some((_, p, c)) => (p.clone(), *c),
+        None => {
+            let body = prepared.prefill.clone();
+            gw.metrics.prefill_requests.inc();
+            let resp = gw
                 .client
                 .send(
-                    &decode_ep.spec.base,
+                    &main.base,
                     ctx.method.clone(),
                     &ctx.path_and_query,
                     &ctx.headers,
                     body,
                 )
                 .await
-                .map_err(|e| refused(Leg::Decode, e))?;
-            decode_ep.success();
-            let _ = decode_id;
-            Ok(Connection {
-                response,
-                prefill_cached: Some(cached),
-            })
+                .map_err(|e| refused(Leg::Endpoint, e))?;
+            if !resp.status().is_success() {
+                // The engine refused the request itself: the client gets its answer.
+                return Ok(Connection {
+                    response: resp,
+                    prefill_cached: None,
+                });
+            }
+            let answer = read_small(
+                resp.into_body(),
+                PREFILL_ANSWER_CAP,
+                gw.limits.upstream_idle_timeout(),
+            )
+            .await
+            .map_err(|e| ConnectFailure {
+                leg: Leg::Endpoint,
+                retryable: false,
+                error: e,
+            })?;
+            let params = pd::transfer_params(&answer);
+            let cached = serde_json::from_slice::<serde_json::Value>(&answer)
+                .ok()
+                .and_then(|v| kvroute::receipt::cached_tokens(&v));
+            ctx.prefill = Some((main.url.clone(), params.clone(), cached));
+            (params, cached)
         }
-    }
+    };
+    let body = prepared
+        .decode_body(&pick.text_body(&ctx.body), params)
+        .await;
+    let response = gw
+        .client
+        .send(
+            &decode_ep.base,
+            ctx.method.clone(),
+            &ctx.path_and_query,
+            &ctx.headers,
+            body,
+        )
+        .await
+        .map_err(|e| refused(Leg::Decode, e))?;
+    Ok(Connection {
+        response,
+        prefill_cached: Some(cached),
+    })
 }
 
-/// Streams the upstream response back; the receipt is recorded at its end.
-fn respond(
-    gw: &Arc<Gateway>,
-    rt: &Arc<RuleRuntime>,
-    conn: Connection,
-    decision: Decision,
-    mut guard: kvroute_select::LoadGuard,
-) -> Response {
+/// Streams the upstream response back; the receipt is recorded at its end
+/// and the load charge released then (or when the client goes away).
+fn respond(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, conn: Connection, mut pick: Pick) -> Response {
     let (parts, incoming) = conn.response.into_parts();
-    let pd_receipt = conn.prefill_cached;
-    if pd_receipt.is_some() {
+    if let Some(cached) = conn.prefill_cached {
         // The two-step's prefill leg answered inside `connect`: the prefill
-        // endpoint is done with this request; the decode one stays charged.
-        guard.prefill_leg_done();
-    }
-    if let Some(Some(c)) = pd_receipt {
-        rt.rule.record_receipt(&decision, c);
+        // endpoint is done with this request; the decode one stays charged,
+        // and the prefill leg's answer is the receipt.
+        if let Some(g) = pick.guard_mut() {
+            g.prefill_leg_done();
+        }
+        match cached {
+            Some(c) => {
+                pick.record_receipt(c);
+            }
+            None => pick.skip_body_receipt(),
+        }
     }
     let mut builder = Response::builder().status(parts.status);
     if let Some(h) = builder.headers_mut() {
         super::upstream::copy_headers(&parts.headers, h, false);
-        // Before `on_end` takes the decision for the receipt.
-        gw.observe.decision(rt, &decision, h);
+        gw.observe.decision(rt, pick.decision(), h);
     }
-    let rt2 = Arc::clone(rt);
     let gw2 = Arc::clone(gw);
-    let on_end: kvroute::receipt::OnReceipt = Box::new(move |r| {
-        if !r.complete {
-            gw2.metrics.aborted_streams.inc();
-        }
-        if pd_receipt.is_none() {
-            if let Some(c) = r.cached_tokens {
-                rt2.rule.record_receipt(&decision, c);
+    let body = pick.into_body_with(
+        &parts.headers,
+        IdleTimeout::new(incoming, gw.limits.upstream_idle_timeout()),
+        move |r| {
+            if !r.complete {
+                gw2.metrics.aborted_streams.inc();
             }
-        }
-    });
-    let tee = response_body(
-        incoming,
-        kvroute::receipt::BodyKind::of(&parts.headers),
-        gw.limits.upstream_idle_timeout(),
-        Some(guard),
-        on_end,
+        },
     );
-    builder.body(Body::new(tee)).unwrap_or_else(|_| {
+    builder.body(Body::new(body)).unwrap_or_else(|_| {
         error(
             StatusCode::BAD_GATEWAY,
             "upstream_error",

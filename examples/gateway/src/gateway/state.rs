@@ -1,116 +1,38 @@
-//! Shared gateway state: the rule table (replaced atomically by the admin API),
-//! each rule's library [`Rule`], inventory, subscribers, per-endpoint load and
-//! breakers, and the tokenizer pool.
+//! Shared gateway state: the rule table (replaced atomically by the admin
+//! API), one library [`KvRouter`] per rule — the runtime that owns the rule's
+//! inventories, event followers, breakers, probes, load view and replica
+//! sharing — and what the server adds around them (tokenizer pool,
+//! tokenization bound, upstream client, metrics, readiness).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kvroute_core::EndpointId;
+use kvroute::nats::NatsReplicas;
+use kvroute::{Backend, EngineLoadConfig, KvRouter, ProbeConfig, ReplicaConfig, ReplicaTransport};
 use kvroute_engines::prompt::{ParallelConfig, ParallelEncoder, TokenizerPool};
-use kvroute_engines::transport::{
-    DecodingSink, IndexIngest, SubscriberMetrics, TrtllmPoller, TrtllmPollerConfig, TrtllmSink,
-    ZmqSubscriber, ZmqSubscriberConfig,
-};
-use kvroute_select::{
-    AdminState, Availability, BreakerConfig, BreakerState, CircuitBreaker, ContractKeys, Endpoint,
-    EndpointLoad, Health, Load, LoadGuard, LoadTracker, PromptKeys, RemoteLoad, ReportedLoad, Rule,
-    RuleConfig, Thresholds,
-};
-use parking_lot::{Mutex, RwLock};
-use tokio::sync::watch;
+use kvroute_select::{BreakerConfig, Thresholds};
+use parking_lot::RwLock;
 
 use super::config::{
-    check_rule_set, ConfigError, EndpointSpec, HealthConfig, LimitsConfig, RuleSpec, ServeConfig,
+    check_rule_set, ConfigError, EndpointSpec, HealthConfig, LimitsConfig, ReplicasConfig,
+    RuleSpec, ServeConfig,
 };
-use super::inventory::{RuleInventory, SlotSpec};
 use super::metrics::GatewayMetrics;
 use super::upstream::UpstreamClient;
 
-/// One endpoint's live state.
-#[derive(Debug)]
-pub struct EndpointRuntime {
-    /// Its configuration.
-    pub spec: EndpointSpec,
-    breaker: Mutex<CircuitBreaker>,
-    admin_down: AtomicBool,
-    /// Last active probe verdict (`None` before the first probe).
-    pub probe_ok: Mutex<Option<bool>>,
-    /// One per DP rank subscriber, in `spec.events` order.
-    pub subscribers: Vec<Arc<SubscriberMetrics>>,
-    /// The TensorRT-LLM drain poller's metrics (`spec.drain` set).
-    pub drain: Option<Arc<SubscriberMetrics>>,
-    /// Polls of the engine's own load report (`/metrics`), by outcome.
-    pub load_polls: LoadPolls,
-}
-
-/// Outcomes of one endpoint's engine-load poller (see `engine_load.rs`):
-/// a failing poller means selection runs on this replica's own counts only.
-#[derive(Debug, Default)]
-pub struct LoadPolls {
-    /// Polls that gave a report.
-    pub ok: std::sync::atomic::AtomicU64,
-    /// Polls that failed (connect, timeout, status, unparsable page).
-    pub failed: std::sync::atomic::AtomicU64,
-}
-
-impl EndpointRuntime {
-    /// Breaker state at `now`.
-    #[must_use]
-    pub fn breaker_state(&self, now: Duration) -> BreakerState {
-        self.breaker.lock().state(now)
-    }
-
-    /// Whether the operator drained it.
-    #[must_use]
-    pub fn is_admin_down(&self) -> bool {
-        self.admin_down.load(Ordering::Relaxed)
-    }
-
-    /// Drains or restores it.
-    pub fn set_admin_down(&self, down: bool) {
-        self.admin_down.store(down, Ordering::Relaxed);
-    }
-
-    /// A request or probe reached it.
-    pub fn success(&self) {
-        self.breaker.lock().on_success();
-    }
-
-    /// A request or probe failed at `now`.
-    pub fn failure(&self, now: Duration) {
-        self.breaker.lock().on_failure(now);
-    }
-}
-
-/// A running rule. Dropping it stops its subscribers and probes.
+/// A running rule: its validated configuration, the library runtime that
+/// routes it, and the server's per-rule counters. Dropping the last handle
+/// stops the runtime's background work (requests in flight keep theirs).
 pub struct RuleRuntime {
     /// Validated configuration.
     pub spec: RuleSpec,
-    /// The library rule.
-    pub rule: Rule,
-    /// Its contract's prompt keys (KV-exact rules): the tokenizing job hashes
-    /// with them and hands the rule the keys.
-    pub keys: Option<Arc<ContractKeys>>,
-    /// Inventories (slot `i` = endpoint `i`).
-    pub inventory: Arc<RuleInventory>,
-    /// Endpoints, in rule order.
-    pub endpoints: Vec<EndpointRuntime>,
-    /// Requests in flight and predicted prefill tokens per endpoint, counted
-    /// from the decision until the response body ends or is dropped.
-    pub tracker: Arc<LoadTracker>,
-    /// The engines' own running / waiting counts, when polled.
-    pub reported: ReportedLoad,
-    /// The other gateway replicas' requests in flight here (`[replicas]`
-    /// configured; fed by [`super::replica_sync`]).
-    pub remote: Option<RemoteLoad>,
+    /// The rule's runtime.
+    pub router: KvRouter,
     /// Its request and decision counters (`/metrics`), shared with any
     /// earlier rule of the same name.
     pub counters: Arc<super::metrics::RuleCounters>,
-    epoch: Instant,
-    /// Set to `true` when the rule is removed or replaced.
-    stop: watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for RuleRuntime {
@@ -121,123 +43,40 @@ impl std::fmt::Debug for RuleRuntime {
     }
 }
 
-impl Drop for RuleRuntime {
-    fn drop(&mut self) {
-        let _ = self.stop.send_replace(true);
-    }
-}
-
 impl RuleRuntime {
-    /// Whether endpoint `i` is eligible at `now`.
+    /// The endpoint configured at position `index`.
     #[must_use]
-    pub fn is_available(&self, i: usize, now: Duration) -> bool {
-        self.availability(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)), now)
-            .is_available()
+    pub fn endpoint(&self, index: usize) -> Option<&EndpointSpec> {
+        self.spec.endpoints.get(index)
     }
 
-    /// The endpoint with id `id`.
+    /// The configured endpoint whose URL is `url` (trailing `/` ignored).
     #[must_use]
-    pub fn endpoint(&self, id: EndpointId) -> Option<&EndpointRuntime> {
-        self.endpoints.get(id.index())
-    }
-
-    /// The gateway's monotonic time (the library's `now`).
-    #[must_use]
-    pub fn now(&self) -> Duration {
-        self.epoch.elapsed()
-    }
-
-    /// Charges a request without a KV decision (pass-through) to `id`.
-    #[must_use]
-    pub fn start_request(&self, id: EndpointId) -> LoadGuard {
-        self.tracker.charge(
-            kvroute_select::Target {
-                endpoint: id,
-                decode: None,
-            },
-            0,
-        )
-    }
-
-    /// What selection sees of endpoint `id`: this gateway's own in-flight
-    /// accounting plus the other replicas' (when shared), corrected by the
-    /// engine's reported queue when polled.
-    #[must_use]
-    pub fn load_of(&self, id: EndpointId) -> EndpointLoad {
-        let now = self.epoch.elapsed();
-        match &self.remote {
-            Some(remote) => self
-                .reported
-                .view(&remote.view(&*self.tracker, now), now)
-                .load(id),
-            None => self.reported.view(&*self.tracker, now).load(id),
-        }
-    }
-
-    /// Every replica's own accounting on `id`, without engine reports: what
-    /// an engine report is compared with, so that requests it already counts
-    /// are not counted twice.
-    #[must_use]
-    pub fn replicas_load(&self, id: EndpointId) -> EndpointLoad {
-        match &self.remote {
-            Some(remote) => remote.view(&*self.tracker, self.epoch.elapsed()).load(id),
-            None => self.tracker.load(id),
-        }
-    }
-
-    /// The index of the endpoint whose `url` is `url` (trailing `/` ignored).
-    #[must_use]
-    pub fn endpoint_index(&self, url: &str) -> Option<EndpointId> {
+    pub fn endpoint_by_url(&self, url: &str) -> Option<&EndpointSpec> {
         let url = url.trim_end_matches('/');
-        self.endpoints
+        self.spec
+            .endpoints
             .iter()
-            .position(|e| e.spec.url.trim_end_matches('/') == url)
-            .and_then(|i| u32::try_from(i).ok())
-            .map(EndpointId)
-    }
-
-    /// A receiver that turns `true` when the rule goes away.
-    #[must_use]
-    pub fn stopped(&self) -> watch::Receiver<bool> {
-        self.stop.subscribe()
+            .find(|e| e.url.trim_end_matches('/') == url)
     }
 }
 
-impl Load for RuleRuntime {
-    fn load(&self, endpoint: EndpointId) -> EndpointLoad {
-        self.load_of(endpoint)
+/// The library backend of a configured endpoint.
+fn backend(e: &EndpointSpec) -> Backend {
+    let mut b = Backend::new(e.engine, e.url.clone())
+        .role(e.role)
+        .weight(e.weight)
+        .capacity(e.capacity)
+        .dp_ranks(e.dp_ranks)
+        .topic(e.topic.clone())
+        .drained(e.drain.is_some());
+    if let Some(z) = &e.zmq {
+        b = b.events(z.clone());
     }
-
-    /// Every replica's charges (the cost scorer's drain times them).
-    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
-        let local = self.tracker.charged_tokens(endpoint);
-        Some(
-            self.remote
-                .as_ref()
-                .map_or(local, |r| local.saturating_add(r.remote_charged(endpoint))),
-        )
+    if let Some(r) = &e.replay {
+        b = b.replay(r.clone());
     }
-
-    /// The engine's own prefill counters, from its last fresh load report.
-    fn prefill_progress(&self, endpoint: EndpointId) -> Option<kvroute_select::PrefillProgress> {
-        self.reported
-            .view(&*self.tracker, self.epoch.elapsed())
-            .prefill_progress(endpoint)
-    }
-}
-
-impl Health for RuleRuntime {
-    fn availability(&self, endpoint: EndpointId, now: Duration) -> Availability {
-        let Some(e) = self.endpoint(endpoint) else {
-            return Availability::Available;
-        };
-        let admin = if e.is_admin_down() {
-            AdminState::Down
-        } else {
-            AdminState::Up
-        };
-        Availability::from_states(admin, e.breaker_state(now))
-    }
+    b
 }
 
 /// The gateway.
@@ -248,8 +87,8 @@ pub struct Gateway {
     pub health: HealthConfig,
     /// Admin bearer token.
     pub admin_token: Option<String>,
-    /// Tokenizers by model slug.
-    pub tokenizers: TokenizerPool,
+    /// Tokenizers by model slug, shared by every rule.
+    pub tokenizers: Arc<TokenizerPool>,
     /// Staged model slugs.
     pub models: Vec<String>,
     rules: RwLock<BTreeMap<String, Arc<RuleRuntime>>>,
@@ -257,16 +96,16 @@ pub struct Gateway {
     pub client: UpstreamClient,
     /// Gateway counters.
     pub metrics: GatewayMetrics,
-    /// Bound on concurrent tokenizations and their bytes.
+    /// Bound on concurrent tokenizations and their bytes, shared by every rule.
     pub tokenize_admission: Arc<kvroute::admission::TokenizeAdmission>,
     /// Rotates the starting endpoint of pass-through requests among equally
     /// loaded ones.
     pub passthrough_turn: AtomicU32,
     /// Readiness, decision headers and the sampled decision log.
     pub observe: super::observe::Observe,
-    /// Load sharing with the other replicas (`[replicas] peers` set).
-    pub replica_sync: Option<Arc<super::replica_sync::ReplicaSync>>,
-    epoch: Instant,
+    /// Replica load sharing (`[replicas] nats` set): the NATS transport
+    /// every rule's runtime shares, and its settings.
+    pub replicas: Option<(Arc<NatsReplicas>, ReplicasConfig)>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -277,19 +116,16 @@ impl std::fmt::Debug for Gateway {
 
 impl Gateway {
     /// Builds the gateway and starts every configured rule (must run inside a
-    /// tokio runtime: subscribers and probes are spawned).
+    /// tokio runtime: each rule's runtime spawns its background work).
+    /// `nats` is the replica transport when `[replicas] nats` names one.
     ///
     /// # Errors
     /// A rule the library refuses.
-    pub fn start(config: &ServeConfig) -> Result<Arc<Self>, ConfigError> {
-        let replica_sync = super::replica_sync::ReplicaSync::new(
-            &config.replicas,
-            config.listen,
-            config.admin_listen,
-            config.admin_token.clone(),
-        )?
-        .map(Arc::new);
-        let tokenizers = TokenizerPool::new();
+    pub fn start(
+        config: &ServeConfig,
+        nats: Option<Arc<NatsReplicas>>,
+    ) -> Result<Arc<Self>, ConfigError> {
+        let tokenizers = Arc::new(TokenizerPool::new());
         for m in &config.models {
             tokenizers.register(m.slug.clone(), m.dir.clone());
         }
@@ -334,22 +170,12 @@ impl Gateway {
                     .map(|m| m.slug.clone())
                     .collect::<Vec<_>>(),
             ),
-            replica_sync,
-            epoch: Instant::now(),
+            replicas: nats.map(|t| (t, config.replicas.clone())),
         });
         for spec in &config.rules {
             gw.put_rule(spec.clone(), true)?;
         }
-        if let Some(sync) = &gw.replica_sync {
-            sync.spawn(&gw);
-        }
         Ok(gw)
-    }
-
-    /// Monotonic time since start (the library's `now`).
-    #[must_use]
-    pub fn now(&self) -> Duration {
-        self.epoch.elapsed()
     }
 
     /// The rules, by name.
@@ -380,12 +206,12 @@ impl Gateway {
     }
 
     /// Installs `spec`, replacing a rule of the same name when `replace`; the
-    /// replaced rule's subscribers stop once its last request finishes.
+    /// replaced rule's runtime stops once its last request finishes.
     ///
     /// # Errors
     /// [`ConfigError`] when the name exists (and `!replace`), the rule set
     /// becomes inconsistent, or the library refuses the rule.
-    pub fn put_rule(self: &Arc<Self>, spec: RuleSpec, replace: bool) -> Result<bool, ConfigError> {
+    pub fn put_rule(&self, spec: RuleSpec, replace: bool) -> Result<bool, ConfigError> {
         let mut rules = self.rules.write();
         let existed = rules.contains_key(&spec.doc.name);
         if existed && !replace {
@@ -401,66 +227,26 @@ impl Gateway {
             .collect();
         specs.push(spec.clone());
         check_rule_set(&specs)?;
-        let (runtime, pending) = self.build_rule(spec)?;
-        let name = runtime.spec.doc.name.clone();
-        if let Some(old) = rules.insert(name, Arc::clone(&runtime)) {
-            // Its subscribers and probes stop now; in-flight requests keep their Arc.
-            let _ = old.stop.send_replace(true);
-        }
-        drop(rules);
-        self.spawn_background(&runtime, pending);
+        let runtime = Arc::new(self.build_rule(spec)?);
+        rules.insert(runtime.spec.doc.name.clone(), runtime);
         Ok(existed)
     }
 
     /// Removes a rule; `false` when it did not exist.
     pub fn delete_rule(&self, name: &str) -> bool {
-        let removed = self.rules.write().remove(name);
-        if let Some(old) = &removed {
-            let _ = old.stop.send_replace(true);
-        }
-        removed.is_some()
+        self.rules.write().remove(name).is_some()
     }
 
-    /// Stops every rule (subscribers and probes end).
+    /// Drops every rule (their runtimes stop once their requests finish).
     pub fn stop_all(&self) {
-        let rules = std::mem::take(&mut *self.rules.write());
-        for r in rules.values() {
-            let _ = r.stop.send_replace(true);
-        }
+        self.rules.write().clear();
     }
 
-    fn build_rule(&self, spec: RuleSpec) -> Result<(Arc<RuleRuntime>, Vec<Pending>), ConfigError> {
+    fn build_rule(&self, spec: RuleSpec) -> Result<RuleRuntime, ConfigError> {
         let field = format!("rule {:?}", spec.doc.name);
         let lib_err = |e: &dyn std::fmt::Display| ConfigError::Invalid {
             field: field.clone(),
             message: e.to_string(),
-        };
-        let keys: Option<Arc<ContractKeys>> = match &spec.contract {
-            Some(c) => Some(Arc::new(ContractKeys::new(c).map_err(|e| lib_err(&e))?)),
-            None => None,
-        };
-        let endpoints: Vec<Endpoint> = spec
-            .endpoints
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                let ep = Endpoint::new(e.url.clone(), e.role)
-                    .with_weight(e.weight)
-                    .with_capacity(e.capacity);
-                if e.events.is_empty() && e.drain.is_none() {
-                    ep
-                } else {
-                    ep.with_inventory_slot(u32::try_from(i).unwrap_or(u32::MAX))
-                }
-            })
-            .collect();
-        let (block_size, contract_id, key_mode) = match &keys {
-            Some(k) => (k.block_size(), k.contract().clone(), k.key_mode()),
-            None => (
-                16,
-                kvroute_select::ContractId::new("none"),
-                kvroute_select::KeyMode::Engine,
-            ),
         };
         let mut thresholds = Thresholds::default();
         if let Some(n) = spec.doc.min_overlap_blocks {
@@ -469,151 +255,64 @@ impl Gateway {
         if let Some(n) = spec.doc.max_retries {
             thresholds.max_retries = n;
         }
-        let mut cfg = RuleConfig::kv_exact(
-            &spec.doc.name,
-            spec.topology,
-            endpoints,
-            block_size,
-            contract_id,
-        );
-        cfg.choice = spec.choice;
-        cfg.key_mode = key_mode;
-        cfg.scorer = spec.scorer;
-        cfg.fallback = spec.selector;
-        cfg.thresholds = thresholds;
-        let provider = keys.clone().map(|k| k as Arc<dyn PromptKeys>);
-        let rule = Rule::new(cfg, provider).map_err(|e| lib_err(&e))?;
-        let slots: Vec<SlotSpec> = spec.endpoints.iter().map(SlotSpec::from).collect();
-        let inventory = Arc::new(RuleInventory::new(&slots, spec.contract.as_ref()));
-        let mut pending = Vec::new();
-        let breaker = BreakerConfig {
+        let limits = &self.limits;
+        let mut b = match &spec.contract {
+            Some(c) => KvRouter::builder(c.clone()),
+            None => KvRouter::builder_without_contract(),
+        }
+        .name(spec.doc.name.clone())
+        .topology(spec.topology)
+        .choice(spec.choice)
+        .scorer(Arc::clone(&spec.scorer))
+        .fallback(spec.selector)
+        .thresholds(thresholds)
+        .breaker(BreakerConfig {
             failure_threshold: self.health.failure_threshold,
             cool_down: Duration::from_millis(self.health.cool_down_ms),
-        };
-        let mut endpoints = Vec::new();
-        for (slot, e) in spec.endpoints.iter().enumerate() {
-            let mut subscribers = Vec::new();
-            for src in &e.events {
-                let mut cfg = ZmqSubscriberConfig::new(src.zmq.clone()).topic(src.topic.clone());
-                if let Some(r) = &src.replay {
-                    cfg = cfg.replay_endpoint(r.clone());
-                }
-                let subscriber = ZmqSubscriber::new(cfg);
-                subscribers.push(subscriber.metrics());
-                // Without a replay socket a reconnect is judged by sequence
-                // numbers alone (a blip keeps the inventory).
-                let sink = inventory
-                    .zmq_sink(slot, src.rank, e.engine, src.replay.is_some())
-                    .map_err(|err| lib_err(&err))?;
-                pending.push(Pending::Zmq {
-                    subscriber,
-                    sink,
-                    what: format!("{} rank {} ({})", e.url, src.rank, src.zmq.address),
-                });
-            }
-            let mut drain = None;
-            if let Some(url) = &e.drain {
-                let poller = TrtllmPoller::new(TrtllmPollerConfig::new(url.clone()))
-                    .map_err(|err| lib_err(&err))?;
-                drain = Some(poller.metrics());
-                let sink = inventory
-                    .drain_sink(slot, block_size)
-                    .map_err(|err| lib_err(&err))?;
-                pending.push(Pending::Drain {
-                    poller,
-                    sink,
-                    url: url.clone(),
-                });
-            }
-            endpoints.push(EndpointRuntime {
-                spec: e.clone(),
-                breaker: Mutex::new(CircuitBreaker::new(breaker)),
-                admin_down: AtomicBool::new(false),
-                probe_ok: Mutex::new(None),
-                subscribers,
-                drain,
-                load_polls: LoadPolls::default(),
+        })
+        .max_endpoints(spec.endpoints.len().max(1))
+        .tokenizers(Arc::clone(&self.tokenizers))
+        .tokenize_admission(Arc::clone(&self.tokenize_admission))
+        .tokenize_overload(limits.tokenize_overload)
+        .tokenize_wait(limits.tokenize_wait())
+        .max_prompt_chars(limits.max_prompt_chars)
+        .max_prompt_tokens(limits.max_prompt_tokens)
+        .include_usage(limits.include_usage)
+        .forward_token_ids(spec.doc.forward_token_ids);
+        for (model, adapter) in &spec.lora {
+            b = b.lora(model.clone(), adapter.clone());
+        }
+        for e in &spec.endpoints {
+            b = b.endpoint(backend(e));
+        }
+        if self.health.interval_ms > 0 {
+            b = b.health_probes(ProbeConfig {
+                path: self.health.path.clone(),
+                interval: Duration::from_millis(self.health.interval_ms),
+                timeout: Duration::from_millis(self.health.timeout_ms.max(1)),
             });
         }
-        let (stop, _) = watch::channel(false);
-        let n = endpoints.len();
-        let counters = self.metrics.rule(&spec.doc.name);
-        let (tracker, remote) = match &self.replica_sync {
-            Some(sync) => {
-                let (t, r) = sync.rule_tables(n);
-                (t, Some(r))
-            }
-            None => (LoadTracker::new(n), None),
-        };
-        let rt = Arc::new(RuleRuntime {
-            counters,
+        if limits.engine_load_poll_ms > 0 {
+            let interval = Duration::from_millis(limits.engine_load_poll_ms);
+            b = b.engine_load(EngineLoadConfig {
+                interval,
+                timeout: interval.max(Duration::from_millis(200)),
+                max_age: Duration::from_secs(5),
+            });
+        }
+        if let Some((transport, cfg)) = &self.replicas {
+            let mut r = ReplicaConfig::new(Arc::clone(transport) as Arc<dyn ReplicaTransport>);
+            r.pool = Some(spec.doc.name.clone());
+            r.sync_interval = Duration::from_millis(cfg.sync_interval_ms.max(1));
+            r.heartbeat = Duration::from_millis(cfg.heartbeat_ms.max(1));
+            r.ttl = Duration::from_millis(cfg.remote_ttl_ms.max(1));
+            b = b.replicas(r);
+        }
+        let router = b.spawn().map_err(|e| lib_err(&e))?;
+        Ok(RuleRuntime {
+            counters: self.metrics.rule(&spec.doc.name),
             spec,
-            rule,
-            keys,
-            inventory,
-            endpoints,
-            tracker: Arc::new(tracker),
-            reported: ReportedLoad::new(n, Duration::from_secs(5)),
-            remote,
-            epoch: self.epoch,
-            stop,
-        });
-        Ok((rt, pending))
+            router,
+        })
     }
-
-    /// Starts the rule's subscribers (they retry until their engine is up) and
-    /// its health probes.
-    fn spawn_background(self: &Arc<Self>, rt: &Arc<RuleRuntime>, pending: Vec<Pending>) {
-        for p in pending {
-            let mut stop = rt.stopped();
-            let stopped = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            match p {
-                Pending::Zmq {
-                    subscriber,
-                    sink,
-                    what,
-                } => {
-                    tracing::info!(rule = %rt.spec.doc.name, subscriber = %what, "starting KV-event subscriber");
-                    tokio::spawn(async move {
-                        let _ = subscriber.run(sink, stopped).await;
-                    });
-                }
-                Pending::Drain { poller, sink, url } => {
-                    tracing::warn!(
-                        rule = %rt.spec.doc.name,
-                        %url,
-                        "starting TensorRT-LLM KV-event DRAIN poller: every POST to /kv_cache_events \
-                         CONSUMES the engine's events, so this must be the ONLY consumer of this engine \
-                         (no second gateway replica, script or curl); a competing consumer shows up as \
-                         steady event_id gaps and clears"
-                    );
-                    tokio::spawn(async move {
-                        let _ = poller.run(sink, stopped).await;
-                    });
-                }
-            }
-        }
-        super::health::spawn_probes(self, rt);
-        if self.limits.engine_load_poll_ms > 0 {
-            super::engine_load::spawn(rt, Duration::from_millis(self.limits.engine_load_poll_ms));
-        }
-    }
-}
-
-/// A subscriber built with its rule, started once the rule is installed.
-enum Pending {
-    /// One ZeroMQ subscriber (endpoint, DP rank).
-    Zmq {
-        subscriber: ZmqSubscriber,
-        sink: DecodingSink<IndexIngest>,
-        what: String,
-    },
-    /// One TensorRT-LLM drain poller (endpoint).
-    Drain {
-        poller: TrtllmPoller,
-        sink: TrtllmSink<IndexIngest>,
-        url: String,
-    },
 }

@@ -166,16 +166,6 @@ impl UpstreamClient {
             }
         })
     }
-
-    /// `GET base + path` with a timeout; `true` on a 2xx answer.
-    pub async fn probe(&self, base: &Uri, path: &str, timeout: Duration) -> bool {
-        let headers = HeaderMap::new();
-        let send = self.send(base, Method::GET, path, &headers, Bytes::new());
-        match tokio::time::timeout(timeout, send).await {
-            Ok(Ok(resp)) => resp.status().is_success(),
-            _ => false,
-        }
-    }
 }
 
 /// `e: source: source...` without secrets (errors carry no headers or bodies).

@@ -111,32 +111,52 @@ fn json_error(field: Option<String>, e: &serde_json::Error) -> ConfigError {
 }
 
 /// `[replicas]`: replicas of this gateway in front of the same engines share
-/// their in-flight load so that each one's load view counts the others'
-/// requests (`kvroute_select::replica_sync`).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+/// their load over NATS, so that each one's load view counts the others'
+/// requests (`kvroute::ReplicaConfig`). Replicas find each other by their
+/// messages; there is no peer list.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReplicasConfig {
-    /// This replica's name in the others' load views (default: the proxy
-    /// listener address).
-    pub id: Option<String>,
-    /// Admin base URLs of the other replicas, e.g. `http://10.0.0.2:9090`.
-    /// Empty: no sharing.
-    pub peers: Vec<String>,
-    /// How often coalesced load changes are sent to each peer.
+    /// NATS server URL(s), comma-separated (`nats://host:4222`,
+    /// `tls://host:4222`). Absent: no sharing.
+    pub nats: Option<String>,
+    /// Subject prefix: each rule's load travels on `{prefix}.{rule}.load`.
+    pub subject_prefix: String,
+    /// A NATS credentials file (`.creds`), relative to the configuration
+    /// file.
+    pub credentials_file: Option<String>,
+    /// Name of an environment variable holding a NATS token.
+    pub token_env: Option<String>,
+    /// Require TLS to the server.
+    pub tls_required: bool,
+    /// PEM root certificates to trust for the server, relative to the
+    /// configuration file.
+    pub tls_ca_file: Option<String>,
+    /// PEM client certificate (mutual TLS), with `tls_key_file`.
+    pub tls_cert_file: Option<String>,
+    /// PEM client key (mutual TLS), with `tls_cert_file`.
+    pub tls_key_file: Option<String>,
+    /// How often this replica's load changes are published.
     pub sync_interval_ms: u64,
-    /// A full resend of this replica's totals at least this often, so a
-    /// restarted peer or a lost batch heals.
+    /// Every endpoint's totals are published at least this often, so a
+    /// restarted replica or a lost message heals.
     pub heartbeat_ms: u64,
-    /// A peer not heard from for this long has its requests dropped from the
-    /// load view.
+    /// A replica not heard from for this long has its requests dropped from
+    /// the load view.
     pub remote_ttl_ms: u64,
 }
 
 impl Default for ReplicasConfig {
     fn default() -> Self {
         Self {
-            id: None,
-            peers: Vec::new(),
+            nats: None,
+            subject_prefix: "kvroute".to_owned(),
+            credentials_file: None,
+            token_env: None,
+            tls_required: false,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             sync_interval_ms: 2,
             heartbeat_ms: 1_000,
             remote_ttl_ms: 5_000,

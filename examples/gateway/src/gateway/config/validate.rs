@@ -4,12 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 use hyper::Uri;
 use kvroute_core::{HashContract, HashError, LoraAdapter, RequestExtras};
 use kvroute_engines::transport::EngineKind;
 use kvroute_select::{
-    Choice, CostConfig, LoadAwareConfig, Role, Scorer, ScorerKind, SelectorKind, Topology,
+    Choice, CostConfig, CostScorer, LoadAwareConfig, LoadAwareScorer, Role, ScorerKind, ScorerRef,
+    SelectorKind, Topology,
 };
 
 use super::{
@@ -28,8 +30,17 @@ pub struct EndpointSpec {
     pub role: Role,
     /// Engine kind.
     pub engine: EngineKind,
-    /// KV-event subscriptions, one per DP rank (empty without events).
+    /// KV-event subscriptions, one per DP rank (empty without events): the
+    /// addresses the runtime derives from `zmq`, `replay` and `dp_ranks`.
     pub events: Vec<EventSource>,
+    /// The engine's KV-event endpoint as configured.
+    pub zmq: Option<String>,
+    /// The engine's replay endpoint as configured.
+    pub replay: Option<String>,
+    /// Data-parallel ranks.
+    pub dp_ranks: u32,
+    /// ZeroMQ topic.
+    pub topic: String,
     /// TensorRT-LLM drain URL (`<url>/kv_cache_events`) when `drain = true`.
     pub drain: Option<String>,
     /// Weight.
@@ -47,8 +58,6 @@ pub struct EventSource {
     pub zmq: kvroute_engines::transport::ZmqEndpoint,
     /// Replay ROUTER address for this rank.
     pub replay: Option<String>,
-    /// Topic.
-    pub topic: String,
 }
 
 /// A validated rule.
@@ -63,29 +72,13 @@ pub struct RuleSpec {
     /// Contract (KV-exact rules).
     pub contract: Option<HashContract>,
     /// Scorer.
-    pub scorer: Scorer,
+    pub scorer: ScorerRef,
     /// Miss selector.
     pub selector: SelectorKind,
     /// Endpoints.
     pub endpoints: Vec<EndpointSpec>,
     /// LoRA adapters by the model name requests use for them.
     pub lora: BTreeMap<String, LoraAdapter>,
-}
-
-impl RuleSpec {
-    /// The hash extras of a request for `model` with vLLM `cache_salt`: the
-    /// rule's LoRA adapter for that model name, if any, and the salt. With
-    /// `[[rules.lora]] model = "sql", path = "/adapters/sql"`, a request for
-    /// `"sql"` gets `lora = {name: "sql", path: "/adapters/sql"}`; a request
-    /// for the base model gets none.
-    #[must_use]
-    pub fn request_extras(&self, model: Option<&str>, cache_salt: Option<String>) -> RequestExtras {
-        RequestExtras {
-            lora: model.and_then(|m| self.lora.get(m)).cloned(),
-            cache_salt,
-            ..RequestExtras::NONE
-        }
-    }
 }
 
 /// The validated file.
@@ -136,7 +129,7 @@ impl ServeConfig {
     fn validate(file: FileConfig, base: &Path) -> Result<Self, ConfigError> {
         let listen = parse_addr("listen", &file.listen)?;
         let admin_listen = parse_addr("admin.listen", &file.admin.listen)?;
-        crate::gateway::replica_sync::validate(&file.replicas, admin_listen)?;
+        let replicas = validate_replicas(file.replicas.clone(), base)?;
         let admin_token = match (&file.admin.token, &file.admin.token_env) {
             (Some(_), Some(_)) => {
                 return Err(invalid(
@@ -255,7 +248,7 @@ impl ServeConfig {
             limits,
             health: file.health,
             decisions: file.decisions,
-            replicas: file.replicas,
+            replicas,
             models,
             rules,
         })
@@ -340,14 +333,15 @@ impl RuleSpec {
             ));
         }
         let (choice, topology, selector) = (doc.choice, doc.topology, doc.selector);
-        let scorer = match doc.scorer {
-            ScorerKind::LoadAware => {
-                Scorer::LoadAware(load_aware_config(doc.load_slack, &f("load_slack"))?)
-            }
-            ScorerKind::Cost => Scorer::Cost(cost_config(doc.cost.as_ref(), &f("cost"))?),
-            kind => Scorer::from(kind),
+        let scorer: ScorerRef = match doc.scorer {
+            ScorerKind::LoadAware => Arc::new(LoadAwareScorer(load_aware_config(
+                doc.load_slack,
+                &f("load_slack"),
+            )?)),
+            ScorerKind::Cost => Arc::new(CostScorer(cost_config(doc.cost.as_ref(), &f("cost"))?)),
+            kind => kind.build(),
         };
-        if doc.cost.is_some() && !matches!(scorer, Scorer::Cost(_)) {
+        if doc.cost.is_some() && doc.scorer != ScorerKind::Cost {
             return Err(invalid(
                 f("cost"),
                 format!(
@@ -356,7 +350,7 @@ impl RuleSpec {
                 ),
             ));
         }
-        if doc.load_slack.is_some() && !matches!(scorer, Scorer::LoadAware(_)) {
+        if doc.load_slack.is_some() && doc.scorer != ScorerKind::LoadAware {
             return Err(invalid(
                 f("load_slack"),
                 format!(
@@ -647,7 +641,6 @@ impl EndpointSpec {
                     rank,
                     zmq: sub,
                     replay,
-                    topic: e.topic.clone(),
                 });
             }
         } else if e.replay.is_some() {
@@ -669,11 +662,90 @@ impl EndpointSpec {
             role,
             engine,
             events,
+            zmq: e.zmq.clone(),
+            replay: e.replay.clone(),
+            dp_ranks: e.dp_ranks,
+            topic: e.topic.clone(),
             drain,
             weight: e.weight,
             capacity: e.capacity,
         })
     }
+}
+
+/// `[replicas]`: intervals consistent, files resolved against `base`, the
+/// NATS URL and subject prefix usable.
+fn validate_replicas(mut cfg: ReplicasConfig, base: &Path) -> Result<ReplicasConfig, ConfigError> {
+    if cfg.sync_interval_ms == 0 {
+        return Err(invalid("replicas.sync_interval_ms", "must be at least 1"));
+    }
+    if cfg.heartbeat_ms == 0 {
+        return Err(invalid("replicas.heartbeat_ms", "must be at least 1"));
+    }
+    if cfg.remote_ttl_ms <= cfg.heartbeat_ms {
+        return Err(invalid(
+            "replicas.remote_ttl_ms",
+            format!(
+                "must exceed replicas.heartbeat_ms ({}): an idle replica would expire at the others between two heartbeats",
+                cfg.heartbeat_ms
+            ),
+        ));
+    }
+    if let Some(url) = &cfg.nats {
+        for u in url.split(',') {
+            let ok = ["nats://", "tls://", "ws://", "wss://"]
+                .iter()
+                .any(|s| u.trim().starts_with(s))
+                && u.trim().len() > 7;
+            if !ok {
+                return Err(invalid(
+                    "replicas.nats",
+                    format!("{u:?}: expected nats://host:port (or tls://, ws://, wss://)"),
+                ));
+            }
+        }
+    }
+    let prefix_ok = !cfg.subject_prefix.is_empty()
+        && cfg.subject_prefix.split('.').all(|t| {
+            !t.is_empty()
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        });
+    if !prefix_ok {
+        return Err(invalid(
+            "replicas.subject_prefix",
+            "dot-separated tokens of letters, digits, `-` and `_`",
+        ));
+    }
+    if cfg.tls_cert_file.is_some() != cfg.tls_key_file.is_some() {
+        return Err(invalid(
+            "replicas.tls_cert_file",
+            "a client certificate needs its key (tls_key_file), and the other way round",
+        ));
+    }
+    for (field, value) in [
+        ("replicas.credentials_file", &mut cfg.credentials_file),
+        ("replicas.tls_ca_file", &mut cfg.tls_ca_file),
+        ("replicas.tls_cert_file", &mut cfg.tls_cert_file),
+        ("replicas.tls_key_file", &mut cfg.tls_key_file),
+    ] {
+        if let Some(v) = value {
+            let p = base.join(&*v);
+            if !p.is_file() {
+                return Err(invalid(field, format!("{} is not a file", p.display())));
+            }
+            *v = p.to_string_lossy().into_owned();
+        }
+    }
+    if let Some(var) = &cfg.token_env {
+        if std::env::var(var).is_err() {
+            return Err(invalid(
+                "replicas.token_env",
+                format!("environment variable {var} is not set"),
+            ));
+        }
+    }
+    Ok(cfg)
 }
 
 /// Rule documents as the admin API receives them (JSON with the same fields).
@@ -760,23 +832,41 @@ mod tests {
     }
 
     /// The scorer of a one-rule file whose rule carries `extra` lines.
-    fn scorer_with(extra: &str) -> Result<Scorer, ConfigError> {
+    fn scorer_with(extra: &str) -> Result<Built, ConfigError> {
         let text = format!(
             "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{extra}\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1\"\n"
         );
-        ServeConfig::from_toml(&text, Path::new(".")).map(|c| c.rules[0].scorer)
+        ServeConfig::from_toml(&text, Path::new(".")).map(|c| Built::of(&c.rules[0].scorer))
+    }
+
+    /// A built-in scorer with its parameters, for comparisons.
+    #[derive(Debug, PartialEq)]
+    enum Built {
+        Cost(CostConfig),
+        LoadAware(LoadAwareConfig),
+        Other(String),
+    }
+
+    impl Built {
+        fn of(s: &ScorerRef) -> Self {
+            let any: &dyn std::any::Any = &**s;
+            if let Some(c) = any.downcast_ref::<CostScorer>() {
+                Built::Cost(c.0)
+            } else if let Some(l) = any.downcast_ref::<LoadAwareScorer>() {
+                Built::LoadAware(l.0)
+            } else {
+                Built::Other(s.name().to_owned())
+            }
+        }
     }
 
     #[test]
     fn rules_cost_sets_the_cost_scorer_and_is_validated() {
-        assert_eq!(
-            scorer_with("").unwrap(),
-            Scorer::Cost(CostConfig::default())
-        );
+        assert_eq!(scorer_with("").unwrap(), Built::Cost(CostConfig::default()));
         assert_eq!(
             scorer_with("[rules.cost]\naffinity_tokens = 256\naffinity_slack = 0.2\nload_factor = inf\nload_headroom = 4\ndrain_queue = false")
             .unwrap(),
-            Scorer::Cost(CostConfig {
+            Built::Cost(CostConfig {
                 affinity_tokens: 256.0,
                 affinity_slack: 0.2,
                 load_factor: f64::INFINITY,
@@ -836,18 +926,18 @@ mod tests {
     fn load_slack_sets_the_load_aware_epsilon_and_is_validated() {
         assert_eq!(
             scorer_with("scorer = \"load_aware\"\nload_slack = 0.5").unwrap(),
-            Scorer::LoadAware(LoadAwareConfig {
+            Built::LoadAware(LoadAwareConfig {
                 epsilon: 0.5,
                 ..LoadAwareConfig::default()
             })
         );
         assert_eq!(
             scorer_with("scorer = \"load_aware\"").unwrap(),
-            Scorer::LoadAware(LoadAwareConfig::default())
+            Built::LoadAware(LoadAwareConfig::default())
         );
         assert_eq!(
             scorer_with("scorer = \"load_aware\"\nload_slack = 0").unwrap(),
-            Scorer::LoadAware(LoadAwareConfig {
+            Built::LoadAware(LoadAwareConfig {
                 epsilon: 0.0,
                 ..LoadAwareConfig::default()
             })
@@ -897,22 +987,14 @@ mod tests {
             "[[rules.lora]]\nmodel = \"sql\"\npath = \"/adapters/sql-lora\"\n",
         )
         .unwrap();
-        let sql = rule.request_extras(Some("sql"), Some("tenant-a".to_owned()));
         assert_eq!(
-            sql.lora,
-            Some(LoraAdapter {
+            rule.lora.get("sql"),
+            Some(&LoraAdapter {
                 name: "sql".to_owned(),
                 path: "/adapters/sql-lora".to_owned()
             })
         );
-        assert_eq!(sql.cache_salt.as_deref(), Some("tenant-a"));
-        assert_eq!(rule.request_extras(Some("base"), None), RequestExtras::NONE);
-        assert_eq!(rule.request_extras(None, None), RequestExtras::NONE);
-        let salted = rule.request_extras(Some("base"), Some("s".to_owned()));
-        assert_eq!(
-            (salted.lora, salted.cache_salt.as_deref()),
-            (None, Some("s"))
-        );
+        assert_eq!(rule.lora.get("base"), None);
         // The admin API takes the same shape and lists it back.
         let json = serde_json::to_value(&rule.doc).unwrap();
         assert_eq!(json["lora"][0]["path"], "/adapters/sql-lora");
@@ -1004,7 +1086,7 @@ mod tests {
             ScorerKind::LoadAware,
         ] {
             let c = parse(doc(&format!("scorer = \"{k}\""), "")).unwrap();
-            assert_eq!(c.rules[0].scorer, Scorer::from(k));
+            assert_eq!(c.rules[0].scorer.name(), k.build().name());
         }
         for (engine, want) in [
             ("vllm", EngineKind::Vllm),

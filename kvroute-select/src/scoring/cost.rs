@@ -1,0 +1,272 @@
+//! The default KV-exact scorer: least predicted time to first token under a
+//! bounded-load cap, with affinity for the longest cached prefix.
+
+use super::{Candidate, ScoreInput, ScorePick, Scorer};
+use crate::counters::MissReason;
+use crate::load::EndpointLoad;
+
+/// Parameters of the default KV-exact scorer, [`CostScorer`].
+///
+/// The scorer predicts each eligible endpoint's time to first token for this
+/// request, in prefill-token equivalents, adds a term for the requests it
+/// already carries, and picks the smallest:
+///
+/// ```text
+/// cached_e = Σ_tier prefix_blocks_e,tier · block_size · tier_weight_tier   (≤ prompt_tokens)
+/// ttft_e   = ( queued_prefill_tokens_e                                   // work already waiting there
+///            + prefill_weight · (prompt_tokens − cached_e)               // this request's own prefill there
+///            ) / capacity_e
+/// cost_e   = ttft_e + decode_tokens_per_request · in_flight_e / capacity_e
+/// winner   = argmin cost_e among endpoints under the cap, except: the
+///            longest-prefix endpoint L is kept while
+///            ttft_L ≤ (1 + affinity_slack) · ttft_winner + affinity_tokens
+/// ```
+///
+/// * Only the **longest cached prefix** is credited: vLLM and SGLang reuse
+///   the prefix up to the first missing block, so a block matched after it
+///   saves nothing. Predicted entries extend it (as device-resident blocks).
+/// * The **in-flight term** ranks endpoints for new work but is not part of
+///   the affinity test: a running request delays no new prompt's first token
+///   on an engine that schedules prefill first, yet it holds KV blocks and a
+///   running slot, and a conversation's request returns with its next turn to
+///   where its cache is. So a fresh conversation goes where fewer run, and no
+///   prompt is moved off the endpoint caching most of it for that reason.
+/// * **Affinity** keeps the longest-prefix endpoint while its predicted time
+///   to first token is within `affinity_slack` (relative) plus
+///   `affinity_tokens` (absolute) of the winner's: a move re-prefills the
+///   history elsewhere and keeps two copies, and a chat turn's own prefill is
+///   a few dozen tokens, so a relative slack alone would let small queue
+///   differences spread one conversation over the fleet.
+/// * The **bounded-load cap** admits an endpoint while its in-flight count,
+///   less `load_headroom`, stays within
+///   `⌈load_factor · (Σ in-flight + 1) · capacity / Σ capacity⌉`, as CHWBL
+///   bounds load; when no endpoint is under it,
+///   all compete. A prompt whose first block is held everywhere (a shared
+///   system prompt) saves the same on every endpoint, so the queue terms
+///   decide and nothing collapses onto one endpoint.
+/// * **Ties** (costs within `tie_tokens`) go to the less utilised endpoint,
+///   then rotate as round robin does — never to endpoint order.
+/// * **`drain_queue`**: `queued_prefill_tokens_e` is read as what is still
+///   ahead of this request, not what was sent. The tracker holds a request's
+///   uncached tokens until its first token, so without draining an endpoint
+///   about to finish a long prompt looks as busy as one that has just
+///   started it. The rule keeps a virtual backlog per endpoint — charges add
+///   their tokens, time drains them at the endpoint's measured prefill rate,
+///   never more than the tracker holds — where the rate comes from the
+///   charges it sees and, where the load view carries them, from the engines'
+///   own prefill counters ([`crate::Load::prefill_progress`]), whichever is
+///   higher (both can only underestimate). With replicas the view's charge
+///   counter ([`crate::Load::charged_prefill_tokens`]) includes every
+///   replica's, so each times the whole queue. When the view carries work no
+///   counter accounts for (more than 5 % of what it reads), the tracker's
+///   figure is used as is.
+///
+/// The measurements behind the defaults, and when to change them, are in the
+/// routing-policy page of the documentation (`docs/routing.md`). Each
+/// diversion (a winner other than the longest-prefix endpoint) is logged at
+/// DEBUG with both endpoints' cost terms (`RUST_LOG=kvroute_select=debug`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostConfig {
+    /// Value of one cached token by tier ([`kvroute_core::Medium::index`]: GPU,
+    /// CPU, disk, external); slower tiers save less prefill.
+    pub tier_weights: [f64; 4],
+    /// Prefill-token equivalent of one request in flight, for ranking
+    /// endpoints; not part of the affinity test.
+    pub decode_tokens_per_request: f64,
+    /// Weight of the request's own uncached prefill against the queue (≥ 1;
+    /// 1: the cost is this request's predicted time to first token).
+    pub prefill_weight: f64,
+    /// Keep the longest-prefix endpoint while its predicted time to first
+    /// token is at most `(1 + affinity_slack)` times the winner's plus
+    /// `affinity_tokens`.
+    pub affinity_slack: f64,
+    /// Absolute part of the affinity slack, prefill-token equivalents.
+    pub affinity_tokens: f64,
+    /// Bounded-load factor `c ≥ 1`; `f64::INFINITY` disables the cap.
+    pub load_factor: f64,
+    /// Costs closer than this (prefill-token equivalents) count as a tie.
+    pub tie_tokens: f64,
+    /// Requests an endpoint may hold above the cap: at low load a factor
+    /// alone forbids an endpoint a second request while others have one,
+    /// which costs cache affinity and buys no latency.
+    pub load_headroom: u32,
+    /// Read `queued_prefill_tokens_e` as the part still ahead of a new
+    /// request (the rule drains each endpoint's queue at its measured
+    /// prefill rate). Off: the tracker's figure, in which the prompt being
+    /// prefilled counts in full until its first token.
+    pub drain_queue: bool,
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        Self {
+            tier_weights: [1.0, 0.6, 0.3, 0.2],
+            decode_tokens_per_request: 128.0,
+            prefill_weight: 1.0,
+            affinity_slack: 0.1,
+            affinity_tokens: 128.0,
+            load_factor: 1.25,
+            load_headroom: 4,
+            tie_tokens: 0.0,
+            drain_queue: true,
+        }
+    }
+}
+
+/// The default KV-exact scorer (`cost`): see [`CostConfig`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CostScorer(pub CostConfig);
+
+impl Scorer for CostScorer {
+    fn name(&self) -> &str {
+        "cost"
+    }
+
+    fn drains_queue(&self) -> bool {
+        self.0.drain_queue
+    }
+
+    fn pick(&self, input: &ScoreInput<'_>) -> ScorePick {
+        match input.gate(Candidate::prefix) {
+            Ok((_, best)) => pick_cost(&self.0, input, best),
+            Err(miss) => ScorePick::Miss(miss),
+        }
+    }
+}
+
+/// Tokens of the prompt candidate `c` holds in its first `prefix` blocks,
+/// tier-weighted (predicted entries count as device-resident).
+fn cached_tokens(
+    tier_weights: &[f64; 4],
+    input: &ScoreInput<'_>,
+    c: &Candidate<'_>,
+    prefix: u32,
+) -> f64 {
+    let o = c.overlap;
+    let bs = f64::from(input.block_size);
+    let by_medium: u32 = o.prefix_by_medium.iter().sum();
+    // Views that do not split by tier report everything as device-resident;
+    // so do the blocks only predicted entries credit.
+    let untiered = prefix.saturating_sub(by_medium.min(prefix));
+    let mut cached = f64::from(untiered) * bs * tier_weights[0];
+    let mut left = prefix.saturating_sub(untiered);
+    for (n, w) in o.prefix_by_medium.iter().zip(tier_weights) {
+        let n = (*n).min(left);
+        left -= n;
+        cached += f64::from(n) * bs * w;
+    }
+    cached.min(f64::from(input.prompt_tokens))
+}
+
+/// [`CostConfig`]'s terms for one endpoint, in prefill-token equivalents per
+/// unit of capacity.
+#[derive(Clone, Copy, Debug)]
+struct CostTerms {
+    /// Predicted time to first token: the queue ahead plus this request's own
+    /// uncached prefill there.
+    ttft: f64,
+    /// What ranks endpoints: `ttft` plus the in-flight term.
+    cost: f64,
+}
+
+fn predicted_cost(
+    cfg: &CostConfig,
+    input: &ScoreInput<'_>,
+    c: &Candidate<'_>,
+    prefix: u32,
+    load: EndpointLoad,
+    capacity: u32,
+) -> CostTerms {
+    let uncached = (f64::from(input.prompt_tokens)
+        - cached_tokens(&cfg.tier_weights, input, c, prefix))
+    .max(0.0);
+    #[allow(clippy::cast_precision_loss)]
+    let queued = load.queued_prefill_tokens as f64;
+    let decode = cfg.decode_tokens_per_request.max(0.0) * f64::from(load.in_flight);
+    let own = cfg.prefill_weight.max(1.0) * uncached;
+    let cap = f64::from(capacity.max(1));
+    CostTerms {
+        ttft: (queued + own) / cap,
+        cost: (queued + own + decode) / cap,
+    }
+}
+
+fn pick_cost(cfg: &CostConfig, input: &ScoreInput<'_>, best_figure: u32) -> ScorePick {
+    let capped = cfg.load_factor.is_finite();
+    let bound = input.bound(cfg.load_factor);
+    let admits =
+        |in_flight: u32, cap: u32| bound.admits(in_flight.saturating_sub(cfg.load_headroom), cap);
+    let admitted_any = capped
+        && input
+            .candidates()
+            .any(|c| admits(c.load.in_flight, c.capacity()));
+    let n = input.endpoint_count().max(1) as u64;
+    // (index, terms, utilisation, tie rank, prefix)
+    let mut best: Option<(usize, CostTerms, f64, u64, u32)> = None;
+    let mut longest: Option<(usize, CostTerms, u32)> = None;
+    for c in input.candidates() {
+        let (i, l, cap) = (c.index, c.load, c.capacity());
+        if admitted_any && !admits(l.in_flight, cap) {
+            continue;
+        }
+        let prefix = c.prefix();
+        let terms = predicted_cost(cfg, input, &c, prefix, l, cap);
+        let cost = terms.cost;
+        let util = f64::from(l.in_flight) / f64::from(cap);
+        let rank = (i as u64 + n - input.turn % n) % n;
+        let better = match best {
+            None => true,
+            Some((_, bt, bu, br, _)) => {
+                let bc = bt.cost;
+                let band = cfg.tie_tokens.max(0.0);
+                cost < bc - band
+                    || ((cost - bc).abs() <= band && (util < bu || (util == bu && rank < br)))
+            }
+        };
+        if better {
+            best = Some((i, terms, util, rank, prefix));
+        }
+        let longer = match longest {
+            None => true,
+            Some((_, lt, lp)) => prefix > lp || (prefix == lp && cost < lt.cost),
+        };
+        if longer {
+            longest = Some((i, terms, prefix));
+        }
+    }
+    let Some((mut index, best_terms, _, _, mut prefix)) = best else {
+        return ScorePick::Miss(MissReason::AllCandidatesFiltered);
+    };
+    if let Some((li, lt, lp)) = longest {
+        let slack = cfg.affinity_tokens.max(0.0);
+        // Affinity weighs predicted time to first token only (see above).
+        let (lc, best_cost) = (lt.ttft, best_terms.ttft);
+        if lp > prefix && lc <= best_cost * (1.0 + cfg.affinity_slack.max(0.0)) + slack {
+            index = li;
+            prefix = lp;
+        } else if lp > prefix && tracing::enabled!(tracing::Level::DEBUG) {
+            // Why a prompt left the endpoint holding most of it: the cost
+            // terms of both, for diagnosing diversions.
+            let (hl, bl) = (input.pool.load_of(li), input.pool.load_of(index));
+            tracing::debug!(
+                longest = li,
+                longest_prefix = lp,
+                longest_ttft = lc,
+                longest_queued = hl.queued_prefill_tokens,
+                longest_in_flight = hl.in_flight,
+                chosen = index,
+                chosen_prefix = prefix,
+                chosen_ttft = best_cost,
+                chosen_queued = bl.queued_prefill_tokens,
+                chosen_in_flight = bl.in_flight,
+                prompt_tokens = input.prompt_tokens,
+                "cost scorer diverted"
+            );
+        }
+    }
+    ScorePick::Winner {
+        index,
+        predicted_blocks: prefix,
+        diverted: prefix < best_figure,
+    }
+}

@@ -1,0 +1,308 @@
+//! Replica load sharing over NATS (feature `nats`): what several gateway
+//! replicas, or several embedding processes, run to share their load on the
+//! engines over a bus the operator already runs.
+//!
+//! Every router publishes its [`crate::ReplicaBatch`]es on
+//! `{prefix}.{pool}.load` and subscribes to the same subject; replicas find
+//! each other by their messages (no peer list) and a replica's own messages
+//! are recognised by their origin id. Publishing never blocks a decision:
+//! batches go through a bounded queue to one publishing task (a full queue
+//! drops the batch, counted; the next heartbeat repairs it). The client
+//! reconnects by itself and resubscribes; after a reconnect every router
+//! sends all its endpoints at its next tick, so the others resynchronise at
+//! once instead of at the next heartbeat. While NATS is away each replica
+//! routes on its own view and the others' last totals until they expire.
+//!
+//! ```no_run
+//! use kvroute::nats::{NatsOptions, NatsReplicas};
+//! use kvroute::{KvRouter, ReplicaConfig};
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let bus = NatsReplicas::connect(NatsOptions::new("nats://127.0.0.1:4222")).await?;
+//! let router = KvRouter::builder("vllm@0.33.0:sha256_cbor:block=16:seed=0".parse()?)
+//!     .replicas(ReplicaConfig::new(bus))
+//!     .spawn()?;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use crate::runtime::replicas::{ReplicaError, ReplicaSink, ReplicaSubscription, ReplicaTransport};
+
+/// How to reach NATS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NatsOptions {
+    /// Server URL(s), comma-separated (`nats://host:4222`, `tls://...`).
+    pub url: String,
+    /// Subject prefix (default `kvroute`): subjects are
+    /// `{prefix}.{pool}.load`.
+    pub subject_prefix: String,
+    /// A NATS credentials file (`.creds`: JWT and NKey seed).
+    pub credentials_file: Option<PathBuf>,
+    /// A token (never logged).
+    pub token: Option<String>,
+    /// User and password (never logged).
+    pub user_password: Option<(String, String)>,
+    /// Require TLS.
+    pub require_tls: bool,
+    /// PEM root certificates to trust (beside the system's).
+    pub tls_root_certificates: Option<PathBuf>,
+    /// PEM client certificate and key (mutual TLS).
+    pub tls_client: Option<(PathBuf, PathBuf)>,
+    /// Batches queued for publishing at most (default 1024).
+    pub queue: usize,
+    /// Client name shown by the server (default `kvroute`).
+    pub name: String,
+}
+
+impl NatsOptions {
+    /// Defaults for the server at `url`.
+    #[must_use]
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            subject_prefix: "kvroute".to_owned(),
+            credentials_file: None,
+            token: None,
+            user_password: None,
+            require_tls: false,
+            tls_root_certificates: None,
+            tls_client: None,
+            queue: 1024,
+            name: "kvroute".to_owned(),
+        }
+    }
+}
+
+/// Counters of the NATS transport.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NatsCounters {
+    /// Messages handed to the client.
+    pub published: u64,
+    /// Messages the client refused (connection gone): repaired by the next
+    /// heartbeat.
+    pub publish_failed: u64,
+    /// Messages dropped because the publishing queue was full.
+    pub queue_full: u64,
+    /// Messages received on the subscribed subjects.
+    pub received: u64,
+    /// Reconnects seen.
+    pub reconnects: u64,
+    /// Whether the client is connected now.
+    pub connected: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    published: AtomicU64,
+    publish_failed: AtomicU64,
+    queue_full: AtomicU64,
+    received: AtomicU64,
+    reconnects: AtomicU64,
+    connected: AtomicBool,
+    /// Set on every reconnect; each router's next tick resends everything.
+    reconnected: AtomicU64,
+}
+
+/// The NATS replica transport; see the [module docs](self).
+pub struct NatsReplicas {
+    client: async_nats::Client,
+    prefix: String,
+    queue: mpsc::Sender<(String, Bytes)>,
+    counts: Arc<Counts>,
+    handle: tokio::runtime::Handle,
+}
+
+impl fmt::Debug for NatsReplicas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsReplicas")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A subject token for `pool`: NATS subjects are dot-separated tokens of
+/// printable characters without `*`, `>` or whitespace, so anything else is
+/// written as `_xx` (hex), and `_` itself as `__`.
+fn token(pool: &str) -> String {
+    let mut out = String::with_capacity(pool.len());
+    for b in pool.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' {
+            out.push(char::from(b));
+        } else if b == b'_' {
+            out.push_str("__");
+        } else {
+            out.push_str(&format!("_{b:02x}"));
+        }
+    }
+    if out.is_empty() {
+        out.push('_');
+    }
+    out
+}
+
+impl NatsReplicas {
+    /// Connects (on the current tokio runtime; the client keeps
+    /// reconnecting for as long as it lives).
+    ///
+    /// # Errors
+    /// The first connection failed, or a credentials/TLS file is unusable.
+    pub async fn connect(options: NatsOptions) -> Result<Arc<Self>, ReplicaError> {
+        let err = |e: &dyn fmt::Display| ReplicaError(format!("NATS {}: {e}", options.url));
+        let counts = Arc::new(Counts::default());
+        let events = Arc::clone(&counts);
+        let mut opts = async_nats::ConnectOptions::new()
+            .name(&options.name)
+            .retry_on_initial_connect()
+            .event_callback(move |event| {
+                let c = Arc::clone(&events);
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            if c.connected.swap(true, Ordering::AcqRel) {
+                                return;
+                            }
+                            c.reconnects.fetch_add(1, Ordering::Relaxed);
+                            c.reconnected.fetch_add(1, Ordering::AcqRel);
+                            tracing::info!("NATS connected");
+                        }
+                        async_nats::Event::Disconnected => {
+                            c.connected.store(false, Ordering::Release);
+                            tracing::warn!("NATS disconnected; routing on the local view");
+                        }
+                        other => tracing::debug!(event = %other, "NATS event"),
+                    }
+                }
+            });
+        if let Some(path) = &options.credentials_file {
+            opts = opts
+                .credentials_file(path)
+                .await
+                .map_err(|e| err(&format!("credentials {}: {e}", path.display())))?;
+        }
+        if let Some(t) = &options.token {
+            opts = opts.token(t.clone());
+        }
+        if let Some((u, p)) = &options.user_password {
+            opts = opts.user_and_password(u.clone(), p.clone());
+        }
+        if options.require_tls {
+            opts = opts.require_tls(true);
+        }
+        if let Some(ca) = &options.tls_root_certificates {
+            opts = opts.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &options.tls_client {
+            opts = opts.add_client_certificate(cert.clone(), key.clone());
+        }
+        let client = opts
+            .connect(options.url.as_str())
+            .await
+            .map_err(|e| err(&e))?;
+        let (queue, mut rx) = mpsc::channel::<(String, Bytes)>(options.queue.max(1));
+        let publisher = client.clone();
+        let pcounts = Arc::clone(&counts);
+        tokio::spawn(async move {
+            while let Some((subject, payload)) = rx.recv().await {
+                match publisher.publish(subject, payload).await {
+                    Ok(()) => pcounts.published.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => pcounts.publish_failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        });
+        tracing::info!(url = %options.url, prefix = %options.subject_prefix, "NATS replica transport connected");
+        Ok(Arc::new(Self {
+            client,
+            prefix: options.subject_prefix.clone(),
+            queue,
+            counts,
+            handle: tokio::runtime::Handle::current(),
+        }))
+    }
+
+    /// The subject a pool's batches travel on.
+    #[must_use]
+    pub fn subject(&self, pool: &str) -> String {
+        format!("{}.{}.load", self.prefix, token(pool))
+    }
+
+    /// The transport's counters.
+    #[must_use]
+    pub fn counters(&self) -> NatsCounters {
+        let c = &self.counts;
+        NatsCounters {
+            published: c.published.load(Ordering::Relaxed),
+            publish_failed: c.publish_failed.load(Ordering::Relaxed),
+            queue_full: c.queue_full.load(Ordering::Relaxed),
+            received: c.received.load(Ordering::Relaxed),
+            reconnects: c.reconnects.load(Ordering::Relaxed),
+            connected: c.connected.load(Ordering::Acquire),
+        }
+    }
+}
+
+impl ReplicaTransport for NatsReplicas {
+    fn publish(&self, pool: &str, payload: Bytes) {
+        if self.queue.try_send((self.subject(pool), payload)).is_err() {
+            self.counts.queue_full.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn subscribe(
+        &self,
+        pool: &str,
+        sink: ReplicaSink,
+    ) -> Result<ReplicaSubscription, ReplicaError> {
+        let client = self.client.clone();
+        let subject = self.subject(pool);
+        let counts = Arc::clone(&self.counts);
+        let task = self.handle.spawn(async move {
+            let mut sub = match client.subscribe(subject.clone()).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(%subject, error = %e, "NATS subscribe failed; replica load not received");
+                    return;
+                }
+            };
+            while let Some(msg) = sub.next().await {
+                counts.received.fetch_add(1, Ordering::Relaxed);
+                sink(msg.payload);
+            }
+        });
+        Ok(ReplicaSubscription::new(AbortOnDrop(task)))
+    }
+
+    fn reconnects(&self) -> u64 {
+        self.counts.reconnected.load(Ordering::Acquire)
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token;
+
+    #[test]
+    fn pool_names_become_one_subject_token() {
+        assert_eq!(token("qwen3"), "qwen3");
+        assert_eq!(token("a.b c*>"), "a_2eb_20c_2a_3e");
+        assert_eq!(token("a_b"), "a__b");
+        assert_eq!(token(""), "_");
+        // Distinct names stay distinct.
+        assert_ne!(token("a_2e"), token("a.")); // "a__2e" vs "a_2e"
+    }
+}

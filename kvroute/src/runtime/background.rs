@@ -1,0 +1,230 @@
+//! The router's per-endpoint background work — health probes and engine
+//! load polling — and the tokenizer loads, all on the host's runtime and
+//! all ending with the endpoint or the router.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use kvroute_core::Medium;
+use kvroute_select::{EngineReport, Load, PrefillProgress};
+use tokio::sync::watch;
+
+use super::slots::{slot_of, SlotRuntime};
+use super::status::TokenizerState;
+use super::view::RouterView;
+use super::{id, Shared};
+use crate::backend::Backend;
+
+/// Loads every model's tokenizer on the blocking pool, recording each
+/// outcome for [`crate::KvRouter::readiness`].
+pub(crate) fn load_tokenizers(shared: &Arc<Shared>, handle: &tokio::runtime::Handle) {
+    for (slug, _) in &shared.models {
+        let weak = Arc::downgrade(shared);
+        let slug = slug.clone();
+        handle.spawn_blocking(move || {
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            let state = match shared.tokenizers.get(&slug) {
+                Ok(_) => TokenizerState::Loaded,
+                Err(e) => {
+                    tracing::warn!(model = %slug, error = %e,
+                        "tokenizer not usable: requests for this model miss with no_tokenizer");
+                    TokenizerState::Failed(e.to_string())
+                }
+            };
+            for (s, st) in shared.tokenizer_states.lock().iter_mut() {
+                if *s == slug {
+                    *st = state.clone();
+                }
+            }
+        });
+    }
+}
+
+/// Records `report` for endpoint `url`: the load view composes it with
+/// every replica's own counts, and the engine's capacity bounds the
+/// endpoint's inventory.
+pub(crate) fn record_report(shared: &Shared, url: &str, report: EngineReport) -> bool {
+    let Some(slot) = slot_of(shared, url) else {
+        return false;
+    };
+    record_slot(shared, slot, report);
+    true
+}
+
+fn record_slot(shared: &Shared, slot: usize, report: EngineReport) {
+    let now = shared.now();
+    let endpoint = id(slot);
+    // Every replica's requests: the engine counts them all.
+    let local = RouterView::replicas_only(shared, now).load(endpoint);
+    shared.reported.update(endpoint, report, local, now);
+    if let Some(blocks) = report.kv_capacity_blocks {
+        let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);
+        if let Err(err) = shared.index.set_capacity(endpoint, Medium::Gpu, blocks) {
+            tracing::warn!(%err, slot, "engine-reported capacity of an endpoint outside the index");
+        }
+    }
+}
+
+/// Starts `b`'s health probe and engine load poller (as configured); they
+/// end with the slot (`stop`) or the router.
+#[cfg_attr(not(feature = "trtllm-http"), allow(unused_variables))]
+pub(crate) fn start_endpoint(
+    shared: &Arc<Shared>,
+    handle: &tokio::runtime::Handle,
+    slot: usize,
+    b: &Backend,
+    stop: &watch::Sender<bool>,
+) {
+    #[cfg(feature = "trtllm-http")]
+    {
+        if let Some(cfg) = shared.probes.clone() {
+            spawn_probe(shared, handle, slot, b, cfg, stop);
+        }
+        if let Some(cfg) = shared.engine_load {
+            spawn_load_poller(shared, handle, slot, b, cfg, stop);
+        }
+    }
+    #[cfg(not(feature = "trtllm-http"))]
+    if shared.probes.is_some() || shared.engine_load.is_some() {
+        tracing::warn!(endpoint = %b.url,
+            "health probes and engine load polling need kvroute's `trtllm-http` feature; not started");
+    }
+}
+
+#[cfg(feature = "trtllm-http")]
+fn spawn_probe(
+    shared: &Arc<Shared>,
+    handle: &tokio::runtime::Handle,
+    slot: usize,
+    b: &Backend,
+    cfg: super::ProbeConfig,
+    stop: &watch::Sender<bool>,
+) {
+    let url = format!("{}{}", b.url.trim_end_matches('/'), cfg.path);
+    let client = match reqwest::Client::builder()
+        .timeout(cfg.timeout.max(std::time::Duration::from_millis(1)))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(%url, error = %e, "health probe not started");
+            return;
+        }
+    };
+    let weak = Arc::downgrade(shared);
+    let slot_stopped = SlotRuntime::stopped(stop);
+    let router_stopped = shared.stopped();
+    handle.spawn(async move {
+        let mut tick = tokio::time::interval(cfg.interval.max(std::time::Duration::from_millis(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(slot_stopped);
+        tokio::pin!(router_stopped);
+        loop {
+            tokio::select! {
+                () = &mut slot_stopped => return,
+                () = &mut router_stopped => return,
+                _ = tick.tick() => {}
+            }
+            let ok = matches!(client.get(&url).send().await, Ok(r) if r.status().is_success());
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            let Some(state) = shared.slots.get(slot) else {
+                return;
+            };
+            let was = state.probe_ok.lock().replace(ok);
+            if ok {
+                state.breaker.lock().on_success();
+                if was == Some(false) {
+                    tracing::info!(endpoint = %url, "health probe recovered");
+                }
+            } else {
+                state.probe_failures.fetch_add(1, Ordering::Relaxed);
+                state.breaker.lock().on_failure(shared.now());
+                if was != Some(false) {
+                    tracing::warn!(endpoint = %url, "health probe failed");
+                }
+            }
+        }
+    });
+}
+
+#[cfg(feature = "trtllm-http")]
+fn spawn_load_poller(
+    shared: &Arc<Shared>,
+    handle: &tokio::runtime::Handle,
+    slot: usize,
+    b: &Backend,
+    cfg: super::EngineLoadConfig,
+    stop: &watch::Sender<bool>,
+) {
+    use kvroute_engines::transport::{LoadPoller, LoadPollerConfig};
+    let Some(dialect) = super::followers::metrics_dialect(b) else {
+        return;
+    };
+    let url = format!("{}{}", b.url.trim_end_matches('/'), dialect.default_path());
+    let poller = match LoadPoller::new(
+        LoadPollerConfig::new(url.clone(), dialect)
+            .interval(cfg.interval)
+            .timeout(cfg.timeout),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(%url, error = %e, "engine load poller not started");
+            return;
+        }
+    };
+    let weak = Arc::downgrade(shared);
+    let slot_stopped = SlotRuntime::stopped(stop);
+    let router_stopped = shared.stopped();
+    let stopped = async move {
+        tokio::select! {
+            () = slot_stopped => {}
+            () = router_stopped => {}
+        }
+    };
+    let name = shared.settings.name.clone();
+    let mut warned = false;
+    handle.spawn(poller.run(
+        move |result| {
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            let Some(state) = shared.slots.get(slot) else {
+                return;
+            };
+            match result {
+                Ok(r) => {
+                    state.polls_ok.fetch_add(1, Ordering::Relaxed);
+                    warned = false;
+                    let report = EngineReport {
+                        running: r.running,
+                        waiting: r.waiting,
+                        kv_usage: r.kv_usage,
+                        prefill: r
+                            .prefill_computed_tokens
+                            .zip(r.prefill_seconds)
+                            .map(|(tokens, seconds)| PrefillProgress { tokens, seconds }),
+                        kv_capacity_blocks: r.kv_capacity_blocks,
+                    };
+                    record_slot(&shared, slot, report);
+                }
+                Err(e) => {
+                    state.polls_failed.fetch_add(1, Ordering::Relaxed);
+                    shared.reported.invalidate(id(slot));
+                    if !warned {
+                        // Once per outage: selection falls back to the
+                        // replicas' own counts, which is what one replica
+                        // needs anyway.
+                        tracing::info!(rule = %name, endpoint = %url, error = %e,
+                            "engine load report unavailable; using the replicas' own counts");
+                        warned = true;
+                    }
+                }
+            }
+        },
+        stopped,
+    ));
+}

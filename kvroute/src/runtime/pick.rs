@@ -1,0 +1,349 @@
+//! [`Pick`]: one request's decision with its load charge, its retry and its
+//! receipt — the one way any host drives a request through the router.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kvroute_core::{BlockKey, EndpointId};
+use kvroute_engines::transport::EngineKind;
+use kvroute_select::{Decision, Leg, LoadGuard, PromptInput, Request, Target};
+
+use super::slots::Generation;
+use super::view::RouterView;
+use super::Shared;
+use crate::prompt::{KeepText, PreparedPrompt};
+use crate::receipt::{BodyKind, OnReceipt, Receipt, ReceiptBody, ReceiptTracker};
+
+/// What a decision is made for.
+pub(crate) enum Input {
+    /// A prepared OpenAI request (tokens, keys, the bodies to forward).
+    Prompt {
+        prompt: Box<PreparedPrompt>,
+        session: Option<String>,
+    },
+    /// Block keys the host computed under the router's contract.
+    Keys {
+        keys: Vec<BlockKey>,
+        prompt_tokens: u32,
+    },
+}
+
+/// No endpoint was available for a request (all removed, excluded, drained
+/// or behind open breakers, or retries spent).
+#[derive(Debug, thiserror::Error)]
+#[error("no endpoint available")]
+pub struct NoEndpoint {
+    /// The decision as it ended (its miss reason, exclusions, retries).
+    pub decision: Box<Decision>,
+}
+
+/// One request's routing: the decision, the load charge on its endpoint, and
+/// what a retry needs. Forward to [`Pick::url`]; on a connect failure call
+/// [`Pick::retry`] for the next endpoint; wrap the response body with
+/// [`Pick::into_body`] so the receipt is recorded and the charge released
+/// when the body ends or the client goes away. Dropped, it releases the
+/// charge.
+pub struct Pick {
+    shared: Arc<Shared>,
+    gen: Arc<Generation>,
+    decision: Decision,
+    guard: Option<LoadGuard>,
+    input: Input,
+    /// A receipt was recorded already (a P/D prefill leg's): the response
+    /// body's is not recorded again.
+    recorded: bool,
+}
+
+impl std::fmt::Debug for Pick {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pick")
+            .field("url", &self.url())
+            .field("decision", &self.decision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pick {
+    pub(crate) fn decide(shared: &Arc<Shared>, input: Input) -> Result<Pick, NoEndpoint> {
+        let gen = shared.current();
+        let mut pick = Pick {
+            shared: Arc::clone(shared),
+            gen,
+            decision: Decision::new(),
+            guard: None,
+            input,
+            recorded: false,
+        };
+        let now = shared.now();
+        let decision = {
+            let req = pick.request();
+            let view = RouterView::new(shared, now);
+            pick.gen.rule.decide(&req, &view, &view, &view, now)
+        };
+        pick.decision = decision;
+        let Some(target) = pick.decision.target() else {
+            return Err(NoEndpoint {
+                decision: Box::new(std::mem::take(&mut pick.decision)),
+            });
+        };
+        let prefill = pick
+            .decision
+            .predicted_prefill_tokens(shared.contract.block_size);
+        pick.guard = Some(shared.tracker.charge(target, prefill));
+        if let Some(outcome) = pick.ids_outcome() {
+            shared.token_ids.record(outcome);
+        }
+        Ok(pick)
+    }
+
+    fn request(&self) -> Request<'_> {
+        match &self.input {
+            Input::Prompt { prompt, session } => {
+                let req = prompt.request();
+                match session {
+                    Some(s) => req.with_session(s),
+                    None => req,
+                }
+            }
+            Input::Keys {
+                keys,
+                prompt_tokens,
+            } => Request::new(PromptInput::Keys {
+                keys,
+                contract: &self.gen.rule.config().contract,
+                prompt_tokens: *prompt_tokens,
+            }),
+        }
+    }
+
+    fn prompt(&self) -> Option<&PreparedPrompt> {
+        match &self.input {
+            Input::Prompt { prompt, .. } => Some(&**prompt),
+            Input::Keys { .. } => None,
+        }
+    }
+
+    /// The decision (target, tier, miss reason, predicted overlap).
+    #[must_use]
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The endpoint that receives the request (the prefill endpoint in P/D):
+    /// its `http://host:port`. Empty once [`Pick::retry`] has returned `None`.
+    #[must_use]
+    pub fn url(&self) -> &str {
+        self.decision
+            .target()
+            .and_then(|t| self.gen.urls.get(t.endpoint.index()))
+            .map_or("", |u| u)
+    }
+
+    /// P/D: the decode endpoint of the target.
+    #[must_use]
+    pub fn decode_url(&self) -> Option<&str> {
+        let d = self.decision.target()?.decode?;
+        self.gen.urls.get(d.index()).map(|u| &**u)
+    }
+
+    /// The target's endpoint id (its slot).
+    #[must_use]
+    pub fn endpoint_id(&self) -> Option<EndpointId> {
+        self.decision.target().map(|t| t.endpoint)
+    }
+
+    /// The model the body named.
+    #[must_use]
+    pub fn model(&self) -> Option<&str> {
+        self.prompt().and_then(PreparedPrompt::model)
+    }
+
+    /// Cached tokens the decision predicts the target will report.
+    #[must_use]
+    pub fn predicted_cached_tokens(&self) -> u32 {
+        self.decision
+            .predicted_cached_tokens(self.shared.contract.block_size)
+    }
+
+    /// The body to forward to the current target: the client's, or the same
+    /// with `stream_options.include_usage` added (streamed requests, unless
+    /// the builder turned it off), and with
+    /// [`crate::KvRouterBuilder::forward_token_ids`] a completions `prompt`
+    /// replaced by its token ids when the target's engine takes them as the
+    /// same request (ask again after [`Pick::retry`]: the next endpoint may
+    /// be of another engine).
+    #[must_use]
+    pub fn upstream_body(&self, original: &Bytes) -> Bytes {
+        if let Some(Ok(b)) = self.ids_body() {
+            return b.clone();
+        }
+        self.text_body(original)
+    }
+
+    /// The body to forward as text: the client's, or the same with
+    /// `stream_options.include_usage` added — what a host sends when it
+    /// builds bodies of its own from it (a P/D two-step).
+    #[must_use]
+    pub fn text_body(&self, original: &Bytes) -> Bytes {
+        self.prompt()
+            .and_then(PreparedPrompt::rewritten)
+            .cloned()
+            .unwrap_or_else(|| original.clone())
+    }
+
+    /// The id body for the current target, or why it gets the text; `None`
+    /// while forwarding is off.
+    fn ids_body(&self) -> Option<Result<&Bytes, KeepText>> {
+        let ids = self.prompt()?.ids()?;
+        let target = self.decision.target();
+        // A P/D target's legs are built from the text by the two-step.
+        if target.is_some_and(|t| t.decode.is_some()) {
+            return Some(Err(KeepText::PrefillDecode));
+        }
+        let engine = target
+            .and_then(|t| self.gen.engines.get(t.endpoint.index()).copied())
+            .unwrap_or(EngineKind::LlamaCpp);
+        Some(ids.for_engine(engine))
+    }
+
+    /// Whether [`Pick::upstream_body`] sends token ids to the current target
+    /// (`Ok`), or the text and why; `None` while forwarding is off.
+    #[must_use]
+    pub fn ids_outcome(&self) -> Option<Result<(), KeepText>> {
+        self.ids_body().map(|r| r.map(|_| ()))
+    }
+
+    /// The connection to the target failed (refused, unreachable, reset
+    /// before a response): counts a failure on its breaker, excludes it, and
+    /// returns the next endpoint (the next-best overlap inside the KV tier;
+    /// never a decode-only endpoint for the prefill leg), or `None` when none
+    /// is left or retries are spent (the load charge is released then).
+    pub fn retry(&mut self) -> Option<&str> {
+        self.retry_leg(Leg::Endpoint)?;
+        Some(self.url())
+    }
+
+    /// [`Pick::retry`] for one leg of a P/D target.
+    pub fn retry_leg(&mut self, leg: Leg) -> Option<Target> {
+        let now = self.shared.now();
+        if let Some(t) = self.decision.target() {
+            let failed = match leg {
+                Leg::Endpoint => t.endpoint,
+                Leg::Decode => t.decode.unwrap_or(t.endpoint),
+            };
+            if let Some(s) = self.shared.slots.get(failed.index()) {
+                s.breaker.lock().on_failure(now);
+            }
+        }
+        let mut decision = std::mem::take(&mut self.decision);
+        let next = {
+            let req = self.request();
+            let view = RouterView::new(&self.shared, now);
+            self.gen
+                .rule
+                .retry(&mut decision, leg, &req, &view, &view, now)
+        };
+        self.decision = decision;
+        match next {
+            Some(t) => {
+                let prefill = self
+                    .decision
+                    .predicted_prefill_tokens(self.shared.contract.block_size);
+                match self.guard.as_mut() {
+                    Some(g) => g.retarget(t, prefill),
+                    None => self.guard = Some(self.shared.tracker.charge(t, prefill)),
+                }
+            }
+            None => self.guard = None,
+        }
+        next
+    }
+
+    /// The target answered (closes a half-open breaker).
+    pub fn connected(&self) {
+        if let Some(t) = self.decision.target() {
+            for e in std::iter::once(t.endpoint).chain(t.decode) {
+                if let Some(s) = self.shared.slots.get(e.index()) {
+                    s.breaker.lock().on_success();
+                }
+            }
+        }
+    }
+
+    /// The target sent its first byte (its first token, for a streamed
+    /// request): the request's uncached prompt tokens stop counting as
+    /// queued prefill.
+    pub fn first_byte(&mut self) {
+        if let Some(g) = self.guard.as_mut() {
+            g.first_byte();
+        }
+    }
+
+    /// Records the engine's cached-token receipt for this decision (what
+    /// [`Pick::into_body`] does by itself at the body's end; after this call
+    /// it records nothing more — a P/D host records the prefill leg's
+    /// answer here). `false` when the receipt was not counted (no target, or
+    /// more than the prompt).
+    pub fn record_receipt(&mut self, cached_tokens: u32) -> bool {
+        self.recorded = true;
+        self.gen.rule.record_receipt(&self.decision, cached_tokens)
+    }
+
+    /// The response body's usage is not this decision's receipt (a P/D
+    /// decode leg's answer): [`Pick::into_body`] records nothing.
+    pub fn skip_body_receipt(&mut self) {
+        self.recorded = true;
+    }
+
+    /// The request's load charge (e.g. [`LoadGuard::prefill_leg_done`] after
+    /// a P/D prefill leg).
+    pub fn guard_mut(&mut self) -> Option<&mut LoadGuard> {
+        self.guard.as_mut()
+    }
+
+    /// Wraps the upstream response body: the receipt in it is recorded
+    /// against this decision when it ends, and the load charge is released
+    /// when it ends, errors or is dropped (a client disconnect). `headers`
+    /// are the response's (SSE or JSON).
+    pub fn into_body<B>(self, headers: &http::HeaderMap, body: B) -> ReceiptBody<B> {
+        self.into_receipt(headers).body(body)
+    }
+
+    /// [`Pick::into_body`] that also hands the [`Receipt`] to `on_end`.
+    pub fn into_body_with<B>(
+        self,
+        headers: &http::HeaderMap,
+        body: B,
+        on_end: impl FnOnce(Receipt) + Send + 'static,
+    ) -> ReceiptBody<B> {
+        self.into_receipt_with(headers, on_end).body(body)
+    }
+
+    /// [`Pick::into_body`] for a host that is handed the response body in
+    /// chunks (pingora's `response_body_filter`): feed the tracker each
+    /// chunk and call [`ReceiptTracker::on_end`] at the end; the receipt is
+    /// recorded against this decision then, and the load charge released
+    /// then or when the tracker is dropped.
+    pub fn into_receipt(self, headers: &http::HeaderMap) -> ReceiptTracker {
+        self.into_receipt_with(headers, |_| {})
+    }
+
+    /// [`Pick::into_receipt`] that also hands the [`Receipt`] to `on_end`.
+    pub fn into_receipt_with(
+        mut self,
+        headers: &http::HeaderMap,
+        on_end: impl FnOnce(Receipt) + Send + 'static,
+    ) -> ReceiptTracker {
+        let guard = self.guard.take();
+        let gen = Arc::clone(&self.gen);
+        let decision = std::mem::take(&mut self.decision);
+        let recorded = self.recorded;
+        let done: OnReceipt = Box::new(move |r: Receipt| {
+            if let (false, true, Some(c)) = (recorded, r.complete, r.cached_tokens) {
+                gen.rule.record_receipt(&decision, c);
+            }
+            on_end(r);
+        });
+        ReceiptTracker::new(BodyKind::of(headers), guard, done)
+    }
+}

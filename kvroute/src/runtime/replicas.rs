@@ -1,0 +1,311 @@
+//! Load sharing between replicas of one router (several gateways, or
+//! several embedding processes, in front of the same engines).
+//!
+//! Each replica counts the requests it routed ([`kvroute_select::LoadTracker`]);
+//! the engines' own reports add everyone's, but only per poll and only as
+//! request counts. So replicas tell each other what they charged: the
+//! tracker's outbox (changed endpoints, each with its totals and a sequence
+//! number, [`kvroute_select::replica_sync`]) goes out as a [`ReplicaBatch`]
+//! every [`ReplicaConfig::sync_interval`], and every endpoint's totals every
+//! [`ReplicaConfig::heartbeat`] (which also keeps the replica alive at the
+//! others). A receiving replica applies each delta to its
+//! [`kvroute_select::RemoteLoad`] table: totals with sequence numbers make
+//! duplicates and reordering harmless and repair a lost message with the
+//! next one; a replica silent for [`ReplicaConfig::ttl`] stops counting, so a
+//! killed replica's load goes away. Endpoints are named by URL on the wire
+//! (replicas may list them in another order). Every refused delta and
+//! undecodable or oversized message is counted ([`ReplicaCounters`]).
+//!
+//! Replicas find each other by their messages: there is no peer list. The
+//! bytes travel over a [`ReplicaTransport`]: NATS in production (feature
+//! `nats`, [`crate::nats::NatsReplicas`]); the simulator moves batches itself
+//! through [`crate::KvRouter::drain_replica_batch`] and
+//! [`crate::KvRouter::apply_replica_batch`].
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// How one router's replicas share load.
+#[derive(Clone)]
+pub struct ReplicaConfig {
+    /// What carries the batches.
+    pub transport: Arc<dyn ReplicaTransport>,
+    /// The pool's name on the transport (default: the router's name):
+    /// replicas of one pool share it, and only they.
+    pub pool: Option<String>,
+    /// How often changed endpoints are sent (default 2 ms).
+    pub sync_interval: Duration,
+    /// How often every endpoint is sent (default 1 s): repairs anything
+    /// lost and keeps this replica alive at the others.
+    pub heartbeat: Duration,
+    /// A replica silent this long stops counting (default 5 s).
+    pub ttl: Duration,
+    /// Other replicas counted at most (default 64; more are refused and
+    /// counted until one expires).
+    pub max_origins: usize,
+    /// Largest message sent or accepted (default 1 MiB; larger batches are
+    /// split, larger messages refused).
+    pub max_message_bytes: usize,
+}
+
+impl fmt::Debug for ReplicaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplicaConfig")
+            .field("transport", &self.transport)
+            .field("pool", &self.pool)
+            .field("sync_interval", &self.sync_interval)
+            .field("heartbeat", &self.heartbeat)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicaConfig {
+    /// Defaults over `transport`.
+    #[must_use]
+    pub fn new(transport: Arc<dyn ReplicaTransport>) -> Self {
+        Self {
+            transport,
+            pool: None,
+            sync_interval: Duration::from_millis(2),
+            heartbeat: Duration::from_secs(1),
+            ttl: Duration::from_secs(5),
+            max_origins: 64,
+            max_message_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Delivers the other replicas' messages to a router.
+pub type ReplicaSink = Arc<dyn Fn(Bytes) + Send + Sync>;
+
+/// A live subscription; dropping it unsubscribes.
+pub struct ReplicaSubscription(#[allow(dead_code)] Box<dyn Send + Sync>);
+
+impl ReplicaSubscription {
+    /// Wraps whatever keeps the transport's subscription alive (dropped to
+    /// end it).
+    pub fn new(guard: impl Send + Sync + 'static) -> Self {
+        Self(Box::new(guard))
+    }
+}
+
+impl fmt::Debug for ReplicaSubscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ReplicaSubscription")
+    }
+}
+
+/// Why a transport could not subscribe.
+#[derive(Debug, thiserror::Error)]
+#[error("replica transport: {0}")]
+pub struct ReplicaError(pub String);
+
+/// Moves replica messages: publish to every replica of a pool, deliver
+/// theirs. Delivery is best effort (the protocol repairs losses); a
+/// transport never blocks the caller of [`ReplicaTransport::publish`].
+pub trait ReplicaTransport: Send + Sync + fmt::Debug + 'static {
+    /// Sends `payload` to every replica of `pool` (this one may hear it
+    /// back: its own messages are recognised and ignored).
+    fn publish(&self, pool: &str, payload: Bytes);
+
+    /// Starts delivering the messages published to `pool` to `sink`, until
+    /// the returned subscription is dropped.
+    ///
+    /// # Errors
+    /// The transport cannot subscribe.
+    fn subscribe(&self, pool: &str, sink: ReplicaSink)
+        -> Result<ReplicaSubscription, ReplicaError>;
+
+    /// How many times the transport has reconnected (monotonic; 0 for one
+    /// that never does). After a change every router sends all its
+    /// endpoints, so the others resynchronise at once.
+    fn reconnects(&self) -> u64 {
+        0
+    }
+}
+
+/// One replica's load changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaBatch {
+    /// The sending replica (one process lifetime of one router).
+    pub origin: u64,
+    /// The endpoints whose load changed (all of them in a heartbeat).
+    pub endpoints: Vec<EndpointDelta>,
+}
+
+/// One endpoint's totals at the sender
+/// ([`kvroute_select::LoadDelta`] with the endpoint named by its URL).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointDelta {
+    /// The endpoint's URL.
+    pub url: String,
+    /// Sequence number (per origin, increasing).
+    pub seq: u64,
+    /// The sender's requests in flight there.
+    pub in_flight: u32,
+    /// The sender's predicted queued prefill tokens there.
+    pub queued_prefill_tokens: u64,
+    /// Change of `in_flight` since the sender's previous delta.
+    pub requests: i64,
+    /// Change of `queued_prefill_tokens` since then.
+    pub prefill_tokens: i64,
+    /// The sender's predicted prefill tokens ever charged there (monotonic).
+    #[serde(default)]
+    pub charged_prefill_tokens: u64,
+}
+
+/// What replica sharing did, since the router started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReplicaCounters {
+    /// Batches published.
+    pub sent_batches: u64,
+    /// Endpoint deltas published.
+    pub sent_deltas: u64,
+    /// Messages received (this replica's own included).
+    pub received: u64,
+    /// Deltas applied.
+    pub applied: u64,
+    /// Duplicates and older deltas ignored.
+    pub stale: u64,
+    /// This replica's own messages ignored.
+    pub own: u64,
+    /// Deltas for a URL this router does not have.
+    pub unknown_endpoint: u64,
+    /// Deltas refused because [`ReplicaConfig::max_origins`] replicas count.
+    pub origins_full: u64,
+    /// Messages that did not decode.
+    pub undecodable: u64,
+    /// Messages over [`ReplicaConfig::max_message_bytes`], refused unread.
+    pub oversized: u64,
+    /// Replicas forgotten after [`ReplicaConfig::ttl`] of silence.
+    pub expired: u64,
+    /// Other replicas counted now.
+    pub replicas: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counting {
+    pub(crate) sent_batches: AtomicU64,
+    pub(crate) sent_deltas: AtomicU64,
+    pub(crate) received: AtomicU64,
+    pub(crate) applied: AtomicU64,
+    pub(crate) stale: AtomicU64,
+    pub(crate) own: AtomicU64,
+    pub(crate) unknown_endpoint: AtomicU64,
+    pub(crate) origins_full: AtomicU64,
+    pub(crate) undecodable: AtomicU64,
+    pub(crate) oversized: AtomicU64,
+}
+
+impl Counting {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, remote: &kvroute_select::RemoteCounters) -> ReplicaCounters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ReplicaCounters {
+            sent_batches: get(&self.sent_batches),
+            sent_deltas: get(&self.sent_deltas),
+            received: get(&self.received),
+            applied: get(&self.applied),
+            stale: get(&self.stale),
+            own: get(&self.own),
+            unknown_endpoint: get(&self.unknown_endpoint),
+            origins_full: get(&self.origins_full),
+            undecodable: get(&self.undecodable),
+            oversized: get(&self.oversized),
+            expired: remote.expired,
+            replicas: remote.origins,
+        }
+    }
+}
+
+/// A process-unique, unpredictable origin id (never 0, which means
+/// "nobody" in the tracker).
+pub(crate) fn new_origin() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish().max(1)
+}
+
+/// Splits `batch` into encoded messages of at most `max_bytes` each (a
+/// single delta larger than that, which a URL of ~1 MiB would need, is
+/// dropped).
+pub(crate) fn encode(batch: &ReplicaBatch, max_bytes: usize) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let Ok(whole) = serde_json::to_vec(batch) else {
+        return out;
+    };
+    if whole.len() <= max_bytes {
+        out.push(Bytes::from(whole));
+        return out;
+    }
+    if batch.endpoints.len() <= 1 {
+        return out;
+    }
+    let (a, b) = batch.endpoints.split_at(batch.endpoints.len() / 2);
+    for part in [a, b] {
+        out.extend(encode(
+            &ReplicaBatch {
+                origin: batch.origin,
+                endpoints: part.to_vec(),
+            },
+            max_bytes,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta(url: &str, seq: u64) -> EndpointDelta {
+        EndpointDelta {
+            url: url.to_owned(),
+            seq,
+            in_flight: 1,
+            ..EndpointDelta::default()
+        }
+    }
+
+    #[test]
+    fn a_large_batch_is_split_under_the_bound_and_loses_nothing() {
+        let batch = ReplicaBatch {
+            origin: 7,
+            endpoints: (0..100)
+                .map(|i| delta(&format!("http://10.0.0.{i}:8000"), i))
+                .collect(),
+        };
+        let parts = encode(&batch, 1000);
+        assert!(parts.len() > 1);
+        let mut seen = Vec::new();
+        for p in &parts {
+            assert!(p.len() <= 1000);
+            let b: ReplicaBatch = serde_json::from_slice(p).unwrap();
+            assert_eq!(b.origin, 7);
+            seen.extend(b.endpoints);
+        }
+        assert_eq!(seen, batch.endpoints);
+    }
+
+    #[test]
+    fn origins_are_never_zero_and_differ() {
+        let a = new_origin();
+        let b = new_origin();
+        assert!(a != 0 && b != 0 && a != b);
+    }
+}

@@ -1,0 +1,225 @@
+//! A router's side of replica sharing: its origin id, the other replicas'
+//! load table, the outbox drain and the task that publishes and expires.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvroute_select::{Applied, LoadDelta, RemoteConfig, RemoteLoad};
+use parking_lot::Mutex;
+
+use super::replicas::{
+    encode, new_origin, Counting, EndpointDelta, ReplicaBatch, ReplicaConfig, ReplicaCounters,
+    ReplicaError, ReplicaSubscription,
+};
+use super::slots::slot_of;
+use super::view::RouterView;
+use super::{id, Shared};
+
+pub(crate) struct ReplicaState {
+    config: ReplicaConfig,
+    pool: String,
+    origin: u64,
+    remote: RemoteLoad,
+    counting: Counting,
+    /// When every endpoint was last sent, and the transport's reconnect
+    /// count then.
+    last_full: Mutex<(Option<Duration>, u64)>,
+    subscription: Mutex<Option<ReplicaSubscription>>,
+}
+
+impl ReplicaState {
+    pub(crate) fn new(config: ReplicaConfig, endpoints: usize, name: &str) -> Self {
+        let origin = new_origin();
+        Self {
+            pool: config.pool.clone().unwrap_or_else(|| name.to_owned()),
+            remote: RemoteLoad::new(
+                RemoteConfig {
+                    endpoints,
+                    max_origins: config.max_origins,
+                    ttl: config.ttl,
+                },
+                origin,
+            ),
+            origin,
+            config,
+            counting: Counting::default(),
+            last_full: Mutex::new((None, 0)),
+            subscription: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn origin(&self) -> u64 {
+        self.origin
+    }
+
+    pub(crate) fn remote(&self) -> &RemoteLoad {
+        &self.remote
+    }
+
+    pub(crate) fn counters(&self) -> ReplicaCounters {
+        self.counting.snapshot(&self.remote.counters())
+    }
+
+    /// The outbox as a batch (every endpoint when `full`).
+    pub(crate) fn drain(&self, shared: &Shared, full: bool) -> Option<ReplicaBatch> {
+        if full {
+            shared.tracker.resync();
+        }
+        let mut deltas = Vec::new();
+        shared.tracker.drain_deltas(&mut deltas);
+        if deltas.is_empty() {
+            return None;
+        }
+        let gen = shared.current();
+        let endpoints: Vec<EndpointDelta> = deltas
+            .iter()
+            .filter_map(|d| {
+                let url = gen.urls.get(d.endpoint.index())?;
+                if url.is_empty() {
+                    return None;
+                }
+                Some(EndpointDelta {
+                    url: url.to_string(),
+                    seq: d.seq,
+                    in_flight: d.in_flight,
+                    queued_prefill_tokens: d.queued_prefill_tokens,
+                    requests: d.requests,
+                    prefill_tokens: d.prefill_tokens,
+                    charged_prefill_tokens: d.charged_prefill_tokens,
+                })
+            })
+            .collect();
+        (!endpoints.is_empty()).then_some(ReplicaBatch {
+            origin: self.origin,
+            endpoints,
+        })
+    }
+
+    /// Applies another replica's batch.
+    pub(crate) fn apply(&self, shared: &Shared, batch: &ReplicaBatch) {
+        Counting::add(&self.counting.received, 1);
+        if batch.origin == self.origin {
+            Counting::add(&self.counting.own, 1);
+            return;
+        }
+        let now = shared.now();
+        let mut applied = 0;
+        for e in &batch.endpoints {
+            let Some(slot) = slot_of(shared, &e.url) else {
+                Counting::add(&self.counting.unknown_endpoint, 1);
+                continue;
+            };
+            let delta = LoadDelta {
+                origin: batch.origin,
+                seq: e.seq,
+                endpoint: id(slot),
+                requests: e.requests,
+                prefill_tokens: e.prefill_tokens,
+                in_flight: e.in_flight,
+                queued_prefill_tokens: e.queued_prefill_tokens,
+                charged_prefill_tokens: e.charged_prefill_tokens,
+            };
+            let counter = match self.remote.apply(&delta, now) {
+                Applied::Applied => {
+                    applied += 1;
+                    &self.counting.applied
+                }
+                Applied::Stale => &self.counting.stale,
+                Applied::Own => &self.counting.own,
+                Applied::UnknownEndpoint => &self.counting.unknown_endpoint,
+                Applied::OriginsFull => &self.counting.origins_full,
+            };
+            Counting::add(counter, 1);
+        }
+        if applied > 0 {
+            // The drain model times the other replica's charges from their
+            // arrival.
+            let view = RouterView::new(shared, now);
+            shared.current().rule.observe_load(&view, now);
+        }
+    }
+
+    /// One received message: bounded, decoded, applied; never an error.
+    fn receive(&self, shared: &Shared, payload: &Bytes) {
+        if payload.len() > self.config.max_message_bytes {
+            Counting::add(&self.counting.oversized, 1);
+            return;
+        }
+        match serde_json::from_slice::<ReplicaBatch>(payload) {
+            Ok(batch) => self.apply(shared, &batch),
+            Err(e) => {
+                Counting::add(&self.counting.undecodable, 1);
+                tracing::debug!(error = %e, "undecodable replica message ignored");
+            }
+        }
+    }
+
+    /// Publishes the outbox (every endpoint once per heartbeat) and expires
+    /// silent replicas.
+    fn tick(&self, shared: &Shared) {
+        let now = shared.now();
+        let full = {
+            let mut last = self.last_full.lock();
+            let reconnects = self.config.transport.reconnects();
+            let due = last
+                .0
+                .is_none_or(|t| now.saturating_sub(t) >= self.config.heartbeat)
+                || reconnects != last.1;
+            if due {
+                *last = (Some(now), reconnects);
+            }
+            due
+        };
+        if let Some(batch) = self.drain(shared, full) {
+            let deltas = batch.endpoints.len() as u64;
+            for msg in encode(&batch, self.config.max_message_bytes) {
+                self.config.transport.publish(&self.pool, msg);
+                Counting::add(&self.counting.sent_batches, 1);
+            }
+            Counting::add(&self.counting.sent_deltas, deltas);
+        }
+        self.remote.expire(now);
+    }
+
+    /// Subscribes to the pool and starts the publishing task; both end with
+    /// the router.
+    pub(crate) fn start(
+        &self,
+        shared: &Arc<Shared>,
+        handle: &tokio::runtime::Handle,
+    ) -> Result<(), ReplicaError> {
+        let weak = Arc::downgrade(shared);
+        let sink = Arc::new(move |payload: Bytes| {
+            if let Some(shared) = weak.upgrade() {
+                if let Some(r) = &shared.replicas {
+                    r.receive(&shared, &payload);
+                }
+            }
+        });
+        *self.subscription.lock() = Some(self.config.transport.subscribe(&self.pool, sink)?);
+        let weak = Arc::downgrade(shared);
+        let interval = self.config.sync_interval.max(Duration::from_micros(100));
+        let stopped = shared.stopped();
+        handle.spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tokio::pin!(stopped);
+            loop {
+                tokio::select! {
+                    () = &mut stopped => return,
+                    _ = tick.tick() => {}
+                }
+                let Some(shared) = weak.upgrade() else {
+                    return;
+                };
+                if let Some(r) = &shared.replicas {
+                    r.tick(&shared);
+                }
+            }
+        });
+        tracing::info!(pool = %self.pool, origin = self.origin, transport = ?self.config.transport,
+            "replica load sharing started");
+        Ok(())
+    }
+}

@@ -1,0 +1,523 @@
+//! Endpoint slots: assembly of the router, endpoint changes, and the rule
+//! rebuilt over the slots in use.
+//!
+//! Slot `i` is `EndpointId(i)` everywhere: in the inventory index, the load
+//! tracker, the replica tables and the rule. A removed endpoint's slot stays
+//! in the rule (never available) until a new endpoint reuses it, so ids in
+//! decisions in flight keep naming what they named.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kvroute_engines::transport::{EngineKind, IndexIngest, SharedIngest, SubscriberMetrics};
+use kvroute_ingest::{
+    ContractAttestor, EndpointIngest, IngestConfig, KeyAttestor, Keying, SharedIndex,
+};
+use kvroute_select::{
+    CircuitBreaker, ContractId, ContractKeys, Endpoint, KeyMode, LoadTracker, PromptKeys,
+    ReportedLoad, Role, Rule, RuleConfig, Topology,
+};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::watch;
+
+use super::builder::KvRouterBuilder;
+use super::replicas_state::ReplicaState;
+use super::status::TokenizerState;
+use super::{background, followers, id, BuildError, Change, ContractSide, Settings, Shared};
+use crate::admission::TokenizeAdmission;
+use crate::backend::Backend;
+
+/// What decisions read of one slot without the change lock.
+#[derive(Debug)]
+pub(crate) struct SlotState {
+    pub(crate) present: AtomicBool,
+    pub(crate) admin_down: AtomicBool,
+    pub(crate) breaker: Mutex<CircuitBreaker>,
+    /// Last active probe verdict (`None` before the first probe).
+    pub(crate) probe_ok: Mutex<Option<bool>>,
+    pub(crate) ingest: RwLock<Option<SharedIngest>>,
+    /// Health probes that failed.
+    pub(crate) probe_failures: AtomicU64,
+    /// Engine load polls that gave a report / failed.
+    pub(crate) polls_ok: AtomicU64,
+    pub(crate) polls_failed: AtomicU64,
+}
+
+/// A slot's running endpoint (only touched by changes). Dropping it stops
+/// the endpoint's followers, probe and load poller.
+pub(crate) struct SlotRuntime {
+    pub(crate) backend: Backend,
+    stop: watch::Sender<bool>,
+    pub(crate) followers: Vec<Arc<SubscriberMetrics>>,
+}
+
+impl Drop for SlotRuntime {
+    fn drop(&mut self) {
+        let _ = self.stop.send_replace(true);
+    }
+}
+
+impl SlotRuntime {
+    /// A future that completes when the slot's endpoint goes away.
+    pub(crate) fn stopped(
+        stop: &watch::Sender<bool>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+}
+
+/// One rule built over the slots in use; requests keep the generation they
+/// were decided in.
+pub(crate) struct Generation {
+    pub(crate) rule: Arc<Rule>,
+    /// URL of each rule endpoint (= slot).
+    pub(crate) urls: Vec<Arc<str>>,
+    /// Engine of each rule endpoint (= slot): which body it takes.
+    pub(crate) engines: Vec<EngineKind>,
+}
+
+fn contract_err(contract: &str, reason: impl std::fmt::Display) -> BuildError {
+    BuildError::Contract {
+        contract: contract.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+fn contract_side(b: &KvRouterBuilder) -> Result<ContractSide, BuildError> {
+    let Some(contract) = b.contract.clone() else {
+        if b.choice == kvroute_select::Choice::KvExact {
+            return Err(contract_err(
+                "(none)",
+                "a KV-exact router needs a hash contract (KvRouter::builder)",
+            ));
+        }
+        return Ok(ContractSide {
+            contract: None,
+            keys: None,
+            block_size: 16,
+            keying: Keying::Engine,
+            attestor: None,
+        });
+    };
+    let name = contract.to_string();
+    let keys = Arc::new(ContractKeys::new(&contract).map_err(|e| contract_err(&name, e))?);
+    // The ingest side's keying and the prompt side's key mode both come from
+    // the contract, so they agree by construction.
+    let keying = Keying::for_contract(&contract);
+    // Engine keys are attested against the prompt side's hasher; re-keyed
+    // inventories hold kvroute's own keys, nothing to attest.
+    let attestor = match &keying {
+        Keying::Engine => Some(Arc::new(ContractAttestor::from_hasher(
+            contract.hasher().map_err(|e| contract_err(&name, e))?,
+        )) as Arc<dyn KeyAttestor>),
+        Keying::Rekey(_) => None,
+    };
+    Ok(ContractSide {
+        block_size: keys.block_size(),
+        keys: Some(keys),
+        contract: Some(contract),
+        keying,
+        attestor,
+    })
+}
+
+/// A model directory must hold a tokenizer: a wrong directory is an error
+/// when the router is built, not a stream of `no_tokenizer` misses.
+fn check_model_dir(model: &str, dir: &std::path::Path) -> Result<(), BuildError> {
+    let found = ["tokenizer.json", "tokenizer.json.gz"]
+        .iter()
+        .any(|f| dir.join(f).is_file());
+    if found {
+        Ok(())
+    } else {
+        Err(BuildError::Model {
+            model: model.to_owned(),
+            reason: format!("{} holds no tokenizer.json", dir.display()),
+        })
+    }
+}
+
+pub(crate) fn assemble(
+    b: KvRouterBuilder,
+    handle: Option<tokio::runtime::Handle>,
+) -> Result<Arc<Shared>, BuildError> {
+    let contract = contract_side(&b)?;
+    if b.backends.len() > b.max_endpoints {
+        return Err(BuildError::TooManyEndpoints(b.max_endpoints));
+    }
+    if b.topology == Topology::PrefillDecode
+        && !(b.backends.iter().any(|e| e.role.can_prefill())
+            && b.backends.iter().any(|e| e.role.can_decode()))
+    {
+        return Err(kvroute_select::RuleError::IncompletePrefillDecode.into());
+    }
+    let tokenizers = b.tokenizers.clone().unwrap_or_default();
+    for (slug, dir) in &b.models {
+        if handle.is_some() {
+            check_model_dir(slug, dir)?;
+        }
+        tokenizers.register(slug.clone(), dir.clone());
+    }
+    let mut options = b.options.clone();
+    options.dialect = crate::prompt::dialect_of(b.backends.iter().map(|x| x.engine));
+    // Hashed with the tokenization when the keys are what the rule routes on.
+    if b.choice == kvroute_select::Choice::KvExact {
+        options.keys.clone_from(&contract.keys);
+    }
+    let n = b.max_endpoints;
+    let replicas = b
+        .replicas
+        .as_ref()
+        .map(|cfg| ReplicaState::new(cfg.clone(), n, &b.name));
+    let tracker = match &replicas {
+        Some(r) => LoadTracker::with_sync(n, r.origin()),
+        None => LoadTracker::new(n),
+    };
+    let reported = ReportedLoad::new(
+        n,
+        b.engine_load
+            .map_or(std::time::Duration::from_secs(5), |c| c.max_age),
+    );
+    let settings = Settings {
+        name: b.name.clone(),
+        topology: b.topology,
+        choice: b.choice,
+        scorer: Arc::clone(&b.scorer),
+        fallback: b.fallback,
+        thresholds: b.thresholds,
+        predicted: b.predicted,
+        seed: b.seed,
+        breaker: b.breaker,
+    };
+    let placeholder = Arc::new(Generation {
+        rule: Arc::new(build_rule(
+            &settings,
+            &contract,
+            n,
+            vec![placeholder_endpoint()],
+            None,
+        )?),
+        urls: vec![Arc::from("")],
+        engines: vec![EngineKind::LlamaCpp],
+    });
+    let (stop, _) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        tokenizer_states: Mutex::new(
+            b.models
+                .iter()
+                .map(|(s, _)| (s.clone(), TokenizerState::Loading))
+                .collect(),
+        ),
+        models: b.models.clone(),
+        tokenizers,
+        lora: b.lora.clone(),
+        admission: b
+            .shared_admission
+            .clone()
+            .unwrap_or_else(|| Arc::new(TokenizeAdmission::new(b.admission))),
+        overload: b.overload,
+        tokenize_wait: b.tokenize_wait,
+        options,
+        token_ids: crate::prompt::TokenIdCounters::default(),
+        index: Arc::new(SharedIndex::new(n, b.index)),
+        tracker: Arc::new(tracker),
+        reported,
+        replicas,
+        slots: (0..n)
+            .map(|_| SlotState {
+                present: AtomicBool::new(false),
+                admin_down: AtomicBool::new(false),
+                breaker: Mutex::new(CircuitBreaker::new(b.breaker)),
+                probe_ok: Mutex::new(None),
+                ingest: RwLock::new(None),
+                probe_failures: AtomicU64::new(0),
+                polls_ok: AtomicU64::new(0),
+                polls_failed: AtomicU64::new(0),
+            })
+            .collect(),
+        membership: Mutex::new(Vec::new()),
+        generation: RwLock::new(placeholder),
+        engine_load: b.engine_load,
+        probes: b.probes.clone(),
+        clock: Arc::clone(&b.clock),
+        handle,
+        stop,
+        settings,
+        contract,
+    });
+    {
+        let mut slots = shared.membership.lock();
+        for backend in b.backends {
+            insert(&shared, &mut slots, backend)?;
+        }
+        rebuild(&shared, &slots)?;
+    }
+    if let Some(h) = &shared.handle {
+        background::load_tokenizers(&shared, h);
+        if let Some(r) = &shared.replicas {
+            r.start(&shared, h)?;
+        }
+    }
+    Ok(shared)
+}
+
+fn placeholder_endpoint() -> Endpoint {
+    Endpoint::new(String::new(), Role::Both)
+}
+
+fn build_rule(
+    st: &Settings,
+    contract: &ContractSide,
+    capacity: usize,
+    endpoints: Vec<Endpoint>,
+    previous: Option<&Rule>,
+) -> Result<Rule, BuildError> {
+    let contract_id = contract
+        .keys
+        .as_ref()
+        .map_or_else(|| ContractId::new("none"), |k| k.contract().clone());
+    let mut cfg = RuleConfig::kv_exact(
+        &st.name,
+        st.topology,
+        endpoints,
+        contract.block_size,
+        contract_id,
+    );
+    cfg.choice = st.choice;
+    cfg.key_mode = contract
+        .keys
+        .as_ref()
+        .map_or(KeyMode::Engine, |k| k.key_mode());
+    cfg.scorer = Arc::clone(&st.scorer);
+    cfg.fallback = st.fallback;
+    cfg.thresholds = st.thresholds;
+    cfg.predicted = st.predicted;
+    cfg.seed = st.seed;
+    cfg.endpoint_capacity = capacity;
+    let keys = contract.keys.clone().map(|k| k as Arc<dyn PromptKeys>);
+    Ok(match previous {
+        Some(p) => p.rebuild(cfg, keys)?,
+        None => Rule::new(cfg, keys)?,
+    })
+}
+
+/// A new rule over the slots in use, carrying the previous rule's state.
+/// Its endpoint `i` is slot `i`; a removed slot keeps its last address but
+/// is never available.
+pub(crate) fn rebuild(shared: &Shared, slots: &[Option<SlotRuntime>]) -> Result<(), BuildError> {
+    let previous = shared.current();
+    let mut endpoints = Vec::with_capacity(slots.len().max(1));
+    let mut urls = Vec::with_capacity(slots.len().max(1));
+    let mut engines = Vec::with_capacity(slots.len().max(1));
+    for (i, s) in slots.iter().enumerate() {
+        match s {
+            Some(s) => {
+                let b = &s.backend;
+                let mut ep = Endpoint::new(b.url.clone(), b.role)
+                    .with_weight(b.weight)
+                    .with_capacity(b.capacity);
+                if followers::has_inventory(b) {
+                    ep = ep.with_inventory_slot(u32::try_from(i).unwrap_or(u32::MAX));
+                }
+                urls.push(Arc::from(b.url.as_str()));
+                engines.push(b.engine);
+                endpoints.push(ep);
+            }
+            None => {
+                let old = previous
+                    .urls
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::from(""));
+                endpoints.push(Endpoint::new(old.to_string(), Role::Both));
+                urls.push(old);
+                // Never chosen again: the text body is the safe default.
+                engines.push(EngineKind::LlamaCpp);
+            }
+        }
+    }
+    if endpoints.is_empty() {
+        endpoints.push(placeholder_endpoint());
+        urls.push(Arc::from(""));
+        engines.push(EngineKind::LlamaCpp);
+    }
+    let rule = build_rule(
+        &shared.settings,
+        &shared.contract,
+        shared.slots.len(),
+        endpoints,
+        Some(&previous.rule),
+    )?;
+    *shared.generation.write() = Arc::new(Generation {
+        rule: Arc::new(rule),
+        urls,
+        engines,
+    });
+    Ok(())
+}
+
+fn new_ingest(shared: &Shared, slot: usize, b: &Backend) -> EndpointIngest {
+    let c = &shared.contract;
+    let config = IngestConfig {
+        // Engine blocks of another size never match the prompt side's keys:
+        // counted and shown as a contract mismatch (also in re-key mode).
+        expected_block_size: c.contract.as_ref().map(|c| c.block_size().get()),
+        chained_keys: c
+            .contract
+            .as_ref()
+            .is_none_or(kvroute_core::HashContract::keys_chained),
+        window: followers::window(b),
+        ..IngestConfig::default()
+    };
+    let ingest = EndpointIngest::new(id(slot), config, c.keying.clone()).with_name(b.url.as_str());
+    match &c.attestor {
+        Some(a) => ingest.with_attestor(Arc::clone(a)),
+        None => ingest,
+    }
+}
+
+/// Puts `b` in the lowest free slot and starts its background work.
+pub(crate) fn insert(
+    shared: &Arc<Shared>,
+    slots: &mut Vec<Option<SlotRuntime>>,
+    b: Backend,
+) -> Result<usize, BuildError> {
+    if slots
+        .iter()
+        .flatten()
+        .any(|s| same_url(&s.backend.url, &b.url))
+    {
+        return Err(BuildError::Membership(b.url, "already present"));
+    }
+    let slot = match slots.iter().position(Option::is_none) {
+        Some(i) => i,
+        None if slots.len() < shared.slots.len() => {
+            slots.push(None);
+            slots.len() - 1
+        }
+        None => return Err(BuildError::TooManyEndpoints(shared.slots.len())),
+    };
+    let Some(state) = shared.slots.get(slot) else {
+        return Err(BuildError::TooManyEndpoints(shared.slots.len()));
+    };
+    let (stop, _) = watch::channel(false);
+    let mut metrics = Vec::new();
+    let ingest = if followers::has_inventory(&b) {
+        let ingest = IndexIngest::share(new_ingest(shared, slot, &b));
+        if let Some(h) = &shared.handle {
+            metrics = followers::start(shared, h, &b, &ingest, &stop)?;
+        } else {
+            followers::check(&b)?;
+        }
+        Some(ingest)
+    } else {
+        None
+    };
+    // A reused slot starts empty (its previous endpoint's keys were cleared
+    // on removal) with a fresh breaker, probe verdict and load report.
+    *state.ingest.write() = ingest;
+    *state.breaker.lock() = CircuitBreaker::new(shared.settings.breaker);
+    *state.probe_ok.lock() = None;
+    state.admin_down.store(false, Ordering::Release);
+    shared.reported.invalidate(id(slot));
+    state.present.store(true, Ordering::Release);
+    if let Some(h) = &shared.handle {
+        background::start_endpoint(shared, h, slot, &b, &stop);
+    }
+    tracing::info!(rule = %shared.settings.name, endpoint = %b.url, slot, "endpoint added");
+    if let Some(s) = slots.get_mut(slot) {
+        *s = Some(SlotRuntime {
+            backend: b,
+            stop,
+            followers: metrics,
+        });
+    }
+    Ok(slot)
+}
+
+fn remove(shared: &Shared, slots: &mut [Option<SlotRuntime>], url: &str) -> Result<(), BuildError> {
+    let Some(slot) = slots
+        .iter()
+        .position(|s| s.as_ref().is_some_and(|s| same_url(&s.backend.url, url)))
+    else {
+        return Err(BuildError::Membership(url.to_owned(), "not present"));
+    };
+    if let Some(h) = shared.slots.get(slot) {
+        h.present.store(false, Ordering::Release);
+        *h.ingest.write() = None;
+    }
+    // Stops its background work (SlotRuntime's drop), then forgets its keys.
+    if let Some(s) = slots.get_mut(slot) {
+        *s = None;
+    }
+    if let Err(err) = shared.index.clear_endpoint(id(slot)) {
+        tracing::warn!(%err, slot, "clearing a removed endpoint's inventory");
+    }
+    shared.reported.invalidate(id(slot));
+    tracing::info!(rule = %shared.settings.name, endpoint = url, slot, "endpoint removed");
+    Ok(())
+}
+
+pub(crate) fn apply(shared: &Arc<Shared>, change: Change) -> Result<(), BuildError> {
+    let mut slots = shared.membership.lock();
+    match change {
+        Change::Insert(b) => {
+            let url = b.url.clone();
+            insert(shared, &mut slots, b)?;
+            if let Err(e) = rebuild(shared, &slots) {
+                let _ = remove(shared, &mut slots, &url);
+                return Err(e);
+            }
+        }
+        Change::Remove(url) => {
+            remove(shared, &mut slots, &url)?;
+            rebuild(shared, &slots)?;
+        }
+    }
+    Ok(())
+}
+
+fn same_url(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
+pub(crate) fn slot_of(shared: &Shared, url: &str) -> Option<usize> {
+    shared
+        .membership
+        .lock()
+        .iter()
+        .position(|s| s.as_ref().is_some_and(|s| same_url(&s.backend.url, url)))
+}
+
+pub(crate) fn ingest(shared: &Shared, url: &str, batch: &kvroute_ingest::EventBatch) -> bool {
+    let Some(slot) = slot_of(shared, url) else {
+        return false;
+    };
+    let Some(state) = shared.slots.get(slot) else {
+        return false;
+    };
+    let guard = state.ingest.read();
+    let Some(ingest) = guard.as_ref() else {
+        return false;
+    };
+    let _ = ingest.lock().apply_batch(batch, &shared.index);
+    true
+}
+
+pub(crate) fn set_admin_down(shared: &Shared, url: &str, down: bool) -> bool {
+    let Some(slot) = slot_of(shared, url) else {
+        return false;
+    };
+    shared.slots.get(slot).is_some_and(|s| {
+        s.admin_down.store(down, Ordering::Release);
+        true
+    })
+}
+
+/// The tracker, index and ingest of `shared` (for the followers).
+pub(crate) fn index_of(shared: &Shared) -> &Arc<SharedIndex> {
+    &shared.index
+}

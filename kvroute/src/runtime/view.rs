@@ -1,0 +1,118 @@
+//! What a decision reads: the router's load view (its own charges, the
+//! other replicas' announced load, the engines' own reports), endpoint
+//! health (presence, admin state, breaker) and the inventory index.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kvroute_core::{BlockKey, EndpointId};
+use kvroute_ingest::{ContractStatus, InventoryHealth, InventoryView, Overlap};
+use kvroute_select::{
+    AdminState, Availability, EndpointLoad, EngineReport, Health, Load, PrefillProgress,
+};
+
+use super::Shared;
+
+/// The router's view at one instant.
+pub(crate) struct RouterView<'a> {
+    shared: &'a Shared,
+    now: Duration,
+    /// Without the engines' reports: every replica's own accounting only
+    /// (what a report is compared with, so nothing is counted twice).
+    replicas_only: bool,
+}
+
+impl<'a> RouterView<'a> {
+    pub(crate) fn new(shared: &'a Shared, now: Duration) -> Self {
+        Self {
+            shared,
+            now,
+            replicas_only: false,
+        }
+    }
+
+    pub(crate) fn replicas_only(shared: &'a Shared, now: Duration) -> Self {
+        Self {
+            shared,
+            now,
+            replicas_only: true,
+        }
+    }
+}
+
+impl Load for RouterView<'_> {
+    fn load(&self, endpoint: EndpointId) -> EndpointLoad {
+        let s = self.shared;
+        let tracker = &*s.tracker;
+        match (&s.replicas, self.replicas_only) {
+            (Some(r), true) => r.remote().view(tracker, self.now).load(endpoint),
+            (Some(r), false) => {
+                let local = r.remote().view(tracker, self.now);
+                s.reported.view(&local, self.now).load(endpoint)
+            }
+            (None, true) => tracker.load(endpoint),
+            (None, false) => s.reported.view(tracker, self.now).load(endpoint),
+        }
+    }
+
+    /// Every replica's charges (the cost scorer's drain times them).
+    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
+        let local = self.shared.tracker.charged_tokens(endpoint);
+        Some(self.shared.replicas.as_ref().map_or(local, |r| {
+            local.saturating_add(r.remote().remote_charged(endpoint))
+        }))
+    }
+
+    fn prefill_progress(&self, endpoint: EndpointId) -> Option<PrefillProgress> {
+        self.report(endpoint).and_then(|r| r.prefill)
+    }
+
+    fn report(&self, endpoint: EndpointId) -> Option<EngineReport> {
+        if self.replicas_only {
+            return None;
+        }
+        self.shared.reported.report(endpoint, self.now)
+    }
+}
+
+impl Health for RouterView<'_> {
+    fn availability(&self, endpoint: EndpointId, now: Duration) -> Availability {
+        let Some(s) = self.shared.slots.get(endpoint.index()) else {
+            return Availability::AdminDown;
+        };
+        if !s.present.load(Ordering::Acquire) || s.admin_down.load(Ordering::Acquire) {
+            return Availability::AdminDown;
+        }
+        Availability::from_states(AdminState::Up, s.breaker.lock().state(now))
+    }
+}
+
+impl InventoryView for RouterView<'_> {
+    fn endpoint_count(&self) -> usize {
+        self.shared.index.endpoint_count()
+    }
+
+    fn score(&self, keys: &[BlockKey], out: &mut [Overlap]) {
+        self.shared.index.score(keys, out);
+    }
+
+    fn score_prefix(&self, keys: &[BlockKey], out: &mut [Overlap]) {
+        self.shared.index.score_prefix(keys, out);
+    }
+
+    fn health(&self, endpoint: usize) -> InventoryHealth {
+        let Some(s) = self.shared.slots.get(endpoint) else {
+            return InventoryHealth::default();
+        };
+        let guard = s.ingest.read();
+        let Some(ingest) = guard.as_ref() else {
+            return InventoryHealth::default();
+        };
+        let i = ingest.lock();
+        InventoryHealth {
+            contract_mismatch: matches!(i.contract_status(), ContractStatus::Mismatch { .. }),
+            missing_batches: i.missing_batches(),
+            clears: i.counters().clears,
+        }
+    }
+}
