@@ -41,11 +41,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvroute_core::EndpointId;
+use kvroute_engines::engine::VLLM;
 use kvroute_engines::events::LiveMessage;
 use kvroute_engines::transport::{
-    DecodingSink, EngineKind, Frame, FrameReport, FrameSink, FrameSource, IndexIngest,
-    ReplayOutcome, SinkAction, ZmqEndpoint, ZmqSubscriber, ZmqSubscriberConfig,
-    DEFAULT_MAX_MESSAGE_BYTES,
+    DecodingSink, Frame, FrameReport, FrameSink, FrameSource, IndexIngest, ReplayOutcome,
+    SinkAction, ZmqEndpoint, ZmqSubscriber, ZmqSubscriberConfig, DEFAULT_MAX_MESSAGE_BYTES,
 };
 use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
 
@@ -218,11 +218,8 @@ impl TimedSink {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
         let ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
         TimedSink {
-            inner: DecodingSink::new(
-                EngineKind::Vllm,
-                IndexIngest::new(ingest, index, Some(0), false),
-            )
-            .unwrap(),
+            inner: DecodingSink::for_engine(&VLLM, IndexIngest::new(ingest, index, Some(0), false))
+                .unwrap(),
             samples,
         }
     }
