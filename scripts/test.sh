@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "==> toolchain (rust-version from Cargo.toml)"
-# The locked dependencies (zeromq 0.7, uuid 1.x) need this Rust; an older cargo
+# The locked dependencies (kvroute-zeromq from zeromq 0.7, uuid 1.x) need this Rust; an older cargo
 # fails deep in the build with a less helpful message. Clippy's incompatible_msrv
 # lint (below) flags std APIs newer than it. KVROUTE_MSRV_CHECK=1 also compiles
 # the workspace with exactly that toolchain (rustup; ~9 minutes on 2 cores, so not
@@ -51,6 +51,15 @@ trap 'rm -f "$log"' EXIT
 set +e
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# kvroute as a dependency of a crate outside the workspace (no [patch]), against
+# the `kvroute` binary the workspace run just built; the same target dir reuses
+# the workspace's artifacts. Its results count in the summary below.
+echo "==> cargo test --manifest-path tests/outside/Cargo.toml"
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+KVROUTE_BIN="$target_dir/debug/kvroute" CARGO_TARGET_DIR="$target_dir" \
+  cargo test --locked --manifest-path tests/outside/Cargo.toml 2>&1 | tee -a "$log"
+outside_status=${PIPESTATUS[0]}
+if [ "$status" -eq 0 ]; then status=$outside_status; fi
 set -e
 # One `test result:` line per test binary and per crate's doc-tests.
 read -r binaries passed failed ignored < <(awk '

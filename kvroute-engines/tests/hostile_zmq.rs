@@ -14,7 +14,7 @@
 //! (tests/python/kv_publisher.py) is applied afterwards, and the peak resident
 //! memory (VmHWM) grows by less than a few × `max_message_bytes`. Every scenario
 //! runs in a child process of this test binary, so an abort (`memory allocation
-//! of … failed`, what the unpatched `zeromq` 0.7 decoder does) fails the test
+//! of … failed`, what the registry `zeromq` 0.7 decoder does) fails the test
 //! instead of the runner, and each peak is measured from a fresh baseline.
 //!
 //! Binding: a subscriber told to bind `tcp://localhost:P` listens on

@@ -180,8 +180,9 @@ impl ZmqSubscriberConfig {
 /// `max_message_bytes` is enforced twice. The socket refuses a frame whose
 /// header declares more than the limit, a multipart message whose parts would
 /// add up to more, or one with more than [`MAX_MESSAGE_PARTS`] parts, on the
-/// declared length before anything is buffered (our patched `zeromq`, see
-/// `patches/zeromq/PATCHES.md`): that peer's connection is closed and counted
+/// declared length before anything is buffered (`kvroute-zeromq`, this crate's
+/// ZeroMQ dependency: zeromq 0.7.0 with the limits of
+/// `vendor/kvroute-zeromq/PATCHES.md`): that peer's connection is closed and counted
 /// in `oversized_peers_dropped` (and `oversized_frames`). A connected
 /// subscriber then redials its engine; a bound one keeps listening. Messages
 /// that fit are checked again here, exactly, before they reach the sink.
