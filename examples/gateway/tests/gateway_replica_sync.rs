@@ -1,8 +1,9 @@
-//! Replica load sharing between two real `kvroute serve` processes
-//! (`[replicas]`, `POST /admin/replica-sync`): requests one replica has in
-//! flight count in the other's load view and steer its least-load picks
-//! away from the busy engine; the shared load returns to 0 when the answers
-//! end, and a killed replica's load expires after `remote_ttl_ms`.
+//! Replica load sharing between two real `kvroute serve` processes over a
+//! real `nats-server` (`[replicas] nats`): requests one replica has in flight
+//! count in the other's load view and steer its least-load picks away from
+//! the busy engine; the shared load returns to 0 when the answers end, and a
+//! killed replica's load expires after `remote_ttl_ms`. The replicas find
+//! each other by their messages: neither names the other.
 //!
 //! The two replicas list the endpoints in opposite orders, so the sync must
 //! name endpoints by URL. Engine-load polling is off and the engines export
@@ -72,21 +73,21 @@ async fn held_engine(gate: &Gate) -> HeldEngine {
     HeldEngine { addr, received }
 }
 
-/// A replica whose admin listener is `admin`, sharing load with `peer`, with
-/// the rule's endpoints in the order given. Every request is a KV miss (no
-/// engine publishes events) placed by `least_load`, which reads the load view.
-fn replica(id: &str, admin: u16, peer: u16, endpoints: &[SocketAddr]) -> String {
-    replica_timed(id, admin, peer, endpoints, 1500)
+/// A replica sharing load over the NATS server at `nats`, with the rule's
+/// endpoints in the order given. Every request is a KV miss (no engine
+/// publishes events) placed by `least_load`, which reads the load view.
+pub fn replica(nats: &str, endpoints: &[SocketAddr]) -> String {
+    replica_timed(nats, endpoints, 1500)
 }
 
-/// [`replica`] with the peers' load expiring after `ttl_ms` of silence.
-fn replica_timed(id: &str, admin: u16, peer: u16, endpoints: &[SocketAddr], ttl_ms: u64) -> String {
+/// [`replica`] with the other replicas' load expiring after `ttl_ms` of silence.
+pub fn replica_timed(nats: &str, endpoints: &[SocketAddr], ttl_ms: u64) -> String {
     let mut s = format!(
         "listen = \"127.0.0.1:0\"\n\
-         [admin]\nlisten = \"127.0.0.1:{admin}\"\ntoken = \"{TOKEN}\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
          [limits]\nengine_load_poll_ms = 0\n\
          [health]\ninterval_ms = 0\n\
-         [replicas]\nid = \"{id}\"\npeers = [\"http://127.0.0.1:{peer}\"]\n\
+         [replicas]\nnats = \"{nats}\"\n\
          heartbeat_ms = 200\nremote_ttl_ms = {ttl_ms}\n\
          [[models]]\nslug = \"{MODEL}\"\ndir = \"{}\"\n\n{}selector = \"least_load\"\n\n",
         model_dir().display(),
@@ -99,23 +100,6 @@ fn replica_timed(id: &str, admin: u16, peer: u16, endpoints: &[SocketAddr], ttl_
         ));
     }
     s
-}
-
-/// Two replicas naming each other's admin ports, which must be chosen before
-/// either starts: a port another process takes between `closed_port()` and
-/// the bind makes that gateway exit, and the pair is started again on new
-/// ports (at most three times).
-fn start_pair(configs: impl Fn(u16, u16) -> (String, String)) -> (Gateway, Gateway) {
-    let mut why = Vec::new();
-    for _ in 0..3 {
-        let (a1, a2) = (closed_port(), closed_port());
-        let (c1, c2) = configs(a1, a2);
-        match Gateway::try_start(&c1).and_then(|g1| Gateway::try_start(&c2).map(|g2| (g1, g2))) {
-            Ok(pair) => return pair,
-            Err(e) => why.push(e),
-        }
-    }
-    panic!("two replicas did not start: {why:?}")
 }
 
 async fn admin_get(gw: &Gateway, path: &str) -> Value {
@@ -170,13 +154,9 @@ async fn received(what: &str, engine: &HeldEngine, n: usize) {
 async fn replicas_see_and_avoid_each_others_in_flight_requests() {
     let gate = Gate::new();
     let (busy, idle) = (held_engine(&gate).await, held_engine(&gate).await);
-    let (mut g1, g2) = start_pair(|admin1, admin2| {
-        (
-            replica("one", admin1, admin2, &[busy.addr, idle.addr]),
-            replica("two", admin2, admin1, &[idle.addr, busy.addr]),
-        )
-    });
-    let admin1 = g1.admin.port();
+    let nats = NatsServer::start();
+    let mut g1 = Gateway::start(&replica(&nats.url(), &[busy.addr, idle.addr]));
+    let g2 = Gateway::start(&replica(&nats.url(), &[idle.addr, busy.addr]));
 
     // Replica 1 may only use `busy`: its requests pile up there.
     let resp = client()
@@ -222,66 +202,26 @@ async fn replicas_see_and_avoid_each_others_in_flight_requests() {
         }
     }
 
-    // What the transport did is counted, on both admin views.
-    let c2 = admin_get(&g2, "/admin/counters").await["replica_sync"].clone();
-    assert_eq!(c2["id"], "two", "{c2}");
-    assert!(c2["received"]["applied"].as_u64().unwrap() >= 2, "{c2}");
-    assert!(c2["peers"][0]["sent"].as_u64().unwrap() >= 1, "{c2}");
-    assert_eq!(c2["received"]["unknown_endpoint"], 0, "same URLs: {c2}");
+    // What the sharing did is counted, on the admin API and /metrics.
+    let c2 = admin_get(&g2, "/admin/counters").await["rules"]["kv"]["replicas"].clone();
+    assert!(c2["applied"].as_u64().unwrap() >= 2, "{c2}");
+    assert!(c2["sent_batches"].as_u64().unwrap() >= 1, "{c2}");
+    assert_eq!(c2["unknown_endpoint"], 0, "same URLs: {c2}");
+    assert_eq!(c2["replicas"], 1, "{c2}");
+    let nats_counters = admin_get(&g2, "/admin/counters").await["nats"].clone();
+    assert_eq!(nats_counters["connected"], true, "{nats_counters}");
     let metrics = metrics_text(&g2).await;
-    let peer_sent = format!(
-        "kvroute_replica_sync_batches_total{{peer=\"http://127.0.0.1:{admin1}\",result=\"sent\"}}"
+    assert!(
+        metrics.contains("kvroute_replicas{rule=\"kv\"} 1"),
+        "{metrics}"
     );
-    assert!(metrics.contains(&peer_sent), "{metrics}");
     assert!(
         metrics.contains(&format!(
-            "kvroute_remote_in_flight{{rule=\"kv\",endpoint=\"http://{}\"}} 0",
+            "kvroute_remote_in_flight{{rule=\"kv\",endpoint=\"http://{}\",role=\"both\"}} 0",
             busy.addr
         )),
         "{metrics}"
     );
-
-    // Posts that do not fit are refused or counted, never applied.
-    let post = |body: String, token: Option<&str>| {
-        let mut req = client()
-            .post(g2.admin_url("/admin/replica-sync"))
-            .header("content-type", "application/json")
-            .body(body);
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
-        }
-        req.send()
-    };
-    assert_eq!(post("{}".into(), None).await.unwrap().status(), 401);
-    assert_eq!(
-        post("not json".into(), Some(TOKEN)).await.unwrap().status(),
-        400
-    );
-    let foreign = serde_json::json!({"replica": "x", "rules": [
-        {"rule": "kv", "origin": 42, "endpoints": [{"url": "http://127.0.0.1:1", "seq": 1,
-            "in_flight": 9, "queued_prefill_tokens": 0, "requests": 9, "prefill_tokens": 0}]},
-        {"rule": "nope", "origin": 42, "endpoints": [{"url": format!("http://{}", busy.addr), "seq": 2,
-            "in_flight": 9, "queued_prefill_tokens": 0, "requests": 9, "prefill_tokens": 0}]},
-    ]});
-    let receipt: Value = post(foreign.to_string(), Some(TOKEN))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(
-        (
-            receipt["unknown_endpoint"].as_u64(),
-            receipt["unknown_rule"].as_u64()
-        ),
-        (Some(1), Some(1)),
-        "{receipt}"
-    );
-    assert_eq!(receipt["applied"], 0, "{receipt}");
-    let c2 = admin_get(&g2, "/admin/counters").await["replica_sync"].clone();
-    assert_eq!(c2["batches_rejected"], 1, "{c2}");
-    assert_eq!(c2["received"]["unknown_rule"], 1, "{c2}");
-    assert_eq!(load_at(&g2, &busy).await, (0, 0, 0));
 
     // Replica 1 dies with two requests in flight: replica 2 stops counting
     // them once replica 1 has been silent for remote_ttl_ms.
@@ -296,14 +236,11 @@ async fn replicas_see_and_avoid_each_others_in_flight_requests() {
         (0, 0, 0),
     )
     .await;
-    let c2 = admin_get(&g2, "/admin/counters").await["replica_sync"].clone();
     eventually("the expiry is counted", || async {
-        let c = admin_get(&g2, "/admin/counters").await["replica_sync"].clone();
-        (c["expired_origins"].as_u64() >= Some(1) && c["peers"][0]["failed"].as_u64() >= Some(1))
-            .then_some(())
+        let c = admin_get(&g2, "/admin/counters").await["rules"]["kv"]["replicas"].clone();
+        (c["expired"].as_u64() >= Some(1) && c["replicas"] == 0).then_some(())
     })
     .await;
-    assert!(c2["peers"][0]["sent"].as_u64().unwrap() >= 1, "{c2}");
     gate.open();
     for o in orphans {
         // Their client connection died with replica 1.
@@ -318,12 +255,9 @@ async fn a_replaced_rule_still_announces_the_end_of_its_requests() {
     // Peers' load would expire only after 10 minutes: the old rule instance's
     // own deltas must bring replica 2's view back to 0.
     let ttl = 600_000;
-    let (g1, g2) = start_pair(|admin1, admin2| {
-        (
-            replica_timed("one", admin1, admin2, &[busy.addr], ttl),
-            replica_timed("two", admin2, admin1, &[busy.addr, idle.addr], ttl),
-        )
-    });
+    let nats = NatsServer::start();
+    let g1 = Gateway::start(&replica_timed(&nats.url(), &[busy.addr], ttl));
+    let g2 = Gateway::start(&replica_timed(&nats.url(), &[busy.addr, idle.addr], ttl));
     let held: Vec<_> = (0..2).map(|i| send(&g1, &format!("held-{i}"))).collect();
     received("replica 1's requests at the engine", &busy, 2).await;
     eventually_load("replica 2 sees them", &g2, &busy, (0, 2, 2)).await;

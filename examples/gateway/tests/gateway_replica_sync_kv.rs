@@ -6,7 +6,8 @@
 //! the prompt's prefix. Without `[replicas]` the same requests split between
 //! the engines: the avoidance comes from the synced load alone.
 //!
-//! Engine-load polling is off, so the sync is the only way replica 2 can see
+//! Load is shared over a real `nats-server`. Engine-load polling is off, so
+//! the sync is the only way replica 2 can see
 //! replica 1's requests. The replicas list the endpoints in opposite orders.
 
 mod gateway_support;
@@ -109,29 +110,21 @@ async fn held_engine(gate: &Gate) -> HeldEngine {
     }
 }
 
-/// A replica's config: admin on `admin`, sharing load with the replica on
-/// `peer` when `sync`, one KV-exact rule with `scorer` (none: the default).
-fn replica(
-    id: &str,
-    (admin, peer): (u16, u16),
-    sync: bool,
-    scorer: Option<&str>,
-    endpoints: &[&HeldEngine],
-) -> String {
-    let replicas = if sync {
-        format!(
-            "[replicas]\nid = \"{id}\"\npeers = [\"http://127.0.0.1:{peer}\"]\n\
-             heartbeat_ms = 200\nremote_ttl_ms = 30000\n"
-        )
-    } else {
-        String::new()
+/// A replica's config: sharing load over the NATS server at `nats` when
+/// given, one KV-exact rule with `scorer` (none: the default).
+fn replica(nats: Option<&str>, scorer: Option<&str>, endpoints: &[&HeldEngine]) -> String {
+    let replicas = match nats {
+        Some(url) => {
+            format!("[replicas]\nnats = \"{url}\"\nheartbeat_ms = 200\nremote_ttl_ms = 30000\n")
+        }
+        None => String::new(),
     };
     let scorer = scorer
         .map(|s| format!("scorer = \"{s}\"\n"))
         .unwrap_or_default();
     let mut s = format!(
         "listen = \"127.0.0.1:0\"\n\
-         [admin]\nlisten = \"127.0.0.1:{admin}\"\ntoken = \"{TOKEN}\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
          [limits]\nengine_load_poll_ms = 0\n\
          [health]\ninterval_ms = 0\n\
          {replicas}\
@@ -228,21 +221,10 @@ fn send(gw: &Gateway, shared: &str, tag: &str) -> tokio::task::JoinHandle<Option
 async fn replica_two_split(sync: bool, scorer: Option<&str>) -> (usize, usize) {
     let gate = Gate::new();
     let (busy, idle) = (held_engine(&gate).await, held_engine(&gate).await);
-    let (admin1, admin2) = (closed_port(), closed_port());
-    let g1 = Gateway::start(&replica(
-        "one",
-        (admin1, admin2),
-        sync,
-        scorer,
-        &[&busy, &idle],
-    ));
-    let g2 = Gateway::start(&replica(
-        "two",
-        (admin2, admin1),
-        sync,
-        scorer,
-        &[&idle, &busy],
-    ));
+    let nats = sync.then(NatsServer::start);
+    let url = nats.as_ref().map(NatsServer::url);
+    let g1 = Gateway::start(&replica(url.as_deref(), scorer, &[&busy, &idle]));
+    let g2 = Gateway::start(&replica(url.as_deref(), scorer, &[&idle, &busy]));
     subscribed(&g1).await;
     subscribed(&g2).await;
 

