@@ -128,9 +128,9 @@ pub mod tower;
 pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use runtime::{
-    BuildError, Change, EndpointDelta, EndpointStatus, EngineLoadConfig, FollowerStatus, KvRouter,
-    KvRouterBuilder, LoadPolls, NoEndpoint, Pick, ProbeConfig, Readiness, ReplicaBatch,
-    ReplicaConfig, ReplicaCounters, ReplicaError, ReplicaSink, ReplicaSubscription,
+    BuildError, Change, EndpointDelta, EndpointStatus, EngineLoadConfig, FollowerStatus,
+    HostTransport, KvRouter, KvRouterBuilder, LoadPolls, NoEndpoint, Pick, ProbeConfig, Readiness,
+    ReplicaBatch, ReplicaConfig, ReplicaCounters, ReplicaError, ReplicaSink, ReplicaSubscription,
     ReplicaTransport, TokenizerState,
 };
 

@@ -1,28 +1,31 @@
-//! The discrete-event loop: one policy, one workload, a fleet of workers.
+//! The discrete-event loop: one policy, one workload, a fleet of workers,
+//! routed by the library's own runtime.
 //!
-//! Everything the live gateway does is in the loop, with the real code:
+//! Everything a live gateway does is in the loop, with the real code:
 //!
 //! * each worker is the mock engine's [`Worker`] (prefix cache with LRU, serial
 //!   batched prefill, per-token decode, concurrency limit, FIFO queue);
+//! * each gateway replica is a [`KvRouter`] — the runtime `kvroute serve` hosts
+//!   per rule and an embedder calls — built without background work
+//!   ([`kvroute::KvRouterBuilder::build`]) on a [`ManualClock`] the loop
+//!   moves, with the policy as its rule;
 //! * every worker interaction that changes its cache emits one [`EventBatch`]
-//!   with the worker's next sequence number; it goes through that worker's
-//!   [`EndpointIngest`] (sequence window and all) into one [`SharedIndex`],
-//!   after an optional delay, or is lost with a given probability (the sequence
-//!   number is spent, so the window sees the gap);
-//! * each request is routed by [`Rule::decide`] over that index, with the
-//!   library's own [`LoadTracker`] as the load view — the same accounting the
-//!   gateway uses: a request counts from its decision until it finishes, and
-//!   its predicted uncached prompt tokens count as queued prefill until its
-//!   first token;
+//!   with the worker's next sequence number; it reaches every replica's
+//!   inventory ([`KvRouter::ingest_at`]: sequence window and all) after an
+//!   optional delay, or is lost with a given probability (the sequence number
+//!   is spent, so the window sees the gap);
+//! * each request is decided by [`KvRouter::pick_keys`]; its [`kvroute::Pick`]
+//!   holds the load charge from the decision until the request finishes, and
+//!   its first token ends the charge of its queued prefill, as a response's
+//!   first byte does live;
 //! * with several gateway replicas (`replicas > 1`) a seeded random front end
-//!   spreads requests over them; each replica has its own rule, tracker and
-//!   predicted entries, and sees the others only through the engines' own
-//!   running/waiting counts, polled every `load_poll_us` ([`ReportedLoad`]),
-//!   and — with `replica_sync_us > 0` — through each other's decisions: every
-//!   change of a replica's tracker is drained from its outbox as
-//!   [`LoadDelta`]s that reach the other replicas' [`RemoteLoad`] tables
-//!   `replica_sync_us` later;
-//! * the peers' policies ([`super::peers`]) route from the same index and loads.
+//!   spreads requests over them; each replica sees the others through the
+//!   engines' own running/waiting counts, polled every `load_poll_us`
+//!   ([`KvRouter::report_engine_load_at`]), and — with `replica_sync_us > 0` —
+//!   through each other's load: each replica's batch
+//!   ([`KvRouter::drain_replica_batch`]) reaches the others
+//!   ([`KvRouter::apply_replica_batch`]) `replica_sync_us` later;
+//! * the peers' policies ([`super::peers`]) are scorers of the same runtime.
 //!
 //! Time is simulated microseconds; nothing reads a clock. Events at the same
 //! instant run in a fixed order — request completions, first tokens, event
@@ -30,28 +33,26 @@
 //! generators, so one seed gives one result.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvroute::engine::Engine;
+use kvroute::{
+    Backend, EngineLoadConfig, HostTransport, IndexConfig, KvRouter, ManualClock, Pick,
+    ReplicaBatch, ReplicaConfig,
+};
 use kvroute_core::{BlockKey, EndpointId};
-use kvroute_ingest::{
-    EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, KvEvent, SharedIndex,
-};
-use kvroute_ingest::{RestartPolicy, SeqWindowConfig};
-use kvroute_select::{
-    AlwaysAvailable, ContractId, Decision, EndpointLoad, EngineReport, Load, LoadBound, LoadDelta,
-    LoadGuard, LoadTracker, PromptInput, RemoteConfig, RemoteLoad, ReportedLoad, Request, Rule,
-    Source,
-};
+use kvroute_ingest::{EventBatch, KvEvent, RestartPolicy, SeqWindowConfig};
+use kvroute_select::{EngineReport, LoadBound, Source};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::policy::{Policy, Tuning, SIM_CONTRACT};
+use super::bounds::ratio;
+pub use super::bounds::{ideal_hit_ratio, pooled_hit_ratio};
+use super::policy::{PolicySpec, Tuning, SIM_CONTRACT};
 use super::report::{EventReport, LoadReport, PolicyReport, RoutingReport, Summary};
 use super::trace::{block_keys, Workload};
-use kvroute_engine_model::cache::KeyHasher;
 use kvroute_engine_model::{Admission, RequestSpec, Worker, WorkerConfig};
 
 /// How the fleet is built and fed.
@@ -79,22 +80,21 @@ pub struct FleetConfig {
     /// Engine-reported load is polled this often (0: never; replicas then see
     /// only their own requests).
     pub load_poll_us: u64,
-    /// Replicas share their decisions ([`kvroute_select::LoadDelta`]s) with
-    /// each other, each delta arriving this long after the change (0: they
-    /// do not share).
+    /// Replicas share their load with each other, each batch arriving this
+    /// long after the change (0: they do not share).
     pub replica_sync_us: u64,
 }
 
 /// A policy that could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
-    /// The rule refused the configuration.
-    #[error("building the {policy} rule: {source}")]
-    Rule {
+    /// The runtime refused the configuration.
+    #[error("building the {policy} router: {source}")]
+    Router {
         /// Policy name.
-        policy: &'static str,
+        policy: String,
         /// Why.
-        source: kvroute_select::RuleError,
+        source: kvroute::BuildError,
     },
 }
 
@@ -105,189 +105,125 @@ const POLL: u8 = 2;
 /// (time µs, kind, insertion order, worker, request) — min-heap order.
 type Timed = Reverse<(u64, u8, u64, u32, u32)>;
 
-/// Fraction of prompt tokens one infinite shared cache would serve: every
-/// request finds every block of every earlier request (with the same "last
-/// token is recomputed" cap the workers apply).
-#[must_use]
-pub fn ideal_hit_ratio(workload: &Workload, block_size: u32) -> f64 {
-    let mut seen: HashSet<u64, BuildHasherDefault<KeyHasher>> = HashSet::default();
-    let mut keys = Vec::new();
-    let (mut hit, mut total) = (0u64, 0u64);
-    let bs = block_size.max(1);
-    for r in workload.requests() {
-        block_keys(workload.ids(r), r.input_tokens, bs, &mut keys);
-        let limit = (r.input_tokens.saturating_sub(1) / bs) as usize;
-        let prefix = keys.iter().take_while(|k| seen.contains(&k.0)).count();
-        hit += (prefix.min(limit) as u64 * u64::from(bs)).min(u64::from(r.input_tokens));
-        total += u64::from(r.input_tokens);
-        seen.extend(keys.iter().map(|k| k.0));
-    }
-    ratio(hit, total)
+/// The simulated engine: its events come from the loop (no transport), and
+/// its window policy is the fleet's.
+#[derive(Debug)]
+struct SimEngine {
+    window: SeqWindowConfig,
 }
 
-/// Fraction of prompt tokens one LRU cache holding the whole fleet's capacity
-/// (`capacity_blocks` blocks) would serve, requests in arrival order: the
-/// best any placement over that many blocks can do without knowing the future
-/// (a fleet partitions the capacity; duplicating a prefix on two workers
-/// spends it twice).
-#[must_use]
-pub fn pooled_hit_ratio(workload: &Workload, block_size: u32, capacity_blocks: u64) -> f64 {
-    let mut lru = Lru::new(capacity_blocks);
-    let mut keys = Vec::new();
-    let (mut hit, mut total) = (0u64, 0u64);
-    let bs = block_size.max(1);
-    for r in workload.requests() {
-        block_keys(workload.ids(r), r.input_tokens, bs, &mut keys);
-        let limit = (r.input_tokens.saturating_sub(1) / bs) as usize;
-        let prefix = keys.iter().take_while(|k| lru.contains(k.0)).count();
-        hit += (prefix.min(limit) as u64 * u64::from(bs)).min(u64::from(r.input_tokens));
-        total += u64::from(r.input_tokens);
-        for k in &keys {
-            lru.touch(k.0);
-        }
-    }
-    ratio(hit, total)
-}
-
-/// A least-recently-used set of keys: every touch appends `(key, stamp)` to a
-/// queue; a queue record is live while the map still holds its stamp.
-struct Lru {
-    map: std::collections::HashMap<u64, u64, BuildHasherDefault<KeyHasher>>,
-    order: VecDeque<(u64, u64)>,
-    capacity: u64,
-    stamp: u64,
-}
-
-impl Lru {
-    fn new(capacity: u64) -> Self {
-        Self {
-            map: std::collections::HashMap::default(),
-            order: VecDeque::new(),
-            capacity: capacity.max(1),
-            stamp: 0,
-        }
+impl Engine for SimEngine {
+    fn name(&self) -> &str {
+        "sim"
     }
 
-    fn contains(&self, key: u64) -> bool {
-        self.map.contains_key(&key)
+    fn events_carry_tokens(&self) -> bool {
+        false
     }
 
-    fn touch(&mut self, key: u64) {
-        self.stamp += 1;
-        self.map.insert(key, self.stamp);
-        self.order.push_back((key, self.stamp));
-        while self.map.len() as u64 > self.capacity {
-            let Some((k, st)) = self.order.pop_front() else {
-                break;
-            };
-            if self.map.get(&k) == Some(&st) {
-                self.map.remove(&k);
-            }
-        }
-        if self.order.len() > self.map.len() * 2 + 1024 {
-            let map = &self.map;
-            self.order.retain(|(k, st)| map.get(k) == Some(st));
-        }
+    fn window(&self, _follow: &kvroute::engine::Follow) -> SeqWindowConfig {
+        self.window
     }
 }
 
-#[allow(clippy::cast_precision_loss)]
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 {
-        0.0
-    } else {
-        a as f64 / b as f64
-    }
+/// The endpoint URL of worker `w`.
+fn worker_url(w: usize) -> String {
+    format!("http://sim-worker-{w}")
 }
 
-/// Runs `workload` through a fleet routed by `policy`.
-///
-/// # Errors
-/// [`FleetError`] when the rule cannot be built.
-pub fn simulate(
-    workload: &Workload,
+fn id(w: usize) -> EndpointId {
+    EndpointId(u32::try_from(w).unwrap_or(u32::MAX))
+}
+
+/// Builds replica `k`'s router for `policy`.
+fn router(
+    policy: &PolicySpec,
     cfg: &FleetConfig,
-    policy: Policy,
-) -> Result<PolicyReport, FleetError> {
+    k: usize,
+    clock: &Arc<ManualClock>,
+) -> Result<KvRouter, FleetError> {
     let n = cfg.workers.max(1);
     let block_size = cfg.worker.block_size.max(1);
-    let replicas = (0..cfg.replicas.max(1))
-        .map(|k| {
-            let seed = cfg.seed.wrapping_add(k as u64);
-            let rule_cfg = policy.rule_config(n, block_size, seed, cfg.tuning);
-            let rule = Rule::new(rule_cfg, None).map_err(|source| FleetError::Rule {
-                policy: policy.name(),
-                source,
-            })?;
-            // Origin ids start at 1 (0 is nobody's).
-            let origin = k as u64 + 1;
-            let tracker = if cfg.replica_sync_us > 0 && cfg.replicas > 1 {
-                LoadTracker::with_sync(n, origin)
-            } else {
-                LoadTracker::new(n)
-            };
-            Ok(Replica {
-                rule,
-                tracker: Arc::new(tracker),
-                reported: ReportedLoad::new(n, Duration::from_secs(3600)),
-                // Simulated replicas never crash: a TTL beyond any run.
-                remote: RemoteLoad::new(
-                    RemoteConfig {
-                        endpoints: n,
-                        max_origins: cfg.replicas,
-                        ttl: Duration::from_secs(1 << 30),
-                    },
-                    origin,
-                ),
-            })
-        })
-        .collect::<Result<Vec<_>, FleetError>>()?;
-    let index_cfg = IndexConfig {
-        capacity_per_endpoint: IndexConfig::default()
-            .capacity_per_endpoint
-            .max(cfg.worker.capacity_blocks as usize * 2),
-        // One thread: no lock contention to spread.
-        shards: 1,
-    };
-    let ingest_cfg = IngestConfig {
+    let seed = cfg.seed.wrapping_add(k as u64);
+    let engine: Arc<dyn Engine> = Arc::new(SimEngine {
         window: SeqWindowConfig {
             window: cfg.seq_window,
             on_restart: RestartPolicy::Clear,
             ..SeqWindowConfig::default()
         },
-        ..IngestConfig::default()
-    };
+    });
+    let mut b = policy
+        .router(SIM_CONTRACT, n, block_size, seed, cfg.tuning)
+        .clock(Arc::clone(clock) as Arc<dyn kvroute::Clock>)
+        .index(IndexConfig {
+            capacity_per_endpoint: IndexConfig::default()
+                .capacity_per_endpoint
+                .max(cfg.worker.capacity_blocks as usize * 2),
+            // One thread: no lock contention to spread.
+            shards: 1,
+        })
+        .engine_load(EngineLoadConfig {
+            // Simulated engines never stop reporting.
+            max_age: Duration::from_secs(3600),
+            ..EngineLoadConfig::default()
+        });
+    if cfg.replica_sync_us > 0 && cfg.replicas > 1 {
+        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+        // Simulated replicas never crash: a TTL beyond any run.
+        r.ttl = Duration::from_secs(1 << 30);
+        r.max_origins = cfg.replicas;
+        b = b.replicas(r);
+    }
+    for w in 0..n {
+        let backend = Backend::new(Arc::clone(&engine), worker_url(w));
+        b = b.endpoint(if policy.uses_inventory() {
+            backend.host_events()
+        } else {
+            backend
+        });
+    }
+    b.build().map_err(|source| FleetError::Router {
+        policy: policy.name(),
+        source,
+    })
+}
+
+/// Runs `workload` through a fleet routed by `policy`.
+///
+/// # Errors
+/// [`FleetError`] when the router cannot be built.
+pub fn simulate(
+    workload: &Workload,
+    cfg: &FleetConfig,
+    policy: impl Into<PolicySpec>,
+) -> Result<PolicyReport, FleetError> {
+    let policy = policy.into();
+    let n = cfg.workers.max(1);
+    let clock = Arc::new(ManualClock::default());
+    let replicas = (0..cfg.replicas.max(1))
+        .map(|k| router(&policy, cfg, k, &clock))
+        .collect::<Result<Vec<_>, FleetError>>()?;
     let requests = workload.len();
     let mut sim = Sim {
         cfg,
-        block_size,
+        block_size: cfg.worker.block_size.max(1),
         workload,
         policy,
-        contract: ContractId::new(SIM_CONTRACT),
+        clock,
         replicas,
-        index: SharedIndex::new(n, index_cfg),
-        ingests: (0..n)
-            .map(|i| {
-                let id = EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
-                EndpointIngest::new(id, ingest_cfg.clone(), Keying::Engine)
-            })
-            .collect(),
         workers: (0..n).map(|_| Worker::new(cfg.worker)).collect(),
-        guards: (0..requests).map(|_| None).collect(),
+        picks: (0..requests).map(|_| None).collect(),
         front: StdRng::seed_from_u64(cfg.seed ^ 0x0066_726f_6e74),
         timed: BinaryHeap::new(),
         timed_seq: 0,
         deliveries: VecDeque::new(),
         sync: VecDeque::new(),
-        sync_buf: Vec::new(),
         next_seq: vec![0; n],
         rng: StdRng::seed_from_u64(cfg.seed ^ 0x6c6f_7373),
         events: Vec::new(),
         spare_events: Vec::new(),
         admissions: Vec::new(),
         keys: Vec::new(),
-        decision: Decision::new(),
-        gauges: Vec::new(),
         ttft_us: vec![u64::MAX; requests],
         e2e_us: vec![u64::MAX; requests],
         cached: vec![0; requests],
@@ -306,101 +242,31 @@ pub fn simulate(
     Ok(sim.report())
 }
 
-/// Whether placing one more request on worker `w` takes it above the
-/// bounded-load limit `⌈(1+ε)·(Σ in-flight + 1)/n⌉` (the `kv-bounded` cap),
-/// over the true in-flight counts: every replica's tracker summed (with one
-/// replica, what it sees; with several, what none of them sees alone).
-fn over_bound(replicas: &[Replica], n: usize, epsilon: f64, w: usize) -> bool {
-    let load = |i: usize| {
-        let id = EndpointId(u32::try_from(i).unwrap_or(u32::MAX));
-        replicas
-            .iter()
-            .map(|r| r.tracker.load(id).in_flight)
-            .fold(0u32, u32::saturating_add)
-    };
-    let bound = LoadBound {
-        total_in_flight: (0..n).map(|i| u64::from(load(i))).sum(),
-        total_capacity: n as u64,
-        factor: 1.0 + epsilon.max(0.0),
-    };
-    !bound.admits(load(w), 1)
-}
-
-/// One gateway replica: its own rule (counters, selector turns, predicted
-/// entries), its own in-flight tracker and its view of the engines' reports.
-struct Replica {
-    rule: Rule,
-    tracker: Arc<LoadTracker>,
-    reported: ReportedLoad,
-    /// The other replicas' decisions, as their deltas announced them.
-    remote: RemoteLoad,
-}
-
-/// What a replica routes by: its own tracker plus the other replicas'
-/// announced load, corrected by engine reports when they are polled (the
-/// reports are taken against the same local + remote sum, so nothing is
-/// counted twice; see [`kvroute_select::replica_sync`]).
-struct ReplicaLoad<'a> {
-    rep: &'a Replica,
-    polled: bool,
-    now: Duration,
-    /// Each worker's state at this instant (running, waiting, KV usage and
-    /// capacity), for the peers' policies, which read the engines' gauges.
-    gauges: &'a [EngineReport],
-}
-
-impl Load for ReplicaLoad<'_> {
-    fn load(&self, endpoint: EndpointId) -> EndpointLoad {
-        let mine = self.rep.remote.view(&*self.rep.tracker, self.now);
-        if self.polled {
-            self.rep.reported.view(&mine, self.now).load(endpoint)
-        } else {
-            mine.load(endpoint)
-        }
-    }
-
-    fn charged_prefill_tokens(&self, endpoint: EndpointId) -> Option<u64> {
-        self.rep
-            .remote
-            .view(&*self.rep.tracker, self.now)
-            .charged_prefill_tokens(endpoint)
-    }
-
-    fn report(&self, endpoint: EndpointId) -> Option<EngineReport> {
-        self.gauges.get(endpoint.index()).copied()
-    }
-}
-
 struct Sim<'a> {
     cfg: &'a FleetConfig,
     block_size: u32,
     workload: &'a Workload,
-    policy: Policy,
-    contract: ContractId,
-    replicas: Vec<Replica>,
-    index: SharedIndex,
-    ingests: Vec<EndpointIngest>,
+    policy: PolicySpec,
+    clock: Arc<ManualClock>,
+    /// One router per gateway replica.
+    replicas: Vec<KvRouter>,
     workers: Vec<Worker<u32>>,
-    /// Each request's charge on its replica's tracker, from decision to finish.
-    guards: Vec<Option<LoadGuard>>,
+    /// Each request's pick (its decision and load charge), from decision
+    /// to finish.
+    picks: Vec<Option<Pick>>,
     front: StdRng,
     timed: BinaryHeap<Timed>,
     timed_seq: u64,
     deliveries: VecDeque<(u64, usize, EventBatch)>,
-    /// Replica sync in flight: (arrival µs, sending replica, delta); one
+    /// Replica batches in flight: (arrival µs, sending replica, batch); one
     /// fixed delay, so FIFO is time order.
-    sync: VecDeque<(u64, usize, LoadDelta)>,
-    sync_buf: Vec<LoadDelta>,
+    sync: VecDeque<(u64, usize, ReplicaBatch)>,
     next_seq: Vec<u64>,
     rng: StdRng,
     events: Vec<KvEvent>,
     spare_events: Vec<Vec<KvEvent>>,
     admissions: Vec<Admission<u32>>,
     keys: Vec<BlockKey>,
-    /// Reused by every routing decision (no per-request allocation).
-    decision: Decision,
-    /// The workers' gauges at the current decision (peer policies only).
-    gauges: Vec<EngineReport>,
     ttft_us: Vec<u64>,
     e2e_us: Vec<u64>,
     cached: Vec<u32>,
@@ -454,6 +320,7 @@ impl Sim<'_> {
             else {
                 break;
             };
+            self.clock.set(Duration::from_micros(t));
             if timed == Some(t) {
                 let Some(Reverse((t, kind, _, w, r))) = self.timed.pop() else {
                     break;
@@ -480,24 +347,10 @@ impl Sim<'_> {
                     self.apply(w, batch);
                 }
             } else if synced == Some(t) {
-                if let Some((_, from, delta)) = self.sync.pop_front() {
-                    let now = Duration::from_micros(t);
-                    let polled = self.cfg.load_poll_us > 0;
-                    let more_now = self.sync.front().is_some_and(|d| d.0 == t && d.1 == from);
+                if let Some((_, from, batch)) = self.sync.pop_front() {
                     for (k, rep) in self.replicas.iter().enumerate() {
                         if k != from {
-                            rep.remote.apply(&delta, now);
-                            // Once per batch: the drain model times the
-                            // other replica's charges from their arrival.
-                            if !more_now {
-                                let view = ReplicaLoad {
-                                    rep,
-                                    polled,
-                                    now,
-                                    gauges: &[],
-                                };
-                                rep.rule.observe_load(&view, now);
-                            }
+                            rep.apply_replica_batch(&batch);
                         }
                     }
                 }
@@ -518,14 +371,15 @@ impl Sim<'_> {
         if self.cfg.replica_sync_us == 0 || self.replicas.len() <= 1 {
             return;
         }
-        let Some(rep) = self.replicas.get(k) else {
+        let Some(batch) = self
+            .replicas
+            .get(k)
+            .and_then(|r| r.drain_replica_batch(false))
+        else {
             return;
         };
-        self.sync_buf.clear();
-        rep.tracker.drain_deltas(&mut self.sync_buf);
-        let at = t.saturating_add(self.cfg.replica_sync_us);
         self.sync
-            .extend(self.sync_buf.drain(..).map(|d| (at, k, d)));
+            .push_back((t.saturating_add(self.cfg.replica_sync_us), k, batch));
     }
 
     fn push_timed(&mut self, t: u64, kind: u8, w: u32, r: u32) {
@@ -533,25 +387,30 @@ impl Sim<'_> {
         self.timed.push(Reverse((t, kind, self.timed_seq, w, r)));
     }
 
-    /// Every replica reads every engine's running / waiting counts, as the
-    /// gateway's metrics poller does.
+    /// What worker `w` reports of itself at `t` (what a metrics poll reads).
+    fn gauge(worker: &mut Worker<u32>, t: u64) -> EngineReport {
+        worker.advance(t);
+        let cap = u64::from(worker.config().capacity_blocks.max(1));
+        let used = u64::from(worker.cache().used_blocks());
+        #[allow(clippy::cast_precision_loss)]
+        EngineReport {
+            running: worker.running(),
+            waiting: u32::try_from(worker.waiting()).unwrap_or(u32::MAX),
+            kv_usage: Some(used as f64 / cap as f64),
+            // Simulated requests end their prefill charge at their first
+            // token, so the tracker's rate needs no engine counters.
+            prefill: None,
+            kv_capacity_blocks: Some(cap),
+        }
+    }
+
+    /// Every replica reads every engine's report, as the runtime's metrics
+    /// poller does.
     fn poll(&mut self, t: u64) {
-        let now = Duration::from_micros(t);
         for (w, worker) in self.workers.iter_mut().enumerate() {
-            worker.advance(t);
-            let report = EngineReport {
-                running: worker.running(),
-                waiting: u32::try_from(worker.waiting()).unwrap_or(u32::MAX),
-                kv_usage: None,
-                // Simulated requests end their prefill charge at their first
-                // token, so the tracker's rate needs no engine counters.
-                prefill: None,
-                kv_capacity_blocks: None,
-            };
-            let id = EndpointId(u32::try_from(w).unwrap_or(u32::MAX));
+            let report = Self::gauge(worker, t);
             for rep in &self.replicas {
-                let mine = rep.remote.view(&*rep.tracker, now).load(id);
-                rep.reported.update(id, report, mine, now);
+                rep.report_engine_load_at(id(w), report);
             }
         }
     }
@@ -561,8 +420,8 @@ impl Sim<'_> {
             worker.advance(t);
         }
         // The response ended: the request stops counting.
-        if let Some(g) = self.guards.get_mut(r) {
-            *g = None;
+        if let Some(p) = self.picks.get_mut(r) {
+            *p = None;
         }
         self.share(self.replica_index(r), t);
         self.last_finish = self.last_finish.max(t);
@@ -578,9 +437,36 @@ impl Sim<'_> {
     }
 
     fn first_token(&mut self, r: usize) {
-        if let Some(Some(g)) = self.guards.get_mut(r) {
-            g.first_byte();
+        if let Some(Some(p)) = self.picks.get_mut(r) {
+            p.first_byte();
         }
+    }
+
+    /// Whether the request just charged to worker `w` took it above the
+    /// bounded-load limit `⌈(1+ε)·(Σ in-flight + 1)/n⌉` (the `kv-bounded`
+    /// cap), over the true in-flight counts before it: every replica's own
+    /// counts summed (with one replica, what it sees; with several, what
+    /// none of them sees alone).
+    fn over_bound(&self, w: usize) -> bool {
+        let load = |i: usize| {
+            let all = self
+                .replicas
+                .iter()
+                .map(|r| r.in_flight_at(id(i)))
+                .fold(0u32, u32::saturating_add);
+            if i == w {
+                all.saturating_sub(1)
+            } else {
+                all
+            }
+        };
+        let n = self.workers.len();
+        let bound = LoadBound {
+            total_in_flight: (0..n).map(|i| u64::from(load(i))).sum(),
+            total_capacity: n as u64,
+            factor: 1.0 + self.cfg.tuning.epsilon.max(0.0),
+        };
+        !bound.admits(load(w), 1)
     }
 
     /// Routes request `r` arriving at `t`; false if no worker could take it.
@@ -603,48 +489,23 @@ impl Sim<'_> {
         if let Some(x) = self.request_replica.get_mut(r) {
             *x = u32::try_from(k).unwrap_or(0);
         }
-        let now = Duration::from_micros(t);
-        let Some(rep) = self.replicas.get_mut(k) else {
-            return false;
-        };
-        let polled = self.cfg.load_poll_us > 0;
         if self.policy.is_peer() {
             // The peers read the engines' gauges at decision time.
-            self.gauges.clear();
-            for worker in &mut self.workers {
-                worker.advance(t);
-                let cap = u64::from(worker.config().capacity_blocks.max(1));
-                let used = u64::from(worker.cache().used_blocks());
-                #[allow(clippy::cast_precision_loss)]
-                self.gauges.push(EngineReport {
-                    running: worker.running(),
-                    waiting: u32::try_from(worker.waiting()).unwrap_or(u32::MAX),
-                    kv_usage: Some(used as f64 / cap as f64),
-                    prefill: None,
-                    kv_capacity_blocks: Some(cap),
-                });
+            for (w, worker) in self.workers.iter_mut().enumerate() {
+                let report = Self::gauge(worker, t);
+                if let Some(rep) = self.replicas.get(k) {
+                    rep.report_engine_load_at(id(w), report);
+                }
             }
         }
-        let request = Request::new(PromptInput::Keys {
-            keys: &self.keys,
-            contract: &self.contract,
-            prompt_tokens: req.input_tokens,
-        });
-        let view = ReplicaLoad {
-            rep: &*rep,
-            polled,
-            now,
-            gauges: &self.gauges,
+        let Some(rep) = self.replicas.get(k) else {
+            return false;
         };
-        rep.rule.decide_into(
-            &mut self.decision,
-            &request,
-            &self.index,
-            &view,
-            &AlwaysAvailable,
-            now,
-        );
-        let decision = &self.decision;
+        let Ok(pick) = rep.pick_keys(&self.keys, req.input_tokens) else {
+            self.rejected += 1;
+            return false;
+        };
+        let decision = pick.decision();
         let Some(target) = decision.target() else {
             self.rejected += 1;
             return false;
@@ -654,23 +515,13 @@ impl Sim<'_> {
         } else {
             0
         };
-        let prefill = decision.predicted_prefill_tokens(self.block_size);
         let w = target.endpoint.index();
         if let Some(p) = self.predicted.get_mut(r) {
             *p = predicted;
         }
-        if over_bound(
-            &self.replicas,
-            self.workers.len(),
-            self.cfg.tuning.epsilon,
-            w,
-        ) {
+        if self.over_bound(w) {
             self.over_bound += 1;
         }
-        let Some(rep) = self.replicas.get(k) else {
-            return false;
-        };
-        let guard = rep.tracker.charge(target, prefill);
         let spec = RequestSpec {
             keys: &self.keys,
             tokens: &[],
@@ -688,8 +539,8 @@ impl Sim<'_> {
             self.rejected += 1;
             return false;
         }
-        if let Some(g) = self.guards.get_mut(r) {
-            *g = Some(guard);
+        if let Some(p) = self.picks.get_mut(r) {
+            *p = Some(pick);
         }
         self.share(k, t);
         if let Some(x) = self.routed.get_mut(w) {
@@ -781,11 +632,13 @@ impl Sim<'_> {
         }
     }
 
-    /// Feeds one batch through worker `w`'s ingest; returns the emptied event
-    /// buffer for reuse.
+    /// Feeds one batch of worker `w` to every replica's inventory; returns
+    /// the emptied event buffer for reuse.
     fn apply(&mut self, w: usize, batch: EventBatch) -> Vec<KvEvent> {
-        if let Some(ingest) = self.ingests.get_mut(w) {
-            let _ = ingest.apply_batch(&batch, &self.index);
+        if self.policy.uses_inventory() {
+            for rep in &self.replicas {
+                rep.ingest_at(id(w), &batch);
+            }
         }
         let mut events = batch.events;
         events.clear();
@@ -842,20 +695,24 @@ impl Sim<'_> {
             .collect();
         let (mut kv_hits, mut fallbacks, mut load_diversions) = (0, 0, 0);
         for rep in &self.replicas {
-            let c = rep.rule.counters().snapshot();
+            let c = rep.counters();
             kv_hits += c.endpoints.iter().map(|e| e.hits).sum::<u64>();
             fallbacks += c.fallbacks;
             load_diversions += c.load_diversions;
         }
+        // Every replica follows every worker: the first one's ingest counts
+        // stand for all.
         let mut seq = kvroute_ingest::SeqCounters::default();
         let mut clears = 0;
-        for ingest in &self.ingests {
-            seq += ingest.seq_counters();
-            clears += ingest.counters().clears;
+        if let Some(rep) = self.replicas.first() {
+            for s in rep.endpoint_statuses() {
+                seq += s.seq;
+                clears += s.inventory_clears;
+            }
         }
         #[allow(clippy::cast_precision_loss)]
         PolicyReport {
-            policy: self.policy.name().to_owned(),
+            policy: self.policy.name(),
             requests: reqs.len() as u64,
             served,
             rejected: self.rejected,

@@ -13,6 +13,7 @@
 //! kvroute sim run --trace tenants.jsonl --workers 8 --policies all --json out.json --svg out.svg
 //! ```
 
+mod bounds;
 pub mod fleet;
 pub mod peers;
 pub mod policy;

@@ -1,6 +1,9 @@
 //! The routing policies the simulator compares, each a real `kvroute-select`
 //! rule.
 //!
+//! Each policy is the rule of a [`kvroute::KvRouter`] built by
+//! [`PolicySpec::router`]; a host's own scorer runs as [`PolicySpec::Custom`].
+//!
 //! | policy | rule |
 //! |---|---|
 //! | `rr` | `Choice::RoundRobin` |
@@ -20,9 +23,10 @@
 
 use std::sync::Arc;
 
+use kvroute::{KvRouter, KvRouterBuilder};
 use kvroute_select::{
-    Choice, ContractId, CostConfig, CostScorer, Endpoint, LoadAwareConfig, LoadAwareScorer,
-    LongestPrefixScorer, OverlapCountScorer, Role, RuleConfig, SelectorKind, Topology,
+    Choice, CostConfig, CostScorer, LoadAwareConfig, LoadAwareScorer, LongestPrefixScorer,
+    OverlapCountScorer, PredictedConfig, ScorerRef, SelectorKind, Thresholds,
 };
 
 use super::peers::PeerScorer;
@@ -173,64 +177,141 @@ impl Policy {
         ) || self.is_peer()
     }
 
-    /// The rule for a fleet of `workers` workers.
-    #[must_use]
-    pub fn rule_config(self, workers: usize, block_size: u32, seed: u64, t: Tuning) -> RuleConfig {
-        let endpoints = (0..workers)
-            .map(|i| {
-                let e = Endpoint::new(format!("sim-worker-{i}"), Role::Both);
-                match (self.uses_inventory(), u32::try_from(i)) {
-                    (true, Ok(slot)) => e.with_inventory_slot(slot),
-                    _ => e,
-                }
-            })
-            .collect();
-        let mut cfg = RuleConfig::kv_exact(
-            self.name(),
-            Topology::Converged,
-            endpoints,
-            block_size,
-            ContractId::new(SIM_CONTRACT),
-        );
-        cfg.seed = seed;
-        cfg.thresholds.chwbl_load_factor = t.chwbl_factor;
+    /// The router for a fleet of `workers` workers (endpoints are added by
+    /// the caller), its keys named `contract`.
+    pub fn router(
+        self,
+        contract: &str,
+        workers: usize,
+        block_size: u32,
+        seed: u64,
+        t: Tuning,
+    ) -> KvRouterBuilder {
+        let thresholds = Thresholds {
+            chwbl_load_factor: t.chwbl_factor,
+            ..Thresholds::default()
+        };
+        let no_predictions = PredictedConfig {
+            capacity: 0,
+            ..PredictedConfig::default()
+        };
+        let b = KvRouter::builder_for_keys(contract, block_size)
+            .name(self.name())
+            .seed(seed)
+            .max_endpoints(workers.max(1))
+            .thresholds(thresholds);
         match self {
-            Policy::RoundRobin => cfg.choice = Choice::RoundRobin,
-            Policy::Chwbl => cfg.choice = Choice::ContentAffinity,
-            Policy::LeastLoad => cfg.fallback = SelectorKind::LeastLoad,
-            Policy::PowerOfTwo => cfg.fallback = SelectorKind::PowerOfTwoChoices,
+            Policy::RoundRobin => b.choice(Choice::RoundRobin),
+            Policy::Chwbl => b.choice(Choice::ContentAffinity),
+            Policy::LeastLoad => b.fallback(SelectorKind::LeastLoad),
+            Policy::PowerOfTwo => b.fallback(SelectorKind::PowerOfTwoChoices),
             Policy::KvExact => {
-                cfg.scorer = Arc::new(CostScorer(t.cost));
-                if !t.predicted {
-                    cfg.predicted.capacity = 0;
+                let b = b.scorer(Arc::new(CostScorer(t.cost)));
+                if t.predicted {
+                    b
+                } else {
+                    b.predicted(no_predictions)
                 }
             }
             Policy::DynamoCost | Policy::SmgCacheAware | Policy::LlmdWeighted => {
-                cfg.scorer = Arc::new(match self {
+                let scorer: ScorerRef = Arc::new(match self {
                     Policy::DynamoCost => PeerScorer::dynamo(workers, seed),
                     Policy::SmgCacheAware => PeerScorer::smg(workers, seed),
                     _ => PeerScorer::llmd(workers, seed),
                 });
-                cfg.predicted.capacity = 0;
+                b.scorer(scorer).predicted(no_predictions)
             }
-            Policy::KvOverlap => {
-                cfg.scorer = Arc::new(OverlapCountScorer);
-                cfg.fallback = SelectorKind::RoundRobin;
-            }
-            Policy::KvPrefix => {
-                cfg.scorer = Arc::new(LongestPrefixScorer);
-                cfg.fallback = SelectorKind::RoundRobin;
-            }
-            Policy::KvBounded => {
-                cfg.scorer = Arc::new(LoadAwareScorer(LoadAwareConfig {
+            Policy::KvOverlap => b
+                .scorer(Arc::new(OverlapCountScorer))
+                .fallback(SelectorKind::RoundRobin),
+            Policy::KvPrefix => b
+                .scorer(Arc::new(LongestPrefixScorer))
+                .fallback(SelectorKind::RoundRobin),
+            Policy::KvBounded => b
+                .scorer(Arc::new(LoadAwareScorer(LoadAwareConfig {
                     epsilon: t.epsilon,
                     tokens_per_in_flight: t.tokens_per_in_flight,
                     ..LoadAwareConfig::default()
-                }));
-                cfg.fallback = t.bounded_fallback;
-            }
+                })))
+                .fallback(t.bounded_fallback),
         }
-        cfg
+    }
+}
+
+/// Builds a fresh scorer for one router (a scorer may keep per-router state).
+pub type ScorerFactory = Arc<dyn Fn() -> ScorerRef + Send + Sync>;
+
+/// A policy the simulator runs: a built-in one, or a KV-exact rule with a
+/// host's own scorer.
+#[derive(Clone)]
+pub enum PolicySpec {
+    /// One of [`Policy::ALL`].
+    Builtin(Policy),
+    /// A KV-exact rule (the default fallback and predicted entries) whose
+    /// scorer `scorer` builds, reported as `name`.
+    Custom {
+        /// Report name.
+        name: String,
+        /// Builds the scorer of each replica's router.
+        scorer: ScorerFactory,
+    },
+}
+
+impl std::fmt::Debug for PolicySpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl From<Policy> for PolicySpec {
+    fn from(p: Policy) -> Self {
+        Self::Builtin(p)
+    }
+}
+
+impl PolicySpec {
+    /// The report name.
+    #[must_use]
+    pub fn name(&self) -> String {
+        match self {
+            Self::Builtin(p) => p.name().to_owned(),
+            Self::Custom { name, .. } => name.clone(),
+        }
+    }
+
+    /// True for policies that score inventories.
+    #[must_use]
+    pub fn uses_inventory(&self) -> bool {
+        match self {
+            Self::Builtin(p) => p.uses_inventory(),
+            Self::Custom { .. } => true,
+        }
+    }
+
+    /// True for policies whose view includes the engines' own reports, read
+    /// at each decision (the peers').
+    #[must_use]
+    pub fn is_peer(&self) -> bool {
+        matches!(self, Self::Builtin(p) if p.is_peer())
+    }
+
+    /// [`Policy::router`], or the custom scorer's KV-exact router.
+    pub fn router(
+        &self,
+        contract: &str,
+        workers: usize,
+        block_size: u32,
+        seed: u64,
+        t: Tuning,
+    ) -> KvRouterBuilder {
+        match self {
+            Self::Builtin(p) => p.router(contract, workers, block_size, seed, t),
+            Self::Custom { name, scorer } => KvRouter::builder_for_keys(contract, block_size)
+                .name(name.clone())
+                .seed(seed)
+                .max_endpoints(workers.max(1))
+                .scorer(scorer()),
+        }
     }
 }
 

@@ -2,14 +2,19 @@
 //! load polling — and the tokenizer loads, all on the host's runtime and
 //! all ending with the endpoint or the router.
 
+#[cfg(feature = "trtllm-http")]
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use kvroute_core::Medium;
-use kvroute_select::{EngineReport, Load, PrefillProgress};
+#[cfg(feature = "trtllm-http")]
+use kvroute_select::PrefillProgress;
+use kvroute_select::{EngineReport, Load};
 use tokio::sync::watch;
 
-use super::slots::{slot_of, SlotRuntime};
+use super::slots::slot_of;
+#[cfg(feature = "trtllm-http")]
+use super::slots::SlotRuntime;
 use super::status::TokenizerState;
 use super::view::RouterView;
 use super::{id, Shared};
@@ -53,7 +58,7 @@ pub(crate) fn record_report(shared: &Shared, url: &str, report: EngineReport) ->
     true
 }
 
-fn record_slot(shared: &Shared, slot: usize, report: EngineReport) {
+pub(crate) fn record_slot(shared: &Shared, slot: usize, report: EngineReport) {
     let now = shared.now();
     let endpoint = id(slot);
     // Every replica's requests: the engine counts them all.

@@ -78,6 +78,8 @@ impl Default for ProbeConfig {
 #[must_use]
 pub struct KvRouterBuilder {
     pub(super) contract: Option<HashContract>,
+    /// A contract the host hashes itself: its name and block size.
+    pub(super) host_keys: Option<(String, u32)>,
     pub(super) name: String,
     pub(super) models: Vec<(String, PathBuf)>,
     pub(super) lora: HashMap<String, LoraAdapter>,
@@ -108,6 +110,7 @@ impl KvRouterBuilder {
     pub(super) fn new(contract: Option<HashContract>) -> Self {
         Self {
             contract,
+            host_keys: None,
             name: "kvroute".to_owned(),
             models: Vec::new(),
             lora: HashMap::new(),

@@ -84,6 +84,7 @@ pub(crate) fn start(
 
 /// The dialect of `b`'s engine's load report (`None`: it exports none the
 /// router reads).
+#[cfg(feature = "trtllm-http")]
 pub(crate) fn metrics_dialect(b: &Backend) -> Option<kvroute_engines::MetricsDialect> {
     b.engine.metrics_dialect()
 }

@@ -38,8 +38,8 @@ use crate::prompt::{
 pub use builder::{EngineLoadConfig, KvRouterBuilder, ProbeConfig};
 pub use pick::{NoEndpoint, Pick};
 pub use replicas::{
-    EndpointDelta, ReplicaBatch, ReplicaConfig, ReplicaCounters, ReplicaError, ReplicaSink,
-    ReplicaSubscription, ReplicaTransport,
+    EndpointDelta, HostTransport, ReplicaBatch, ReplicaConfig, ReplicaCounters, ReplicaError,
+    ReplicaSink, ReplicaSubscription, ReplicaTransport,
 };
 pub use status::{EndpointStatus, FollowerStatus, LoadPolls, Readiness, TokenizerState};
 
@@ -121,6 +121,9 @@ struct Settings {
 /// What the contract gives the prompt and ingest sides.
 struct ContractSide {
     contract: Option<HashContract>,
+    /// The contract's name as selection sees it (a host-named one when the
+    /// host computes keys itself).
+    id: Option<ContractId>,
     /// Prompt-side keys (a KV-exact router's contract).
     keys: Option<Arc<ContractKeys>>,
     block_size: u32,
@@ -239,6 +242,17 @@ impl KvRouter {
     /// content affinity only (set [`KvRouterBuilder::choice`]).
     pub fn builder_without_contract() -> KvRouterBuilder {
         KvRouterBuilder::new(None)
+    }
+
+    /// A builder for a KV-exact router whose block keys the host computes
+    /// itself under a contract it names (`contract`, `block_size` tokens per
+    /// block): decisions come from [`KvRouter::pick_keys`], and the engines'
+    /// events carry keys of the same contract, taken as they are (nothing to
+    /// attest them against). The simulator runs its fleets this way.
+    pub fn builder_for_keys(contract: impl Into<String>, block_size: u32) -> KvRouterBuilder {
+        let mut b = KvRouterBuilder::new(None);
+        b.host_keys = Some((contract.into(), block_size.max(1)));
+        b
     }
 
     /// Decides where `body` (an OpenAI `api` request) goes: parses and
@@ -395,6 +409,23 @@ impl KvRouter {
     /// load poller does. `false` when `url` is not present.
     pub fn report_engine_load(&self, url: &str, report: EngineReport) -> bool {
         background::record_report(&self.shared, url, report)
+    }
+
+    /// [`KvRouter::ingest`] for the endpoint in slot `endpoint` (no lookup by
+    /// URL: for hosts that feed many batches, as the simulator does).
+    pub fn ingest_at(&self, endpoint: EndpointId, batch: &kvroute_ingest::EventBatch) -> bool {
+        slots::ingest_slot(&self.shared, endpoint.index(), batch)
+    }
+
+    /// [`KvRouter::report_engine_load`] for the endpoint in slot `endpoint`.
+    pub fn report_engine_load_at(&self, endpoint: EndpointId, report: EngineReport) {
+        background::record_slot(&self.shared, endpoint.index(), report);
+    }
+
+    /// This replica's requests in flight on the endpoint in slot `endpoint`.
+    #[must_use]
+    pub fn in_flight_at(&self, endpoint: EndpointId) -> u32 {
+        kvroute_select::Load::load(&*self.shared.tracker, endpoint).in_flight
     }
 
     /// Takes the replica outbox (changed endpoints; every endpoint when

@@ -130,6 +130,25 @@ pub trait ReplicaTransport: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// A transport that moves nothing: the host moves the batches itself
+/// ([`crate::KvRouter::drain_replica_batch`] on one replica,
+/// [`crate::KvRouter::apply_replica_batch`] on the others), as the simulator
+/// does with simulated delays.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostTransport;
+
+impl ReplicaTransport for HostTransport {
+    fn publish(&self, _pool: &str, _payload: Bytes) {}
+
+    fn subscribe(
+        &self,
+        _pool: &str,
+        _sink: ReplicaSink,
+    ) -> Result<ReplicaSubscription, ReplicaError> {
+        Ok(ReplicaSubscription::new(()))
+    }
+}
+
 /// One replica's load changes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaBatch {

@@ -89,6 +89,16 @@ fn contract_err(contract: &str, reason: impl std::fmt::Display) -> BuildError {
 
 fn contract_side(b: &KvRouterBuilder) -> Result<ContractSide, BuildError> {
     let Some(contract) = b.contract.clone() else {
+        if let Some((name, block_size)) = &b.host_keys {
+            return Ok(ContractSide {
+                contract: None,
+                id: Some(ContractId::new(name)),
+                keys: None,
+                block_size: *block_size,
+                keying: Keying::Engine,
+                attestor: None,
+            });
+        }
         if b.choice == kvroute_select::Choice::KvExact {
             return Err(contract_err(
                 "(none)",
@@ -97,6 +107,7 @@ fn contract_side(b: &KvRouterBuilder) -> Result<ContractSide, BuildError> {
         }
         return Ok(ContractSide {
             contract: None,
+            id: None,
             keys: None,
             block_size: 16,
             keying: Keying::Engine,
@@ -117,6 +128,7 @@ fn contract_side(b: &KvRouterBuilder) -> Result<ContractSide, BuildError> {
         Keying::Rekey(_) => None,
     };
     Ok(ContractSide {
+        id: Some(keys.contract().clone()),
         block_size: keys.block_size(),
         keys: Some(keys),
         contract: Some(contract),
@@ -289,9 +301,9 @@ fn build_rule(
     previous: Option<&Rule>,
 ) -> Result<Rule, BuildError> {
     let contract_id = contract
-        .keys
-        .as_ref()
-        .map_or_else(|| ContractId::new("none"), |k| k.contract().clone());
+        .id
+        .clone()
+        .unwrap_or_else(|| ContractId::new("none"));
     let mut cfg = RuleConfig::kv_exact(
         &st.name,
         st.topology,
@@ -511,9 +523,14 @@ pub(crate) fn slot_of(shared: &Shared, url: &str) -> Option<usize> {
 }
 
 pub(crate) fn ingest(shared: &Shared, url: &str, batch: &kvroute_ingest::EventBatch) -> bool {
-    let Some(slot) = slot_of(shared, url) else {
-        return false;
-    };
+    slot_of(shared, url).is_some_and(|slot| ingest_slot(shared, slot, batch))
+}
+
+pub(crate) fn ingest_slot(
+    shared: &Shared,
+    slot: usize,
+    batch: &kvroute_ingest::EventBatch,
+) -> bool {
     let Some(state) = shared.slots.get(slot) else {
         return false;
     };
