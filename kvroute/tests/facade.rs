@@ -272,3 +272,41 @@ async fn a_rekey_contract_routes_from_the_events_tokens() {
     let (cached, _) = forward(pick, "/v1/chat/completions", &body).await;
     assert_eq!(cached, Some(predicted));
 }
+
+/// A LoRA adapter requested by its own name tokenizes as the router's model
+/// and hashes with the adapter: the keys equal vLLM's own for the same ids
+/// and adapter (the golden vector its hashing code produced).
+#[tokio::test]
+async fn a_lora_adapter_tokenizes_as_its_base_and_hashes_as_vllm() {
+    let golden = model_dir().join("../../vllm/hash_vectors_v0.33.0.json");
+    let vectors: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(golden).unwrap()).unwrap();
+    let case = vectors["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "sha256_cbor-bs16-seed0-lora")
+        .unwrap();
+    let adapter = kvroute_core::LoraAdapter {
+        name: case["lora"]["name"].as_str().unwrap().to_owned(),
+        path: case["lora"]["path"].as_str().unwrap().to_owned(),
+    };
+    let r = KvRouter::builder(CONTRACT.parse().unwrap())
+        .model(MODEL, model_dir())
+        .lora(adapter.name.clone(), adapter)
+        .endpoint(Backend::vllm("http://127.0.0.1:9"))
+        .build()
+        .unwrap();
+    let body = serde_json::json!({"model": "sql-lora", "prompt": case["token_ids"]});
+    let prepared = r
+        .prepare(ApiKind::Completions, &Bytes::from(body.to_string()))
+        .await;
+    let keys: Vec<u64> = prepared.keys().unwrap().0.iter().map(|k| k.0).collect();
+    let expected: Vec<u64> = case["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["event_key_u64"].as_u64().unwrap())
+        .collect();
+    assert_eq!(keys, expected);
+}

@@ -69,3 +69,142 @@ fn bad_contract_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--contract"));
 }
+
+/// A rule's configuration with a vLLM LoRA adapter, for `--config --rule`.
+fn lora_config(dir: &Path) -> PathBuf {
+    let config = dir.join("kvroute.toml");
+    let text = format!(
+        r#"
+listen = "127.0.0.1:0"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[models]]
+slug = "qwen3"
+dir = "{models}"
+
+[[rules]]
+name = "chat"
+models = ["qwen3", "sql-lora"]
+default = true
+choice = "kv_exact"
+contract = "vllm@0.33.0:sha256_cbor:block=16:seed=0"
+
+[[rules.lora]]
+model = "sql-lora"
+path = "/adapters/sql-lora"
+
+[[rules.endpoints]]
+url = "http://127.0.0.1:9"
+engine = "vllm"
+zmq = "tcp://127.0.0.1:9"
+"#,
+        models = golden().join("tokenizers/qwen3").display()
+    );
+    std::fs::write(&config, text).unwrap();
+    config
+}
+
+/// `--config --rule` runs the rule's own prompt path: a request for a LoRA
+/// adapter gets the adapter's keys, equal to the keys vLLM's own hashing gave
+/// for the same ids and adapter (the golden vector); `--contract` alone
+/// hashes without the adapter and gets other keys.
+#[test]
+fn config_rule_keys_are_the_rules_keys() {
+    let vectors: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(golden().join("vllm/hash_vectors_v0.33.0.json")).unwrap(),
+    )
+    .unwrap();
+    let case = vectors["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "sha256_cbor-bs16-seed0-lora")
+        .expect("golden LoRA case");
+    assert_eq!(case["lora"]["name"], "sql-lora");
+    assert_eq!(case["lora"]["path"], "/adapters/sql-lora");
+    let expected: Vec<u64> = case["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["event_key_u64"].as_u64().unwrap())
+        .collect();
+    assert_eq!(expected.len(), 3);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = lora_config(dir.path());
+    let req = dir.path().join("req.json");
+    let body = serde_json::json!({
+        "model": "sql-lora",
+        "prompt": case["token_ids"],
+        "max_tokens": 1,
+    });
+    std::fs::write(&req, body.to_string()).unwrap();
+
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .arg("tokenize")
+            .args(args)
+            .arg("--request")
+            .arg(&req)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let config_arg = config.to_str().unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_slice(&run(&["--json", "--config", config_arg, "--rule", "chat"]))
+            .unwrap();
+    assert_eq!(doc["rule"], "chat");
+    assert_eq!(doc["lora"]["name"], "sql-lora");
+    assert_eq!(doc["engine_prompts"][0]["token_ids"], case["token_ids"]);
+    let keys: Vec<u64> =
+        serde_json::from_value(doc["engine_prompts"][0]["block_keys_u64"].clone()).unwrap();
+    assert_eq!(keys, expected, "the rule's keys vs vLLM's LoRA keys");
+
+    let model_dir = golden().join("tokenizers/qwen3");
+    let plain: serde_json::Value = serde_json::from_slice(&run(&[
+        "--json",
+        "--contract",
+        "vllm@0.33.0:sha256_cbor:block=16:seed=0",
+        "--model-dir",
+        model_dir.to_str().unwrap(),
+    ]))
+    .unwrap();
+    let plain_keys: Vec<u64> =
+        serde_json::from_value(plain["engine_prompts"][0]["block_keys_u64"].clone()).unwrap();
+    assert_eq!(plain_keys.len(), 3);
+    assert!(plain_keys.iter().all(|k| !expected.contains(k)));
+
+    let text = String::from_utf8(run(&["--config", config_arg, "--rule", "chat"])).unwrap();
+    assert!(text.contains("rule: chat"), "{text}");
+    assert!(
+        text.contains("lora: sql-lora (/adapters/sql-lora)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn unknown_rule_names_the_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = lora_config(dir.path());
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["tokenize", "--rule", "nope", "--config"])
+        .arg(&config)
+        .arg("--request")
+        .arg(golden().join("chat/qwen3_cases.json"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(r#"--rule "nope""#) && err.contains(r#"["chat"]"#),
+        "{err}"
+    );
+}

@@ -539,6 +539,9 @@ impl ModelTokenizer {
 #[derive(Default)]
 pub struct TokenizerPool {
     staged: RwLock<HashMap<String, (PathBuf, ModelOptions)>>,
+    /// Models served with another model's tokenizer (a LoRA adapter's name
+    /// → its base model).
+    aliases: RwLock<HashMap<String, String>>,
     loaded: RwLock<HashMap<String, Result<Arc<ModelTokenizer>, String>>>,
     load_lock: Mutex<()>,
     parallel: RwLock<Option<Arc<ParallelEncoder>>>,
@@ -585,9 +588,27 @@ impl TokenizerPool {
         self.loaded.write().clear();
     }
 
-    /// Forgets a model.
+    /// Serves `model` with `base`'s tokenizer (one load shared by both):
+    /// a LoRA adapter requested by its own name tokenizes as its base model.
+    /// A model staged under its own name keeps its own tokenizer.
+    ///
+    /// ```
+    /// use kvroute_engines::prompt::TokenizerPool;
+    /// let pool = TokenizerPool::new();
+    /// pool.register("qwen3", concat!(env!("CARGO_MANIFEST_DIR"), "/../golden/tokenizers/qwen3"));
+    /// pool.alias("sql-lora", "qwen3");
+    /// assert!(std::sync::Arc::ptr_eq(&pool.get("sql-lora")?, &pool.get("qwen3")?));
+    /// assert!(pool.get("other").is_err());
+    /// # Ok::<(), kvroute_engines::prompt::PromptError>(())
+    /// ```
+    pub fn alias(&self, model: impl Into<String>, base: impl Into<String>) {
+        self.aliases.write().insert(model.into(), base.into());
+    }
+
+    /// Forgets a model (and its alias, if it is one).
     pub fn unregister(&self, model: &str) {
         self.staged.write().remove(model);
+        self.aliases.write().remove(model);
         self.loaded.write().remove(model);
     }
 
@@ -605,6 +626,15 @@ impl TokenizerPool {
     /// The loaded tokenizer for `model`, loading it on first use. A failed load
     /// is remembered (no retry storm) until [`reload`](Self::reload).
     pub fn get(&self, model: &str) -> Result<Arc<ModelTokenizer>, PromptError> {
+        if !self.staged.read().contains_key(model) {
+            if let Some(base) = self.aliases.read().get(model).cloned() {
+                return self.load(&base);
+            }
+        }
+        self.load(model)
+    }
+
+    fn load(&self, model: &str) -> Result<Arc<ModelTokenizer>, PromptError> {
         if let Some(r) = self.loaded.read().get(model) {
             return Self::result(model, r);
         }

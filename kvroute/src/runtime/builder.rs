@@ -159,7 +159,10 @@ impl KvRouterBuilder {
 
     /// Requests naming `model` run under this LoRA adapter: the engines mix
     /// it into their block keys (vLLM: every block), so the prompt's keys
-    /// are hashed with it.
+    /// are hashed with it. They tokenize with the first [`Self::model`]
+    /// (the adapter's base) unless a tokenizer is staged under `model`
+    /// itself; a host sharing its own pool says which base with
+    /// [`TokenizerPool::alias`](kvroute_engines::prompt::TokenizerPool::alias).
     pub fn lora(mut self, model: impl Into<String>, adapter: LoraAdapter) -> Self {
         self.lora.insert(model.into(), adapter);
         self

@@ -174,6 +174,16 @@ pub(crate) fn assemble(
         }
         tokenizers.register(slug.clone(), dir.clone());
     }
+    // An adapter requested by its own name tokenizes as the router's first
+    // model unless a tokenizer is staged under that name.
+    if let Some((base, _)) = b.models.first() {
+        let staged = tokenizers.models();
+        for adapter in b.lora.keys() {
+            if !staged.contains(adapter) {
+                tokenizers.alias(adapter.clone(), base.clone());
+            }
+        }
+    }
     let mut options = b.options.clone();
     let mut engines: Vec<Arc<dyn Engine>> = Vec::new();
     for x in &b.backends {

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvroute::nats::NatsReplicas;
-use kvroute::{Backend, EngineLoadConfig, KvRouter, ProbeConfig, ReplicaConfig, ReplicaTransport};
+use kvroute::{
+    Backend, EngineLoadConfig, KvRouter, KvRouterBuilder, ProbeConfig, ReplicaConfig,
+    ReplicaTransport,
+};
 use kvroute_engines::prompt::{ParallelConfig, ParallelEncoder, TokenizerPool};
 use kvroute_select::{BreakerConfig, Thresholds};
 use parking_lot::RwLock;
@@ -125,6 +128,22 @@ impl Gateway {
         config: &ServeConfig,
         nats: Option<Arc<NatsReplicas>>,
     ) -> Result<Arc<Self>, ConfigError> {
+        let gw = Self::without_rules(config, nats)?;
+        for spec in &config.rules {
+            gw.put_rule(spec.clone(), true)?;
+        }
+        Ok(gw)
+    }
+
+    /// The gateway's shared parts (tokenizers, admission, limits) without any
+    /// rule started: what [`Gateway::rule_router`] builds rules from.
+    ///
+    /// # Errors
+    /// `limits.tokenizer_threads` the tokenizer pool refuses.
+    pub fn without_rules(
+        config: &ServeConfig,
+        nats: Option<Arc<NatsReplicas>>,
+    ) -> Result<Arc<Self>, ConfigError> {
         let tokenizers = Arc::new(TokenizerPool::new());
         for m in &config.models {
             tokenizers.register(m.slug.clone(), m.dir.clone());
@@ -172,9 +191,6 @@ impl Gateway {
             ),
             replicas: nats.map(|t| (t, config.replicas.clone())),
         });
-        for spec in &config.rules {
-            gw.put_rule(spec.clone(), true)?;
-        }
         Ok(gw)
     }
 
@@ -243,11 +259,33 @@ impl Gateway {
     }
 
     fn build_rule(&self, spec: RuleSpec) -> Result<RuleRuntime, ConfigError> {
-        let field = format!("rule {:?}", spec.doc.name);
-        let lib_err = |e: &dyn std::fmt::Display| ConfigError::Invalid {
-            field: field.clone(),
-            message: e.to_string(),
-        };
+        let router = self
+            .rule_router(&spec)
+            .spawn()
+            .map_err(|e| ConfigError::Invalid {
+                field: format!("rule {:?}", spec.doc.name),
+                message: e.to_string(),
+            })?;
+        Ok(RuleRuntime {
+            counters: self.metrics.rule(&spec.doc.name),
+            spec,
+            router,
+        })
+    }
+
+    /// The router `spec` runs under this gateway's limits, health checks and
+    /// replicas, not yet started: [`KvRouterBuilder::spawn`] serves it,
+    /// [`KvRouterBuilder::build`] gives its prompt path and decisions
+    /// without any background work (`kvroute tokenize --config`).
+    #[must_use]
+    pub fn rule_router(&self, spec: &RuleSpec) -> KvRouterBuilder {
+        // An adapter without a `[[models]]` entry of its own tokenizes as
+        // its base model (one tokenizer load for both).
+        for (adapter, base) in &spec.lora_base {
+            if !self.models.contains(adapter) {
+                self.tokenizers.alias(adapter.clone(), base.clone());
+            }
+        }
         let mut thresholds = Thresholds::default();
         if let Some(n) = spec.doc.min_overlap_blocks {
             thresholds.min_overlap_blocks = n;
@@ -308,11 +346,6 @@ impl Gateway {
             r.ttl = Duration::from_millis(cfg.remote_ttl_ms.max(1));
             b = b.replicas(r);
         }
-        let router = b.spawn().map_err(|e| lib_err(&e))?;
-        Ok(RuleRuntime {
-            counters: self.metrics.rule(&spec.doc.name),
-            spec,
-            router,
-        })
+        b
     }
 }

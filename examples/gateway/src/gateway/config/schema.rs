@@ -523,6 +523,11 @@ pub struct LoraDoc {
     /// The adapter's `lora_path`, byte for byte as the engine was given it:
     /// vLLM ≥ 0.31 hashes it into every block key.
     pub path: String,
+    /// The model whose tokenizer the adapter's requests use (one of the
+    /// rule's `models`, not an adapter); default: the rule's first model
+    /// that is not an adapter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
 }
 
 // The gateway's defaults, spelled out rather than taken from the library
@@ -746,7 +751,11 @@ mod tests {
                     forward_token_ids,
                     lora: lora
                         .into_iter()
-                        .map(|(model, path)| LoraDoc { model, path })
+                        .map(|(model, path)| LoraDoc {
+                            model,
+                            path,
+                            base: None,
+                        })
                         .collect(),
                     endpoints,
                 },
@@ -816,8 +825,15 @@ mod tests {
         assert_eq!(json["scorer"], "load_aware");
         assert_eq!(json["selector"], "p2c");
         assert_eq!(json["endpoints"][0]["role"], "decode");
-        // `llamacpp` is accepted; the listing gives the canonical name.
-        assert_eq!(json["endpoints"][0]["engine"], "llama.cpp");
+        // `llamacpp` is accepted; the validated rule lists the canonical name.
+        assert_eq!(json["endpoints"][0]["engine"], "llamacpp");
+        let spec = crate::gateway::config::rule_from_json(
+            br#"{"name": "r", "models": ["m"], "choice": "round_robin",
+                 "endpoints": [{"url": "http://a:1", "engine": "llamacpp"}]}"#,
+        )
+        .unwrap();
+        let listed = serde_json::to_value(&spec.doc).unwrap();
+        assert_eq!(listed["endpoints"][0]["engine"], "llama.cpp");
         // Omitted fields list the gateway's defaults.
         let doc =
             RuleDoc::from_json(br#"{"name": "r", "endpoints": [{"url": "http://a:1"}]}"#).unwrap();

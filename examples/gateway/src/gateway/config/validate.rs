@@ -68,6 +68,8 @@ pub struct RuleSpec {
     pub endpoints: Vec<EndpointSpec>,
     /// LoRA adapters by the model name requests use for them.
     pub lora: BTreeMap<String, LoraAdapter>,
+    /// Each adapter's base model, whose tokenizer its requests use.
+    pub lora_base: BTreeMap<String, String>,
 }
 
 /// The validated file.
@@ -396,6 +398,12 @@ impl RuleSpec {
             }
             endpoints.push(spec);
         }
+        // The listing (admin API) gives each engine by its canonical name,
+        // whatever alias the document used.
+        let mut doc = doc;
+        for (e, spec) in doc.endpoints.iter_mut().zip(&endpoints) {
+            spec.engine.name().clone_into(&mut e.engine);
+        }
         if topology == Topology::PrefillDecode {
             if !endpoints.iter().any(|e| e.role.can_prefill())
                 || !endpoints.iter().any(|e| e.role.can_decode())
@@ -426,7 +434,7 @@ impl RuleSpec {
                 return Err(invalid(f("min_overlap_blocks"), "must be at least 1"));
             }
         }
-        let lora = lora_adapters(&doc, contract.as_ref(), at)?;
+        let (lora, lora_base) = lora_adapters(&doc, contract.as_ref(), at)?;
         Ok(Self {
             doc,
             choice,
@@ -436,19 +444,26 @@ impl RuleSpec {
             selector,
             endpoints,
             lora,
+            lora_base,
         })
     }
 }
 
+/// Adapters by model name, and each adapter's base model.
+type LoraSpecs = (BTreeMap<String, LoraAdapter>, BTreeMap<String, String>);
+
 /// Validates `[[rules.lora]]`: non-empty unique names that are among the
-/// rule's `models`, non-empty paths, and a contract that keys LoRA adapters
-/// (asked of the hasher itself, so the check follows kvroute-core exactly).
+/// rule's `models`, non-empty paths, a base model among the rule's models
+/// that is not an adapter, and a contract that keys LoRA adapters (asked of
+/// the hasher itself, so the check follows kvroute-core exactly).
 fn lora_adapters(
     doc: &RuleDoc,
     contract: Option<&HashContract>,
     at: &str,
-) -> Result<BTreeMap<String, LoraAdapter>, ConfigError> {
+) -> Result<LoraSpecs, ConfigError> {
     let mut out = BTreeMap::new();
+    let mut bases = BTreeMap::new();
+    let is_adapter = |m: &String| doc.lora.iter().any(|l| &l.model == m);
     for (i, l) in doc.lora.iter().enumerate() {
         let f = |name: &str| format!("{at}.lora[{i}].{name}");
         if l.model.is_empty() {
@@ -469,6 +484,25 @@ fn lora_adapters(
                 "is empty; give the adapter path exactly as the engine was given it",
             ));
         }
+        let base = match &l.base {
+            Some(b) if !doc.models.contains(b) || is_adapter(b) => {
+                return Err(invalid(
+                    f("base"),
+                    format!("{b:?} is not one of {at}.models that is not an adapter"),
+                ));
+            }
+            Some(b) => b.clone(),
+            None => match doc.models.iter().find(|m| !is_adapter(m)) {
+                Some(b) => b.clone(),
+                None => {
+                    return Err(invalid(
+                        f("base"),
+                        format!("{at}.models lists no base model for the adapter to tokenize as"),
+                    ))
+                }
+            },
+        };
+        bases.insert(l.model.clone(), base);
         let adapter = LoraAdapter {
             name: l.model.clone(),
             path: l.path.clone(),
@@ -497,7 +531,7 @@ fn lora_adapters(
             ));
         }
     }
-    Ok(out)
+    Ok((out, bases))
 }
 
 /// Largest accepted `load_slack`: beyond it the bound never binds in practice.
@@ -1013,6 +1047,8 @@ mod tests {
             })
         );
         assert_eq!(rule.lora.get("base"), None);
+        // Its requests tokenize as the rule's first model that is not an adapter.
+        assert_eq!(rule.lora_base.get("sql").map(String::as_str), Some("base"));
         // The admin API takes the same shape and lists it back.
         let json = serde_json::to_value(&rule.doc).unwrap();
         assert_eq!(json["lora"][0]["path"], "/adapters/sql-lora");
@@ -1040,6 +1076,16 @@ mod tests {
                 VLLM.to_owned(),
                 entry("sql", ""),
                 "rules[0].lora[0].path: is empty",
+            ),
+            (
+                VLLM.to_owned(),
+                format!("{}base = \"other\"\n", entry("sql", "/a")),
+                "rules[0].lora[0].base: \"other\" is not one of rules[0].models that is not an adapter",
+            ),
+            (
+                VLLM.to_owned(),
+                format!("{}base = \"sql\"\n", entry("sql", "/a")),
+                "rules[0].lora[0].base: \"sql\" is not one of rules[0].models",
             ),
             (
                 VLLM.to_owned(),
