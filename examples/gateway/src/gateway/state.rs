@@ -277,7 +277,6 @@ impl Gateway {
     /// replicas, not yet started: [`KvRouterBuilder::spawn`] serves it,
     /// [`KvRouterBuilder::build`] gives its prompt path and decisions
     /// without any background work (`kvroute tokenize --config`).
-    #[must_use]
     pub fn rule_router(&self, spec: &RuleSpec) -> KvRouterBuilder {
         // An adapter without a `[[models]]` entry of its own tokenizes as
         // its base model (one tokenizer load for both).
