@@ -35,6 +35,19 @@ const PAGE: &str = "docs/configuration.md";
 const RUN_LIMIT: Duration = Duration::from_secs(20);
 /// The environment variable the page's `admin.token_env` example names.
 const TOKEN_ENV: &str = "KVROUTE_ADMIN_TOKEN";
+/// The environment variable the page's `replicas.token_env` example names.
+const NATS_TOKEN_ENV: &str = "KVROUTE_NATS_TOKEN";
+/// A NATS credentials file in the `.creds` layout (the user seed is the
+/// example seed of async-nats' documentation): `kvroute serve` parses the
+/// file named by `replicas.credentials_file` at start.
+const CREDS: &str = "-----BEGIN NATS USER JWT-----
+eyJ0eXAiOiJqd3QiLCJhbGciOiJlZDI1NTE5In0.e30.c2lnbmF0dXJl
+------END NATS USER JWT------
+
+-----BEGIN USER NKEY SEED-----
+SUAIO3FHUX5PNV2LQIIP7TZ3N4L7TX3W53MQGEIVYFIGA635OZCKEYHFLM
+------END USER NKEY SEED------
+";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -269,6 +282,7 @@ impl Gateway {
             .args(["serve", "--config"])
             .arg(&file)
             .env(TOKEN_ENV, "docs-reference-token")
+            .env(NATS_TOKEN_ENV, "docs-reference-nats-token")
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
@@ -472,12 +486,23 @@ fn the_configuration_reference_matches_the_gateway() {
                 }
             }
         }
-        // Directories the examples name exist, as a deployment's would.
+        // Directories and files the examples name exist, as a deployment's
+        // would (relative paths are relative to the configuration file).
         if row.key == "models.dir" {
             if let Some(toml::Value::String(d)) =
                 row.example.as_deref().map(|e| toml_value(e).unwrap())
             {
                 std::fs::create_dir_all(gw.dir.path().join(d)).unwrap();
+            }
+        }
+        let example = row.example.as_deref().map(|e| (row.key.clone(), e.to_owned()));
+        for (path, value) in example.into_iter().chain(row.needs.iter().cloned()) {
+            if !path.ends_with("_file") {
+                continue;
+            }
+            if let Ok(toml::Value::String(f)) = toml_value(&value) {
+                let contents = if path.ends_with("credentials_file") { CREDS } else { "" };
+                std::fs::write(gw.dir.path().join(f), contents).unwrap();
             }
         }
     }
