@@ -46,9 +46,10 @@
 //! assert_eq!(next.map(|t| t.endpoint), Some(EndpointId(2)));
 //! ```
 //!
-//! Hosts that prefer a driver implement [`Proxy`] and call [`route`]; see its docs
-//! for a minimal host. Hosts deciding many requests in a loop keep one
-//! [`Decision`] and call [`Rule::decide_into`]: no allocation per decision.
+//! The `kvroute` crate's `KvRouter` is the driver most hosts use (load,
+//! health, retries and receipts included); hosts deciding many requests in a
+//! loop themselves keep one [`Decision`] and call [`Rule::decide_into`]: no
+//! allocation per decision.
 //!
 //! ## Per-request hash extras
 //!
@@ -83,7 +84,6 @@ mod load;
 mod memory_view;
 mod names;
 mod pool;
-mod proxy;
 pub mod replica_sync;
 mod rule;
 mod scoring;
@@ -107,7 +107,6 @@ pub use load::{
 pub use memory_view::KeySetInventory;
 pub use names::{ScorerKind, UnknownName};
 pub use pool::LoadBound;
-pub use proxy::{route, ConnectFailure, Proxy, RouteError, Routed};
 pub use replica_sync::{
     Applied, LoadDelta, OutboxCounters, RemoteConfig, RemoteCounters, RemoteLoad, WithRemote,
 };

@@ -3,7 +3,6 @@
 //! back to an empty endpoint, predicted entries, and the load tracker's guards
 //! under random connect failures, retries and drops.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -599,67 +598,6 @@ proptest! {
         drop(live);
         for e in 0..4u32 {
             prop_assert_eq!(tracker.load(EndpointId(e)), EndpointLoad::default());
-        }
-    }
-
-    /// `route()` charges from the decision, moves the charge on each
-    /// retryable failure and hands back one guard on success; an error drops it.
-    #[test]
-    fn route_hands_back_one_guard_and_failures_leave_nothing(
-        refuse in proptest::collection::vec(any::<bool>(), 4),
-        fatal in any::<bool>(),
-    ) {
-        struct Host { refuse: Vec<bool>, fatal: bool, tracker: Arc<LoadTracker>, seen_in_flight: std::sync::Mutex<Vec<u32>> }
-        impl Load for Host {
-            fn load(&self, e: EndpointId) -> EndpointLoad { self.tracker.load(e) }
-        }
-        impl Health for Host {
-            fn availability(&self, _: EndpointId, _: Duration) -> Availability { Availability::Available }
-        }
-        impl Proxy for Host {
-            type Ctx = ();
-            type Connection = EndpointId;
-            type Error = ();
-            fn now(&self) -> Duration { Duration::ZERO }
-            fn tracker(&self) -> &Arc<LoadTracker> { &self.tracker }
-            fn connect(&self, _: &mut (), t: Target, _: &[Endpoint])
-                -> impl Future<Output = Result<EndpointId, ConnectFailure<()>>> + Send {
-                // While connecting, the request already counts on its endpoint.
-                self.seen_in_flight.lock().unwrap().push(self.tracker.load(t.endpoint).in_flight);
-                let r = if self.refuse[t.endpoint.index()] {
-                    Err(ConnectFailure { leg: Leg::Endpoint, retryable: !self.fatal, error: () })
-                } else {
-                    Ok(t.endpoint)
-                };
-                std::future::ready(r)
-            }
-        }
-        let (r, c) = rule(4, |x| x.thresholds.max_retries = 8);
-        let keys = chain(11, 3);
-        let mut inv = KeySetInventory::new(4);
-        inv.store(1, keys.iter().copied());
-        let host = Host { refuse: refuse.clone(), fatal, tracker: Arc::new(LoadTracker::new(4)), seen_in_flight: Default::default() };
-        let routed = block_on(route(&host, &r, &inv, &req(&keys, &c, 48), &mut ()));
-        prop_assert!(host.seen_in_flight.lock().unwrap().iter().all(|x| *x == 1));
-        if let Ok(ok) = routed {
-            prop_assert!(!refuse[ok.connection.index()]);
-            let total: u32 = (0..4).map(|e| host.tracker.load(EndpointId(e)).in_flight).sum();
-            prop_assert_eq!(total, 1);
-            prop_assert_eq!(host.tracker.load(ok.connection).in_flight, 1);
-            drop(ok.guard);
-        }
-        for e in 0..4u32 {
-            prop_assert_eq!(host.tracker.load(EndpointId(e)), EndpointLoad::default());
-        }
-    }
-}
-
-fn block_on<F: Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    loop {
-        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
         }
     }
 }

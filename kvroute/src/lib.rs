@@ -5,12 +5,17 @@
 //! already holds the longest cached prefix of its prompt, proven by the
 //! engines' own KV events and confirmed by their `cached_tokens` receipts.
 //!
-//! This crate is the embedding facade over the four `kvroute-*` crates. It
-//! lives in its own crate because it needs both halves the layout keeps
-//! apart: `kvroute-engines` (subscribers, tokenizer) and `kvroute-select`
-//! (rules, load tracker) may not depend on each other, and the facade must
-//! not be folded into either. It is a layout addition: one more library
-//! crate, depending on the four, adding wiring and no mechanism of its own.
+//! This crate is the router's runtime: the one that `kvroute serve` hosts
+//! per rule, that the simulator drives on a simulated clock, and that an
+//! embedder builds in its own proxy. It assembles the four `kvroute-*`
+//! crates — the engines' events and prompts (`kvroute-engines`), the
+//! inventories (`kvroute-ingest`), hashing (`kvroute-core`) and selection
+//! (`kvroute-select`), which may not depend on each other — into one
+//! [`KvRouter`]: endpoints and their followers, tokenizers and admission,
+//! load accounting, health probes and engine load polling, replicas,
+//! receipts, counters. [`KvRouterBuilder::spawn`] runs the background work
+//! on the caller's tokio runtime; [`KvRouterBuilder::build`] runs none
+//! (time from a [`Clock`], events and load reports applied by the host).
 //!
 //! ## Thirty lines
 //!
@@ -83,14 +88,19 @@
 //!   ([`kvroute_engines::prompt::PromptError`]) is counted as its
 //!   [`MissReason`] ([`kvroute_engines::prompt::PromptError::reason`]).
 //!
-//! `kvroute_select::Proxy` / `route` stay for hosts that want a sans-IO
-//! driver with their own load and health; the facade is the shorter path
-//! and owns load, health and inventories itself.
+//! * Extension points: an [`Engine`] (its events, window and dialects) in
+//!   a [`Backend`], a [`Scorer`] in [`KvRouterBuilder::scorer`]; their
+//!   argument types ([`ScoreInput`], [`Candidate`], [`ScorePick`],
+//!   [`TransportError`], [`MetricsDialect`], [`LoraAdapter`]) are
+//!   re-exported here, so an extension needs no other kvroute crate.
 //!
 //! ## Features
 //!
 //! `zmq` (default; vLLM, SGLang), `trtllm-http` (default; TensorRT-LLM
-//! drains), `tower`. A vLLM-only host:
+//! drains, engine load polling, health probes), `tower` (default;
+//! [`tower::KvRouteLayer`]), `nats` (replica load sharing over NATS:
+//! `nats::NatsReplicas`), `metrics` (the routers' metrics in a
+//! prometheus-client registry: `metrics::Routers`). A vLLM-only host:
 //! `kvroute = { version = "0.1", default-features = false, features = ["zmq"] }`.
 //!
 //! ## pingora
@@ -134,11 +144,13 @@ pub use runtime::{
     ReplicaTransport, TokenizerState,
 };
 
-pub use kvroute_core::{HashContract, UnknownName};
+pub use kvroute_core::{HashContract, LoraAdapter, UnknownName};
 pub use kvroute_engines::engine::{self, Engine};
-pub use kvroute_engines::ApiKind;
+pub use kvroute_engines::transport::TransportError;
+pub use kvroute_engines::{ApiKind, MetricsDialect};
 pub use kvroute_ingest::IndexConfig;
 pub use kvroute_select::{
-    BreakerConfig, Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason, Role,
-    Scorer, ScorerKind, ScorerRef, SelectorKind, Source, Target, Thresholds, Topology,
+    BreakerConfig, Candidate, Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason,
+    Role, ScoreInput, ScorePick, Scorer, ScorerKind, ScorerRef, SelectorKind, Source, Target,
+    Thresholds, Topology,
 };

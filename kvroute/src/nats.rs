@@ -93,7 +93,8 @@ pub struct NatsCounters {
     pub queue_full: u64,
     /// Messages received on the subscribed subjects.
     pub received: u64,
-    /// Reconnects seen.
+    /// Connections made again after a disconnect (the first connection
+    /// not counted).
     pub reconnects: u64,
     /// Whether the client is connected now.
     pub connected: bool,
@@ -107,7 +108,8 @@ struct Counts {
     received: AtomicU64,
     reconnects: AtomicU64,
     connected: AtomicBool,
-    /// Set on every reconnect; each router's next tick resends everything.
+    /// Connections made, the first included; each router's next tick after
+    /// a change resends everything.
     reconnected: AtomicU64,
 }
 
@@ -169,8 +171,11 @@ impl NatsReplicas {
                             if c.connected.swap(true, Ordering::AcqRel) {
                                 return;
                             }
-                            c.reconnects.fetch_add(1, Ordering::Relaxed);
-                            c.reconnected.fetch_add(1, Ordering::AcqRel);
+                            // The first connection is not a reconnect; every
+                            // one (the first too) makes the routers resend.
+                            if c.reconnected.fetch_add(1, Ordering::AcqRel) > 0 {
+                                c.reconnects.fetch_add(1, Ordering::Relaxed);
+                            }
                             tracing::info!("NATS connected");
                         }
                         async_nats::Event::Disconnected => {

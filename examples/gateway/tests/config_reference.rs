@@ -495,13 +495,20 @@ fn the_configuration_reference_matches_the_gateway() {
                 std::fs::create_dir_all(gw.dir.path().join(d)).unwrap();
             }
         }
-        let example = row.example.as_deref().map(|e| (row.key.clone(), e.to_owned()));
+        let example = row
+            .example
+            .as_deref()
+            .map(|e| (row.key.clone(), e.to_owned()));
         for (path, value) in example.into_iter().chain(row.needs.iter().cloned()) {
             if !path.ends_with("_file") {
                 continue;
             }
             if let Ok(toml::Value::String(f)) = toml_value(&value) {
-                let contents = if path.ends_with("credentials_file") { CREDS } else { "" };
+                let contents = if path.ends_with("credentials_file") {
+                    CREDS
+                } else {
+                    ""
+                };
                 std::fs::write(gw.dir.path().join(f), contents).unwrap();
             }
         }

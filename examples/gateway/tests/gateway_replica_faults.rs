@@ -172,7 +172,7 @@ async fn a_nats_restart_resyncs_the_replicas_without_counting_twice() {
     eventually_load("replica 2 resynchronised", &g2, &engine, (1, 3)).await;
     eventually_load("replica 1 resynchronised", &g1, &engine, (3, 1)).await;
     let c = admin_get(&g2, "/admin/counters").await["nats"].clone();
-    assert!(c["reconnects"].as_u64().unwrap() >= 2, "{c}");
+    assert!(c["reconnects"].as_u64().unwrap() >= 1, "{c}");
 
     gate.open();
     for r in first.into_iter().chain([during, more]) {

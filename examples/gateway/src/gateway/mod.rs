@@ -1,8 +1,6 @@
 //! `kvroute serve --config FILE`: the HTTP full proxy for the OpenAI API with
 //! KV-cache-aware routing, its admin API and Prometheus metrics.
 //!
-//! | module | role |
-//! |---|---|
 //! The gateway is a host of the library's runtime: each rule is one
 //! [`kvroute::KvRouter`] (inventories, event followers, breakers, health
 //! probes, engine load polling, replica load sharing over NATS). What the

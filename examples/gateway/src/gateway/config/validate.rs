@@ -91,7 +91,7 @@ pub struct ServeConfig {
     pub models: Vec<ModelConfig>,
     /// Rules.
     pub rules: Vec<RuleSpec>,
-    /// Replica load sharing (peers checked by `replica_sync::validate`).
+    /// Replica load sharing over NATS (`[replicas]`).
     pub replicas: ReplicasConfig,
 }
 
