@@ -108,14 +108,17 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use kvroute_ingest::{EventBatch, RestartPolicy, SeqWindowConfig, SharedIndex};
+use kvroute_ingest::SharedIndex;
 
-use crate::events::{DecodeError, DecodeStats};
-use crate::prompt::{Dialect, PyValue};
-use crate::transport::{
-    replay_address, SharedIngest, SubscriberMetrics, TransportError, ZmqEndpoint,
-};
-use crate::{ApiKind, MetricsDialect};
+use crate::transport::{replay_address, SharedIngest, SubscriberMetrics, ZmqEndpoint};
+
+// Everything an `Engine` implementation names, so an implementer needs this
+// module only.
+pub use crate::events::{DecodeError, DecodeStats};
+pub use crate::prompt::{Dialect, PyValue};
+pub use crate::transport::TransportError;
+pub use crate::{ApiKind, MetricsDialect};
+pub use kvroute_ingest::{BlockStored, EventBatch, KvEvent, RestartPolicy, SeqWindowConfig};
 
 mod llamacpp;
 mod registry;
