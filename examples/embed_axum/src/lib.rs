@@ -45,6 +45,19 @@ pub fn router(
     Ok(b.spawn()?)
 }
 
+/// Serves `app` on `listener` with TCP_NODELAY on every accepted
+/// connection (see [`app`]).
+///
+/// # Errors
+/// The listener fails.
+pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
+    use axum::serve::ListenerExt as _;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, app).await
+}
+
 #[derive(Clone)]
 struct App {
     router: KvRouter,
@@ -53,7 +66,11 @@ struct App {
 
 /// The proxy: every `/v1/...` request is routed by `router`.
 pub fn app(router: KvRouter) -> axum::Router {
-    let client = Client::builder(TokioExecutor::new()).build_http();
+    // Streamed answers are many small writes: without TCP_NODELAY, Nagle's
+    // algorithm and the peer's delayed ACK hold each one up to ~40 ms.
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new()).build(connector);
     axum::Router::new()
         .fallback(proxy)
         .with_state(App { router, client })

@@ -12,6 +12,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let router = kvroute_embed_axum::router(contract, slug, dir, endpoints)?;
     let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("embed_axum: listening on {}", listener.local_addr()?);
-    axum::serve(listener, kvroute_embed_axum::app(router)).await?;
+    kvroute_embed_axum::serve(listener, kvroute_embed_axum::app(router)).await?;
     Ok(())
 }

@@ -4,7 +4,6 @@
 
 use kvroute_testkit as support;
 
-use std::future::IntoFuture;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
@@ -41,7 +40,10 @@ async fn the_same_chat_twice_hits_the_engine_that_cached_it() {
     let router = kvroute_embed_axum::router(CONTRACT, MODEL, dir.to_str().unwrap(), &args).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy = listener.local_addr().unwrap().to_string();
-    tokio::spawn(axum::serve(listener, kvroute_embed_axum::app(router.clone())).into_future());
+    tokio::spawn(kvroute_embed_axum::serve(
+        listener,
+        kvroute_embed_axum::app(router.clone()),
+    ));
 
     let body = chat("the embedding example", false);
     let (first, json) = post(&proxy, body.clone()).await;

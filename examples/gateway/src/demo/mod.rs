@@ -2,6 +2,7 @@
 //! shared-prefix chat workload driven through RR, CHWBL and KV-exact, and a
 //! comparison table on stdout (progress goes to stderr).
 
+mod embedded;
 mod hold;
 mod table;
 mod workload;
@@ -56,6 +57,11 @@ pub struct DemoArgs {
     /// wave's last request reached its engine (the demo warns otherwise).
     #[arg(long, default_value_t = 10_000)]
     pub decode_us_per_token: u32,
+    /// Also run KV-exact through the library alone: a `KvRouter` with the
+    /// builder's defaults in the embedding example's axum proxy, on the
+    /// same engines and workload (`kv-exact (embedded)`).
+    #[arg(long)]
+    pub embedded: bool,
 }
 
 /// Runs the demo; exit 0 when every policy completed.
@@ -117,29 +123,42 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
         .build()?;
     let requests = workload::generate(TENANTS, args.requests, args.seed);
     let mut reports = Vec::new();
-    for (policy, scorer, keys) in POLICIES {
+    let arms = POLICIES
+        .iter()
+        .map(|(policy, scorer, keys)| (*policy, *scorer, Some(*keys)))
+        .chain(args.embedded.then_some((
+            "kv-exact (embedded)",
+            "KvRouter defaults in the embedding example",
+            None,
+        )));
+    for (policy, scorer, keys) in arms {
         for e in &engines {
             let url = format!("http://{}/admin/restart-publisher", e.http);
             client.post(&url).send().await?.error_for_status()?;
         }
         let before = engine_requests(&client, &engines).await?;
-        let toml = gateway_toml(
-            &model_dir,
-            &engines,
-            &hold.fronts,
-            keys,
-            policy.starts_with("kv-exact"),
-        );
-        let config = ServeConfig::from_toml(&toml, &model_dir).context("demo gateway config")?;
-        let gw = gateway::start(&config).await?;
-        let admin = format!("http://{}", gw.admin);
-        if policy.starts_with("kv-exact") {
-            wait_subscribed(&client, &admin).await?;
-        }
-        let url = format!("http://{}/v1/chat/completions", gw.proxy);
-        let total = requests.len();
         let kv = policy.starts_with("kv-exact");
-        let settle = || settled(&client, &admin, &engines, kv);
+        let host = match keys {
+            Some(keys) => {
+                let toml = gateway_toml(&model_dir, &engines, &hold.fronts, keys, kv);
+                let config =
+                    ServeConfig::from_toml(&toml, &model_dir).context("demo gateway config")?;
+                let gw = gateway::start(&config).await?;
+                let admin = format!("http://{}", gw.admin);
+                if kv {
+                    wait_subscribed(&client, &admin).await?;
+                }
+                Host::Gateway(gw, admin)
+            }
+            None => {
+                let e = embedded::Embedded::start(&model_dir, &engines, &hold.fronts).await?;
+                e.wait_subscribed().await?;
+                Host::Embedded(e)
+            }
+        };
+        let url = format!("http://{}/v1/chat/completions", host.proxy());
+        let total = requests.len();
+        let settle = || host.settled(&client, &engines, kv);
         let (outcomes, raced) = workload::drive(
             &client,
             &url,
@@ -163,23 +182,8 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
             );
         }
         let after = engine_requests(&client, &engines).await?;
-        let counters: Value = get_json(&client, &format!("{admin}/admin/counters")).await?;
-        let endpoints: Value = get_json(&client, &format!("{admin}/admin/endpoints")).await?;
-        gw.shutdown().await;
-        let tiers = counters["rules"]["demo"]["tiers"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(k, v)| v.as_u64().filter(|n| *n > 0).map(|n| (k.clone(), n)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let sum = |key: &str| -> u64 {
-            endpoints["endpoints"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|e| e[key].as_u64()).sum())
-                .unwrap_or(0)
-        };
+        let (tiers, predicted, delivered) = host.evidence(&client).await?;
+        host.stop().await;
         reports.push(PolicyReport {
             policy,
             scorer,
@@ -190,8 +194,8 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
                 .map(|(a, b)| a.saturating_sub(*b))
                 .collect(),
             tiers,
-            predicted: sum("predicted_cached_tokens"),
-            delivered: sum("delivered_cached_tokens"),
+            predicted,
+            delivered,
         });
     }
     for e in engines {
@@ -210,6 +214,72 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
         PREFILL_US_PER_TOKEN,
     );
     Ok(format!("{header}{}", table::render(&reports)))
+}
+
+/// What serves one arm: the gateway, or the library in the embedding example.
+enum Host {
+    Gateway(gateway::Running, String),
+    Embedded(embedded::Embedded),
+}
+
+impl Host {
+    fn proxy(&self) -> std::net::SocketAddr {
+        match self {
+            Self::Gateway(gw, _) => gw.proxy,
+            Self::Embedded(e) => e.addr,
+        }
+    }
+
+    async fn settled(
+        &self,
+        client: &reqwest::Client,
+        engines: &[mock_engine::Running],
+        kv: bool,
+    ) -> anyhow::Result<()> {
+        match self {
+            Self::Gateway(_, admin) => settled(client, admin, engines, kv).await,
+            Self::Embedded(e) => e.settled(client, engines).await,
+        }
+    }
+
+    /// Decisions by tier, Σ predicted and Σ delivered cached tokens.
+    async fn evidence(
+        &self,
+        client: &reqwest::Client,
+    ) -> anyhow::Result<(Vec<(String, u64)>, u64, u64)> {
+        let admin = match self {
+            Self::Gateway(_, admin) => admin,
+            Self::Embedded(e) => return Ok(e.evidence()),
+        };
+        let counters: Value = get_json(client, &format!("{admin}/admin/counters")).await?;
+        let endpoints: Value = get_json(client, &format!("{admin}/admin/endpoints")).await?;
+        let tiers = counters["rules"]["demo"]["tiers"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| v.as_u64().filter(|n| *n > 0).map(|n| (k.clone(), n)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let sum = |key: &str| -> u64 {
+            endpoints["endpoints"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|e| e[key].as_u64()).sum())
+                .unwrap_or(0)
+        };
+        Ok((
+            tiers,
+            sum("predicted_cached_tokens"),
+            sum("delivered_cached_tokens"),
+        ))
+    }
+
+    async fn stop(self) {
+        match self {
+            Self::Gateway(gw, _) => gw.shutdown().await,
+            Self::Embedded(e) => e.stop(),
+        }
+    }
 }
 
 async fn start_engines(
@@ -284,6 +354,19 @@ async fn engine_requests(
     Ok(out)
 }
 
+/// Blocks each engine caches now.
+async fn engine_cached_blocks(
+    client: &reqwest::Client,
+    engines: &[mock_engine::Running],
+) -> anyhow::Result<Vec<u64>> {
+    let mut cached = Vec::with_capacity(engines.len());
+    for e in engines {
+        let v = get_json(client, &format!("http://{}/admin/cache", e.http)).await?;
+        cached.push(v["cached_blocks"].as_u64().unwrap_or(0));
+    }
+    Ok(cached)
+}
+
 /// Between two waves: waits until the gateway has released every request's
 /// charge (the client saw the last byte a moment before the gateway's guard
 /// drops) and, with KV events, until its inventory of each endpoint holds
@@ -302,11 +385,7 @@ async fn settled(
             e["in_flight"].as_u64() == Some(0) && e["queued_prefill_tokens"].as_u64() == Some(0)
         });
         let caught_up = if kv && idle {
-            let mut cached = Vec::with_capacity(engines.len());
-            for e in engines {
-                let v = get_json(client, &format!("http://{}/admin/cache", e.http)).await?;
-                cached.push(v["cached_blocks"].as_u64().unwrap_or(0));
-            }
+            let cached = engine_cached_blocks(client, engines).await?;
             let mirrored: Vec<u64> = eps
                 .iter()
                 .map(|e| e["inventory_blocks"].as_u64().unwrap_or(0))
