@@ -224,7 +224,7 @@ def kvroute_toml(args, engines: list[Engine], listen: int, admin: int) -> str:
         f'topology = "converged"\ncontract = "vllm@0.33.0:sha256_cbor:block=16:seed=0"\n'
         # no `scorer` line unless asked: the default KV-exact policy is what is measured
         + (f'scorer = "{args.kvroute_scorer}"\n' if args.kvroute_scorer else "")
-        + 'selector = "round_robin"\n\n'
+        + "\n"
         # [rules.cost] overrides, e.g. "affinity_tokens=256,load_headroom=4"
         + (
             "[rules.cost]\n"
@@ -275,6 +275,29 @@ def start_kvroute(args, engines, tmp: Path, tag: str) -> Gateway:
         p, 60, logfile,
     )
     return Gateway("kvroute", url, p, logfile, f"http://{HOST}:{admin}")
+
+
+def start_embedded(args, engines, tmp: Path, tag: str) -> Gateway:
+    """The library alone: a KvRouter with the builder's defaults in the embedding
+    example's axum proxy (`embed_axum`), following the same engines' events."""
+    (listen,) = free_ports(1)
+    logfile = tmp / f"embedded-{tag}.log"
+    cmd = [
+        args.embed, f"{HOST}:{listen}", "vllm@0.33.0:sha256_cbor:block=16:seed=0",
+        f"{MODEL}={Path(args.model_dir).resolve()}",
+        *[f"http://{HOST}:{e.http},tcp://*:{e.zmq},tcp://*:{e.replay}" for e in engines],
+    ]
+    p = spawn(cmd, logfile)
+    url = f"http://{HOST}:{listen}"
+    wait_until(
+        "embedded proxy",
+        lambda: http("POST", f"{url}/v1/chat/completions", warm_body(), timeout=30)[0] == 200,
+        p, 60, logfile,
+    )
+    # No admin API to ask: give the subscribers' handshake the moment the
+    # gateway's arm waits for explicitly (the replay socket covers a miss).
+    time.sleep(0.5)
+    return Gateway("kvroute-embedded", url, p, logfile)
 
 
 def start_smg(args, engines, tmp: Path, tag: str) -> Gateway:
@@ -657,6 +680,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kvroute", required=True, help="path of the kvroute binary")
     ap.add_argument("--smg", required=True, help="path of the smg console script")
+    ap.add_argument("--embed", help="path of the embed_axum binary (the kvroute-embedded arm)")
+    ap.add_argument("--arms", default="kvroute,kvroute-embedded,smg",
+                    help="comma list of kvroute, kvroute-embedded, smg")
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=3)
@@ -705,14 +731,21 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    cells: dict = {(c, s): {"kvroute": [], "smg": []} for c in concs for s in modes}
+    starters = {"kvroute": start_kvroute, "kvroute-embedded": start_embedded, "smg": start_smg}
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    for a in arms:
+        if a not in starters:
+            ap.error(f"unknown arm {a!r}; expected {', '.join(starters)}")
+    if "kvroute-embedded" in arms and not args.embed:
+        ap.error("the kvroute-embedded arm needs --embed BIN")
+    cells: dict = {(c, s): {a: [] for a in arms} for c in concs for s in modes}
     try:
         engines = start_engines(args, tmp)
         log(f"engines on :{', :'.join(str(e.http) for e in engines)}")
         for run in range(args.runs):
             for conc in concs:
                 for stream in modes:
-                    for name, start in (("kvroute", start_kvroute), ("smg", start_smg)):
+                    for name, start in ((a, starters[a]) for a in arms):
                         tag = f"r{run}-c{conc}-{'s' if stream else 'n'}"
                         reset_engines(engines)
                         gw = start(args, engines, tmp, tag)
@@ -786,6 +819,7 @@ def main() -> int:
             }
             | {"engines": ENGINES, "conversations": len(convs), "client": "python asyncio+aiohttp"
                + ("+uvloop" if uvloop else ""), "smg_policy": "cache_aware",
+               "embedded_policy": "KvRouter builder defaults (embed_axum)",
                "kvroute_policy": (f"kv_exact scorer {args.kvroute_scorer}" if args.kvroute_scorer
                else "kv_exact default scorer") + (f" cost {args.kvroute_cost}" if args.kvroute_cost else "")},
             "cells": [

@@ -6,13 +6,16 @@
 #
 # Environment (defaults in brackets):
 #   REQUESTS [2000]  chat requests per measurement (multi-turn conversations)
-#   RUNS [3]         interleaved runs (kvroute, smg, kvroute, smg, ...); medians reported
+#   RUNS [3]         interleaved runs (kvroute, kvroute-embedded, smg, kvroute, ...); medians reported
+#   ARMS [kvroute,kvroute-embedded,smg]  kvroute-embedded: the library alone (a KvRouter with
+#                    the builder's defaults in the embedding example's axum proxy, embed_axum)
+#   EMBED [next to KVROUTE]/embed_axum  its binary
 #   CONCURRENCY [8,32]   MODES [nonstream,stream]
 #   OUT              JSON output file (same as --json)
 #   SMG_VERSION [1.13.0]  smg package installed into .venv-smg/
 #   ENGINE flags: CAPACITY_BLOCKS [4096] MAX_RUNNING [64] PREFILL_US_PER_TOKEN [20]
 #                 PREFILL_STEP_US [500] DECODE_US_PER_TOKEN [500] MAX_TOKENS [8]
-#   BENCH_TIMEOUT [5400]  seconds the whole benchmark may take
+#   BENCH_TIMEOUT [8100]  seconds the whole benchmark may take
 #   SKIP_BUILD [0]   1: do not run cargo build, use target/release/kvroute as it is
 #   KVROUTE [target/release/kvroute]  the binary to run (implies SKIP_BUILD=1 when set):
 #                    a copy keeps one build for the whole run while others rebuild the tree
@@ -33,7 +36,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --json) JSON_OUT=$2; shift 2 ;;
         --json=*) JSON_OUT=${1#--json=}; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -64,9 +67,10 @@ else
     KVROUTE=$ROOT/target/release/kvroute
 fi
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    timeout 1800 cargo build --release -p kvroute-gateway >&2
+    timeout 1800 cargo build --release -p kvroute-gateway -p kvroute-embed-axum >&2
 fi
 [ -x "$KVROUTE" ] || { echo "no $KVROUTE: build it first" >&2; exit 1; }
+EMBED=${EMBED:-$(dirname "$KVROUTE")/embed_axum}
 echo "kvroute binary: $KVROUTE ($(date -u -r "$KVROUTE" +%FT%TZ))" >&2
 
 # 3. run; everything started below is killed on exit.
@@ -90,6 +94,7 @@ trap 'exit 130' INT TERM
 
 ARGS=(
     --kvroute "$KVROUTE" --smg "$VENV/bin/smg" --model-dir "$ROOT/golden/tokenizers/qwen3"
+    --embed "$EMBED" --arms "${ARMS:-kvroute,kvroute-embedded,smg}"
     --requests "${REQUESTS:-2000}" --runs "${RUNS:-3}"
     --concurrency "${CONCURRENCY:-8,32}" --modes "${MODES:-nonstream,stream}"
     --capacity-blocks "${CAPACITY_BLOCKS:-4096}" --max-running "${MAX_RUNNING:-64}"
@@ -103,6 +108,6 @@ ARGS=(
 [ -n "${KVROUTE_COST:-}" ] && ARGS+=(--kvroute-cost "$KVROUTE_COST")
 
 # setsid: the helper leads its own process group, which cleanup() kills whole.
-setsid timeout "${BENCH_TIMEOUT:-5400}" "$VENV/bin/python" "$ROOT/scripts/bench_smg.py" "${ARGS[@]}" &
+setsid timeout "${BENCH_TIMEOUT:-8100}" "$VENV/bin/python" "$ROOT/scripts/bench_smg.py" "${ARGS[@]}" &
 PY_PID=$!
 wait "$PY_PID"
