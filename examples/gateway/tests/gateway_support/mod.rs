@@ -152,7 +152,13 @@ impl Engine {
         .iter()
         .map(ToString::to_string)
         .collect();
-        let mut proc = Proc::spawn(&args);
+        Self::spawned(&args)
+    }
+
+    /// Runs `kvroute` with `args` (a `mock-engine` command line) and reads
+    /// the addresses from its start line.
+    fn spawned(args: &[String]) -> Self {
+        let mut proc = Proc::spawn(args);
         let line = proc.line("mock-engine:");
         let http: SocketAddr = line
             .split("http://")
@@ -172,6 +178,33 @@ impl Engine {
 
     pub fn start(role: &str) -> Self {
         Self::start_on(role, (0, 0, 0))
+    }
+
+    /// A mock engine with the qwen3 tokenizer on ephemeral ports, its timing
+    /// and capacity given by `flags` (`mock-engine` options, e.g.
+    /// `--decode-us-per-token`), the rest at the command's defaults.
+    pub fn start_with(role: &str, flags: &[&str]) -> Self {
+        let dir = model_dir();
+        let mut args: Vec<String> = [
+            "mock-engine",
+            "--port",
+            "0",
+            "--zmq-port",
+            "0",
+            "--replay-port",
+            "0",
+            "--model-dir",
+            dir.to_str().unwrap(),
+            "--model",
+            MODEL,
+            "--role",
+            role,
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        args.extend(flags.iter().map(ToString::to_string));
+        Self::spawned(&args)
     }
 
     /// A `[[rules.endpoints]]` table for this engine.
