@@ -45,7 +45,7 @@ pub struct SimArgs {
 #[derive(Subcommand, Debug)]
 enum SimCommand {
     /// Write a synthetic workload as Mooncake JSONL.
-    Gen(GenArgs),
+    Gen(Box<GenArgs>),
     /// Simulate a fleet under each policy and compare them.
     Run(Box<RunArgs>),
 }
@@ -63,7 +63,7 @@ pub struct GenArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Mean arrival rate, requests per second (default: 24, sized for 8
-    /// workers; `chat-bursts`: 12 031 per hour).
+    /// workers; `chat-bursts`: 12 031 in 3 537 s).
     #[arg(long)]
     rate: Option<f64>,
     #[command(flatten)]
@@ -98,9 +98,16 @@ pub struct ShapeArgs {
     /// Bursty kinds: mean requests per distinct arrival millisecond.
     #[arg(long)]
     burst_mean: Option<f64>,
-    /// Bursty kinds: Pareto shape of the burst sizes (> 1).
+    /// Bursty kinds: how requests share the instants (poisson: batches of
+    /// 1 + Poisson; pareto: heavy-tailed).
+    #[arg(long, value_enum)]
+    burst_sizes: Option<workload::BurstSizes>,
+    /// Bursty kinds: Pareto shape of `--burst-sizes pareto` (> 1).
     #[arg(long)]
     burst_alpha: Option<f64>,
+    /// Bursty kinds: instants evenly spaced (periodic) or uniform (random).
+    #[arg(long, value_enum)]
+    spacing: Option<workload::Spacing>,
     /// Bursty kinds: tokens of the root prefix every prompt starts with.
     #[arg(long)]
     root_tokens: Option<u32>,
@@ -128,7 +135,9 @@ impl ShapeArgs {
             prompt_median: self.prompt_median.unwrap_or(d.prompt_median),
             reuse: self.reuse.unwrap_or(d.reuse),
             burst_mean: self.burst_mean.unwrap_or(d.burst_mean),
+            burst_sizes: self.burst_sizes.unwrap_or(d.burst_sizes),
             burst_alpha: self.burst_alpha.unwrap_or(d.burst_alpha),
+            spacing: self.spacing.unwrap_or(d.spacing),
             root_tokens: self.root_tokens.unwrap_or(d.root_tokens),
             output: d.output,
             think_s: self.think_s.unwrap_or(d.think_s),
@@ -159,7 +168,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Generator arrival rate, requests per second (default: 24;
-    /// `chat-bursts`: 12 031 per hour).
+    /// `chat-bursts`: 12 031 in 3 537 s).
     #[arg(long)]
     rate: Option<f64>,
     #[command(flatten)]

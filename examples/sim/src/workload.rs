@@ -14,8 +14,8 @@
 //! | `multiturn` | conversations of 2–12 turns over one shared 1 K-token system prompt; turn `k+1` repeats turn `k`'s prompt and answer; 30 s mean think time |
 //! | `rag` | a shared 512-token system prompt, then 4 of 4096 documents (300–1500 tokens, Zipf(1.0) popularity) and a unique question |
 //! | `nosharing` | every prompt unique, 500–4000 tokens |
-//! | `chat-bursts` | one shared root block, then conversations whose turns grow; prompt lengths, reuse and bursts set by [`Shape`] (defaults: a real one-hour conversation trace) |
-//! | `agent-bursts` | the same generator with short prompts, a two-block root, more reuse and larger bursts at 24 requests/s |
+//! | `chat-bursts` | one shared root block, then conversations whose turns grow; prompt lengths, reuse and bursts set by [`Shape`] (defaults: a real one-hour conversation trace, batches of ~10 requests every 3 s) |
+//! | `agent-bursts` | the same generator with short prompts, a two-block root, more reuse and heavy-tailed bursts at random instants, 24 requests/s |
 //!
 //! Arrivals are Poisson at `rate` requests per second (conversation *starts* in
 //! `multiturn`, scaled so the request rate matches), except in the two bursty
@@ -32,7 +32,7 @@ use super::trace::{Workload, MOONCAKE_BLOCK_TOKENS};
 
 mod shaped;
 
-pub use shaped::{Shape, ShapeError};
+pub use shaped::{BurstSizes, Shape, ShapeError, Spacing};
 
 /// Which synthetic workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -71,11 +71,11 @@ impl Kind {
 
     /// The arrival rate a kind is generated at when none is given, requests
     /// per second: 24 (sized for 8 workers), and for `chat-bursts` the
-    /// reference trace's 12 031 requests per hour.
+    /// reference trace's 12 031 requests in 3 537 s.
     #[must_use]
     pub fn default_rate(self) -> f64 {
         match self {
-            Kind::ChatBursts => 12_031.0 / 3600.0,
+            Kind::ChatBursts => 12_031.0 / 3_537.0,
             _ => 24.0,
         }
     }

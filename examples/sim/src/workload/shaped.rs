@@ -2,10 +2,15 @@
 //! a workload whose statistics are set, not emergent.
 //!
 //! * **Arrivals in bursts.** `requests / burst_mean` distinct millisecond
-//!   instants (the first at 0, the others uniform over the duration, i.e. a
-//!   Poisson process conditioned on its count); each instant carries one
-//!   request plus a share of the rest proportional to a Pareto(`burst_alpha`)
-//!   weight, so most bursts are a few requests and a few are large.
+//!   instants over the duration, the first at 0: evenly spaced
+//!   ([`Spacing::Periodic`], as a batch front end or a trace logged at a
+//!   fixed tick delivers them) or uniform ([`Spacing::Random`], a Poisson
+//!   process conditioned on its count). Each instant carries one request
+//!   plus its share of the rest: each of those lands on a uniformly drawn
+//!   instant ([`BurstSizes::Poisson`]: sizes 1 + Poisson(`burst_mean` − 1),
+//!   batch arrivals), or shares go in proportion to Pareto type II weights of
+//!   shape `burst_alpha` ([`BurstSizes::Pareto`]: many instants of one or a
+//!   few requests, a few of a hundred or more).
 //! * **Prompt lengths** are drawn independently of everything else from a
 //!   log-normal truncated to `[prompt_min, prompt_max]`, its two parameters
 //!   solved so that the truncated distribution has the requested median and
@@ -52,8 +57,12 @@ pub struct Shape {
     pub reuse: f64,
     /// Mean requests per distinct arrival instant (1: no bursts).
     pub burst_mean: f64,
-    /// Pareto shape of the burst sizes (> 1; smaller: heavier tail).
+    /// How the requests are shared among the instants.
+    pub burst_sizes: BurstSizes,
+    /// Pareto shape of [`BurstSizes::Pareto`] (> 1; smaller: heavier tail).
     pub burst_alpha: f64,
+    /// Where the instants fall.
+    pub spacing: Spacing,
     /// Tokens every prompt starts with (0: no shared root). Shared at
     /// 512-token granularity, as the trace format identifies blocks.
     pub root_tokens: u32,
@@ -66,6 +75,26 @@ pub struct Shape {
     pub idle_s: f64,
 }
 
+/// How a bursty workload's requests are shared among its instants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BurstSizes {
+    /// Batch arrivals: one request per instant, each other request on a
+    /// uniformly drawn instant (sizes 1 + Poisson).
+    Poisson,
+    /// One request per instant, the rest in proportion to Pareto type II
+    /// weights (heavy-tailed sizes).
+    Pareto,
+}
+
+/// Where a bursty workload's instants fall.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Spacing {
+    /// Evenly spaced over the duration.
+    Periodic,
+    /// Uniformly over the duration (Poisson, conditioned on the count).
+    Random,
+}
+
 /// A [`Shape`] that cannot be generated.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -73,12 +102,14 @@ pub struct ShapeError(String);
 
 impl Shape {
     /// The kind's defaults. `chat-bursts`: the statistics of a real one-hour
-    /// multi-turn conversation trace (12 031 requests, 1 180 distinct
-    /// arrival milliseconds, prompts 900–126 000 tokens with mean 12 000 and
-    /// median 6 900, 37 % ideal reuse, one root block shared by every
-    /// request). `agent-bursts`: short agent turns (1 100–32 768 tokens, mean
-    /// 4 000, median 2 500), 60 % reuse, bursts of 12 on average, a
-    /// 1 024-token root. Other kinds get the `chat-bursts` values (unused).
+    /// multi-turn conversation trace (Mooncake's `conversation_trace.jsonl`:
+    /// 12 031 requests at 1 180 distinct milliseconds, one every 3 s with
+    /// 10.2 requests on average, Poisson-like; prompts 891–126 195 tokens
+    /// with mean 12 035 and median 6 909; 37 % ideal reuse; one root block
+    /// shared by every request; mean output 343 tokens). `agent-bursts`:
+    /// short agent turns (1 100–32 768 tokens, mean 4 000, median 2 500),
+    /// 60 % reuse, heavy-tailed bursts of 12 on average at random instants,
+    /// a 1 024-token root. Other kinds get the `chat-bursts` values (unused).
     #[must_use]
     pub fn for_kind(kind: Kind) -> Self {
         match kind {
@@ -90,7 +121,9 @@ impl Shape {
                 prompt_median: 2_500.0,
                 reuse: 0.6,
                 burst_mean: 12.0,
-                burst_alpha: 2.0,
+                burst_sizes: BurstSizes::Pareto,
+                burst_alpha: 3.0,
+                spacing: Spacing::Random,
                 root_tokens: 1024,
                 output: (20, 300),
                 think_s: 2.0,
@@ -104,9 +137,11 @@ impl Shape {
                 prompt_median: 6_900.0,
                 reuse: 0.37,
                 burst_mean: 12_031.0 / 1_180.0,
-                burst_alpha: 2.0,
+                burst_sizes: BurstSizes::Poisson,
+                burst_alpha: 3.0,
+                spacing: Spacing::Periodic,
                 root_tokens: 512,
-                output: (50, 400),
+                output: (1, 700),
                 think_s: 10.0,
                 idle_s: 900.0,
             },
@@ -311,14 +346,20 @@ impl Lengths {
     }
 }
 
-/// `d` distinct instants in milliseconds, the first at 0, the others uniform
-/// over `(0, span_ms]`, sorted.
-fn instants(rng: &mut StdRng, d: usize, span_ms: u64) -> Vec<u64> {
+/// `d` distinct instants in milliseconds, the first at 0, the others evenly
+/// spaced up to `span_ms` or uniform over `(0, span_ms]`, sorted.
+fn instants(rng: &mut StdRng, d: usize, span_ms: u64, spacing: Spacing) -> Vec<u64> {
     let mut out = Vec::with_capacity(d);
     if d == 0 {
         return out;
     }
     out.push(0);
+    if d > 1 && spacing == Spacing::Periodic && span_ms >= d as u64 {
+        let step = span_ms as f64 / (d - 1) as f64;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        out.extend((1..d).map(|i| (i as f64 * step).round() as u64));
+        return out;
+    }
     if (d as u64).saturating_mul(2) > span_ms {
         // Too dense to draw: evenly spaced (one per ms at most).
         out.extend((1..d as u64).map(|i| i * span_ms.max(d as u64) / d as u64));
@@ -336,19 +377,29 @@ fn instants(rng: &mut StdRng, d: usize, span_ms: u64) -> Vec<u64> {
     out
 }
 
-/// Sizes of `d` bursts holding `n ≥ d` requests: one each, the rest shared
-/// in proportion to Pareto(`alpha`) weights (largest remainders round).
-fn burst_sizes(rng: &mut StdRng, n: usize, d: usize, alpha: f64) -> Vec<usize> {
+/// Sizes of `d` bursts holding `n ≥ d` requests: one each, the rest on
+/// uniformly drawn bursts ([`BurstSizes::Poisson`]) or in proportion to
+/// Pareto type II (Lomax, shape `alpha`) weights, which start at 0, so
+/// single requests stay common while a few bursts are large (largest
+/// remainders round).
+fn burst_sizes(rng: &mut StdRng, n: usize, d: usize, sizes: BurstSizes, alpha: f64) -> Vec<usize> {
     if d == 0 {
         return Vec::new();
+    }
+    if sizes == BurstSizes::Poisson {
+        let mut out = vec![1usize; d];
+        for _ in d..n {
+            out[rng.gen_range(0..d)] += 1;
+        }
+        return out;
     }
     let weights: Vec<f64> = (0..d)
         .map(|_| {
             let u: f64 = rng.gen_range(0.0..1.0);
-            (1.0 - u).powf(-1.0 / alpha)
+            (1.0 - u).powf(-1.0 / alpha) - 1.0
         })
         .collect();
-    let total: f64 = weights.iter().sum();
+    let total: f64 = weights.iter().sum::<f64>().max(f64::MIN_POSITIVE);
     let extra = n.saturating_sub(d);
     #[allow(clippy::cast_precision_loss)]
     let shares: Vec<f64> = weights.iter().map(|w| extra as f64 * w / total).collect();
@@ -403,8 +454,14 @@ impl Gen<'_> {
             clippy::cast_precision_loss
         )]
         let d = ((n as f64 / burst_mean).round() as usize).clamp(usize::from(n > 0), n);
-        let at = instants(self.rng, d, span_ms);
-        let sizes = burst_sizes(self.rng, n, d, shape.burst_alpha.max(1.0 + 1e-6));
+        let at = instants(self.rng, d, span_ms, shape.spacing);
+        let sizes = burst_sizes(
+            self.rng,
+            n,
+            d,
+            shape.burst_sizes,
+            shape.burst_alpha.max(1.0 + 1e-6),
+        );
         let root = Segment {
             id: 0,
             len: shape.root_tokens,
@@ -512,13 +569,22 @@ mod tests {
     #[test]
     fn bursts_hold_every_request_at_distinct_instants() {
         let mut rng = StdRng::seed_from_u64(2);
-        let sizes = burst_sizes(&mut rng, 12_031, 1_180, 2.0);
-        assert_eq!(sizes.len(), 1_180);
-        assert_eq!(sizes.iter().sum::<usize>(), 12_031);
-        assert!(sizes.iter().all(|s| *s >= 1));
-        let at = instants(&mut rng, 1_180, 3_600_000);
-        assert_eq!(at.len(), 1_180);
-        assert!(at.windows(2).all(|w| w[0] < w[1]));
-        assert_eq!(instants(&mut rng, 50, 10).len(), 50);
+        for kind in [BurstSizes::Poisson, BurstSizes::Pareto] {
+            let sizes = burst_sizes(&mut rng, 12_031, 1_180, kind, 2.0);
+            assert_eq!(sizes.len(), 1_180);
+            assert_eq!(sizes.iter().sum::<usize>(), 12_031);
+            assert!(sizes.iter().all(|s| *s >= 1));
+        }
+        for spacing in [Spacing::Periodic, Spacing::Random] {
+            let at = instants(&mut rng, 1_180, 3_537_000, spacing);
+            assert_eq!(at.len(), 1_180);
+            assert!(at.windows(2).all(|w| w[0] < w[1]));
+            assert_eq!(at.last().copied().map(|t| t <= 3_537_000), Some(true));
+            assert_eq!(instants(&mut rng, 50, 10, spacing).len(), 50);
+        }
+        let at = instants(&mut rng, 1_180, 3_537_000, Spacing::Periodic);
+        assert!(at
+            .windows(2)
+            .all(|w| (2_999..=3_001).contains(&(w[1] - w[0]))));
     }
 }
