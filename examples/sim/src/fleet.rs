@@ -369,6 +369,13 @@ impl Load for ReplicaLoad<'_> {
     fn report(&self, endpoint: EndpointId) -> Option<EngineReport> {
         self.gauges.get(endpoint.index()).copied()
     }
+
+    fn deciders(&self) -> kvroute_select::Deciders {
+        self.rep
+            .remote
+            .view(&*self.rep.tracker, self.now)
+            .deciders()
+    }
 }
 
 struct Sim<'a> {
