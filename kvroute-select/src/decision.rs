@@ -87,6 +87,8 @@ pub struct Decision {
     source: Source,
     predicted_blocks: u32,
     retries: u32,
+    /// Who routes over the endpoints, as the load view says.
+    deciders: crate::load::Deciders,
 }
 
 impl Decision {
@@ -126,6 +128,7 @@ impl Decision {
         self.source = Source::Exhausted;
         self.predicted_blocks = 0;
         self.retries = 0;
+        self.deciders = crate::load::Deciders::ALONE;
     }
 
     /// The current target, `None` once nothing eligible is left.
@@ -631,6 +634,7 @@ impl Rule {
         now: Duration,
     ) {
         let pd = self.config.topology == Topology::PrefillDecode;
+        d.deciders = load.deciders();
         for (i, e) in crate::endpoint::enumerate(&self.config.endpoints) {
             let ix = i.index();
             if let Some(l) = d.loads.get_mut(ix) {
@@ -729,6 +733,10 @@ impl Rule {
             let tokens = d.predicted_prefill_tokens(self.config.block_size);
             drain.charge(endpoint.index(), tokens, now, cap);
         }
+        if let Some(b) = self.burst.as_ref().filter(|_| first) {
+            b.lock()
+                .charged(d.predicted_prefill_tokens(self.config.block_size));
+        }
         if self.config.choice == Choice::KvExact {
             self.predict(d, endpoint, now, predicted);
         }
@@ -773,6 +781,10 @@ impl Rule {
         } else {
             0
         };
+        let burst = match (&self.burst, cfg.scorer.burst_window()) {
+            (Some(b), Some(window)) if first => b.lock().decision(now, window),
+            _ => crate::scoring::BurstStats::default(),
+        };
         let scoring = |retry| ScoreInput {
             pool,
             overlaps: &d.overlaps,
@@ -784,6 +796,8 @@ impl Rule {
             min_blocks: cfg.thresholds.min_overlap_blocks.max(1),
             retry,
             turn: tie_turn,
+            deciders: d.deciders,
+            burst,
             now,
         };
         // A scorer may only name an eligible endpoint: anything else (a

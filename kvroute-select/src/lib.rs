@@ -68,6 +68,7 @@
 
 mod affinity;
 mod bounded;
+mod burst;
 mod chwbl;
 mod contract_keys;
 mod convert;
@@ -102,7 +103,8 @@ pub use health::{
 };
 pub use keys::{ContractId, KeyMode, KeysError, PromptInput, PromptKeys, Request};
 pub use load::{
-    CombinedLoad, EndpointLoad, EngineReport, Load, LoadTable, PrefillProgress, ReportedLoad,
+    CombinedLoad, Deciders, EndpointLoad, EngineReport, Load, LoadTable, PrefillProgress,
+    ReportedLoad,
 };
 pub use memory_view::KeySetInventory;
 pub use names::{ScorerKind, UnknownName};
@@ -112,8 +114,8 @@ pub use replica_sync::{
 };
 pub use rule::{Choice, PredictedConfig, Rule, RuleConfig, RuleError, Thresholds, Topology};
 pub use scoring::{
-    Candidate, CostConfig, CostScorer, LoadAwareConfig, LoadAwareScorer, LongestPrefixScorer,
-    OverlapCountScorer, ScoreInput, ScorePick, Scorer, ScorerRef,
+    BurstStats, Candidate, CostConfig, CostScorer, LoadAwareConfig, LoadAwareScorer,
+    LongestPrefixScorer, OverlapCountScorer, ScoreInput, ScorePick, Scorer, ScorerRef,
 };
 pub use selector::SelectorKind;
 pub use tracker::{LoadGuard, LoadTracker};

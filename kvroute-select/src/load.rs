@@ -53,6 +53,42 @@ pub trait Load {
         let _ = endpoint;
         None
     }
+
+    /// Who routes over these endpoints from views like this one: how many
+    /// deciders (gateway replicas whose decisions the view shares) and this
+    /// host's rank among them. [`Deciders::ALONE`] (the default) for a host
+    /// that routes alone. The cost scorer reads it to keep replicas that
+    /// decide one burst on one view from choosing the same endpoints (see
+    /// [`crate::CostConfig`]).
+    fn deciders(&self) -> Deciders {
+        Deciders::ALONE
+    }
+}
+
+/// Who routes over a set of endpoints: the number of deciders sharing their
+/// load ([`crate::RemoteLoad`]) and this one's rank among them.
+///
+/// Ranks must be distinct among the deciders for the cost scorer to spread
+/// them (the replica-sync view ranks every replica by its origin id, which
+/// all replicas see alike); a repeated rank only makes the two deciders
+/// behave alike again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deciders {
+    /// Deciders, this one included (at least 1).
+    pub count: u32,
+    /// This decider's rank, in `0..count`.
+    pub rank: u32,
+}
+
+impl Deciders {
+    /// One decider: a host routing alone.
+    pub const ALONE: Self = Self { count: 1, rank: 0 };
+}
+
+impl Default for Deciders {
+    fn default() -> Self {
+        Self::ALONE
+    }
 }
 
 /// An engine's own prefill counters: uncached prompt tokens it prefilled
@@ -120,6 +156,10 @@ impl<L: Load + ?Sized> Load for &L {
 
     fn report(&self, endpoint: EndpointId) -> Option<EngineReport> {
         (**self).report(endpoint)
+    }
+
+    fn deciders(&self) -> Deciders {
+        (**self).deciders()
     }
 }
 
@@ -333,6 +373,10 @@ impl<L: Load + ?Sized> Load for CombinedLoad<'_, L> {
         self.reported
             .report(endpoint, self.now)
             .or_else(|| self.local.report(endpoint))
+    }
+
+    fn deciders(&self) -> Deciders {
+        self.local.deciders()
     }
 }
 

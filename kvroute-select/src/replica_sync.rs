@@ -74,7 +74,7 @@ use std::time::Duration;
 
 use kvroute_core::EndpointId;
 
-use crate::load::{EndpointLoad, Load};
+use crate::load::{Deciders, EndpointLoad, Load};
 use crate::tracker::LoadTracker;
 
 /// One replica's change of load on one endpoint, for the other replicas.
@@ -513,6 +513,23 @@ impl RemoteLoad {
             .fold(retired, |acc, e| acc.saturating_add(e.charged_share()))
     }
 
+    /// This replica and the origins heard from within the TTL at `now`, and
+    /// this replica's rank among them by origin id: every replica that hears
+    /// the same origins ranks itself differently, without talking about it.
+    #[must_use]
+    pub fn deciders(&self, now: Duration) -> Deciders {
+        let inner = self.inner.read();
+        let (mut live, mut below) = (0u32, 0u32);
+        for o in inner.origins.iter().filter(|o| self.live(o, now)) {
+            live = live.saturating_add(1);
+            below = below.saturating_add(u32::from(o.id < self.own));
+        }
+        Deciders {
+            count: live.saturating_add(1),
+            rank: below,
+        }
+    }
+
     /// The table's counters.
     #[must_use]
     pub fn counters(&self) -> RemoteCounters {
@@ -564,6 +581,17 @@ impl<L: Load + ?Sized> Load for WithRemote<'_, L> {
 
     fn prefill_progress(&self, endpoint: EndpointId) -> Option<crate::PrefillProgress> {
         self.local.prefill_progress(endpoint)
+    }
+
+    /// The local view's deciders plus every live origin, ranked by origin id
+    /// ([`RemoteLoad::deciders`]).
+    fn deciders(&self) -> Deciders {
+        let local = self.local.deciders();
+        let remote = self.remote.deciders(self.now);
+        Deciders {
+            count: local.count.saturating_add(remote.count - 1),
+            rank: local.rank.saturating_add(remote.rank),
+        }
     }
 }
 

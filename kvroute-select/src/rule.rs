@@ -215,6 +215,8 @@ pub struct Rule {
     /// Rotates the cost scorer's exact ties (apart from the selector's
     /// round-robin turn, which only fallback decisions advance).
     pub(crate) tie_turns: Arc<std::sync::atomic::AtomicU64>,
+    /// This rule's decisions seen as bursts, when the scorer reads them.
+    pub(crate) burst: Option<Arc<Mutex<crate::burst::BurstTracker>>>,
     pub(crate) sessions: Arc<Mutex<SessionMap>>,
     pub(crate) trie: Arc<Mutex<PrefixTrie>>,
     pub(crate) predicted: Arc<Mutex<crate::bounded::BoundedMap<u64>>>,
@@ -248,6 +250,8 @@ impl Rule {
             selector: SelectorState::new(ring, config.seed),
             decode_turns: Arc::default(),
             tie_turns: Arc::default(),
+            burst: (config.scorer.burst_window().is_some() && config.choice == Choice::KvExact)
+                .then(Arc::default),
             sessions: Arc::new(Mutex::new(SessionMap::new(&config.affinity))),
             trie: Arc::new(Mutex::new(PrefixTrie::new(&config.affinity))),
             predicted: Arc::new(Mutex::new(crate::bounded::BoundedMap::new(
@@ -293,6 +297,11 @@ impl Rule {
             selector: SelectorState::new(ring, config.seed),
             decode_turns: Arc::clone(&self.decode_turns),
             tie_turns: Arc::clone(&self.tie_turns),
+            burst: match (&self.burst, config.scorer.burst_window()) {
+                (Some(b), Some(_)) => Some(Arc::clone(b)),
+                (None, Some(_)) if config.choice == Choice::KvExact => Some(Arc::default()),
+                _ => None,
+            },
             sessions: Arc::clone(&self.sessions),
             trie: Arc::clone(&self.trie),
             predicted: Arc::clone(&self.predicted),

@@ -172,6 +172,8 @@ fn router(
         // Simulated replicas never crash: a TTL beyond any run.
         r.ttl = Duration::from_secs(1 << 30);
         r.max_origins = cfg.replicas;
+        // Ranks by replica index: the same in every run of a seed.
+        r.origin = Some(k as u64 + 1);
         b = b.replicas(r);
     }
     for w in 0..n {

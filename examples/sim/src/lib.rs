@@ -34,7 +34,7 @@ use kvroute_engine_model::{CostModel, WorkerConfig};
 use policy::{Policy, Tuning};
 use report::{FleetReport, SimReport, WorkloadReport};
 use trace::Workload;
-use workload::{GenConfig, Kind};
+use workload::{GenConfig, Kind, Shape};
 
 /// `kvroute sim`.
 #[derive(Args, Debug)]
@@ -46,7 +46,7 @@ pub struct SimArgs {
 #[derive(Subcommand, Debug)]
 enum SimCommand {
     /// Write a synthetic workload as Mooncake JSONL.
-    Gen(GenArgs),
+    Gen(Box<GenArgs>),
     /// Simulate a fleet under each policy and compare them.
     Run(Box<RunArgs>),
 }
@@ -63,12 +63,94 @@ pub struct GenArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Mean arrival rate, requests per second (sized for 8 workers by default).
-    #[arg(long, default_value_t = 24.0)]
-    rate: f64,
+    /// Mean arrival rate, requests per second (default: 24, sized for 8
+    /// workers; `chat-bursts`: 12 031 in 3 537 s).
+    #[arg(long)]
+    rate: Option<f64>,
+    #[command(flatten)]
+    shape: ShapeArgs,
     /// Output file (JSONL).
     #[arg(long)]
     out: PathBuf,
+}
+
+/// Statistics of the bursty kinds (`chat-bursts`, `agent-bursts`); unset
+/// values take the kind's defaults ([`workload::Shape::for_kind`]).
+#[derive(Args, Debug, Default)]
+pub struct ShapeArgs {
+    /// Bursty kinds: span of the arrivals in seconds (overrides --rate).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// Bursty kinds: shortest prompt, tokens.
+    #[arg(long)]
+    prompt_min: Option<u32>,
+    /// Bursty kinds: longest prompt, tokens.
+    #[arg(long)]
+    prompt_max: Option<u32>,
+    /// Bursty kinds: mean prompt length, tokens.
+    #[arg(long)]
+    prompt_mean: Option<f64>,
+    /// Bursty kinds: median prompt length, tokens.
+    #[arg(long)]
+    prompt_median: Option<f64>,
+    /// Bursty kinds: ideal prefix reuse (fraction of prompt tokens).
+    #[arg(long)]
+    reuse: Option<f64>,
+    /// Bursty kinds: mean requests per distinct arrival millisecond.
+    #[arg(long)]
+    burst_mean: Option<f64>,
+    /// Bursty kinds: how requests share the instants (poisson: batches of
+    /// 1 + Poisson; pareto: heavy-tailed).
+    #[arg(long, value_enum)]
+    burst_sizes: Option<workload::BurstSizes>,
+    /// Bursty kinds: Pareto shape of `--burst-sizes pareto` (> 1).
+    #[arg(long)]
+    burst_alpha: Option<f64>,
+    /// Bursty kinds: instants evenly spaced (periodic) or uniform (random).
+    #[arg(long, value_enum)]
+    spacing: Option<workload::Spacing>,
+    /// Bursty kinds: tokens of the root prefix every prompt starts with.
+    #[arg(long)]
+    root_tokens: Option<u32>,
+    /// Bursty kinds: least seconds between two turns of a conversation.
+    #[arg(long)]
+    think_s: Option<f64>,
+    /// Bursty kinds: seconds after which an idle conversation ends.
+    #[arg(long)]
+    idle_s: Option<f64>,
+}
+
+impl ShapeArgs {
+    /// The kind's [`Shape`] with the given values applied.
+    ///
+    /// # Errors
+    /// A value out of range, or a shape flag given for a kind that does not
+    /// read it.
+    pub fn shape(&self, kind: Kind) -> anyhow::Result<Shape> {
+        let d = Shape::for_kind(kind);
+        let s = Shape {
+            duration_s: self.duration_s.or(d.duration_s),
+            prompt_min: self.prompt_min.unwrap_or(d.prompt_min),
+            prompt_max: self.prompt_max.unwrap_or(d.prompt_max),
+            prompt_mean: self.prompt_mean.unwrap_or(d.prompt_mean),
+            prompt_median: self.prompt_median.unwrap_or(d.prompt_median),
+            reuse: self.reuse.unwrap_or(d.reuse),
+            burst_mean: self.burst_mean.unwrap_or(d.burst_mean),
+            burst_sizes: self.burst_sizes.unwrap_or(d.burst_sizes),
+            burst_alpha: self.burst_alpha.unwrap_or(d.burst_alpha),
+            spacing: self.spacing.unwrap_or(d.spacing),
+            root_tokens: self.root_tokens.unwrap_or(d.root_tokens),
+            output: d.output,
+            think_s: self.think_s.unwrap_or(d.think_s),
+            idle_s: self.idle_s.unwrap_or(d.idle_s),
+        };
+        anyhow::ensure!(
+            kind.is_shaped() || s == d,
+            "the shape flags apply to chat-bursts and agent-bursts only"
+        );
+        s.check()?;
+        Ok(s)
+    }
 }
 
 /// `kvroute sim run`.
@@ -86,9 +168,12 @@ pub struct RunArgs {
     /// Seed of the generator, the rule's random selectors and event loss.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Generator arrival rate, requests per second.
-    #[arg(long, default_value_t = 24.0)]
-    rate: f64,
+    /// Generator arrival rate, requests per second (default: 24;
+    /// `chat-bursts`: 12 031 in 3 537 s).
+    #[arg(long)]
+    rate: Option<f64>,
+    #[command(flatten)]
+    shape: ShapeArgs,
     /// Workers in the fleet.
     #[arg(long, default_value_t = 8)]
     workers: usize,
@@ -220,13 +305,18 @@ pub fn run(args: &SimArgs) -> ExitCode {
 }
 
 fn gen(args: &GenArgs) -> anyhow::Result<()> {
-    check_rate(args.rate)?;
-    let w = workload::generate(&GenConfig {
-        kind: args.kind,
-        requests: args.requests,
-        seed: args.seed,
-        rate: args.rate,
-    });
+    let rate = args.rate.unwrap_or(args.kind.default_rate());
+    check_rate(rate)?;
+    let shape = args.shape.shape(args.kind)?;
+    let w = workload::generate_shaped(
+        &GenConfig {
+            kind: args.kind,
+            requests: args.requests,
+            seed: args.seed,
+            rate,
+        },
+        &shape,
+    );
     let file =
         File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     w.write_jsonl(BufWriter::new(file))
@@ -425,15 +515,20 @@ fn run_cli(args: &RunArgs) -> anyhow::Result<()> {
     let (mut workload, source) = match (&args.trace, args.kind) {
         (Some(path), _) => (load_trace(path)?, path.display().to_string()),
         (None, Some(kind)) => {
-            check_rate(args.rate)?;
+            let rate = args.rate.unwrap_or(kind.default_rate());
+            check_rate(rate)?;
+            let shape = args.shape.shape(kind)?;
             let requests = args.requests.unwrap_or(10_000);
-            let w = workload::generate(&GenConfig {
-                kind,
-                requests,
-                seed: args.seed,
-                rate: args.rate,
-            });
-            let source = format!("{} (seed {}, {} req/s)", kind.name(), args.seed, args.rate);
+            let w = workload::generate_shaped(
+                &GenConfig {
+                    kind,
+                    requests,
+                    seed: args.seed,
+                    rate,
+                },
+                &shape,
+            );
+            let source = format!("{} (seed {}, {rate} req/s)", kind.name(), args.seed);
             (w, source)
         }
         (None, None) => anyhow::bail!("give --trace FILE or --kind KIND"),

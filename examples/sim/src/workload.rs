@@ -14,10 +14,14 @@
 //! | `multiturn` | conversations of 2–12 turns over one shared 1 K-token system prompt; turn `k+1` repeats turn `k`'s prompt and answer; 30 s mean think time |
 //! | `rag` | a shared 512-token system prompt, then 4 of 4096 documents (300–1500 tokens, Zipf(1.0) popularity) and a unique question |
 //! | `nosharing` | every prompt unique, 500–4000 tokens |
+//! | `chat-bursts` | one shared root block, then conversations whose turns grow; prompt lengths, reuse and bursts set by [`Shape`] (defaults: a real one-hour conversation trace, batches of ~10 requests every 3 s) |
+//! | `agent-bursts` | the same generator with short prompts, a two-block root, more reuse and heavy-tailed bursts at random instants, 24 requests/s |
 //!
 //! Arrivals are Poisson at `rate` requests per second (conversation *starts* in
-//! `multiturn`, scaled so the request rate matches). Everything derives from the
-//! seed: the same seed gives the same file.
+//! `multiturn`, scaled so the request rate matches), except in the two bursty
+//! kinds, where requests arrive in bursts at distinct millisecond instants
+//! (see [`Shape`]). Everything derives from the seed: the same seed gives the
+//! same file.
 
 use std::collections::{BinaryHeap, HashMap};
 
@@ -25,6 +29,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::trace::{Workload, MOONCAKE_BLOCK_TOKENS};
+
+mod shaped;
+
+pub use shaped::{BurstSizes, Shape, ShapeError, Spacing};
 
 /// Which synthetic workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -38,6 +46,13 @@ pub enum Kind {
     Rag,
     /// No prefix sharing at all.
     Nosharing,
+    /// Bursty conversations over one shared root block, statistics as set by
+    /// [`Shape`] (defaults: a real one-hour conversation trace).
+    #[serde(rename = "chat-bursts")]
+    ChatBursts,
+    /// Bursty short agent turns over a shared root: [`Shape::for_kind`].
+    #[serde(rename = "agent-bursts")]
+    AgentBursts,
 }
 
 impl Kind {
@@ -49,7 +64,26 @@ impl Kind {
             Kind::Multiturn => "multiturn",
             Kind::Rag => "rag",
             Kind::Nosharing => "nosharing",
+            Kind::ChatBursts => "chat-bursts",
+            Kind::AgentBursts => "agent-bursts",
         }
+    }
+
+    /// The arrival rate a kind is generated at when none is given, requests
+    /// per second: 24 (sized for 8 workers), and for `chat-bursts` the
+    /// reference trace's 12 031 requests in 3 537 s.
+    #[must_use]
+    pub fn default_rate(self) -> f64 {
+        match self {
+            Kind::ChatBursts => 12_031.0 / 3_537.0,
+            _ => 24.0,
+        }
+    }
+
+    /// Whether the kind reads [`Shape`].
+    #[must_use]
+    pub fn is_shaped(self) -> bool {
+        matches!(self, Kind::ChatBursts | Kind::AgentBursts)
     }
 }
 
@@ -188,9 +222,17 @@ fn to_ms_us(t_us: f64) -> u64 {
     (t_us / 1000.0).round() as u64 * 1000
 }
 
-/// Generates a workload.
+/// Generates a workload; the bursty kinds with their default [`Shape`].
 #[must_use]
 pub fn generate(cfg: &GenConfig) -> Workload {
+    generate_shaped(cfg, &Shape::for_kind(cfg.kind))
+}
+
+/// Generates a workload; the bursty kinds follow `shape` (the other kinds
+/// ignore it). A shape that [`Shape::check`] refuses is generated with its
+/// values clamped into range.
+#[must_use]
+pub fn generate_shaped(cfg: &GenConfig, shape: &Shape) -> Workload {
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let rate = if cfg.rate.is_finite() && cfg.rate > 0.0 {
         cfg.rate
@@ -209,6 +251,7 @@ pub fn generate(cfg: &GenConfig) -> Workload {
         Kind::Multiturn => g.multiturn(cfg.requests, rate),
         Kind::Rag => g.rag(cfg.requests, rate),
         Kind::Nosharing => g.nosharing(cfg.requests, rate),
+        Kind::ChatBursts | Kind::AgentBursts => g.shaped(cfg.requests, rate, shape),
     }
     g.out
 }

@@ -1,6 +1,8 @@
 //! The default KV-exact scorer: least predicted time to first token under a
 //! bounded-load cap, with affinity for the longest cached prefix.
 
+use std::time::Duration;
+
 use super::{Candidate, ScoreInput, ScorePick, Scorer};
 use crate::counters::MissReason;
 use crate::load::EndpointLoad;
@@ -46,6 +48,37 @@ use crate::load::EndpointLoad;
 ///   decide and nothing collapses onto one endpoint.
 /// * **Ties** (costs within `tie_tokens`) go to the less utilised endpoint,
 ///   then rotate as round robin does — never to endpoint order.
+/// * **Other deciders.** With gateway replicas ([`crate::Load::deciders`]:
+///   `R > 1` deciders, this one of rank `k`), the requests the others place
+///   at this instant are not in the view: replicas that decide one burst on
+///   one view would otherwise rank the endpoints alike and pile onto the same
+///   ones (the herd effect of routing on stale load; Mitzenmacher, "How
+///   useful is old information?", IEEE TPDS 2000). Randomising near-ties
+///   only makes the collisions random (Dahlin, "Interpreting stale load
+///   information", IEEE TPDS 2000, shows the same for sampling proportional
+///   to the expected spare capacity). Instead the deciders split the
+///   endpoints into `R` zones by index (`⌊e·R/n⌋`; with fewer endpoints than
+///   deciders, endpoint `d mod n` for decider `d`), and each adds to every
+///   endpoint outside its own zone the prefill its owner is expected to be
+///   placing there right now:
+///
+///   ```text
+///   unseen_e = (burst − 1)⁺ · prefill / |zone(owner(e))|      (0 in its own zone)
+///   ```
+///
+///   where `burst` is the mean number of this rule's decisions per burst
+///   (decisions within `burst_window` of a burst's first) and `prefill` the
+///   mean prefill tokens one charged ([`crate::BurstStats`]) — a random
+///   front end hands every replica the same stream, so each expects the
+///   others to be as busy as itself. A burst thus fills each decider's own
+///   zone first and spills over only where a zone is really fuller, which
+///   the deciders compute alike without talking; with requests one at a
+///   time (`burst` 1) nothing is added and the decision is the one a single
+///   decider makes. `unseen_e` counts as queued prefill everywhere (the cost
+///   and the affinity test).
+/// * **`burst_window`**: decisions closer than this to a burst's first are
+///   one burst: the time another replica's decision takes to reach this
+///   one's view (its replica sync interval plus one message).
 /// * **`drain_queue`**: `queued_prefill_tokens_e` is read as what is still
 ///   ahead of this request, not what was sent. The tracker holds a request's
 ///   uncached tokens until its first token, so without draining an endpoint
@@ -95,6 +128,9 @@ pub struct CostConfig {
     /// prefill rate). Off: the tracker's figure, in which the prompt being
     /// prefilled counts in full until its first token.
     pub drain_queue: bool,
+    /// Decisions within this time of a burst's first count as one burst
+    /// (see "Other deciders" above).
+    pub burst_window: Duration,
 }
 
 impl Default for CostConfig {
@@ -109,6 +145,7 @@ impl Default for CostConfig {
             load_headroom: 4,
             tie_tokens: 0.0,
             drain_queue: true,
+            burst_window: Duration::from_millis(4),
         }
     }
 }
@@ -124,6 +161,10 @@ impl Scorer for CostScorer {
 
     fn drains_queue(&self) -> bool {
         self.0.drain_queue
+    }
+
+    fn burst_window(&self) -> Option<Duration> {
+        Some(self.0.burst_window)
     }
 
     fn pick(&self, input: &ScoreInput<'_>) -> ScorePick {
@@ -169,6 +210,34 @@ struct CostTerms {
     cost: f64,
 }
 
+/// Prefill tokens the other deciders are expected to be placing on endpoint
+/// `e` at this instant (see "Other deciders" in [`CostConfig`]).
+fn unseen_tokens(input: &ScoreInput<'_>, e: usize) -> f64 {
+    let r = input.deciders.count as usize;
+    let per_decider = (input.burst.decisions - 1.0).max(0.0) * input.burst.prefill_tokens.max(0.0);
+    let n = input.endpoint_count();
+    if r <= 1 || per_decider <= 0.0 || n == 0 || e >= n {
+        return 0.0;
+    }
+    let k = input.deciders.rank as usize % r;
+    if n >= r {
+        // Zone d holds endpoints ⌈d·n/r⌉ ..< ⌈(d+1)·n/r⌉.
+        let owner = e.saturating_mul(r) / n;
+        if owner == k {
+            return 0.0;
+        }
+        let size = ((owner + 1) * n).div_ceil(r) - (owner * n).div_ceil(r);
+        #[allow(clippy::cast_precision_loss)]
+        return per_decider / size.max(1) as f64;
+    }
+    // Decider d's zone is endpoint d mod n.
+    let owners = (r - 1 - e) / n + 1;
+    let others = owners - usize::from(k % n == e);
+    #[allow(clippy::cast_precision_loss)]
+    let others = others as f64;
+    per_decider * others
+}
+
 fn predicted_cost(
     cfg: &CostConfig,
     input: &ScoreInput<'_>,
@@ -181,7 +250,7 @@ fn predicted_cost(
         - cached_tokens(&cfg.tier_weights, input, c, prefix))
     .max(0.0);
     #[allow(clippy::cast_precision_loss)]
-    let queued = load.queued_prefill_tokens as f64;
+    let queued = load.queued_prefill_tokens as f64 + unseen_tokens(input, c.index);
     let decode = cfg.decode_tokens_per_request.max(0.0) * f64::from(load.in_flight);
     let own = cfg.prefill_weight.max(1.0) * uncached;
     let cap = f64::from(capacity.max(1));

@@ -91,6 +91,26 @@ pub trait Scorer: Any + Send + Sync + fmt::Debug {
     fn drains_queue(&self) -> bool {
         false
     }
+
+    /// Whether it reads [`ScoreInput::burst`], and the window within which
+    /// the rule's decisions count as one burst (decisions of other deciders
+    /// within it are not in the load view yet). `None` (the default): the
+    /// rule keeps no burst statistics.
+    fn burst_window(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// A rule's own decisions seen as bursts ([`Scorer::burst_window`]): what a
+/// scorer may expect each other decider to be placing at the same instant,
+/// since a front end spreads one stream of requests over the deciders alike.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BurstStats {
+    /// Mean decisions per burst (1 when they come one at a time; 0 until a
+    /// burst has ended).
+    pub decisions: f64,
+    /// Mean predicted prefill tokens one decision charged.
+    pub prefill_tokens: f64,
 }
 
 /// A shared scorer, as rules hold it.
@@ -172,6 +192,11 @@ pub struct ScoreInput<'a> {
     /// can take turns as under round robin instead of going to endpoint
     /// order.
     pub turn: u64,
+    /// Who routes over these endpoints ([`crate::Load::deciders`]).
+    pub deciders: crate::Deciders,
+    /// The rule's burst statistics when the scorer asks for them
+    /// ([`Scorer::burst_window`]); zero otherwise.
+    pub burst: BurstStats,
     /// The host's time.
     pub now: Duration,
 }

@@ -51,6 +51,12 @@ pub struct ReplicaConfig {
     /// Largest message sent or accepted (default 1 MiB; larger batches are
     /// split, larger messages refused).
     pub max_message_bytes: usize,
+    /// This router's origin id among the replicas (`None`, the default: an
+    /// unpredictable one per router instance). Ids must differ between
+    /// replicas: they order the replicas, each one's rank spreading bursts
+    /// (the cost scorer's zones). A host that needs the same ranks in every
+    /// run (the simulator) fixes them; 0 counts as 1.
+    pub origin: Option<u64>,
 }
 
 impl fmt::Debug for ReplicaConfig {
@@ -77,6 +83,7 @@ impl ReplicaConfig {
             ttl: Duration::from_secs(5),
             max_origins: 64,
             max_message_bytes: 1 << 20,
+            origin: None,
         }
     }
 }

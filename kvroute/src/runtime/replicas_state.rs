@@ -59,7 +59,7 @@ pub(crate) struct ReplicaState {
 
 impl ReplicaState {
     pub(crate) fn new(config: ReplicaConfig, endpoints: usize, name: &str) -> Self {
-        let origin = new_origin();
+        let origin = config.origin.map_or_else(new_origin, |o| o.max(1));
         Self {
             pool: config.pool.clone().unwrap_or_else(|| name.to_owned()),
             remote: RemoteLoad::new(

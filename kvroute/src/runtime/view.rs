@@ -8,7 +8,7 @@ use std::time::Duration;
 use kvroute_core::{BlockKey, EndpointId};
 use kvroute_ingest::{ContractStatus, InventoryHealth, InventoryView, Overlap};
 use kvroute_select::{
-    AdminState, Availability, EndpointLoad, EngineReport, Health, Load, PrefillProgress,
+    AdminState, Availability, Deciders, EndpointLoad, EngineReport, Health, Load, PrefillProgress,
 };
 
 use super::Shared;
@@ -53,6 +53,15 @@ impl Load for RouterView<'_> {
             (None, true) => tracker.load(endpoint),
             (None, false) => s.reported.view(tracker, self.now).load(endpoint),
         }
+    }
+
+    /// The live replicas sharing this pool and this one's rank among them
+    /// (the cost scorer spreads a burst by it).
+    fn deciders(&self) -> Deciders {
+        self.shared
+            .replicas
+            .as_ref()
+            .map_or(Deciders::ALONE, |r| r.remote().deciders(self.now))
     }
 
     /// Every replica's charges (the cost scorer's drain times them).

@@ -1,0 +1,299 @@
+//! Replicas that decide one burst on one stale view: the default cost scorer
+//! spreads it instead of mirroring one replica's choices on every other, and
+//! a decider alone (or one whose requests come one at a time) decides as it
+//! always did.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvroute_core::{BlockKey, EndpointId};
+use kvroute_select::*;
+use proptest::prelude::*;
+
+const BS: u32 = 16;
+/// Blocks of the root every prompt starts with (one 512-token block).
+const ROOT: usize = 32;
+
+fn rule(n: u32) -> (Rule, ContractId) {
+    let c = ContractId::new("herd/bs16");
+    let eps = (0..n)
+        .map(|i| Endpoint::new(format!("ep{i}"), Role::Both).with_inventory_slot(i))
+        .collect();
+    let cfg = RuleConfig::kv_exact("herd", Topology::Converged, eps, BS, c.clone());
+    (Rule::new(cfg, None).unwrap(), c)
+}
+
+/// The shared root, then `len` blocks of its own.
+fn prompt(id: u64, len: usize) -> Vec<BlockKey> {
+    (0..ROOT as u64)
+        .map(BlockKey)
+        .chain((0..len as u64).map(|i| BlockKey((id + 1) * 1_000_000 + i)))
+        .collect()
+}
+
+/// Every endpoint holds the root.
+fn inventory(n: u32) -> KeySetInventory {
+    let mut inv = KeySetInventory::new(n as usize);
+    for e in 0..n {
+        inv.store(e as usize, (0..ROOT as u64).map(BlockKey));
+    }
+    inv
+}
+
+/// A load table that names its deciders.
+struct View<'a> {
+    table: &'a LoadTable,
+    deciders: Deciders,
+}
+
+impl Load for View<'_> {
+    fn load(&self, endpoint: EndpointId) -> EndpointLoad {
+        self.table.load(endpoint)
+    }
+    fn deciders(&self) -> Deciders {
+        self.deciders
+    }
+}
+
+fn target<L: Load + ?Sized>(
+    r: &Rule,
+    c: &ContractId,
+    keys: &[BlockKey],
+    inv: &KeySetInventory,
+    load: &L,
+    now: Duration,
+) -> u32 {
+    let req = Request::new(PromptInput::Keys {
+        keys,
+        contract: c,
+        prompt_tokens: keys.len() as u32 * BS,
+    });
+    r.decide(&req, inv, load, &AlwaysAvailable, now)
+        .target()
+        .unwrap()
+        .endpoint
+        .0
+}
+
+/// `bursts` past bursts of `per_burst` requests 10 ms apart (on an empty
+/// view), so the rule has learnt how bursty its traffic is.
+fn prime(r: &Rule, c: &ContractId, inv: &KeySetInventory, bursts: u64, per_burst: u64) {
+    let table = LoadTable::new(inv_len(inv));
+    for b in 0..bursts {
+        for i in 0..per_burst {
+            let keys = prompt(900_000 + b * 100 + i, 400);
+            target(r, c, &keys, inv, &table, Duration::from_millis(10 * b));
+        }
+    }
+}
+
+fn inv_len(inv: &KeySetInventory) -> usize {
+    kvroute_ingest::InventoryView::endpoint_count(inv)
+}
+
+/// Four replicas sharing their load (real trackers and [`RemoteLoad`]s),
+/// each handed two requests of one burst at the same instant: every replica
+/// sees only its own part of the burst. All eight go to different endpoints
+/// — a replica's choices are not mirrored by the others — and the same
+/// inputs give the same choices.
+#[test]
+fn replicas_deciding_one_burst_on_one_stale_view_spread_it() {
+    let run = || {
+        let n = 8;
+        let inv = inventory(n);
+        let replicas: Vec<_> = (0..4u64)
+            .map(|k| {
+                let (r, c) = rule(n);
+                let tracker = Arc::new(LoadTracker::with_sync(n as usize, k + 1));
+                let remote = RemoteLoad::new(
+                    RemoteConfig {
+                        endpoints: n as usize,
+                        max_origins: 8,
+                        ttl: Duration::from_secs(3600),
+                    },
+                    k + 1,
+                );
+                (r, c, tracker, remote)
+            })
+            .collect();
+        // History: bursts of three requests per replica; every replica
+        // hears every other (one charge and release each).
+        let mut deltas = Vec::new();
+        for (r, c, tracker, _) in &replicas {
+            prime(r, c, &inv, 20, 3);
+            let g = tracker.charge(
+                Target {
+                    endpoint: EndpointId(0),
+                    decode: None,
+                },
+                1,
+            );
+            drop(g);
+            tracker.drain_deltas(&mut deltas);
+        }
+        let now = Duration::from_secs(1);
+        for d in &deltas {
+            for (_, _, _, remote) in &replicas {
+                remote.apply(d, now);
+            }
+        }
+        // The burst: no delta travels while it is decided.
+        let mut picks = Vec::new();
+        let mut guards = Vec::new();
+        for (k, (r, c, tracker, remote)) in replicas.iter().enumerate() {
+            for i in 0..2 {
+                let keys = prompt(k as u64 * 10 + i, 400);
+                let view = remote.view(&**tracker, now);
+                assert_eq!(view.deciders().count, 4);
+                let e = target(r, c, &keys, &inv, &view, now);
+                guards.push(tracker.charge(
+                    Target {
+                        endpoint: EndpointId(e),
+                        decode: None,
+                    },
+                    400 * BS,
+                ));
+                picks.push(e);
+            }
+        }
+        picks
+    };
+    let picks = run();
+    let mut distinct = picks.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 8, "{picks:?}");
+    assert_eq!(run(), picks, "same inputs, same decisions");
+}
+
+/// The replicas rank themselves by origin id, each differently.
+#[test]
+fn replicas_rank_themselves_apart() {
+    let n = 2;
+    let trackers: Vec<_> = (1..=3u64)
+        .map(|o| Arc::new(LoadTracker::with_sync(n, o)))
+        .collect();
+    let remotes: Vec<_> = (1..=3u64)
+        .map(|o| {
+            RemoteLoad::new(
+                RemoteConfig {
+                    endpoints: n,
+                    ..RemoteConfig::default()
+                },
+                o,
+            )
+        })
+        .collect();
+    let now = Duration::from_secs(1);
+    let mut deltas = Vec::new();
+    for t in &trackers {
+        drop(t.charge(
+            Target {
+                endpoint: EndpointId(1),
+                decode: None,
+            },
+            10,
+        ));
+        t.drain_deltas(&mut deltas);
+    }
+    for d in &deltas {
+        for r in &remotes {
+            r.apply(d, now);
+        }
+    }
+    let mut ranks: Vec<u32> = remotes
+        .iter()
+        .zip(&trackers)
+        .map(|(r, t)| {
+            let d = r.view(&**t, now).deciders();
+            assert_eq!(d.count, 3);
+            d.rank
+        })
+        .collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1, 2]);
+    assert_eq!(
+        LoadTable::new(n).deciders(),
+        Deciders::ALONE,
+        "a plain view routes alone"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A decider alone decides the same whatever its burst history, and so
+    /// does one among several whose requests come one at a time: the
+    /// mechanism adds nothing where nothing is concurrent.
+    #[test]
+    fn alone_or_unhurried_decisions_are_unchanged(
+        loads in proptest::collection::vec((0u32..6, 0u64..20_000), 6),
+        prefixes in proptest::collection::vec(0usize..40, 6),
+        replicas in 2u32..9,
+        rank in 0u32..9,
+    ) {
+        let n = 6u32;
+        let mut inv = inventory(n);
+        let keys = prompt(7, 40);
+        for (e, p) in prefixes.iter().enumerate() {
+            inv.store(e, keys[..ROOT + p].iter().copied());
+        }
+        let mut table = LoadTable::new(n as usize);
+        for (e, (f, q)) in loads.iter().enumerate() {
+            table.set(EndpointId(e as u32), EndpointLoad { in_flight: *f, queued_prefill_tokens: *q });
+        }
+        let now = Duration::from_secs(5);
+        let (fresh, c) = rule(n);
+        let reference = target(&fresh, &c, &keys, &inv, &table, now);
+        let (bursty, c) = rule(n);
+        prime(&bursty, &c, &inventory(n), 20, 4);
+        let alone = View { table: &table, deciders: Deciders::ALONE };
+        prop_assert_eq!(target(&bursty, &c, &keys, &inv, &alone, now), reference);
+        let (calm, c) = rule(n);
+        prime(&calm, &c, &inventory(n), 20, 1);
+        let many = View { table: &table, deciders: Deciders { count: replicas, rank: rank % replicas } };
+        prop_assert_eq!(target(&calm, &c, &keys, &inv, &many, now), reference);
+    }
+
+    /// Reference model of the zones: deciders split the endpoints into
+    /// zones (`⌊e·R/n⌋` with at least as many endpoints as deciders,
+    /// endpoint `d mod n` for decider `d` otherwise) and expect each other
+    /// decider's burst spread over its zone. On an idle fleet where every
+    /// endpoint holds the prompt's root, a bursty decider's pick is an
+    /// endpoint where that expected load is least — its own zone's.
+    #[test]
+    fn a_bursty_decider_picks_where_the_others_are_expected_least(
+        n in 1u32..12,
+        replicas in 2u32..10,
+        rank in 0u32..10,
+    ) {
+        let rank = rank % replicas;
+        let inv = inventory(n);
+        let (r, c) = rule(n);
+        prime(&r, &c, &inv, 20, 3);
+        let table = LoadTable::new(n as usize);
+        let view = View { table: &table, deciders: Deciders { count: replicas, rank } };
+        let e = target(&r, &c, &prompt(3, 200), &inv, &view, Duration::from_secs(9));
+        let zone = |d: u32| -> Vec<u32> {
+            if n >= replicas {
+                (0..n).filter(|e| e * replicas / n == d).collect()
+            } else {
+                vec![d % n]
+            }
+        };
+        let expected = |e: u32| -> f64 {
+            (0..replicas)
+                .filter(|d| *d != rank)
+                .map(|d| {
+                    let z = zone(d);
+                    if z.contains(&e) { 1.0 / z.len() as f64 } else { 0.0 }
+                })
+                .sum()
+        };
+        let least = (0..n).map(expected).fold(f64::INFINITY, f64::min);
+        prop_assert!((expected(e) - least).abs() < 1e-9, "endpoint {} expects {}, least {}", e, expected(e), least);
+        if n >= replicas {
+            prop_assert_eq!(e * replicas / n, rank);
+        }
+    }
+}
