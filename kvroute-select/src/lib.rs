@@ -59,8 +59,8 @@
 //! ([`KeysError::ExtraNotSupported`]) and the decision records the miss
 //! [`MissReason::ExtrasUnsupported`] instead of predicting hits with wrong keys.
 //!
-//! Feature `fuzzing` adds the entry point of the `select_ladder` cargo-fuzz
-//! target in `fuzz/` (not a stable API).
+//! Feature `fuzzing` adds the entry points of the `select_ladder` and
+//! `outlier` cargo-fuzz targets in `fuzz/` (not a stable API).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
@@ -82,6 +82,7 @@ mod keys;
 mod load;
 mod memory_view;
 mod names;
+mod outlier;
 mod pool;
 mod proxy;
 pub mod replica_sync;
@@ -106,6 +107,9 @@ pub use load::{
 };
 pub use memory_view::KeySetInventory;
 pub use names::{ScorerKind, UnknownName};
+pub use outlier::{
+    AttemptId, EjectionCause, EngineEvidence, OutlierConfig, OutlierDetector, OutlierStatus,
+};
 pub use pool::LoadBound;
 pub use proxy::{route, ConnectFailure, Proxy, RouteError, Routed};
 pub use replica_sync::{
