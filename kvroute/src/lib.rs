@@ -128,10 +128,10 @@ pub mod tower;
 pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use runtime::{
-    BuildError, Change, EndpointDelta, EndpointStatus, EngineLoadConfig, FollowerStatus, KvRouter,
-    KvRouterBuilder, LoadPolls, NoEndpoint, Pick, ProbeConfig, Readiness, ReplicaBatch,
-    ReplicaConfig, ReplicaCounters, ReplicaError, ReplicaSink, ReplicaSubscription,
-    ReplicaTransport, TokenizerState,
+    BuildError, Change, EndpointDelta, EndpointStatus, EngineLoadConfig, FollowerStatus,
+    HeaderTimeouts, KvRouter, KvRouterBuilder, LoadPolls, NoEndpoint, Pick, ProbeConfig, Readiness,
+    ReplicaBatch, ReplicaConfig, ReplicaCounters, ReplicaError, ReplicaSink, ReplicaSubscription,
+    ReplicaTransport, Stall, TokenizerState,
 };
 
 pub use kvroute_core::{HashContract, UnknownName};
@@ -139,6 +139,7 @@ pub use kvroute_engines::engine::{self, Engine};
 pub use kvroute_engines::ApiKind;
 pub use kvroute_ingest::IndexConfig;
 pub use kvroute_select::{
-    BreakerConfig, Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason, Role,
-    Scorer, ScorerKind, ScorerRef, SelectorKind, Source, Target, Thresholds, Topology,
+    BreakerConfig, Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason,
+    OutlierConfig, OutlierStatus, Role, Scorer, ScorerKind, ScorerRef, SelectorKind, Source,
+    Target, Thresholds, Topology,
 };

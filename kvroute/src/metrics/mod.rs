@@ -156,6 +156,8 @@ impl Collector for Routers {
                         u64::from(s.available),
                         s.load_polls.ok,
                         s.load_polls.failed,
+                        u64::from(s.outlier.ejected),
+                        s.outlier.ejections,
                     ],
                     ingest: [
                         s.seq.resumes,
