@@ -274,13 +274,13 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
                     .push((failed.clone(), failure.error.to_string()));
                 if pick.retry_leg(failure.leg).is_some() {
                     tracing::warn!(rule = %name, endpoint = %failed, error = %failure.error,
-                        next = pick.url(), "upstream connect failed; retrying elsewhere");
+                        next = pick.url(), "upstream attempt failed before any response; retrying elsewhere");
                     continue;
                 }
                 rt.counters.outcome(Outcome::NoEndpoint);
                 let reason = unavailable_reason(&rt, pick.decision(), &ctx.failures);
                 tracing::warn!(rule = %name, endpoint = %failed, error = %failure.error, %reason,
-                    "upstream connect failed; no endpoint left");
+                    "upstream attempt failed before any response; no endpoint left");
                 let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
                 gw.observe
                     .decision(&rt, pick.decision(), resp.headers_mut());
@@ -359,6 +359,7 @@ fn unavailable_reason(rt: &RuleRuntime, d: &Decision, failures: &[(String, Strin
                 Some(s) if s.breaker == kvroute_select::BreakerState::Open => {
                     "circuit breaker open".to_owned()
                 }
+                Some(s) if s.outlier.ejected => "ejected by outlier detection".to_owned(),
                 Some(_)
                     if d.is_excluded(kvroute_core::EndpointId(
                         u32::try_from(i).unwrap_or(u32::MAX),
@@ -397,8 +398,31 @@ struct ConnectFailure {
 fn refused(leg: Leg, e: UpstreamError) -> ConnectFailure {
     ConnectFailure {
         leg,
-        retryable: e.is_connect(),
+        retryable: e.is_retryable(),
         error: e,
+    }
+}
+
+/// One upstream exchange up to its response headers, bounded by the
+/// router's header timeouts and outlier detection ([`Pick::await_headers`]).
+async fn exchange(
+    gw: &Gateway,
+    pick: &Pick,
+    leg: Leg,
+    base: &hyper::Uri,
+    ctx: &Ctx,
+    body: Bytes,
+) -> Result<hyper::Response<Incoming>, ConnectFailure> {
+    let send = gw.client.request(
+        base,
+        ctx.method.clone(),
+        &ctx.path_and_query,
+        &ctx.headers,
+        body,
+    );
+    match pick.await_headers(leg, send).await {
+        Ok(answer) => answer.map_err(|e| refused(leg, e)),
+        Err(stall) => Err(refused(leg, UpstreamError::Stalled(stall))),
     }
 }
 
@@ -489,17 +513,8 @@ async fn connect(
         if let Some(Err(why)) = pick.ids_outcome() {
             tracing::debug!(reason = why.as_str(), "prompt forwarded as text");
         }
-        let response = gw
-            .client
-            .send(
-                &main.base,
-                ctx.method.clone(),
-                &ctx.path_and_query,
-                &ctx.headers,
-                pick.upstream_body(&ctx.body),
-            )
-            .await
-            .map_err(|e| refused(Leg::Endpoint, e))?;
+        let body = pick.upstream_body(&ctx.body);
+        let response = exchange(gw, pick, Leg::Endpoint, &main.base, ctx, body).await?;
         return Ok(Connection {
             response,
             prefill_cached: None,
@@ -512,17 +527,7 @@ async fn connect(
         None => {
             let body = prepared.prefill.clone();
             gw.metrics.prefill_requests.inc();
-            let resp = gw
-                .client
-                .send(
-                    &main.base,
-                    ctx.method.clone(),
-                    &ctx.path_and_query,
-                    &ctx.headers,
-                    body,
-                )
-                .await
-                .map_err(|e| refused(Leg::Endpoint, e))?;
+            let resp = exchange(gw, pick, Leg::Endpoint, &main.base, ctx, body).await?;
             if !resp.status().is_success() {
                 // The engine refused the request itself: the client gets its answer.
                 return Ok(Connection {
@@ -552,17 +557,7 @@ async fn connect(
     let body = prepared
         .decode_body(&pick.text_body(&ctx.body), params)
         .await;
-    let response = gw
-        .client
-        .send(
-            &decode_ep.base,
-            ctx.method.clone(),
-            &ctx.path_and_query,
-            &ctx.headers,
-            body,
-        )
-        .await
-        .map_err(|e| refused(Leg::Decode, e))?;
+    let response = exchange(gw, pick, Leg::Decode, &decode_ep.base, ctx, body).await?;
     Ok(Connection {
         response,
         prefill_cached: Some(cached),

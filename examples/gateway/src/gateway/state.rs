@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvroute::nats::NatsReplicas;
-use kvroute::{Backend, EngineLoadConfig, KvRouter, ProbeConfig, ReplicaConfig, ReplicaTransport};
+use kvroute::{
+    Backend, EngineLoadConfig, HeaderTimeouts, KvRouter, OutlierConfig, ProbeConfig, ReplicaConfig,
+    ReplicaTransport,
+};
 use kvroute_engines::prompt::{ParallelConfig, ParallelEncoder, TokenizerPool};
 use kvroute_select::{BreakerConfig, Thresholds};
 use parking_lot::RwLock;
@@ -270,6 +273,11 @@ impl Gateway {
             failure_threshold: self.health.failure_threshold,
             cool_down: Duration::from_millis(self.health.cool_down_ms),
         })
+        .outlier_detection(outlier_config(&self.health))
+        .header_timeouts(HeaderTimeouts {
+            response: Some(limits.response_header_timeout()),
+            streamed: Some(limits.stream_header_timeout()),
+        })
         .max_endpoints(spec.endpoints.len().max(1))
         .tokenizers(Arc::clone(&self.tokenizers))
         .tokenize_admission(Arc::clone(&self.tokenize_admission))
@@ -314,5 +322,20 @@ impl Gateway {
             spec,
             router,
         })
+    }
+}
+
+/// `[health]`'s outlier keys as the library's configuration. A request's
+/// engine must count it in its load report within the report grace: 2 s
+/// (transfer and tokenization before its scheduler admits it), shorter only
+/// for a stall limit under 4 s.
+fn outlier_config(h: &super::config::HealthConfig) -> OutlierConfig {
+    let stall = Duration::from_millis(h.outlier_stall_ms);
+    OutlierConfig {
+        stall_after: stall,
+        report_grace: (stall / 2).min(Duration::from_secs(2)),
+        consecutive_timeouts: h.outlier_consecutive_timeouts,
+        base_ejection: Duration::from_millis(h.outlier_ejection_ms),
+        max_ejection: Duration::from_millis(h.outlier_max_ejection_ms),
     }
 }

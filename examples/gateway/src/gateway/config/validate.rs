@@ -185,6 +185,14 @@ impl ServeConfig {
                 "limits.response_header_timeout_ms",
                 limits.response_header_timeout_ms,
             ),
+            (
+                "limits.stream_header_timeout_ms",
+                limits.stream_header_timeout_ms,
+            ),
+            (
+                "health.outlier_ejection_ms",
+                file.health.outlier_ejection_ms,
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(name, "must be at least 1 ms"));
@@ -195,6 +203,15 @@ impl ServeConfig {
             return Err(invalid(
                 "decisions.log_sample_rate",
                 format!("{rate} is not between 0 and 1"),
+            ));
+        }
+        if file.health.outlier_max_ejection_ms < file.health.outlier_ejection_ms {
+            return Err(invalid(
+                "health.outlier_max_ejection_ms",
+                format!(
+                    "{} is below health.outlier_ejection_ms ({})",
+                    file.health.outlier_max_ejection_ms, file.health.outlier_ejection_ms
+                ),
             ));
         }
         if !file.health.path.starts_with('/') {
