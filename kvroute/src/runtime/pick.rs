@@ -370,10 +370,20 @@ impl Pick {
     /// [`Pick::into_body`] does by itself at the body's end; after this call
     /// it records nothing more — a P/D host records the prefill leg's
     /// answer here). `false` when the receipt was not counted (no target, or
-    /// more than the prompt).
+    /// implausible: more than the prompt).
     pub fn record_receipt(&mut self, cached_tokens: u32) -> bool {
+        self.record_usage(cached_tokens, None)
+    }
+
+    /// [`Pick::record_receipt`] with the engine's own `usage.prompt_tokens`
+    /// from the same answer ([`crate::receipt::prompt_tokens`]), which
+    /// bounds a plausible receipt when the router could not count the
+    /// prompt (see [`kvroute_select::Rule::record_usage`]).
+    pub fn record_usage(&mut self, cached_tokens: u32, prompt_tokens: Option<u32>) -> bool {
         self.recorded = true;
-        self.gen.rule.record_receipt(&self.decision, cached_tokens)
+        self.gen
+            .rule
+            .record_usage(&self.decision, cached_tokens, prompt_tokens)
     }
 
     /// The response body's usage is not this decision's receipt (a P/D
@@ -427,7 +437,7 @@ impl Pick {
         let recorded = self.recorded;
         let done: OnReceipt = Box::new(move |r: Receipt| {
             if let (false, true, Some(c)) = (recorded, r.complete, r.cached_tokens) {
-                gen.rule.record_receipt(&decision, c);
+                gen.rule.record_usage(&decision, c, r.prompt_tokens);
             }
             on_end(r);
         });

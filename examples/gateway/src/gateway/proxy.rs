@@ -380,11 +380,14 @@ fn unavailable_reason(rt: &RuleRuntime, d: &Decision, failures: &[(String, Strin
     )
 }
 
+/// An engine's receipt: its cached tokens and its own prompt count.
+type Usage = (u32, Option<u32>);
+
 /// What a successful connect hands back.
 pub struct Connection {
     response: hyper::Response<Incoming>,
     /// Cached tokens the prefill leg reported (P/D), recorded as the receipt.
-    prefill_cached: Option<Option<u32>>,
+    prefill_cached: Option<Option<Usage>>,
 }
 
 /// A connect attempt that failed, and whether another endpoint may be
@@ -433,8 +436,9 @@ struct Ctx {
     headers: HeaderMap,
     /// The client's body, read once.
     body: Bytes,
-    /// The prefill leg already done for a P/D target: (endpoint, params, cached).
-    prefill: Option<(String, Option<serde_json::Value>, Option<u32>)>,
+    /// The prefill leg already done for a P/D target: (endpoint, params,
+    /// its cached tokens and prompt tokens).
+    prefill: Option<(String, Option<serde_json::Value>, Option<Usage>)>,
     /// (endpoint url, error) of connect failures, for the 503 reason.
     failures: Vec<(String, String)>,
     /// P/D: the request parsed once for every leg and attempt (`None` until
@@ -547,9 +551,11 @@ async fn connect(
                 error: e,
             })?;
             let params = pd::transfer_params(&answer);
-            let cached = serde_json::from_slice::<serde_json::Value>(&answer)
-                .ok()
-                .and_then(|v| kvroute::receipt::cached_tokens(&v));
+            let usage = serde_json::from_slice::<serde_json::Value>(&answer).ok();
+            let cached = usage.as_ref().and_then(|v| {
+                let c = kvroute::receipt::cached_tokens(v)?;
+                Some((c, kvroute::receipt::prompt_tokens(v)))
+            });
             ctx.prefill = Some((main.url.clone(), params.clone(), cached));
             (params, cached)
         }
@@ -576,8 +582,8 @@ fn respond(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, conn: Connection, mut pick:
             g.prefill_leg_done();
         }
         match cached {
-            Some(c) => {
-                pick.record_receipt(c);
+            Some((c, prompt)) => {
+                pick.record_usage(c, prompt);
             }
             None => pick.skip_body_receipt(),
         }

@@ -350,6 +350,7 @@ mod tests {
             rx.try_recv().unwrap(),
             Receipt {
                 cached_tokens: None,
+                prompt_tokens: None,
                 complete: false
             }
         );
