@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use kvroute::engine::Stream;
-use kvroute_select::{BreakerState, MissReason, SelectorKind, Source};
+use kvroute_select::{BreakerState, MissReason};
 use serde_json::{json, Value};
 
 use super::config::{rule_from_json, ConfigError};
@@ -451,17 +451,12 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
             .map(|r| (r.as_str().to_owned(), json!(s.misses_for(*r))))
             .collect();
         let name = rt.spec.doc.name.clone();
-        let tiers: serde_json::Map<String, Value> = [
-            Source::KvExact,
-            Source::SessionAffinity,
-            Source::TrieAffinity,
-            Source::Fallback(SelectorKind::RoundRobin),
-            Source::Exhausted,
-        ]
-        .map(Source::as_str)
-        .iter()
-        .map(|t| ((*t).to_owned(), json!(gw.metrics.tier_count(&name, t))))
-        .collect();
+        // This rule instance's, as every other figure here.
+        let tiers: serde_json::Map<String, Value> = rt
+            .tiers
+            .counts()
+            .map(|(t, n)| (t.to_owned(), json!(n)))
+            .collect();
         rules.insert(
             name,
             json!({

@@ -244,7 +244,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         }
     };
     gw.metrics.decision_latency.observe(started.elapsed());
-    rt.counters.tier(pick.decision().source());
+    rt.count_tier(pick.decision().source());
     tracing::debug!(rule = %name, source = ?pick.decision().source(),
         target = ?pick.decision().target(), miss = ?pick.decision().miss(),
         predicted_blocks = pick.decision().predicted_blocks(), "decision");

@@ -36,6 +36,9 @@ pub struct RuleRuntime {
     /// Its request and decision counters (`/metrics`), shared with any
     /// earlier rule of the same name.
     pub counters: Arc<super::metrics::RuleCounters>,
+    /// Its decisions by tier since this runtime was built
+    /// (`/admin/counters`, beside the runtime's own counters).
+    pub tiers: super::metrics::InstanceTiers,
 }
 
 impl std::fmt::Debug for RuleRuntime {
@@ -47,6 +50,13 @@ impl std::fmt::Debug for RuleRuntime {
 }
 
 impl RuleRuntime {
+    /// Counts one decision by tier: on `/metrics` (per rule name) and for
+    /// this instance.
+    pub fn count_tier(&self, source: kvroute_select::Source) {
+        self.counters.tier(source);
+        self.tiers.count(source);
+    }
+
     /// The endpoint configured at position `index`.
     #[must_use]
     pub fn endpoint(&self, index: usize) -> Option<&EndpointSpec> {
@@ -319,6 +329,7 @@ impl Gateway {
         let router = b.spawn().map_err(|e| lib_err(&e))?;
         Ok(RuleRuntime {
             counters: self.metrics.rule(&spec.doc.name),
+            tiers: super::metrics::InstanceTiers::default(),
             spec,
             router,
         })
