@@ -76,7 +76,7 @@
 //!   (an `http_body::Body`) and [`receipt::ReceiptTracker`] (the same for
 //!   hosts handed the body in chunks), and [`receipt::include_usage`].
 //! * `tower` feature: [`tower::KvRouteLayer`] — buffer the body, decide,
-//!   forward, retry through `tower::retry::Policy`, receipt body.
+//!   forward (each attempt under `Pick::await_headers`), retry, receipt body.
 //! * [`prompt`]: the per-request prompt step ([`prompt::prepare`],
 //!   [`prompt::prepare_admitted`]) for hosts that drive selection themselves,
 //!   as the example gateway does; a prompt-pipeline failure
