@@ -4,6 +4,7 @@
 //! endpoint is not available), and the wake-up of attempts waiting on an
 //! endpoint when it is ejected.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kvroute_core::EndpointId;
@@ -47,9 +48,16 @@ pub enum Stall {
 
 pub(crate) struct Outliers {
     detector: Mutex<OutlierDetector>,
+    /// Per slot, the end of its ejection in clock nanoseconds (0: none): what
+    /// every decision reads, without the detector's lock.
+    until: Box<[AtomicU64]>,
     timeouts: HeaderTimeouts,
     /// Bumped on every ejection: attempts waiting anywhere check theirs.
     ejections: watch::Sender<u64>,
+}
+
+fn nanos(t: Duration) -> u64 {
+    u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Outliers {
@@ -60,8 +68,22 @@ impl Outliers {
         }
         Self {
             detector: Mutex::new(detector),
+            until: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
             timeouts,
             ejections: watch::channel(0).0,
+        }
+    }
+
+    /// Copies `endpoint`'s ejection from the detector into the lock-free view.
+    fn mirror(&self, det: &OutlierDetector, endpoint: EndpointId, now: Duration) {
+        if let Some(u) = self.until.get(endpoint.index()) {
+            let s = det.status(endpoint, now);
+            let end = if s.ejected {
+                nanos(now.saturating_add(s.ejected_for)).max(1)
+            } else {
+                0
+            };
+            u.store(end, Ordering::Release);
         }
     }
 
@@ -74,11 +96,15 @@ impl Outliers {
     }
 
     pub(crate) fn set_present(&self, endpoint: EndpointId, present: bool, now: Duration) {
-        self.detector.lock().set_present(endpoint, present, now);
+        let mut det = self.detector.lock();
+        det.set_present(endpoint, present, now);
+        self.mirror(&det, endpoint, now);
     }
 
     pub(crate) fn is_ejected(&self, endpoint: EndpointId, now: Duration) -> bool {
-        self.detector.lock().is_ejected(endpoint, now)
+        self.until
+            .get(endpoint.index())
+            .is_some_and(|u| nanos(now) < u.load(Ordering::Acquire))
     }
 
     pub(crate) fn status(&self, endpoint: EndpointId, now: Duration) -> OutlierStatus {
@@ -98,24 +124,25 @@ impl Outliers {
     }
 }
 
-/// The attempt got its headers: an answer is also what other endpoints'
-/// stalls are measured against.
+/// The attempt got its headers. (Other endpoints' stalls are judged when
+/// their engines report or their attempts reach the stall age; an answer
+/// alone never completes the evidence.)
 pub(crate) fn answered(shared: &Shared, endpoint: EndpointId, attempt: AttemptId, now: Duration) {
-    shared
-        .outliers
-        .detector
-        .lock()
-        .answered(endpoint, attempt, now);
-    evaluate(shared, now);
+    let o = &shared.outliers;
+    let mut det = o.detector.lock();
+    det.answered(endpoint, attempt, now);
+    o.mirror(&det, endpoint, now);
 }
 
 /// The host gave up waiting for the attempt's headers.
 pub(crate) fn timed_out(shared: &Shared, endpoint: EndpointId, attempt: AttemptId, now: Duration) {
-    let ejected = shared
-        .outliers
-        .detector
-        .lock()
-        .timed_out(endpoint, attempt, now);
+    let o = &shared.outliers;
+    let ejected = {
+        let mut det = o.detector.lock();
+        let ejected = det.timed_out(endpoint, attempt, now);
+        o.mirror(&det, endpoint, now);
+        ejected
+    };
     if ejected {
         announce(shared, &[endpoint], "consecutive response-header timeouts");
     }
@@ -129,7 +156,15 @@ pub(crate) fn evidence(shared: &Shared, endpoint: EndpointId, now: Duration, ev:
 
 /// Ejects what stalls at `now`.
 pub(crate) fn evaluate(shared: &Shared, now: Duration) {
-    let ejected = shared.outliers.detector.lock().evaluate(now);
+    let o = &shared.outliers;
+    let ejected = {
+        let mut det = o.detector.lock();
+        let ejected = det.evaluate(now);
+        for e in &ejected {
+            o.mirror(&det, *e, now);
+        }
+        ejected
+    };
     if !ejected.is_empty() {
         announce(
             shared,

@@ -310,7 +310,7 @@ impl Pick {
         let start = tokio::time::Instant::now();
         let deadline = limit.map(|(d, _)| start + d);
         // When this attempt reaches the stall age: evaluated then (later
-        // evidence and answers evaluate as they come).
+        // engine reports evaluate as they come).
         let stall_after = shared.outliers.stall_after();
         let mut stall_check = (!stall_after.is_zero()).then(|| start + stall_after);
         let mut watching = true;
