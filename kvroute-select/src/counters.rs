@@ -81,7 +81,8 @@ pub struct CountersSnapshot {
     /// Decisions or retries that found no eligible endpoint.
     pub exhausted: u64,
     /// Receipts refused because they claimed more cached tokens than the
-    /// prompt has (a broken or hostile upstream).
+    /// prompt has (a broken or hostile upstream); see
+    /// [`crate::Rule::record_usage`].
     pub implausible_receipts: u64,
     /// Load-aware picks that passed over a better-overlap endpoint.
     pub load_diversions: u64,

@@ -413,16 +413,40 @@ impl Rule {
     /// The backend answered: `cached_tokens` is its
     /// `usage.prompt_tokens_details.cached_tokens`. Feeds predicted-vs-delivered
     /// accuracy and the contract-drift alarm; returns `true` when this receipt
-    /// raised the alarm.
-    ///
-    /// A receipt claiming more cached tokens than the prompt has (when its
-    /// length is known) is refused and counted as implausible: it would skew
-    /// accuracy and hide drift.
+    /// raised the alarm. [`Rule::record_usage`] without the engine's own
+    /// prompt count.
     pub fn record_receipt(&self, d: &Decision, cached_tokens: u32) -> bool {
+        self.record_usage(d, cached_tokens, None)
+    }
+
+    /// [`Rule::record_receipt`] with the engine's own `usage.prompt_tokens`
+    /// from the same answer, when it sent one.
+    ///
+    /// A receipt claiming more cached tokens than the prompt has is refused
+    /// and counted as implausible (it would skew accuracy and hide drift):
+    /// more than the decision's prompt length when it is known, than the
+    /// engine's own prompt count when it sent one, and in any case than
+    /// [`crate::Thresholds::max_receipt_tokens`].
+    pub fn record_usage(
+        &self,
+        d: &Decision,
+        cached_tokens: u32,
+        prompt_tokens: Option<u32>,
+    ) -> bool {
         let Some(t) = d.target else { return false };
-        if d.prompt_tokens > 0 && cached_tokens > d.prompt_tokens {
+        let bound = [
+            (d.prompt_tokens > 0).then_some(d.prompt_tokens),
+            prompt_tokens,
+            Some(self.config.thresholds.max_receipt_tokens),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(u32::MAX);
+        if cached_tokens > bound {
             self.counters.implausible_receipt();
             tracing::debug!(rule = %self.config.name, cached_tokens, prompt_tokens = d.prompt_tokens,
+                reported_prompt_tokens = ?prompt_tokens,
                 "receipt claims more cached tokens than the prompt has; ignored");
             return false;
         }

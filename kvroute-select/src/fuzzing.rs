@@ -284,3 +284,124 @@ pub fn check<V: InventoryView + ?Sized>(
         }
     }
 }
+
+/// Drives the outlier detector and its naive model
+/// (`crate::outlier::model`) with operations read from `data` on a clock
+/// that only moves forward, and asserts after every step that they agree
+/// (ejections returned, who is ejected and until when, counts) and that no
+/// ejection left the pool without an endpoint in rotation.
+pub fn outlier(data: &[u8]) {
+    use crate::outlier::model::Model;
+    use crate::{EngineEvidence, OutlierConfig, OutlierDetector};
+
+    let mut b = Bytes(data);
+    let n = 1 + usize::from(b.next() % 4);
+    let ms = |x: u8, scale: u64| Duration::from_millis(u64::from(x) * scale);
+    let base = ms(1 + b.next() % 8, 500);
+    let config = OutlierConfig {
+        stall_after: ms(b.next() % 9, 500),
+        report_grace: ms(b.next() % 5, 250),
+        consecutive_timeouts: u32::from(b.next() % 5),
+        base_ejection: base,
+        max_ejection: base.saturating_mul(u32::from(1 + b.next() % 4)),
+    };
+    let mut det = OutlierDetector::new(n, config);
+    let mut model = Model::new(n, config);
+    // (endpoint, the detector's handle, the model's handle)
+    let mut attempts: Vec<(usize, crate::AttemptId, usize)> = Vec::new();
+    let mut now = Duration::ZERO;
+    let id = |e: usize| EndpointId(u32::try_from(e).unwrap_or(u32::MAX));
+    for _ in 0..400 {
+        if b.0.is_empty() {
+            break;
+        }
+        let op = b.next();
+        now += ms(b.next() % 16, 125);
+        let e = usize::from(b.next()) % n;
+        match op % 8 {
+            0 | 1 => {
+                let d = det.sent(id(e), now);
+                let m = model.sent(e, now);
+                if let (Some(d), Some(m)) = (d, m) {
+                    attempts.push((e, d, m));
+                }
+            }
+            2..=4 if !attempts.is_empty() => {
+                let k = usize::from(b.next()) % attempts.len();
+                let (e, d, m) = attempts.swap_remove(k);
+                match op % 8 {
+                    2 => {
+                        det.answered(id(e), d, now);
+                        model.answered(m, now);
+                    }
+                    3 => {
+                        det.abandoned(id(e), d);
+                        model.abandoned(m, now);
+                    }
+                    _ => {
+                        let ours = det.timed_out(id(e), d, now);
+                        assert_eq!(ours, model.timed_out(m, now), "timeout ejection at {now:?}");
+                        if ours {
+                            assert_rotation(&det, &model, n, now);
+                        }
+                    }
+                }
+            }
+            5 => {
+                let ev = match b.next() % 4 {
+                    0 => EngineEvidence::Unreachable,
+                    k => EngineEvidence::Report {
+                        busy: u32::from(k - 1) * u32::from(b.next() % 3),
+                    },
+                };
+                det.evidence(id(e), now, ev);
+                model.evidence(e, now, ev);
+            }
+            6 if b.next() % 8 == 0 => {
+                let present = b.next() % 3 != 0;
+                det.set_present(id(e), present, now);
+                model.set_present(e, present, now);
+            }
+            _ => {
+                let ours = det.evaluate(now);
+                let theirs: Vec<EndpointId> = model.evaluate(now).into_iter().map(id).collect();
+                assert_eq!(ours, theirs, "stall ejections at {now:?}");
+                if !ours.is_empty() {
+                    assert_rotation(&det, &model, n, now);
+                }
+            }
+        }
+        for e in 0..n {
+            let s = det.status(id(e), now);
+            assert_eq!(
+                s.ejected,
+                model.is_ejected(e, now),
+                "endpoint {e} at {now:?}"
+            );
+            assert_eq!(det.is_ejected(id(e), now), s.ejected);
+            if let Some(until) = model.ejected_until(e, now) {
+                assert_eq!(s.ejected_for, until - now, "endpoint {e} at {now:?}");
+            }
+            assert_eq!((s.ejections, s.stall_ejections), model.ejections(e));
+            assert_eq!(s.waiting, model.waiting_count(e), "endpoint {e}");
+            assert_eq!(s.consecutive_timeouts, model.consecutive_timeouts(e));
+            if let Some(next) = det.next_stall_check(now) {
+                assert!(next > now);
+            }
+        }
+    }
+}
+
+/// Right after an ejection some present endpoint is still in rotation.
+fn assert_rotation(
+    det: &crate::OutlierDetector,
+    model: &crate::outlier::model::Model,
+    n: usize,
+    now: Duration,
+) {
+    let id = |e: usize| EndpointId(u32::try_from(e).unwrap_or(u32::MAX));
+    assert!(
+        (0..n).any(|e| model.present(e) && !det.is_ejected(id(e), now)),
+        "every endpoint ejected at {now:?}"
+    );
+}

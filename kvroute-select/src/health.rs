@@ -39,6 +39,8 @@ pub enum Availability {
     AdminDown,
     /// Behind an open circuit breaker.
     BreakerOpen,
+    /// Taken out of rotation by outlier detection ([`crate::OutlierDetector`]).
+    Ejected,
 }
 
 impl Availability {

@@ -60,8 +60,8 @@
 //! ([`KeysError::ExtraNotSupported`]) and the decision records the miss
 //! [`MissReason::ExtrasUnsupported`] instead of predicting hits with wrong keys.
 //!
-//! Feature `fuzzing` adds the entry point of the `select_ladder` cargo-fuzz
-//! target in `fuzz/` (not a stable API).
+//! Feature `fuzzing` adds the entry points of the `select_ladder` and
+//! `outlier` cargo-fuzz targets in `fuzz/` (not a stable API).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
@@ -84,6 +84,7 @@ mod keys;
 mod load;
 mod memory_view;
 mod names;
+mod outlier;
 mod pool;
 pub mod replica_sync;
 mod rule;
@@ -108,6 +109,9 @@ pub use load::{
 };
 pub use memory_view::KeySetInventory;
 pub use names::{ScorerKind, UnknownName};
+pub use outlier::{
+    AttemptId, EjectionCause, EngineEvidence, OutlierConfig, OutlierDetector, OutlierStatus,
+};
 pub use pool::LoadBound;
 pub use replica_sync::{
     Applied, LoadDelta, OutboxCounters, RemoteConfig, RemoteCounters, RemoteLoad, WithRemote,

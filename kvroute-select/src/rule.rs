@@ -52,6 +52,10 @@ pub struct Thresholds {
     /// Consecutive zero-cached receipts after predicted hits that raise the
     /// drift alarm.
     pub drift_alarm_after: u64,
+    /// Most cached tokens a receipt may claim: the bound that remains when
+    /// neither the decision nor the engine's answer gives the prompt's
+    /// length (default 2^24, beyond every engine's context window).
+    pub max_receipt_tokens: u32,
 }
 
 impl Default for Thresholds {
@@ -63,6 +67,7 @@ impl Default for Thresholds {
             chwbl_prefix_tokens: 256,
             max_retries: 3,
             drift_alarm_after: 8,
+            max_receipt_tokens: 1 << 24,
         }
     }
 }

@@ -81,7 +81,7 @@
 //!   (an `http_body::Body`) and [`receipt::ReceiptTracker`] (the same for
 //!   hosts handed the body in chunks), and [`receipt::include_usage`].
 //! * `tower` feature: [`tower::KvRouteLayer`] — buffer the body, decide,
-//!   forward, retry through `tower::retry::Policy`, receipt body.
+//!   forward (each attempt under `Pick::await_headers`), retry, receipt body.
 //! * [`prompt`]: the per-request prompt step ([`prompt::prepare`],
 //!   [`prompt::prepare_admitted`]) for hosts that drive selection themselves,
 //!   as the example gateway does; a prompt-pipeline failure
@@ -139,9 +139,9 @@ pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use runtime::{
     BuildError, Change, EndpointDelta, EndpointStatus, EngineLoadConfig, FollowerStatus,
-    HostTransport, KvRouter, KvRouterBuilder, LoadPolls, NoEndpoint, Pick, ProbeConfig, Readiness,
-    ReplicaBatch, ReplicaConfig, ReplicaCounters, ReplicaError, ReplicaSink, ReplicaSubscription,
-    ReplicaTransport, TokenizerState,
+    HeaderTimeouts, HostTransport, KvRouter, KvRouterBuilder, LoadPolls, NoEndpoint, Pick,
+    ProbeConfig, Readiness, ReplicaBatch, ReplicaConfig, ReplicaCounters, ReplicaError,
+    ReplicaSink, ReplicaSubscription, ReplicaTransport, Stall, TokenizerState,
 };
 
 pub use kvroute_core::{HashContract, LoraAdapter, UnknownName};
@@ -151,6 +151,6 @@ pub use kvroute_engines::{ApiKind, MetricsDialect};
 pub use kvroute_ingest::IndexConfig;
 pub use kvroute_select::{
     BreakerConfig, Candidate, Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason,
-    Role, ScoreInput, ScorePick, Scorer, ScorerKind, ScorerRef, SelectorKind, Source, Target,
-    Thresholds, Topology,
+    OutlierConfig, OutlierStatus, Role, ScoreInput, ScorePick, Scorer, ScorerKind, ScorerRef,
+    SelectorKind, Source, Target, Thresholds, Topology,
 };

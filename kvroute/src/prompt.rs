@@ -172,6 +172,8 @@ pub struct PreparedPrompt {
     /// The same with `prompt` as ids, per target engine (`None`: forwarding
     /// is off).
     ids: Option<IdsBody>,
+    /// The body asks for a streamed answer (`"stream": true`).
+    streamed: bool,
 }
 
 impl PreparedPrompt {
@@ -194,7 +196,15 @@ impl PreparedPrompt {
             keys: None,
             rewritten: None,
             ids: None,
+            streamed: false,
         }
+    }
+
+    /// Whether the body asks for a streamed answer (`"stream": true`): its
+    /// engine then sends response headers as soon as it accepts it.
+    #[must_use]
+    pub fn streamed(&self) -> bool {
+        self.streamed
     }
 
     /// The model the body named.
@@ -291,6 +301,7 @@ pub fn unadmitted<H: PromptHost + ?Sized>(host: &H, body: &[u8]) -> PreparedProm
     let options = host.options(model.as_deref());
     let mut out = PreparedPrompt::missed(model, MissReason::TokenizeOverloaded);
     out.rewritten = usage_rewrite(&options, value.as_ref(), body);
+    out.streamed = streamed(value.as_ref());
     if options.forward_token_ids {
         out.ids = Some(IdsBody::text(KeepText::NoTokens));
     }
@@ -301,14 +312,18 @@ pub fn unadmitted<H: PromptHost + ?Sized>(host: &H, body: &[u8]) -> PreparedProm
 /// when the options ask for it: the rewrite parses the body again, so
 /// non-streamed requests, most of them, skip it.
 fn usage_rewrite(options: &PromptOptions, value: Option<&PyValue>, body: &[u8]) -> Option<Bytes> {
-    let streamed = value
-        .and_then(PyValue::as_dict)
-        .is_some_and(|d| matches!(d.get("stream"), Some(PyValue::Bool(true))));
-    if options.include_usage && streamed {
+    if options.include_usage && streamed(value) {
         crate::receipt::include_usage(body).map(Bytes::from)
     } else {
         None
     }
+}
+
+/// `"stream": true` in a parsed body.
+fn streamed(value: Option<&PyValue>) -> bool {
+    value
+        .and_then(PyValue::as_dict)
+        .is_some_and(|d| matches!(d.get("stream"), Some(PyValue::Bool(true))))
 }
 
 /// Parses and tokenizes `body`, an OpenAI `api` request, under the options
@@ -321,7 +336,9 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
         .and_then(|v| prompt::model_of(v).map(str::to_owned));
     let options = host.options(model.as_deref());
     let rewritten = usage_rewrite(&options, value.as_ref(), body);
+    let is_streamed = streamed(value.as_ref());
     let no_ids = |mut p: PreparedPrompt| {
+        p.streamed = is_streamed;
         if options.forward_token_ids {
             let why = if api == ApiKind::Chat {
                 KeepText::Chat
@@ -393,6 +410,7 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
                 keys,
                 rewritten: None,
                 ids: None,
+                streamed: false,
             }
         }
         Err(e) => {
@@ -413,6 +431,7 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
         ));
     }
     out.rewritten = rewritten;
+    out.streamed = is_streamed;
     out
 }
 

@@ -74,17 +74,40 @@ impl BodyKind {
 }
 
 /// `usage.prompt_tokens_details.cached_tokens` of one OpenAI response object.
+/// A count beyond `u32` reads as `u32::MAX`: no prompt is that long, so the
+/// rule refuses it as implausible ([`kvroute_select::Rule::record_usage`]).
 ///
 /// ```
 /// let v = serde_json::json!({"usage": {"prompt_tokens_details": {"cached_tokens": 496}}});
 /// assert_eq!(kvroute::receipt::cached_tokens(&v), Some(496));
 /// assert_eq!(kvroute::receipt::cached_tokens(&serde_json::json!({"usage": null})), None);
+/// let huge = serde_json::json!({"usage": {"prompt_tokens_details": {"cached_tokens": 4294967304u64}}});
+/// assert_eq!(kvroute::receipt::cached_tokens(&huge), Some(u32::MAX));
 /// ```
 #[must_use]
 pub fn cached_tokens(v: &serde_json::Value) -> Option<u32> {
     v.pointer("/usage/prompt_tokens_details/cached_tokens")
         .and_then(serde_json::Value::as_u64)
-        .and_then(|n| u32::try_from(n).ok())
+        .map(saturate)
+}
+
+/// `usage.prompt_tokens` of one OpenAI response object: the engine's own
+/// count of the prompt, the bound of its `cached_tokens` (beyond `u32`:
+/// `u32::MAX`).
+///
+/// ```
+/// let v = serde_json::json!({"usage": {"prompt_tokens": 512, "prompt_tokens_details": {"cached_tokens": 496}}});
+/// assert_eq!(kvroute::receipt::prompt_tokens(&v), Some(512));
+/// ```
+#[must_use]
+pub fn prompt_tokens(v: &serde_json::Value) -> Option<u32> {
+    v.pointer("/usage/prompt_tokens")
+        .and_then(serde_json::Value::as_u64)
+        .map(saturate)
+}
+
+fn saturate(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Finds the cached-token receipt in a response body fed chunk by chunk.
@@ -95,6 +118,8 @@ pub struct UsageScanner {
     kind: BodyKind,
     buf: Vec<u8>,
     found: Option<u32>,
+    /// `usage.prompt_tokens` of the object `found` came from.
+    found_prompt: Option<u32>,
     overflowed: bool,
 }
 
@@ -106,6 +131,7 @@ impl UsageScanner {
             kind,
             buf: Vec::new(),
             found: None,
+            found_prompt: None,
             overflowed: false,
         }
     }
@@ -165,6 +191,7 @@ impl UsageScanner {
         if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
             if let Some(c) = cached_tokens(&v) {
                 self.found = Some(c);
+                self.found_prompt = prompt_tokens(&v);
             }
         }
     }
@@ -173,6 +200,12 @@ impl UsageScanner {
     #[must_use]
     pub fn found(&self) -> Option<u32> {
         self.found
+    }
+
+    /// The engine's `usage.prompt_tokens` beside the receipt so far.
+    #[must_use]
+    pub fn prompt_tokens(&self) -> Option<u32> {
+        self.found_prompt
     }
 
     /// Whether some input was too long to scan (the receipt may be missing).
@@ -189,6 +222,7 @@ impl UsageScanner {
                 if !self.overflowed && !self.buf.is_empty() {
                     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&self.buf) {
                         self.found = cached_tokens(&v);
+                        self.found_prompt = self.found.and(prompt_tokens(&v));
                     }
                 }
                 self.buf = Vec::new();
@@ -210,6 +244,9 @@ impl UsageScanner {
 pub struct Receipt {
     /// The engine's `cached_tokens`, if its answer carried usage.
     pub cached_tokens: Option<u32>,
+    /// The engine's own `usage.prompt_tokens` beside it, if it sent one
+    /// (what bounds `cached_tokens`).
+    pub prompt_tokens: Option<u32>,
     /// The body reached its end (`false`: an error, or the client dropped it).
     pub complete: bool,
 }
@@ -234,14 +271,14 @@ pub type OnReceipt = Box<dyn FnOnce(Receipt) + Send>;
 /// r.on_chunk(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens_details\":");
 /// r.on_chunk(b"{\"cached_tokens\":32}}}\n\ndata: [DONE]\n\n");
 /// r.on_end();
-/// assert_eq!(rx.recv().unwrap(), Receipt { cached_tokens: Some(32), complete: true });
+/// assert_eq!(rx.recv().unwrap(), Receipt { cached_tokens: Some(32), prompt_tokens: None, complete: true });
 ///
 /// // Dropped before its end: no receipt, the charge is released all the same.
 /// let (tx, rx) = std::sync::mpsc::channel();
 /// let mut r = ReceiptTracker::new(BodyKind::Json, None, Box::new(move |r| tx.send(r).unwrap()));
 /// r.on_chunk(br#"{"usage":{"prompt_tokens_details":{"cached_tokens":32}}}"#);
 /// drop(r);
-/// assert_eq!(rx.recv().unwrap(), Receipt { cached_tokens: None, complete: false });
+/// assert_eq!(rx.recv().unwrap(), Receipt { cached_tokens: None, prompt_tokens: None, complete: false });
 /// ```
 pub struct ReceiptTracker {
     scanner: UsageScanner,
@@ -327,13 +364,14 @@ impl ReceiptTracker {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(f) = on_end.take() {
-            let cached_tokens = if complete {
-                self.scanner.finish()
+            let (cached_tokens, prompt_tokens) = if complete {
+                (self.scanner.finish(), self.scanner.prompt_tokens())
             } else {
-                None
+                (None, None)
             };
             f(Receipt {
                 cached_tokens,
+                prompt_tokens,
                 complete,
             });
         }
@@ -363,7 +401,7 @@ impl Drop for ReceiptTracker {
 /// let body = ReceiptBody::new(answer, BodyKind::Json, None, Box::new(move |r| tx.send(r).unwrap()));
 /// let bytes = body.collect().await.unwrap().to_bytes();
 /// assert!(bytes.starts_with(b"{\"usage\""));
-/// assert_eq!(rx.recv().unwrap(), Receipt { cached_tokens: Some(32), complete: true });
+/// assert_eq!(rx.recv().unwrap(), Receipt { cached_tokens: Some(32), prompt_tokens: Some(40), complete: true });
 /// # });
 /// ```
 pub struct ReceiptBody<B> {

@@ -1,9 +1,10 @@
 //! A tower [`Layer`] that routes OpenAI requests with a [`KvRouter`]: the
 //! request body is buffered (bounded), the router decides, the inner service
 //! (an HTTP client such as hyper-util's) is called with the request
-//! re-targeted at the chosen endpoint, an error of the inner service (a failed
-//! connect) is retried on the next endpoint through [`tower::retry::Policy`]
-//! calling [`Pick::retry`], and the response body becomes a
+//! re-targeted at the chosen endpoint and awaited with [`crate::Pick::await_headers`]
+//! (the router's header timeouts and outlier detection), an error of the
+//! inner service (a failed connect) or a stall is retried on the next
+//! endpoint with [`crate::Pick::retry`], and the response body becomes a
 //! [`ReceiptBody`] (receipt recorded and load released at its end or drop).
 //!
 //! Only errors of the inner service are retried: a response, whatever its
@@ -37,12 +38,11 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
-use parking_lot::Mutex;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
 use crate::receipt::ReceiptBody;
 use crate::ApiKind;
-use crate::{KvRouter, Pick};
+use crate::{KvRouter, Leg};
 
 /// Default [`KvRouteLayer::max_body_bytes`]: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
@@ -105,6 +105,11 @@ pub enum KvRouteError {
     /// The upstream request could not be built for the chosen endpoint.
     #[error("upstream request: {0}")]
     Build(#[from] http::Error),
+    /// The last endpoint sent no response headers in time, or was ejected
+    /// by outlier detection while the request waited on it
+    /// ([`crate::Pick::await_headers`]).
+    #[error(transparent)]
+    Stalled(#[from] crate::Stall),
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and the ones re-derived per upstream.
@@ -139,46 +144,6 @@ fn upstream_request(
         h.insert(header::CONTENT_LENGTH, body.len().into());
     }
     b.body(Full::new(body))
-}
-
-/// Re-targets the request at the next endpoint after an inner-service error.
-#[derive(Clone)]
-struct RetryPick {
-    pick: Arc<Mutex<Option<Pick>>>,
-    path_and_query: Arc<str>,
-}
-
-impl<Res, E> tower::retry::Policy<http::Request<Full<Bytes>>, Res, E> for RetryPick {
-    type Future = std::future::Ready<()>;
-
-    fn retry(
-        &mut self,
-        req: &mut http::Request<Full<Bytes>>,
-        result: &mut Result<Res, E>,
-    ) -> Option<Self::Future> {
-        if result.is_ok() {
-            return None;
-        }
-        let mut guard = self.pick.lock();
-        let pick = guard.as_mut()?;
-        let url = pick.retry()?;
-        tracing::debug!(next = url, "upstream failed; retrying on the next endpoint");
-        let uri = format!("{url}{}", self.path_and_query).parse().ok()?;
-        *req.uri_mut() = uri;
-        Some(std::future::ready(()))
-    }
-
-    fn clone_request(
-        &mut self,
-        req: &http::Request<Full<Bytes>>,
-    ) -> Option<http::Request<Full<Bytes>>> {
-        let mut out = http::Request::new(req.body().clone());
-        *out.method_mut() = req.method().clone();
-        *out.uri_mut() = req.uri().clone();
-        *out.version_mut() = req.version();
-        *out.headers_mut() = req.headers().clone();
-        Some(out)
-    }
 }
 
 impl<S, B, RB> Service<http::Request<B>> for KvRoute<S>
@@ -222,31 +187,35 @@ where
             } else {
                 None
             };
-            let pick = match api {
+            let mut pick = match api {
                 Some(api) => router.pick(api, &bytes).await,
                 None => router.pick_unrouted(),
             }
             .map_err(KvRouteError::from)?;
-            let upstream = upstream_request(
-                &parts.method,
-                pick.url(),
-                &path_and_query,
-                &parts.headers,
-                pick.upstream_body(&bytes),
-            )
-            .map_err(KvRouteError::from)?;
-            let shared = Arc::new(Mutex::new(Some(pick)));
-            let policy = RetryPick {
-                pick: Arc::clone(&shared),
-                path_and_query,
-            };
-            let result = tower::retry::Retry::new(policy, inner)
-                .oneshot(upstream)
-                .await;
-            let pick = shared.lock().take();
-            let response = result.map_err(Into::into)?;
-            let Some(pick) = pick else {
-                return Err("the routing decision was lost".into());
+            // The one retry driver: each attempt's wait for headers under the
+            // router's header timeouts and outlier detection; an error of the
+            // inner service or a stall moves to the next endpoint.
+            let response = loop {
+                let upstream = upstream_request(
+                    &parts.method,
+                    pick.url(),
+                    &path_and_query,
+                    &parts.headers,
+                    pick.upstream_body(&bytes),
+                )
+                .map_err(KvRouteError::from)?;
+                let attempt = inner.clone().oneshot(upstream);
+                let failure: BoxError = match pick.await_headers(Leg::Endpoint, attempt).await {
+                    Ok(Ok(response)) => break response,
+                    Ok(Err(e)) => e.into(),
+                    Err(stall) => KvRouteError::Stalled(stall).into(),
+                };
+                match pick.retry() {
+                    Some(next) => {
+                        tracing::debug!(%next, error = %failure, "upstream failed; retrying on the next endpoint");
+                    }
+                    None => return Err(failure),
+                }
             };
             pick.connected();
             let (head, body) = response.into_parts();

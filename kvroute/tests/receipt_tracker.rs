@@ -90,6 +90,7 @@ fn a_json_answer_gives_its_receipt_at_the_end_and_releases_the_charge() {
         only(&rx),
         Receipt {
             cached_tokens: Some(32),
+            prompt_tokens: Some(48),
             complete: true
         }
     );
@@ -126,6 +127,7 @@ fn an_sse_stream_with_usage_gives_the_last_usage_event_whatever_the_chunking() {
             only(&rx),
             Receipt {
                 cached_tokens: Some(32),
+                prompt_tokens: Some(48),
                 complete: true
             },
             "step {step}"
@@ -150,6 +152,7 @@ fn a_stream_or_answer_without_usage_ends_with_no_receipt() {
             only(&rx),
             Receipt {
                 cached_tokens: None,
+                prompt_tokens: None,
                 complete: true
             }
         );
@@ -171,6 +174,7 @@ fn a_disconnect_or_an_error_before_the_end_records_nothing_and_releases_the_char
         only(&rx),
         Receipt {
             cached_tokens: None,
+            prompt_tokens: None,
             complete: false
         }
     );
@@ -182,6 +186,7 @@ fn a_disconnect_or_an_error_before_the_end_records_nothing_and_releases_the_char
         only(&rx),
         Receipt {
             cached_tokens: None,
+            prompt_tokens: None,
             complete: false
         }
     );
@@ -194,6 +199,7 @@ fn a_disconnect_or_an_error_before_the_end_records_nothing_and_releases_the_char
         only(&rx),
         Receipt {
             cached_tokens: None,
+            prompt_tokens: None,
             complete: false
         }
     );
@@ -292,20 +298,24 @@ async fn a_pick_becomes_a_tracker_that_records_the_engines_receipt() {
     let before = r.counters().endpoints[0].receipts;
     let stream = push(resp.into_body(), &mut t, None).await;
     let seen = only(&rx);
+    // The engine's own words, read independently of the scanner.
+    let usage = String::from_utf8_lossy(&stream)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .find(|v| kvroute::receipt::cached_tokens(v).is_some())
+        .expect("a usage event");
+    let sent = kvroute::receipt::cached_tokens(&usage);
+    assert_eq!(sent, Some(predicted));
     assert_eq!(
         seen,
         Receipt {
             cached_tokens: Some(predicted),
+            prompt_tokens: kvroute::receipt::prompt_tokens(&usage),
             complete: true
         }
     );
-    // The engine's own words, read independently of the scanner.
-    let sent = String::from_utf8_lossy(&stream)
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-        .find_map(|v| kvroute::receipt::cached_tokens(&v));
-    assert_eq!(sent, Some(predicted));
+    assert!(seen.prompt_tokens.is_some());
     let c = r.counters();
     assert_eq!(c.endpoints[0].receipts, before + 1);
     assert_eq!(

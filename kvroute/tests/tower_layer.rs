@@ -1,5 +1,5 @@
 //! The tower layer in front of hyper-util's client: buffer → decide → forward
-//! → retry (tower's `Retry` with the router's retry) → receipt body.
+//! → retry (each attempt under the router's header wait and outlier detection) → receipt body.
 
 use kvroute_testkit as support;
 
@@ -93,4 +93,84 @@ async fn an_oversized_body_is_refused_before_deciding() {
         .unwrap_err();
     assert!(err.to_string().starts_with("request body"), "{err}");
     assert_eq!(router.counters().decisions, 0);
+}
+
+/// An HTTP server on 127.0.0.1 that answers `/health`; completions are
+/// answered at once (`hold` false) or never, and its `/metrics` page hangs
+/// when `hold` (an engine stuck as a whole, whose health endpoint still
+/// answers). Returns its URL.
+async fn engine(hold: bool) -> String {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().fallback(move |req: Request<Body>| async move {
+        let path = req.uri().path().to_owned();
+        let _ = axum::body::to_bytes(req.into_body(), 1 << 20).await;
+        match path.as_str() {
+            "/health" => StatusCode::OK.into_response(),
+            _ if hold => std::future::pending().await,
+            "/metrics" => "vllm:num_requests_running{engine=\"0\"} 0.0\nvllm:num_requests_waiting{engine=\"0\"} 0.0\n"
+                .into_response(),
+            _ => axum::Json(serde_json::json!({"choices": [{"text": "ok"}],
+                "usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 0}}}))
+            .into_response(),
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+/// Round robin over a stuck engine and a live one, no header timeout at
+/// all: requests held by the stuck engine are retried on the live one once
+/// outlier detection ejects it (they would wait forever otherwise); the
+/// stuck engine is then out of rotation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_held_by_an_ejected_endpoint_are_retried_on_the_next() {
+    let stuck = engine(true).await;
+    let live = engine(false).await;
+    let router = KvRouter::builder_without_contract()
+        .choice(kvroute::Choice::RoundRobin)
+        .endpoint(Backend::vllm(stuck.clone()))
+        .endpoint(Backend::vllm(live.clone()))
+        .engine_load(kvroute::EngineLoadConfig {
+            interval: std::time::Duration::from_millis(100),
+            timeout: std::time::Duration::from_millis(200),
+            max_age: std::time::Duration::from_secs(5),
+        })
+        .outlier_detection(kvroute::OutlierConfig {
+            stall_after: std::time::Duration::from_secs(1),
+            report_grace: std::time::Duration::from_millis(300),
+            ..kvroute::OutlierConfig::default()
+        })
+        .spawn()
+        .unwrap();
+    let service = KvRouteLayer::new(router.clone()).layer(client());
+    let calls: Vec<_> = (0..4)
+        .map(|i| {
+            let s = service.clone();
+            let body = bytes::Bytes::from(format!(r#"{{"model": "m", "prompt": "p{i}"}}"#));
+            tokio::spawn(async move {
+                let req = http::Request::post("/v1/completions")
+                    .header("content-type", "application/json")
+                    .body(Full::new(body))
+                    .unwrap();
+                s.oneshot(req).await.map(|r| r.status())
+            })
+        })
+        .collect();
+    for c in calls {
+        // Bounded: without outlier detection the held ones never return.
+        let status = tokio::time::timeout(std::time::Duration::from_secs(60), c)
+            .await
+            .expect("answered")
+            .unwrap()
+            .unwrap();
+        assert!(status.is_success(), "{status}");
+    }
+    let s = router.endpoint_status(&stuck).unwrap();
+    assert!(s.outlier.ejections >= 1, "{:?}", s.outlier);
+    assert!(router.counters().retries >= 1);
+    assert_eq!((router.in_flight(&stuck), router.in_flight(&live)), (0, 0));
 }

@@ -3,7 +3,8 @@
 //!
 //! The proxy buffers the request body, asks the router where it goes,
 //! forwards it with hyper's client (retrying on the next endpoint when a
-//! connect fails), and streams the answer back through the router's receipt
+//! connect fails, or when the router gives up waiting for headers: its
+//! header timeouts and outlier detection), and streams the answer back through the router's receipt
 //! body, which records the engine's `cached_tokens` and ends the request's
 //! load charge when the body ends or the client goes away. The chosen
 //! endpoint is echoed in `x-kvroute-endpoint`.
@@ -99,8 +100,13 @@ async fn proxy(State(app): State<App>, req: Request) -> Response {
         if let Some(ct) = parts.headers.get("content-type") {
             upstream.headers_mut().insert("content-type", ct.clone());
         }
-        match app.client.request(upstream).await {
-            Ok(resp) => {
+        // The wait for headers under the router's header timeouts and
+        // outlier detection: a stall is retried like a failed connect.
+        let answer = pick
+            .await_headers(kvroute::Leg::Endpoint, app.client.request(upstream))
+            .await;
+        match answer {
+            Ok(Ok(resp)) => {
                 pick.connected();
                 let (mut head, incoming) = resp.into_parts();
                 if let Ok(v) = pick.url().parse() {
@@ -109,8 +115,8 @@ async fn proxy(State(app): State<App>, req: Request) -> Response {
                 let body = pick.into_body(&head.headers, incoming);
                 return Response::from_parts(head, Body::new(body));
             }
-            Err(_) if pick.retry().is_some() => {}
-            Err(_) => return StatusCode::BAD_GATEWAY.into_response(),
+            Ok(Err(_)) | Err(_) if pick.retry().is_some() => {}
+            Ok(Err(_)) | Err(_) => return StatusCode::BAD_GATEWAY.into_response(),
         }
     }
 }

@@ -156,6 +156,8 @@ impl Collector for Routers {
                         u64::from(s.available),
                         s.load_polls.ok,
                         s.load_polls.failed,
+                        u64::from(s.outlier.ejected),
+                        s.outlier.ejections,
                     ],
                     ingest: [
                         s.seq.resumes,
@@ -263,7 +265,7 @@ fn encode_rows(
     family(
         enc,
         "kvroute_implausible_receipts",
-        "Engine receipts refused as implausible (more cached tokens than the prompt, or than any prompt the router tokenizes), never counted as delivered.",
+        "Engine receipts refused as implausible (more cached tokens than the prompt, than the engine's own prompt_tokens, or than any context window), never counted as delivered.",
         MetricType::Counter,
         rows.iter().map(|r| ([("rule", Esc(r.rule))], r.implausible_receipts)),
     )?;

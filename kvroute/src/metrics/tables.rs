@@ -265,7 +265,7 @@ impl EncodeLabelSet for EndpointLabels<'_> {
 }
 
 /// Per-endpoint families, in the order of [`EndpointRow::values`].
-pub(super) const ENDPOINT_METRICS: [(&str, MetricType, &str); 11] = [
+pub(super) const ENDPOINT_METRICS: [(&str, MetricType, &str); 13] = [
     (
         "kvroute_kv_hits",
         MetricType::Counter,
@@ -309,7 +309,7 @@ pub(super) const ENDPOINT_METRICS: [(&str, MetricType, &str); 11] = [
     (
         "kvroute_endpoint_available",
         MetricType::Gauge,
-        "1 when the endpoint is eligible (admin up, breaker not open).",
+        "1 when the endpoint is eligible (admin up, breaker not open, not ejected by outlier detection).",
     ),
     (
         "kvroute_engine_load_polls",
@@ -320,5 +320,15 @@ pub(super) const ENDPOINT_METRICS: [(&str, MetricType, &str); 11] = [
         "kvroute_engine_load_poll_failures",
         MetricType::Counter,
         "Polls of the engine's own load report that failed (selection then uses this replica's own counts).",
+    ),
+    (
+        "kvroute_endpoint_ejected",
+        MetricType::Gauge,
+        "1 while outlier detection keeps the endpoint out of rotation (its requests stalled while the others answered and its engine's load report did not count them, or consecutive response-header timeouts).",
+    ),
+    (
+        "kvroute_outlier_ejections",
+        MetricType::Counter,
+        "Times outlier detection took the endpoint out of rotation.",
     ),
 ];

@@ -48,13 +48,17 @@ pub(crate) fn load_tokenizers(shared: &Arc<Shared>, handle: &tokio::runtime::Han
 }
 
 /// Records `report` for endpoint `url`: the load view composes it with
-/// every replica's own counts, and the engine's capacity bounds the
-/// endpoint's inventory.
+/// every replica's own counts, the engine's capacity bounds the endpoint's
+/// inventory, and its running and waiting requests are outlier detection's
+/// evidence.
 pub(crate) fn record_report(shared: &Shared, url: &str, report: EngineReport) -> bool {
     let Some(slot) = slot_of(shared, url) else {
         return false;
     };
     record_slot(shared, slot, report);
+    let busy = report.running.saturating_add(report.waiting);
+    let evidence = kvroute_select::EngineEvidence::Report { busy };
+    super::outlier::evidence(shared, id(slot), shared.now(), evidence);
     true
 }
 
@@ -165,7 +169,7 @@ fn spawn_load_poller(
     cfg: super::EngineLoadConfig,
     stop: &watch::Sender<bool>,
 ) {
-    use kvroute_engines::transport::{LoadPoller, LoadPollerConfig};
+    use kvroute_engines::transport::{LoadPollError, LoadPoller, LoadPollerConfig};
     let Some(dialect) = super::followers::metrics_dialect(b) else {
         return;
     };
@@ -204,6 +208,12 @@ fn spawn_load_poller(
                 Ok(r) => {
                     state.polls_ok.fetch_add(1, Ordering::Relaxed);
                     warned = false;
+                    // A TensorRT-LLM drain with no iteration counts nothing.
+                    if r.ranks > 0 {
+                        let busy = r.running.saturating_add(r.waiting);
+                        let evidence = kvroute_select::EngineEvidence::Report { busy };
+                        super::outlier::evidence(&shared, id(slot), shared.now(), evidence);
+                    }
                     let report = EngineReport {
                         running: r.running,
                         waiting: r.waiting,
@@ -219,6 +229,13 @@ fn spawn_load_poller(
                 Err(e) => {
                     state.polls_failed.fetch_add(1, Ordering::Relaxed);
                     shared.reported.invalidate(id(slot));
+                    // The page hung or its connection failed: the engine does
+                    // not answer this either. An error status or an
+                    // unreadable page says nothing about requests.
+                    if matches!(e, LoadPollError::Timeout(_) | LoadPollError::Request(_)) {
+                        let evidence = kvroute_select::EngineEvidence::Unreachable;
+                        super::outlier::evidence(&shared, id(slot), shared.now(), evidence);
+                    }
                     if !warned {
                         // Once per outage: selection falls back to the
                         // replicas' own counts, which is what one replica

@@ -11,10 +11,11 @@ use kvroute_core::{HashContract, LoraAdapter};
 use kvroute_engines::prompt::TokenizerPool;
 use kvroute_ingest::IndexConfig;
 use kvroute_select::{
-    BreakerConfig, Choice, CostScorer, PredictedConfig, ScorerRef, SelectorKind, Thresholds,
-    Topology,
+    BreakerConfig, Choice, CostScorer, OutlierConfig, PredictedConfig, ScorerRef, SelectorKind,
+    Thresholds, Topology,
 };
 
+use super::outlier::HeaderTimeouts;
 use super::replicas::ReplicaConfig;
 use super::{BuildError, KvRouter};
 use crate::admission::{AdmissionLimits, TokenizeAdmission, TokenizeOverload};
@@ -102,6 +103,8 @@ pub struct KvRouterBuilder {
     pub(super) tokenize_wait: Duration,
     pub(super) engine_load: Option<EngineLoadConfig>,
     pub(super) probes: Option<ProbeConfig>,
+    pub(super) outlier: OutlierConfig,
+    pub(super) header_timeouts: HeaderTimeouts,
     pub(super) replicas: Option<ReplicaConfig>,
     pub(super) clock: Arc<dyn Clock>,
 }
@@ -136,6 +139,8 @@ impl KvRouterBuilder {
             tokenize_wait: Duration::from_millis(250),
             engine_load: None,
             probes: None,
+            outlier: OutlierConfig::default(),
+            header_timeouts: HeaderTimeouts::default(),
             replicas: None,
             clock: Arc::new(SystemClock::new()),
         }
@@ -329,6 +334,25 @@ impl KvRouterBuilder {
     /// Probe every endpoint's health (off by default); see [`ProbeConfig`].
     pub fn health_probes(mut self, config: ProbeConfig) -> Self {
         self.probes = Some(config);
+        self
+    }
+
+    /// Outlier detection (default: [`OutlierConfig::default`]): an endpoint
+    /// whose requests get no response headers while the other endpoints
+    /// answer is taken out of rotation when its engine's load reports
+    /// ([`KvRouterBuilder::engine_load`]) do not count them, or after
+    /// consecutive header timeouts; see [`kvroute_select::OutlierDetector`].
+    /// It follows the attempts a host waits on with
+    /// [`crate::Pick::await_headers`].
+    pub fn outlier_detection(mut self, config: OutlierConfig) -> Self {
+        self.outlier = config;
+        self
+    }
+
+    /// How long [`crate::Pick::await_headers`] waits for response headers
+    /// (default: no limit of its own; the host's client decides).
+    pub fn header_timeouts(mut self, timeouts: HeaderTimeouts) -> Self {
+        self.header_timeouts = timeouts;
         self
     }
 

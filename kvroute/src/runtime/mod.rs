@@ -8,6 +8,7 @@
 mod background;
 mod builder;
 mod followers;
+mod outlier;
 mod pick;
 pub(crate) mod replicas;
 mod slots;
@@ -36,6 +37,7 @@ use crate::prompt::{
 };
 
 pub use builder::{EngineLoadConfig, KvRouterBuilder, ProbeConfig};
+pub use outlier::{HeaderTimeouts, Stall};
 pub use pick::{NoEndpoint, Pick};
 pub use replicas::{
     EndpointDelta, HostTransport, ReplicaBatch, ReplicaConfig, ReplicaCounters, ReplicaError,
@@ -153,6 +155,8 @@ pub(crate) struct Shared {
     generation: RwLock<Arc<Generation>>,
     engine_load: Option<EngineLoadConfig>,
     probes: Option<ProbeConfig>,
+    /// Outlier detection over the slots.
+    outliers: outlier::Outliers,
     clock: Arc<dyn Clock>,
     handle: Option<tokio::runtime::Handle>,
     /// Turns `true` when the last router handle goes: every background task

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use kvroute_core::{BlockKey, EndpointId};
 use kvroute_select::{Decision, Leg, LoadGuard, PromptInput, Request, Target};
 
+use super::outlier::{self, Stall};
 use super::slots::Generation;
 use super::view::RouterView;
 use super::Shared;
@@ -259,6 +260,92 @@ impl Pick {
         next
     }
 
+    /// Waits for `response`, the upstream's answer to this request's current
+    /// target (`leg`: the endpoint, or a P/D target's decode endpoint), up to
+    /// its response headers: the host's HTTP client future, `Ok` once the
+    /// status line and headers arrived. Meanwhile the router's outlier
+    /// detection follows the attempt: it gives up with a [`Stall`] when the
+    /// endpoint is ejected while the request waits on it, or when no headers
+    /// came within the builder's [`crate::HeaderTimeouts`] (the streamed
+    /// limit for a streamed request, except a P/D prefill leg, which is not
+    /// streamed); a timeout counts against the endpoint. After a [`Stall`]
+    /// nothing reached the client: call [`Pick::retry_leg`] for another
+    /// endpoint. An `Err` of `response` is the host's to judge (a refused
+    /// connection is retryable, a reset after sending may not be).
+    ///
+    /// # Errors
+    /// [`Stall`].
+    pub async fn await_headers<T, E, F>(&self, leg: Leg, response: F) -> Result<Result<T, E>, Stall>
+    where
+        F: std::future::Future<Output = Result<T, E>>,
+    {
+        let Some(t) = self.decision.target() else {
+            return Ok(response.await);
+        };
+        let endpoint = match leg {
+            Leg::Endpoint => t.endpoint,
+            Leg::Decode => t.decode.unwrap_or(t.endpoint),
+        };
+        let prefill_leg = leg == Leg::Endpoint && t.decode.is_some();
+        let streamed = !prefill_leg && self.prompt().is_some_and(PreparedPrompt::streamed);
+        let shared = &*self.shared;
+        let timeouts = shared.outliers.timeouts();
+        let limit = if streamed {
+            timeouts
+                .streamed
+                .or(timeouts.response)
+                .map(|d| (d, Stall::StreamHeaderTimeout(d)))
+        } else {
+            timeouts.response.map(|d| (d, Stall::HeaderTimeout(d)))
+        };
+        let mut ejections = shared.outliers.subscribe();
+        let Some(attempt) = shared.outliers.sent(endpoint, shared.now()) else {
+            return Ok(response.await);
+        };
+        let mut waiting = Waiting {
+            shared,
+            endpoint,
+            attempt: Some(attempt),
+        };
+        let start = tokio::time::Instant::now();
+        let deadline = limit.map(|(d, _)| start + d);
+        // When this attempt reaches the stall age: evaluated then (later
+        // engine reports evaluate as they come).
+        let stall_after = shared.outliers.stall_after();
+        let mut stall_check = (!stall_after.is_zero()).then(|| start + stall_after);
+        let mut watching = true;
+        let mut response = std::pin::pin!(response);
+        loop {
+            tokio::select! {
+                r = &mut response => {
+                    if let Some(a) = waiting.attempt.take() {
+                        match &r {
+                            Ok(_) => outlier::answered(shared, endpoint, a, shared.now()),
+                            Err(_) => shared.outliers.abandoned(endpoint, a),
+                        }
+                    }
+                    return Ok(r);
+                }
+                () = sleep_until(deadline) => {
+                    if let Some(a) = waiting.attempt.take() {
+                        outlier::timed_out(shared, endpoint, a, shared.now());
+                    }
+                    return Err(limit.map_or(Stall::Ejected, |(_, s)| s));
+                }
+                () = sleep_until(stall_check) => {
+                    stall_check = None;
+                    outlier::evaluate(shared, shared.now());
+                }
+                changed = ejections.changed(), if watching => {
+                    watching = changed.is_ok();
+                }
+            }
+            if shared.outliers.is_ejected(endpoint, shared.now()) {
+                return Err(Stall::Ejected);
+            }
+        }
+    }
+
     /// The target answered (closes a half-open breaker).
     pub fn connected(&self) {
         if let Some(t) = self.decision.target() {
@@ -283,10 +370,20 @@ impl Pick {
     /// [`Pick::into_body`] does by itself at the body's end; after this call
     /// it records nothing more — a P/D host records the prefill leg's
     /// answer here). `false` when the receipt was not counted (no target, or
-    /// more than the prompt).
+    /// implausible: more than the prompt).
     pub fn record_receipt(&mut self, cached_tokens: u32) -> bool {
+        self.record_usage(cached_tokens, None)
+    }
+
+    /// [`Pick::record_receipt`] with the engine's own `usage.prompt_tokens`
+    /// from the same answer ([`crate::receipt::prompt_tokens`]), which
+    /// bounds a plausible receipt when the router could not count the
+    /// prompt (see [`kvroute_select::Rule::record_usage`]).
+    pub fn record_usage(&mut self, cached_tokens: u32, prompt_tokens: Option<u32>) -> bool {
         self.recorded = true;
-        self.gen.rule.record_receipt(&self.decision, cached_tokens)
+        self.gen
+            .rule
+            .record_usage(&self.decision, cached_tokens, prompt_tokens)
     }
 
     /// The response body's usage is not this decision's receipt (a P/D
@@ -340,10 +437,35 @@ impl Pick {
         let recorded = self.recorded;
         let done: OnReceipt = Box::new(move |r: Receipt| {
             if let (false, true, Some(c)) = (recorded, r.complete, r.cached_tokens) {
-                gen.rule.record_receipt(&decision, c);
+                gen.rule.record_usage(&decision, c, r.prompt_tokens);
             }
             on_end(r);
         });
         ReceiptTracker::new(BodyKind::of(headers), guard, done)
+    }
+}
+
+/// An attempt [`Pick::await_headers`] waits on; one it leaves without an
+/// outcome (ejected, or its future dropped: the client went away) is
+/// abandoned.
+struct Waiting<'a> {
+    shared: &'a Shared,
+    endpoint: kvroute_core::EndpointId,
+    attempt: Option<kvroute_select::AttemptId>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(a) = self.attempt.take() {
+            self.shared.outliers.abandoned(self.endpoint, a);
+        }
+    }
+}
+
+/// Sleeps until `at`; forever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

@@ -272,6 +272,7 @@ pub(crate) fn assemble(
         generation: RwLock::new(placeholder),
         engine_load: b.engine_load,
         probes: b.probes.clone(),
+        outliers: super::outlier::Outliers::new(n, b.outlier, b.header_timeouts),
         clock: Arc::clone(&b.clock),
         handle,
         stop,
@@ -463,6 +464,7 @@ pub(crate) fn insert(
     *state.probe_ok.lock() = None;
     state.admin_down.store(false, Ordering::Release);
     shared.reported.invalidate(id(slot));
+    shared.outliers.set_present(id(slot), true, shared.now());
     state.present.store(true, Ordering::Release);
     if let Some(h) = &shared.handle {
         background::start_endpoint(shared, h, slot, &b, &stop);
@@ -497,6 +499,7 @@ fn remove(shared: &Shared, slots: &mut [Option<SlotRuntime>], url: &str) -> Resu
         tracing::warn!(%err, slot, "clearing a removed endpoint's inventory");
     }
     shared.reported.invalidate(id(slot));
+    shared.outliers.set_present(id(slot), false, shared.now());
     tracing::info!(rule = %shared.settings.name, endpoint = url, slot, "endpoint removed");
     Ok(())
 }

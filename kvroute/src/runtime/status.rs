@@ -12,7 +12,7 @@ use kvroute_ingest::{
     SeqCounters,
 };
 use kvroute_select::{
-    BreakerState, EndpointEvidence, EndpointLoad, EngineReport, Health, Load, Role,
+    BreakerState, EndpointEvidence, EndpointLoad, EngineReport, Health, Load, OutlierStatus, Role,
 };
 use serde::Serialize;
 
@@ -39,7 +39,7 @@ pub struct Readiness {
     /// Endpoints present.
     pub endpoints: usize,
     /// Endpoints a request may go to now (present, not drained, breaker not
-    /// open).
+    /// open, not ejected).
     pub endpoints_available: usize,
     /// Event followers (one per DP rank, or a drain poller) connected.
     pub followers_connected: usize,
@@ -104,6 +104,9 @@ pub struct EndpointStatus {
     pub admin_down: bool,
     /// Its circuit breaker.
     pub breaker: BreakerState,
+    /// Outlier detection: ejected or not, ejections so far, attempts
+    /// waiting for headers there.
+    pub outlier: OutlierStatus,
     /// The last health probe's verdict (`None` before the first, or without
     /// probes).
     pub probe_ok: Option<bool>,
@@ -206,6 +209,7 @@ pub(crate) fn endpoint(shared: &Shared, slot: usize) -> Option<EndpointStatus> {
         available: view.availability(e, now).is_available(),
         admin_down: state.admin_down.load(Ordering::Acquire),
         breaker: state.breaker.lock().state(now),
+        outlier: shared.outliers.status(e, now),
         probe_ok: *state.probe_ok.lock(),
         probe_failures: state.probe_failures.load(Ordering::Relaxed),
         local: shared.tracker.load(e),

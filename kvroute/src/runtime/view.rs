@@ -92,7 +92,12 @@ impl Health for RouterView<'_> {
         if !s.present.load(Ordering::Acquire) || s.admin_down.load(Ordering::Acquire) {
             return Availability::AdminDown;
         }
-        Availability::from_states(AdminState::Up, s.breaker.lock().state(now))
+        match Availability::from_states(AdminState::Up, s.breaker.lock().state(now)) {
+            Availability::Available if self.shared.outliers.is_ejected(endpoint, now) => {
+                Availability::Ejected
+            }
+            a => a,
+        }
     }
 }
 

@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use kvroute::engine::Stream;
-use kvroute_select::{BreakerState, MissReason, SelectorKind, Source};
+use kvroute_select::{BreakerState, MissReason};
 use serde_json::{json, Value};
 
 use super::config::{rule_from_json, ConfigError};
@@ -379,6 +379,14 @@ fn endpoint_json(
         "available": st.available,
         "admin_down": st.admin_down,
         "breaker": breaker_label(st.breaker),
+        "ejected": st.outlier.ejected,
+        "outlier": {
+            "ejected_for_ms": u64::try_from(st.outlier.ejected_for.as_millis()).unwrap_or(u64::MAX),
+            "ejections": st.outlier.ejections,
+            "stall_ejections": st.outlier.stall_ejections,
+            "waiting_for_headers": st.outlier.waiting,
+            "consecutive_timeouts": st.outlier.consecutive_timeouts,
+        },
         "probe_ok": st.probe_ok,
         "in_flight": st.local.in_flight,
         "queued_prefill_tokens": st.local.queued_prefill_tokens,
@@ -443,17 +451,12 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
             .map(|r| (r.as_str().to_owned(), json!(s.misses_for(*r))))
             .collect();
         let name = rt.spec.doc.name.clone();
-        let tiers: serde_json::Map<String, Value> = [
-            Source::KvExact,
-            Source::SessionAffinity,
-            Source::TrieAffinity,
-            Source::Fallback(SelectorKind::RoundRobin),
-            Source::Exhausted,
-        ]
-        .map(Source::as_str)
-        .iter()
-        .map(|t| ((*t).to_owned(), json!(gw.metrics.tier_count(&name, t))))
-        .collect();
+        // This rule instance's, as every other figure here.
+        let tiers: serde_json::Map<String, Value> = rt
+            .tiers
+            .counts()
+            .map(|(t, n)| (t.to_owned(), json!(n)))
+            .collect();
         rules.insert(
             name,
             json!({

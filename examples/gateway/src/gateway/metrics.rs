@@ -267,6 +267,28 @@ impl RuleCounters {
     }
 }
 
+/// One rule instance's decisions by tier, for `/admin/counters`: a rule
+/// deleted or replaced and created again starts from zero here, as the
+/// library's counters of its new runtime do (`/metrics` keeps counting per
+/// rule name, as Prometheus counters do).
+#[derive(Debug, Default)]
+pub struct InstanceTiers([AtomicU64; TIERS.len()]);
+
+impl InstanceTiers {
+    /// Counts one decision by tier.
+    pub fn count(&self, source: Source) {
+        self.0[tier_index(source)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every tier's label and count, in exposition order.
+    pub fn counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        TIERS
+            .iter()
+            .zip(&self.0)
+            .map(|(t, n)| (*t, n.load(Ordering::Relaxed)))
+    }
+}
+
 /// The gateway's registry and the counters it keeps beside the library's.
 #[derive(Debug)]
 pub struct GatewayMetrics {

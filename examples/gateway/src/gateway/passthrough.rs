@@ -86,10 +86,10 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                     )
                 });
             }
-            Err(e) if e.is_connect() => {
+            Err(e) if e.is_retryable() => {
                 rt.router.record_connect(&url, false);
                 tracing::warn!(rule = %name, endpoint = %ep.url, error = %e,
-                    "pass-through connect failed; trying the next endpoint");
+                    "pass-through attempt failed before any response; trying the next endpoint");
                 failures.push(format!("{}: {e}", ep.url));
             }
             Err(e) => {

@@ -244,7 +244,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         }
     };
     gw.metrics.decision_latency.observe(started.elapsed());
-    rt.counters.tier(pick.decision().source());
+    rt.count_tier(pick.decision().source());
     tracing::debug!(rule = %name, source = ?pick.decision().source(),
         target = ?pick.decision().target(), miss = ?pick.decision().miss(),
         predicted_blocks = pick.decision().predicted_blocks(), "decision");
@@ -274,13 +274,13 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
                     .push((failed.clone(), failure.error.to_string()));
                 if pick.retry_leg(failure.leg).is_some() {
                     tracing::warn!(rule = %name, endpoint = %failed, error = %failure.error,
-                        next = pick.url(), "upstream connect failed; retrying elsewhere");
+                        next = pick.url(), "upstream attempt failed before any response; retrying elsewhere");
                     continue;
                 }
                 rt.counters.outcome(Outcome::NoEndpoint);
                 let reason = unavailable_reason(&rt, pick.decision(), &ctx.failures);
                 tracing::warn!(rule = %name, endpoint = %failed, error = %failure.error, %reason,
-                    "upstream connect failed; no endpoint left");
+                    "upstream attempt failed before any response; no endpoint left");
                 let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
                 gw.observe
                     .decision(&rt, pick.decision(), resp.headers_mut());
@@ -359,6 +359,7 @@ fn unavailable_reason(rt: &RuleRuntime, d: &Decision, failures: &[(String, Strin
                 Some(s) if s.breaker == kvroute_select::BreakerState::Open => {
                     "circuit breaker open".to_owned()
                 }
+                Some(s) if s.outlier.ejected => "ejected by outlier detection".to_owned(),
                 Some(_)
                     if d.is_excluded(kvroute_core::EndpointId(
                         u32::try_from(i).unwrap_or(u32::MAX),
@@ -379,11 +380,14 @@ fn unavailable_reason(rt: &RuleRuntime, d: &Decision, failures: &[(String, Strin
     )
 }
 
+/// An engine's receipt: its cached tokens and its own prompt count.
+type Usage = (u32, Option<u32>);
+
 /// What a successful connect hands back.
 pub struct Connection {
     response: hyper::Response<Incoming>,
     /// Cached tokens the prefill leg reported (P/D), recorded as the receipt.
-    prefill_cached: Option<Option<u32>>,
+    prefill_cached: Option<Option<Usage>>,
 }
 
 /// A connect attempt that failed, and whether another endpoint may be
@@ -397,8 +401,31 @@ struct ConnectFailure {
 fn refused(leg: Leg, e: UpstreamError) -> ConnectFailure {
     ConnectFailure {
         leg,
-        retryable: e.is_connect(),
+        retryable: e.is_retryable(),
         error: e,
+    }
+}
+
+/// One upstream exchange up to its response headers, bounded by the
+/// router's header timeouts and outlier detection ([`Pick::await_headers`]).
+async fn exchange(
+    gw: &Gateway,
+    pick: &Pick,
+    leg: Leg,
+    base: &hyper::Uri,
+    ctx: &Ctx,
+    body: Bytes,
+) -> Result<hyper::Response<Incoming>, ConnectFailure> {
+    let send = gw.client.request(
+        base,
+        ctx.method.clone(),
+        &ctx.path_and_query,
+        &ctx.headers,
+        body,
+    );
+    match pick.await_headers(leg, send).await {
+        Ok(answer) => answer.map_err(|e| refused(leg, e)),
+        Err(stall) => Err(refused(leg, UpstreamError::Stalled(stall))),
     }
 }
 
@@ -409,8 +436,9 @@ struct Ctx {
     headers: HeaderMap,
     /// The client's body, read once.
     body: Bytes,
-    /// The prefill leg already done for a P/D target: (endpoint, params, cached).
-    prefill: Option<(String, Option<serde_json::Value>, Option<u32>)>,
+    /// The prefill leg already done for a P/D target: (endpoint, params,
+    /// its cached tokens and prompt tokens).
+    prefill: Option<(String, Option<serde_json::Value>, Option<Usage>)>,
     /// (endpoint url, error) of connect failures, for the 503 reason.
     failures: Vec<(String, String)>,
     /// P/D: the request parsed once for every leg and attempt (`None` until
@@ -489,17 +517,8 @@ async fn connect(
         if let Some(Err(why)) = pick.ids_outcome() {
             tracing::debug!(reason = why.as_str(), "prompt forwarded as text");
         }
-        let response = gw
-            .client
-            .send(
-                &main.base,
-                ctx.method.clone(),
-                &ctx.path_and_query,
-                &ctx.headers,
-                pick.upstream_body(&ctx.body),
-            )
-            .await
-            .map_err(|e| refused(Leg::Endpoint, e))?;
+        let body = pick.upstream_body(&ctx.body);
+        let response = exchange(gw, pick, Leg::Endpoint, &main.base, ctx, body).await?;
         return Ok(Connection {
             response,
             prefill_cached: None,
@@ -512,17 +531,7 @@ async fn connect(
         None => {
             let body = prepared.prefill.clone();
             gw.metrics.prefill_requests.inc();
-            let resp = gw
-                .client
-                .send(
-                    &main.base,
-                    ctx.method.clone(),
-                    &ctx.path_and_query,
-                    &ctx.headers,
-                    body,
-                )
-                .await
-                .map_err(|e| refused(Leg::Endpoint, e))?;
+            let resp = exchange(gw, pick, Leg::Endpoint, &main.base, ctx, body).await?;
             if !resp.status().is_success() {
                 // The engine refused the request itself: the client gets its answer.
                 return Ok(Connection {
@@ -542,9 +551,11 @@ async fn connect(
                 error: e,
             })?;
             let params = pd::transfer_params(&answer);
-            let cached = serde_json::from_slice::<serde_json::Value>(&answer)
-                .ok()
-                .and_then(|v| kvroute::receipt::cached_tokens(&v));
+            let usage = serde_json::from_slice::<serde_json::Value>(&answer).ok();
+            let cached = usage.as_ref().and_then(|v| {
+                let c = kvroute::receipt::cached_tokens(v)?;
+                Some((c, kvroute::receipt::prompt_tokens(v)))
+            });
             ctx.prefill = Some((main.url.clone(), params.clone(), cached));
             (params, cached)
         }
@@ -552,17 +563,7 @@ async fn connect(
     let body = prepared
         .decode_body(&pick.text_body(&ctx.body), params)
         .await;
-    let response = gw
-        .client
-        .send(
-            &decode_ep.base,
-            ctx.method.clone(),
-            &ctx.path_and_query,
-            &ctx.headers,
-            body,
-        )
-        .await
-        .map_err(|e| refused(Leg::Decode, e))?;
+    let response = exchange(gw, pick, Leg::Decode, &decode_ep.base, ctx, body).await?;
     Ok(Connection {
         response,
         prefill_cached: Some(cached),
@@ -581,8 +582,8 @@ fn respond(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, conn: Connection, mut pick:
             g.prefill_leg_done();
         }
         match cached {
-            Some(c) => {
-                pick.record_receipt(c);
+            Some((c, prompt)) => {
+                pick.record_usage(c, prompt);
             }
             None => pick.skip_body_receipt(),
         }

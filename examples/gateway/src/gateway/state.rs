@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use kvroute::nats::NatsReplicas;
 use kvroute::{
-    Backend, EngineLoadConfig, KvRouter, KvRouterBuilder, ProbeConfig, ReplicaConfig,
-    ReplicaTransport,
+    Backend, EngineLoadConfig, HeaderTimeouts, KvRouter, KvRouterBuilder, OutlierConfig,
+    ProbeConfig, ReplicaConfig, ReplicaTransport,
 };
 use kvroute_engines::prompt::{ParallelConfig, ParallelEncoder, TokenizerPool};
 use kvroute_select::{BreakerConfig, Thresholds};
@@ -36,6 +36,9 @@ pub struct RuleRuntime {
     /// Its request and decision counters (`/metrics`), shared with any
     /// earlier rule of the same name.
     pub counters: Arc<super::metrics::RuleCounters>,
+    /// Its decisions by tier since this runtime was built
+    /// (`/admin/counters`, beside the runtime's own counters).
+    pub tiers: super::metrics::InstanceTiers,
 }
 
 impl std::fmt::Debug for RuleRuntime {
@@ -47,6 +50,13 @@ impl std::fmt::Debug for RuleRuntime {
 }
 
 impl RuleRuntime {
+    /// Counts one decision by tier: on `/metrics` (per rule name) and for
+    /// this instance.
+    pub fn count_tier(&self, source: kvroute_select::Source) {
+        self.counters.tier(source);
+        self.tiers.count(source);
+    }
+
     /// The endpoint configured at position `index`.
     #[must_use]
     pub fn endpoint(&self, index: usize) -> Option<&EndpointSpec> {
@@ -268,6 +278,7 @@ impl Gateway {
             })?;
         Ok(RuleRuntime {
             counters: self.metrics.rule(&spec.doc.name),
+            tiers: super::metrics::InstanceTiers::default(),
             spec,
             router,
         })
@@ -306,6 +317,11 @@ impl Gateway {
         .breaker(BreakerConfig {
             failure_threshold: self.health.failure_threshold,
             cool_down: Duration::from_millis(self.health.cool_down_ms),
+        })
+        .outlier_detection(outlier_config(&self.health))
+        .header_timeouts(HeaderTimeouts {
+            response: Some(limits.response_header_timeout()),
+            streamed: Some(limits.stream_header_timeout()),
         })
         .max_endpoints(spec.endpoints.len().max(1))
         .tokenizers(Arc::clone(&self.tokenizers))
@@ -346,5 +362,20 @@ impl Gateway {
             b = b.replicas(r);
         }
         b
+    }
+}
+
+/// `[health]`'s outlier keys as the library's configuration. A request's
+/// engine must count it in its load report within the report grace: 2 s
+/// (transfer and tokenization before its scheduler admits it), shorter only
+/// for a stall limit under 4 s.
+fn outlier_config(h: &super::config::HealthConfig) -> OutlierConfig {
+    let stall = Duration::from_millis(h.outlier_stall_ms);
+    OutlierConfig {
+        stall_after: stall,
+        report_grace: (stall / 2).min(Duration::from_secs(2)),
+        consecutive_timeouts: h.outlier_consecutive_timeouts,
+        base_ejection: Duration::from_millis(h.outlier_ejection_ms),
+        max_ejection: Duration::from_millis(h.outlier_max_ejection_ms),
     }
 }

@@ -37,18 +37,26 @@ pub enum UpstreamError {
     /// client yet, so another endpoint may be tried.
     #[error("no response headers within {0:?}")]
     HeaderTimeout(Duration),
+    /// The router gave up waiting for the response headers (its
+    /// response-header or streamed-header timeout, or outlier detection
+    /// ejected the endpoint meanwhile): nothing reached the client, so
+    /// another endpoint may be tried.
+    #[error("{0}")]
+    Stalled(kvroute::Stall),
     /// The request could not be built.
     #[error("bad upstream request: {0}")]
     Build(String),
 }
 
 impl UpstreamError {
-    /// Whether another endpoint may be tried.
+    /// Whether another endpoint may be tried: nothing reached the client,
+    /// and the engine either never got the request (connect) or is given up
+    /// on before it answered.
     #[must_use]
-    pub fn is_connect(&self) -> bool {
+    pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            UpstreamError::Connect(_) | UpstreamError::HeaderTimeout(_)
+            UpstreamError::Connect(_) | UpstreamError::HeaderTimeout(_) | UpstreamError::Stalled(_)
         )
     }
 }
@@ -118,13 +126,36 @@ impl UpstreamClient {
         }
     }
 
-    /// Sends `body` to `base` + `path_and_query`. Only the configured `base`
-    /// decides where the request goes: the client's `Host` and any absolute URI
-    /// were discarded before.
+    /// Sends `body` to `base` + `path_and_query` and waits up to the
+    /// response-header timeout for the answer's headers. Only the configured
+    /// `base` decides where the request goes: the client's `Host` and any
+    /// absolute URI were discarded before.
     ///
     /// # Errors
     /// [`UpstreamError`]; `Connect` means nothing reached the engine.
     pub async fn send(
+        &self,
+        base: &Uri,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let sent = tokio::time::timeout(
+            self.header_timeout,
+            self.request(base, method, path_and_query, headers, body),
+        )
+        .await;
+        sent.unwrap_or(Err(UpstreamError::HeaderTimeout(self.header_timeout)))
+    }
+
+    /// [`UpstreamClient::send`] without a limit of its own on the wait for
+    /// headers: for a request whose wait the router's
+    /// [`kvroute::Pick::await_headers`] bounds.
+    ///
+    /// # Errors
+    /// [`UpstreamError`]; `Connect` means nothing reached the engine.
+    pub async fn request(
         &self,
         base: &Uri,
         method: Method,
@@ -150,11 +181,7 @@ impl UpstreamClient {
         if let Ok(h) = HeaderValue::from_str(authority.as_str()) {
             req.headers_mut().insert(HOST, h);
         }
-        let sent = tokio::time::timeout(self.header_timeout, self.client.request(req)).await;
-        let Ok(answer) = sent else {
-            return Err(UpstreamError::HeaderTimeout(self.header_timeout));
-        };
-        answer.map_err(|e| {
+        self.client.request(req).await.map_err(|e| {
             if e.is_connect() {
                 // hyper-util's own text ("client error (Connect)") repeats
                 // what `Connect` already says: start at its cause.
@@ -323,6 +350,7 @@ mod tests {
             rx.try_recv().unwrap(),
             Receipt {
                 cached_tokens: None,
+                prompt_tokens: None,
                 complete: false
             }
         );

@@ -246,6 +246,13 @@ pub struct LimitsConfig {
     /// breaker. Non-streamed engines send headers only when the whole answer
     /// is ready, so this must exceed the longest non-streamed generation.
     pub response_header_timeout_ms: u64,
+    /// Longest wait for the response headers of a streamed request
+    /// (`"stream": true`), at most `response_header_timeout_ms`: streaming
+    /// engines send their headers as soon as they accept a request, before
+    /// generating. Beyond it the attempt is retried elsewhere (nothing
+    /// reached the client yet) and counts as a timeout of the endpoint for
+    /// outlier detection.
+    pub stream_header_timeout_ms: u64,
     /// Prompts with more tokens than this are not routed by KV (a
     /// `prompt_too_long` miss; the request is still proxied by the rule's
     /// selector). Applies to token-id prompts and to tokenizer output.
@@ -303,6 +310,7 @@ impl Default for LimitsConfig {
             connect_timeout_ms: 2_000,
             upstream_idle_timeout_ms: 300_000,
             response_header_timeout_ms: 120_000,
+            stream_header_timeout_ms: 10_000,
             engine_load_poll_ms: 500,
             max_prompt_tokens: 262_144,
             max_prompt_chars: 1 << 20,
@@ -351,6 +359,15 @@ impl LimitsConfig {
     pub fn response_header_timeout(&self) -> Duration {
         Duration::from_millis(self.response_header_timeout_ms)
     }
+    /// The streamed limit as a duration (never above the response-header
+    /// timeout).
+    #[must_use]
+    pub fn stream_header_timeout(&self) -> Duration {
+        Duration::from_millis(
+            self.stream_header_timeout_ms
+                .min(self.response_header_timeout_ms),
+        )
+    }
     /// As a duration.
     #[must_use]
     pub fn tokenize_wait(&self) -> Duration {
@@ -372,6 +389,24 @@ pub struct HealthConfig {
     pub failure_threshold: u32,
     /// How long an open breaker stays open.
     pub cool_down_ms: u64,
+    /// Outlier detection: a request still without response headers after
+    /// this long takes its endpoint out of rotation when the other endpoints
+    /// answered requests sent after it and the engine's own load report
+    /// (`limits.engine_load_poll_ms`) hangs or does not count the requests
+    /// waiting there; its waiting requests are then retried elsewhere. An
+    /// engine whose report counts them (a long non-streamed generation) is
+    /// never ejected this way. 0 turns it off.
+    pub outlier_stall_ms: u64,
+    /// Outlier detection: response-header timeouts in a row (no answer in
+    /// between) that take the endpoint out of rotation, whatever its engine
+    /// reports. 0 turns it off.
+    pub outlier_consecutive_timeouts: u32,
+    /// How long a first ejection lasts; the n-th in a row without an answer
+    /// in between lasts n times this, up to `outlier_max_ejection_ms`. An
+    /// ejected endpoint that answers is back at once.
+    pub outlier_ejection_ms: u64,
+    /// Longest ejection.
+    pub outlier_max_ejection_ms: u64,
 }
 
 impl Default for HealthConfig {
@@ -382,6 +417,10 @@ impl Default for HealthConfig {
             timeout_ms: 1_000,
             failure_threshold: 3,
             cool_down_ms: 5_000,
+            outlier_stall_ms: 5_000,
+            outlier_consecutive_timeouts: 3,
+            outlier_ejection_ms: 10_000,
+            outlier_max_ejection_ms: 300_000,
         }
     }
 }

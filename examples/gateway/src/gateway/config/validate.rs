@@ -187,6 +187,14 @@ impl ServeConfig {
                 "limits.response_header_timeout_ms",
                 limits.response_header_timeout_ms,
             ),
+            (
+                "limits.stream_header_timeout_ms",
+                limits.stream_header_timeout_ms,
+            ),
+            (
+                "health.outlier_ejection_ms",
+                file.health.outlier_ejection_ms,
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(name, "must be at least 1 ms"));
@@ -197,6 +205,15 @@ impl ServeConfig {
             return Err(invalid(
                 "decisions.log_sample_rate",
                 format!("{rate} is not between 0 and 1"),
+            ));
+        }
+        if file.health.outlier_max_ejection_ms < file.health.outlier_ejection_ms {
+            return Err(invalid(
+                "health.outlier_max_ejection_ms",
+                format!(
+                    "{} is below health.outlier_ejection_ms ({})",
+                    file.health.outlier_max_ejection_ms, file.health.outlier_ejection_ms
+                ),
             ));
         }
         if !file.health.path.starts_with('/') {
@@ -607,6 +624,26 @@ fn cost_config(doc: Option<&CostDoc>, at: &str) -> Result<CostConfig, ConfigErro
 /// Longest rule name: it is a metrics label and part of admin URLs.
 const MAX_RULE_NAME: usize = 128;
 
+/// Largest endpoint `capacity` (concurrent requests it is sized for): far
+/// beyond any engine's batch, so a larger figure is a typo or an attack.
+const MAX_CAPACITY: u32 = 1_000_000;
+
+/// A `tcp://host:port` event endpoint must name its port: port 0 would have
+/// the subscriber bind (or dial) a port no engine publishes on.
+fn check_event_port(field: String, endpoint: &str) -> Result<(), ConfigError> {
+    let Some(rest) = endpoint.strip_prefix("tcp://") else {
+        return Ok(());
+    };
+    let port = rest.rsplit_once(':').map(|(_, p)| p);
+    if port.and_then(|p| p.parse::<u32>().ok()) == Some(0) {
+        return Err(invalid(
+            field,
+            format!("{endpoint:?}: needs the engine's non-zero port"),
+        ));
+    }
+    Ok(())
+}
+
 impl EndpointSpec {
     fn validate(e: &EndpointDoc, at: &str, choice: Choice) -> Result<Self, ConfigError> {
         let f = |name: &str| format!("{at}.{name}");
@@ -654,6 +691,18 @@ impl EndpointSpec {
         }
         if e.dp_ranks == 0 {
             return Err(invalid(f("dp_ranks"), "must be at least 1"));
+        }
+        if e.capacity > MAX_CAPACITY {
+            return Err(invalid(
+                f("capacity"),
+                format!("{} is above {MAX_CAPACITY} concurrent requests", e.capacity),
+            ));
+        }
+        if let Some(z) = &e.zmq {
+            check_event_port(f("zmq"), z)?;
+        }
+        if let Some(r) = &e.replay {
+            check_event_port(f("replay"), r)?;
         }
         if e.replay.is_some() && e.zmq.is_none() {
             return Err(invalid(f("replay"), "a replay endpoint needs `zmq` too"));
@@ -809,6 +858,7 @@ pub fn rule_from_json(body: &[u8]) -> Result<RuleSpec, ConfigError> {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
+    use std::time::Duration;
 
     use super::*;
 
@@ -835,6 +885,52 @@ mod tests {
         let pd = ServeConfig::load(&config_dir().join("pd.toml")).unwrap();
         assert_eq!(pd.rules[0].topology, Topology::PrefillDecode);
         assert!(pd.rules[0].endpoints[2].streams.is_empty());
+    }
+
+    /// The outlier keys and the streamed-header timeout: defaults as
+    /// documented, 0 refused where it would mean no ejection or no wait, a
+    /// maximum ejection below the first refused.
+    #[test]
+    fn outlier_keys_are_validated() {
+        let file = |extra: &str| {
+            ServeConfig::from_toml(
+                &format!("listen = \"127.0.0.1:0\"\n{extra}"),
+                Path::new("."),
+            )
+        };
+        let c = file("").unwrap();
+        assert_eq!(
+            (
+                c.health.outlier_stall_ms,
+                c.health.outlier_consecutive_timeouts,
+                c.health.outlier_ejection_ms,
+                c.health.outlier_max_ejection_ms,
+                c.limits.stream_header_timeout_ms
+            ),
+            (5_000, 3, 10_000, 300_000, 10_000)
+        );
+        // The streamed limit never exceeds the response-header limit.
+        let c = file("[limits]\nresponse_header_timeout_ms = 500\n").unwrap();
+        assert_eq!(c.limits.stream_header_timeout(), Duration::from_millis(500));
+        let c = file("[health]\noutlier_stall_ms = 0\noutlier_consecutive_timeouts = 0\n");
+        assert!(c.is_ok(), "0 turns either off");
+        for (extra, want) in [
+            (
+                "[health]\noutlier_ejection_ms = 0",
+                "health.outlier_ejection_ms: must be at least 1 ms",
+            ),
+            (
+                "[health]\noutlier_ejection_ms = 20000\noutlier_max_ejection_ms = 10000",
+                "health.outlier_max_ejection_ms: 10000 is below health.outlier_ejection_ms (20000)",
+            ),
+            (
+                "[limits]\nstream_header_timeout_ms = 0",
+                "limits.stream_header_timeout_ms: must be at least 1 ms",
+            ),
+        ] {
+            let err = file(extra).map(|_| ()).unwrap_err().to_string();
+            assert_eq!(err, want, "{extra}");
+        }
     }
 
     fn rule_error(doc: &str) -> String {
@@ -873,6 +969,18 @@ mod tests {
             (
                 "name = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://a:1\"\n[[rules.endpoints]]\nurl = \"http://a:1/\"\n".to_owned(),
                 "listed twice",
+            ),
+            (
+                "name = \"r\"\nmodels = [\"m\"]\ncontract = \"vllm@0.33.0:sha256_cbor:block=16:seed=0\"\n[[rules.endpoints]]\nurl = \"http://10.0.0.1:8000\"\nzmq = \"tcp://*:0\"\n".to_owned(),
+                "rules[0].endpoints[0].zmq: \"tcp://*:0\": needs the engine's non-zero port",
+            ),
+            (
+                format!("name = \"r\"\nmodels = [\"m\"]\ncontract = \"vllm@0.33.0:sha256_cbor:block=16:seed=0\"\n{ep}replay = \"tcp://127.0.0.1:0\"\n"),
+                "rules[0].endpoints[0].replay",
+            ),
+            (
+                "name = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n[[rules.endpoints]]\nurl = \"http://a:1\"\ncapacity = 4000000000\n".to_owned(),
+                "rules[0].endpoints[0].capacity: 4000000000 is above 1000000",
             ),
         ];
         for (doc, want) in cases {
