@@ -307,8 +307,83 @@ fn decision_two_threads_drain(c: &mut Criterion) {
     }
 }
 
+/// The decision's cost as the pool grows: a 512-block prompt over 64, 256
+/// and 1 024 endpoints of the ingest index, each holding a different-length
+/// prefix of the prompt and 2 000 other blocks. Prints the index's memory
+/// per size once.
+fn decision_scale(c: &mut Criterion) {
+    for n in [64usize, 256, 1024] {
+        let contract = ContractId::new("bench/bs16");
+        let endpoints: Vec<Endpoint> = (0..n)
+            .map(|i| {
+                Endpoint::new(format!("10.{}.{}.1:8000", i / 256, i % 256), Role::Both)
+                    .with_inventory_slot(i as u32)
+            })
+            .collect();
+        let cfg = RuleConfig::kv_exact(
+            "bench",
+            Topology::Converged,
+            endpoints,
+            BLOCK as u32,
+            contract.clone(),
+        );
+        let rule = Rule::new(cfg, None).unwrap();
+        let keys: Vec<BlockKey> = (0..TOKENS / BLOCK)
+            .map(|i| BlockKey(0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1)))
+            .collect();
+        let index = kvroute_ingest::SharedIndex::new(n, kvroute_ingest::IndexConfig::default());
+        let mut load = LoadTable::new(n);
+        for slot in 0..n {
+            let e = kvroute_core::EndpointId(slot as u32);
+            let held = (slot * 7) % keys.len();
+            index
+                .store(e, kvroute_core::Medium::Gpu, &keys[..held])
+                .unwrap();
+            let other: Vec<BlockKey> = (0..2000u64)
+                .map(|j| BlockKey(j << 20 | slot as u64))
+                .collect();
+            index.store(e, kvroute_core::Medium::Gpu, &other).unwrap();
+            load.set(
+                e,
+                EndpointLoad {
+                    in_flight: (slot % 5) as u32,
+                    queued_prefill_tokens: 0,
+                },
+            );
+        }
+        eprintln!(
+            "decide/scale: {n} endpoints, {} (endpoint, block) pairs, index {} MiB",
+            n * 2000 + (0..n).map(|s| (s * 7) % keys.len()).sum::<usize>(),
+            index.memory_bytes() >> 20
+        );
+        c.bench_function(
+            &format!("decide/scale/shared_index/512_blocks/{n}_endpoints"),
+            |b| {
+                b.iter(|| {
+                    let req = Request::new(PromptInput::Keys {
+                        keys: &keys,
+                        contract: &contract,
+                        prompt_tokens: TOKENS as u32,
+                    });
+                    black_box(
+                        rule.decide(
+                            black_box(&req),
+                            &index,
+                            &load,
+                            &AlwaysAvailable,
+                            Duration::ZERO,
+                        )
+                        .target(),
+                    )
+                })
+            },
+        );
+    }
+}
+
 criterion_group!(
     benches,
+    decision_scale,
     decision_from_keys,
     decision_from_keys_shared_index,
     decision_from_tokens,

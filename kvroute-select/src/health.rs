@@ -93,10 +93,11 @@ pub struct BreakerConfig {
 }
 
 impl Default for BreakerConfig {
+    /// `kvroute serve`'s: 3 consecutive failures, 5 s open.
     fn default() -> Self {
         Self {
-            failure_threshold: 5,
-            cool_down: Duration::from_secs(10),
+            failure_threshold: 3,
+            cool_down: Duration::from_secs(5),
         }
     }
 }

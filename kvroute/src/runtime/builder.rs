@@ -39,11 +39,12 @@ pub struct EngineLoadConfig {
 }
 
 impl Default for EngineLoadConfig {
-    /// Every 100 ms, 200 ms timeout, reports trusted for 5 s.
+    /// `kvroute serve`'s: every 500 ms, 500 ms timeout, reports trusted
+    /// for 5 s.
     fn default() -> Self {
         Self {
-            interval: Duration::from_millis(100),
-            timeout: Duration::from_millis(200),
+            interval: Duration::from_millis(500),
+            timeout: Duration::from_millis(500),
             max_age: Duration::from_secs(5),
         }
     }
@@ -64,11 +65,11 @@ pub struct ProbeConfig {
 }
 
 impl Default for ProbeConfig {
-    /// `/health` every 2 s, 1 s timeout.
+    /// `kvroute serve`'s: `/health` every 5 s, 1 s timeout.
     fn default() -> Self {
         Self {
             path: "/health".to_owned(),
-            interval: Duration::from_secs(2),
+            interval: Duration::from_secs(5),
             timeout: Duration::from_secs(1),
         }
     }
@@ -137,8 +138,9 @@ impl KvRouterBuilder {
             tokenizers: None,
             overload: TokenizeOverload::Wait,
             tokenize_wait: Duration::from_millis(250),
-            engine_load: None,
-            probes: None,
+            // `kvroute serve`'s defaults, where this build can poll.
+            engine_load: cfg!(feature = "trtllm-http").then(EngineLoadConfig::default),
+            probes: cfg!(feature = "trtllm-http").then(ProbeConfig::default),
             outlier: OutlierConfig::default(),
             header_timeouts: HeaderTimeouts::default(),
             replicas: None,
@@ -324,16 +326,32 @@ impl KvRouterBuilder {
         self
     }
 
-    /// Poll every engine's own load report (off by default); see
-    /// [`EngineLoadConfig`].
+    /// Poll every engine's own load report (default: on, with
+    /// [`EngineLoadConfig::default`], in builds with the `trtllm-http`
+    /// feature, which carries the HTTP client); see [`EngineLoadConfig`].
     pub fn engine_load(mut self, config: EngineLoadConfig) -> Self {
         self.engine_load = Some(config);
         self
     }
 
-    /// Probe every endpoint's health (off by default); see [`ProbeConfig`].
+    /// Never poll the engines' load reports: the router counts only its own
+    /// requests (and its replicas').
+    pub fn no_engine_load(mut self) -> Self {
+        self.engine_load = None;
+        self
+    }
+
+    /// Probe every endpoint's health (default: on, with
+    /// [`ProbeConfig::default`], in builds with the `trtllm-http` feature);
+    /// see [`ProbeConfig`].
     pub fn health_probes(mut self, config: ProbeConfig) -> Self {
         self.probes = Some(config);
+        self
+    }
+
+    /// Never probe: only request failures open an endpoint's breaker.
+    pub fn no_health_probes(mut self) -> Self {
+        self.probes = None;
         self
     }
 
@@ -350,7 +368,7 @@ impl KvRouterBuilder {
     }
 
     /// How long [`crate::Pick::await_headers`] waits for response headers
-    /// (default: no limit of its own; the host's client decides).
+    /// (default: [`HeaderTimeouts::default`], `kvroute serve`'s).
     pub fn header_timeouts(mut self, timeouts: HeaderTimeouts) -> Self {
         self.header_timeouts = timeouts;
         self

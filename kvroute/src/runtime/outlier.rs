@@ -18,7 +18,7 @@ use super::Shared;
 /// headers before giving up on the attempt (a gateway timeout, counted
 /// against the endpoint by outlier detection, and retryable: nothing reached
 /// the client yet).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeaderTimeouts {
     /// Any request. A non-streamed engine sends its headers with the whole
     /// answer, so this must exceed the longest non-streamed generation.
@@ -27,6 +27,16 @@ pub struct HeaderTimeouts {
     /// A streamed request (`"stream": true`): engines send its headers as
     /// soon as they accept it, before generating. `None`: `response`.
     pub streamed: Option<Duration>,
+}
+
+impl Default for HeaderTimeouts {
+    /// `kvroute serve`'s: 120 s for any request, 10 s for a streamed one.
+    fn default() -> Self {
+        Self {
+            response: Some(Duration::from_secs(120)),
+            streamed: Some(Duration::from_secs(10)),
+        }
+    }
 }
 
 /// Why [`crate::Pick::await_headers`] stopped waiting for response headers.

@@ -1,13 +1,13 @@
 //! The demo's embedded arm: KV-exact through the library alone, a
-//! `KvRouter` hosted by the axum proxy of the embedding example
-//! (`examples/embed_axum`) — what a program embedding kvroute gets with the
-//! builder's defaults — on the same engines, holds and workload as the
-//! gateway's arms.
+//! `KvRouter` with the builder's defaults (engine load polling off, as in
+//! the demo's gateway rule) hosted by the axum proxy of the embedding
+//! example (`examples/embed_axum`), on the same engines, holds and workload
+//! as the gateway's arms.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kvroute::{KvRouter, Source};
+use kvroute::{Backend, KvRouter, Source};
 use kvroute_mock_engine as mock_engine;
 
 use super::{engine_cached_blocks, CONTRACT, MODEL};
@@ -27,17 +27,19 @@ impl Embedded {
         engines: &[mock_engine::Running],
         fronts: &[SocketAddr],
     ) -> anyhow::Result<Self> {
-        let endpoints: Vec<String> = engines
-            .iter()
-            .zip(fronts)
-            .map(|(e, front)| match e.zmq_port {
-                Some(zmq) => format!("http://{front},tcp://*:{zmq}"),
-                None => format!("http://{front}"),
-            })
-            .collect();
-        let dir = model_dir.to_string_lossy();
-        let router = kvroute_embed_axum::router(CONTRACT, MODEL, &dir, &endpoints)
-            .map_err(|e| anyhow::anyhow!("embedded router: {e}"))?;
+        let mut builder = KvRouter::builder(CONTRACT.parse()?)
+            .model(MODEL, model_dir)
+            // As the demo's gateway rule: no engine load polling, so that
+            // placement does not depend on when a poll lands.
+            .no_engine_load();
+        for (e, front) in engines.iter().zip(fronts) {
+            let mut backend = Backend::vllm(format!("http://{front}"));
+            if let Some(zmq) = e.zmq_port {
+                backend = backend.events(format!("tcp://*:{zmq}"));
+            }
+            builder = builder.endpoint(backend);
+        }
+        let router = builder.spawn()?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let app = kvroute_embed_axum::app(router.clone());

@@ -60,8 +60,9 @@ pub fn render(reports: &[PolicyReport]) -> String {
         "predicted / delivered cached".to_owned(),
     ]];
     for r in reports {
-        let tiers = r
-            .tiers
+        let mut sorted: Vec<&(String, u64)> = r.tiers.iter().collect();
+        sorted.sort();
+        let tiers = sorted
             .iter()
             .map(|(t, n)| format!("{t}={n}"))
             .collect::<Vec<_>>()

@@ -338,21 +338,25 @@ impl Gateway {
         for e in &spec.endpoints {
             b = b.endpoint(backend(e));
         }
-        if self.health.interval_ms > 0 {
-            b = b.health_probes(ProbeConfig {
+        b = if self.health.interval_ms > 0 {
+            b.health_probes(ProbeConfig {
                 path: self.health.path.clone(),
                 interval: Duration::from_millis(self.health.interval_ms),
                 timeout: Duration::from_millis(self.health.timeout_ms.max(1)),
-            });
-        }
-        if limits.engine_load_poll_ms > 0 {
+            })
+        } else {
+            b.no_health_probes()
+        };
+        b = if limits.engine_load_poll_ms > 0 {
             let interval = Duration::from_millis(limits.engine_load_poll_ms);
-            b = b.engine_load(EngineLoadConfig {
+            b.engine_load(EngineLoadConfig {
                 interval,
                 timeout: interval.max(Duration::from_millis(200)),
                 max_age: Duration::from_secs(5),
-            });
-        }
+            })
+        } else {
+            b.no_engine_load()
+        };
         if let Some((transport, cfg)) = &self.replicas {
             let mut r = ReplicaConfig::new(Arc::clone(transport) as Arc<dyn ReplicaTransport>);
             r.pool = Some(spec.doc.name.clone());

@@ -10,8 +10,8 @@ fn config_dir() -> PathBuf {
 #[test]
 fn shipped_example_configs_are_valid() {
     for name in ["converged.toml", "pd.toml"] {
-        let c = ServeConfig::load(&config_dir().join(name))
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let c =
+            ServeConfig::load(&config_dir().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(c.rules.len(), 1, "{name}");
         assert!(c.admin_listen.ip().is_loopback(), "{name}");
         let rule = &c.rules[0];
@@ -470,4 +470,55 @@ fn zero_limits_are_refused_by_name() {
         assert_eq!(err, format!("limits.{field}: must be at least 1"));
     }
     assert_eq!(LimitsConfig::default().max_prompt_chars, 1 << 20);
+}
+
+/// A rule with no options runs as a `KvRouter` with no options: every
+/// default the gateway documents is the library's.
+#[test]
+fn the_gateways_defaults_are_the_librarys() {
+    use kvroute::{EngineLoadConfig, HeaderTimeouts, OutlierConfig, ProbeConfig};
+    use kvroute_select::BreakerConfig;
+
+    let (limits, health) = (LimitsConfig::default(), HealthConfig::default());
+    let ms = Duration::from_millis;
+    assert_eq!(
+        BreakerConfig::default(),
+        BreakerConfig {
+            failure_threshold: health.failure_threshold,
+            cool_down: ms(health.cool_down_ms),
+        }
+    );
+    assert_eq!(
+        ProbeConfig::default(),
+        ProbeConfig {
+            path: health.path.clone(),
+            interval: ms(health.interval_ms),
+            timeout: ms(health.timeout_ms),
+        }
+    );
+    let poll = EngineLoadConfig::default();
+    assert_eq!(poll.interval, ms(limits.engine_load_poll_ms));
+    assert_eq!(poll.timeout, poll.interval.max(ms(200)));
+    assert_eq!(
+        HeaderTimeouts::default(),
+        HeaderTimeouts {
+            response: Some(limits.response_header_timeout()),
+            streamed: Some(limits.stream_header_timeout()),
+        }
+    );
+    let o = OutlierConfig::default();
+    assert_eq!(
+        (
+            o.stall_after,
+            o.consecutive_timeouts,
+            o.base_ejection,
+            o.max_ejection
+        ),
+        (
+            ms(health.outlier_stall_ms),
+            health.outlier_consecutive_timeouts,
+            ms(health.outlier_ejection_ms),
+            ms(health.outlier_max_ejection_ms)
+        )
+    );
 }
