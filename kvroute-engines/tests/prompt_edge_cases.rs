@@ -1,4 +1,4 @@
-//! Issue 14 #7: contract edge cases where kvroute's request handling must equal
+//! Contract edge cases where kvroute's request handling must equal
 //! the engines', each quoted from the engine's own source (vLLM 0.33.0 and
 //! SGLang 0.5.23 wheels; paths relative to the package) and run through the real
 //! Qwen3 tokenizer and template.
