@@ -261,7 +261,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().decode_tokens_per_request)]
     cost_decode_tokens: f64,
     /// `kv-exact`: decisions closer than this (ms) to a burst's first count
-    /// as one burst, spread over the replicas' zones (0: no zones).
+    /// as one burst, spread over the replicas' zones (0: decisions at the
+    /// same instant only).
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().burst_window.as_secs_f64() * 1e3)]
     cost_burst_window_ms: f64,
     /// `kv-exact`: weight of the request's own uncached prefill.
