@@ -153,6 +153,9 @@ pub struct PolicyReport {
     pub routing: RoutingReport,
     /// Event path.
     pub events: EventReport,
+    /// Load shared between gateway replicas (all zero with one replica or
+    /// sharing off).
+    pub replica_sync: ReplicaSyncReport,
     /// Per-request samples behind the figures (the HTML report's charts; not
     /// in the JSON).
     #[serde(skip)]
@@ -166,6 +169,21 @@ pub struct PolicySamples {
     pub ttft_us: Vec<u64>,
     /// Every placement: (arrival µs of simulated time, worker), in arrival order.
     pub routed: Vec<(u64, u32)>,
+}
+
+/// What the replicas sent each other: each message is published once and
+/// reaches every other replica.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ReplicaSyncReport {
+    /// Messages published.
+    pub messages: u64,
+    /// Endpoint entries in them.
+    pub endpoint_entries: u64,
+    /// Their bytes as the NATS transport encodes them (JSON, before the
+    /// NATS protocol's own framing).
+    pub bytes: u64,
+    /// `bytes` per served request.
+    pub per_decision_bytes: f64,
 }
 
 /// The workload as run.
