@@ -380,6 +380,9 @@ pub struct Samples {
     pub values: Vec<f64>,
 }
 
+/// A value → pixel position mapping.
+type Scale = Box<dyn Fn(f64) -> f64>;
+
 /// Points of a CDF drawn at most this often per series.
 const CDF_POINTS: usize = 240;
 
@@ -424,7 +427,7 @@ pub fn cdf(title: &str, x_label: &str, series: &[Samples]) -> String {
     let mut s = String::new();
     f.open(&mut s, title);
     // x scale.
-    let (x_of, x_ticks): (Box<dyn Fn(f64) -> f64>, Vec<(f64, String)>) = if log {
+    let (x_of, x_ticks): (Scale, Vec<(f64, String)>) = if log {
         let a = lo.log10().floor();
         let b = hi.log10().ceil().max(a + 1.0);
         let pw = f.plot_w();
