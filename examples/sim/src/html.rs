@@ -109,3 +109,52 @@ pub fn render(report: &SimReport, table: &str) -> String {
     page.preformatted(table);
     page.finish()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{FleetReport, PolicyReport, PolicySamples, WorkloadReport};
+
+    fn policy(name: &str, hit: f64, routed: Vec<(u64, u32)>) -> PolicyReport {
+        PolicyReport {
+            policy: name.to_owned(),
+            prefix_hit_ratio: hit,
+            served: routed.len() as u64,
+            samples: PolicySamples {
+                ttft_us: vec![1_000, 2_000, 40_000],
+                routed,
+            },
+            ..PolicyReport::default()
+        }
+    }
+
+    #[test]
+    fn the_page_holds_each_policys_charts_the_bounds_and_the_table() {
+        let report = SimReport {
+            workload: WorkloadReport {
+                source: "tenants".into(),
+                ideal_prefix_hit_ratio: 0.8,
+                pooled_prefix_hit_ratio: 0.7,
+                ..WorkloadReport::default()
+            },
+            fleet: FleetReport {
+                workers: 3,
+                ..FleetReport::default()
+            },
+            policies: vec![
+                policy("rr", 0.25, vec![(0, 0), (500_000, 1), (1_000_000, 2)]),
+                policy("kv-exact", 0.5, vec![(0, 2), (1_000_000, 2)]),
+            ],
+        };
+        let html = render(&report, "| policy | <table> |");
+        // Hit ratio, TTFT, and one requests-per-worker chart per policy.
+        assert_eq!(html.matches("<svg").count(), 4, "{html}");
+        assert!(html.contains("ideal: one infinite cache (80.0%)"), "{html}");
+        assert!(html.contains("pooled: one LRU cache of the fleet&#39;s capacity (70.0%)"));
+        assert!(html.contains(">25.0<") && html.contains(">50.0<"), "{html}");
+        assert!(html.contains("worker 2"));
+        assert!(html.contains("kv-exact: 2 requests served"));
+        assert!(html.contains("<pre>| policy | &lt;table&gt; |</pre>"));
+        assert!(!html.contains("<script"));
+    }
+}
