@@ -307,6 +307,9 @@ pub fn bars(title: &str, y_label: &str, bars: &[Bar], max: f64, refs: &[Referenc
         .collect();
     f.y_grid(&mut s, &ticks, y_of);
     f.axis_label_y(&mut s, y_label);
+    // The values are written last, with a white halo, so that they stay
+    // legible over a reference line.
+    let mut values = String::new();
     for (i, b) in bars.iter().enumerate() {
         #[allow(clippy::cast_precision_loss)]
         let x = f.left + slot * i as f64 + slot * 0.15;
@@ -321,8 +324,8 @@ pub fn bars(title: &str, y_label: &str, bars: &[Bar], max: f64, refs: &[Referenc
             escape(&b.text)
         );
         let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            values,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" paint-order="stroke" stroke="white" stroke-width="3">{}</text>"#,
             x + w / 2.0,
             y - 4.0,
             escape(&b.text)
@@ -367,6 +370,7 @@ pub fn bars(title: &str, y_label: &str, bars: &[Bar], max: f64, refs: &[Referenc
         );
     }
     f.axes(&mut s);
+    s.push_str(&values);
     s.push_str("</svg>");
     s
 }
