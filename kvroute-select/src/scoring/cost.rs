@@ -63,8 +63,14 @@ use crate::load::EndpointLoad;
 ///   placing there right now:
 ///
 ///   ```text
-///   unseen_e = (burst − 1)⁺ · prefill / |zone(owner(e))|      (0 in its own zone)
+///   unseen_e = (burst − 1)⁺ · prefill / min(|zone(owner(e))|, ⌈burst − 1⌉)   (0 in its own zone)
 ///   ```
+///
+///   The owner sends its burst to its cheapest endpoints, one request each
+///   while they stay cheapest — the same endpoints every decider finds
+///   cheapest — so the expected load is spread over at most one endpoint
+///   per request, not over the whole zone (on a large fleet that would make
+///   it too small to keep the others off one zone's few idle endpoints).
 ///
 ///   where `burst` is the mean number of this rule's decisions per burst
 ///   (decisions within `burst_window` of a burst's first) and `prefill` the
@@ -227,8 +233,17 @@ fn unseen_tokens(input: &ScoreInput<'_>, e: usize) -> f64 {
             return 0.0;
         }
         let size = ((owner + 1) * n).div_ceil(r) - (owner * n).div_ceil(r);
+        // The owner's burst lands on its cheapest endpoints, which are the
+        // cheapest for every decider alike: spread over at most one endpoint
+        // per request, not over its whole zone.
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let spread = size.min((input.burst.decisions - 1.0).ceil().max(1.0) as usize);
         #[allow(clippy::cast_precision_loss)]
-        return per_decider / size.max(1) as f64;
+        return per_decider / spread.max(1) as f64;
     }
     // Decider d's zone is endpoint d mod n.
     let owners = (r - 1 - e) / n + 1;
