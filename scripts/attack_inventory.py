@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 15, attack 4: one engine floods `kvroute serve` with distinct block
+"""One engine floods `kvroute serve` with distinct block
 hashes (10 M, then 30 M in all). The endpoint's inventory must stay at its
 default bound (2^20 blocks per tier unless the engine reports its capacity)
 with the evictions counted, and the gateway's peak RSS must stop growing once

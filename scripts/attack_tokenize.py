@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 15, attack 8: peak RSS of `kvroute serve` under N parallel distinct
+"""Peak RSS of `kvroute serve` under N parallel distinct
 ~1 M-character prompts, with the tokenization admission limits and without
 them (limits raised out of reach, i.e. main before the cap).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 13's simulator targets for the default `kv-exact` policy, in one run.
+"""The simulator targets for the default `kv-exact` policy, in one run.
 
 For every `kvroute sim gen` kind and the Mooncake trace, 8 workers, at 262 144
 and 4 194 304 tokens of KV capacity per worker, runs every policy and checks:

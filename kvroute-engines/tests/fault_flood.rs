@@ -1,4 +1,4 @@
-//! Fault injection (issue #9 §2c): a publisher floods random block keys (a
+//! Fault injection: a publisher floods random block keys (a
 //! misbehaving engine, or one whose cache is far larger than the index is sized
 //! for). The per-endpoint capacity bounds the inventory at every moment, every
 //! eviction is counted, and the index's own memory figure stays at the size of a

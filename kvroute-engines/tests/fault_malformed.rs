@@ -1,4 +1,4 @@
-//! Fault injection (issue #9 §2e) and the subscriber's message size limit: a real
+//! Fault injection and the subscriber's message size limit: a real
 //! pyzmq publisher interleaves valid vLLM 0.33 batches with garbage payloads,
 //! payloads of the wrong msgpack shape, messages with the wrong number of frames,
 //! seq frames of the wrong length, and batches larger than the subscriber's

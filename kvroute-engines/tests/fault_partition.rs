@@ -1,4 +1,4 @@
-//! Fault injection (issue #9 §2b): the subscriber is cut off from a live publisher
+//! Fault injection: the subscriber is cut off from a live publisher
 //! for ~5 s by a TCP relay (every relayed connection closed, new ones refused),
 //! while the publisher keeps publishing. libzmq's PUB drops what it publishes
 //! while the subscriber is gone, so the subscriber comes back to a sequence gap:

@@ -1,4 +1,4 @@
-//! Fault injection (issue #9 §2a): the engine's publisher is killed with SIGKILL
+//! Fault injection: the engine's publisher is killed with SIGKILL
 //! and a new process starts on the same ports with its sequence back at 0. The
 //! inventory of the dead process must not survive: after the new process's first
 //! batches the index holds exactly what the new process stored.

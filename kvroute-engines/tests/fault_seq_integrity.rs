@@ -1,4 +1,4 @@
-//! Issue 15 #5 (sequence integrity): a real pyzmq publisher whose replay ROUTER
+//! Sequence integrity: a real pyzmq publisher whose replay ROUTER
 //! answers one extra batch numbered u64::MAX − 1, or that injects one live batch
 //! at such a number. Before the fix the number became the stream's high-water
 //! mark (and the subscriber's "already replayed" range), so every later live

@@ -1,4 +1,4 @@
-//! Fault injection (issue #9 §2d): the consumer is slower than the publisher. The
+//! Fault injection: the consumer is slower than the publisher. The
 //! sink sleeps 1 ms per frame (≤ 1000 frames/s) while a pyzmq publisher floods
 //! ~20 KB batches as fast as it can, ~120 MB in all.
 //!

@@ -1,4 +1,4 @@
-//! Hostile ZeroMQ peers against a real `ZmqSubscriber` (issue 15, attacks 1–3).
+//! Hostile ZeroMQ peers against a real `ZmqSubscriber`.
 //!
 //! The attacker is written here with a plain `TcpStream`: it speaks the ZMTP 3.0
 //! NULL handshake by hand as a PUB (64-byte greeting, READY with

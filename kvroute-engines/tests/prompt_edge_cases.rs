@@ -1,4 +1,4 @@
-//! Issue 14 #7: contract edge cases where kvroute's request handling must equal
+//! Contract edge cases where kvroute's request handling must equal
 //! the engines', each quoted from the engine's own source (vLLM 0.33.0 and
 //! SGLang 0.5.23 wheels; paths relative to the package) and run through the real
 //! Qwen3 tokenizer and template.
@@ -31,7 +31,8 @@ fn user(content: &str) -> String {
 /// vLLM `renderers/chat_utils/chat_message.py:549-556`: a part type outside
 /// `MM_PARSER_MAP` raises
 /// `VLLMValidationError(f"Unsupported chat content part type: {part_type!r}. ...")`
-/// → HTTP 400. Before, kvroute counted it as an "unsupported multimodal" miss.
+/// → HTTP 400; kvroute counts the same request as a validation error, not as
+/// an "unsupported multimodal" miss.
 #[test]
 fn an_unknown_content_part_type_is_a_validation_error() {
     let err = run(ApiKind::Chat, &user(r#"[{"type":"bogus","text":"hi"}]"#)).unwrap_err();

@@ -1,4 +1,4 @@
-//! Issue 14 Must 5 / issue 15 #4: peer-driven memory is bounded by configuration.
+//! Peer-driven memory is bounded by configuration.
 //! A flood of random stores (and removes, tier moves, re-stores) from several
 //! endpoints and DP ranks, in engine-key and re-key mode, never takes
 //! `SharedIndex::memory_bytes()` above `SharedIndex::memory_budget()`, nor the
@@ -148,8 +148,8 @@ fn a_store_flood_stays_within_the_memory_budget_in_rekey_mode() {
     flood("rekey");
 }
 
-/// Before issue 14 the default index was unbounded (no budget at all) and a
-/// peer's stores were all kept.
+/// The default index has a memory budget: a peer's stores beyond it are
+/// evicted, not all kept.
 #[test]
 fn the_default_index_is_bounded() {
     let index = SharedIndex::new(3, IndexConfig::default());

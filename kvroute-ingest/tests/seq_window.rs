@@ -245,7 +245,7 @@ fn resume_before_any_batch_has_nothing_to_verify() {
     assert_eq!(w.counters().resumes, 0);
 }
 
-/// Issue 15 #5: one replayed batch at u64::MAX − 1 must not become the high-water
+/// One replayed batch at u64::MAX − 1 must not become the high-water
 /// mark (before the fix every later live batch was dropped as old or duplicate).
 #[test]
 fn a_batch_at_u64_extremes_is_dropped_and_the_live_stream_continues() {
@@ -317,7 +317,7 @@ fn an_implausible_batch_does_not_answer_a_resume() {
     assert_eq!(w.counters().resumes_verified, 1);
 }
 
-/// Issue 14 #1: a stream whose first batch is not 0 (a late bootstrap replay
+/// A stream whose first batch is not 0 (a late bootstrap replay
 /// or a subscriber started over a warm engine) knows the batches it lacks;
 /// gaps add to them, a restart from 0 makes it complete.
 #[test]

@@ -356,6 +356,29 @@ fn decision_scale(c: &mut Criterion) {
             n * 2000 + (0..n).map(|s| (s * 7) % keys.len()).sum::<usize>(),
             index.memory_bytes() >> 20
         );
+        let shared_root = shared_root_index(n, &keys);
+        c.bench_function(
+            &format!("decide/scale/shared_root/512_blocks/{n}_endpoints"),
+            |b| {
+                b.iter(|| {
+                    let req = Request::new(PromptInput::Keys {
+                        keys: &keys,
+                        contract: &contract,
+                        prompt_tokens: TOKENS as u32,
+                    });
+                    black_box(
+                        rule.decide(
+                            black_box(&req),
+                            &shared_root,
+                            &load,
+                            &AlwaysAvailable,
+                            Duration::ZERO,
+                        )
+                        .target(),
+                    )
+                })
+            },
+        );
         c.bench_function(
             &format!("decide/scale/shared_index/512_blocks/{n}_endpoints"),
             |b| {
@@ -379,6 +402,26 @@ fn decision_scale(c: &mut Criterion) {
             },
         );
     }
+}
+
+/// The shape of a large fleet's inventory: every endpoint holds the
+/// prompt's first 32 blocks (a shared system prompt) and 2 000 other blocks;
+/// endpoint 0 holds the whole 512-block prompt (the conversation's home) in
+/// one stored chain.
+fn shared_root_index(n: usize, keys: &[BlockKey]) -> kvroute_ingest::SharedIndex {
+    let index = kvroute_ingest::SharedIndex::new(n, kvroute_ingest::IndexConfig::default());
+    for slot in 0..n {
+        let e = kvroute_core::EndpointId(slot as u32);
+        let held = if slot == 0 { keys.len() } else { 32 };
+        index
+            .store_chain(e, kvroute_core::Medium::Gpu, None, &keys[..held])
+            .unwrap();
+        let other: Vec<BlockKey> = (0..2000u64)
+            .map(|j| BlockKey(j << 20 | slot as u64))
+            .collect();
+        index.store(e, kvroute_core::Medium::Gpu, &other).unwrap();
+    }
+    index
 }
 
 criterion_group!(

@@ -41,14 +41,14 @@ use crate::selector::SelectorKind;
 /// Which KV-exact scorer, without its parameters (a [`Scorer`] carries them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum ScorerKind {
-    /// [`Scorer::Cost`].
+    /// [`CostScorer`].
     #[default]
     Cost,
-    /// [`Scorer::OverlapCount`].
+    /// [`OverlapCountScorer`].
     OverlapCount,
-    /// [`Scorer::LongestPrefix`].
+    /// [`LongestPrefixScorer`].
     LongestPrefix,
-    /// [`Scorer::LoadAware`].
+    /// [`LoadAwareScorer`].
     LoadAware,
 }
 

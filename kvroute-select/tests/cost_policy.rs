@@ -621,7 +621,7 @@ impl kvroute_ingest::InventoryView for Mismatched {
     }
 }
 
-/// Issue 14: under a wrong contract every miss is `contract_mismatch`, and
+/// Under a wrong contract every miss is `contract_mismatch`, and
 /// predicted entries never turn into claimed hits the engines cannot deliver.
 #[test]
 fn a_mismatched_contract_counts_contract_mismatch_and_predicts_nothing() {

@@ -533,7 +533,7 @@ fn retries_are_bounded() {
     assert_eq!(d.source(), Source::Exhausted);
 }
 
-/// Issue 14: in P/D the approximate trie must not shadow an exact KV hit on
+/// In P/D the approximate trie must not shadow an exact KV hit on
 /// another prefill endpoint (default); the seed's order stays selectable.
 #[test]
 fn pd_exact_hit_beats_an_approximate_trie_match_by_default() {

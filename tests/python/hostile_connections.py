@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Bounded connection flood against `kvroute serve` (issue 15, attacks 6 and 7).
+"""Bounded connection flood against `kvroute serve`.
 
 Opens COUNT TCP connections to TARGET that never send a byte (optionally some
 that stop inside the HTTP/2 preface), holds them for HOLD seconds while a

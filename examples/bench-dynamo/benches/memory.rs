@@ -3,8 +3,8 @@
 //! `sequences` conversations of 512 blocks each) loaded through each
 //! endpoint's `EndpointIngest` as `side_by_side` loads it, for each size of
 //! the sweep, with the default capacity bound (insertion rings kept) and
-//! unbounded. `SharedIndex::memory_bytes` per pair is what the issue's
-//! "bytes per (endpoint, key)" target reads (resident-set growth says
+//! unbounded. `SharedIndex::memory_bytes` per pair is the figure the
+//! benchmarks reference gives as bytes per (endpoint, block) (resident-set growth says
 //! little here: from the second load on, the allocator reuses the memory
 //! the previous one freed). No Dynamo structure is built.
 //!

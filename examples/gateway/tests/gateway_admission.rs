@@ -1,4 +1,4 @@
-//! Tokenization admission control (issue 15, attack 8) over real sockets: the
+//! Tokenization admission control over real sockets: the
 //! real `kvroute serve` binary in front of an in-test echo upstream, flooded
 //! with parallel distinct ~1 M-character prompts (each within `max_body_bytes`
 //! and `max_prompt_chars`). Every request must be answered 200; the ones that

@@ -1,4 +1,4 @@
-//! Connection hygiene of `kvroute serve` (issue 15, attacks 6 and 7), over real
+//! Connection hygiene of `kvroute serve`, over real
 //! sockets on 127.0.0.1 in front of an in-test echo upstream:
 //!
 //! - connections that never send a byte, or stop inside the HTTP/2 preface, are

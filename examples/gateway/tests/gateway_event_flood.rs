@@ -1,4 +1,4 @@
-//! Issue 15, attack 10, at gateway level: a real pyzmq/libzmq publisher
+//! An event flood at gateway level: a real pyzmq/libzmq publisher
 //! (`tests/python/kv_fault_publisher.py` from the repo's `.venv`) sends 50 000
 //! undecodable `[topic, seq, payload]` messages to a running `kvroute serve`.
 //! The gateway must count every one exactly on `/metrics`, keep its log

@@ -1,4 +1,4 @@
-//! Load accounting through the real gateway (issue 13): a request counts on
+//! Load accounting through the real gateway: a request counts on
 //! its endpoint from the routing decision — not from when the upstream's
 //! headers arrive — so a slow non-streaming engine's in-flight requests and
 //! queued prefill tokens are visible while it prefills, and they are released

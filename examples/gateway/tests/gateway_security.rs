@@ -208,7 +208,7 @@ async fn admin_api_creates_updates_and_deletes_rules_at_run_time() {
             .contains("rule.endpoints[0].url"),
         "{v}"
     );
-    // Issue 15 #13: names and endpoints that could never be served or deleted
+    // Names and endpoints that could never be served or deleted
     // are refused with the field at fault.
     for (doc, field) in [
         (
@@ -240,7 +240,7 @@ async fn admin_api_creates_updates_and_deletes_rules_at_run_time() {
             "{field}: {v}"
         );
     }
-    // Issue 15 #11: dot segments never reach an engine.
+    // Dot segments never reach an engine.
     // Sent raw: an HTTP client library would resolve them before sending.
     for path in [
         "/v1/../health",

@@ -425,14 +425,14 @@ async fn rejected_frames_and_resume_counters_are_exported() {
         |s| s["oversized_frames"].as_u64().unwrap_or(0) > 0,
     )
     .await;
-    // Refused at its frame header, before a byte of it is buffered (issue 15,
-    // the patched zeromq framing): its sequence number is never read.
+    // Refused at its frame header, before a byte of it is buffered (the
+    // ZeroMQ fork's framing limit): its sequence number is never read.
     assert_eq!(seen["last_rejected_seq"], 7, "{seen}");
 
     // The engine's socket goes away and comes back: the subscriber reconnects.
     // This endpoint has no replay socket, so the reconnect is judged by
-    // sequence numbers alone (issue 14: resuming would wait for a replay that
-    // never comes and clear the inventory on the next batch); no resume.
+    // sequence numbers alone (resuming would wait for a replay that never
+    // comes and clear the inventory on the next batch); no resume.
     drop(publisher);
     let mut publisher = PubSocket::new();
     let deadline = Instant::now() + WAIT;

@@ -1,7 +1,8 @@
-//! Issue 14's failures 1–4 (and one more this harness found), reproduced with engines that run vLLM 0.33.0's own
-//! cache code (`tests/python/vllm_standin.py`, see `vllm_interop.rs`). Each test
-//! asserts the behaviour the issue specifies; each failed on the code of issue
-//! 14's day and passes since its fix.
+//! Engine faults reproduced with engines that run vLLM 0.33.0's own cache code
+//! (`tests/python/vllm_standin.py`, see `vllm_interop.rs`): a late bootstrap
+//! over warm engines, one engine on another hash seed, contracts that differ
+//! by seed, algorithm or block size, P/D with an exact hit, and an engine
+//! restart. Each test asserts what an operator sees.
 
 mod gateway_support;
 
@@ -65,7 +66,7 @@ fn small_workload(sessions: usize, turns: usize) -> ChatWorkload {
     }
 }
 
-/// Issue 14 (1): a gateway started over warm engines whose replay buffer no
+/// A gateway started over warm engines whose replay buffer no
 /// longer reaches back must say its inventory is partial (admin API, a WARN
 /// naming the endpoint's URL), not look complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,7 +117,7 @@ async fn late_bootstrap_replay_reads_partial() {
     }
 }
 
-/// Issue 14 (2): one engine of four on another PYTHONHASHSEED: only that
+/// One engine of four on another PYTHONHASHSEED: only that
 /// endpoint is `mismatch` (the others `verified`), and one WARN names its URL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_engine_on_another_seed_is_the_only_mismatch() {
@@ -166,7 +167,7 @@ async fn one_engine_on_another_seed_is_the_only_mismatch() {
     }
 }
 
-/// The three ways an engine's contract differs from the rule's (issue 14 (3)):
+/// The three ways an engine's contract differs from the rule's:
 /// (what, engine options, the word the mismatch cause must name).
 fn wrong_contracts() -> [(&'static str, StandinOpts, &'static str); 3] {
     [
@@ -208,7 +209,7 @@ async fn mismatched_fleet(opts: &StandinOpts) -> ([Standin; 2], Gateway) {
     (engines, gw)
 }
 
-/// Issue 14 (3), the status side: a seed, algorithm or block size that differs
+/// The status side: a seed, algorithm or block size that differs
 /// from the contract reads `mismatch` on every endpoint with the likely cause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_contract_reads_mismatch_with_its_cause() {
@@ -231,7 +232,7 @@ async fn wrong_contract_reads_mismatch_with_its_cause() {
     }
 }
 
-/// Issue 14 (3), the counting side: under a wrong seed, algorithm or block
+/// The counting side: under a wrong seed, algorithm or block
 /// size the misses are counted as `contract_mismatch`, not `zero_overlap`, and
 /// no hit is claimed. (Observed on the tree of 2026-12-01 10:10 UTC with a
 /// wrong seed: every endpoint reads `mismatch`, yet the rule counts kv_exact
@@ -283,7 +284,7 @@ async fn wrong_contract_misses_are_contract_mismatch() {
     }
 }
 
-/// Issue 14 (4): in P/D, KV-exact decides the prefill endpoint when it holds
+/// In P/D, KV-exact decides the prefill endpoint when it holds
 /// the prefix; counters, receipts and the admin API agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pd_uses_the_exact_kv_signal() {
@@ -338,10 +339,9 @@ async fn pd_uses_the_exact_kv_signal() {
         predicted.abs_diff(delivered) * 50 <= delivered,
         "predicted {predicted} vs delivered {delivered}"
     );
-    // The counters' prediction is the receipts' prediction (the issue saw 0 vs
-    // 2.8 M tokens). Not to the token: with concurrent sessions the two
-    // differed by up to ~1.5 % on the tree of 2026-12-01 10:20 UTC (e.g. 1542
-    // blocks = 24 672 tokens vs 24 304), exact when run alone.
+    // The counters' prediction is the receipts' prediction. Not to the token:
+    // with concurrent sessions the two can differ by ~1.5 % (a decision and
+    // its receipt straddle a block's eviction), exact when run alone.
     let counted = c["predicted_blocks"].as_u64().unwrap() * 16;
     assert!(
         counted.abs_diff(predicted) * 33 <= predicted,
@@ -349,7 +349,7 @@ async fn pd_uses_the_exact_kv_signal() {
     );
 }
 
-/// Found with this harness (belongs to issue 14 Must 2): an engine restarts
+/// An engine restarts
 /// while the gateway is subscribed and stores blocks before the subscriber has
 /// re-dialled. The resume replay (from the old last sequence + 1) ends before
 /// it, so the gateway judges a restart and clears, but never replays the new

@@ -51,7 +51,9 @@ use rand::{Rng, SeedableRng};
 use super::bounds::ratio;
 pub use super::bounds::{ideal_hit_ratio, pooled_hit_ratio};
 use super::policy::{PolicySpec, Tuning, SIM_CONTRACT};
-use super::report::{EventReport, LoadReport, PolicyReport, RoutingReport, Summary};
+use super::report::{
+    EventReport, LoadReport, PolicyReport, ReplicaSyncReport, RoutingReport, Summary,
+};
 use super::trace::{block_keys, Workload};
 use kvroute_engine_model::{Admission, RequestSpec, Worker, WorkerConfig};
 
@@ -220,6 +222,7 @@ pub fn simulate(
         timed_seq: 0,
         deliveries: VecDeque::new(),
         sync: VecDeque::new(),
+        sync_sent: ReplicaSyncReport::default(),
         next_seq: vec![0; n],
         rng: StdRng::seed_from_u64(cfg.seed ^ 0x6c6f_7373),
         events: Vec::new(),
@@ -263,6 +266,9 @@ struct Sim<'a> {
     /// Replica batches in flight: (arrival µs, sending replica, batch); one
     /// fixed delay, so FIFO is time order.
     sync: VecDeque<(u64, usize, ReplicaBatch)>,
+    /// Replica messages sent, their endpoint entries and their bytes as the
+    /// NATS transport encodes them.
+    sync_sent: ReplicaSyncReport,
     next_seq: Vec<u64>,
     rng: StdRng,
     events: Vec<KvEvent>,
@@ -380,6 +386,9 @@ impl Sim<'_> {
         else {
             return;
         };
+        self.sync_sent.messages += 1;
+        self.sync_sent.endpoint_entries += batch.endpoints.len() as u64;
+        self.sync_sent.bytes += serde_json::to_vec(&batch).map_or(0, |b| b.len() as u64);
         self.sync
             .push_back((t.saturating_add(self.cfg.replica_sync_us), k, batch));
     }
@@ -742,6 +751,14 @@ impl Sim<'_> {
                 gaps_kept: seq.gaps_kept,
                 gaps_cleared: seq.gaps_cleared,
                 clears,
+            },
+            replica_sync: ReplicaSyncReport {
+                per_decision_bytes: if served > 0 {
+                    self.sync_sent.bytes as f64 / served as f64
+                } else {
+                    0.0
+                },
+                ..self.sync_sent
             },
         }
     }

@@ -260,6 +260,10 @@ pub struct RunArgs {
     /// `kv-exact`: prefill-token equivalent of one request in flight.
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().decode_tokens_per_request)]
     cost_decode_tokens: f64,
+    /// `kv-exact`: decisions closer than this (ms) to a burst's first count
+    /// as one burst, spread over the replicas' zones (0: no zones).
+    #[arg(long, default_value_t = kvroute_select::CostConfig::default().burst_window.as_secs_f64() * 1e3)]
+    cost_burst_window_ms: f64,
     /// `kv-exact`: weight of the request's own uncached prefill.
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().prefill_weight)]
     cost_prefill_weight: f64,
@@ -497,6 +501,9 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
                     load_headroom: args.cost_load_headroom,
                     tie_tokens: args.cost_tie_tokens,
                     drain_queue: !args.cost_no_drain,
+                    burst_window: std::time::Duration::from_secs_f64(
+                        (args.cost_burst_window_ms / 1e3).max(0.0),
+                    ),
                     ..kvroute_select::CostConfig::default()
                 },
                 predicted: !args.no_predicted,

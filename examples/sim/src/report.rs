@@ -153,6 +153,24 @@ pub struct PolicyReport {
     pub routing: RoutingReport,
     /// Event path.
     pub events: EventReport,
+    /// Load shared between gateway replicas (all zero with one replica or
+    /// sharing off).
+    pub replica_sync: ReplicaSyncReport,
+}
+
+/// What the replicas sent each other: each message is published once and
+/// reaches every other replica.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ReplicaSyncReport {
+    /// Messages published.
+    pub messages: u64,
+    /// Endpoint entries in them.
+    pub endpoint_entries: u64,
+    /// Their bytes as the NATS transport encodes them (JSON, before the
+    /// NATS protocol's own framing).
+    pub bytes: u64,
+    /// `bytes` per served request.
+    pub per_decision_bytes: f64,
 }
 
 /// The workload as run.

@@ -302,7 +302,7 @@ mod tests {
         );
     }
 
-    /// Issue 14 #5: without a replay socket a reconnect must not resume (the
+    /// Without a replay socket a reconnect must not resume (the
     /// gateway's old sink did: its window waited for a replay that never came
     /// and took the next live batch for a restart, clearing the inventory).
     #[test]
@@ -328,7 +328,7 @@ mod tests {
         assert_eq!(ingest.seq_counters().near_reconnects, 1);
     }
 
-    /// Issue 14 Must 2: a bootstrap replay that fails or times out is a
+    /// A bootstrap replay that fails or times out is a
     /// detected gap: counted, and the first live batch's number tells how many
     /// batches the inventory lacks.
     #[test]

@@ -147,9 +147,9 @@ mod tests {
         )
     }
 
-    /// Issue 14 #6: one continuity judgement. Before, the sink's own event_id
-    /// tracker cleared on a restart and the window cleared again (2 clears), and a
-    /// gap was counted by both.
+    /// One continuity judgement: a restart clears once and a gap counts
+    /// once, judged by the window alone (a second tracker in the sink would
+    /// clear and count again).
     #[test]
     fn gaps_and_restarts_are_judged_once_by_the_window() {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
@@ -182,7 +182,7 @@ mod tests {
         );
     }
 
-    /// Issue 14 Must 5: the `created` event's capacity bounds the inventory.
+    /// The `created` event's capacity bounds the inventory.
     #[test]
     fn the_created_event_bounds_the_inventory() {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));

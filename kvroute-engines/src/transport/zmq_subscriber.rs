@@ -227,7 +227,7 @@ pub struct ZmqSubscriber {
 struct Connection {
     /// Live frames with seq in this range (first, last) were already delivered
     /// by a replay. Below its first they were not: a replay answering one
-    /// forged high number must not swallow the live stream (issue 15 #5).
+    /// forged high number must not swallow the live stream.
     replayed: Option<(u64, u64)>,
     /// Peers currently connected (a bound socket may see an old and a new engine
     /// process overlap).

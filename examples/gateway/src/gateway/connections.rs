@@ -1,4 +1,4 @@
-//! Connection hygiene of the gateway's listeners (issue 15, attacks 6 and 7).
+//! Connection hygiene of the gateway's listeners.
 //!
 //! - **First-byte deadline.** hyper's header timeout starts only once the HTTP/1
 //!   connection exists, and `hyper_util`'s auto builder creates it only after it

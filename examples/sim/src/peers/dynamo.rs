@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng};
 
 use super::{argmin_random_ties, f, PeerPolicy, PeerRequest, WorkerView};
 
-/// NVIDIA Dynamo's KV-router cost function (see the [module docs](self)).
+/// NVIDIA Dynamo's KV-router cost function (see the source file's module comment).
 #[derive(Debug)]
 pub struct DynamoCost {
     overlap_score_credit: f64,

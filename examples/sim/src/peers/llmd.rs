@@ -6,8 +6,8 @@ use rand::SeedableRng;
 use super::{argmax_random_ties, f, PeerPolicy, PeerRequest, WorkerView};
 
 /// llm-d's inference scheduler with the precise prefix-cache, queue and
-/// KV-utilisation scorers and the max-score picker (see the [module
-/// docs](self)).
+/// KV-utilisation scorers and the max-score picker (see the source file's
+/// module comment).
 #[derive(Debug)]
 pub struct LlmdWeighted {
     prefix_weight: f64,

@@ -41,7 +41,7 @@ pub(crate) fn tree_depth(tree: &KeyMap<TreeNode>, keys: &[BlockKey]) -> (usize, 
 }
 
 /// SGLang Model Gateway's `cache_aware` policy over an approximate per-worker
-/// prefix tree (see the [module docs](self)).
+/// prefix tree (see the source file's module comment).
 #[derive(Debug)]
 pub struct SmgCacheAware {
     cache_threshold: f32,

@@ -37,8 +37,8 @@ use rand::Rng;
 use super::{uniform, Gen, Kind, Segment, MOONCAKE_BLOCK_TOKENS};
 
 /// Statistics of the bursty conversation kinds (`chat-bursts`,
-/// `agent-bursts`); the other kinds ignore them. See the [module
-/// docs](self) for how each is produced.
+/// `agent-bursts`); the other kinds ignore them. See the source file's
+/// module comment for how each is produced.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Shape {
     /// Span of the arrivals, seconds (first to last instant); `None`:

@@ -1,0 +1,970 @@
+#!/usr/bin/env python3
+"""4 `kvroute serve` replicas sharing load over one nats-server, against 1 replica.
+
+Both arms sit in front of the same 4 `kvroute mock-engine` processes on
+127.0.0.1 and receive the identical, seeded request schedule:
+
+* **Bursts.** Every `--burst-ms` a burst of `--burst-min`..`--burst-max`
+  streamed chat requests (size drawn per burst) is sent at the same instant,
+  open loop: a burst goes out on schedule whatever is still in flight.
+* **Shared root.** Every request starts with the same long system prompt
+  (`--root-words`).
+* **Multi-turn.** A conversation opens with its own document
+  (`--doc-words`), then each turn re-sends the whole history (the assistant
+  replies are the mock's own text for `--max-tokens` tokens, fetched once, so
+  the content never depends on timing); a conversation's next turn goes in a
+  later burst (`--gap-min`..`--gap-max` bursts later).
+* **Front end.** Each request goes to a uniformly random replica (seeded),
+  as a load balancer would spread it; the 1-replica arm gets every request.
+
+Per measurement the engines' caches are emptied (`/admin/restart-publisher`),
+and the arm's gateways (and, for the replicas, a fresh nats-server) are
+started and stopped; arms are interleaved within each run, alternating which
+goes first; figures are medians over runs.
+
+Reported per arm: cached fraction (the engines' own `cached_tokens` over
+prompt tokens), streamed TTFT p50/p99, requests per engine (max and min over
+the mean), errors; for the replicas, the sync traffic per decision: messages
+the gateways published (`/admin/counters` → `nats.published`) and the
+nats-server's own count of messages and payload bytes in and out (`/varz`).
+Verdicts: cached fraction ≥ 0.95× one replica's, TTFT p50 and p99 ≤ 1.10× one
+replica's, every engine within 1.3× of the mean.
+
+To tell placement from overhead, the engines' request logs give each request's
+own TTFT at the engine (queueing and prefill: what placement decides); the
+rest of the client's TTFT is the gateways', the client's and the machine's.
+The gateways' CPU per request is measured too. Each measurement leaves
+`trace-r<run>-<arm>.json` in the log directory: per request its burst,
+conversation, turn, replica, the gateway's decision headers (endpoint, tier,
+predicted cached tokens), the engine's cached tokens and TTFT; and every
+gateway's `/admin/endpoints` before and after and `/admin/counters` after.
+
+Run through scripts/bench_replicas.sh (venv, build, cleanup trap).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+try:
+    import uvloop
+except ImportError:  # plain asyncio works too
+    uvloop = None
+
+MODEL = "qwen3"
+ENGINES = 4
+HOST = "127.0.0.1"
+CONTRACT = "vllm@0.33.0:sha256_cbor:block=16:seed=0"
+
+WORDS = (
+    "policy customer account refund shipping invoice support ticket priority "
+    "escalate verify identity order product warranty return window days manager "
+    "approval discount loyalty member tier billing address payment card declined "
+    "retry schedule delivery courier tracking number status delayed apology credit "
+    "voucher always never politely confirm summarize answer briefly clearly"
+).split()
+
+PROCS: list[subprocess.Popen] = []
+
+
+def log(msg: str) -> None:
+    print(f"[bench_replicas {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (bound then released together)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def write_pidfile() -> None:
+    # The live groups only, so the shell's trap can end them even if this
+    # process is killed, and never signals a recycled pid of an exited one.
+    pidfile = os.environ.get("BENCH_REPLICAS_PIDFILE")
+    if pidfile:
+        with open(pidfile, "w") as f:
+            f.write("".join(f"{q.pid}\n" for q in PROCS))
+
+
+def spawn(cmd: list[str], logfile: Path, env: dict | None = None) -> subprocess.Popen:
+    out = open(logfile, "ab")
+    # Own process group, so stop() takes the whole tree and nothing else.
+    p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    out.close()
+    PROCS.append(p)
+    write_pidfile()
+    return p
+
+
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
+    if p in PROCS:
+        PROCS.remove(p)
+        write_pidfile()
+
+
+def stop_all() -> None:
+    for p in list(PROCS):
+        stop(p)
+
+
+def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        req.add_header("content-type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""
+
+
+def get_json(url: str, timeout: float = 5.0):
+    status, body = http("GET", url, timeout=timeout)
+    if status != 200:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def wait_until(what: str, pred, procs: list[subprocess.Popen], timeout: float, logfile: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                tail = logfile.read_text(errors="replace")[-3000:] if logfile else ""
+                raise RuntimeError(f"{what}: process exited with {p.returncode}\n{tail}")
+        if pred():
+            return
+        time.sleep(0.1)
+    tail = logfile.read_text(errors="replace")[-3000:] if logfile else ""
+    raise RuntimeError(f"{what}: not ready within {timeout:.0f} s\n{tail}")
+
+
+def warm_body() -> bytes:
+    # Shorter than one 16-token block: loads tokenizers/connections, caches nothing.
+    return json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    ).encode()
+
+
+@dataclass
+class Engine:
+    http: int
+    zmq: int
+    replay: int
+    proc: subprocess.Popen | None = None
+    request_log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.http}"
+
+
+def start_engines(args, tmp: Path) -> list[Engine]:
+    ports = free_ports(3 * ENGINES)
+    engines = [Engine(ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(ENGINES)]
+    for i, e in enumerate(engines):
+        cmd = [
+            args.kvroute, "mock-engine",
+            "--port", str(e.http), "--zmq-port", str(e.zmq), "--replay-port", str(e.replay),
+            "--model-dir", args.model_dir, "--model", MODEL,
+            "--capacity-blocks", str(args.capacity_blocks),
+            "--max-running", str(args.max_running),
+            "--prefill-us-per-token", str(args.prefill_us_per_token),
+            "--prefill-step-us", str(args.prefill_step_us),
+            "--decode-us-per-token", str(args.decode_us_per_token),
+        ]
+        # One line per admitted request: the engine's own time to first token,
+        # beside which the client's shows what the gateways and the client add.
+        e.request_log = tmp / f"engine{i}.requests.jsonl"
+        cmd += ["--request-log", str(e.request_log)]
+        e.proc = spawn(cmd, tmp / f"engine{i}.log")
+    for i, e in enumerate(engines):
+        wait_until(
+            f"engine {i}", lambda e=e: http("GET", f"{e.url}/health")[0] == 200,
+            [e.proc], 30, tmp / f"engine{i}.log",
+        )
+    return engines
+
+
+def reset_engines(engines: list[Engine]) -> None:
+    for e in engines:
+        status, body = http("POST", f"{e.url}/admin/restart-publisher", b"{}", timeout=10)
+        if status != 200:
+            raise RuntimeError(f"engine :{e.http} cache reset answered {status}: {body[:200]!r}")
+        cached = (get_json(f"{e.url}/admin/cache") or {}).get("cached_blocks")
+        if cached not in (0, None):
+            raise RuntimeError(f"engine :{e.http} still holds {cached} blocks after reset")
+
+
+def engine_requests(engines: list[Engine]) -> list[int]:
+    """Requests each engine has admitted so far (the mock's own count)."""
+    return [int((get_json(f"{e.url}/admin/cache") or {}).get("requests", -1)) for e in engines]
+
+
+def engine_log_offsets(engines: list[Engine]) -> list[int]:
+    return [e.request_log.stat().st_size if e.request_log and e.request_log.exists() else 0 for e in engines]
+
+
+def engine_log_rows(engines: list[Engine], offsets: list[int]) -> dict[str, dict]:
+    """The engines' request-log lines written since `offsets`, by response id."""
+    rows: dict[str, dict] = {}
+    for i, (e, off) in enumerate(zip(engines, offsets)):
+        if not e.request_log or not e.request_log.exists():
+            continue
+        with open(e.request_log, "rb") as f:
+            f.seek(off)
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                r["engine"] = i
+                rows[str(r.get("id"))] = r
+    return rows
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[-1].split()
+        return (int(rest[11]) + int(rest[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def assistant_reply(engines: list[Engine], max_tokens: int) -> str:
+    """The mock's reply text for `max_tokens` tokens (the same for every prompt)."""
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+    ).encode()
+    status, raw = http("POST", f"{engines[0].url}/v1/chat/completions", body, timeout=30)
+    if status != 200:
+        raise RuntimeError(f"engine reply probe answered {status}: {raw[:200]!r}")
+    return json.loads(raw)["choices"][0]["message"]["content"]
+
+
+class Nats:
+    def __init__(self, args, tmp: Path, tag: str) -> None:
+        self.port, self.monitor = free_ports(2)
+        conf = tmp / f"nats-{tag}.conf"
+        # Monitoring on loopback only (`-m` alone would listen on every interface).
+        conf.write_text(f'host: "{HOST}"\nport: {self.port}\nhttp: "{HOST}:{self.monitor}"\n')
+        self.logfile = tmp / f"nats-{tag}.log"
+        self.proc = spawn([args.nats_server, "-c", str(conf)], self.logfile)
+        wait_until("nats-server", lambda: self.varz() is not None, [self.proc], 20, self.logfile)
+
+    @property
+    def url(self) -> str:
+        return f"nats://{HOST}:{self.port}"
+
+    def varz(self) -> dict | None:
+        return get_json(f"http://{HOST}:{self.monitor}/varz")
+
+
+def kvroute_toml(args, engines: list[Engine], listen: int, admin: int, nats_url: str | None) -> str:
+    s = (
+        f'listen = "{HOST}:{listen}"\n[admin]\nlisten = "{HOST}:{admin}"\n'
+        f'[health]\ninterval_ms = 1000\n\n'
+    )
+    if nats_url:
+        s += f'[replicas]\nnats = "{nats_url}"\n'
+        s += "".join(
+            f"{kv.split('=', 1)[0].strip()} = {kv.split('=', 1)[1].strip()}\n"
+            for kv in args.replicas_config.split(",") if kv.strip()
+        )
+        s += "\n"
+    s += (
+        f'[[models]]\nslug = "{MODEL}"\ndir = {json.dumps(str(Path(args.model_dir).resolve()))}\n\n'
+        f'[[rules]]\nname = "{MODEL}"\nmodels = ["{MODEL}"]\ndefault = true\nchoice = "kv_exact"\n'
+        f'topology = "converged"\ncontract = "{CONTRACT}"\n\n'
+    )
+    if args.cost:
+        s += "[rules.cost]\n" + "".join(
+            f"{kv.split('=', 1)[0].strip()} = {kv.split('=', 1)[1].strip()}\n"
+            for kv in args.cost.split(",") if kv.strip()
+        ) + "\n"
+    for e in engines:
+        s += (
+            f'[[rules.endpoints]]\nurl = "{e.url}"\nengine = "vllm"\n'
+            f'zmq = "tcp://*:{e.zmq}"\nreplay = "tcp://*:{e.replay}"\n\n'
+        )
+    return s
+
+
+@dataclass
+class Gateway:
+    url: str
+    admin: str
+    proc: subprocess.Popen
+    logfile: Path
+
+    def counters(self) -> dict | None:
+        return get_json(f"{self.admin}/admin/counters")
+
+
+def start_gateways(args, engines, tmp: Path, tag: str, n: int, nats: Nats | None) -> list[Gateway]:
+    gws = []
+    env = dict(os.environ)
+    if args.gateway_log:
+        env["RUST_LOG"] = args.gateway_log
+    for i in range(n):
+        listen, admin = free_ports(2)
+        cfg = tmp / f"kvroute-{tag}-{i}.toml"
+        cfg.write_text(kvroute_toml(args, engines, listen, admin, nats.url if nats else None))
+        logfile = tmp / f"kvroute-{tag}-{i}.log"
+        p = spawn([args.kvroute, "serve", "--config", str(cfg)], logfile, env)
+        gws.append(Gateway(f"http://{HOST}:{listen}", f"http://{HOST}:{admin}", p, logfile))
+    procs = [g.proc for g in gws]
+    for g in gws:
+        def subscribers_connected(g=g) -> bool:
+            rows = get_json(f"{g.admin}/admin/endpoints")
+            if rows is None:
+                return False
+            text = json.dumps(rows)
+            return text.count('"connected": true') >= ENGINES and '"connected": false' not in text
+
+        wait_until("kvroute subscribers", subscribers_connected, procs, 90, g.logfile)
+        wait_until(
+            "kvroute proxy",
+            lambda g=g: http("POST", f"{g.url}/v1/chat/completions", warm_body(), timeout=30)[0] == 200,
+            procs, 60, g.logfile,
+        )
+    if n > 1:
+        # Every replica counts the n-1 others (they show up with their first
+        # message, at the latest their first heartbeat).
+        def all_seen() -> bool:
+            for g in gws:
+                c = g.counters() or {}
+                rep = ((c.get("rules") or {}).get(MODEL) or {}).get("replicas") or {}
+                if rep.get("replicas") != n - 1 or not (c.get("nats") or {}).get("connected"):
+                    return False
+            return True
+
+        wait_until("replicas see each other", all_seen, procs, 30, gws[0].logfile)
+    return gws
+
+
+# ---------------------------------------------------------------- workload
+
+
+class SplitMix:
+    def __init__(self, seed: int) -> None:
+        self.s = seed & 0xFFFFFFFFFFFFFFFF
+
+    def below(self, n: int) -> int:
+        self.s = (self.s + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        z = self.s
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        z ^= z >> 31
+        return z % max(n, 1)
+
+    def between(self, lo: int, hi: int) -> int:
+        return lo + self.below(hi - lo + 1)
+
+    def words(self, n: int) -> str:
+        return " ".join(WORDS[self.below(len(WORDS))] for _ in range(n))
+
+
+@dataclass
+class Turn:
+    conv: int
+    turn: int
+    replica: int  # which of the replicas the front end hands it to
+
+
+@dataclass
+class Schedule:
+    root: str
+    docs: list[str]  # per conversation: its opening document
+    users: list[list[str]]  # per conversation: its user turns
+    bursts: list[list[Turn]]
+
+
+def schedule(args) -> Schedule:
+    """The seeded request schedule: bursts of turns, each turn with its replica."""
+    rng = SplitMix(args.seed)
+    front = SplitMix(args.seed ^ 0x5EED)
+    root = "You are the support assistant of one company. Rules: " + rng.words(args.root_words)
+    docs: list[str] = []
+    users: list[list[str]] = []
+    # (ready burst, conversation, next turn) of conversations with turns left
+    pending: list[tuple[int, int, int]] = []
+    bursts: list[list[Turn]] = []
+    committed = 0
+    b = 0
+    while (committed < args.requests or pending) and b < 10 * args.requests + 100:
+        size = rng.between(args.burst_min, args.burst_max)
+        burst: list[Turn] = []
+        pending.sort()
+        while pending and len(burst) < size and pending[0][0] <= b:
+            _, c, k = pending.pop(0)
+            burst.append(Turn(c, k, front.below(args.replicas)))
+            if k + 1 < len(users[c]):
+                pending.append((b + rng.between(args.gap_min, args.gap_max), c, k + 1))
+        while len(burst) < size and committed < args.requests:
+            c = len(users)
+            turns = min(rng.between(args.turns_min, args.turns_max), args.requests - committed)
+            committed += turns
+            docs.append(f"Case {c} file: " + rng.words(rng.between(args.doc_words // 2, args.doc_words * 3 // 2)))
+            users.append([f"Case {c} question {k}: {rng.words(rng.between(20, 60))}?" for k in range(turns)])
+            burst.append(Turn(c, 0, front.below(args.replicas)))
+            if turns > 1:
+                pending.append((b + rng.between(args.gap_min, args.gap_max), c, 1))
+        bursts.append(burst)
+        b += 1
+    return Schedule(root, docs, users, bursts)
+
+
+def messages_for(s: Schedule, conv: int, turn: int, reply: str) -> list[dict]:
+    msgs = [{"role": "system", "content": s.root}]
+    for k in range(turn + 1):
+        user = s.users[conv][k]
+        if k == 0:
+            user = s.docs[conv] + "\n\n" + user
+        msgs.append({"role": "user", "content": user})
+        if k < turn:
+            msgs.append({"role": "assistant", "content": reply})
+    return msgs
+
+
+@dataclass
+class Sample:
+    ttft: float
+    latency: float
+    prompt_tokens: int
+    cached_tokens: int
+    late: float  # send time behind the schedule, s
+    rid: str = ""  # the engine's response id
+    who: tuple = ()  # (burst, conversation, turn, replica)
+    decision: tuple = ()  # the gateway's x-kvroute-* headers: (endpoint, tier, predicted cached tokens)
+
+
+@dataclass
+class Tally:
+    samples: list[Sample] = field(default_factory=list)
+    errors: int = 0
+    first_error: str | None = None
+
+    def fail(self, msg: str) -> None:
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = msg
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, body: bytes, due: float, tally: Tally,
+                      who: tuple) -> None:
+    t0 = time.perf_counter()
+    late = t0 - due
+    ttft = None
+    usage: dict = {}
+    rid = ""
+    try:
+        async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+            if resp.status != 200:
+                tally.fail(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+                return
+            h = resp.headers
+            decision = (
+                h.get("x-kvroute-endpoint", ""), h.get("x-kvroute-tier", ""),
+                int(h.get("x-kvroute-predicted-cached-tokens") or 0),
+            )
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    line = event.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        continue
+                    v = json.loads(payload)
+                    if not rid:
+                        rid = str(v.get("id") or "")
+                    if v.get("usage"):
+                        usage = v["usage"]
+                    if ttft is None:
+                        for ch in v.get("choices") or ():
+                            if (ch.get("delta") or {}).get("content"):
+                                ttft = time.perf_counter() - t0
+                                break
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        tally.fail(f"{type(e).__name__}: {e}")
+        return
+    latency = time.perf_counter() - t0
+    prompt = int(usage.get("prompt_tokens") or 0)
+    if prompt <= 0 or ttft is None:
+        tally.fail("no usage.prompt_tokens or no content in the stream")
+        return
+    cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+    tally.samples.append(Sample(ttft, latency, prompt, cached, late, rid, who, decision))
+
+
+async def drive(urls: list[str], s: Schedule, reply: str, args) -> tuple[Tally, float, float]:
+    """Sends the schedule's bursts open loop to `urls` (turn.replica mod len(urls))."""
+    tally = Tally()
+    bodies = [
+        [
+            json.dumps({
+                "model": MODEL, "messages": messages_for(s, t.conv, t.turn, reply),
+                "max_tokens": args.max_tokens, "stream": True,
+                "stream_options": {"include_usage": True},
+            }).encode()
+            for t in burst
+        ]
+        for burst in s.bursts
+    ]
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    to = aiohttp.ClientTimeout(total=args.request_timeout)
+    tasks: list[asyncio.Task] = []
+    async with aiohttp.ClientSession(connector=conn, timeout=to) as session:
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        for b, burst in enumerate(s.bursts):
+            due = t0 + b * args.burst_ms / 1e3
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            for t, body in zip(burst, bodies[b]):
+                url = f"{urls[t.replica % len(urls)]}/v1/chat/completions"
+                who = (b, t.conv, t.turn, t.replica % len(urls))
+                tasks.append(asyncio.create_task(one_request(session, url, body, due, tally, who)))
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks), args.request_timeout + 10)
+        except asyncio.TimeoutError:
+            tally.fail("the last requests did not finish in time")
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+    return tally, wall, cpu / wall if wall > 0 else 0.0
+
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    rank = max(1, min(len(s), int(-(-p / 100.0 * len(s) // 1))))
+    return s[rank - 1]
+
+
+def summarize(tally: Tally, wall: float, client_cpu: float, engine_rows: dict[str, dict]) -> dict:
+    ttft = [x.ttft * 1e3 for x in tally.samples]
+    lat = [x.latency * 1e3 for x in tally.samples]
+    late = [x.late * 1e3 for x in tally.samples]
+    prompt = sum(x.prompt_tokens for x in tally.samples)
+    cached = sum(x.cached_tokens for x in tally.samples)
+    # The engine's own TTFT (submission to first token: queueing and prefill,
+    # what placement decides) and the rest of the client's (gateway, client,
+    # loopback, scheduling on a shared machine).
+    eng, rest = [], []
+    for x in tally.samples:
+        row = engine_rows.get(x.rid)
+        if row is not None and row.get("first_token_us") is not None:
+            e_ms = row["first_token_us"] / 1e3
+            eng.append(e_ms)
+            rest.append(x.ttft * 1e3 - e_ms)
+    return {
+        "engine_ttft_p50_ms": round(pct(eng, 50), 3),
+        "engine_ttft_p99_ms": round(pct(eng, 99), 3),
+        "engine_ttft_mean_ms": round(statistics.fmean(eng), 3) if eng else 0.0,
+        "outside_engine_p50_ms": round(pct(rest, 50), 3),
+        "outside_engine_p99_ms": round(pct(rest, 99), 3),
+        "engine_matched": len(eng),
+        "requests": len(tally.samples),
+        "errors": tally.errors,
+        "first_error": tally.first_error,
+        "seconds": round(wall, 3),
+        "ttft_p50_ms": round(pct(ttft, 50), 3),
+        "ttft_p99_ms": round(pct(ttft, 99), 3),
+        "ttft_mean_ms": round(statistics.fmean(ttft), 3) if ttft else 0.0,
+        "latency_p50_ms": round(pct(lat, 50), 3),
+        "latency_p99_ms": round(pct(lat, 99), 3),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cached_fraction": round(cached / prompt, 4) if prompt else 0.0,
+        "client_cpu": round(client_cpu, 3),
+        "send_late_p99_ms": round(pct(late, 99), 3),
+    }
+
+
+# ---------------------------------------------------------------- counters
+
+
+def rule_counters(c: dict | None) -> dict:
+    return ((c or {}).get("rules") or {}).get(MODEL) or {}
+
+
+def counter_delta(before: dict | None, after: dict | None) -> dict:
+    """The numeric fields of one gateway's counters that matter here, after - before."""
+    rb, ra = rule_counters(before), rule_counters(after)
+    out = {
+        "decisions": ra.get("decisions", 0) - rb.get("decisions", 0),
+        "tiers": {k: v - (rb.get("tiers") or {}).get(k, 0) for k, v in (ra.get("tiers") or {}).items()},
+        "misses": {
+            k: v - (rb.get("misses") or {}).get(k, 0)
+            for k, v in (ra.get("misses") or {}).items()
+            if v - (rb.get("misses") or {}).get(k, 0)
+        },
+        "load_diversions": ra.get("load_diversions", 0) - rb.get("load_diversions", 0),
+        "retries": ra.get("retries", 0) - rb.get("retries", 0),
+        "hits": [a - b for a, b in zip(ra.get("hits") or [], rb.get("hits") or [0] * ENGINES)],
+    }
+    rep_a, rep_b = ra.get("replicas"), rb.get("replicas") or {}
+    if rep_a:
+        out["replicas"] = {
+            k: (v - rep_b.get(k, 0) if k != "replicas" else v) for k, v in rep_a.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+    na, nb = (after or {}).get("nats"), (before or {}).get("nats") or {}
+    if na:
+        out["nats"] = {
+            k: (v - nb.get(k, 0) if not isinstance(v, bool) else v) for k, v in na.items()
+            if isinstance(v, (int, float))
+        }
+    return out
+
+
+VARZ_KEYS = ("in_msgs", "out_msgs", "in_bytes", "out_bytes")
+
+
+# ---------------------------------------------------------------- main
+
+
+def median(rows: list[dict], key: str) -> float:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else 0.0
+
+
+def measure(args, engines, s: Schedule, reply: str, tmp: Path, arm: str, run: int) -> dict:
+    n = args.replicas if arm == "replicas" else 1
+    tag = f"r{run}-{arm}"
+    reset_engines(engines)
+    nats = Nats(args, tmp, tag) if n > 1 else None
+    gws: list[Gateway] = []
+    try:
+        gws = start_gateways(args, engines, tmp, tag, n, nats)
+        if args.cold_engine:
+            # Every engine but the first holds the shared root prefix (sent to
+            # them directly), as after engine 0 restarts.
+            body = json.dumps({
+                "model": MODEL, "max_tokens": 1,
+                "messages": [{"role": "system", "content": s.root}, {"role": "user", "content": "warm"}],
+            }).encode()
+            for e in engines[1:]:
+                status, raw = http("POST", f"{e.url}/v1/chat/completions", body, timeout=30)
+                if status != 200:
+                    raise RuntimeError(f"engine :{e.http} root warm-up answered {status}: {raw[:200]!r}")
+        # Let the engines' load polls and the replicas' heartbeats settle.
+        time.sleep(1.0)
+        load_before = round(os.getloadavg()[0], 2)
+        req_before = engine_requests(engines)
+        offsets = engine_log_offsets(engines)
+        cpu_before = sum(cpu_seconds(g.proc.pid) for g in gws)
+        c_before = [g.counters() for g in gws]
+        ep_before = [get_json(f"{g.admin}/admin/endpoints") for g in gws]
+        v_before = nats.varz() if nats else None
+        tally, wall, cpu = asyncio.run(drive([g.url for g in gws], s, reply, args))
+        c_after = [g.counters() for g in gws]
+        ep_after = [get_json(f"{g.admin}/admin/endpoints") for g in gws]
+        v_after = nats.varz() if nats else None
+        req_after = engine_requests(engines)
+        gateway_cpu = sum(cpu_seconds(g.proc.pid) for g in gws) - cpu_before
+        engine_rows = engine_log_rows(engines, offsets)
+    finally:
+        for g in gws:
+            stop(g.proc)
+        if nats:
+            stop(nats.proc)
+    r = summarize(tally, wall, cpu, engine_rows)
+    write_trace(tmp / f"trace-{tag}.json", engines, tally, engine_rows, ep_before, ep_after, c_after)
+    r["gateway_cpu_ms_per_request"] = round(gateway_cpu * 1e3 / r["requests"], 3) if r["requests"] else 0.0
+    r["run"] = run
+    r["arm"] = arm
+    r["gateways"] = n
+    per_engine = [a - b for a, b in zip(req_after, req_before)]
+    r["per_engine"] = per_engine
+    mean = statistics.fmean(per_engine) if per_engine else 0.0
+    r["engine_max_over_mean"] = round(max(per_engine) / mean, 3) if mean else 0.0
+    r["engine_min_over_mean"] = round(min(per_engine) / mean, 3) if mean else 0.0
+    r["loadavg_1m_before"] = load_before
+    r["loadavg_1m"] = round(os.getloadavg()[0], 2)
+    r["counters"] = [counter_delta(b, a) for b, a in zip(c_before, c_after)]
+    decisions = sum(c["decisions"] for c in r["counters"])
+    r["decisions"] = decisions
+    if nats and v_before and v_after:
+        r["nats_varz"] = {k: v_after.get(k, 0) - v_before.get(k, 0) for k in VARZ_KEYS}
+        published = sum((c.get("nats") or {}).get("published", 0) for c in r["counters"])
+        deltas = sum((c.get("replicas") or {}).get("sent_deltas", 0) for c in r["counters"])
+        r["traffic"] = {
+            "published_msgs": published,
+            "published_msgs_per_decision": round(published / decisions, 3) if decisions else 0.0,
+            "endpoint_entries_per_decision": round(deltas / decisions, 3) if decisions else 0.0,
+            "server_in_msgs_per_decision": round(r["nats_varz"]["in_msgs"] / decisions, 3) if decisions else 0.0,
+            "server_in_bytes_per_decision": round(r["nats_varz"]["in_bytes"] / decisions, 1) if decisions else 0.0,
+            "server_out_bytes_per_decision": round(r["nats_varz"]["out_bytes"] / decisions, 1) if decisions else 0.0,
+            "server_in_bytes_per_msg": round(r["nats_varz"]["in_bytes"] / r["nats_varz"]["in_msgs"], 1)
+            if r["nats_varz"]["in_msgs"] else 0.0,
+            "server_in_bytes_per_second": round(r["nats_varz"]["in_bytes"] / wall, 1) if wall else 0.0,
+        }
+    return r
+
+
+def write_trace(path: Path, engines: list[Engine], tally: Tally, engine_rows: dict[str, dict],
+                ep_before: list, ep_after: list, counters: list) -> None:
+    """Per request: who sent it where, what the gateway decided and expected,
+    what the engine cached and how long it took there; plus each gateway's
+    /admin/endpoints before and after and its /admin/counters after."""
+    by_url = {e.url: i for i, e in enumerate(engines)}
+    reqs = []
+    for x in tally.samples:
+        row = engine_rows.get(x.rid) or {}
+        b, conv, turn, replica = x.who
+        endpoint, tier, predicted = x.decision or ("", "", 0)
+        reqs.append({
+            "burst": b, "conv": conv, "turn": turn, "replica": replica,
+            "engine": row.get("engine", by_url.get(endpoint, -1)), "tier": tier,
+            "predicted_cached": predicted, "prompt_tokens": x.prompt_tokens, "cached_tokens": x.cached_tokens,
+            "ttft_ms": round(x.ttft * 1e3, 3), "engine_ttft_ms": (row.get("first_token_us") or 0) / 1e3,
+            "running_at_submit": row.get("running_at_submit"), "waiting_at_submit": row.get("waiting_at_submit"),
+            "late_ms": round(x.late * 1e3, 3),
+        })
+    reqs.sort(key=lambda q: (q["burst"], q["replica"]))
+    doc = {"requests": reqs, "endpoints_before": ep_before, "endpoints_after": ep_after, "counters_after": counters}
+    path.write_text(json.dumps(doc) + "\n")
+
+
+def verdicts(one: list[dict], many: list[dict]) -> list[tuple[str, str, bool]]:
+    c1, c4 = median(one, "cached_fraction"), median(many, "cached_fraction")
+    p50_1, p50_4 = median(one, "ttft_p50_ms"), median(many, "ttft_p50_ms")
+    p99_1, p99_4 = median(one, "ttft_p99_ms"), median(many, "ttft_p99_ms")
+    spread = median(many, "engine_max_over_mean")
+    low = median(many, "engine_min_over_mean")
+    errors = sum(r["errors"] for r in one + many)
+    return [
+        ("cached fraction ≥ 0.95× one replica's",
+         f"{c4:.4f} / {c1:.4f} = {c4 / c1 if c1 else 0:.3f}×", c1 > 0 and c4 >= 0.95 * c1),
+        ("TTFT p50 ≤ 1.10× one replica's",
+         f"{p50_4:.1f} / {p50_1:.1f} ms = {p50_4 / p50_1 if p50_1 else 0:.3f}×", p50_1 > 0 and p50_4 <= 1.10 * p50_1),
+        ("TTFT p99 ≤ 1.10× one replica's",
+         f"{p99_4:.1f} / {p99_1:.1f} ms = {p99_4 / p99_1 if p99_1 else 0:.3f}×", p99_1 > 0 and p99_4 <= 1.10 * p99_1),
+        ("requests per engine within 1.3× of the mean",
+         f"busiest {spread:.3f}×, least {low:.3f}× the mean", 0 < spread <= 1.3 and low >= 1 / 1.3),
+        ("no errors", f"{errors}", errors == 0),
+    ]
+
+
+def report(args, rows: dict[str, list[dict]]) -> str:
+    one, many = rows["one"], rows["replicas"]
+    out = [f"\n### {args.replicas} replicas over NATS against 1 (median of {args.runs} runs)\n"]
+    out.append("| arm | cached fraction | TTFT p50 ms | TTFT p99 ms | engine's TTFT p50 · p99 ms "
+               "| rest of TTFT p50 ms | requests per engine (max/mean) | errors | gateway CPU ms/request | load avg |")
+    out.append("|---|---:|---:|---:|---:|---:|---|---:|---:|---|")
+    for name, arm in ((f"1 replica", one), (f"{args.replicas} replicas", many)):
+        if not arm:
+            continue
+        # The per-engine counts of the run whose max/mean is the median one.
+        mid = sorted(arm, key=lambda r: r["engine_max_over_mean"])[len(arm) // 2]
+        loads = [r["loadavg_1m"] for r in arm]
+        out.append(
+            f"| {name} | {median(arm, 'cached_fraction'):.4f} | {median(arm, 'ttft_p50_ms'):.1f} "
+            f"| {median(arm, 'ttft_p99_ms'):.1f} "
+            f"| {median(arm, 'engine_ttft_p50_ms'):.1f} · {median(arm, 'engine_ttft_p99_ms'):.1f} "
+            f"| {median(arm, 'outside_engine_p50_ms'):.1f} "
+            f"| {'/'.join(map(str, mid['per_engine']))} ({median(arm, 'engine_max_over_mean'):.2f}) "
+            f"| {sum(r['errors'] for r in arm)} | {median(arm, 'gateway_cpu_ms_per_request'):.2f} "
+            f"| {min(loads):.1f}–{max(loads):.1f} |"
+        )
+    if one and many:
+        out.append(f"\n| target | {args.replicas} replicas / 1 | met |\n|---|---|---|")
+        for what, figure, ok in verdicts(one, many):
+            out.append(f"| {what} | {figure} | {'✓' if ok else '✗'} |")
+        tr = [r["traffic"] for r in many if "traffic" in r]
+        if tr:
+            m = {k: statistics.median(t[k] for t in tr) for k in tr[0]}
+            out.append(
+                "\nSync traffic per decision (median): "
+                f"{m['published_msgs_per_decision']:.2f} messages published by the gateways "
+                f"({m['endpoint_entries_per_decision']:.2f} endpoint entries); nats-server: "
+                f"{m['server_in_msgs_per_decision']:.2f} messages and {m['server_in_bytes_per_decision']:.0f} "
+                f"payload bytes in, {m['server_out_bytes_per_decision']:.0f} out per decision "
+                f"({m['server_in_bytes_per_msg']:.0f} B per message, {m['server_in_bytes_per_second'] / 1e3:.1f} kB/s in)."
+            )
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kvroute", required=True, help="path of the kvroute binary")
+    ap.add_argument("--nats-server", required=True, help="path of the nats-server binary")
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--replicas", type=int, default=4, help="gateways of the replicas arm")
+    ap.add_argument("--arms", default="replicas,one", help="comma list of replicas, one")
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--burst-ms", type=float, default=200.0, help="one burst every this many ms")
+    ap.add_argument("--burst-min", type=int, default=8)
+    ap.add_argument("--burst-max", type=int, default=12)
+    ap.add_argument("--gap-min", type=int, default=1, help="bursts between a conversation's turns, at least")
+    ap.add_argument("--gap-max", type=int, default=4)
+    ap.add_argument("--turns-min", type=int, default=2)
+    ap.add_argument("--turns-max", type=int, default=8)
+    ap.add_argument("--root-words", type=int, default=1500, help="the shared system prompt's words")
+    ap.add_argument("--doc-words", type=int, default=400, help="a conversation's opening document, mean words")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--capacity-blocks", type=int, default=4096)
+    ap.add_argument("--max-running", type=int, default=64)
+    ap.add_argument("--prefill-us-per-token", type=int, default=50)
+    ap.add_argument("--prefill-step-us", type=int, default=1000)
+    ap.add_argument("--decode-us-per-token", type=int, default=500)
+    ap.add_argument("--request-timeout", type=float, default=60.0)
+    ap.add_argument("--cold-engine", action="store_true",
+                    help="before each measurement put the shared root prefix on every engine but the first "
+                    "(engine 0 as just restarted)")
+    ap.add_argument("--replicas-config", default="",
+                    help="extra [replicas] keys for the replicas arm, e.g. sync_interval_ms=1")
+    ap.add_argument("--cost", default="", help="[rules.cost] overrides for every gateway, e.g. affinity_tokens=256")
+    ap.add_argument("--gateway-log", default="", help="RUST_LOG for the gateways")
+    ap.add_argument("--json", help="write all figures here")
+    ap.add_argument("--logs", help="directory for process logs (default: a temp dir)")
+    args = ap.parse_args()
+    if args.burst_min < 1 or args.burst_max < args.burst_min or args.gap_min < 1 or args.gap_max < args.gap_min:
+        ap.error("need 1 ≤ burst-min ≤ burst-max and 1 ≤ gap-min ≤ gap-max")
+    if args.turns_min < 1 or args.turns_max < args.turns_min or args.replicas < 2:
+        ap.error("need 1 ≤ turns-min ≤ turns-max and --replicas ≥ 2")
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not arms or any(a not in ("replicas", "one") for a in arms):
+        ap.error("--arms takes replicas and/or one")
+    if uvloop is not None:
+        uvloop.install()
+
+    tmp = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="bench_replicas."))
+    tmp.mkdir(parents=True, exist_ok=True)
+    log(f"logs in {tmp}")
+    s = schedule(args)
+    sizes = [len(b) for b in s.bursts]
+    log(
+        f"workload: {sum(sizes)} requests in {len(s.bursts)} bursts (sizes {min(x for x in sizes if x)}–{max(sizes)}, "
+        f"every {args.burst_ms:.0f} ms, ≈{len(s.bursts) * args.burst_ms / 1e3:.0f} s), "
+        f"{len(s.users)} conversations"
+    )
+
+    def on_signal(signum, _frame):
+        stop_all()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    rows: dict[str, list[dict]] = {"replicas": [], "one": []}
+    try:
+        engines = start_engines(args, tmp)
+        log(f"engines on :{', :'.join(str(e.http) for e in engines)}")
+        reply = assistant_reply(engines, args.max_tokens)
+        for run in range(args.runs):
+            # Alternate which arm goes first, so a drift in the machine's load
+            # does not favour one arm.
+            order = arms if run % 2 == 0 else arms[::-1]
+            for arm in order:
+                r = measure(args, engines, s, reply, tmp, arm, run)
+                rows[arm].append(r)
+                tiers = {}
+                for c in r["counters"]:
+                    for k, v in c["tiers"].items():
+                        tiers[k] = tiers.get(k, 0) + v
+                log(
+                    f"run {run} {arm}: cached {r['cached_fraction']} ttft p50 {r['ttft_p50_ms']} "
+                    f"p99 {r['ttft_p99_ms']} ms (engine's p50 {r['engine_ttft_p50_ms']} p99 {r['engine_ttft_p99_ms']}, "
+                    f"rest p50 {r['outside_engine_p50_ms']} p99 {r['outside_engine_p99_ms']}), "
+                    f"gateway cpu {r['gateway_cpu_ms_per_request']} ms/req, per engine {'/'.join(map(str, r['per_engine']))} "
+                    f"(max/mean {r['engine_max_over_mean']}), errors {r['errors']}, "
+                    f"send late p99 {r['send_late_p99_ms']} ms, client cpu {r['client_cpu']}, "
+                    f"load {r['loadavg_1m_before']}→{r['loadavg_1m']}, tiers {tiers}"
+                    + (f", traffic {r['traffic']}" if "traffic" in r else "")
+                    + (f", first error {r['first_error']}" if r["first_error"] else "")
+                )
+    finally:
+        stop_all()
+
+    print(report(args, rows))
+    if args.json:
+        doc = {
+            "config": {k: v for k, v in vars(args).items() if k not in ("json", "logs")}
+            | {"engines": ENGINES, "bursts": len(s.bursts), "conversations": len(s.users),
+               "client": "python asyncio+aiohttp" + ("+uvloop" if uvloop else "")},
+            "arms": {
+                arm: {
+                    "median": {
+                        k: median(rs, k)
+                        for k in ("cached_fraction", "ttft_p50_ms", "ttft_p99_ms", "latency_p50_ms",
+                                  "latency_p99_ms", "engine_ttft_p50_ms", "engine_ttft_p99_ms",
+                                  "outside_engine_p50_ms", "outside_engine_p99_ms",
+                                  "engine_max_over_mean", "engine_min_over_mean",
+                                  "gateway_cpu_ms_per_request")
+                    },
+                    "runs": rs,
+                }
+                for arm, rs in rows.items() if rs
+            },
+        }
+        if rows["one"] and rows["replicas"]:
+            doc["verdicts"] = [
+                {"target": w, "figure": f, "met": ok} for w, f, ok in verdicts(rows["one"], rows["replicas"])
+            ]
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        log(f"JSON written to {args.json}")
+    bad = sum(r["errors"] for rs in rows.values() for r in rs)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
