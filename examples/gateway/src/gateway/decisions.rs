@@ -18,8 +18,7 @@ use std::sync::{Arc, Weak};
 
 use axum::http::{HeaderMap, HeaderValue};
 use kvroute_select::{
-    Decision, EndpointExplain, Explanation, Leg, LostCause, MissReason, Role, ScoreSummary,
-    TokenAccount,
+    EndpointExplain, Explanation, Leg, LostCause, MissReason, Role, ScoreSummary, TokenAccount,
 };
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -160,36 +159,25 @@ pub fn asked(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().trim_ascii() == b"1")
 }
 
-/// Files a decision's explanation (when it recorded one): into the ring,
-/// with its id in `x-kvroute-decision-id`, and compactly in
+/// Files a decision's explanation (when it recorded one): into `ring`
+/// (when given), with its id in `x-kvroute-decision-id`, and compactly in
 /// `x-kvroute-explain` when `header`. Returns the ring id.
 pub fn file(
-    ring: &DecisionRing,
+    ring: Option<&DecisionRing>,
     rt: &Arc<RuleRuntime>,
-    d: Option<Box<Explanation>>,
+    x: Option<Box<Explanation>>,
     header: bool,
     headers: &mut HeaderMap,
 ) -> Option<u64> {
-    let x = d?;
+    let x = x?;
     if header {
         if let Ok(v) = HeaderValue::from_str(&compact(&x)) {
             headers.insert(EXPLAIN_HEADER, v);
         }
     }
-    let id = ring.record(rt, x)?;
+    let id = ring?.record(rt, x)?;
     headers.insert(DECISION_ID_HEADER, HeaderValue::from(id));
     Some(id)
-}
-
-/// [`file`] for a decision the host still holds (an error answer).
-pub fn file_decision(
-    ring: &DecisionRing,
-    rt: &Arc<RuleRuntime>,
-    d: &mut Decision,
-    header: bool,
-    headers: &mut HeaderMap,
-) -> Option<u64> {
-    file(ring, rt, d.take_explanation(), header, headers)
 }
 
 fn role(r: Role) -> &'static str {

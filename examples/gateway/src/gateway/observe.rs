@@ -101,11 +101,27 @@ impl Observe {
         self.decisions.explain && super::decisions::asked(request)
     }
 
-    /// Whether a decision records its explanation: the ring keeps it, or
-    /// the request gets it in a header.
+    /// Whether a decision records its explanation: the ring keeps it (the
+    /// client gets its id with the other decision headers), or the request
+    /// gets it in a header.
     #[must_use]
     pub fn records(&self, explain_header: bool) -> bool {
-        explain_header || self.ring.enabled()
+        explain_header || (self.decisions.headers && self.ring.enabled())
+    }
+
+    /// Files a decision's explanation ([`super::decisions::file`]): into the
+    /// ring with its id in `x-kvroute-decision-id` unless `[decisions]
+    /// headers = false`, and in `x-kvroute-explain` when `explain_header`.
+    /// Returns the ring id.
+    pub fn file(
+        &self,
+        rt: &std::sync::Arc<RuleRuntime>,
+        x: Option<Box<kvroute_select::Explanation>>,
+        explain_header: bool,
+        headers: &mut HeaderMap,
+    ) -> Option<u64> {
+        let ring = self.decisions.headers.then_some(&self.ring);
+        super::decisions::file(ring, rt, x, explain_header, headers)
     }
 
     /// Records the outcome of loading `model`; the gateway becomes ready once

@@ -19,7 +19,6 @@ use kvroute::{NoEndpoint, Pick};
 use kvroute_engines::prompt::{model_of, parse_json, ApiKind, TokenizerPool};
 use kvroute_select::{Decision, Leg};
 
-use super::decisions;
 use super::metrics::Outcome;
 use super::passthrough::{self, Forward};
 use super::pd;
@@ -247,13 +246,8 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
             tracing::warn!(rule = %name, %reason, "no endpoint");
             let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
             gw.observe.decision(&rt, &decision, resp.headers_mut());
-            decisions::file_decision(
-                gw.observe.ring(),
-                &rt,
-                &mut decision,
-                explain,
-                resp.headers_mut(),
-            );
+            let x = decision.take_explanation();
+            gw.observe.file(&rt, x, explain, resp.headers_mut());
             return resp;
         }
     };
@@ -299,7 +293,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
                 gw.observe
                     .decision(&rt, pick.decision(), resp.headers_mut());
                 let x = pick.take_explanation();
-                decisions::file(gw.observe.ring(), &rt, x, explain, resp.headers_mut());
+                gw.observe.file(&rt, x, explain, resp.headers_mut());
                 return resp;
             }
             Err(failure) => {
@@ -314,7 +308,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
                 gw.observe
                     .decision(&rt, pick.decision(), resp.headers_mut());
                 let x = pick.take_explanation();
-                decisions::file(gw.observe.ring(), &rt, x, explain, resp.headers_mut());
+                gw.observe.file(&rt, x, explain, resp.headers_mut());
                 return resp;
             }
         }
@@ -619,7 +613,7 @@ fn respond(
     if let Some(h) = builder.headers_mut() {
         super::upstream::copy_headers(&parts.headers, h, false);
         gw.observe.decision(rt, pick.decision(), h);
-        id = decisions::file(gw.observe.ring(), rt, pick.take_explanation(), explain, h);
+        id = gw.observe.file(rt, pick.take_explanation(), explain, h);
     }
     if let (Some(id), Some(a)) = (id, prefill_account) {
         gw.observe.ring().settle(id, a);

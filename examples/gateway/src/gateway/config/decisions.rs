@@ -8,16 +8,17 @@ use serde::{Deserialize, Serialize};
 pub struct DecisionsConfig {
     /// Add `x-kvroute-endpoint`, `x-kvroute-tier`,
     /// `x-kvroute-predicted-cached-tokens` and (on a miss)
-    /// `x-kvroute-miss-reason` to every proxied response. Off hides the
-    /// fleet's layout from clients.
+    /// `x-kvroute-miss-reason` to every proxied response, and
+    /// `x-kvroute-decision-id` while the ring keeps decisions. Off hides the
+    /// fleet's layout from clients (and keeps no decision in the ring).
     pub headers: bool,
     /// Fraction of decisions logged as one INFO line each (0 = none, 1 =
     /// every decision); evenly spaced, the first one always logged.
     pub log_sample_rate: f64,
     /// How many of the last decisions `GET /admin/decisions/{id}` explains
-    /// (each response then carries `x-kvroute-decision-id`); the oldest is
-    /// dropped beyond. 0 keeps none, records no explanation and sends no
-    /// id.
+    /// (each response then carries `x-kvroute-decision-id`, unless
+    /// `headers` is off); the oldest is dropped beyond. 0 keeps none,
+    /// records no explanation and sends no id.
     pub ring: usize,
     /// A request carrying `x-kvroute-explain: 1` gets its decision's
     /// explanation in a compact `x-kvroute-explain` response header.
