@@ -32,6 +32,20 @@ bash scripts/python-env.sh
 export CMAKE="${CMAKE:-$PWD/.venv/bin/cmake}"
 "$CMAKE" --version | head -n1
 
+echo "==> headless Chromium (Debian's chromium, for the HTML reports' render test)"
+# examples/gateway/tests/html_reports.rs opens the demo's and the simulator's
+# HTML reports in it and fails when it is missing; KVROUTE_CHROMIUM names
+# another binary.
+if [ -z "${KVROUTE_CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get install -y -qq chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+  else
+    echo "!! /usr/bin/chromium is missing: install Debian's chromium package (as root) or set KVROUTE_CHROMIUM" >&2
+    exit 1
+  fi
+fi
+"${KVROUTE_CHROMIUM:-/usr/bin/chromium}" --version
+
 # A clean clone gains nothing from incremental artifacts (several GB on disk).
 if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"; fi
 

@@ -28,14 +28,24 @@ fn cached_percent(cells: &[String]) -> f64 {
 
 #[test]
 fn demo_compares_three_policies_and_kv_exact_reuses_more_than_round_robin() {
+    // The HTML report goes to the temporary directory by default.
+    let tmp = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
         .args(["demo", "--requests", "40", "--engines", "3"])
+        .env("TMPDIR", tmp.path())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stderr.contains("[kv-exact] 40/40"), "no progress: {stderr}");
+    let page = tmp.path().join("kvroute-demo.html");
+    assert!(
+        stderr.contains(&format!("kvroute demo: HTML report: {}", page.display())),
+        "{stderr}"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<pre>| policy"), "{html}");
     let rows = rows(&stdout);
     for policy in ["rr", "chwbl", "kv-exact"] {
         assert!(rows.contains_key(policy), "no {policy} row:\n{stdout}");

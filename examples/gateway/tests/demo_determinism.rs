@@ -17,6 +17,8 @@ fn placement(seed: &str, extra: &[&str]) -> (BTreeMap<String, Vec<String>>, Stri
         .arg("demo")
         .args(extra)
         .args([
+            // The HTML report is checked by demo_cli.rs and html_reports.rs.
+            "--no-html",
             "--requests",
             "48",
             "--engines",

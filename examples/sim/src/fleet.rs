@@ -52,7 +52,7 @@ use super::bounds::ratio;
 pub use super::bounds::{ideal_hit_ratio, pooled_hit_ratio};
 use super::policy::{PolicySpec, Tuning, SIM_CONTRACT};
 use super::report::{
-    EventReport, LoadReport, PolicyReport, ReplicaSyncReport, RoutingReport, Summary,
+    EventReport, LoadReport, PolicyReport, PolicySamples, ReplicaSyncReport, RoutingReport, Summary,
 };
 use super::trace::{block_keys, Workload};
 use kvroute_engine_model::{Admission, RequestSpec, Worker, WorkerConfig};
@@ -235,6 +235,7 @@ pub fn simulate(
         predicted: vec![0; requests],
         request_replica: vec![0; requests],
         routed: vec![0; n],
+        placements: Vec::with_capacity(requests),
         in_flight_area: vec![0; n],
         over_bound: 0,
         batches: 0,
@@ -282,6 +283,8 @@ struct Sim<'a> {
     /// The replica each request went to.
     request_replica: Vec<u32>,
     routed: Vec<u64>,
+    /// Every placement: (arrival µs, worker), for the report's samples.
+    placements: Vec<(u64, u32)>,
     in_flight_area: Vec<u128>,
     over_bound: u64,
     batches: u64,
@@ -557,6 +560,8 @@ impl Sim<'_> {
         if let Some(x) = self.routed.get_mut(w) {
             *x += 1;
         }
+        self.placements
+            .push((t, u32::try_from(w).unwrap_or(u32::MAX)));
         self.after_step(w, t);
         true
     }
@@ -721,6 +726,7 @@ impl Sim<'_> {
                 clears += s.inventory_clears;
             }
         }
+        let ttft_ms = Summary::of_us(&mut ttft);
         #[allow(clippy::cast_precision_loss)]
         PolicyReport {
             policy: self.policy.name(),
@@ -730,7 +736,7 @@ impl Sim<'_> {
             prefix_hit_ratio: ratio(cached, prompt),
             hit_over_pooled: 0.0,
             requests_with_hit: ratio(with_hit, served),
-            ttft_ms: Summary::of_us(&mut ttft),
+            ttft_ms,
             e2e_ms: Summary::of_us(&mut e2e),
             throughput_rps: served as f64 / makespan_s,
             output_tokens_per_s: output as f64 / makespan_s,
@@ -759,6 +765,11 @@ impl Sim<'_> {
                     0.0
                 },
                 ..self.sync_sent
+            },
+            samples: PolicySamples {
+                // Sorted by `Summary::of_us`.
+                ttft_us: ttft,
+                routed: self.placements.clone(),
             },
         }
     }

@@ -6,15 +6,18 @@
 //! * [`fleet`]: the event loop — mock-engine workers, the real ingest path, the
 //!   real `kvroute-select` rule;
 //! * [`policy`]: the compared policies as rule configurations;
-//! * [`report`]: table, JSON and SVG.
+//! * [`report`]: table, JSON and SVG;
+//! * [`html`]: the HTML report, drawn with [`chart`] (also the demo's).
 //!
 //! ```text
 //! kvroute sim gen --kind tenants --requests 10000 --seed 1 --out tenants.jsonl
-//! kvroute sim run --trace tenants.jsonl --workers 8 --policies all --json out.json --svg out.svg
+//! kvroute sim run --trace tenants.jsonl --workers 8 --policies all --json out.json --html out.html
 //! ```
 
 mod bounds;
+pub mod chart;
 pub mod fleet;
+pub mod html;
 pub mod peers;
 pub mod policy;
 pub mod report;
@@ -261,7 +264,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().decode_tokens_per_request)]
     cost_decode_tokens: f64,
     /// `kv-exact`: decisions closer than this (ms) to a burst's first count
-    /// as one burst, spread over the replicas' zones (0: no zones).
+    /// as one burst, spread over the replicas' zones (0: decisions at the
+    /// same instant only).
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().burst_window.as_secs_f64() * 1e3)]
     cost_burst_window_ms: f64,
     /// `kv-exact`: weight of the request's own uncached prefill.
@@ -288,6 +292,10 @@ pub struct RunArgs {
     /// Write a bar chart (hit ratio, TTFT p50/p99 per policy) as SVG.
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// Write a self-contained HTML report: hit ratio and the TTFT
+    /// distribution per policy, requests per worker over time, the table.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
 }
 
 /// Default KV event delay of `kvroute sim run`, ms (see `--event-delay-ms`).
@@ -548,7 +556,8 @@ fn run_cli(args: &RunArgs) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let report = simulate_all(workload, &source, &plan)?;
     let elapsed = started.elapsed();
-    print!("{}", report.table());
+    let table = report.table();
+    print!("{table}");
     println!(
         "simulated {} requests x {} policies on {} workers in {:.2} s wall time",
         report.workload.requests,
@@ -566,6 +575,11 @@ fn run_cli(args: &RunArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.svg {
         std::fs::write(path, report.svg())
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.html {
+        std::fs::write(path, html::render(&report, &table))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("kvroute sim: HTML report written to {}", path.display());
     }
     Ok(())
 }

@@ -156,6 +156,19 @@ pub struct PolicyReport {
     /// Load shared between gateway replicas (all zero with one replica or
     /// sharing off).
     pub replica_sync: ReplicaSyncReport,
+    /// Per-request samples behind the figures (the HTML report's charts; not
+    /// in the JSON).
+    #[serde(skip)]
+    pub samples: PolicySamples,
+}
+
+/// Per-request samples of one policy's run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicySamples {
+    /// Every served request's time to first token, µs, ascending.
+    pub ttft_us: Vec<u64>,
+    /// Every placement: (arrival µs of simulated time, worker), in arrival order.
+    pub routed: Vec<(u64, u32)>,
 }
 
 /// What the replicas sent each other: each message is published once and

@@ -138,15 +138,18 @@ impl Hold {
         anyhow::bail!("the gateway did not forward request {n} of the wave within 10 s")
     }
 
-    /// Lets every held completion go; returns the moment of release. Each
-    /// engine receives its requests in the order the gateway decided them,
-    /// the next once the engine admitted (answered the headers of) the
-    /// previous, so its queue and cache see the same order in every run.
-    pub fn release(&self) -> Instant {
+    /// Lets every held completion go; returns the moment of release and
+    /// the engine of each held completion in the order the gateway forwarded
+    /// them. Each engine receives its requests in the order the gateway
+    /// decided them, the next once the engine admitted (answered the headers
+    /// of) the previous, so its queue and cache see the same order in every
+    /// run.
+    pub fn release(&self) -> (Instant, Vec<usize>) {
         let held = std::mem::take(&mut *self.shared.held.lock());
         self.shared.count.send_replace(0);
         *self.shared.last_admitted.lock() = None;
         let at = Instant::now();
+        let engines = held.iter().map(|h| h.engine).collect();
         let mut queues: Vec<Vec<oneshot::Sender<oneshot::Sender<()>>>> =
             (0..self.fronts.len()).map(|_| Vec::new()).collect();
         for h in held {
@@ -169,7 +172,7 @@ impl Hold {
                 }
             });
         }
-        at
+        (at, engines)
     }
 
     /// When the last request of the released wave was admitted by its

@@ -1,9 +1,11 @@
 //! `kvroute demo`: mock engines and the gateway on loopback, one multi-tenant
-//! shared-prefix chat workload driven through RR, CHWBL and KV-exact, and a
-//! comparison table on stdout (progress goes to stderr).
+//! shared-prefix chat workload driven through RR, CHWBL and KV-exact, a
+//! comparison table on stdout (progress goes to stderr) and the same results
+//! as charts in an HTML report.
 
 mod embedded;
 mod hold;
+mod html;
 mod table;
 mod workload;
 
@@ -62,6 +64,27 @@ pub struct DemoArgs {
     /// same engines and workload (`kv-exact (embedded)`).
     #[arg(long)]
     pub embedded: bool,
+    /// Where to write the HTML report (charts of the table's results);
+    /// default: kvroute-demo.html in the system's temporary directory.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Write no HTML report.
+    #[arg(long, conflicts_with = "html")]
+    pub no_html: bool,
+}
+
+impl DemoArgs {
+    /// Where the HTML report goes, if anywhere.
+    fn html_path(&self) -> Option<PathBuf> {
+        if self.no_html {
+            return None;
+        }
+        Some(
+            self.html
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join("kvroute-demo.html")),
+        )
+    }
 }
 
 /// Runs the demo; exit 0 when every policy completed.
@@ -76,16 +99,34 @@ pub fn run(args: &DemoArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(demo(args)) {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
+    let run = match runtime.block_on(demo(args)) {
+        Ok(run) => run,
         Err(e) => {
             eprintln!("\nkvroute demo: {e:#}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
+    };
+    print!("{}{}", run.header, run.table);
+    if let Some(path) = args.html_path() {
+        let page = html::render(&run.header, &run.table, &run.reports, args.engines);
+        if let Err(e) = std::fs::write(&path, page) {
+            eprintln!(
+                "kvroute demo: cannot write the HTML report {}: {e}",
+                path.display()
+            );
+            return ExitCode::FAILURE;
+        }
+        eprintln!("kvroute demo: HTML report: {}", path.display());
     }
+    ExitCode::SUCCESS
+}
+
+/// What a demo run measured: the description, the table and the per-policy
+/// results behind both.
+struct Run {
+    header: String,
+    table: String,
+    reports: Vec<PolicyReport>,
 }
 
 /// The policies compared: label, the scorer / selector named in the table,
@@ -109,7 +150,7 @@ const POLICIES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
+async fn demo(args: &DemoArgs) -> anyhow::Result<Run> {
     let model_dir = args.model_dir.clone().unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../golden/tokenizers/qwen3")
     });
@@ -213,7 +254,11 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<String> {
         args.capacity_blocks,
         PREFILL_US_PER_TOKEN,
     );
-    Ok(format!("{header}{}", table::render(&reports)))
+    Ok(Run {
+        header,
+        table: table::render(&reports),
+        reports,
+    })
 }
 
 /// What serves one arm: the gateway, or the library in the embedding example.

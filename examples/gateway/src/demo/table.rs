@@ -169,6 +169,7 @@ mod tests {
                     ttft: Duration::from_micros(ttft_us),
                     prompt_tokens: 100,
                     cached_tokens: cached,
+                    ..Outcome::default()
                 };
                 3
             ],

@@ -127,6 +127,11 @@ pub struct Outcome {
     pub prompt_tokens: u64,
     /// `usage.prompt_tokens_details.cached_tokens`.
     pub cached_tokens: u64,
+    /// The wave it was sent in (from 0).
+    pub wave: usize,
+    /// The engine that served it (index), as the hold in front of the
+    /// engines saw it.
+    pub engine: Option<usize>,
 }
 
 /// Sends one streamed chat request and reads it to the end: when its first
@@ -208,7 +213,7 @@ where
 {
     let mut out = Vec::with_capacity(requests.len());
     let mut raced = 0;
-    for wave in requests.chunks(concurrency.max(1)) {
+    for (number, wave) in requests.chunks(concurrency.max(1)).enumerate() {
         let mut sent = Vec::with_capacity(wave.len());
         for (i, r) in wave.iter().enumerate() {
             sent.push(tokio::spawn(chat(
@@ -228,11 +233,15 @@ where
                 return Err(e);
             }
         }
-        let released = hold.release();
+        // The hold saw the wave's requests in the order they were sent: each
+        // was sent once the previous one was held.
+        let (released, engines) = hold.release();
         let mut first_end: Option<Instant> = None;
-        for s in sent {
+        for (i, s) in sent.into_iter().enumerate() {
             let (first, end, mut o) = s.await??;
             o.ttft = first.saturating_duration_since(released);
+            o.wave = number;
+            o.engine = engines.get(i).copied();
             first_end = Some(first_end.map_or(end, |f| f.min(end)));
             out.push(o);
             progress(out.len());
