@@ -203,9 +203,24 @@ async fn decisions_are_explained_as_they_happened_and_the_counters_add_up() {
     assert_eq!(x["endpoint_index"], holder, "{x}");
     let predicted = x["account"]["predicted"].as_u64().unwrap();
     assert!(predicted > 0, "{x}");
+    // Credited with its confirmed or predicted prefix, whichever is longer;
+    // the header counts the confirmed part.
+    let row = &x["endpoints"][holder];
+    let blocks = row["confirmed_prefix_blocks"]
+        .as_u64()
+        .unwrap()
+        .max(row["predicted_prefix_blocks"].as_u64().unwrap());
+    let long_prompt = x["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(predicted, (blocks * block).min(long_prompt), "{x}");
+    assert_eq!(x["picks"][0]["predicted_blocks"], blocks, "{x}");
+    let confirmed: u64 = header(&lh, "x-kvroute-predicted-cached-tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(
-        header(&lh, "x-kvroute-predicted-cached-tokens").unwrap(),
-        predicted.to_string()
+        confirmed,
+        (row["confirmed_prefix_blocks"].as_u64().unwrap() * block).min(long_prompt),
+        "{x}"
     );
     let s = &x["settled_account"];
     assert_eq!(s["settled"], true, "{x}");
