@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use kvroute_core::EndpointId;
 pub use kvroute_core::MissReason;
 
+use crate::explain::{LostCause, TokenAccount};
+
 /// Delivery evidence of one endpoint.
 #[derive(Debug, Default)]
 pub(crate) struct ReceiptCounters {
@@ -14,6 +16,9 @@ pub(crate) struct ReceiptCounters {
     delivered_tokens: AtomicU64,
     zero_delivery_streak: AtomicU64,
     drift_alarm: AtomicBool,
+    reachable_tokens: AtomicU64,
+    achieved_tokens: AtomicU64,
+    lost_tokens: [AtomicU64; LostCause::COUNT],
 }
 
 /// Per-rule counters. All updates are relaxed atomics: they are evidence, not
@@ -51,9 +56,24 @@ pub struct EndpointEvidence {
     /// The streak reached the rule's drift threshold: keys probably no longer
     /// match the engine's (contract drift).
     pub drift_alarm: bool,
+    /// Σ cached tokens reachable over the decisions these receipts settled
+    /// ([`TokenAccount::reachable`]; attributed to the endpoint the request
+    /// went to).
+    pub reachable_tokens: u64,
+    /// Σ of them the engine delivered ([`TokenAccount::achieved`]).
+    pub achieved_tokens: u64,
+    /// Σ of them lost, by cause ([`LostCause::index`]):
+    /// `reachable_tokens = achieved_tokens + Σ lost_tokens`.
+    pub lost_tokens: [u64; LostCause::COUNT],
 }
 
 impl EndpointEvidence {
+    /// Tokens lost to `cause`.
+    #[must_use]
+    pub fn lost_to(&self, cause: LostCause) -> u64 {
+        self.lost_tokens.get(cause.index()).copied().unwrap_or(0)
+    }
+
     /// Delivered / predicted cached tokens, `None` before any prediction.
     #[must_use]
     pub fn accuracy(&self) -> Option<f64> {
@@ -105,6 +125,24 @@ impl CountersSnapshot {
     #[must_use]
     pub fn hits_for(&self, endpoint: EndpointId) -> u64 {
         self.endpoints.get(endpoint.index()).map_or(0, |e| e.hits)
+    }
+
+    /// Σ reachable cached tokens over every endpoint's settled decisions.
+    #[must_use]
+    pub fn reachable_tokens(&self) -> u64 {
+        self.endpoints.iter().map(|e| e.reachable_tokens).sum()
+    }
+
+    /// Σ achieved cached tokens over every endpoint's settled decisions.
+    #[must_use]
+    pub fn achieved_tokens(&self) -> u64 {
+        self.endpoints.iter().map(|e| e.achieved_tokens).sum()
+    }
+
+    /// Σ cached tokens lost to `cause` over every endpoint.
+    #[must_use]
+    pub fn lost_tokens(&self, cause: LostCause) -> u64 {
+        self.endpoints.iter().map(|e| e.lost_to(cause)).sum()
     }
 }
 
@@ -210,6 +248,20 @@ impl RuleCounters {
         false
     }
 
+    /// Counts a settled decision's cached-token account against `endpoint`.
+    pub(crate) fn account(&self, endpoint: usize, a: &TokenAccount) {
+        let Some(r) = self.receipts.get(endpoint) else {
+            return;
+        };
+        r.reachable_tokens.fetch_add(a.reachable, Ordering::Relaxed);
+        r.achieved_tokens.fetch_add(a.achieved, Ordering::Relaxed);
+        for (c, n) in r.lost_tokens.iter().zip(a.lost) {
+            if n > 0 {
+                c.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Whether endpoint `endpoint`'s drift alarm is raised.
     #[must_use]
     pub fn drift_alarm(&self, endpoint: EndpointId) -> bool {
@@ -245,6 +297,9 @@ impl RuleCounters {
                     delivered_tokens: load(&r.delivered_tokens),
                     zero_delivery_streak: load(&r.zero_delivery_streak),
                     drift_alarm: r.drift_alarm.load(Ordering::Relaxed),
+                    reachable_tokens: load(&r.reachable_tokens),
+                    achieved_tokens: load(&r.achieved_tokens),
+                    lost_tokens: std::array::from_fn(|i| r.lost_tokens.get(i).map_or(0, load)),
                 })
                 .collect(),
         }

@@ -60,6 +60,17 @@
 //! ([`KeysError::ExtraNotSupported`]) and the decision records the miss
 //! [`MissReason::ExtrasUnsupported`] instead of predicting hits with wrong keys.
 //!
+//! ## Why a decision went where it did
+//!
+//! Every decision keeps its cached-token account ([`Decision::account`]):
+//! the prompt tokens some candidate held, what the chosen endpoint is
+//! credited with, and what each ladder step gave up ([`LostCause`]); a
+//! receipt settles it ([`Rule::settle`]) and the rule's counters sum it per
+//! endpoint ([`EndpointEvidence::reachable_tokens`]). A host that asks
+//! ([`Decision::set_explain`]) also gets the whole [`Explanation`]: every
+//! endpoint's cached prefix and load, each pick, and the scorer's terms
+//! ([`Scorer::explain`]).
+//!
 //! Feature `fuzzing` adds the entry points of the `select_ladder` and
 //! `outlier` cargo-fuzz targets in `fuzz/` (not a stable API).
 #![deny(missing_docs)]
@@ -76,6 +87,7 @@ mod counters;
 mod decision;
 mod drain;
 mod endpoint;
+mod explain;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -95,9 +107,13 @@ mod tracker;
 pub use affinity::AffinityConfig;
 pub use contract_keys::ContractKeys;
 pub use counters::{CountersSnapshot, EndpointEvidence, MissReason, RuleCounters};
-pub use decision::{Decision, Leg, Source, Target};
+pub use decision::{Decision, Leg, Settlement, Source, Target};
 pub use drain::PrefillRate;
 pub use endpoint::{Endpoint, Role};
+pub use explain::{
+    CapSummary, EndpointExplain, Explanation, Ineligible, LostCause, PickStep, ScoreExplain,
+    ScoreSummary, ScoreTerms, TokenAccount, Verdict,
+};
 pub use health::{
     AdminState, AlwaysAvailable, Availability, BreakerConfig, BreakerState, CircuitBreaker, Health,
     HealthTable,

@@ -87,6 +87,17 @@
 //!   as the example gateway does; a prompt-pipeline failure
 //!   ([`kvroute_engines::prompt::PromptError`]) is counted as its
 //!   [`MissReason`] ([`kvroute_engines::prompt::PromptError::reason`]).
+//! * Why a request went where it did: [`KvRouter::pick_explained`] records
+//!   the decision's [`Explanation`] (every endpoint's cached prefix and
+//!   load, each ladder step, the cost scorer's terms, cap and verdict;
+//!   [`Pick::take_explanation`]); a plain pick records none and allocates
+//!   nothing for it. Every decision keeps its cached-token account
+//!   ([`TokenAccount`]: reachable, predicted, and lost by [`LostCause`]),
+//!   which the receipt settles ([`Pick::settle`], [`Pick::into_body_settled`])
+//!   into the per-endpoint counters that `metrics` exports as
+//!   `kvroute_reachable_cached_tokens_total`,
+//!   `kvroute_achieved_cached_tokens_total` and
+//!   `kvroute_lost_cached_tokens_total{cause}`.
 //!
 //! * Extension points: an [`Engine`] (its events, window and dialects) in
 //!   a [`Backend`], a [`Scorer`] in [`KvRouterBuilder::scorer`]; their
@@ -150,7 +161,8 @@ pub use kvroute_engines::transport::TransportError;
 pub use kvroute_engines::{ApiKind, MetricsDialect};
 pub use kvroute_ingest::IndexConfig;
 pub use kvroute_select::{
-    BreakerConfig, Candidate, Choice, CostConfig, CostScorer, Decision, Leg, LoadGuard, MissReason,
-    OutlierConfig, OutlierStatus, Role, ScoreInput, ScorePick, Scorer, ScorerKind, ScorerRef,
-    SelectorKind, Source, Target, Thresholds, Topology,
+    BreakerConfig, Candidate, Choice, CostConfig, CostScorer, Decision, Explanation, Leg,
+    LoadGuard, LostCause, MissReason, OutlierConfig, OutlierStatus, Role, ScoreInput, ScorePick,
+    Scorer, ScorerKind, ScorerRef, SelectorKind, Settlement, Source, Target, Thresholds,
+    TokenAccount, Topology,
 };

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{Candidate, ScoreInput, ScorePick, Scorer};
 use crate::counters::MissReason;
-use crate::load::EndpointLoad;
+use crate::explain::{CapSummary, ScoreExplain, ScoreSummary, ScoreTerms, Verdict};
 
 /// Parameters of the default KV-exact scorer, [`CostScorer`].
 ///
@@ -175,8 +175,14 @@ impl Scorer for CostScorer {
 
     fn pick(&self, input: &ScoreInput<'_>) -> ScorePick {
         match input.gate(Candidate::prefix) {
-            Ok((_, best)) => pick_cost(&self.0, input, best),
+            Ok((_, best)) => pick_cost(&self.0, input, best, None),
             Err(miss) => ScorePick::Miss(miss),
+        }
+    }
+
+    fn explain(&self, input: &ScoreInput<'_>, out: &mut ScoreExplain<'_>) {
+        if let Ok((_, best)) = input.gate(Candidate::prefix) {
+            pick_cost(&self.0, input, best, Some(out));
         }
     }
 }
@@ -258,24 +264,42 @@ fn predicted_cost(
     input: &ScoreInput<'_>,
     c: &Candidate<'_>,
     prefix: u32,
-    load: EndpointLoad,
-    capacity: u32,
-) -> CostTerms {
-    let uncached = (f64::from(input.prompt_tokens)
-        - cached_tokens(&cfg.tier_weights, input, c, prefix))
-    .max(0.0);
+    under_cap: bool,
+) -> (CostTerms, ScoreTerms) {
+    let (load, capacity) = (c.load, c.capacity());
+    let cached = cached_tokens(&cfg.tier_weights, input, c, prefix);
+    let uncached = (f64::from(input.prompt_tokens) - cached).max(0.0);
+    let unseen = unseen_tokens(input, c.index);
     #[allow(clippy::cast_precision_loss)]
-    let queued = load.queued_prefill_tokens as f64 + unseen_tokens(input, c.index);
+    let queued = load.queued_prefill_tokens as f64 + unseen;
     let decode = cfg.decode_tokens_per_request.max(0.0) * f64::from(load.in_flight);
     let own = cfg.prefill_weight.max(1.0) * uncached;
     let cap = f64::from(capacity.max(1));
-    CostTerms {
+    let terms = CostTerms {
         ttft: (queued + own) / cap,
         cost: (queued + own + decode) / cap,
-    }
+    };
+    let explained = ScoreTerms {
+        cached_tokens: cached,
+        prefill_tokens: own,
+        queued_tokens: queued,
+        unseen_tokens: unseen,
+        in_flight_tokens: decode,
+        ttft: terms.ttft,
+        cost: terms.cost,
+        under_cap,
+    };
+    (terms, explained)
 }
 
-fn pick_cost(cfg: &CostConfig, input: &ScoreInput<'_>, best_figure: u32) -> ScorePick {
+/// The cost scorer's pick; with `out`, also its terms and summary (the same
+/// computation, so the explanation is what the pick did).
+fn pick_cost(
+    cfg: &CostConfig,
+    input: &ScoreInput<'_>,
+    best_figure: u32,
+    mut out: Option<&mut ScoreExplain<'_>>,
+) -> ScorePick {
     let capped = cfg.load_factor.is_finite();
     let bound = input.bound(cfg.load_factor);
     let admits =
@@ -288,13 +312,22 @@ fn pick_cost(cfg: &CostConfig, input: &ScoreInput<'_>, best_figure: u32) -> Scor
     // (index, terms, utilisation, tie rank, prefix)
     let mut best: Option<(usize, CostTerms, f64, u64, u32)> = None;
     let mut longest: Option<(usize, CostTerms, u32)> = None;
+    let mut refused = 0u32;
     for c in input.candidates() {
         let (i, l, cap) = (c.index, c.load, c.capacity());
-        if admitted_any && !admits(l.in_flight, cap) {
+        let under = !admitted_any || admits(l.in_flight, cap);
+        let prefix = c.prefix();
+        if !under {
+            refused += 1;
+            if let Some(o) = out.as_deref_mut().filter(|o| o.wants_terms()) {
+                o.set_terms(i, predicted_cost(cfg, input, &c, prefix, false).1);
+            }
             continue;
         }
-        let prefix = c.prefix();
-        let terms = predicted_cost(cfg, input, &c, prefix, l, cap);
+        let (terms, explained) = predicted_cost(cfg, input, &c, prefix, true);
+        if let Some(o) = out.as_deref_mut() {
+            o.set_terms(i, explained);
+        }
         let cost = terms.cost;
         let util = f64::from(l.in_flight) / f64::from(cap);
         let rank = (i as u64 + n - input.turn % n) % n;
@@ -321,32 +354,54 @@ fn pick_cost(cfg: &CostConfig, input: &ScoreInput<'_>, best_figure: u32) -> Scor
     let Some((mut index, best_terms, _, _, mut prefix)) = best else {
         return ScorePick::Miss(MissReason::AllCandidatesFiltered);
     };
+    let cheapest = index;
+    let slack = cfg.affinity_tokens.max(0.0);
+    let affinity_bound = best_terms.ttft * (1.0 + cfg.affinity_slack.max(0.0)) + slack;
+    let mut verdict = Verdict::Cheapest;
     if let Some((li, lt, lp)) = longest {
-        let slack = cfg.affinity_tokens.max(0.0);
         // Affinity weighs predicted time to first token only (see above).
         let (lc, best_cost) = (lt.ttft, best_terms.ttft);
-        if lp > prefix && lc <= best_cost * (1.0 + cfg.affinity_slack.max(0.0)) + slack {
+        if lp > prefix && lc <= affinity_bound {
             index = li;
             prefix = lp;
-        } else if lp > prefix && tracing::enabled!(tracing::Level::DEBUG) {
-            // Why a prompt left the endpoint holding most of it: the cost
-            // terms of both, for diagnosing diversions.
-            let (hl, bl) = (input.pool.load_of(li), input.pool.load_of(index));
-            tracing::debug!(
-                longest = li,
-                longest_prefix = lp,
-                longest_ttft = lc,
-                longest_queued = hl.queued_prefill_tokens,
-                longest_in_flight = hl.in_flight,
-                chosen = index,
-                chosen_prefix = prefix,
-                chosen_ttft = best_cost,
-                chosen_queued = bl.queued_prefill_tokens,
-                chosen_in_flight = bl.in_flight,
-                prompt_tokens = input.prompt_tokens,
-                "cost scorer diverted"
-            );
+            verdict = Verdict::AffinityKept;
+        } else if lp > prefix {
+            verdict = Verdict::Diverted;
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                // Why a prompt left the endpoint holding most of it: the cost
+                // terms of both, for diagnosing diversions.
+                let (hl, bl) = (input.pool.load_of(li), input.pool.load_of(index));
+                tracing::debug!(
+                    longest = li,
+                    longest_prefix = lp,
+                    longest_ttft = lc,
+                    longest_queued = hl.queued_prefill_tokens,
+                    longest_in_flight = hl.in_flight,
+                    chosen = index,
+                    chosen_prefix = prefix,
+                    chosen_ttft = best_cost,
+                    chosen_queued = bl.queued_prefill_tokens,
+                    chosen_in_flight = bl.in_flight,
+                    prompt_tokens = input.prompt_tokens,
+                    "cost scorer diverted"
+                );
+            }
         }
+    }
+    if let Some(o) = out {
+        *o.summary_mut() = ScoreSummary {
+            cap: capped.then_some(CapSummary {
+                bound,
+                headroom: cfg.load_headroom,
+                applied: admitted_any,
+                refused,
+            }),
+            admitted_prefix_blocks: longest.map(|(_, _, lp)| lp),
+            cheapest: Some(cheapest),
+            longest: longest.map(|(li, _, _)| li),
+            affinity_bound: Some(affinity_bound),
+            verdict: Some(verdict),
+        };
     }
     ScorePick::Winner {
         index,

@@ -55,6 +55,7 @@ use kvroute_ingest::Overlap;
 
 use crate::counters::MissReason;
 use crate::endpoint::Endpoint;
+use crate::explain::ScoreExplain;
 use crate::load::{EndpointLoad, EngineReport};
 use crate::pool::{LoadBound, Pool};
 
@@ -98,6 +99,20 @@ pub trait Scorer: Any + Send + Sync + fmt::Debug {
     /// rule keeps no burst statistics.
     fn burst_window(&self) -> Option<Duration> {
         None
+    }
+
+    /// Explains a pick: writes into `out` what [`Scorer::pick`] decided
+    /// from the same `input` — its summary (the cap, the longest prefix the
+    /// cap admitted, the cheapest and longest candidates, the verdict) and,
+    /// when [`ScoreExplain::wants_terms`], each candidate's terms. The rule
+    /// calls it after a pick when the host asked for the decision's
+    /// explanation, and when the winner holds less than the best candidate
+    /// (to split the tokens given up between the cap and the affinity
+    /// slack). The default says nothing: the explanation then carries the
+    /// candidates' generic fields only, and such a shortfall is counted as
+    /// [`crate::LostCause::Scorer`].
+    fn explain(&self, input: &ScoreInput<'_>, out: &mut ScoreExplain<'_>) {
+        let _ = (input, out);
     }
 }
 

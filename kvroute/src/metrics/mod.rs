@@ -1,9 +1,10 @@
 //! Prometheus metrics of routers (feature `metrics`): one
 //! `prometheus-client` [`Collector`] that reads every router's counters and
 //! state at scrape time — decisions and misses by reason, per-endpoint hits,
-//! predicted and delivered cached tokens, inventories, event followers,
-//! ingest health, load, engine reports, replica sharing and tokenization
-//! admission — so the request path pays nothing for them.
+//! predicted, delivered, reachable, achieved and lost (by cause) cached
+//! tokens, inventories, event followers, ingest health, load, engine
+//! reports, replica sharing and tokenization admission — so the request
+//! path pays nothing for them.
 //!
 //! Each router is labelled `rule` by its name; per-endpoint families add
 //! `endpoint` (its URL) and `role`, follower families `rank` (the DP rank,
@@ -24,7 +25,7 @@ mod tables;
 
 use std::sync::Arc;
 
-use kvroute_select::MissReason;
+use kvroute_select::{LostCause, MissReason};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
@@ -33,7 +34,7 @@ use prometheus_client::registry::Registry;
 use crate::KvRouter;
 pub use tables::family;
 use tables::{
-    role_label, single, EndpointLabels, Esc, Rank, ENDPOINT_METRICS, INGEST_METRICS,
+    role_label, single, CauseLabels, EndpointLabels, Esc, Rank, ENDPOINT_METRICS, INGEST_METRICS,
     SUBSCRIBER_METRICS,
 };
 
@@ -68,6 +69,7 @@ struct EndpointRow<'a> {
     labels: EndpointLabels<'a>,
     values: [u64; ENDPOINT_METRICS.len()],
     ingest: [u64; INGEST_METRICS.len()],
+    lost: [u64; LostCause::COUNT],
     reported: Option<kvroute_select::EngineReport>,
     probe_failures: u64,
     remote: Option<kvroute_select::EndpointLoad>,
@@ -148,6 +150,8 @@ impl Collector for Routers {
                         ev.hits,
                         ev.predicted_tokens,
                         ev.delivered_tokens,
+                        ev.reachable_tokens,
+                        ev.achieved_tokens,
                         ev.receipts,
                         u64::from(ev.drift_alarm),
                         s.inventory_blocks,
@@ -177,6 +181,7 @@ impl Collector for Routers {
                         s.capacity_blocks.unwrap_or(u64::MAX),
                         s.ingest.rekey_map_full,
                     ],
+                    lost: ev.lost_tokens,
                     reported: s.engine_report,
                     probe_failures: s.probe_failures,
                     remote: s.remote,
@@ -297,6 +302,23 @@ fn encode_rows(
             endpoints.iter().map(|e| (e.labels, e.values[k])),
         )?;
     }
+    family(
+        enc,
+        "kvroute_lost_cached_tokens",
+        "Reachable cached tokens a request did not reuse, by cause (load_cap, affinity_slack, scorer, below_threshold, pd_affinity, failover, stale_inventory, contract_mismatch, tokenize_overload), over settled receipts, per endpoint the request went to.",
+        MetricType::Counter,
+        endpoints.iter().flat_map(|e| {
+            LostCause::ALL.iter().map(move |c| {
+                (
+                    CauseLabels {
+                        endpoint: e.labels,
+                        cause: c.as_str(),
+                    },
+                    e.lost[c.index()],
+                )
+            })
+        }),
+    )?;
     family(
         enc,
         "kvroute_remote_in_flight",

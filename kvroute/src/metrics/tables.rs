@@ -253,6 +253,26 @@ pub(super) struct EndpointLabels<'a> {
 
 impl EncodeLabelSet for EndpointLabels<'_> {
     fn encode(&self, mut enc: LabelSetEncoder) -> std::fmt::Result {
+        self.encode_into(&mut enc)
+    }
+}
+
+/// An endpoint's labels and the `cause` of lost cached tokens.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct CauseLabels<'a> {
+    pub(super) endpoint: EndpointLabels<'a>,
+    pub(super) cause: &'static str,
+}
+
+impl EncodeLabelSet for CauseLabels<'_> {
+    fn encode(&self, mut enc: LabelSetEncoder) -> std::fmt::Result {
+        self.endpoint.encode_into(&mut enc)?;
+        ("cause", self.cause).encode(enc.encode_label())
+    }
+}
+
+impl EndpointLabels<'_> {
+    fn encode_into(&self, enc: &mut LabelSetEncoder) -> std::fmt::Result {
         ("rule", Esc(self.rule)).encode(enc.encode_label())?;
         ("endpoint", Esc(self.endpoint)).encode(enc.encode_label())?;
         ("role", self.role).encode(enc.encode_label())?;
@@ -265,7 +285,7 @@ impl EncodeLabelSet for EndpointLabels<'_> {
 }
 
 /// Per-endpoint families, in the order of [`EndpointRow::values`].
-pub(super) const ENDPOINT_METRICS: [(&str, MetricType, &str); 13] = [
+pub(super) const ENDPOINT_METRICS: [(&str, MetricType, &str); 15] = [
     (
         "kvroute_kv_hits",
         MetricType::Counter,
@@ -280,6 +300,16 @@ pub(super) const ENDPOINT_METRICS: [(&str, MetricType, &str); 13] = [
         "kvroute_delivered_cached_tokens",
         MetricType::Counter,
         "Cached tokens the engine reported (usage.prompt_tokens_details.cached_tokens).",
+    ),
+    (
+        "kvroute_reachable_cached_tokens",
+        MetricType::Counter,
+        "Cached prompt tokens the best eligible endpoint held at decision time, over settled receipts (attributed to the endpoint the request went to): achieved plus every lost cause.",
+    ),
+    (
+        "kvroute_achieved_cached_tokens",
+        MetricType::Counter,
+        "Of the reachable cached tokens, those the engine delivered (its receipt, up to the prediction).",
     ),
     (
         "kvroute_receipts",

@@ -338,6 +338,32 @@ impl KvRouter {
                 prompt: Box::new(prompt),
                 session: session.map(str::to_owned),
             },
+            false,
+        )
+    }
+
+    /// [`KvRouter::pick_prepared`] whose decision records its
+    /// [`kvroute_select::Explanation`] (every endpoint's cached prefix and
+    /// load as the pick saw them, each ladder step, the scorer's terms):
+    /// read it with [`Pick::decision`] or take it with
+    /// [`Pick::take_explanation`]. A plain pick records none and allocates
+    /// nothing for it.
+    ///
+    /// # Errors
+    /// [`NoEndpoint`] when no endpoint is available (its decision carries
+    /// the explanation too).
+    pub fn pick_explained(
+        &self,
+        prompt: PreparedPrompt,
+        session: Option<&str>,
+    ) -> Result<Pick, NoEndpoint> {
+        Pick::decide(
+            &self.shared,
+            pick::Input::Prompt {
+                prompt: Box::new(prompt),
+                session: session.map(str::to_owned),
+            },
+            true,
         )
     }
 
@@ -354,6 +380,7 @@ impl KvRouter {
                 keys: keys.to_vec(),
                 prompt_tokens,
             },
+            false,
         )
     }
 

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kvroute_core::{BlockKey, EndpointId};
-use kvroute_select::{Decision, Leg, LoadGuard, PromptInput, Request, Target};
+use kvroute_select::{
+    Decision, Explanation, Leg, LoadGuard, PromptInput, Request, Settlement, Target, TokenAccount,
+};
 
 use super::outlier::{self, Stall};
 use super::slots::Generation;
@@ -64,7 +66,13 @@ impl std::fmt::Debug for Pick {
 }
 
 impl Pick {
-    pub(crate) fn decide(shared: &Arc<Shared>, input: Input) -> Result<Pick, NoEndpoint> {
+    /// Decides for `input`; with `explain`, the decision records its
+    /// [`Explanation`] ([`Decision::set_explain`]).
+    pub(crate) fn decide(
+        shared: &Arc<Shared>,
+        input: Input,
+        explain: bool,
+    ) -> Result<Pick, NoEndpoint> {
         let gen = shared.current();
         let mut pick = Pick {
             shared: Arc::clone(shared),
@@ -75,11 +83,15 @@ impl Pick {
             recorded: false,
         };
         let now = shared.now();
-        let decision = {
+        let mut decision = Decision::new();
+        decision.set_explain(explain);
+        {
             let req = pick.request();
             let view = RouterView::new(shared, now);
-            pick.gen.rule.decide(&req, &view, &view, &view, now)
-        };
+            pick.gen
+                .rule
+                .decide_into(&mut decision, &req, &view, &view, &view, now);
+        }
         pick.decision = decision;
         let Some(target) = pick.decision.target() else {
             return Err(NoEndpoint {
@@ -127,6 +139,13 @@ impl Pick {
     #[must_use]
     pub fn decision(&self) -> &Decision {
         &self.decision
+    }
+
+    /// Takes the decision's [`Explanation`] (as of its last pick) out, when
+    /// it was made by [`crate::KvRouter::pick_explained`]: later retries of
+    /// this pick record none.
+    pub fn take_explanation(&mut self) -> Option<Box<Explanation>> {
+        self.decision.take_explanation()
     }
 
     /// The endpoint that receives the request (the prefill endpoint in P/D):
@@ -380,10 +399,17 @@ impl Pick {
     /// bounds a plausible receipt when the router could not count the
     /// prompt (see [`kvroute_select::Rule::record_usage`]).
     pub fn record_usage(&mut self, cached_tokens: u32, prompt_tokens: Option<u32>) -> bool {
+        self.settle(cached_tokens, prompt_tokens).drift_alarm_raised
+    }
+
+    /// [`Pick::record_usage`], returning what the receipt settled: whether
+    /// it was counted, and the decision's cached-token account
+    /// ([`kvroute_select::Rule::settle`]).
+    pub fn settle(&mut self, cached_tokens: u32, prompt_tokens: Option<u32>) -> Settlement {
         self.recorded = true;
         self.gen
             .rule
-            .record_usage(&self.decision, cached_tokens, prompt_tokens)
+            .settle(&self.decision, cached_tokens, prompt_tokens)
     }
 
     /// The response body's usage is not this decision's receipt (a P/D
@@ -416,6 +442,19 @@ impl Pick {
         self.into_receipt_with(headers, on_end).body(body)
     }
 
+    /// [`Pick::into_body_with`] whose `on_end` also gets the decision's
+    /// cached-token account as the receipt settled it (`None`: no receipt
+    /// was counted by this body — none came, it was implausible, the body
+    /// did not end, or [`Pick::settle`] had recorded one already).
+    pub fn into_body_settled<B>(
+        self,
+        headers: &http::HeaderMap,
+        body: B,
+        on_end: impl FnOnce(Receipt, Option<TokenAccount>) + Send + 'static,
+    ) -> ReceiptBody<B> {
+        self.into_receipt_settled(headers, on_end).body(body)
+    }
+
     /// [`Pick::into_body`] for a host that is handed the response body in
     /// chunks (pingora's `response_body_filter`): feed the tracker each
     /// chunk and call [`ReceiptTracker::on_end`] at the end; the receipt is
@@ -427,19 +466,30 @@ impl Pick {
 
     /// [`Pick::into_receipt`] that also hands the [`Receipt`] to `on_end`.
     pub fn into_receipt_with(
-        mut self,
+        self,
         headers: &http::HeaderMap,
         on_end: impl FnOnce(Receipt) + Send + 'static,
+    ) -> ReceiptTracker {
+        self.into_receipt_settled(headers, move |r, _| on_end(r))
+    }
+
+    /// [`Pick::into_receipt_with`] whose `on_end` also gets the settled
+    /// account, as [`Pick::into_body_settled`].
+    pub fn into_receipt_settled(
+        mut self,
+        headers: &http::HeaderMap,
+        on_end: impl FnOnce(Receipt, Option<TokenAccount>) + Send + 'static,
     ) -> ReceiptTracker {
         let guard = self.guard.take();
         let gen = Arc::clone(&self.gen);
         let decision = std::mem::take(&mut self.decision);
         let recorded = self.recorded;
         let done: OnReceipt = Box::new(move |r: Receipt| {
+            let mut account = None;
             if let (false, true, Some(c)) = (recorded, r.complete, r.cached_tokens) {
-                gen.rule.record_usage(&decision, c, r.prompt_tokens);
+                account = gen.rule.settle(&decision, c, r.prompt_tokens).account;
             }
-            on_end(r);
+            on_end(r, account);
         });
         ReceiptTracker::new(BodyKind::of(headers), guard, done)
     }

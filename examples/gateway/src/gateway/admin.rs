@@ -10,6 +10,7 @@
 //! | PUT | `/admin/rules/{name}/endpoints/{i}/admin` | `{"down": bool}` drain / restore |
 //! | GET | `/admin/endpoints` | endpoints with subscriber health, inventory size, contract status |
 //! | GET | `/admin/counters` | per-rule decision and delivery counters, replica sharing |
+//! | GET | `/admin/decisions/{id}` | why decision `id` (a response's `x-kvroute-decision-id`) went where it did |
 //! | GET | `/metrics` | Prometheus (no token needed: loopback scrape) |
 //! | GET | `/healthz` | liveness: 200 while the process serves (no token) |
 //! | GET | `/readyz` | readiness: 200 once every tokenizer loaded, else 503; per rule its live subscribers and verified contracts (no token) |
@@ -52,6 +53,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         )
         .route("/admin/endpoints", get(endpoints))
         .route("/admin/counters", get(counters))
+        .route("/admin/decisions/{id}", get(decision))
         .layer(middleware::from_fn_with_state(Arc::clone(&gw), auth));
     Router::new()
         .route("/metrics", get(metrics))
@@ -439,7 +441,33 @@ fn endpoint_json(
         "receipts": ev.receipts,
         "predicted_cached_tokens": ev.predicted_tokens,
         "delivered_cached_tokens": ev.delivered_tokens,
+        "reachable_cached_tokens": ev.reachable_tokens,
+        "achieved_cached_tokens": ev.achieved_tokens,
+        "lost_cached_tokens": kvroute_select::LostCause::ALL
+            .iter()
+            .map(|c| (c.as_str().to_owned(), json!(ev.lost_to(*c))))
+            .collect::<serde_json::Map<String, Value>>(),
     })
+}
+
+/// One of the last `[decisions] ring` decisions, explained; 404 once it left
+/// the ring (or when the ring keeps none).
+async fn decision(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
+    let found = id
+        .parse::<u64>()
+        .ok()
+        .and_then(|i| gw.observe.ring().get(i));
+    match found {
+        Some(v) => Json(v).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!(
+                "decision {id} is not among the last {} kept ([decisions] ring)",
+                gw.observe.ring().capacity()
+            ),
+        ),
+    }
 }
 
 async fn counters(State(gw): State<Arc<Gateway>>) -> Response {

@@ -32,6 +32,7 @@ pub mod config;
 pub mod connections;
 #[cfg(test)]
 mod contract_hints;
+pub mod decisions;
 pub mod extensions;
 pub mod metrics;
 pub mod observe;

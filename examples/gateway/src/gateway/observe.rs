@@ -60,6 +60,7 @@ impl TokenizerState {
 #[derive(Debug)]
 pub struct Observe {
     decisions: DecisionsConfig,
+    ring: super::decisions::DecisionRing,
     seen: AtomicU64,
     tokenizers: Mutex<BTreeMap<String, TokenizerState>>,
     ready: AtomicBool,
@@ -72,6 +73,7 @@ impl Observe {
     #[must_use]
     pub fn new(decisions: DecisionsConfig, models: &[String]) -> Self {
         Self {
+            ring: super::decisions::DecisionRing::new(decisions.ring),
             decisions,
             seen: AtomicU64::new(0),
             tokenizers: Mutex::new(
@@ -84,6 +86,42 @@ impl Observe {
             refused_not_ready: AtomicU64::new(0),
             admin: OnceLock::new(),
         }
+    }
+
+    /// The last decisions' explanations (`GET /admin/decisions/{id}`).
+    #[must_use]
+    pub fn ring(&self) -> &super::decisions::DecisionRing {
+        &self.ring
+    }
+
+    /// Whether a request with these headers gets its explanation in
+    /// `x-kvroute-explain` (`[decisions] explain` on, and it asked).
+    #[must_use]
+    pub fn explain_header(&self, request: &HeaderMap) -> bool {
+        self.decisions.explain && super::decisions::asked(request)
+    }
+
+    /// Whether a decision records its explanation: the ring keeps it (the
+    /// client gets its id with the other decision headers), or the request
+    /// gets it in a header.
+    #[must_use]
+    pub fn records(&self, explain_header: bool) -> bool {
+        explain_header || (self.decisions.headers && self.ring.enabled())
+    }
+
+    /// Files a decision's explanation ([`super::decisions::file`]): into the
+    /// ring with its id in `x-kvroute-decision-id` unless `[decisions]
+    /// headers = false`, and in `x-kvroute-explain` when `explain_header`.
+    /// Returns the ring id.
+    pub fn file(
+        &self,
+        rt: &std::sync::Arc<RuleRuntime>,
+        x: Option<Box<kvroute_select::Explanation>>,
+        explain_header: bool,
+        headers: &mut HeaderMap,
+    ) -> Option<u64> {
+        let ring = self.decisions.headers.then_some(&self.ring);
+        super::decisions::file(ring, rt, x, explain_header, headers)
     }
 
     /// Records the outcome of loading `model`; the gateway becomes ready once
@@ -242,6 +280,7 @@ mod tests {
             DecisionsConfig {
                 headers: true,
                 log_sample_rate: rate,
+                ..DecisionsConfig::default()
             },
             &["a".to_owned(), "b".to_owned()],
         )

@@ -232,14 +232,22 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let name = rt.spec.doc.name.clone();
-    let mut pick = match rt.router.pick_prepared(prompt, session.as_deref()) {
+    let explain = gw.observe.explain_header(&parts.headers);
+    let picked = if gw.observe.records(explain) {
+        rt.router.pick_explained(prompt, session.as_deref())
+    } else {
+        rt.router.pick_prepared(prompt, session.as_deref())
+    };
+    let mut pick = match picked {
         Ok(p) => p,
-        Err(NoEndpoint { decision }) => {
+        Err(NoEndpoint { mut decision }) => {
             rt.counters.outcome(Outcome::NoEndpoint);
             let reason = unavailable_reason(&rt, &decision, &[]);
             tracing::warn!(rule = %name, %reason, "no endpoint");
             let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
             gw.observe.decision(&rt, &decision, resp.headers_mut());
+            let x = decision.take_explanation();
+            gw.observe.file(&rt, x, explain, resp.headers_mut());
             return resp;
         }
     };
@@ -263,7 +271,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
             Ok(conn) => {
                 pick.connected();
                 rt.counters.outcome(Outcome::Proxied);
-                return respond(&gw, &rt, conn, pick);
+                return respond(&gw, &rt, conn, pick, explain);
             }
             Err(failure) if failure.retryable => {
                 let failed = match failure.leg {
@@ -284,6 +292,8 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
                 let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
                 gw.observe
                     .decision(&rt, pick.decision(), resp.headers_mut());
+                let x = pick.take_explanation();
+                gw.observe.file(&rt, x, explain, resp.headers_mut());
                 return resp;
             }
             Err(failure) => {
@@ -297,6 +307,8 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
                 );
                 gw.observe
                     .decision(&rt, pick.decision(), resp.headers_mut());
+                let x = pick.take_explanation();
+                gw.observe.file(&rt, x, explain, resp.headers_mut());
                 return resp;
             }
         }
@@ -572,8 +584,18 @@ async fn connect(
 
 /// Streams the upstream response back; the receipt is recorded at its end
 /// and the load charge released then (or when the client goes away).
-fn respond(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, conn: Connection, mut pick: Pick) -> Response {
+/// The decision's explanation, when it recorded one, goes into the ring
+/// (and the `x-kvroute-explain` header when `explain`); the receipt's
+/// settled account joins it there.
+fn respond(
+    gw: &Arc<Gateway>,
+    rt: &Arc<RuleRuntime>,
+    conn: Connection,
+    mut pick: Pick,
+    explain: bool,
+) -> Response {
     let (parts, incoming) = conn.response.into_parts();
+    let mut prefill_account = None;
     if let Some(cached) = conn.prefill_cached {
         // The two-step's prefill leg answered inside `connect`: the prefill
         // endpoint is done with this request; the decode one stays charged,
@@ -582,24 +604,30 @@ fn respond(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, conn: Connection, mut pick:
             g.prefill_leg_done();
         }
         match cached {
-            Some((c, prompt)) => {
-                pick.record_usage(c, prompt);
-            }
+            Some((c, prompt)) => prefill_account = pick.settle(c, prompt).account,
             None => pick.skip_body_receipt(),
         }
     }
     let mut builder = Response::builder().status(parts.status);
+    let mut id = None;
     if let Some(h) = builder.headers_mut() {
         super::upstream::copy_headers(&parts.headers, h, false);
         gw.observe.decision(rt, pick.decision(), h);
+        id = gw.observe.file(rt, pick.take_explanation(), explain, h);
+    }
+    if let (Some(id), Some(a)) = (id, prefill_account) {
+        gw.observe.ring().settle(id, a);
     }
     let gw2 = Arc::clone(gw);
-    let body = pick.into_body_with(
+    let body = pick.into_body_settled(
         &parts.headers,
         IdleTimeout::new(incoming, gw.limits.upstream_idle_timeout()),
-        move |r| {
+        move |r, account| {
             if !r.complete {
                 gw2.metrics.aborted_streams.inc();
+            }
+            if let (Some(id), Some(a)) = (id, account) {
+                gw2.observe.ring().settle(id, a);
             }
         },
     );

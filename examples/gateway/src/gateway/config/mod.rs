@@ -5,12 +5,14 @@
 //! document into typed, checked specs ([`ServeConfig`], [`RuleSpec`]) or a
 //! [`ConfigError`] whose message names the field at fault.
 
+mod decisions;
 mod schema;
 mod validate;
 
+pub use decisions::{DecisionsConfig, MAX_DECISION_RING};
 pub use schema::{
-    CostDoc, DecisionsConfig, EndpointDoc, FileConfig, HealthConfig, LimitsConfig, ModelConfig,
-    ReplicasConfig, RuleDoc,
+    CostDoc, EndpointDoc, FileConfig, HealthConfig, LimitsConfig, ModelConfig, ReplicasConfig,
+    RuleDoc,
 };
 pub use validate::{check_rule_set, rule_from_json, EndpointSpec, RuleSpec, ServeConfig};
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use kvroute_select::{Choice, Role, ScorerKind, SelectorKind, Topology};
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, TextPosition};
+use super::{ConfigError, DecisionsConfig, TextPosition};
 
 /// The whole file.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -193,29 +193,6 @@ impl Default for AdminConfig {
             token_env: None,
             token: None,
             allow_remote: false,
-        }
-    }
-}
-
-/// `[decisions]`: what an operator sees of each routing decision.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DecisionsConfig {
-    /// Add `x-kvroute-endpoint`, `x-kvroute-tier`,
-    /// `x-kvroute-predicted-cached-tokens` and (on a miss)
-    /// `x-kvroute-miss-reason` to every proxied response. Off hides the
-    /// fleet's layout from clients.
-    pub headers: bool,
-    /// Fraction of decisions logged as one INFO line each (0 = none, 1 =
-    /// every decision); evenly spaced, the first one always logged.
-    pub log_sample_rate: f64,
-}
-
-impl Default for DecisionsConfig {
-    fn default() -> Self {
-        Self {
-            headers: true,
-            log_sample_rate: 0.01,
         }
     }
 }

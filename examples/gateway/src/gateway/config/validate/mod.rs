@@ -207,6 +207,16 @@ impl ServeConfig {
                 format!("{rate} is not between 0 and 1"),
             ));
         }
+        if file.decisions.ring > super::MAX_DECISION_RING {
+            return Err(invalid(
+                "decisions.ring",
+                format!(
+                    "{} is above {} decisions",
+                    file.decisions.ring,
+                    super::MAX_DECISION_RING
+                ),
+            ));
+        }
         if file.health.outlier_max_ejection_ms < file.health.outlier_ejection_ms {
             return Err(invalid(
                 "health.outlier_max_ejection_ms",

@@ -5,13 +5,20 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kvroute_core::{BlockKey, EndpointId, TokenId};
+mod explained;
+mod inventory;
+mod receipt;
+
+use kvroute_core::{BlockKey, EndpointId};
 use kvroute_ingest::{InventoryView, Overlap};
 
-use crate::bounded::{chain, hash_bytes, BoundedMap};
+pub use receipt::Settlement;
+
+use crate::bounded::BoundedMap;
 use crate::counters::MissReason;
+use crate::explain::{Explanation, Ineligible, Reach};
 use crate::health::Health;
-use crate::keys::{KeysError, PromptInput, Request};
+use crate::keys::Request;
 use crate::load::{EndpointLoad, EngineReport, Load};
 use crate::pool::Pool;
 use crate::rule::{Choice, Rule, Topology};
@@ -89,6 +96,11 @@ pub struct Decision {
     retries: u32,
     /// Who routes over the endpoints, as the load view says.
     deciders: crate::load::Deciders,
+    /// Credited prefixes at the picks, in tokens: the account's inputs.
+    reach: Reach,
+    /// The explanation, when the host asked for one (kept, with its
+    /// buffers, across decisions).
+    explain: Option<Box<Explanation>>,
 }
 
 impl Decision {
@@ -129,6 +141,10 @@ impl Decision {
         self.predicted_blocks = 0;
         self.retries = 0;
         self.deciders = crate::load::Deciders::ALONE;
+        self.reach = Reach::default();
+        if let Some(x) = self.explain.as_deref_mut() {
+            x.reset(n);
+        }
     }
 
     /// The current target, `None` once nothing eligible is left.
@@ -226,36 +242,6 @@ impl Decision {
     }
 }
 
-/// The key positions predicted entries use: every `stride`-th key and the
-/// last. Keys are chained, so an entry at position `j` stands for the whole
-/// prefix `0..=j`: recording one key in `stride` keeps the hot path's work
-/// (and the lock) per decision small at the cost of crediting prefixes in
-/// steps of `stride` blocks (an exact repeat of a prompt still matches whole).
-fn predicted_positions(len: usize, stride: usize) -> impl Iterator<Item = usize> {
-    let last = len.checked_sub(1);
-    (stride - 1..len)
-        .step_by(stride)
-        .chain(last.filter(|l| (l + 1) % stride != 0))
-}
-
-/// A predicted entry: the endpoint and the low 32 bits of its inventory's
-/// clear count when the prediction was made.
-fn pack(endpoint: u32, clears: u32) -> u64 {
-    (u64::from(clears) << 32) | u64::from(endpoint)
-}
-
-fn unpack(entry: u64) -> (u32, u32) {
-    ((entry & 0xffff_ffff) as u32, (entry >> 32) as u32)
-}
-
-/// Folds the first `n` tokens into a 64-bit CHWBL key.
-fn token_prefix_key(tokens: &[TokenId], n: usize) -> u64 {
-    tokens
-        .iter()
-        .take(n)
-        .fold(0u64, |h, t| chain(h, u64::from(*t)))
-}
-
 impl Rule {
     /// Runs the guard ladder for `request` and returns the decision; the host
     /// connects to [`Decision::target`].
@@ -343,6 +329,7 @@ impl Rule {
             true,
             predicted.as_deref_mut(),
         );
+        self.after_pick(d, None);
     }
 
     /// The host could not connect to `failed` of the current target: exclude it
@@ -365,18 +352,23 @@ impl Rule {
         let current = d.target?;
         self.counters.retry();
         d.retries = d.retries.saturating_add(1);
-        if d.retries > self.config.thresholds.max_retries {
-            d.target = None;
-            d.source = Source::Exhausted;
-            self.counters.exhausted();
-            return None;
-        }
         // A converged target has no decode leg: its only endpoint is what failed.
         let failed = if current.decode.is_none() {
             Leg::Endpoint
         } else {
             failed
         };
+        let failed_endpoint = match failed {
+            Leg::Endpoint => current.endpoint,
+            Leg::Decode => current.decode.unwrap_or(current.endpoint),
+        };
+        if d.retries > self.config.thresholds.max_retries {
+            d.target = None;
+            d.source = Source::Exhausted;
+            self.counters.exhausted();
+            self.after_pick(d, Some((failed_endpoint, failed)));
+            return None;
+        }
         match failed {
             Leg::Endpoint => {
                 if let Some(x) = d.excluded.get_mut(current.endpoint.index()) {
@@ -407,245 +399,8 @@ impl Rule {
                 }
             }
         }
+        self.after_pick(d, Some((failed_endpoint, failed)));
         d.target
-    }
-
-    /// The backend answered: `cached_tokens` is its
-    /// `usage.prompt_tokens_details.cached_tokens`. Feeds predicted-vs-delivered
-    /// accuracy and the contract-drift alarm; returns `true` when this receipt
-    /// raised the alarm. [`Rule::record_usage`] without the engine's own
-    /// prompt count.
-    pub fn record_receipt(&self, d: &Decision, cached_tokens: u32) -> bool {
-        self.record_usage(d, cached_tokens, None)
-    }
-
-    /// [`Rule::record_receipt`] with the engine's own `usage.prompt_tokens`
-    /// from the same answer, when it sent one.
-    ///
-    /// A receipt claiming more cached tokens than the prompt has is refused
-    /// and counted as implausible (it would skew accuracy and hide drift):
-    /// more than the decision's prompt length when it is known, than the
-    /// engine's own prompt count when it sent one, and in any case than
-    /// [`crate::Thresholds::max_receipt_tokens`].
-    pub fn record_usage(
-        &self,
-        d: &Decision,
-        cached_tokens: u32,
-        prompt_tokens: Option<u32>,
-    ) -> bool {
-        let Some(t) = d.target else { return false };
-        let bound = [
-            (d.prompt_tokens > 0).then_some(d.prompt_tokens),
-            prompt_tokens,
-            Some(self.config.thresholds.max_receipt_tokens),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(u32::MAX);
-        if cached_tokens > bound {
-            self.counters.implausible_receipt();
-            tracing::debug!(rule = %self.config.name, cached_tokens, prompt_tokens = d.prompt_tokens,
-                reported_prompt_tokens = ?prompt_tokens,
-                "receipt claims more cached tokens than the prompt has; ignored");
-            return false;
-        }
-        let predicted = d.predicted_cached_tokens(self.config.block_size);
-        let raised = self.counters.receipt(
-            t.endpoint.index(),
-            u64::from(predicted),
-            u64::from(cached_tokens),
-            self.config.thresholds.drift_alarm_after,
-        );
-        if raised {
-            tracing::warn!(
-                rule = %self.config.name,
-                endpoint = %t.endpoint,
-                "predicted KV hits keep delivering zero cached tokens: hash contract drift?"
-            );
-        }
-        raised
-    }
-
-    fn prepare_keys<V: InventoryView + ?Sized>(
-        &self,
-        d: &mut Decision,
-        request: &Request<'_>,
-        view: &V,
-    ) {
-        let n_prefix = self.config.thresholds.chwbl_prefix_tokens;
-        d.affinity_key = request.session.map(|s| hash_bytes(s.as_bytes()));
-        let kv = self.config.choice == Choice::KvExact;
-        let result: Result<(), MissReason> = match request.prompt {
-            PromptInput::Missing(m) => Err(m),
-            PromptInput::Tokens([]) => Err(MissReason::EmptyPrompt),
-            PromptInput::Tokens(tokens) => {
-                d.prompt_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
-                d.affinity_key
-                    .get_or_insert_with(|| token_prefix_key(tokens, n_prefix));
-                match (&self.keys, kv, request.keys) {
-                    (_, false, _) => Ok(()),
-                    (None, true, _) => Err(MissReason::NoHasher),
-                    // The host hashed these tokens already, under this contract.
-                    (Some(_), true, Some((keys, c))) if c == &self.config.contract => {
-                        d.keys.extend_from_slice(keys);
-                        Ok(())
-                    }
-                    (Some(p), true, _) => p
-                        .keys_with_extras(tokens, request.extras(), &mut d.keys)
-                        .map_err(|e| {
-                            tracing::debug!(rule = %self.config.name, error = %e, "prompt hashing failed");
-                            match e {
-                                KeysError::ExtraNotSupported { .. } => {
-                                    MissReason::ExtrasUnsupported
-                                }
-                                KeysError::Hashing(_) => MissReason::HashError,
-                            }
-                        }),
-                }
-            }
-            PromptInput::Keys {
-                keys,
-                contract,
-                prompt_tokens,
-            } => {
-                d.prompt_tokens = prompt_tokens;
-                if contract == &self.config.contract {
-                    d.keys.extend_from_slice(keys);
-                    let per_block = usize::try_from(self.config.block_size).unwrap_or(1).max(1);
-                    let k = n_prefix.div_ceil(per_block).min(keys.len());
-                    if let Some(key) = k.checked_sub(1).and_then(|i| keys.get(i)) {
-                        d.affinity_key.get_or_insert(key.0);
-                    }
-                    Ok(())
-                } else {
-                    Err(MissReason::ContractMismatch)
-                }
-            }
-        };
-        if d.affinity_key.is_none() {
-            d.affinity_key = request.text.map(|t| {
-                let end = t.len().min(n_prefix.saturating_mul(4));
-                hash_bytes(t.as_bytes().get(..end).unwrap_or_default())
-            });
-        }
-        if !kv {
-            return;
-        }
-        if let Err(miss) = result {
-            d.key_miss = Some(miss);
-            return;
-        }
-        if d.keys.is_empty() {
-            d.key_miss = Some(MissReason::NoKeys);
-            return;
-        }
-        let slots = view.endpoint_count();
-        let mapped = self
-            .config
-            .endpoints
-            .iter()
-            .any(|e| e.inventory_slot.is_some_and(|s| (s as usize) < slots));
-        if !mapped {
-            d.key_miss = Some(MissReason::NoInventory);
-            return;
-        }
-        d.slot_scratch.clear();
-        d.slot_scratch.resize(slots, Overlap::default());
-        if self.config.scorer.reads_any_position() {
-            view.score(&d.keys, &mut d.slot_scratch);
-        } else {
-            view.score_prefix(&d.keys, &mut d.slot_scratch);
-        }
-        let mut slotted = 0usize;
-        let mut mismatched = 0usize;
-        for (((o, e), m), c) in d
-            .overlaps
-            .iter_mut()
-            .zip(&self.config.endpoints)
-            .zip(d.mismatched.iter_mut())
-            .zip(d.clears.iter_mut())
-        {
-            let Some(slot) = e.inventory_slot.filter(|s| (*s as usize) < slots) else {
-                continue;
-            };
-            if let Some(s) = d.slot_scratch.get(slot as usize) {
-                *o = *s;
-            }
-            slotted += 1;
-            let health = view.health(slot as usize);
-            *m = health.contract_mismatch;
-            *c = health.clears;
-            mismatched += usize::from(*m);
-        }
-        d.all_mismatched = slotted > 0 && mismatched == slotted;
-    }
-
-    /// Credits each endpoint with the prompt prefix its predicted entries
-    /// cover. Keys are chained (key `j` depends on every earlier block), so an
-    /// entry for key `j` on endpoint `e` stands for the whole prefix `0..=j`.
-    /// The walk stops at the first key no entry names.
-    fn speculate(&self, d: &mut Decision, now: Duration, map: &BoundedMap<u64>) {
-        if self.config.predicted.capacity == 0 || d.keys.is_empty() {
-            return;
-        }
-        if map.len() == 0 {
-            return;
-        }
-        let n = self.config.endpoints.len();
-        let stride = self.config.predicted.stride.max(1);
-        for j in predicted_positions(d.keys.len(), stride) {
-            let Some(entry) = d.keys.get(j).and_then(|k| map.get(k.0, now)) else {
-                break;
-            };
-            let (e, clears) = unpack(entry);
-            // The engine dropped its cache since: the prediction is void.
-            if d.clears.get(e as usize).map(|c| *c as u32) != Some(clears) {
-                continue;
-            }
-            if d.speculative.is_empty() {
-                d.speculative.resize(n, 0);
-            }
-            // An engine whose keys provably differ never confirms a
-            // prediction: crediting it would claim hits that cannot exist.
-            if d.mismatched.get(e as usize).copied().unwrap_or(false) {
-                continue;
-            }
-            if let Some(x) = d.speculative.get_mut(e as usize) {
-                *x = u32::try_from(j + 1).unwrap_or(u32::MAX);
-            }
-        }
-    }
-
-    /// Records that `endpoint` will hold the prompt's blocks soon, in `held`
-    /// (the map the decision already locked) or else in the rule's map.
-    fn predict(
-        &self,
-        d: &Decision,
-        endpoint: EndpointId,
-        now: Duration,
-        held: Option<&mut BoundedMap<u64>>,
-    ) {
-        let cfg = &self.config.predicted;
-        if cfg.capacity == 0 || d.keys.is_empty() {
-            return;
-        }
-        let clears = d.clears.get(endpoint.index()).copied().unwrap_or(0) as u32;
-        let entry = pack(endpoint.0, clears);
-        let keys = &d.keys[..d.keys.len().min(cfg.max_keys_per_request)];
-        let mut locked;
-        let map = match held {
-            Some(m) => m,
-            None => {
-                locked = self.predicted.lock();
-                &mut *locked
-            }
-        };
-        for j in predicted_positions(keys.len(), cfg.stride.max(1)) {
-            if let Some(k) = keys.get(j) {
-                map.insert(k.0, entry, now);
-            }
-        }
     }
 
     /// Recomputes loads and main-leg eligibility (not excluded, available, and a
@@ -667,11 +422,30 @@ impl Rule {
             if let Some(r) = d.reports.get_mut(ix) {
                 *r = load.report(i);
             }
-            let ok = !d.excluded.get(ix).copied().unwrap_or(true)
-                && (!pd || e.role.can_prefill())
-                && health.availability(i, now).is_available();
+            let excluded = d.excluded.get(ix).copied().unwrap_or(true);
+            let role = !pd || e.role.can_prefill();
+            let ok = !excluded && role && {
+                let a = health.availability(i, now);
+                if let Some(x) = d.explain.as_deref_mut() {
+                    if let Some(row) = x.endpoints.get_mut(ix) {
+                        row.ineligible = (!a.is_available()).then_some(Ineligible::Unavailable(a));
+                    }
+                }
+                a.is_available()
+            };
             if let Some(x) = d.eligible.get_mut(ix) {
                 *x = ok;
+            }
+            if let Some(row) = d
+                .explain
+                .as_deref_mut()
+                .and_then(|x| x.endpoints.get_mut(ix))
+            {
+                if excluded {
+                    row.ineligible = Some(Ineligible::ConnectFailed);
+                } else if !role {
+                    row.ineligible = Some(Ineligible::DecodeOnly);
+                }
             }
         }
         if let Some(drain) = &self.drain {
@@ -722,6 +496,7 @@ impl Rule {
         predicted: Option<&mut BoundedMap<u64>>,
     ) {
         self.refresh_pool(d, load, health, now);
+        self.reach_candidates(d, first);
         let pd = self.config.topology == Topology::PrefillDecode;
         let picked = self.pick_main(d, request, now, first);
         if picked.is_none() || d.source != Source::KvExact {
@@ -843,6 +618,14 @@ impl Rule {
                     diverted,
                 } => {
                     d.predicted_blocks = predicted_blocks;
+                    d.reach.diverted = diverted;
+                    explained::explain_pick(
+                        &*cfg.scorer,
+                        &scoring(true),
+                        d.explain.as_deref_mut(),
+                        &mut d.reach,
+                        index,
+                    );
                     self.counters.hit(index, predicted_blocks, diverted);
                     Some(index)
                 }
@@ -887,6 +670,14 @@ impl Rule {
                 } => {
                     d.source = Source::KvExact;
                     d.predicted_blocks = predicted_blocks;
+                    d.reach.diverted = diverted;
+                    explained::explain_pick(
+                        &*cfg.scorer,
+                        &scoring(false),
+                        d.explain.as_deref_mut(),
+                        &mut d.reach,
+                        index,
+                    );
                     self.counters.hit(index, predicted_blocks, diverted);
                     return Some(index);
                 }

@@ -1,0 +1,227 @@
+//! The prompt against the inventories: block keys (computed once per
+//! decision), each endpoint's overlap and contract status, and the predicted
+//! entries recent decisions left.
+
+use std::time::Duration;
+
+use kvroute_core::{EndpointId, TokenId};
+use kvroute_ingest::{InventoryView, Overlap};
+
+use super::Decision;
+use crate::bounded::{chain, hash_bytes, BoundedMap};
+use crate::counters::MissReason;
+use crate::keys::{KeysError, PromptInput, Request};
+use crate::rule::{Choice, Rule};
+
+/// The key positions predicted entries use: every `stride`-th key and the
+/// last. Keys are chained, so an entry at position `j` stands for the whole
+/// prefix `0..=j`: recording one key in `stride` keeps the hot path's work
+/// (and the lock) per decision small at the cost of crediting prefixes in
+/// steps of `stride` blocks (an exact repeat of a prompt still matches whole).
+fn predicted_positions(len: usize, stride: usize) -> impl Iterator<Item = usize> {
+    let last = len.checked_sub(1);
+    (stride - 1..len)
+        .step_by(stride)
+        .chain(last.filter(|l| (l + 1) % stride != 0))
+}
+
+/// A predicted entry: the endpoint and the low 32 bits of its inventory's
+/// clear count when the prediction was made.
+fn pack(endpoint: u32, clears: u32) -> u64 {
+    (u64::from(clears) << 32) | u64::from(endpoint)
+}
+
+fn unpack(entry: u64) -> (u32, u32) {
+    ((entry & 0xffff_ffff) as u32, (entry >> 32) as u32)
+}
+
+/// Folds the first `n` tokens into a 64-bit CHWBL key.
+fn token_prefix_key(tokens: &[TokenId], n: usize) -> u64 {
+    tokens
+        .iter()
+        .take(n)
+        .fold(0u64, |h, t| chain(h, u64::from(*t)))
+}
+
+impl Rule {
+    pub(super) fn prepare_keys<V: InventoryView + ?Sized>(
+        &self,
+        d: &mut Decision,
+        request: &Request<'_>,
+        view: &V,
+    ) {
+        let n_prefix = self.config.thresholds.chwbl_prefix_tokens;
+        d.affinity_key = request.session.map(|s| hash_bytes(s.as_bytes()));
+        let kv = self.config.choice == Choice::KvExact;
+        let result: Result<(), MissReason> = match request.prompt {
+            PromptInput::Missing(m) => Err(m),
+            PromptInput::Tokens([]) => Err(MissReason::EmptyPrompt),
+            PromptInput::Tokens(tokens) => {
+                d.prompt_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+                d.affinity_key
+                    .get_or_insert_with(|| token_prefix_key(tokens, n_prefix));
+                match (&self.keys, kv, request.keys) {
+                    (_, false, _) => Ok(()),
+                    (None, true, _) => Err(MissReason::NoHasher),
+                    // The host hashed these tokens already, under this contract.
+                    (Some(_), true, Some((keys, c))) if c == &self.config.contract => {
+                        d.keys.extend_from_slice(keys);
+                        Ok(())
+                    }
+                    (Some(p), true, _) => p
+                        .keys_with_extras(tokens, request.extras(), &mut d.keys)
+                        .map_err(|e| {
+                            tracing::debug!(rule = %self.config.name, error = %e, "prompt hashing failed");
+                            match e {
+                                KeysError::ExtraNotSupported { .. } => {
+                                    MissReason::ExtrasUnsupported
+                                }
+                                KeysError::Hashing(_) => MissReason::HashError,
+                            }
+                        }),
+                }
+            }
+            PromptInput::Keys {
+                keys,
+                contract,
+                prompt_tokens,
+            } => {
+                d.prompt_tokens = prompt_tokens;
+                if contract == &self.config.contract {
+                    d.keys.extend_from_slice(keys);
+                    let per_block = usize::try_from(self.config.block_size).unwrap_or(1).max(1);
+                    let k = n_prefix.div_ceil(per_block).min(keys.len());
+                    if let Some(key) = k.checked_sub(1).and_then(|i| keys.get(i)) {
+                        d.affinity_key.get_or_insert(key.0);
+                    }
+                    Ok(())
+                } else {
+                    Err(MissReason::ContractMismatch)
+                }
+            }
+        };
+        if d.affinity_key.is_none() {
+            d.affinity_key = request.text.map(|t| {
+                let end = t.len().min(n_prefix.saturating_mul(4));
+                hash_bytes(t.as_bytes().get(..end).unwrap_or_default())
+            });
+        }
+        if !kv {
+            return;
+        }
+        if let Err(miss) = result {
+            d.key_miss = Some(miss);
+            return;
+        }
+        if d.keys.is_empty() {
+            d.key_miss = Some(MissReason::NoKeys);
+            return;
+        }
+        let slots = view.endpoint_count();
+        let mapped = self
+            .config
+            .endpoints
+            .iter()
+            .any(|e| e.inventory_slot.is_some_and(|s| (s as usize) < slots));
+        if !mapped {
+            d.key_miss = Some(MissReason::NoInventory);
+            return;
+        }
+        d.slot_scratch.clear();
+        d.slot_scratch.resize(slots, Overlap::default());
+        if self.config.scorer.reads_any_position() {
+            view.score(&d.keys, &mut d.slot_scratch);
+        } else {
+            view.score_prefix(&d.keys, &mut d.slot_scratch);
+        }
+        let mut slotted = 0usize;
+        let mut mismatched = 0usize;
+        for (((o, e), m), c) in d
+            .overlaps
+            .iter_mut()
+            .zip(&self.config.endpoints)
+            .zip(d.mismatched.iter_mut())
+            .zip(d.clears.iter_mut())
+        {
+            let Some(slot) = e.inventory_slot.filter(|s| (*s as usize) < slots) else {
+                continue;
+            };
+            if let Some(s) = d.slot_scratch.get(slot as usize) {
+                *o = *s;
+            }
+            slotted += 1;
+            let health = view.health(slot as usize);
+            *m = health.contract_mismatch;
+            *c = health.clears;
+            mismatched += usize::from(*m);
+        }
+        d.all_mismatched = slotted > 0 && mismatched == slotted;
+    }
+
+    /// Credits each endpoint with the prompt prefix its predicted entries
+    /// cover. Keys are chained (key `j` depends on every earlier block), so an
+    /// entry for key `j` on endpoint `e` stands for the whole prefix `0..=j`.
+    /// The walk stops at the first key no entry names.
+    pub(super) fn speculate(&self, d: &mut Decision, now: Duration, map: &BoundedMap<u64>) {
+        if self.config.predicted.capacity == 0 || d.keys.is_empty() {
+            return;
+        }
+        if map.len() == 0 {
+            return;
+        }
+        let n = self.config.endpoints.len();
+        let stride = self.config.predicted.stride.max(1);
+        for j in predicted_positions(d.keys.len(), stride) {
+            let Some(entry) = d.keys.get(j).and_then(|k| map.get(k.0, now)) else {
+                break;
+            };
+            let (e, clears) = unpack(entry);
+            // The engine dropped its cache since: the prediction is void.
+            if d.clears.get(e as usize).map(|c| *c as u32) != Some(clears) {
+                continue;
+            }
+            if d.speculative.is_empty() {
+                d.speculative.resize(n, 0);
+            }
+            // An engine whose keys provably differ never confirms a
+            // prediction: crediting it would claim hits that cannot exist.
+            if d.mismatched.get(e as usize).copied().unwrap_or(false) {
+                continue;
+            }
+            if let Some(x) = d.speculative.get_mut(e as usize) {
+                *x = u32::try_from(j + 1).unwrap_or(u32::MAX);
+            }
+        }
+    }
+
+    /// Records that `endpoint` will hold the prompt's blocks soon, in `held`
+    /// (the map the decision already locked) or else in the rule's map.
+    pub(super) fn predict(
+        &self,
+        d: &Decision,
+        endpoint: EndpointId,
+        now: Duration,
+        held: Option<&mut BoundedMap<u64>>,
+    ) {
+        let cfg = &self.config.predicted;
+        if cfg.capacity == 0 || d.keys.is_empty() {
+            return;
+        }
+        let clears = d.clears.get(endpoint.index()).copied().unwrap_or(0) as u32;
+        let entry = pack(endpoint.0, clears);
+        let keys = &d.keys[..d.keys.len().min(cfg.max_keys_per_request)];
+        let mut locked;
+        let map = match held {
+            Some(m) => m,
+            None => {
+                locked = self.predicted.lock();
+                &mut *locked
+            }
+        };
+        for j in predicted_positions(keys.len(), cfg.stride.max(1)) {
+            if let Some(k) = keys.get(j) {
+                map.insert(k.0, entry, now);
+            }
+        }
+    }
+}
