@@ -33,6 +33,7 @@ S = os.environ.get('KVROUTE', str(ROOT / 'target/release/kvroute'))
 BASE = os.environ.get('BASE')
 TRACE = os.environ.get('TRACE', str(ROOT.parent / 'shared/traces/mooncake_fast25_synthetic_trace.jsonl'))
 OUT = os.environ.get('OUT') or tempfile.mkdtemp(prefix='kvroute-replicas-')
+os.makedirs(OUT, exist_ok=True)
 PEERS = ['dynamo-cost', 'smg-cache-aware', 'llmd-weighted']
 extra = sys.argv[1:]
 

@@ -21,6 +21,7 @@ import json, os, pathlib, resource, subprocess, sys, tempfile, time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 S = os.environ.get('KVROUTE', str(ROOT / 'target/release/kvroute'))
 OUT = os.environ.get('OUT') or tempfile.mkdtemp(prefix='kvroute-scale-')
+os.makedirs(OUT, exist_ok=True)
 REQUESTS = os.environ.get('REQUESTS', '4000')
 workers = [int(w) for w in os.environ.get('WORKERS', '8,32,128,256').split(',')]
 replicas = [int(r) for r in os.environ.get('REPLICAS', '1,2,4,8,16').split(',')]
