@@ -41,32 +41,50 @@ struct Entry {
     explanation: Box<Explanation>,
     /// The account as the receipt settled it.
     settled: Option<TokenAccount>,
+    /// What the entry holds in memory (counted against the ring's bound).
+    bytes: usize,
+}
+
+/// Memory an entry holds: its own size, the rule name and the
+/// explanation's buffers.
+fn entry_bytes(rule: &str, x: &Explanation) -> usize {
+    std::mem::size_of::<Entry>()
+        + std::mem::size_of::<Explanation>()
+        + rule.len()
+        + x.endpoints.capacity() * std::mem::size_of::<EndpointExplain>()
+        + x.picks.capacity() * std::mem::size_of::<kvroute_select::PickStep>()
 }
 
 /// The bounded ring of explained decisions.
 #[derive(Default)]
 pub struct DecisionRing {
     capacity: usize,
+    max_bytes: usize,
     next: AtomicU64,
-    entries: Mutex<VecDeque<Entry>>,
+    /// The entries, oldest first, and the bytes they hold.
+    entries: Mutex<(VecDeque<Entry>, usize)>,
 }
 
 impl std::fmt::Debug for DecisionRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DecisionRing")
             .field("capacity", &self.capacity)
+            .field("max_bytes", &self.max_bytes)
             .finish_non_exhaustive()
     }
 }
 
 impl DecisionRing {
-    /// A ring keeping the last `capacity` decisions (0: none).
+    /// A ring keeping the last `capacity` decisions (0: none) in at most
+    /// `max_bytes` of memory (0: none).
     #[must_use]
-    pub fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize, max_bytes: usize) -> Self {
+        let capacity = if max_bytes == 0 { 0 } else { capacity };
         Self {
             capacity,
+            max_bytes,
             next: AtomicU64::new(1),
-            entries: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
+            entries: Mutex::new((VecDeque::with_capacity(capacity.min(4096)), 0)),
         }
     }
 
@@ -97,18 +115,26 @@ impl DecisionRing {
         if self.capacity == 0 {
             return None;
         }
-        let mut entries = self.entries.lock();
+        let bytes = entry_bytes(&rule, &explanation);
+        let mut guard = self.entries.lock();
+        let (entries, held) = &mut *guard;
         // Ids are taken under the lock so the ring stays sorted by id.
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        while entries.len() >= self.capacity {
-            entries.pop_front();
+        while entries.len() >= self.capacity
+            || (!entries.is_empty() && held.saturating_add(bytes) > self.max_bytes)
+        {
+            if let Some(old) = entries.pop_front() {
+                *held = held.saturating_sub(old.bytes);
+            }
         }
+        *held = held.saturating_add(bytes);
         entries.push_back(Entry {
             id,
             rule,
             runtime,
             explanation,
             settled: None,
+            bytes,
         });
         Some(id)
     }
@@ -116,7 +142,8 @@ impl DecisionRing {
     /// Records the settled account of decision `id` (ignored once it left
     /// the ring).
     pub fn settle(&self, id: u64, account: TokenAccount) {
-        let mut entries = self.entries.lock();
+        let mut guard = self.entries.lock();
+        let entries = &mut guard.0;
         let Some(first) = entries.front().map(|e| e.id) else {
             return;
         };
@@ -130,7 +157,8 @@ impl DecisionRing {
     /// is not (or no longer) in the ring.
     #[must_use]
     pub fn get(&self, id: u64) -> Option<Value> {
-        let entries = self.entries.lock();
+        let guard = self.entries.lock();
+        let entries = &guard.0;
         let first = entries.front()?.id;
         let at = usize::try_from(id.checked_sub(first)?).ok()?;
         let e = entries.get(at).filter(|e| e.id == id)?;
@@ -141,7 +169,13 @@ impl DecisionRing {
     /// Decisions kept now.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.entries.lock().len()
+        self.entries.lock().0.len()
+    }
+
+    /// Bytes the kept decisions hold.
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.entries.lock().1
     }
 
     /// Whether the ring holds no decision.
@@ -395,7 +429,7 @@ mod tests {
 
     #[test]
     fn the_ring_keeps_the_last_n_and_settles_by_id() {
-        let ring = DecisionRing::new(2);
+        let ring = DecisionRing::new(2, 1 << 20);
         let push = || ring.push("r".into(), Weak::new(), Box::default());
         let ids: Vec<u64> = (0..3).filter_map(|_| push()).collect();
         assert_eq!(ids, [1, 2, 3]);
@@ -415,8 +449,39 @@ mod tests {
         assert_eq!(three["rule"], "r");
         assert_eq!(three["settled_account"]["achieved"], 8);
         assert!(ring.get(4).is_none());
-        let off = DecisionRing::new(0);
+        let off = DecisionRing::new(0, 1 << 20);
         assert_eq!(off.push("r".into(), Weak::new(), Box::default()), None);
         assert!(off.is_empty());
+        let no_memory = DecisionRing::new(8, 0);
+        assert_eq!(
+            no_memory.push("r".into(), Weak::new(), Box::default()),
+            None
+        );
+    }
+
+    /// On a large rule the byte bound, not the count, limits the ring: a
+    /// 1 024-endpoint explanation is about 200 KB.
+    #[test]
+    fn the_ring_keeps_within_its_bytes() {
+        let large = || {
+            Box::new(Explanation {
+                endpoints: vec![EndpointExplain::default(); 1024],
+                ..Explanation::default()
+            })
+        };
+        let one = entry_bytes("r", &large());
+        let ring = DecisionRing::new(1024, 3 * one + one / 2);
+        let ids: Vec<u64> = (0..10)
+            .filter_map(|_| ring.push("r".into(), Weak::new(), large()))
+            .collect();
+        assert_eq!(ids.len(), 10, "every decision gets an id");
+        assert_eq!(ring.len(), 3);
+        assert_eq!(ring.bytes(), 3 * one);
+        assert!(ring.get(7).is_none() && ring.get(8).is_some() && ring.get(10).is_some());
+        // One explanation larger than the bound is still kept, alone.
+        let tiny = DecisionRing::new(1024, 1);
+        tiny.push("r".into(), Weak::new(), large());
+        tiny.push("r".into(), Weak::new(), large());
+        assert_eq!(tiny.len(), 1);
     }
 }

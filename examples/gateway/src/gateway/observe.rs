@@ -73,7 +73,7 @@ impl Observe {
     #[must_use]
     pub fn new(decisions: DecisionsConfig, models: &[String]) -> Self {
         Self {
-            ring: super::decisions::DecisionRing::new(decisions.ring),
+            ring: super::decisions::DecisionRing::new(decisions.ring, decisions.ring_bytes),
             decisions,
             seen: AtomicU64::new(0),
             tokenizers: Mutex::new(

@@ -20,6 +20,10 @@ pub struct DecisionsConfig {
     /// `headers` is off); the oldest is dropped beyond. 0 keeps none,
     /// records no explanation and sends no id.
     pub ring: usize,
+    /// Memory the ring may hold, in bytes: the oldest decisions are dropped
+    /// beyond it too. An explanation holds a row per rule endpoint (about
+    /// 200 bytes each), so on a large rule this, not `ring`, bounds it.
+    pub ring_bytes: usize,
     /// A request carrying `x-kvroute-explain: 1` gets its decision's
     /// explanation in a compact `x-kvroute-explain` response header.
     pub explain: bool,
@@ -35,6 +39,7 @@ impl Default for DecisionsConfig {
             headers: true,
             log_sample_rate: 0.01,
             ring: 1024,
+            ring_bytes: 32 << 20,
             explain: false,
         }
     }
