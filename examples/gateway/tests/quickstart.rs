@@ -4,7 +4,8 @@
 //! run through `sh` from the repository root, and what the README shows must
 //! be what comes back: the decision headers of both answers (the second a
 //! KV-exact hit confirmed by the engine's own `cached_tokens`), `/readyz`,
-//! `/admin/endpoints`, `/metrics`, and the proxy's 404 naming the admin port.
+//! `/admin/endpoints`, the second decision explained by `/admin/decisions/2`,
+//! `/metrics`, and the proxy's 404 naming the admin port.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -276,6 +277,19 @@ fn readme_quickstart_reaches_a_cache_hit() {
     assert_eq!(first["inventory_blocks"], 7, "{first}");
     assert_eq!(first["contract_status"], "verified", "{first}");
     assert_eq!(first["delivered_cached_tokens"], predicted, "{first}");
+    let decision_line = qs
+        .lines
+        .iter()
+        .find(|l| l.contains("/admin/decisions/2"))
+        .expect("an /admin/decisions/2 line");
+    let d: Value = serde_json::from_str(&sh(decision_line)).expect("decision JSON");
+    assert_eq!(d["id"], 2, "{d}");
+    assert_eq!(d["tier"], "kv_exact", "{d}");
+    assert_eq!(d["endpoint"], "http://127.0.0.1:8001", "{d}");
+    assert_eq!(
+        d["endpoints"][0]["confirmed_prefix_blocks"], 7,
+        "the explanation shows the 7 blocks the engine holds: {d}"
+    );
     let metrics_line = qs
         .lines
         .iter()
