@@ -48,227 +48,28 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-try:
-    import uvloop
-except ImportError:  # plain asyncio works too
-    uvloop = None
+# benchlib sits beside this file (put first on sys.path also under -P / PYTHONSAFEPATH).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import (  # noqa: E402
+    CLIENT, CLK_TCK, ENGINES, HOST, MODEL, Engine, SplitMix, Tally, add_engine_args, configure,
+    engine_log_entries, engine_log_offsets, engine_requests, free_ports, get_json, http, install_uvloop,
+    kvroute_toml, log, log_dir, median, pct, proxy_answers, reset_engines, spawn, sse_json, start_engines,
+    stop, stop_all, stop_all_on_signals, subscribers_connected, wait_until,
+)
 
-MODEL = "qwen3"
-ENGINES = 4
-HOST = "127.0.0.1"
-CONTRACT = "vllm@0.33.0:sha256_cbor:block=16:seed=0"
-
-WORDS = (
-    "policy customer account refund shipping invoice support ticket priority "
-    "escalate verify identity order product warranty return window days manager "
-    "approval discount loyalty member tier billing address payment card declined "
-    "retry schedule delivery courier tracking number status delayed apology credit "
-    "voucher always never politely confirm summarize answer briefly clearly"
-).split()
-
-PROCS: list[subprocess.Popen] = []
-
-
-def log(msg: str) -> None:
-    print(f"[bench_replicas {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+configure("bench_replicas", "BENCH_REPLICAS_PIDFILE")
 
 
 # ---------------------------------------------------------------- processes
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (bound then released together)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def write_pidfile() -> None:
-    # The live groups only, so the shell's trap can end them even if this
-    # process is killed, and never signals a recycled pid of an exited one.
-    pidfile = os.environ.get("BENCH_REPLICAS_PIDFILE")
-    if pidfile:
-        with open(pidfile, "w") as f:
-            f.write("".join(f"{q.pid}\n" for q in PROCS))
-
-
-def spawn(cmd: list[str], logfile: Path, env: dict | None = None) -> subprocess.Popen:
-    out = open(logfile, "ab")
-    # Own process group, so stop() takes the whole tree and nothing else.
-    p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    out.close()
-    PROCS.append(p)
-    write_pidfile()
-    return p
-
-
-def stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=10)
-    if p in PROCS:
-        PROCS.remove(p)
-        write_pidfile()
-
-
-def stop_all() -> None:
-    for p in list(PROCS):
-        stop(p)
-
-
-def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method)
-    if body is not None:
-        req.add_header("content-type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except OSError:
-        return 0, b""
-
-
-def get_json(url: str, timeout: float = 5.0):
-    status, body = http("GET", url, timeout=timeout)
-    if status != 200:
-        return None
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
-
-
-def wait_until(what: str, pred, procs: list[subprocess.Popen], timeout: float, logfile: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in procs:
-            if p.poll() is not None:
-                tail = logfile.read_text(errors="replace")[-3000:] if logfile else ""
-                raise RuntimeError(f"{what}: process exited with {p.returncode}\n{tail}")
-        if pred():
-            return
-        time.sleep(0.1)
-    tail = logfile.read_text(errors="replace")[-3000:] if logfile else ""
-    raise RuntimeError(f"{what}: not ready within {timeout:.0f} s\n{tail}")
-
-
-def warm_body() -> bytes:
-    # Shorter than one 16-token block: loads tokenizers/connections, caches nothing.
-    return json.dumps(
-        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    ).encode()
-
-
-@dataclass
-class Engine:
-    http: int
-    zmq: int
-    replay: int
-    proc: subprocess.Popen | None = None
-    request_log: Path | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.http}"
-
-
-def start_engines(args, tmp: Path) -> list[Engine]:
-    ports = free_ports(3 * ENGINES)
-    engines = [Engine(ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(ENGINES)]
-    for i, e in enumerate(engines):
-        cmd = [
-            args.kvroute, "mock-engine",
-            "--port", str(e.http), "--zmq-port", str(e.zmq), "--replay-port", str(e.replay),
-            "--model-dir", args.model_dir, "--model", MODEL,
-            "--capacity-blocks", str(args.capacity_blocks),
-            "--max-running", str(args.max_running),
-            "--prefill-us-per-token", str(args.prefill_us_per_token),
-            "--prefill-step-us", str(args.prefill_step_us),
-            "--decode-us-per-token", str(args.decode_us_per_token),
-        ]
-        # One line per admitted request: the engine's own time to first token,
-        # beside which the client's shows what the gateways and the client add.
-        e.request_log = tmp / f"engine{i}.requests.jsonl"
-        cmd += ["--request-log", str(e.request_log)]
-        e.proc = spawn(cmd, tmp / f"engine{i}.log")
-    for i, e in enumerate(engines):
-        wait_until(
-            f"engine {i}", lambda e=e: http("GET", f"{e.url}/health")[0] == 200,
-            [e.proc], 30, tmp / f"engine{i}.log",
-        )
-    return engines
-
-
-def reset_engines(engines: list[Engine]) -> None:
-    for e in engines:
-        status, body = http("POST", f"{e.url}/admin/restart-publisher", b"{}", timeout=10)
-        if status != 200:
-            raise RuntimeError(f"engine :{e.http} cache reset answered {status}: {body[:200]!r}")
-        cached = (get_json(f"{e.url}/admin/cache") or {}).get("cached_blocks")
-        if cached not in (0, None):
-            raise RuntimeError(f"engine :{e.http} still holds {cached} blocks after reset")
-
-
-def engine_requests(engines: list[Engine]) -> list[int]:
-    """Requests each engine has admitted so far (the mock's own count)."""
-    return [int((get_json(f"{e.url}/admin/cache") or {}).get("requests", -1)) for e in engines]
-
-
-def engine_log_offsets(engines: list[Engine]) -> list[int]:
-    return [e.request_log.stat().st_size if e.request_log and e.request_log.exists() else 0 for e in engines]
-
-
-def engine_log_rows(engines: list[Engine], offsets: list[int]) -> dict[str, dict]:
-    """The engines' request-log lines written since `offsets`, by response id."""
-    rows: dict[str, dict] = {}
-    for i, (e, off) in enumerate(zip(engines, offsets)):
-        if not e.request_log or not e.request_log.exists():
-            continue
-        with open(e.request_log, "rb") as f:
-            f.seek(off)
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                r["engine"] = i
-                rows[str(r.get("id"))] = r
-    return rows
-
-
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def cpu_seconds(pid: int) -> float:
@@ -310,36 +111,6 @@ class Nats:
         return get_json(f"http://{HOST}:{self.monitor}/varz")
 
 
-def kvroute_toml(args, engines: list[Engine], listen: int, admin: int, nats_url: str | None) -> str:
-    s = (
-        f'listen = "{HOST}:{listen}"\n[admin]\nlisten = "{HOST}:{admin}"\n'
-        f'[health]\ninterval_ms = 1000\n\n'
-    )
-    if nats_url:
-        s += f'[replicas]\nnats = "{nats_url}"\n'
-        s += "".join(
-            f"{kv.split('=', 1)[0].strip()} = {kv.split('=', 1)[1].strip()}\n"
-            for kv in args.replicas_config.split(",") if kv.strip()
-        )
-        s += "\n"
-    s += (
-        f'[[models]]\nslug = "{MODEL}"\ndir = {json.dumps(str(Path(args.model_dir).resolve()))}\n\n'
-        f'[[rules]]\nname = "{MODEL}"\nmodels = ["{MODEL}"]\ndefault = true\nchoice = "kv_exact"\n'
-        f'topology = "converged"\ncontract = "{CONTRACT}"\n\n'
-    )
-    if args.cost:
-        s += "[rules.cost]\n" + "".join(
-            f"{kv.split('=', 1)[0].strip()} = {kv.split('=', 1)[1].strip()}\n"
-            for kv in args.cost.split(",") if kv.strip()
-        ) + "\n"
-    for e in engines:
-        s += (
-            f'[[rules.endpoints]]\nurl = "{e.url}"\nengine = "vllm"\n'
-            f'zmq = "tcp://*:{e.zmq}"\nreplay = "tcp://*:{e.replay}"\n\n'
-        )
-    return s
-
-
 @dataclass
 class Gateway:
     url: str
@@ -359,25 +130,15 @@ def start_gateways(args, engines, tmp: Path, tag: str, n: int, nats: Nats | None
     for i in range(n):
         listen, admin = free_ports(2)
         cfg = tmp / f"kvroute-{tag}-{i}.toml"
-        cfg.write_text(kvroute_toml(args, engines, listen, admin, nats.url if nats else None))
+        cfg.write_text(kvroute_toml(engines, listen, admin, args.model_dir, nats_url=nats.url if nats else None,
+                                    replicas_config=args.replicas_config, cost=args.cost))
         logfile = tmp / f"kvroute-{tag}-{i}.log"
         p = spawn([args.kvroute, "serve", "--config", str(cfg)], logfile, env)
         gws.append(Gateway(f"http://{HOST}:{listen}", f"http://{HOST}:{admin}", p, logfile))
     procs = [g.proc for g in gws]
     for g in gws:
-        def subscribers_connected(g=g) -> bool:
-            rows = get_json(f"{g.admin}/admin/endpoints")
-            if rows is None:
-                return False
-            text = json.dumps(rows)
-            return text.count('"connected": true') >= ENGINES and '"connected": false' not in text
-
-        wait_until("kvroute subscribers", subscribers_connected, procs, 90, g.logfile)
-        wait_until(
-            "kvroute proxy",
-            lambda g=g: http("POST", f"{g.url}/v1/chat/completions", warm_body(), timeout=30)[0] == 200,
-            procs, 60, g.logfile,
-        )
+        wait_until("kvroute subscribers", lambda g=g: subscribers_connected(g.admin), procs, 90, g.logfile)
+        wait_until("kvroute proxy", lambda g=g: proxy_answers(g.url), procs, 60, g.logfile)
     if n > 1:
         # Every replica counts the n-1 others (they show up with their first
         # message, at the latest their first heartbeat).
@@ -394,25 +155,6 @@ def start_gateways(args, engines, tmp: Path, tag: str, n: int, nats: Nats | None
 
 
 # ---------------------------------------------------------------- workload
-
-
-class SplitMix:
-    def __init__(self, seed: int) -> None:
-        self.s = seed & 0xFFFFFFFFFFFFFFFF
-
-    def below(self, n: int) -> int:
-        self.s = (self.s + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-        z = self.s
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-        z ^= z >> 31
-        return z % max(n, 1)
-
-    def between(self, lo: int, hi: int) -> int:
-        return lo + self.below(hi - lo + 1)
-
-    def words(self, n: int) -> str:
-        return " ".join(WORDS[self.below(len(WORDS))] for _ in range(n))
 
 
 @dataclass
@@ -489,18 +231,6 @@ class Sample:
     decision: tuple = ()  # the gateway's x-kvroute-* headers: (endpoint, tier, predicted cached tokens)
 
 
-@dataclass
-class Tally:
-    samples: list[Sample] = field(default_factory=list)
-    errors: int = 0
-    first_error: str | None = None
-
-    def fail(self, msg: str) -> None:
-        self.errors += 1
-        if self.first_error is None:
-            self.first_error = msg
-
-
 async def one_request(session: aiohttp.ClientSession, url: str, body: bytes, due: float, tally: Tally,
                       who: tuple) -> None:
     t0 = time.perf_counter()
@@ -518,27 +248,16 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: bytes, due
                 h.get("x-kvroute-endpoint", ""), h.get("x-kvroute-tier", ""),
                 int(h.get("x-kvroute-predicted-cached-tokens") or 0),
             )
-            buf = b""
-            async for chunk in resp.content.iter_any():
-                buf += chunk
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    line = event.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        continue
-                    v = json.loads(payload)
-                    if not rid:
-                        rid = str(v.get("id") or "")
-                    if v.get("usage"):
-                        usage = v["usage"]
-                    if ttft is None:
-                        for ch in v.get("choices") or ():
-                            if (ch.get("delta") or {}).get("content"):
-                                ttft = time.perf_counter() - t0
-                                break
+            async for v in sse_json(resp):
+                if not rid:
+                    rid = str(v.get("id") or "")
+                if v.get("usage"):
+                    usage = v["usage"]
+                if ttft is None:
+                    for ch in v.get("choices") or ():
+                        if (ch.get("delta") or {}).get("content"):
+                            ttft = time.perf_counter() - t0
+                            break
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
         tally.fail(f"{type(e).__name__}: {e}")
         return
@@ -586,14 +305,6 @@ async def drive(urls: list[str], s: Schedule, reply: str, args) -> tuple[Tally, 
         wall = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
     return tally, wall, cpu / wall if wall > 0 else 0.0
-
-
-def pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    rank = max(1, min(len(s), int(-(-p / 100.0 * len(s) // 1))))
-    return s[rank - 1]
 
 
 def summarize(tally: Tally, wall: float, client_cpu: float, engine_rows: dict[str, dict]) -> dict:
@@ -679,11 +390,6 @@ VARZ_KEYS = ("in_msgs", "out_msgs", "in_bytes", "out_bytes")
 # ---------------------------------------------------------------- main
 
 
-def median(rows: list[dict], key: str) -> float:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.median(vals) if vals else 0.0
-
-
 def measure(args, engines, s: Schedule, reply: str, tmp: Path, arm: str, run: int) -> dict:
     n = args.replicas if arm == "replicas" else 1
     tag = f"r{run}-{arm}"
@@ -718,7 +424,7 @@ def measure(args, engines, s: Schedule, reply: str, tmp: Path, arm: str, run: in
         v_after = nats.varz() if nats else None
         req_after = engine_requests(engines)
         gateway_cpu = sum(cpu_seconds(g.proc.pid) for g in gws) - cpu_before
-        engine_rows = engine_log_rows(engines, offsets)
+        engine_rows = {str(r.get("id")): r for r in engine_log_entries(engines, offsets)}
     finally:
         for g in gws:
             stop(g.proc)
@@ -861,11 +567,7 @@ def main() -> int:
     ap.add_argument("--root-words", type=int, default=1500, help="the shared system prompt's words")
     ap.add_argument("--doc-words", type=int, default=400, help="a conversation's opening document, mean words")
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--capacity-blocks", type=int, default=4096)
-    ap.add_argument("--max-running", type=int, default=64)
-    ap.add_argument("--prefill-us-per-token", type=int, default=50)
-    ap.add_argument("--prefill-step-us", type=int, default=1000)
-    ap.add_argument("--decode-us-per-token", type=int, default=500)
+    add_engine_args(ap, prefill_us_per_token=50, prefill_step_us=1000)
     ap.add_argument("--request-timeout", type=float, default=60.0)
     ap.add_argument("--cold-engine", action="store_true",
                     help="before each measurement put the shared root prefix on every engine but the first "
@@ -884,12 +586,9 @@ def main() -> int:
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not arms or any(a not in ("replicas", "one") for a in arms):
         ap.error("--arms takes replicas and/or one")
-    if uvloop is not None:
-        uvloop.install()
+    install_uvloop()
 
-    tmp = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="bench_replicas."))
-    tmp.mkdir(parents=True, exist_ok=True)
-    log(f"logs in {tmp}")
+    tmp = log_dir(args.logs)
     s = schedule(args)
     sizes = [len(b) for b in s.bursts]
     log(
@@ -898,16 +597,11 @@ def main() -> int:
         f"{len(s.users)} conversations"
     )
 
-    def on_signal(signum, _frame):
-        stop_all()
-        sys.exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_all_on_signals()
 
     rows: dict[str, list[dict]] = {"replicas": [], "one": []}
     try:
-        engines = start_engines(args, tmp)
+        engines = start_engines(args, tmp, request_logs=True)
         log(f"engines on :{', :'.join(str(e.http) for e in engines)}")
         reply = assistant_reply(engines, args.max_tokens)
         for run in range(args.runs):
@@ -940,7 +634,7 @@ def main() -> int:
         doc = {
             "config": {k: v for k, v in vars(args).items() if k not in ("json", "logs")}
             | {"engines": ENGINES, "bursts": len(s.bursts), "conversations": len(s.users),
-               "client": "python asyncio+aiohttp" + ("+uvloop" if uvloop else "")},
+               "client": CLIENT},
             "arms": {
                 arm: {
                     "median": {

@@ -35,16 +35,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+source "$ROOT/scripts/bench_common.sh"
 
-JSON_OUT=${OUT:-}
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --json) JSON_OUT=$2; shift 2 ;;
-        --json=*) JSON_OUT=${1#--json=}; shift ;;
-        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
-        *) echo "unknown argument: $1" >&2; exit 2 ;;
-    esac
-done
+bench_parse_args 34 "$@"
 
 # 1. nats-server and the load generator's client libraries.
 VENV=${VENV:-$ROOT/.venv}
@@ -53,42 +46,16 @@ NATS_SERVER=${NATS_SERVER:-$VENV/bin/nats-server}
 if [ -z "${PYTHON:-}" ]; then
     PYTHON=$VENV/bin/python
     if ! "$PYTHON" -c "import aiohttp, uvloop" 2>/dev/null; then
-        timeout 900 "$VENV/bin/pip" install --quiet --disable-pip-version-check "aiohttp>=3.9,<4" "uvloop>=0.19"
+        timeout 900 "$VENV/bin/pip" install --quiet --disable-pip-version-check "${BENCH_CLIENT_PACKAGES[@]}"
     fi
 fi
 "$PYTHON" -c "import aiohttp" || { echo "$PYTHON has no aiohttp" >&2; exit 1; }
 
 # 2. the gateway binary (also the mock engine).
-if [ -n "${KVROUTE:-}" ]; then
-    SKIP_BUILD=1
-else
-    KVROUTE=${CARGO_TARGET_DIR:-$ROOT/target}/release/kvroute
-fi
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    timeout 1800 cargo build --release -p kvroute-gateway >&2
-fi
-[ -x "$KVROUTE" ] || { echo "no $KVROUTE: build it first" >&2; exit 1; }
+bench_kvroute "${CARGO_TARGET_DIR:-$ROOT/target}/release/kvroute" kvroute-gateway
 echo "kvroute binary: $KVROUTE ($(date -u -r "$KVROUTE" +%FT%TZ)); $("$NATS_SERVER" --version)" >&2
 
 # 3. run; everything started below is killed on exit.
-PY_PID=
-PIDFILE=$(mktemp -t bench_replicas.pids.XXXXXX)
-export BENCH_REPLICAS_PIDFILE=$PIDFILE
-cleanup() {
-    if [ -n "$PY_PID" ] && kill -0 "$PY_PID" 2>/dev/null; then
-        kill -TERM -- "-$PY_PID" 2>/dev/null || kill -TERM "$PY_PID" 2>/dev/null || true
-        for _ in $(seq 1 50); do kill -0 "$PY_PID" 2>/dev/null || break; sleep 0.2; done
-        kill -KILL -- "-$PY_PID" 2>/dev/null || true
-    fi
-    # Engines, gateways and nats-server lead their own process groups; end those the helper started.
-    while read -r pid; do
-        [ -n "$pid" ] && kill -KILL -- "-$pid" 2>/dev/null || true
-    done < "$PIDFILE"
-    rm -f "$PIDFILE"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
 ARGS=(
     --kvroute "$KVROUTE" --nats-server "$NATS_SERVER" --model-dir "$ROOT/golden/tokenizers/qwen3"
     --replicas "${REPLICAS:-4}" --arms "${ARMS:-replicas,one}" --requests "${REQUESTS:-3000}" --runs "${RUNS:-3}" --seed "${SEED:-1}"
@@ -106,7 +73,5 @@ ARGS=(
 [ -n "${GATEWAY_LOG:-}" ] && ARGS+=(--gateway-log "$GATEWAY_LOG")
 [ "${COLD_ENGINE:-0}" = 1 ] && ARGS+=(--cold-engine)
 
-# setsid: the helper leads its own process group, which cleanup() kills whole.
-setsid timeout "${BENCH_TIMEOUT:-3600}" "$PYTHON" "$ROOT/scripts/bench_replicas.py" "${ARGS[@]}" &
-PY_PID=$!
-wait "$PY_PID"
+bench_run bench_replicas BENCH_REPLICAS_PIDFILE "${BENCH_TIMEOUT:-3600}" \
+    "$PYTHON" "$ROOT/scripts/bench_replicas.py" "${ARGS[@]}"

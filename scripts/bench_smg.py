@@ -28,218 +28,27 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import socket
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-try:
-    import uvloop
-except ImportError:  # the venv installs it; plain asyncio still works
-    uvloop = None
+# benchlib sits beside this file (put first on sys.path also under -P / PYTHONSAFEPATH).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import (  # noqa: E402
+    CLIENT, CLK_TCK, CONTRACT, ENGINES, HOST, MODEL, Engine, SplitMix, Tally, add_engine_args, configure,
+    engine_log_entries, engine_log_offsets, engine_requests, free_ports, http, install_uvloop, kvroute_toml,
+    log, log_dir, median, pct, proxy_answers, reset_engines, spawn, sse_json, start_engines, stop, stop_all,
+    stop_all_on_signals, subscribers_connected, wait_until,
+)
 
-MODEL = "qwen3"
-ENGINES = 4
-HOST = "127.0.0.1"
-
-WORDS = (
-    "policy customer account refund shipping invoice support ticket priority "
-    "escalate verify identity order product warranty return window days manager "
-    "approval discount loyalty member tier billing address payment card declined "
-    "retry schedule delivery courier tracking number status delayed apology credit "
-    "voucher always never politely confirm summarize answer briefly clearly"
-).split()
-
-PROCS: list[subprocess.Popen] = []
+configure("bench_smg", "BENCH_SMG_PIDFILE")
 
 
-def log(msg: str) -> None:
-    print(f"[bench_smg {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------- processes
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (bound then released together)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def spawn(cmd: list[str], logfile: Path) -> subprocess.Popen:
-    out = open(logfile, "ab")
-    # Own process group, so stop() takes the whole tree (smg's Python launcher
-    # and its Rust child) and nothing else.
-    p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    PROCS.append(p)
-    write_pidfile()
-    return p
-
-
-def write_pidfile() -> None:
-    # The live groups only, so the shell's trap can end them even if this process
-    # is killed, and never signals a recycled pid of an exited one.
-    pidfile = os.environ.get("BENCH_SMG_PIDFILE")
-    if pidfile:
-        with open(pidfile, "w") as f:
-            f.write("".join(f"{q.pid}\n" for q in PROCS))
-
-
-def stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=10)
-    if p in PROCS:
-        PROCS.remove(p)
-        write_pidfile()
-
-
-def stop_all() -> None:
-    for p in list(PROCS):
-        stop(p)
-
-
-def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method)
-    if body is not None:
-        req.add_header("content-type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except OSError:
-        return 0, b""
-
-
-def wait_until(what: str, pred, proc: subprocess.Popen | None, timeout: float, logfile: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = logfile.read_text(errors="replace")[-3000:] if logfile else ""
-            raise RuntimeError(f"{what}: process exited with {proc.returncode}\n{tail}")
-        if pred():
-            return
-        time.sleep(0.1)
-    tail = logfile.read_text(errors="replace")[-3000:] if logfile else ""
-    raise RuntimeError(f"{what}: not ready within {timeout:.0f} s\n{tail}")
-
-
-def warm_body() -> bytes:
-    # Shorter than one 16-token block: loads tokenizers/connections, caches nothing.
-    return json.dumps(
-        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    ).encode()
-
-
-@dataclass
-class Engine:
-    http: int
-    zmq: int
-    replay: int
-    proc: subprocess.Popen | None = None
-    request_log: Path | None = None
-
-
-def start_engines(args, tmp: Path) -> list[Engine]:
-    ports = free_ports(3 * ENGINES)
-    engines = [Engine(ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(ENGINES)]
-    for i, e in enumerate(engines):
-        cmd = [
-            args.kvroute, "mock-engine",
-            "--port", str(e.http), "--zmq-port", str(e.zmq), "--replay-port", str(e.replay),
-            "--model-dir", args.model_dir, "--model", MODEL,
-            "--capacity-blocks", str(args.capacity_blocks),
-            "--max-running", str(args.max_running),
-            "--prefill-us-per-token", str(args.prefill_us_per_token),
-            "--prefill-step-us", str(args.prefill_step_us),
-            "--decode-us-per-token", str(args.decode_us_per_token),
-        ]
-        if args.trace:
-            e.request_log = tmp / f"engine{i}.requests.jsonl"
-            cmd += ["--request-log", str(e.request_log)]
-        e.proc = spawn(cmd, tmp / f"engine{i}.log")
-    for i, e in enumerate(engines):
-        wait_until(
-            f"engine {i}",
-            lambda e=e: http("GET", f"http://{HOST}:{e.http}/health")[0] == 200,
-            e.proc, 30, tmp / f"engine{i}.log",
-        )
-    return engines
-
-
-def reset_engines(engines: list[Engine]) -> None:
-    for e in engines:
-        status, body = http("POST", f"http://{HOST}:{e.http}/admin/restart-publisher", b"{}", timeout=10)
-        if status != 200:
-            raise RuntimeError(f"engine :{e.http} cache reset answered {status}: {body[:200]!r}")
-        status, body = http("GET", f"http://{HOST}:{e.http}/admin/cache")
-        cached = json.loads(body).get("cached_blocks") if status == 200 else None
-        if cached not in (0, None):
-            raise RuntimeError(f"engine :{e.http} still holds {cached} blocks after reset")
-
-
-def engine_requests(engines: list[Engine]) -> list[int]:
-    """Requests each engine has answered so far (the mock's own count)."""
-    out = []
-    for e in engines:
-        status, body = http("GET", f"http://{HOST}:{e.http}/admin/cache")
-        out.append(int(json.loads(body).get("requests", 0)) if status == 200 else -1)
-    return out
-
-
-def kvroute_toml(args, engines: list[Engine], listen: int, admin: int) -> str:
-    s = (
-        f'listen = "{HOST}:{listen}"\n[admin]\nlisten = "{HOST}:{admin}"\n'
-        # health probes every second, like SMG's default-ish cadence; irrelevant here
-        f'[health]\ninterval_ms = 1000\n\n'
-        f'[[models]]\nslug = "{MODEL}"\ndir = {json.dumps(str(Path(args.model_dir).resolve()))}\n\n'
-        f'[[rules]]\nname = "{MODEL}"\nmodels = ["{MODEL}"]\ndefault = true\nchoice = "kv_exact"\n'
-        f'topology = "converged"\ncontract = "vllm@0.33.0:sha256_cbor:block=16:seed=0"\n'
-        # no `scorer` line unless asked: the default KV-exact policy is what is measured
-        + (f'scorer = "{args.kvroute_scorer}"\n' if args.kvroute_scorer else "")
-        + "\n"
-        # [rules.cost] overrides, e.g. "affinity_tokens=256,load_headroom=4"
-        + (
-            "[rules.cost]\n"
-            + "".join(f"{kv.split('=', 1)[0].strip()} = {kv.split('=', 1)[1].strip()}\n"
-                      for kv in args.kvroute_cost.split(",") if kv.strip())
-            + "\n"
-            if args.kvroute_cost else ""
-        )
-    )
-    for e in engines:
-        s += (
-            f'[[rules.endpoints]]\nurl = "http://{HOST}:{e.http}"\nengine = "vllm"\n'
-            f'zmq = "tcp://*:{e.zmq}"\nreplay = "tcp://*:{e.replay}"\n\n'
-        )
-    return s
+# ---------------------------------------------------------------- gateways
 
 
 @dataclass
@@ -254,27 +63,15 @@ class Gateway:
 def start_kvroute(args, engines, tmp: Path, tag: str) -> Gateway:
     listen, admin = free_ports(2)
     cfg = tmp / "kvroute.toml"
-    cfg.write_text(kvroute_toml(args, engines, listen, admin))
+    cfg.write_text(kvroute_toml(engines, listen, admin, args.model_dir, scorer=args.kvroute_scorer,
+                                cost=args.kvroute_cost))
     logfile = tmp / f"kvroute-{tag}.log"
     p = spawn([args.kvroute, "serve", "--config", str(cfg)], logfile)
-
-    def subscribers_connected() -> bool:
-        status, body = http("GET", f"http://{HOST}:{admin}/admin/endpoints")
-        if status != 200:
-            return False
-        text = body.decode(errors="replace")
-        return text.count('"connected":true') + text.count('"connected": true') >= ENGINES and (
-            '"connected":false' not in text and '"connected": false' not in text
-        )
-
-    wait_until("kvroute subscribers", subscribers_connected, p, 60, logfile)
+    admin_url = f"http://{HOST}:{admin}"
+    wait_until("kvroute subscribers", lambda: subscribers_connected(admin_url), [p], 60, logfile)
     url = f"http://{HOST}:{listen}"
-    wait_until(
-        "kvroute proxy",
-        lambda: http("POST", f"{url}/v1/chat/completions", warm_body(), timeout=30)[0] == 200,
-        p, 60, logfile,
-    )
-    return Gateway("kvroute", url, p, logfile, f"http://{HOST}:{admin}")
+    wait_until("kvroute proxy", lambda: proxy_answers(url), [p], 60, logfile)
+    return Gateway("kvroute", url, p, logfile, admin_url)
 
 
 def start_embedded(args, engines, tmp: Path, tag: str) -> Gateway:
@@ -283,17 +80,13 @@ def start_embedded(args, engines, tmp: Path, tag: str) -> Gateway:
     (listen,) = free_ports(1)
     logfile = tmp / f"embedded-{tag}.log"
     cmd = [
-        args.embed, f"{HOST}:{listen}", "vllm@0.33.0:sha256_cbor:block=16:seed=0",
+        args.embed, f"{HOST}:{listen}", CONTRACT,
         f"{MODEL}={Path(args.model_dir).resolve()}",
-        *[f"http://{HOST}:{e.http},tcp://*:{e.zmq},tcp://*:{e.replay}" for e in engines],
+        *[f"{e.url},tcp://*:{e.zmq},tcp://*:{e.replay}" for e in engines],
     ]
     p = spawn(cmd, logfile)
     url = f"http://{HOST}:{listen}"
-    wait_until(
-        "embedded proxy",
-        lambda: http("POST", f"{url}/v1/chat/completions", warm_body(), timeout=30)[0] == 200,
-        p, 60, logfile,
-    )
+    wait_until("embedded proxy", lambda: proxy_answers(url), [p], 60, logfile)
     # No admin API to ask: give the subscribers' handshake the moment the
     # gateway's arm waits for explicitly (the replay socket covers a miss).
     time.sleep(0.5)
@@ -309,15 +102,11 @@ def start_smg(args, engines, tmp: Path, tag: str) -> Gateway:
         "--prometheus-host", HOST, "--prometheus-port", str(prom),
         "--policy", "cache_aware",
         "--log-level", "warn",
-        "--worker-urls", *[f"http://{HOST}:{e.http}" for e in engines],
+        "--worker-urls", *[e.url for e in engines],
     ]
     p = spawn(cmd, logfile)
     url = f"http://{HOST}:{port}"
-    wait_until(
-        "smg proxy",
-        lambda: http("POST", f"{url}/v1/chat/completions", warm_body(), timeout=30)[0] == 200,
-        p, 120, logfile,
-    )
+    wait_until("smg proxy", lambda: proxy_answers(url), [p], 120, logfile)
     # All workers registered (SMG adds them asynchronously after start).
     def all_workers() -> bool:
         status, body = http("GET", f"{url}/workers")
@@ -329,29 +118,13 @@ def start_smg(args, engines, tmp: Path, tag: str) -> Gateway:
             }
         except (ValueError, AttributeError):
             return False
-        return all(f"http://{HOST}:{e.http}" in healthy for e in engines)
+        return all(e.url in healthy for e in engines)
 
-    wait_until("smg workers", all_workers, p, 60, logfile)
+    wait_until("smg workers", all_workers, [p], 60, logfile)
     return Gateway("smg", url, p, logfile)
 
 
 # ---------------------------------------------------------------- workload
-
-
-class SplitMix:
-    def __init__(self, seed: int) -> None:
-        self.s = seed & 0xFFFFFFFFFFFFFFFF
-
-    def below(self, n: int) -> int:
-        self.s = (self.s + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-        z = self.s
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-        z ^= z >> 31
-        return z % max(n, 1)
-
-    def words(self, n: int) -> str:
-        return " ".join(WORDS[self.below(len(WORDS))] for _ in range(n))
 
 
 def conversations(requests: int, tenants: int, seed: int) -> list[tuple[str, list[str], int]]:
@@ -385,19 +158,6 @@ class Sample:
     response_id: str = ""
 
 
-@dataclass
-class Tally:
-    samples: list[Sample] = field(default_factory=list)
-    errors: int = 0
-    first_error: str | None = None
-    t0: float = 0.0
-
-    def fail(self, msg: str) -> None:
-        self.errors += 1
-        if self.first_error is None:
-            self.first_error = msg
-
-
 async def one_turn(session: aiohttp.ClientSession, url: str, messages: list, stream: bool, max_tokens: int,
                    tally: Tally, who: tuple[int, int, int]):
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens}
@@ -425,28 +185,17 @@ async def one_turn(session: aiohttp.ClientSession, url: str, messages: list, str
             ttft = None
             parts: list[str] = []
             usage = {}
-            buf = b""
-            async for chunk in resp.content.iter_any():
-                buf += chunk
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    line = event.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        continue
-                    v = json.loads(payload)
-                    if not response_id:
-                        response_id = str(v.get("id") or "")
-                    if v.get("usage"):
-                        usage = v["usage"]
-                    for ch in v.get("choices") or ():
-                        piece = (ch.get("delta") or {}).get("content")
-                        if piece:
-                            if ttft is None:
-                                ttft = time.perf_counter() - t0
-                            parts.append(piece)
+            async for v in sse_json(resp):
+                if not response_id:
+                    response_id = str(v.get("id") or "")
+                if v.get("usage"):
+                    usage = v["usage"]
+                for ch in v.get("choices") or ():
+                    piece = (ch.get("delta") or {}).get("content")
+                    if piece:
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+                        parts.append(piece)
             latency = time.perf_counter() - t0
             content = "".join(parts)
     prompt = int(usage.get("prompt_tokens") or 0)
@@ -492,14 +241,6 @@ async def drive(url: str, convs, concurrency: int, stream: bool, max_tokens: int
     return tally, wall, cpu / wall if wall > 0 else 0.0
 
 
-def pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    rank = max(1, min(len(s), int(-(-p / 100.0 * len(s) // 1))))
-    return s[rank - 1]
-
-
 def summarize(tally: Tally, wall: float, client_cpu: float, stream: bool) -> dict:
     lat = [s.latency * 1e3 for s in tally.samples]
     prompt = sum(s.prompt_tokens for s in tally.samples)
@@ -525,9 +266,6 @@ def summarize(tally: Tally, wall: float, client_cpu: float, stream: bool) -> dic
 
 
 # ---------------------------------------------------------------- trace (--trace)
-
-
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def group_cpu_seconds(pgids: set[int]) -> dict[int, float]:
@@ -596,27 +334,6 @@ class Sampler:
         self._thread.join(timeout=2)
 
 
-def engine_log_offsets(engines: list[Engine]) -> list[int]:
-    return [e.request_log.stat().st_size if e.request_log and e.request_log.exists() else 0 for e in engines]
-
-
-def engine_log_lines(engines: list[Engine], offsets: list[int]) -> list[dict]:
-    rows = []
-    for i, (e, off) in enumerate(zip(engines, offsets)):
-        if not e.request_log or not e.request_log.exists():
-            continue
-        with open(e.request_log, "rb") as f:
-            f.seek(off)
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                r["engine"] = i
-                rows.append(r)
-    return rows
-
-
 def write_trace(path: Path, gw: Gateway, engines: list[Engine], tally: Tally, wall: float, extra: dict) -> None:
     port_to_engine = {e.http: i for i, e in enumerate(engines)}
 
@@ -642,11 +359,6 @@ def write_trace(path: Path, gw: Gateway, engines: list[Engine], tally: Tally, wa
 
 
 # ---------------------------------------------------------------- main
-
-
-def median(rows: list[dict], key: str) -> float:
-    vals = [r[key] for r in rows if key in r]
-    return statistics.median(vals) if vals else 0.0
 
 
 def table(cells: dict, runs: int) -> str:
@@ -691,11 +403,7 @@ def main() -> int:
     ap.add_argument("--tenants", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--capacity-blocks", type=int, default=4096)
-    ap.add_argument("--max-running", type=int, default=64)
-    ap.add_argument("--prefill-us-per-token", type=int, default=20)
-    ap.add_argument("--prefill-step-us", type=int, default=500)
-    ap.add_argument("--decode-us-per-token", type=int, default=500)
+    add_engine_args(ap, prefill_us_per_token=20, prefill_step_us=500)
     ap.add_argument("--run-timeout", type=float, default=600.0, help="seconds one measurement may take")
     ap.add_argument("--json", help="write all figures here")
     ap.add_argument("--kvroute-cost", default="",
@@ -713,23 +421,15 @@ def main() -> int:
         "read it with scripts/bench_smg_trace.py",
     )
     args = ap.parse_args()
-    if uvloop is not None:
-        uvloop.install()
+    install_uvloop()
 
-    tmp = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="bench_smg."))
-    tmp.mkdir(parents=True, exist_ok=True)
-    log(f"logs in {tmp}")
+    tmp = log_dir(args.logs)
     concs = [int(c) for c in args.concurrency.split(",") if c]
     modes = [m.strip() == "stream" for m in args.modes.split(",") if m.strip()]
     convs = conversations(args.requests, args.tenants, args.seed)
     log(f"workload: {args.requests} requests in {len(convs)} conversations over {args.tenants} tenants")
 
-    def on_signal(signum, _frame):
-        stop_all()
-        sys.exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_all_on_signals()
 
     starters = {"kvroute": start_kvroute, "kvroute-embedded": start_embedded, "smg": start_smg}
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -740,7 +440,7 @@ def main() -> int:
         ap.error("the kvroute-embedded arm needs --embed BIN")
     cells: dict = {(c, s): {a: [] for a in arms} for c in concs for s in modes}
     try:
-        engines = start_engines(args, tmp)
+        engines = start_engines(args, tmp, request_logs=args.trace)
         log(f"engines on :{', :'.join(str(e.http) for e in engines)}")
         for run in range(args.runs):
             for conc in concs:
@@ -793,7 +493,7 @@ def main() -> int:
                         r["loadavg_1m"] = round(os.getloadavg()[0], 2)
                         cells[(conc, stream)][name].append(r)
                         if args.trace:
-                            extra["engine_requests"] = engine_log_lines(engines, offsets)
+                            extra["engine_requests"] = list(engine_log_entries(engines, offsets))
                             extra["cell"] = {"run": run, "concurrency": conc, "stream": stream}
                             write_trace(tmp / f"trace-{name}-{tag}.json", gw, engines, tally, wall, extra)
                         log(
@@ -817,8 +517,7 @@ def main() -> int:
                     "max_running", "prefill_us_per_token", "prefill_step_us", "decode_us_per_token",
                 )
             }
-            | {"engines": ENGINES, "conversations": len(convs), "client": "python asyncio+aiohttp"
-               + ("+uvloop" if uvloop else ""), "smg_policy": "cache_aware",
+            | {"engines": ENGINES, "conversations": len(convs), "client": CLIENT, "smg_policy": "cache_aware",
                "embedded_policy": "KvRouter builder defaults (embed_axum)",
                "kvroute_policy": (f"kv_exact scorer {args.kvroute_scorer}" if args.kvroute_scorer
                else "kv_exact default scorer") + (f" cost {args.kvroute_cost}" if args.kvroute_cost else "")},

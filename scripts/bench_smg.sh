@@ -30,16 +30,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+source "$ROOT/scripts/bench_common.sh"
 
-JSON_OUT=${OUT:-}
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --json) JSON_OUT=$2; shift 2 ;;
-        --json=*) JSON_OUT=${1#--json=}; shift ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
-        *) echo "unknown argument: $1" >&2; exit 2 ;;
-    esac
-done
+bench_parse_args 29 "$@"
 
 VENV=$ROOT/.venv-smg
 SMG_VERSION=${SMG_VERSION:-1.13.0}
@@ -51,47 +44,21 @@ fi
 if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('smg') != '$SMG_VERSION')" 2>/dev/null \
     || ! "$VENV/bin/python" -c "import aiohttp, uvloop" 2>/dev/null; then
     if ! timeout 900 "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-        "smg==$SMG_VERSION" "aiohttp>=3.9,<4" "uvloop>=0.19"; then
+        "smg==$SMG_VERSION" "${BENCH_CLIENT_PACKAGES[@]}"; then
         echo "WARNING: smg==$SMG_VERSION is not installable here; using the newest smg that is" >&2
         timeout 900 "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-            smg "aiohttp>=3.9,<4" "uvloop>=0.19"
+            smg "${BENCH_CLIENT_PACKAGES[@]}"
     fi
 fi
 echo "smg $("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('smg'))") in $VENV" >&2
 
 # 2. the gateway binary (also the mock engine).
 # SKIP_BUILD=1 uses the binary as it is (e.g. while the tree is mid-edit).
-if [ -n "${KVROUTE:-}" ]; then
-    SKIP_BUILD=1
-else
-    KVROUTE=$ROOT/target/release/kvroute
-fi
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    timeout 1800 cargo build --release -p kvroute-gateway -p kvroute-embed-axum >&2
-fi
-[ -x "$KVROUTE" ] || { echo "no $KVROUTE: build it first" >&2; exit 1; }
+bench_kvroute "$ROOT/target/release/kvroute" kvroute-gateway kvroute-embed-axum
 EMBED=${EMBED:-$(dirname "$KVROUTE")/embed_axum}
 echo "kvroute binary: $KVROUTE ($(date -u -r "$KVROUTE" +%FT%TZ))" >&2
 
 # 3. run; everything started below is killed on exit.
-PY_PID=
-PIDFILE=$(mktemp -t bench_smg.pids.XXXXXX)
-export BENCH_SMG_PIDFILE=$PIDFILE
-cleanup() {
-    if [ -n "$PY_PID" ] && kill -0 "$PY_PID" 2>/dev/null; then
-        kill -TERM -- "-$PY_PID" 2>/dev/null || kill -TERM "$PY_PID" 2>/dev/null || true
-        for _ in $(seq 1 50); do kill -0 "$PY_PID" 2>/dev/null || break; sleep 0.2; done
-        kill -KILL -- "-$PY_PID" 2>/dev/null || true
-    fi
-    # Engines and gateways lead their own process groups; end those the helper started.
-    while read -r pid; do
-        [ -n "$pid" ] && kill -KILL -- "-$pid" 2>/dev/null || true
-    done < "$PIDFILE"
-    rm -f "$PIDFILE"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
 ARGS=(
     --kvroute "$KVROUTE" --smg "$VENV/bin/smg" --model-dir "$ROOT/golden/tokenizers/qwen3"
     --embed "$EMBED" --arms "${ARMS:-kvroute,kvroute-embedded,smg}"
@@ -107,7 +74,5 @@ ARGS=(
 [ -n "${KVROUTE_SCORER:-}" ] && ARGS+=(--kvroute-scorer "$KVROUTE_SCORER")
 [ -n "${KVROUTE_COST:-}" ] && ARGS+=(--kvroute-cost "$KVROUTE_COST")
 
-# setsid: the helper leads its own process group, which cleanup() kills whole.
-setsid timeout "${BENCH_TIMEOUT:-8100}" "$VENV/bin/python" "$ROOT/scripts/bench_smg.py" "${ARGS[@]}" &
-PY_PID=$!
-wait "$PY_PID"
+bench_run bench_smg BENCH_SMG_PIDFILE "${BENCH_TIMEOUT:-8100}" \
+    "$VENV/bin/python" "$ROOT/scripts/bench_smg.py" "${ARGS[@]}"
