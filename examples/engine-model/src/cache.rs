@@ -92,7 +92,9 @@ pub struct Allocation {
 
 /// The prefix cache of one worker.
 ///
-/// ```ignore
+/// ```
+/// # use kvroute_core::{BlockKey, Medium};
+/// # use kvroute_engine_model::{AllocRequest, PrefixCache};
 /// let mut cache = PrefixCache::new(4, Medium::Gpu);
 /// let mut events = Vec::new();
 /// let keys = [BlockKey(1), BlockKey(2)];

@@ -10,7 +10,8 @@
 /// `decode_us_per_token` per running request, independently of the others up to
 /// the worker's concurrency limit.
 ///
-/// ```ignore
+/// ```
+/// # use kvroute_engine_model::CostModel;
 /// let cost = CostModel { prefill_step_us: 1000.0, prefill_us_per_token: 10.0,
 ///                        max_batched_tokens: 100, decode_us_per_token: 5000.0 };
 /// assert_eq!(cost.prefill_us(250), 3 * 1000 + 2500); // 3 steps

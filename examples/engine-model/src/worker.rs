@@ -124,7 +124,9 @@ struct Running {
 
 /// The worker model.
 ///
-/// ```ignore
+/// ```
+/// # use kvroute_core::BlockKey;
+/// # use kvroute_engine_model::{RequestSpec, Worker, WorkerConfig};
 /// let mut w: Worker<u32> = Worker::new(WorkerConfig::default());
 /// let keys = [BlockKey(1), BlockKey(2)];
 /// let spec = RequestSpec { keys: &keys, tokens: &[], prompt_tokens: 40,

@@ -195,10 +195,13 @@ fn removed(out: &mut Out, format: WireFormat, r: &BlockRemoved) -> Result<(), En
 /// Encodes one `KVEventBatch` payload (`[ts, events, dp_rank]`) into `out`
 /// (cleared first). `Moved` events have no vLLM/SGLang form and are skipped.
 ///
-/// ```ignore
+/// ```
+/// # use kvroute_ingest::KvEvent;
+/// # use kvroute_mock_engine::wire::{encode_batch, WireFormat};
 /// let mut out = Vec::new();
 /// encode_batch(WireFormat::Vllm, 0.0, &[KvEvent::AllCleared], Some(0), &mut out)?;
 /// assert_eq!(out[0], 0x93);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn encode_batch(
     format: WireFormat,
