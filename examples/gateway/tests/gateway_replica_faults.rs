@@ -18,7 +18,7 @@
 mod gateway_support;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use gateway_support::*;
@@ -26,56 +26,6 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 const TOKEN: &str = "replica-faults-test-token";
-
-/// An engine stand-in that holds every completion until the gate opens.
-struct HeldEngine {
-    addr: SocketAddr,
-    received: Arc<AtomicUsize>,
-}
-
-#[derive(Clone)]
-struct Gate(Arc<watch::Sender<u64>>);
-
-impl Gate {
-    fn new() -> Self {
-        Self(Arc::new(watch::channel(0).0))
-    }
-
-    fn open(&self) {
-        self.0.send_modify(|g| *g += 1);
-    }
-}
-
-async fn held_engine(gate: &Gate) -> HeldEngine {
-    use axum::body::Body;
-    use axum::http::Request;
-    use axum::response::IntoResponse;
-    let received = Arc::new(AtomicUsize::new(0));
-    let (count, gate) = (Arc::clone(&received), gate.clone());
-    let app = axum::Router::new().fallback(move |req: Request<Body>| {
-        let (count, gate) = (Arc::clone(&count), gate.clone());
-        async move {
-            let completion = req.uri().path().starts_with("/v1/");
-            let _ = axum::body::to_bytes(req.into_body(), 64 << 20).await;
-            if !completion {
-                return axum::http::StatusCode::NOT_FOUND.into_response();
-            }
-            let mut rx = gate.0.subscribe();
-            let arrived = *rx.borrow();
-            count.fetch_add(1, Ordering::SeqCst);
-            let _ = rx.wait_for(|g| *g > arrived).await;
-            axum::Json(serde_json::json!({
-                "choices": [{"text": "ok"}],
-                "usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}},
-            }))
-            .into_response()
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    HeldEngine { addr, received }
-}
 
 /// A replica sharing load over the NATS server at `nats`; the other
 /// replicas' load expires after `ttl_ms` of silence.
@@ -105,15 +55,7 @@ async fn admin_get(gw: &Gateway, path: &str) -> Value {
 
 /// `(own in_flight, remote_in_flight)` of the endpoint at `engine` in `gw`.
 async fn load_at(gw: &Gateway, engine: &HeldEngine) -> (u64, u64) {
-    let v = admin_get(gw, "/admin/endpoints").await;
-    let url = format!("http://{}", engine.addr);
-    let ep = v["endpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["url"] == url.as_str())
-        .cloned()
-        .unwrap_or_else(|| panic!("no endpoint {url} in {v}"));
+    let ep = endpoint_row(gw, TOKEN, &format!("http://{}", engine.addr)).await;
     (
         ep["in_flight"].as_u64().unwrap(),
         ep["remote_in_flight"].as_u64().unwrap_or(0),

@@ -18,7 +18,6 @@ use std::sync::Arc;
 
 use gateway_support::*;
 use serde_json::Value;
-use tokio::sync::watch;
 
 const TOKEN: &str = "replica-sync-kv-test-token";
 
@@ -52,20 +51,6 @@ impl HeldEngine {
     }
 }
 
-/// Opens for every request that arrived before [`Gate::open`].
-#[derive(Clone)]
-struct Gate(Arc<watch::Sender<u64>>);
-
-impl Gate {
-    fn new() -> Self {
-        Self(Arc::new(watch::channel(0).0))
-    }
-
-    fn open(&self) {
-        self.0.send_modify(|g| *g += 1);
-    }
-}
-
 async fn held_engine(gate: &Gate) -> HeldEngine {
     use axum::body::Body;
     use axum::http::Request;
@@ -80,10 +65,7 @@ async fn held_engine(gate: &Gate) -> HeldEngine {
             let (parts, body) = req.into_parts();
             let body = axum::body::to_bytes(body, 64 << 20).await.unwrap();
             if parts.uri.path().starts_with("/v1/") {
-                let mut rx = gate.0.subscribe();
-                let arrived = *rx.borrow();
-                count.fetch_add(1, Ordering::SeqCst);
-                let _ = rx.wait_for(|g| *g > arrived).await;
+                gate.hold(&count).await;
             }
             let resp = client()
                 .request(parts.method, format!("{base}{}", parts.uri))
@@ -144,15 +126,7 @@ async fn admin_get(gw: &Gateway, path: &str) -> Value {
 
 /// `(remote_in_flight, load.in_flight)` of `engine`'s endpoint at `gw`.
 async fn remote_at(gw: &Gateway, engine: &HeldEngine) -> (u64, u64) {
-    let v = admin_get(gw, "/admin/endpoints").await;
-    let url = format!("http://{}", engine.front);
-    let ep = v["endpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["url"] == url.as_str())
-        .cloned()
-        .unwrap_or_else(|| panic!("no endpoint {url} in {v}"));
+    let ep = endpoint_row(gw, TOKEN, &format!("http://{}", engine.front)).await;
     (
         ep["remote_in_flight"].as_u64().unwrap_or(0),
         ep["load"]["in_flight"].as_u64().unwrap(),

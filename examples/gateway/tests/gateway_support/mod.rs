@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod held;
+#[allow(unused_imports)]
+pub use held::{endpoint_row, held_engine, Gate, HeldEngine};
+
 /// Upper bound of any wait in these tests (debug builds load the tokenizer slowly).
 pub const WAIT: Duration = Duration::from_secs(60);
 
