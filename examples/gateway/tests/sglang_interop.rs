@@ -13,10 +13,8 @@
 
 mod gateway_support;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use gateway_support::*;
@@ -113,37 +111,11 @@ impl Sgl {
             cmd.args(["--lora", l]);
         }
         let mut child = cmd.spawn().expect("spawn sglang_standin.py");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + WAIT;
-        let line = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(l) if l.starts_with("sglang-standin: http=") => break l,
-                Ok(_) => {}
-                Err(_) => {
-                    let status = child.try_wait().ok().flatten();
-                    panic!("sglang_standin.py printed no start line within {WAIT:?} (exit: {status:?}; KVROUTE_TEST_STDERR=1 shows its stderr)")
-                }
-            }
-        };
-        let field = |key: &str| -> String {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(key))
-                .unwrap_or_else(|| panic!("no {key} in {line:?}"))
-                .to_owned()
-        };
+        let (http, zmq, replay) = standin_ports(&mut child, "sglang-standin:");
         Self {
-            http: field("http=").parse().unwrap(),
-            zmq: field("zmq=").parse().unwrap(),
-            replay: field("replay=").parse().unwrap(),
+            http,
+            zmq,
+            replay,
             child,
             opts,
         }

@@ -595,37 +595,11 @@ impl Standin {
             None => cmd.env_remove("PYTHONHASHSEED"),
         };
         let mut child = cmd.spawn().expect("spawn vllm_standin.py");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + WAIT;
-        let line = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(l) if l.starts_with("vllm-standin: http=") => break l,
-                Ok(_) => {}
-                Err(_) => {
-                    let status = child.try_wait().ok().flatten();
-                    panic!("vllm_standin.py printed no start line within {WAIT:?} (exit: {status:?}; KVROUTE_TEST_STDERR=1 shows its stderr)")
-                }
-            }
-        };
-        let field = |key: &str| -> String {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(key))
-                .unwrap_or_else(|| panic!("no {key} in {line:?}"))
-                .to_owned()
-        };
+        let (http, zmq, replay) = standin_ports(&mut child, "vllm-standin:");
         Self {
-            http: field("http=").parse().unwrap(),
-            zmq: field("zmq=").parse().unwrap(),
-            replay: field("replay=").parse().unwrap(),
+            http,
+            zmq,
+            replay,
             child,
             opts,
         }
@@ -921,4 +895,42 @@ impl NatsServer {
         self.stop();
         self.run();
     }
+}
+
+/// Waits (up to [`WAIT`]) for a stand-in's start line, `{prefix} http=… zmq=…
+/// replay=…` on its stdout, and returns its `(http, zmq, replay)` ports.
+pub fn standin_ports(child: &mut Child, prefix: &str) -> (SocketAddr, u16, u16) {
+    let out = child.stdout.take().expect("stand-in stdout piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + WAIT;
+    let start = format!("{prefix} http=");
+    let line = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.starts_with(&start) => break l,
+            Ok(_) => {}
+            Err(_) => {
+                let status = child.try_wait().ok().flatten();
+                panic!("{prefix} printed no start line within {WAIT:?} (exit: {status:?}; KVROUTE_TEST_STDERR=1 shows its stderr)")
+            }
+        }
+    };
+    let field = |key: &str| -> String {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+            .to_owned()
+    };
+    (
+        field("http=").parse().unwrap(),
+        field("zmq=").parse().unwrap(),
+        field("replay=").parse().unwrap(),
+    )
 }
