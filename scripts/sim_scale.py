@@ -14,7 +14,10 @@ the simulator's own wall time and peak memory.
     python3 scripts/sim_scale.py
 
 KVROUTE names the binary, REQUESTS the workload size (default 4000), WORKERS
-and REPLICAS the comma-separated sizes, OUT the JSON directory.
+and REPLICAS the comma-separated sizes, OUT the JSON directory. With COMPARE
+naming policies (e.g. `kv-exact,rr,least-load,chwbl,dynamo-cost`), it prints
+instead one row per fleet with each policy's hit %, TTFT mean and p99, all
+from one run of the same arrivals.
 """
 import json, os, pathlib, resource, subprocess, sys, tempfile, time
 
@@ -25,6 +28,24 @@ os.makedirs(OUT, exist_ok=True)
 REQUESTS = os.environ.get('REQUESTS', '4000')
 workers = [int(w) for w in os.environ.get('WORKERS', '8,32,128,256').split(',')]
 replicas = [int(r) for r in os.environ.get('REPLICAS', '1,2,4,8,16').split(',')]
+
+COMPARE = os.environ.get('COMPARE')
+if COMPARE:
+    names = COMPARE.split(',')
+    print('| workers | replicas | ' + ' | '.join(f'{n}: hit % · mean · p99' for n in names) + ' |')
+    print('|---|---|' + '---|' * len(names))
+    for w in workers:
+        for r in replicas:
+            out = os.path.join(OUT, f'cmp_w{w}_r{r}.json')
+            subprocess.run([S, 'sim', 'run', '--kind', 'chat-bursts', '--requests', REQUESTS,
+                            '--workers', str(w), '--time-scale', repr(8 / w), '--replicas', str(r),
+                            '--policies', COMPARE, '--json', out],
+                           stdout=subprocess.DEVNULL, check=True)
+            by = {p['policy']: p for p in json.load(open(out))['policies']}
+            cells = [f"{100 * by[n]['prefix_hit_ratio']:.1f} · {by[n]['ttft_ms']['mean']:.0f} · {by[n]['ttft_ms']['p99']:.0f}"
+                     for n in names]
+            print(f"| {w} | {r} | " + ' | '.join(cells) + ' |', flush=True)
+    sys.exit(0)
 
 print('| workers | replicas | hit % | TTFT mean ms | TTFT p99 ms | mean ÷ 1 replica | sync msgs / request | sync bytes / request | sim wall s | sim peak MiB |')
 print('|---|---|---|---|---|---|---|---|---|---|')
