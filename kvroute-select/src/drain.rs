@@ -281,7 +281,9 @@ fn observe_locked<L: Load + ?Sized>(
         foreign,
         ..
     } = &mut *st;
-    let (mut known_sum, mut unknown_sum) = (0.0, 0.0);
+    // Integer sums: a floating-point accumulator carried through the loop
+    // is the loop's longest dependency on a large fleet.
+    let (mut known_sum, mut unknown_sum) = (0u64, 0u64);
     for (i, (l, s)) in loads.iter().zip(slots.iter_mut()).enumerate() {
         // A read stamped before the last one (hosts' tasks racing for the
         // lock) counts as made at the last one's time.
@@ -354,15 +356,15 @@ fn observe_locked<L: Load + ?Sized>(
             }
         }
         if s.seen {
-            #[allow(clippy::cast_precision_loss)]
-            {
-                known_sum += known as f64;
-                unknown_sum += q.saturating_sub(before) as f64;
-            }
+            known_sum = known_sum.saturating_add(known);
+            unknown_sum = unknown_sum.saturating_add(q.saturating_sub(before));
         }
     }
-    *own = *own * KEEP_SHARE + known_sum;
-    *foreign = *foreign * KEEP_SHARE + unknown_sum;
+    #[allow(clippy::cast_precision_loss)]
+    {
+        *own = *own * KEEP_SHARE + known_sum as f64;
+        *foreign = *foreign * KEEP_SHARE + unknown_sum as f64;
+    }
     let rate = st.rate();
     for (i, (l, s)) in loads.iter_mut().zip(st.slots.iter_mut()).enumerate() {
         let now_us = now_us.max(s.at_us);

@@ -91,6 +91,7 @@ impl Endpoint {
         self
     }
 
+    #[inline]
     pub(crate) fn capacity_or_one(&self) -> u32 {
         self.capacity.max(1)
     }

@@ -46,11 +46,7 @@ impl<'a> Pool<'a> {
             in_flight += u64::from(l.in_flight);
             capacity += u64::from(e.capacity_or_one());
         }
-        LoadBound {
-            total_in_flight: in_flight,
-            total_capacity: capacity.max(1),
-            factor: if c.is_finite() && c >= 1.0 { c } else { 1.0 },
-        }
+        LoadBound::new(in_flight, capacity, c)
     }
 
     /// Index of the least-utilised eligible endpoint (`in_flight / capacity`, then
@@ -147,6 +143,16 @@ pub struct LoadBound {
 }
 
 impl LoadBound {
+    /// The limit over endpoints holding `in_flight` requests in all with
+    /// `capacity` in all, with factor `c` (below 1 or not finite: 1).
+    pub(crate) fn new(in_flight: u64, capacity: u64, c: f64) -> Self {
+        Self {
+            total_in_flight: in_flight,
+            total_capacity: capacity.max(1),
+            factor: if c.is_finite() && c >= 1.0 { c } else { 1.0 },
+        }
+    }
+
     /// The most requests an endpoint of capacity `capacity` may hold after
     /// taking this one.
     #[must_use]

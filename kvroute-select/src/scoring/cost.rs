@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::{Candidate, ScoreInput, ScorePick, Scorer};
 use crate::counters::MissReason;
 use crate::explain::{CapSummary, ScoreExplain, ScoreSummary, ScoreTerms, Verdict};
+use crate::pool::LoadBound;
 
 /// Parameters of the default KV-exact scorer, [`CostScorer`].
 ///
@@ -174,16 +175,72 @@ impl Scorer for CostScorer {
     }
 
     fn pick(&self, input: &ScoreInput<'_>) -> ScorePick {
-        match input.gate(Candidate::prefix) {
-            Ok((_, best)) => pick_cost(&self.0, input, best, None),
+        match gate(input, self.0.load_factor) {
+            Ok(g) => pick_cost(&self.0, input, g, None),
             Err(miss) => ScorePick::Miss(miss),
         }
     }
 
     fn explain(&self, input: &ScoreInput<'_>, out: &mut ScoreExplain<'_>) {
-        if let Ok((_, best)) = input.gate(Candidate::prefix) {
-            pick_cost(&self.0, input, best, Some(out));
+        if let Ok(g) = gate(input, self.0.load_factor) {
+            pick_cost(&self.0, input, g, Some(out));
         }
+    }
+}
+
+/// [`ScoreInput::gate`] on the credited prefix and the sums of the
+/// bounded-load cap, in one pass over the candidates (on a large fleet
+/// every pass over it counts).
+struct Gate {
+    /// The longest credited prefix among the candidates.
+    best: u32,
+    bound: LoadBound,
+}
+
+fn gate(input: &ScoreInput<'_>, load_factor: f64) -> Result<Gate, MissReason> {
+    let (mut best, mut any) = (0u32, false);
+    let (mut in_flight, mut capacity) = (0u64, 0u64);
+    for c in input.candidates() {
+        any = true;
+        best = best.max(c.prefix());
+        in_flight += u64::from(c.load.in_flight);
+        capacity += u64::from(c.capacity());
+    }
+    if !any {
+        return Err(MissReason::AllCandidatesFiltered);
+    }
+    if !input.retry && (best == 0 || best < input.min_blocks) {
+        // The miss's exact reason (which the common gate tells apart).
+        input.gate(Candidate::prefix)?;
+    }
+    Ok(Gate {
+        best,
+        bound: LoadBound::new(in_flight, capacity, load_factor),
+    })
+}
+
+/// The cached tokens of the last candidate's prefix: on a large fleet most
+/// candidates hold the same prefix (a shared root, or nothing).
+#[derive(Default)]
+struct CachedMemo {
+    key: Option<(u32, [u32; 4])>,
+    tokens: f64,
+}
+
+impl CachedMemo {
+    fn get(
+        &mut self,
+        tier_weights: &[f64; 4],
+        input: &ScoreInput<'_>,
+        c: &Candidate<'_>,
+        prefix: u32,
+    ) -> f64 {
+        let key = Some((prefix, c.overlap.prefix_by_medium));
+        if self.key != key {
+            self.key = key;
+            self.tokens = cached_tokens(tier_weights, input, c, prefix);
+        }
+        self.tokens
     }
 }
 
@@ -222,74 +279,156 @@ struct CostTerms {
     cost: f64,
 }
 
-/// Prefill tokens the other deciders are expected to be placing on endpoint
-/// `e` at this instant (see "Other deciders" in [`CostConfig`]).
-fn unseen_tokens(input: &ScoreInput<'_>, e: usize) -> f64 {
-    let r = input.deciders.count as usize;
-    let per_decider = (input.burst.decisions - 1.0).max(0.0) * input.burst.prefill_tokens.max(0.0);
-    let n = input.endpoint_count();
-    if r <= 1 || per_decider <= 0.0 || n == 0 || e >= n {
-        return 0.0;
-    }
-    let k = input.deciders.rank as usize % r;
-    if n >= r {
-        // Zone d holds endpoints ⌈d·n/r⌉ ..< ⌈(d+1)·n/r⌉.
-        let owner = e.saturating_mul(r) / n;
-        if owner == k {
-            return 0.0;
-        }
-        let size = ((owner + 1) * n).div_ceil(r) - (owner * n).div_ceil(r);
-        // The owner's burst lands on its cheapest endpoints, which are the
-        // cheapest for every decider alike: spread over at most one endpoint
-        // per request, not over its whole zone.
+/// Prefill tokens the other deciders are expected to be placing on each
+/// endpoint at this instant (see "Other deciders" in [`CostConfig`]): the
+/// decision's constants, so each endpoint costs a division or two.
+struct Unseen {
+    /// Deciders `r` (0: nothing unseen anywhere).
+    deciders: usize,
+    /// This decider's rank.
+    rank: usize,
+    /// Endpoints `n`.
+    endpoints: usize,
+    /// `(burst − 1)⁺ · prefill`: what one other decider places per burst.
+    per_decider: f64,
+    /// `⌈burst − 1⌉` (at least 1): endpoints one decider's burst lands on.
+    burst_spread: usize,
+}
+
+impl Unseen {
+    fn new(input: &ScoreInput<'_>) -> Self {
+        let r = input.deciders.count as usize;
+        let per_decider =
+            (input.burst.decisions - 1.0).max(0.0) * input.burst.prefill_tokens.max(0.0);
+        let n = input.endpoint_count();
+        let on = r > 1 && per_decider > 0.0 && n > 0;
         #[allow(
             clippy::cast_precision_loss,
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss
         )]
-        let spread = size.min((input.burst.decisions - 1.0).ceil().max(1.0) as usize);
-        #[allow(clippy::cast_precision_loss)]
-        return per_decider / spread.max(1) as f64;
+        let burst_spread = (input.burst.decisions - 1.0).ceil().max(1.0) as usize;
+        Self {
+            deciders: if on { r } else { 0 },
+            rank: input.deciders.rank as usize % r.max(1),
+            endpoints: n,
+            per_decider,
+            burst_spread,
+        }
     }
-    // Decider d's zone is endpoint d mod n.
-    let owners = (r - 1 - e) / n + 1;
-    let others = owners - usize::from(k % n == e);
-    #[allow(clippy::cast_precision_loss)]
-    let others = others as f64;
-    per_decider * others
+
+    fn at(&self, e: usize) -> f64 {
+        let (r, n, k) = (self.deciders, self.endpoints, self.rank);
+        if r == 0 || e >= n {
+            return 0.0;
+        }
+        if n >= r {
+            // Zone d holds endpoints ⌈d·n/r⌉ ..< ⌈(d+1)·n/r⌉.
+            let owner = e.saturating_mul(r) / n;
+            if owner == k {
+                return 0.0;
+            }
+            let size = ((owner + 1) * n).div_ceil(r) - (owner * n).div_ceil(r);
+            // The owner's burst lands on its cheapest endpoints, which are
+            // the cheapest for every decider alike: spread over at most one
+            // endpoint per request, not over its whole zone.
+            let spread = size.min(self.burst_spread);
+            #[allow(clippy::cast_precision_loss)]
+            return self.per_decider / spread.max(1) as f64;
+        }
+        // Decider d's zone is endpoint d mod n.
+        let owners = (r - 1 - e) / n + 1;
+        let others = owners - usize::from(k % n == e);
+        #[allow(clippy::cast_precision_loss)]
+        let others = others as f64;
+        self.per_decider * others
+    }
 }
 
-fn predicted_cost(
-    cfg: &CostConfig,
-    input: &ScoreInput<'_>,
-    c: &Candidate<'_>,
-    prefix: u32,
-    under_cap: bool,
-) -> (CostTerms, ScoreTerms) {
-    let (load, capacity) = (c.load, c.capacity());
-    let cached = cached_tokens(&cfg.tier_weights, input, c, prefix);
-    let uncached = (f64::from(input.prompt_tokens) - cached).max(0.0);
-    let unseen = unseen_tokens(input, c.index);
-    #[allow(clippy::cast_precision_loss)]
-    let queued = load.queued_prefill_tokens as f64 + unseen;
-    let decode = cfg.decode_tokens_per_request.max(0.0) * f64::from(load.in_flight);
-    let own = cfg.prefill_weight.max(1.0) * uncached;
-    let cap = f64::from(capacity.max(1));
-    let terms = CostTerms {
-        ttft: (queued + own) / cap,
-        cost: (queued + own + decode) / cap,
-    };
-    let explained = ScoreTerms {
-        cached_tokens: cached,
-        prefill_tokens: own,
-        queued_tokens: queued,
-        unseen_tokens: unseen,
-        in_flight_tokens: decode,
-        ttft: terms.ttft,
-        cost: terms.cost,
-        under_cap,
-    };
-    (terms, explained)
+/// The cost model's per-decision constants.
+struct Model<'c> {
+    cfg: &'c CostConfig,
+    unseen: Unseen,
+    cached: CachedMemo,
+    prompt: f64,
+}
+
+impl<'c> Model<'c> {
+    fn new(cfg: &'c CostConfig, input: &ScoreInput<'_>) -> Self {
+        Self {
+            cfg,
+            unseen: Unseen::new(input),
+            cached: CachedMemo::default(),
+            prompt: f64::from(input.prompt_tokens),
+        }
+    }
+
+    /// Candidate `c`'s terms, in prefill-token equivalents per unit of
+    /// capacity, and the same as the explanation shows them. Inlined: a
+    /// call returning both through memory stalls on reading them back.
+    #[inline(always)]
+    fn terms(
+        &mut self,
+        input: &ScoreInput<'_>,
+        c: &Candidate<'_>,
+        prefix: u32,
+        under_cap: bool,
+    ) -> (CostTerms, ScoreTerms) {
+        let cfg = self.cfg;
+        let (load, capacity) = (c.load, c.capacity());
+        let cached = self.cached.get(&cfg.tier_weights, input, c, prefix);
+        let uncached = (self.prompt - cached).max(0.0);
+        let unseen = self.unseen.at(c.index);
+        #[allow(clippy::cast_precision_loss)]
+        let queued = load.queued_prefill_tokens as f64 + unseen;
+        let decode = cfg.decode_tokens_per_request.max(0.0) * f64::from(load.in_flight);
+        let own = cfg.prefill_weight.max(1.0) * uncached;
+        let cap = f64::from(capacity.max(1));
+        let terms = CostTerms {
+            ttft: (queued + own) / cap,
+            cost: (queued + own + decode) / cap,
+        };
+        let explained = ScoreTerms {
+            cached_tokens: cached,
+            prefill_tokens: own,
+            queued_tokens: queued,
+            unseen_tokens: unseen,
+            in_flight_tokens: decode,
+            ttft: terms.ttft,
+            cost: terms.cost,
+            under_cap,
+        };
+        (terms, explained)
+    }
+}
+
+/// The bounded-load cap's limit for the last capacity asked about: fleets
+/// are mostly of one size, and the limit costs a division and a rounding.
+struct LimitMemo {
+    bound: LoadBound,
+    capacity: u32,
+    limit: f64,
+}
+
+impl LimitMemo {
+    fn new(bound: LoadBound) -> Self {
+        Self {
+            bound,
+            capacity: 0,
+            limit: 0.0,
+        }
+    }
+
+    /// Whether an endpoint holding `in_flight` requests of `capacity` may
+    /// take one more ([`LoadBound::admits`]).
+    fn admits(&mut self, in_flight: u32, capacity: u32) -> bool {
+        let capacity = capacity.max(1);
+        if capacity != self.capacity {
+            self.capacity = capacity;
+            self.limit = self.bound.limit(capacity);
+        }
+        f64::from(in_flight) + 1.0 <= self.limit
+    }
 }
 
 /// The cost scorer's pick; with `out`, also its terms and summary (the same
@@ -297,20 +436,24 @@ fn predicted_cost(
 fn pick_cost(
     cfg: &CostConfig,
     input: &ScoreInput<'_>,
-    best_figure: u32,
+    gate: Gate,
     mut out: Option<&mut ScoreExplain<'_>>,
 ) -> ScorePick {
+    let (best_figure, bound) = (gate.best, gate.bound);
     let capped = cfg.load_factor.is_finite();
-    let bound = input.bound(cfg.load_factor);
-    let admits =
-        |in_flight: u32, cap: u32| bound.admits(in_flight.saturating_sub(cfg.load_headroom), cap);
+    let mut limit = LimitMemo::new(bound);
+    let mut admits =
+        |in_flight: u32, cap: u32| limit.admits(in_flight.saturating_sub(cfg.load_headroom), cap);
     let admitted_any = capped
         && input
             .candidates()
             .any(|c| admits(c.load.in_flight, c.capacity()));
-    let n = input.endpoint_count().max(1) as u64;
+    let mut model = Model::new(cfg, input);
+    let n = input.endpoint_count().max(1);
+    let turn = usize::try_from(input.turn % n as u64).unwrap_or(0);
+    let band = cfg.tie_tokens.max(0.0);
     // (index, terms, utilisation, tie rank, prefix)
-    let mut best: Option<(usize, CostTerms, f64, u64, u32)> = None;
+    let mut best: Option<(usize, CostTerms, f64, usize, u32)> = None;
     let mut longest: Option<(usize, CostTerms, u32)> = None;
     let mut refused = 0u32;
     for c in input.candidates() {
@@ -320,22 +463,22 @@ fn pick_cost(
         if !under {
             refused += 1;
             if let Some(o) = out.as_deref_mut().filter(|o| o.wants_terms()) {
-                o.set_terms(i, predicted_cost(cfg, input, &c, prefix, false).1);
+                o.set_terms(i, model.terms(input, &c, prefix, false).1);
             }
             continue;
         }
-        let (terms, explained) = predicted_cost(cfg, input, &c, prefix, true);
+        let (terms, explained) = model.terms(input, &c, prefix, true);
         if let Some(o) = out.as_deref_mut() {
             o.set_terms(i, explained);
         }
         let cost = terms.cost;
         let util = f64::from(l.in_flight) / f64::from(cap);
-        let rank = (i as u64 + n - input.turn % n) % n;
+        // Places after the turn's endpoint, so exact ties rotate.
+        let rank = if i >= turn { i - turn } else { i + n - turn };
         let better = match best {
             None => true,
             Some((_, bt, bu, br, _)) => {
                 let bc = bt.cost;
-                let band = cfg.tie_tokens.max(0.0);
                 cost < bc - band
                     || ((cost - bc).abs() <= band && (util < bu || (util == bu && rank < br)))
             }
