@@ -379,6 +379,32 @@ fn decision_scale(c: &mut Criterion) {
                 })
             },
         );
+        // The same decision recording its explanation, as the gateway's
+        // decision ring does for every request: a fresh decision each time
+        // (the ring keeps the explanation it is handed).
+        c.bench_function(
+            &format!("decide/scale/explained/512_blocks/{n}_endpoints"),
+            |b| {
+                b.iter(|| {
+                    let req = Request::new(PromptInput::Keys {
+                        keys: &keys,
+                        contract: &contract,
+                        prompt_tokens: TOKENS as u32,
+                    });
+                    let mut d = kvroute_select::Decision::new();
+                    d.set_explain(true);
+                    rule.decide_into(
+                        &mut d,
+                        black_box(&req),
+                        &shared_root,
+                        &load,
+                        &AlwaysAvailable,
+                        Duration::ZERO,
+                    );
+                    black_box(d.take_explanation())
+                })
+            },
+        );
         c.bench_function(
             &format!("decide/scale/shared_index/512_blocks/{n}_endpoints"),
             |b| {
