@@ -489,6 +489,12 @@ pub fn seq_window(data: &[u8]) {
             }
         }
         for (i, &ep) in slots.iter().enumerate() {
+            // What decisions read without the lock is what the ingest holds.
+            assert_eq!(
+                ingests[i].health_cell().get(),
+                ingests[i].inventory_health(),
+                "published health ep{ep}"
+            );
             for rank in [None, Some(0), Some(1)] {
                 let got = ingests[i].stream(rank).map(|w| w.missing_batches());
                 assert_eq!(

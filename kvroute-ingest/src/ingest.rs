@@ -23,6 +23,7 @@ use crate::attest::{AttestCounters, ContractStatus, KeyAttestor};
 use crate::index::{KeyMap, SharedIndex, WriteStats};
 use crate::rekey::BlockRekeyer;
 use crate::seq::{ReplayEnd, SeqCounters, SeqWindow};
+use crate::view::{HealthCell, InventoryHealth};
 
 struct Rekeying {
     rekeyer: Arc<dyn BlockRekeyer>,
@@ -115,6 +116,8 @@ pub struct EndpointIngest {
     attesting: Option<Attesting>,
     counters: IngestCounters,
     scratch: Vec<BlockKey>,
+    /// What decisions read of this ingest, published after every change.
+    health: Arc<HealthCell>,
 }
 
 impl std::fmt::Debug for EndpointIngest {
@@ -154,6 +157,7 @@ impl EndpointIngest {
             attesting: None,
             counters: IngestCounters::default(),
             scratch: Vec::new(),
+            health: Arc::default(),
         }
     }
 
@@ -337,7 +341,49 @@ impl EndpointIngest {
     }
 
     /// Logs and counts a change between complete and partial.
+    /// The inventory's health as decisions see it ([`crate::InventoryView::health`]).
+    #[must_use]
+    pub fn inventory_health(&self) -> InventoryHealth {
+        InventoryHealth {
+            contract_mismatch: matches!(self.contract_status(), ContractStatus::Mismatch { .. }),
+            missing_batches: self.missing_batches(),
+            clears: self.counters.clears,
+        }
+    }
+
+    /// The cell this ingest publishes [`Self::inventory_health`] to after
+    /// every change, for readers that must not take its lock.
+    #[must_use]
+    pub fn health_cell(&self) -> &Arc<HealthCell> {
+        &self.health
+    }
+
+    /// Publishes to `cell` from now on (a host that reads each slot's
+    /// health from one cell for the slot's lifetime hands it to every
+    /// ingest it installs there).
+    #[must_use]
+    pub fn with_health_cell(mut self, cell: Arc<HealthCell>) -> Self {
+        self.health = cell;
+        self.publish_health();
+        self
+    }
+
+    /// Stops publishing to the cell it was given: a host removing this
+    /// ingest calls it under the ingest's lock, so a batch still being
+    /// applied by a stopping subscriber cannot overwrite the health of the
+    /// slot's next endpoint.
+    pub fn detach_health_cell(&mut self) {
+        self.health = Arc::default();
+    }
+
+    fn publish_health(&self) {
+        self.health.set(self.inventory_health());
+    }
+
+    /// Publishes the health and logs the inventory turning partial or
+    /// complete; every change of the ingest ends here.
     fn check_completeness(&mut self) {
+        self.publish_health();
         let missing = self.missing_batches();
         let partial = missing > 0;
         if partial == std::mem::replace(&mut self.partial, partial) {
@@ -363,6 +409,7 @@ impl EndpointIngest {
         if let Some(w) = self.window(dp_rank) {
             w.on_reconnect();
         }
+        self.publish_health();
     }
 
     /// The transport of `dp_rank`'s stream reconnected and can verify continuity
@@ -373,14 +420,18 @@ impl EndpointIngest {
     /// [`EventBatch::fingerprint`](crate::EventBatch::fingerprint); see [`SeqWindow::on_resume`].
     #[must_use]
     pub fn on_resume(&mut self, dp_rank: Option<u32>) -> Option<u64> {
-        self.window(dp_rank).and_then(SeqWindow::on_resume)
+        let from = self.window(dp_rank).and_then(SeqWindow::on_resume);
+        self.publish_health();
+        from
     }
 
     /// The subscriber of `dp_rank` (re)starts: the sequence number to request a
     /// replay from (`None` when the rank would exceed the stream limit).
     #[must_use]
     pub fn on_bootstrap(&mut self, dp_rank: Option<u32>) -> Option<u64> {
-        self.window(dp_rank).map(SeqWindow::on_bootstrap)
+        let from = self.window(dp_rank).map(SeqWindow::on_bootstrap);
+        self.publish_health();
+        from
     }
 
     /// The replay of `dp_rank` ended.
@@ -388,6 +439,7 @@ impl EndpointIngest {
         if let Some(w) = self.window(dp_rank) {
             w.on_replay_done();
         }
+        self.publish_health();
     }
 
     /// The replay of `dp_rank` ended; `completed` when the publisher sent its end

@@ -1,6 +1,8 @@
 //! The read side that selection consumes: overlap of a prompt's keys with each
 //! endpoint's inventory.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
 use kvroute_core::{BlockKey, Medium};
 
 /// How much of one prompt an endpoint holds.
@@ -87,5 +89,49 @@ impl InventoryHealth {
     #[must_use]
     pub fn partial(&self) -> bool {
         self.missing_batches > 0
+    }
+}
+
+/// An endpoint's [`InventoryHealth`] as its ingest last published it
+/// ([`crate::EndpointIngest::health_cell`]), readable without the ingest's
+/// lock: a decision reads every endpoint's, and must not wait while an event
+/// batch is being applied.
+///
+/// ```
+/// use kvroute_core::EndpointId;
+/// use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
+/// let index = SharedIndex::new(1, IndexConfig::default());
+/// let mut ingest = EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
+/// let cell = ingest.health_cell().clone();
+/// ingest.clear(&index);
+/// assert_eq!(cell.get(), ingest.inventory_health());
+/// assert_eq!(cell.get().clears, 1);
+/// ```
+#[derive(Debug, Default)]
+pub struct HealthCell {
+    contract_mismatch: AtomicBool,
+    missing_batches: AtomicU64,
+    clears: AtomicU64,
+}
+
+impl HealthCell {
+    /// The health last published.
+    #[must_use]
+    pub fn get(&self) -> InventoryHealth {
+        InventoryHealth {
+            contract_mismatch: self.contract_mismatch.load(Ordering::Acquire),
+            missing_batches: self.missing_batches.load(Ordering::Acquire),
+            clears: self.clears.load(Ordering::Acquire),
+        }
+    }
+
+    /// Publishes `h` (an ingest does after every change; a host resets a
+    /// cell it reuses for another endpoint).
+    pub fn set(&self, h: InventoryHealth) {
+        self.contract_mismatch
+            .store(h.contract_mismatch, Ordering::Release);
+        self.missing_batches
+            .store(h.missing_batches, Ordering::Release);
+        self.clears.store(h.clears, Ordering::Release);
     }
 }

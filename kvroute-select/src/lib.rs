@@ -99,6 +99,7 @@ mod names;
 mod outlier;
 mod pool;
 pub mod replica_sync;
+mod report_cell;
 mod rule;
 mod scoring;
 mod selector;

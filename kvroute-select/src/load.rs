@@ -2,6 +2,8 @@
 
 use kvroute_core::EndpointId;
 
+use crate::report_cell::{ReportCell, Reported};
+
 /// The work an endpoint currently carries, as the host observes it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EndpointLoad {
@@ -179,16 +181,6 @@ pub struct EngineReport {
     pub kv_capacity_blocks: Option<u64>,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
-struct Reported {
-    report: EngineReport,
-    /// This host's own in-flight count and prefill tokens on the endpoint when
-    /// the report was taken.
-    local_at_report: EndpointLoad,
-    at: std::time::Duration,
-    valid: bool,
-}
-
 /// Engine-reported load combined with this host's own in-flight accounting —
 /// what keeps several gateway replicas honest: each replica counts only its
 /// own requests, the engine counts everyone's.
@@ -222,7 +214,7 @@ struct Reported {
 /// ```
 #[derive(Debug)]
 pub struct ReportedLoad {
-    slots: Box<[parking_lot::Mutex<Reported>]>,
+    slots: Box<[ReportCell]>,
     max_age: std::time::Duration,
 }
 
@@ -231,9 +223,7 @@ impl ReportedLoad {
     #[must_use]
     pub fn new(endpoints: usize, max_age: std::time::Duration) -> Self {
         Self {
-            slots: (0..endpoints)
-                .map(|_| parking_lot::Mutex::new(Reported::default()))
-                .collect(),
+            slots: (0..endpoints).map(|_| ReportCell::default()).collect(),
             max_age,
         }
     }
@@ -248,26 +238,26 @@ impl ReportedLoad {
         now: std::time::Duration,
     ) {
         if let Some(s) = self.slots.get(endpoint.index()) {
-            *s.lock() = Reported {
+            s.set(&Reported {
                 report,
                 local_at_report,
                 at: now,
                 valid: true,
-            };
+            });
         }
     }
 
     /// Forgets `endpoint`'s report (its engine went away).
     pub fn invalidate(&self, endpoint: EndpointId) {
         if let Some(s) = self.slots.get(endpoint.index()) {
-            s.lock().valid = false;
+            s.update(|r| Reported { valid: false, ..r });
         }
     }
 
     /// The last report of `endpoint` still fresh at `now`.
     #[must_use]
     pub fn report(&self, endpoint: EndpointId, now: std::time::Duration) -> Option<EngineReport> {
-        let r = *self.slots.get(endpoint.index())?.lock();
+        let r = self.slots.get(endpoint.index())?.get();
         (r.valid && now.saturating_sub(r.at) <= self.max_age).then_some(r.report)
     }
 
@@ -308,7 +298,7 @@ impl ReportedLoad {
         let Some(slot) = self.slots.get(endpoint.index()) else {
             return local;
         };
-        let r = *slot.lock();
+        let r = slot.get();
         if !r.valid || now.saturating_sub(r.at) > self.max_age {
             return local;
         }

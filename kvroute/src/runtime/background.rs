@@ -145,13 +145,13 @@ fn spawn_probe(
             };
             let was = state.probe_ok.lock().replace(ok);
             if ok {
-                state.breaker.lock().on_success();
+                state.breaker.on_success();
                 if was == Some(false) {
                     tracing::info!(endpoint = %url, "health probe recovered");
                 }
             } else {
                 state.probe_failures.fetch_add(1, Ordering::Relaxed);
-                state.breaker.lock().on_failure(shared.now());
+                state.breaker.on_failure(shared.now());
                 if was != Some(false) {
                     tracing::warn!(endpoint = %url, "health probe failed");
                 }

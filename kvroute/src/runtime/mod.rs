@@ -6,6 +6,7 @@
 //! directly: all run this assembly.
 
 mod background;
+mod breaker;
 mod builder;
 mod followers;
 mod outlier;
@@ -675,11 +676,10 @@ impl KvRouter {
             return;
         };
         if let Some(s) = self.shared.slots.get(slot) {
-            let mut b = s.breaker.lock();
             if connected {
-                b.on_success();
+                s.breaker.on_success();
             } else {
-                b.on_failure(self.shared.now());
+                s.breaker.on_failure(self.shared.now());
             }
         }
     }

@@ -252,7 +252,7 @@ impl Pick {
                 Leg::Decode => t.decode.unwrap_or(t.endpoint),
             };
             if let Some(s) = self.shared.slots.get(failed.index()) {
-                s.breaker.lock().on_failure(now);
+                s.breaker.on_failure(now);
             }
         }
         let mut decision = std::mem::take(&mut self.decision);
@@ -370,7 +370,7 @@ impl Pick {
         if let Some(t) = self.decision.target() {
             for e in std::iter::once(t.endpoint).chain(t.decode) {
                 if let Some(s) = self.shared.slots.get(e.index()) {
-                    s.breaker.lock().on_success();
+                    s.breaker.on_success();
                 }
             }
         }

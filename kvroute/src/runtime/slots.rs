@@ -12,15 +12,17 @@ use std::sync::Arc;
 use kvroute_engines::engine::{self, Engine, Stream};
 use kvroute_engines::transport::{IndexIngest, SharedIngest, SubscriberMetrics};
 use kvroute_ingest::{
-    ContractAttestor, EndpointIngest, IngestConfig, KeyAttestor, Keying, SharedIndex,
+    ContractAttestor, EndpointIngest, HealthCell, IngestConfig, InventoryHealth, KeyAttestor,
+    Keying, SharedIndex,
 };
 use kvroute_select::{
-    CircuitBreaker, ContractId, ContractKeys, Endpoint, KeyMode, LoadTracker, PromptKeys,
-    ReportedLoad, Role, Rule, RuleConfig, Topology,
+    ContractId, ContractKeys, Endpoint, KeyMode, LoadTracker, PromptKeys, ReportedLoad, Role, Rule,
+    RuleConfig, Topology,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 
+use super::breaker::SlotBreaker;
 use super::builder::KvRouterBuilder;
 use super::replicas_state::ReplicaState;
 use super::status::TokenizerState;
@@ -33,10 +35,14 @@ use crate::backend::Backend;
 pub(crate) struct SlotState {
     pub(crate) present: AtomicBool,
     pub(crate) admin_down: AtomicBool,
-    pub(crate) breaker: Mutex<CircuitBreaker>,
+    pub(crate) breaker: SlotBreaker,
     /// Last active probe verdict (`None` before the first probe).
     pub(crate) probe_ok: Mutex<Option<bool>>,
     pub(crate) ingest: RwLock<Option<SharedIngest>>,
+    /// The slot's inventory health as its ingest publishes it: decisions
+    /// read it for every endpoint without the ingest's lock, which an event
+    /// batch holds while it is applied.
+    pub(crate) health: Arc<HealthCell>,
     /// Health probes that failed.
     pub(crate) probe_failures: AtomicU64,
     /// Engine load polls that gave a report / failed.
@@ -260,9 +266,10 @@ pub(crate) fn assemble(
             .map(|_| SlotState {
                 present: AtomicBool::new(false),
                 admin_down: AtomicBool::new(false),
-                breaker: Mutex::new(CircuitBreaker::new(b.breaker)),
+                breaker: SlotBreaker::new(b.breaker),
                 probe_ok: Mutex::new(None),
                 ingest: RwLock::new(None),
+                health: Arc::default(),
                 probe_failures: AtomicU64::new(0),
                 polls_ok: AtomicU64::new(0),
                 polls_failed: AtomicU64::new(0),
@@ -443,7 +450,9 @@ pub(crate) fn insert(
     let mut metrics = Vec::new();
     let bs = shared.contract.block_size;
     let ingest = if followers::has_inventory(&b, bs) {
-        let ingest = IndexIngest::share(new_ingest(shared, slot, &b));
+        let ingest = IndexIngest::share(
+            new_ingest(shared, slot, &b).with_health_cell(Arc::clone(&state.health)),
+        );
         if let Some(h) = &shared.handle {
             metrics = followers::start(shared, h, &b, &ingest, &stop)?;
         } else {
@@ -460,7 +469,7 @@ pub(crate) fn insert(
     // A reused slot starts empty (its previous endpoint's keys were cleared
     // on removal) with a fresh breaker, probe verdict and load report.
     *state.ingest.write() = ingest;
-    *state.breaker.lock() = CircuitBreaker::new(shared.settings.breaker);
+    state.breaker.reset(shared.settings.breaker);
     *state.probe_ok.lock() = None;
     state.admin_down.store(false, Ordering::Release);
     shared.reported.invalidate(id(slot));
@@ -489,7 +498,10 @@ fn remove(shared: &Shared, slots: &mut [Option<SlotRuntime>], url: &str) -> Resu
     };
     if let Some(h) = shared.slots.get(slot) {
         h.present.store(false, Ordering::Release);
-        *h.ingest.write() = None;
+        if let Some(old) = h.ingest.write().take() {
+            old.lock().detach_health_cell();
+        }
+        h.health.set(InventoryHealth::default());
     }
     // Stops its background work (SlotRuntime's drop), then forgets its keys.
     if let Some(s) = slots.get_mut(slot) {

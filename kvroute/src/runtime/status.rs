@@ -208,7 +208,7 @@ pub(crate) fn endpoint(shared: &Shared, slot: usize) -> Option<EndpointStatus> {
         role: backend.role,
         available: view.availability(e, now).is_available(),
         admin_down: state.admin_down.load(Ordering::Acquire),
-        breaker: state.breaker.lock().state(now),
+        breaker: state.breaker.state(now),
         outlier: shared.outliers.status(e, now),
         probe_ok: *state.probe_ok.lock(),
         probe_failures: state.probe_failures.load(Ordering::Relaxed),

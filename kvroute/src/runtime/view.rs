@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kvroute_core::{BlockKey, EndpointId};
-use kvroute_ingest::{ContractStatus, InventoryHealth, InventoryView, Overlap};
+use kvroute_ingest::{InventoryHealth, InventoryView, Overlap};
 use kvroute_select::{
     AdminState, Availability, Deciders, EndpointLoad, EngineReport, Health, Load, PrefillProgress,
 };
@@ -92,7 +92,7 @@ impl Health for RouterView<'_> {
         if !s.present.load(Ordering::Acquire) || s.admin_down.load(Ordering::Acquire) {
             return Availability::AdminDown;
         }
-        match Availability::from_states(AdminState::Up, s.breaker.lock().state(now)) {
+        match Availability::from_states(AdminState::Up, s.breaker.state(now)) {
             Availability::Available if self.shared.outliers.is_ejected(endpoint, now) => {
                 Availability::Ejected
             }
@@ -118,15 +118,84 @@ impl InventoryView for RouterView<'_> {
         let Some(s) = self.shared.slots.get(endpoint) else {
             return InventoryHealth::default();
         };
-        let guard = s.ingest.read();
-        let Some(ingest) = guard.as_ref() else {
-            return InventoryHealth::default();
-        };
-        let i = ingest.lock();
-        InventoryHealth {
-            contract_mismatch: matches!(i.contract_status(), ContractStatus::Mismatch { .. }),
-            missing_batches: i.missing_batches(),
-            clears: i.counters().clears,
+        // The published cell, not the ingest's lock: an event batch being
+        // applied holds that for as long as its writes take.
+        s.health.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::Arc;
+
+    use kvroute_core::{BlockKey, EndpointId};
+    use kvroute_ingest::{BlockStored, EventBatch, KvEvent, SeqWindowConfig};
+
+    use crate::engine::{Engine, Follow};
+    use crate::{Backend, KvRouter};
+
+    /// Endpoints whose events the test applies itself.
+    #[derive(Debug)]
+    struct HostEngine;
+
+    impl Engine for HostEngine {
+        fn name(&self) -> &str {
+            "test"
         }
+
+        fn events_carry_tokens(&self) -> bool {
+            false
+        }
+
+        fn window(&self, _follow: &Follow) -> SeqWindowConfig {
+            SeqWindowConfig::default()
+        }
+    }
+
+    /// A decision reads each endpoint's inventory health from the cell its
+    /// ingest publishes, so it does not wait while an event batch holds the
+    /// ingest's lock (here: held by the test until the decision is done).
+    #[test]
+    fn a_decision_does_not_wait_for_an_ingest_applying_a_batch() {
+        let engine: Arc<dyn Engine> = Arc::new(HostEngine);
+        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
+            .no_engine_load()
+            .no_health_probes();
+        for e in 0..2 {
+            b = b.endpoint(Backend::new(Arc::clone(&engine), format!("http://e{e}")).host_events());
+        }
+        let router = Arc::new(b.build().expect("router"));
+        let keys: Vec<BlockKey> = (1..=4).map(BlockKey).collect();
+        let batch = EventBatch {
+            seq: 0,
+            timestamp: 0.0,
+            dp_rank: None,
+            events: vec![KvEvent::Stored(BlockStored {
+                keys: keys.clone(),
+                block_size: 4,
+                ..BlockStored::default()
+            })],
+        };
+        assert!(router.ingest_at(EndpointId(1), &batch));
+        let slot = router.shared.slots.get(1).expect("slot 1");
+        let ingest = slot.ingest.read().clone().expect("an ingest");
+        let held = ingest.lock();
+        let (tx, rx) = mpsc::channel();
+        let deciding = Arc::clone(&router);
+        let decider = std::thread::spawn(move || {
+            let pick = deciding.pick_keys(&keys, 16).map(|p| p.endpoint_id());
+            let _ = tx.send(pick);
+        });
+        let picked = rx.recv_timeout(std::time::Duration::from_secs(30));
+        drop(held);
+        decider.join().expect("decider");
+        assert_eq!(
+            picked
+                .expect("the decision waited for the ingest's lock")
+                .ok()
+                .flatten(),
+            Some(EndpointId(1))
+        );
     }
 }
