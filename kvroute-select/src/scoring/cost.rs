@@ -88,8 +88,9 @@ use crate::pool::LoadBound;
 ///   others whose zones are: on one view they would all spill into the same
 ///   zone, the one every view finds cheapest. So each decider ranks the
 ///   other zones in an order of its own (a fixed pseudo-random order per
-///   rank) and adds to the cost, not to the predicted time to first token,
-///   of an endpoint outside its zone
+///   rank; with two deciders there is one other zone and nothing to order)
+///   and adds to the cost, not to the predicted time to first token, of an
+///   endpoint outside its zone
 ///
 ///   ```text
 ///   spill_e = (burst − 1)⁺ · prefill · u(k, owner(e)),   u uniform in [0, 1)
@@ -352,7 +353,13 @@ impl Unseen {
             let spread = size.min(self.burst_spread);
             #[allow(clippy::cast_precision_loss)]
             let unseen = self.per_decider / spread.max(1) as f64;
-            return (unseen, self.per_decider * spill_order(k, owner));
+            // With one other zone there is no order to spill in.
+            let spill = if r > 2 {
+                self.per_decider * spill_order(k, owner)
+            } else {
+                0.0
+            };
+            return (unseen, spill);
         }
         // Decider d's zone is endpoint d mod n.
         let owners = (r - 1 - e) / n + 1;
