@@ -149,6 +149,7 @@ fn terms(
         prefill_tokens: prefill,
         queued_tokens: queued,
         unseen_tokens: 0.0,
+        spill_tokens: 0.0,
         in_flight_tokens,
         ttft: queued + prefill,
         cost: queued + prefill + in_flight_tokens,

@@ -213,6 +213,53 @@ fn a_burst_on_a_large_fleet_does_not_converge_on_the_few_cheap_endpoints() {
     assert_eq!(most, 1, "requests per endpoint: {per_endpoint:?}");
 }
 
+/// Deciders whose own zones are full spill one burst at the same instant:
+/// each spills in its own order of the other zones, so they do not all land
+/// on the zone that every view finds cheapest (here two empty endpoints the
+/// view cannot tell apart; without the order every decider takes the same).
+#[test]
+fn deciders_spilling_at_once_go_to_different_zones() {
+    let (n, deciders) = (8u32, 8u32);
+    let inv = inventory(n);
+    let p = u64::from(400 * BS);
+    let mut table = LoadTable::new(n as usize);
+    for e in (0..n).filter(|e| *e != 3 && *e != 4) {
+        table.set(
+            EndpointId(e),
+            EndpointLoad {
+                in_flight: 2,
+                queued_prefill_tokens: 4 * p,
+            },
+        );
+    }
+    let mut picks = Vec::new();
+    for k in (0..deciders).filter(|k| *k != 3 && *k != 4) {
+        let (r, c) = rule(n);
+        prime(&r, &c, &inv, 20, 3);
+        let view = View {
+            table: &table,
+            deciders: Deciders {
+                count: deciders,
+                rank: k,
+            },
+        };
+        picks.push(target(
+            &r,
+            &c,
+            &prompt(u64::from(k), 400),
+            &inv,
+            &view,
+            Duration::from_secs(1),
+        ));
+    }
+    assert!(picks.iter().all(|e| *e == 3 || *e == 4), "{picks:?}");
+    let to_3 = picks.iter().filter(|e| **e == 3).count();
+    assert!(
+        (1..=5).contains(&to_3),
+        "six spilling deciders split over both, not all on one: {picks:?}"
+    );
+}
+
 /// The replicas rank themselves by origin id, each differently.
 #[test]
 fn replicas_rank_themselves_apart() {

@@ -213,11 +213,16 @@ pub struct ScoreTerms {
     /// Of `queued_tokens`, what the other deciders are expected to be
     /// placing at this instant.
     pub unseen_tokens: f64,
+    /// Where this decider puts the endpoint's zone in its order of zones to
+    /// spill a burst into (with other deciders; 0 in its own zone). Ranks
+    /// candidates only: not part of `ttft`.
+    pub spill_tokens: f64,
     /// The in-flight term: `decode_tokens_per_request · in_flight`.
     pub in_flight_tokens: f64,
     /// Predicted time to first token: `(queued + prefill) / capacity`.
     pub ttft: f64,
-    /// What ranks candidates: `(queued + prefill + in_flight) / capacity`.
+    /// What ranks candidates: `(queued + prefill + in_flight + spill) /
+    /// capacity`.
     pub cost: f64,
     /// The bounded-load cap admitted it (or no cap applied).
     pub under_cap: bool,

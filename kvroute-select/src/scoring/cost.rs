@@ -83,6 +83,22 @@ use crate::pool::LoadBound;
 ///   time (`burst` 1) nothing is added and the decision is the one a single
 ///   decider makes. `unseen_e` counts as queued prefill everywhere (the cost
 ///   and the affinity test).
+///
+///   A decider whose own zone is fuller than that spills, and so do the
+///   others whose zones are: on one view they would all spill into the same
+///   zone, the one every view finds cheapest. So each decider ranks the
+///   other zones in an order of its own (a fixed pseudo-random order per
+///   rank; with two deciders there is one other zone and nothing to order)
+///   and adds to the cost, not to the predicted time to first token, of an
+///   endpoint outside its zone
+///
+///   ```text
+///   spill_e = (burst − 1)⁺ · prefill · u(k, owner(e)),   u uniform in [0, 1)
+///   ```
+///
+///   Deciders spilling at the same instant then spread over the zones
+///   within that margin of the cheapest, while the affinity test (which
+///   keeps a prompt where its cache is) is unchanged.
 /// * **`burst_window`**: decisions closer than this to a burst's first are
 ///   one burst: the time another replica's decision takes to reach this
 ///   one's view (its replica sync interval plus one message).
@@ -317,16 +333,18 @@ impl Unseen {
         }
     }
 
-    fn at(&self, e: usize) -> f64 {
+    /// Endpoint `e`'s unseen tokens, and the spill-over order's term (see
+    /// "Other deciders" in [`CostConfig`]).
+    fn at(&self, e: usize) -> (f64, f64) {
         let (r, n, k) = (self.deciders, self.endpoints, self.rank);
         if r == 0 || e >= n {
-            return 0.0;
+            return (0.0, 0.0);
         }
         if n >= r {
             // Zone d holds endpoints ⌈d·n/r⌉ ..< ⌈(d+1)·n/r⌉.
             let owner = e.saturating_mul(r) / n;
             if owner == k {
-                return 0.0;
+                return (0.0, 0.0);
             }
             let size = ((owner + 1) * n).div_ceil(r) - (owner * n).div_ceil(r);
             // The owner's burst lands on its cheapest endpoints, which are
@@ -334,15 +352,35 @@ impl Unseen {
             // endpoint per request, not over its whole zone.
             let spread = size.min(self.burst_spread);
             #[allow(clippy::cast_precision_loss)]
-            return self.per_decider / spread.max(1) as f64;
+            let unseen = self.per_decider / spread.max(1) as f64;
+            // With one other zone there is no order to spill in.
+            let spill = if r > 2 {
+                self.per_decider * spill_order(k, owner)
+            } else {
+                0.0
+            };
+            return (unseen, spill);
         }
         // Decider d's zone is endpoint d mod n.
         let owners = (r - 1 - e) / n + 1;
         let others = owners - usize::from(k % n == e);
         #[allow(clippy::cast_precision_loss)]
         let others = others as f64;
-        self.per_decider * others
+        (self.per_decider * others, 0.0)
     }
+}
+
+/// Where decider `rank` puts zone `owner` in its order of zones to spill
+/// into, in `[0, 1)`: a fixed pseudo-random order per decider, so deciders
+/// that spill at the same instant out of full zones of their own go to
+/// different zones, not all to the one every view finds cheapest (see
+/// "Other deciders" in [`CostConfig`]).
+fn spill_order(rank: usize, owner: usize) -> f64 {
+    let seed = (rank as u64) << 32 | owner as u64;
+    let h = kvroute_core::mix::fmix64(seed ^ 0x9e37_79b9_7f4a_7c15);
+    #[allow(clippy::cast_precision_loss)]
+    let unit = (h >> 11) as f64 / (1u64 << 53) as f64;
+    unit
 }
 
 /// The cost model's per-decision constants.
@@ -378,7 +416,7 @@ impl<'c> Model<'c> {
         let (load, capacity) = (c.load, c.capacity());
         let cached = self.cached.get(&cfg.tier_weights, input, c, prefix);
         let uncached = (self.prompt - cached).max(0.0);
-        let unseen = self.unseen.at(c.index);
+        let (unseen, spill) = self.unseen.at(c.index);
         #[allow(clippy::cast_precision_loss)]
         let queued = load.queued_prefill_tokens as f64 + unseen;
         let decode = cfg.decode_tokens_per_request.max(0.0) * f64::from(load.in_flight);
@@ -386,13 +424,14 @@ impl<'c> Model<'c> {
         let cap = f64::from(capacity.max(1));
         let terms = CostTerms {
             ttft: (queued + own) / cap,
-            cost: (queued + own + decode) / cap,
+            cost: (queued + own + decode + spill) / cap,
         };
         let explained = ScoreTerms {
             cached_tokens: cached,
             prefill_tokens: own,
             queued_tokens: queued,
             unseen_tokens: unseen,
+            spill_tokens: spill,
             in_flight_tokens: decode,
             ttft: terms.ttft,
             cost: terms.cost,

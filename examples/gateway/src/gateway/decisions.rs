@@ -318,6 +318,7 @@ fn endpoint_json(i: usize, r: &EndpointExplain, url: Value) -> Value {
             "prefill_tokens": t.prefill_tokens,
             "queued_tokens": t.queued_tokens,
             "unseen_tokens": t.unseen_tokens,
+            "spill_tokens": t.spill_tokens,
             "in_flight_tokens": t.in_flight_tokens,
             "ttft": t.ttft,
             "cost": t.cost,
