@@ -270,12 +270,18 @@ fn embedded(
             interval: ms(health.interval_ms),
             timeout: ms(health.timeout_ms),
         });
+    } else {
+        b = b.no_health_probes();
     }
+    // The builder polls engine load and probes health by default (as
+    // `kvroute serve` does): a setting the file turns off is turned off here.
     if limits.engine_load_poll_ms > 0 && !own_view {
         b = b.engine_load(EngineLoadConfig {
             interval: ms(limits.engine_load_poll_ms),
             ..EngineLoadConfig::default()
         });
+    } else {
+        b = b.no_engine_load();
     }
     b
 }
@@ -655,10 +661,19 @@ async fn run_world(
                 if *probe {
                     if let Some(solo) = solo {
                         let bytes = Bytes::from(body.to_string());
-                        let pick = solo
-                            .pick(ApiKind::Chat, &bytes)
-                            .await
+                        let prompt = solo.prepare(ApiKind::Chat, &bytes).await;
+                        let mut pick = solo
+                            .pick_explained(prompt, None)
                             .unwrap_or_else(|e| panic!("own-view router: {e}"));
+                        let seen = pick
+                            .take_explanation()
+                            .unwrap_or_else(|| panic!("an explained pick records its view"));
+                        // What it must not see: engine reports (they count
+                        // the held answers other routers placed).
+                        assert!(
+                            seen.endpoints.iter().all(|e| e.reported.is_none()),
+                            "the own-view router read engine reports: {seen:?}"
+                        );
                         let d = pick.decision();
                         out.probes.push((
                             k,
