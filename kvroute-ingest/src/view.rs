@@ -65,6 +65,14 @@ pub trait InventoryView {
     fn health(&self, _endpoint: usize) -> InventoryHealth {
         InventoryHealth::default()
     }
+
+    /// Blocks endpoint `endpoint`'s inventory holds in the engine's GPU
+    /// cache, or `None` (the default) when the view does not count them.
+    /// With the engine's capacity, a scorer reads how much room its cache
+    /// has left for new content before it evicts.
+    fn gpu_blocks(&self, _endpoint: usize) -> Option<u64> {
+        None
+    }
 }
 
 /// What an inventory knows about its own completeness and hash contract

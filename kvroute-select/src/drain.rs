@@ -65,6 +65,11 @@ use kvroute_core::EndpointId;
 
 use crate::load::{EndpointLoad, Load, PrefillProgress};
 
+/// Endpoint `i` of a decision's arrays.
+fn endpoint_id(i: usize) -> EndpointId {
+    EndpointId(u32::try_from(i).unwrap_or(u32::MAX))
+}
+
 /// Busy time (µs) the rate must be measured over before it is used.
 const MIN_BUSY_US: f64 = 1_000_000.0;
 /// A busy period longer than this is committed in segments of this length.
@@ -184,15 +189,18 @@ impl PrefillDrain {
     /// by endpoint; `capacity(i)` is endpoint `i`'s capacity weight), learns
     /// the rate from them and replaces each `queued_prefill_tokens` by the
     /// backlog still ahead of a new request.
+    /// `progress(i)` is endpoint `i`'s [`Load::prefill_progress`] (a
+    /// decision has it from the reports it read).
     pub(crate) fn observe<L: Load + ?Sized>(
         &self,
         now: Duration,
         loads: &mut [EndpointLoad],
         view: &L,
+        progress: impl Fn(usize) -> Option<PrefillProgress>,
         capacity: impl Fn(usize) -> u32,
     ) {
         let mut st = self.state.lock();
-        observe_locked(&mut st, micros(now), loads, view, capacity);
+        observe_locked(&mut st, micros(now), loads, view, progress, capacity);
     }
 
     /// [`PrefillDrain::observe`] between decisions: reads `view` for
@@ -207,10 +215,9 @@ impl PrefillDrain {
         let mut st = self.state.lock();
         let mut loads = std::mem::take(&mut st.scratch);
         loads.clear();
-        loads.extend(
-            (0..endpoints).map(|i| view.load(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)))),
-        );
-        observe_locked(&mut st, micros(now), &mut loads, view, capacity);
+        loads.extend((0..endpoints).map(|i| view.load(endpoint_id(i))));
+        let progress = |i: usize| view.prefill_progress(endpoint_id(i));
+        observe_locked(&mut st, micros(now), &mut loads, view, progress, capacity);
         st.scratch = loads;
     }
 
@@ -266,6 +273,7 @@ fn observe_locked<L: Load + ?Sized>(
     now_us: u64,
     loads: &mut [EndpointLoad],
     view: &L,
+    progress: impl Fn(usize) -> Option<PrefillProgress>,
     capacity: impl Fn(usize) -> u32,
 ) {
     if st.slots.len() < loads.len() {
@@ -293,7 +301,7 @@ fn observe_locked<L: Load + ?Sized>(
         // The engine's counters advance only as its reports arrive; a
         // counter that went back is a restarted engine (its next increment
         // counts).
-        let progress = view.prefill_progress(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)));
+        let progress = progress(i);
         if let (Some(a), Some(b)) = (s.progress, progress) {
             if b.tokens > a.tokens && b.seconds > a.seconds {
                 #[allow(clippy::cast_precision_loss)]
@@ -308,7 +316,7 @@ fn observe_locked<L: Load + ?Sized>(
         // counter plus replica sync's), all of them. `known − charged`
         // is what others charged (other replicas, another rule on the
         // tracker): it joins the backlog as it is seen.
-        let total = view.charged_prefill_tokens(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)));
+        let total = view.charged_prefill_tokens(endpoint_id(i));
         let counted = match (s.total, total) {
             (Some(a), Some(b)) if b >= a => b - a,
             _ => 0,
@@ -498,7 +506,13 @@ mod tests {
                 in_flight: 1,
                 queued_prefill_tokens: q,
             }];
-            drain.observe(ms(t), &mut loads, &crate::LoadTable::new(0), |_| 1);
+            drain.observe(
+                ms(t),
+                &mut loads,
+                &crate::LoadTable::new(0),
+                |_| None,
+                |_| 1,
+            );
             let truth = busy_until.saturating_sub(t) * 20;
             seen.push((q, loads[0].queued_prefill_tokens, truth));
             let tokens32 = u32::try_from(tokens).unwrap();
@@ -571,7 +585,7 @@ mod tests {
                 in_flight: 1,
                 queued_prefill_tokens: q,
             }];
-            drain.observe(ms(t), &mut loads, &Reporting(progress), |_| 1);
+            drain.observe(ms(t), &mut loads, &Reporting(progress), |_| progress, |_| 1);
             if k >= 200 {
                 err += loads[0]
                     .queued_prefill_tokens
@@ -629,7 +643,13 @@ mod tests {
                 in_flight: 1,
                 queued_prefill_tokens: q,
             }];
-            drain.observe(ms(t), &mut loads, &crate::LoadTable::new(0), |_| 1);
+            drain.observe(
+                ms(t),
+                &mut loads,
+                &crate::LoadTable::new(0),
+                |_| None,
+                |_| 1,
+            );
             reads.push((q, loads[0].queued_prefill_tokens));
             // Every other request is the other host's: it reaches the
             // engine but never this rule's `charge`.
@@ -685,7 +705,7 @@ mod tests {
             // counted by the view, which the rule reads when they arrive
             // (`Rule::observe_load` after applying the delta).
             if k % 2 == 0 {
-                drain.observe(ms(t), &mut loads, &Counted(total), |_| 1);
+                drain.observe(ms(t), &mut loads, &Counted(total), |_| None, |_| 1);
                 let truth = busy_until.saturating_sub(t) * 20;
                 seen.push((loads[0].queued_prefill_tokens, truth, queued(&jobs, t)));
                 drain.charge(0, u32::try_from(tokens).unwrap(), ms(t), 1);
@@ -698,7 +718,7 @@ mod tests {
                     in_flight: 1,
                     queued_prefill_tokens: queued(&jobs, t),
                 }];
-                drain.observe(ms(t), &mut loads, &Counted(total), |_| 1);
+                drain.observe(ms(t), &mut loads, &Counted(total), |_| None, |_| 1);
             }
         }
         // Learnt from both hosts' work. Biased low: a read right after the
@@ -722,7 +742,13 @@ mod tests {
     fn empty_queue_resets_and_foreign_work_is_added() {
         let drain = PrefillDrain::new(2);
         let mut loads = [EndpointLoad::default(); 2];
-        drain.observe(ms(0), &mut loads, &crate::LoadTable::new(0), |_| 1);
+        drain.observe(
+            ms(0),
+            &mut loads,
+            &crate::LoadTable::new(0),
+            |_| None,
+            |_| 1,
+        );
         drain.charge(0, 500, ms(0), 1);
         // 700 on endpoint 0: 200 more than this rule charged (another
         // replica's request); endpoint 1 got 300 it never charged.
@@ -736,12 +762,24 @@ mod tests {
                 queued_prefill_tokens: 300,
             },
         ];
-        drain.observe(ms(1), &mut loads, &crate::LoadTable::new(0), |_| 1);
+        drain.observe(
+            ms(1),
+            &mut loads,
+            &crate::LoadTable::new(0),
+            |_| None,
+            |_| 1,
+        );
         // No rate yet: nothing drains, everything the tracker holds counts.
         assert_eq!(loads[0].queued_prefill_tokens, 700);
         assert_eq!(loads[1].queued_prefill_tokens, 300);
         let mut loads = [EndpointLoad::default(); 2];
-        drain.observe(ms(2), &mut loads, &crate::LoadTable::new(0), |_| 1);
+        drain.observe(
+            ms(2),
+            &mut loads,
+            &crate::LoadTable::new(0),
+            |_| None,
+            |_| 1,
+        );
         assert_eq!(loads[0].queued_prefill_tokens, 0);
     }
 }

@@ -56,6 +56,13 @@ pub trait Load {
         None
     }
 
+    /// [`Load::load`] and [`Load::report`] of `endpoint` together: a
+    /// decision reads both for every endpoint, and a view that derives both
+    /// from one shared report reads it once. The default calls the two.
+    fn load_and_report(&self, endpoint: EndpointId) -> (EndpointLoad, Option<EngineReport>) {
+        (self.load(endpoint), self.report(endpoint))
+    }
+
     /// Who routes over these endpoints from views like this one: how many
     /// deciders (gateway replicas whose decisions the view shares) and this
     /// host's rank among them. [`Deciders::ALONE`] (the default) for a host
@@ -160,6 +167,10 @@ impl<L: Load + ?Sized> Load for &L {
         (**self).report(endpoint)
     }
 
+    fn load_and_report(&self, endpoint: EndpointId) -> (EndpointLoad, Option<EngineReport>) {
+        (**self).load_and_report(endpoint)
+    }
+
     fn deciders(&self) -> Deciders {
         (**self).deciders()
     }
@@ -257,8 +268,7 @@ impl ReportedLoad {
     /// The last report of `endpoint` still fresh at `now`.
     #[must_use]
     pub fn report(&self, endpoint: EndpointId, now: std::time::Duration) -> Option<EngineReport> {
-        let r = self.slots.get(endpoint.index())?.get();
-        (r.valid && now.saturating_sub(r.at) <= self.max_age).then_some(r.report)
+        self.fresh(endpoint, now).map(|r| r.report)
     }
 
     /// `local` combined with the reports, as of `now`.
@@ -272,7 +282,46 @@ impl ReportedLoad {
             reported: self,
             local,
             now,
-            per_request: std::cell::Cell::new(None),
+            per_request: MeanCell::Own(std::cell::Cell::new(None)),
+        }
+    }
+
+    /// [`ReportedLoad::view`] that keeps the host's mean queued prefill per
+    /// request (read over every endpoint of `local`) in `mean`: a host that
+    /// builds a view per endpoint, one instant and local view apart, computes
+    /// it once for all of them instead of once per endpoint. `mean` must be
+    /// empty (`None`) whenever `local` or `now` differ from the last view
+    /// that filled it.
+    ///
+    /// ```
+    /// use std::cell::Cell;
+    /// use std::time::Duration;
+    /// use kvroute_core::EndpointId;
+    /// use kvroute_select::{EndpointLoad, EngineReport, Load, LoadTable, ReportedLoad};
+    ///
+    /// let mut local = LoadTable::new(2);
+    /// local.set(EndpointId(0), EndpointLoad { in_flight: 1, queued_prefill_tokens: 300 });
+    /// let reported = ReportedLoad::new(2, Duration::from_secs(5));
+    /// let two = EngineReport { running: 2, ..Default::default() };
+    /// reported.update(EndpointId(1), two, EndpointLoad::default(), Duration::ZERO);
+    /// let mean = Cell::new(None);
+    /// let one_view = reported.view_sharing_mean(&local, Duration::ZERO, &mean);
+    /// // Two requests of other hosts, at this host's 300 tokens per request.
+    /// assert_eq!(one_view.load(EndpointId(1)).queued_prefill_tokens, 600);
+    /// assert_eq!(mean.get(), Some(300));
+    /// ```
+    #[must_use]
+    pub fn view_sharing_mean<'a, L: Load + ?Sized>(
+        &'a self,
+        local: &'a L,
+        now: std::time::Duration,
+        mean: &'a std::cell::Cell<Option<u64>>,
+    ) -> CombinedLoad<'a, L> {
+        CombinedLoad {
+            reported: self,
+            local,
+            now,
+            per_request: MeanCell::Shared(mean),
         }
     }
 
@@ -288,20 +337,21 @@ impl ReportedLoad {
         tokens.checked_div(requests).unwrap_or(0)
     }
 
+    /// `endpoint`'s last report if still fresh at `now` (one read of its cell).
+    fn fresh(&self, endpoint: EndpointId, now: std::time::Duration) -> Option<Reported> {
+        let r = self.slots.get(endpoint.index())?.get();
+        (r.valid && now.saturating_sub(r.at) <= self.max_age).then_some(r)
+    }
+
+    /// `local` corrected by the fresh report `fresh`.
     fn combine(
-        &self,
-        endpoint: EndpointId,
+        fresh: Option<&Reported>,
         local: EndpointLoad,
-        now: std::time::Duration,
         per_request: impl FnOnce() -> u64,
     ) -> EndpointLoad {
-        let Some(slot) = self.slots.get(endpoint.index()) else {
+        let Some(r) = fresh else {
             return local;
         };
-        let r = slot.get();
-        if !r.valid || now.saturating_sub(r.at) > self.max_age {
-            return local;
-        }
         let engine = i64::from(r.report.running) + i64::from(r.report.waiting);
         let delta = i64::from(local.in_flight) - i64::from(r.local_at_report.in_flight);
         let combined = (engine + delta).max(i64::from(local.in_flight));
@@ -329,20 +379,57 @@ pub struct CombinedLoad<'a, L: ?Sized> {
     now: std::time::Duration,
     /// This host's queued prefill tokens per request in flight: computed
     /// once per view, and only when an endpoint carries other hosts' requests.
-    per_request: std::cell::Cell<Option<u64>>,
+    per_request: MeanCell<'a>,
+}
+
+/// Where a [`CombinedLoad`] keeps its per-request mean.
+#[derive(Debug)]
+enum MeanCell<'a> {
+    Own(std::cell::Cell<Option<u64>>),
+    Shared(&'a std::cell::Cell<Option<u64>>),
+}
+
+impl MeanCell<'_> {
+    fn cell(&self) -> &std::cell::Cell<Option<u64>> {
+        match self {
+            Self::Own(c) => c,
+            Self::Shared(c) => c,
+        }
+    }
+}
+
+impl<L: Load + ?Sized> CombinedLoad<'_, L> {
+    /// This host's queued prefill tokens per request in flight (computed once).
+    fn per_request(&self) -> u64 {
+        let cell = self.per_request.cell();
+        if let Some(v) = cell.get() {
+            return v;
+        }
+        let v = self.reported.mean_prefill(self.local);
+        cell.set(Some(v));
+        v
+    }
 }
 
 impl<L: Load + ?Sized> Load for CombinedLoad<'_, L> {
     fn load(&self, endpoint: EndpointId) -> EndpointLoad {
-        self.reported
-            .combine(endpoint, self.local.load(endpoint), self.now, || {
-                if let Some(v) = self.per_request.get() {
-                    return v;
-                }
-                let v = self.reported.mean_prefill(self.local);
-                self.per_request.set(Some(v));
-                v
-            })
+        let fresh = self.reported.fresh(endpoint, self.now);
+        ReportedLoad::combine(fresh.as_ref(), self.local.load(endpoint), || {
+            self.per_request()
+        })
+    }
+
+    /// One read of the endpoint's report for both.
+    fn load_and_report(&self, endpoint: EndpointId) -> (EndpointLoad, Option<EngineReport>) {
+        let fresh = self.reported.fresh(endpoint, self.now);
+        let load = ReportedLoad::combine(fresh.as_ref(), self.local.load(endpoint), || {
+            self.per_request()
+        });
+        let report = match fresh {
+            Some(r) => Some(r.report),
+            None => self.local.report(endpoint),
+        };
+        (load, report)
     }
 
     /// The local view's counter: engine reports carry no charges (work they

@@ -150,6 +150,7 @@ fn terms(
         queued_tokens: queued,
         unseen_tokens: 0.0,
         spill_tokens: 0.0,
+        evict_tokens: 0.0,
         in_flight_tokens,
         ttft: queued + prefill,
         cost: queued + prefill + in_flight_tokens,

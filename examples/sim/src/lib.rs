@@ -218,8 +218,8 @@ pub struct RunArgs {
     /// in-flight view.
     #[arg(long, default_value_t = 1)]
     replicas: usize,
-    /// Poll the engines' running/waiting counts this often (ms; 0 = never).
-    /// Default: 100 ms with several replicas, never with one.
+    /// Poll the engines' running/waiting counts and KV capacity this often
+    /// (ms; 0 = never), as the gateway polls them. Default: 100 ms.
     #[arg(long)]
     load_poll_ms: Option<f64>,
     /// Replicas share their decisions (in-flight and predicted prefill
@@ -268,6 +268,10 @@ pub struct RunArgs {
     /// same instant only).
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().burst_window.as_secs_f64() * 1e3)]
     cost_burst_window_ms: f64,
+    /// `kv-exact`: prefill-token equivalent of a cached token evicted while
+    /// another worker has room for the request (0: off).
+    #[arg(long, default_value_t = kvroute_select::CostConfig::default().eviction_weight)]
+    cost_eviction_weight: f64,
     /// `kv-exact`: weight of the request's own uncached prefill.
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().prefill_weight)]
     cost_prefill_weight: f64,
@@ -457,9 +461,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let event_delay_us = (args.event_delay_ms * 1000.0).round() as u64;
     anyhow::ensure!(args.replicas >= 1, "--replicas must be at least 1");
-    let poll_ms = args
-        .load_poll_ms
-        .unwrap_or(if args.replicas > 1 { 100.0 } else { 0.0 });
+    let poll_ms = args.load_poll_ms.unwrap_or(100.0);
     anyhow::ensure!(
         poll_ms.is_finite() && poll_ms >= 0.0,
         "--load-poll-ms must be a non-negative number"
@@ -512,6 +514,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
                     burst_window: std::time::Duration::from_secs_f64(
                         (args.cost_burst_window_ms / 1e3).max(0.0),
                     ),
+                    eviction_weight: args.cost_eviction_weight,
                     ..kvroute_select::CostConfig::default()
                 },
                 predicted: !args.no_predicted,

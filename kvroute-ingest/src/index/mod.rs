@@ -104,6 +104,58 @@ struct Tail {
     used: bool,
 }
 
+/// An endpoint's keys, and the count of its GPU tier as last published:
+/// every write to the keys publishes it when its guard drops, so decisions
+/// read it without the lock ([`SharedIndex::gpu_blocks`]).
+struct EndpointSlot {
+    keys: Mutex<EndpointKeys>,
+    /// Live keys of the GPU tier.
+    gpu_blocks: AtomicU64,
+}
+
+impl EndpointSlot {
+    fn new(capacity: u64) -> Self {
+        Self {
+            keys: Mutex::new(EndpointKeys::new(capacity)),
+            gpu_blocks: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> SlotGuard<'_> {
+        SlotGuard {
+            keys: self.keys.lock(),
+            gpu_blocks: &self.gpu_blocks,
+        }
+    }
+}
+
+/// [`EndpointSlot`]'s lock: publishes the GPU tier's count when it drops.
+struct SlotGuard<'a> {
+    keys: parking_lot::MutexGuard<'a, EndpointKeys>,
+    gpu_blocks: &'a AtomicU64,
+}
+
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = EndpointKeys;
+    fn deref(&self) -> &EndpointKeys {
+        &self.keys
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut EndpointKeys {
+        &mut self.keys
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        let live = self.keys.live.get(Medium::Gpu.index()).copied();
+        self.gpu_blocks
+            .store(live.unwrap_or(0), std::sync::atomic::Ordering::Release);
+    }
+}
+
 impl EndpointKeys {
     fn new(capacity: u64) -> Self {
         Self {
@@ -260,7 +312,7 @@ impl EndpointKeys {
 /// ```
 pub struct SharedIndex {
     banks: Box<[Bank]>,
-    endpoints: Box<[Mutex<EndpointKeys>]>,
+    endpoints: Box<[EndpointSlot]>,
     /// Bits of a shard index (the shard count's log2).
     shard_bits: u32,
 }
@@ -303,7 +355,7 @@ impl SharedIndex {
         Self {
             banks,
             endpoints: (0..endpoints)
-                .map(|_| Mutex::new(EndpointKeys::new(capacity)))
+                .map(|_| EndpointSlot::new(capacity))
                 .collect(),
             shard_bits: shards.trailing_zeros(),
         }
@@ -356,6 +408,26 @@ impl SharedIndex {
         Ok(stats)
     }
 
+    /// Blocks endpoint `e`'s GPU tier holds (0 for no such slot). Read
+    /// without a lock: what the last write published.
+    ///
+    /// ```
+    /// use kvroute_core::{BlockKey, EndpointId, Medium};
+    /// use kvroute_ingest::{IndexConfig, SharedIndex};
+    ///
+    /// let index = SharedIndex::new(1, IndexConfig::default());
+    /// index.store(EndpointId(0), Medium::Gpu, &[BlockKey(1), BlockKey(2)])?;
+    /// index.store(EndpointId(0), Medium::Cpu, &[BlockKey(3)])?;
+    /// assert_eq!(index.gpu_blocks(EndpointId(0)), 2);
+    /// # Ok::<(), kvroute_ingest::IndexError>(())
+    /// ```
+    #[must_use]
+    pub fn gpu_blocks(&self, e: EndpointId) -> u64 {
+        self.endpoints.get(e.index()).map_or(0, |s| {
+            s.gpu_blocks.load(std::sync::atomic::Ordering::Acquire)
+        })
+    }
+
     /// Endpoint `e`'s bound in tier `medium` (`None`: unbounded or no such slot).
     #[must_use]
     pub fn capacity(&self, e: EndpointId, medium: Medium) -> Option<u64> {
@@ -380,7 +452,7 @@ impl SharedIndex {
             * (self.banks.first().map_or(0, |b| b.shards.len())
                 * (std::mem::size_of::<PaddedShard>() + 4 * table::SMALLEST_BYTES)
                 + RunTable::max_bytes())
-            + self.endpoints.len() * std::mem::size_of::<Mutex<EndpointKeys>>();
+            + self.endpoints.len() * std::mem::size_of::<EndpointSlot>();
         let mut total = fixed;
         for slot in self.endpoints.iter() {
             let slot = slot.lock();
@@ -404,7 +476,7 @@ impl SharedIndex {
         self.endpoints.len()
     }
 
-    fn locate(&self, e: EndpointId) -> Result<(&Bank, u32, &Mutex<EndpointKeys>), IndexError> {
+    fn locate(&self, e: EndpointId) -> Result<(&Bank, u32, &EndpointSlot), IndexError> {
         let err = || IndexError::UnknownEndpoint {
             endpoint: e,
             slots: self.endpoints.len(),

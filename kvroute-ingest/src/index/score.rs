@@ -404,6 +404,11 @@ impl InventoryView for SharedIndex {
         self.endpoints.len()
     }
 
+    fn gpu_blocks(&self, endpoint: usize) -> Option<u64> {
+        let e = kvroute_core::EndpointId(u32::try_from(endpoint).ok()?);
+        (endpoint < self.endpoints.len()).then(|| SharedIndex::gpu_blocks(self, e))
+    }
+
     fn score(&self, keys: &[BlockKey], out: &mut [Overlap]) {
         let n = self.endpoints.len().min(out.len());
         let out = out.get_mut(..n).unwrap_or_default();

@@ -215,6 +215,8 @@ proptest! {
                 let live = index.inventory(e).keys_by_medium[0];
                 prop_assert_eq!(live as i64, net[ep as usize], "{:?}", op);
                 prop_assert_eq!(index.keys(e, Medium::Gpu).len() as u64, live, "{:?}", op);
+                // What decisions read without the lock is the count.
+                prop_assert_eq!(index.gpu_blocks(e), live, "{:?}", op);
                 prop_assert!(live <= caps[ep as usize], "{:?}: {} > {}", op, live, caps[ep as usize]);
             }
         }

@@ -136,12 +136,13 @@ impl Rule {
         }
         let mut slotted = 0usize;
         let mut mismatched = 0usize;
-        for (((o, e), m), c) in d
+        for ((((o, e), m), c), held) in d
             .overlaps
             .iter_mut()
             .zip(&self.config.endpoints)
             .zip(d.mismatched.iter_mut())
             .zip(d.clears.iter_mut())
+            .zip(d.gpu_blocks.iter_mut())
         {
             let Some(slot) = e.inventory_slot.filter(|s| (*s as usize) < slots) else {
                 continue;
@@ -153,6 +154,7 @@ impl Rule {
             let health = view.health(slot as usize);
             *m = health.contract_mismatch;
             *c = health.clears;
+            *held = view.gpu_blocks(slot as usize);
             mismatched += usize::from(*m);
         }
         d.all_mismatched = slotted > 0 && mismatched == slotted;

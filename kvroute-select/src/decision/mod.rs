@@ -87,6 +87,9 @@ pub struct Decision {
     /// Each endpoint's inventory clears so far (predictions made before a
     /// clear are void).
     clears: Vec<u64>,
+    /// Blocks each endpoint's inventory holds in its GPU cache
+    /// ([`kvroute_ingest::InventoryView::gpu_blocks`]).
+    gpu_blocks: Vec<Option<u64>>,
     affinity_key: Option<u64>,
     key_miss: Option<MissReason>,
     miss: Option<MissReason>,
@@ -132,6 +135,7 @@ impl Decision {
         self.prompt_tokens = 0;
         fill(&mut self.mismatched, n, false);
         fill(&mut self.clears, n, 0);
+        fill(&mut self.gpu_blocks, n, None);
         self.all_mismatched = false;
         self.affinity_key = None;
         self.key_miss = None;
@@ -416,11 +420,12 @@ impl Rule {
         d.deciders = load.deciders();
         for (i, e) in crate::endpoint::enumerate(&self.config.endpoints) {
             let ix = i.index();
-            if let Some(l) = d.loads.get_mut(ix) {
-                *l = load.load(i);
+            let (l, r) = load.load_and_report(i);
+            if let Some(slot) = d.loads.get_mut(ix) {
+                *slot = l;
             }
-            if let Some(r) = d.reports.get_mut(ix) {
-                *r = load.report(i);
+            if let Some(slot) = d.reports.get_mut(ix) {
+                *slot = r;
             }
             let excluded = d.excluded.get(ix).copied().unwrap_or(true);
             let role = !pd || e.role.can_prefill();
@@ -450,7 +455,15 @@ impl Rule {
         }
         if let Some(drain) = &self.drain {
             let eps = &self.config.endpoints;
-            drain.observe(now, &mut d.loads, load, |i| {
+            // The reports just read carry the engines' prefill counters.
+            let reports = &d.reports;
+            let progress = |i: usize| match reports.get(i).copied().flatten() {
+                Some(EngineReport {
+                    prefill: Some(p), ..
+                }) => Some(p),
+                _ => load.prefill_progress(EndpointId(u32::try_from(i).unwrap_or(u32::MAX))),
+            };
+            drain.observe(now, &mut d.loads, load, progress, |i| {
                 eps.get(i)
                     .map_or(1, crate::endpoint::Endpoint::capacity_or_one)
             });
@@ -589,6 +602,7 @@ impl Rule {
             overlaps: &d.overlaps,
             speculative: &d.speculative,
             reports: &d.reports,
+            gpu_blocks: &d.gpu_blocks,
             keys: &d.keys,
             prompt_tokens: d.prompt_tokens,
             block_size: cfg.block_size,

@@ -217,12 +217,17 @@ pub struct ScoreTerms {
     /// spill a burst into (with other deciders; 0 in its own zone). Ranks
     /// candidates only: not part of `ttft`.
     pub spill_tokens: f64,
+    /// Cached tokens this placement would evict (weighted by
+    /// `eviction_weight`) while another candidate has room for the request;
+    /// 0 when no candidate has. Part of `cost` and of the affinity test,
+    /// not of `ttft`.
+    pub evict_tokens: f64,
     /// The in-flight term: `decode_tokens_per_request · in_flight`.
     pub in_flight_tokens: f64,
     /// Predicted time to first token: `(queued + prefill) / capacity`.
     pub ttft: f64,
-    /// What ranks candidates: `(queued + prefill + in_flight + spill) /
-    /// capacity`.
+    /// What ranks candidates: `(queued + prefill + in_flight + spill +
+    /// evict) / capacity`.
     pub cost: f64,
     /// The bounded-load cap admitted it (or no cap applied).
     pub under_cap: bool,

@@ -168,9 +168,22 @@ pub struct Candidate<'a> {
     /// The engine's own last report (running, waiting, KV usage, capacity),
     /// when the host polls it.
     pub report: Option<EngineReport>,
+    /// Blocks its inventory holds in the engine's GPU cache, when the view
+    /// counts them.
+    pub gpu_blocks: Option<u64>,
 }
 
 impl Candidate<'_> {
+    /// Free blocks in its GPU cache — the engine's reported capacity
+    /// ([`EngineReport::kv_capacity_blocks`]) less the blocks its inventory
+    /// holds — when both are known: new content beyond this evicts cached
+    /// blocks.
+    #[must_use]
+    pub fn gpu_room(&self) -> Option<u64> {
+        let capacity = self.report?.kv_capacity_blocks?;
+        Some(capacity.saturating_sub(self.gpu_blocks?))
+    }
+
     /// The cached prefix to credit: the engine-reported prefix or the
     /// predicted one, whichever is longer.
     #[must_use]
@@ -193,6 +206,7 @@ pub struct ScoreInput<'a> {
     pub(crate) overlaps: &'a [Overlap],
     pub(crate) speculative: &'a [u32],
     pub(crate) reports: &'a [Option<EngineReport>],
+    pub(crate) gpu_blocks: &'a [Option<u64>],
     pub(crate) keys: &'a [BlockKey],
     /// Prompt length in tokens.
     pub prompt_tokens: u32,
@@ -247,6 +261,7 @@ impl<'a> ScoreInput<'a> {
             predicted_prefix: self.speculative.get(index).copied().unwrap_or(0),
             load,
             report: self.reports.get(index).copied().flatten(),
+            gpu_blocks: self.gpu_blocks.get(index).copied().flatten(),
         }
     }
 

@@ -20,6 +20,10 @@ pub(crate) struct RouterView<'a> {
     /// Without the engines' reports: every replica's own accounting only
     /// (what a report is compared with, so nothing is counted twice).
     replicas_only: bool,
+    /// The local view's mean queued prefill per request, which every
+    /// endpoint's engine-report correction reads: once per view, not once
+    /// per endpoint (that made a decision quadratic in the endpoints).
+    mean_prefill: std::cell::Cell<Option<u64>>,
 }
 
 impl<'a> RouterView<'a> {
@@ -28,6 +32,7 @@ impl<'a> RouterView<'a> {
             shared,
             now,
             replicas_only: false,
+            mean_prefill: std::cell::Cell::new(None),
         }
     }
 
@@ -36,6 +41,7 @@ impl<'a> RouterView<'a> {
             shared,
             now,
             replicas_only: true,
+            mean_prefill: std::cell::Cell::new(None),
         }
     }
 }
@@ -48,10 +54,36 @@ impl Load for RouterView<'_> {
             (Some(r), true) => r.remote().view(tracker, self.now).load(endpoint),
             (Some(r), false) => {
                 let local = r.remote().view(tracker, self.now);
-                s.reported.view(&local, self.now).load(endpoint)
+                s.reported
+                    .view_sharing_mean(&local, self.now, &self.mean_prefill)
+                    .load(endpoint)
             }
             (None, true) => tracker.load(endpoint),
-            (None, false) => s.reported.view(tracker, self.now).load(endpoint),
+            (None, false) => s
+                .reported
+                .view_sharing_mean(tracker, self.now, &self.mean_prefill)
+                .load(endpoint),
+        }
+    }
+
+    /// One read of the endpoint's report cell for both (a decision asks
+    /// for both of every endpoint).
+    fn load_and_report(&self, endpoint: EndpointId) -> (EndpointLoad, Option<EngineReport>) {
+        let s = self.shared;
+        let tracker = &*s.tracker;
+        match (&s.replicas, self.replicas_only) {
+            (Some(r), true) => (r.remote().view(tracker, self.now).load(endpoint), None),
+            (Some(r), false) => {
+                let local = r.remote().view(tracker, self.now);
+                s.reported
+                    .view_sharing_mean(&local, self.now, &self.mean_prefill)
+                    .load_and_report(endpoint)
+            }
+            (None, true) => (tracker.load(endpoint), None),
+            (None, false) => s
+                .reported
+                .view_sharing_mean(tracker, self.now, &self.mean_prefill)
+                .load_and_report(endpoint),
         }
     }
 
@@ -121,6 +153,10 @@ impl InventoryView for RouterView<'_> {
         // The published cell, not the ingest's lock: an event batch being
         // applied holds that for as long as its writes take.
         s.health.get()
+    }
+
+    fn gpu_blocks(&self, endpoint: usize) -> Option<u64> {
+        InventoryView::gpu_blocks(&*self.shared.index, endpoint)
     }
 }
 
@@ -197,5 +233,46 @@ mod tests {
                 .flatten(),
             Some(EndpointId(1))
         );
+    }
+
+    /// Every endpoint whose engine reports requests this router did not send
+    /// needs the router's mean queued prefill per request, a pass over every
+    /// endpoint: one view computes it once for all endpoints (once per
+    /// endpoint would make a decision quadratic in the endpoints).
+    #[test]
+    fn one_view_computes_the_mean_prefill_per_request_once() {
+        use kvroute_select::{EngineReport, Load};
+
+        let engine: Arc<dyn Engine> = Arc::new(HostEngine);
+        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
+            .no_engine_load()
+            .no_health_probes();
+        for e in 0..3 {
+            b = b.endpoint(Backend::new(Arc::clone(&engine), format!("http://e{e}")).host_events());
+        }
+        let router = b.build().expect("router");
+        let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
+        // This router's own request on endpoint 0 gives the mean its value.
+        let mine = router.pick_keys(&keys, 32).expect("pick");
+        let busy = mine.endpoint_id().expect("an endpoint");
+        for e in 0..3u32 {
+            let report = EngineReport {
+                running: 2,
+                ..EngineReport::default()
+            };
+            router.report_engine_load_at(EndpointId(e), report);
+        }
+        let shared = &router.shared;
+        let view = super::RouterView::new(shared, shared.now());
+        let quiet = EndpointId((busy.0 + 1) % 3);
+        let first = view.load(quiet);
+        assert!(first.queued_prefill_tokens > 0, "{first:?}");
+        let kept = view.mean_prefill.get();
+        assert!(kept.is_some(), "the view did not keep the mean");
+        // The mean already computed serves the next endpoint and the fused read.
+        let other = EndpointId((busy.0 + 2) % 3);
+        assert_eq!(view.load_and_report(other).0, view.load(other));
+        assert_eq!(view.mean_prefill.get(), kept);
+        drop(mine);
     }
 }

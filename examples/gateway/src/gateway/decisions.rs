@@ -319,6 +319,7 @@ fn endpoint_json(i: usize, r: &EndpointExplain, url: Value) -> Value {
             "queued_tokens": t.queued_tokens,
             "unseen_tokens": t.unseen_tokens,
             "spill_tokens": t.spill_tokens,
+            "evict_tokens": t.evict_tokens,
             "in_flight_tokens": t.in_flight_tokens,
             "ttft": t.ttft,
             "cost": t.cost,

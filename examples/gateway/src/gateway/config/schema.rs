@@ -490,6 +490,7 @@ pub struct RuleDoc {
 /// decode_tokens_per_request = 128   # ranks endpoints by requests in flight (default 128)
 /// load_factor = 1.25          # bounded-load cap factor (inf: no cap)
 /// load_headroom = 4
+/// eviction_weight = 1         # cost of a cached token evicted while another cache has room (0: off)
 /// ```
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -521,6 +522,12 @@ pub struct CostDoc {
     /// Drain the queued prefill at the measured rate (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_queue: Option<bool>,
+    /// Prefill-token equivalent of one cached token a placement evicts
+    /// while another endpoint's cache has room for the request (default 1;
+    /// 0: off). Needs the engines' reported KV capacity
+    /// (`limits.engine_load_poll_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction_weight: Option<f64>,
 }
 
 /// One `[[rules.lora]]` entry: vLLM's `--lora-modules <model>=<path>`.

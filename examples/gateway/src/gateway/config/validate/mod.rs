@@ -628,6 +628,9 @@ fn cost_config(doc: Option<&CostDoc>, at: &str) -> Result<CostConfig, ConfigErro
     if let Some(d) = doc.drain_queue {
         cfg.drain_queue = d;
     }
+    if let Some(x) = number("eviction_weight", doc.eviction_weight, 0.0, 100.0)? {
+        cfg.eviction_weight = x;
+    }
     Ok(cfg)
 }
 

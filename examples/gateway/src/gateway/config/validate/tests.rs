@@ -165,7 +165,7 @@ impl Built {
 fn rules_cost_sets_the_cost_scorer_and_is_validated() {
     assert_eq!(scorer_with("").unwrap(), Built::Cost(CostConfig::default()));
     assert_eq!(
-        scorer_with("[rules.cost]\naffinity_tokens = 256\naffinity_slack = 0.2\nload_factor = inf\nload_headroom = 4\ndrain_queue = false")
+        scorer_with("[rules.cost]\naffinity_tokens = 256\naffinity_slack = 0.2\nload_factor = inf\nload_headroom = 4\ndrain_queue = false\neviction_weight = 0")
         .unwrap(),
         Built::Cost(CostConfig {
             affinity_tokens: 256.0,
@@ -173,6 +173,7 @@ fn rules_cost_sets_the_cost_scorer_and_is_validated() {
             load_factor: f64::INFINITY,
             load_headroom: 4,
             drain_queue: false,
+            eviction_weight: 0.0,
             ..CostConfig::default()
         })
     );
@@ -190,6 +191,11 @@ fn rules_cost_sets_the_cost_scorer_and_is_validated() {
         (
             "[rules.cost]\nprefill_weight = 0.5",
             "prefill_weight",
+            "out of range",
+        ),
+        (
+            "[rules.cost]\neviction_weight = -1",
+            "eviction_weight",
             "out of range",
         ),
         (
