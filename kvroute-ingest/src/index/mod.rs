@@ -104,27 +104,22 @@ struct Tail {
     used: bool,
 }
 
-/// An endpoint's keys, and the count of its GPU tier as last published:
+/// An endpoint's keys, with the cell its GPU-tier count is published to:
 /// every write to the keys publishes it when its guard drops, so decisions
-/// read it without the lock ([`SharedIndex::gpu_blocks`]).
-struct EndpointSlot {
-    keys: Mutex<EndpointKeys>,
-    /// Live keys of the GPU tier.
-    gpu_blocks: AtomicU64,
+/// read it without the lock ([`SharedIndex::gpu_blocks`]). The cells sit in
+/// one array of their own: a decision reads every endpoint's, and one cache
+/// line then serves eight endpoints.
+#[derive(Clone, Copy)]
+struct EndpointSlot<'a> {
+    keys: &'a Mutex<EndpointKeys>,
+    gpu_blocks: &'a AtomicU64,
 }
 
-impl EndpointSlot {
-    fn new(capacity: u64) -> Self {
-        Self {
-            keys: Mutex::new(EndpointKeys::new(capacity)),
-            gpu_blocks: AtomicU64::new(0),
-        }
-    }
-
+impl EndpointSlot<'_> {
     fn lock(&self) -> SlotGuard<'_> {
         SlotGuard {
             keys: self.keys.lock(),
-            gpu_blocks: &self.gpu_blocks,
+            gpu_blocks: self.gpu_blocks,
         }
     }
 }
@@ -312,7 +307,9 @@ impl EndpointKeys {
 /// ```
 pub struct SharedIndex {
     banks: Box<[Bank]>,
-    endpoints: Box<[EndpointSlot]>,
+    endpoints: Box<[Mutex<EndpointKeys>]>,
+    /// Each endpoint's GPU-tier count as its last write published it.
+    gpu_blocks: Box<[AtomicU64]>,
     /// Bits of a shard index (the shard count's log2).
     shard_bits: u32,
 }
@@ -355,8 +352,9 @@ impl SharedIndex {
         Self {
             banks,
             endpoints: (0..endpoints)
-                .map(|_| EndpointSlot::new(capacity))
+                .map(|_| Mutex::new(EndpointKeys::new(capacity)))
                 .collect(),
+            gpu_blocks: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
             shard_bits: shards.trailing_zeros(),
         }
     }
@@ -423,9 +421,9 @@ impl SharedIndex {
     /// ```
     #[must_use]
     pub fn gpu_blocks(&self, e: EndpointId) -> u64 {
-        self.endpoints.get(e.index()).map_or(0, |s| {
-            s.gpu_blocks.load(std::sync::atomic::Ordering::Acquire)
-        })
+        self.gpu_blocks
+            .get(e.index())
+            .map_or(0, |c| c.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// Endpoint `e`'s bound in tier `medium` (`None`: unbounded or no such slot).
@@ -452,7 +450,7 @@ impl SharedIndex {
             * (self.banks.first().map_or(0, |b| b.shards.len())
                 * (std::mem::size_of::<PaddedShard>() + 4 * table::SMALLEST_BYTES)
                 + RunTable::max_bytes())
-            + self.endpoints.len() * std::mem::size_of::<EndpointSlot>();
+            + self.endpoints.len() * (std::mem::size_of::<Mutex<EndpointKeys>>() + 8);
         let mut total = fixed;
         for slot in self.endpoints.iter() {
             let slot = slot.lock();
@@ -476,12 +474,15 @@ impl SharedIndex {
         self.endpoints.len()
     }
 
-    fn locate(&self, e: EndpointId) -> Result<(&Bank, u32, &EndpointSlot), IndexError> {
+    fn locate(&self, e: EndpointId) -> Result<(&Bank, u32, EndpointSlot<'_>), IndexError> {
         let err = || IndexError::UnknownEndpoint {
             endpoint: e,
             slots: self.endpoints.len(),
         };
-        let slot = self.endpoints.get(e.index()).ok_or_else(err)?;
+        let slot = EndpointSlot {
+            keys: self.endpoints.get(e.index()).ok_or_else(err)?,
+            gpu_blocks: self.gpu_blocks.get(e.index()).ok_or_else(err)?,
+        };
         let bank = self.banks.get(e.index() / BANK_WIDTH).ok_or_else(err)?;
         Ok((bank, (e.index() % BANK_WIDTH) as u32, slot))
     }

@@ -457,10 +457,10 @@ impl Rule {
             let eps = &self.config.endpoints;
             // The reports just read carry the engines' prefill counters.
             let reports = &d.reports;
-            let progress = |i: usize| match reports.get(i).copied().flatten() {
+            let progress = |i: usize| match reports.get(i).and_then(Option::as_ref) {
                 Some(EngineReport {
                     prefill: Some(p), ..
-                }) => Some(p),
+                }) => Some(*p),
                 _ => load.prefill_progress(EndpointId(u32::try_from(i).unwrap_or(u32::MAX))),
             };
             drain.observe(now, &mut d.loads, load, progress, |i| {

@@ -427,28 +427,22 @@ fn spill_order(rank: usize, owner: usize) -> f64 {
 }
 
 /// The cost model's per-decision constants.
-struct Model<'c> {
+/// `ROOM`: some candidate has room for the request and the cache-room term
+/// applies.
+struct Model<'c, const ROOM: bool> {
     cfg: &'c CostConfig,
     unseen: Unseen,
     cached: CachedMemo,
     prompt: f64,
-    /// Prefill-token equivalent of a cached token evicted, while some
-    /// candidate has room for the request (0: no candidate has).
-    evict_weight: f64,
 }
 
-impl<'c> Model<'c> {
-    fn new(cfg: &'c CostConfig, input: &ScoreInput<'_>, room_somewhere: bool) -> Self {
+impl<'c, const ROOM: bool> Model<'c, ROOM> {
+    fn new(cfg: &'c CostConfig, input: &ScoreInput<'_>) -> Self {
         Self {
             cfg,
             unseen: Unseen::new(input),
             cached: CachedMemo::default(),
             prompt: f64::from(input.prompt_tokens),
-            evict_weight: if room_somewhere {
-                cfg.eviction_weight.max(0.0)
-            } else {
-                0.0
-            },
         }
     }
 
@@ -473,12 +467,12 @@ impl<'c> Model<'c> {
         let decode = cfg.decode_tokens_per_request.max(0.0) * f64::from(load.in_flight);
         let own = cfg.prefill_weight.max(1.0) * uncached;
         let cap = f64::from(capacity.max(1));
-        let evict = if self.evict_weight > 0.0 {
+        let evict = if ROOM {
             c.gpu_room().map_or(0.0, |room| {
                 let over = written_blocks(input, prefix).saturating_sub(room);
                 #[allow(clippy::cast_precision_loss)]
                 let tokens = (over * u64::from(input.block_size)) as f64;
-                self.evict_weight * tokens
+                cfg.eviction_weight * tokens
             })
         } else {
             0.0
@@ -539,6 +533,22 @@ fn pick_cost(
     cfg: &CostConfig,
     input: &ScoreInput<'_>,
     gate: Gate,
+    out: Option<&mut ScoreExplain<'_>>,
+) -> ScorePick {
+    // Busy fleets' caches are full: their decisions run the loop without
+    // the cache-room term at all (it is 0 there).
+    if gate.room_somewhere && cfg.eviction_weight > 0.0 {
+        pick_cost_with::<true>(cfg, input, gate, out)
+    } else {
+        pick_cost_with::<false>(cfg, input, gate, out)
+    }
+}
+
+/// [`pick_cost`] with (`ROOM`) or without the cache-room term.
+fn pick_cost_with<const ROOM: bool>(
+    cfg: &CostConfig,
+    input: &ScoreInput<'_>,
+    gate: Gate,
     mut out: Option<&mut ScoreExplain<'_>>,
 ) -> ScorePick {
     let (best_figure, bound) = (gate.best, gate.bound);
@@ -550,7 +560,7 @@ fn pick_cost(
         && input
             .candidates()
             .any(|c| admits(c.load.in_flight, c.capacity()));
-    let mut model = Model::new(cfg, input, gate.room_somewhere);
+    let mut model = Model::<ROOM>::new(cfg, input);
     let n = input.endpoint_count().max(1);
     let turn = usize::try_from(input.turn % n as u64).unwrap_or(0);
     let band = cfg.tie_tokens.max(0.0);
