@@ -420,7 +420,8 @@ fn implausible_receipts_are_refused() {
 }
 
 /// The cost scorer's reference model: among endpoints under the bounded-load
-/// cap, the least cost wins; the longest prefix is kept within the slack.
+/// cap, the least cost wins; the longest prefix, when one candidate alone
+/// holds it, is kept within the slack.
 fn model_pick(
     prefixes: &[u32],
     loads: &[EndpointLoad],
@@ -464,6 +465,12 @@ fn model_pick(
                 a
             }
         });
+    // A longest prefix several candidates hold is replicated (a shared
+    // system prompt), not one conversation's history: the least cost wins.
+    let holders = cands.iter().filter(|&&i| prefixes[i] == longest).count();
+    if holders > 1 {
+        return (None, best);
+    }
     let keeps = |t: f64| longest_ttft <= t * (1.0 + cfg.affinity_slack) + cfg.affinity_tokens;
     if best_ttfts.iter().all(|&t| keeps(t)) {
         (Some(longest), best_of_longest)
@@ -731,4 +738,55 @@ fn a_burst_decided_on_several_threads_at_once_co_locates() {
         }
     }
     assert_eq!(split, 0, "{split} of 300 simultaneous bursts split");
+}
+
+/// A shared system prompt two endpoints hold is not one conversation's
+/// history: a fresh conversation goes to the cheapest endpoint even when
+/// that one must prefill the prompt, instead of being kept on a holder by
+/// the affinity slack. (Kept, an engine that missed the prompt at the start
+/// gets no fresh conversation until the holders' queues outweigh it.) A
+/// history only one endpoint holds is kept under the same loads.
+#[test]
+fn a_prefix_several_endpoints_hold_gets_no_affinity() {
+    let (r, c) = rule(3, |x| x.predicted.capacity = 0);
+    let root = chain(20, 4);
+    let mut keys = root.clone();
+    keys.extend(chain(21, 36));
+    let busy = |n: u32| {
+        let mut load = LoadTable::new(3);
+        for e in 0..n {
+            load.set(
+                EndpointId(e),
+                EndpointLoad {
+                    in_flight: 3,
+                    queued_prefill_tokens: 0,
+                },
+            );
+        }
+        load
+    };
+    // Holders: ttft 576 (within the slack of the idle endpoint's 640), cost
+    // 576 + 3 × 128 = 960 against 640.
+    let mut shared = KeySetInventory::new(3);
+    shared.store(0, root.iter().copied());
+    shared.store(1, root.iter().copied());
+    let d = decide(
+        &r,
+        req(&keys, &c, 40 * BS),
+        &shared,
+        &busy(2),
+        Duration::ZERO,
+    );
+    assert_eq!(d.target().unwrap().endpoint.0, 2);
+    // One holder of the same prefix: its history, kept.
+    let mut alone = KeySetInventory::new(3);
+    alone.store(0, root.iter().copied());
+    let d = decide(
+        &r,
+        req(&keys, &c, 40 * BS),
+        &alone,
+        &busy(1),
+        Duration::ZERO,
+    );
+    assert_eq!(d.target().unwrap().endpoint.0, 0);
 }

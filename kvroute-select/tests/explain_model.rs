@@ -89,7 +89,8 @@ fn model_terms(e: &Ep, prompt: u32, under: bool) -> ModelTerms {
 
 /// The cost scorer's pick over `cand` (indices), as documented: cheapest
 /// under the bounded-load cap (ties: lower utilisation, then the rotating
-/// turn), the longest prefix under the cap kept within the affinity slack.
+/// turn), the longest prefix under the cap, when one candidate alone holds
+/// it, kept within the affinity slack.
 fn model_cost(p: &Params, r: &Req, cand: &[usize], turn: u64) -> Option<ModelPick> {
     let prompt = r.blocks * BS + r.extra;
     let n = r.eps.len() as u64;
@@ -134,8 +135,14 @@ fn model_cost(p: &Params, r: &Req, cand: &[usize], turn: u64) -> Option<ModelPic
     }
     let (cheapest, bt, _, _) = best?;
     let (li, lt, lp) = longest?;
-    let keep =
-        lp > r.eps[cheapest].held && lt.ttft <= bt.ttft * (1.0 + p.slack) + p.affinity_tokens;
+    // Held by more than one candidate under the cap: replicated, not kept.
+    let holders = cand
+        .iter()
+        .filter(|i| terms[**i].is_some_and(|t: ModelTerms| t.under) && r.eps[**i].held == lp)
+        .count();
+    let keep = lp > r.eps[cheapest].held
+        && holders == 1
+        && lt.ttft <= bt.ttft * (1.0 + p.slack) + p.affinity_tokens;
     Some(ModelPick {
         winner: if keep { li } else { cheapest },
         cheapest,

@@ -21,7 +21,8 @@ use crate::pool::LoadBound;
 ///            ) / capacity_e
 /// cost_e   = ttft_e + (decode_tokens_per_request · in_flight_e + evict_e) / capacity_e
 /// winner   = argmin cost_e among endpoints under the cap, except: the
-///            longest-prefix endpoint L is kept while
+///            longest-prefix endpoint L, when no other candidate holds as
+///            long a prefix, is kept while
 ///            ttft_L ≤ (1 + affinity_slack) · ttft_winner + affinity_tokens
 ///            (each plus evict_e while a cache has room: see "Cache room")
 /// ```
@@ -40,7 +41,13 @@ use crate::pool::LoadBound;
 ///   `affinity_tokens` (absolute) of the winner's: a move re-prefills the
 ///   history elsewhere and keeps two copies, and a chat turn's own prefill is
 ///   a few dozen tokens, so a relative slack alone would let small queue
-///   differences spread one conversation over the fleet.
+///   differences spread one conversation over the fleet. A longest prefix
+///   that several candidates hold is replicated (a shared system prompt),
+///   not one conversation's history: the least cost decides, which already
+///   counts the prefill an endpoint without it would add. Kept anyway, it
+///   locks out an engine that missed the prompt at the start: every fresh
+///   conversation stays on the engines holding it until their queues
+///   outweigh it plus the slack.
 /// * **Cache room.** While some candidate's cache has room for the blocks
 ///   this request would write there (its uncached blocks, against the
 ///   engine's reported capacity less the blocks its inventory holds,
@@ -567,6 +574,9 @@ fn pick_cost_with<const ROOM: bool>(
     // (index, terms, utilisation, tie rank, prefix)
     let mut best: Option<(usize, CostTerms, f64, usize, u32)> = None;
     let mut longest: Option<(usize, CostTerms, u32)> = None;
+    // Candidates holding the longest prefix: more than one means it is
+    // replicated (a shared system prompt), not one conversation's history.
+    let mut holders = 0u32;
     let mut refused = 0u32;
     for c in input.candidates() {
         let (i, l, cap) = (c.index, c.load, c.capacity());
@@ -598,6 +608,11 @@ fn pick_cost_with<const ROOM: bool>(
         if better {
             best = Some((i, terms, util, rank, prefix));
         }
+        match longest {
+            Some((_, _, lp)) if prefix == lp => holders += 1,
+            Some((_, _, lp)) if prefix < lp => {}
+            _ => holders = 1,
+        }
         let longer = match longest {
             None => true,
             Some((_, lt, lp)) => prefix > lp || (prefix == lp && cost < lt.cost),
@@ -618,7 +633,7 @@ fn pick_cost_with<const ROOM: bool>(
     let mut verdict = Verdict::Cheapest;
     if let Some((li, lt, lp)) = longest {
         let (lc, best_cost) = (lt.ttft + lt.evict, best_terms.ttft);
-        if lp > prefix && lc <= affinity_bound {
+        if lp > prefix && holders == 1 && lc <= affinity_bound {
             index = li;
             prefix = lp;
             verdict = Verdict::AffinityKept;
