@@ -63,7 +63,7 @@ use crate::pool::LoadBound;
 ///   Without it, fresh conversations over a shared root go to the few
 ///   endpoints that hold the root while the fleet has idle caches, fill
 ///   theirs and evict conversations they would have served from cache (on
-///   a lightly loaded fleet of 128 engines, a hit ratio of 0.61 of the
+///   a lightly loaded fleet of 128 engines, a hit ratio of 0.58 of the
 ///   pooled bound). A conversation's next turn writes little and stays
 ///   with its history. With no room anywhere (a busy fleet's caches are
 ///   full) or no capacity reported, the term is 0 and nothing changes.
