@@ -413,10 +413,7 @@ impl<L: Load + ?Sized> CombinedLoad<'_, L> {
 
 impl<L: Load + ?Sized> Load for CombinedLoad<'_, L> {
     fn load(&self, endpoint: EndpointId) -> EndpointLoad {
-        let fresh = self.reported.fresh(endpoint, self.now);
-        ReportedLoad::combine(fresh.as_ref(), self.local.load(endpoint), || {
-            self.per_request()
-        })
+        self.load_and_report(endpoint).0
     }
 
     /// One read of the endpoint's report for both.

@@ -83,6 +83,22 @@ fn pick(r: &Rule, c: &ContractId, keys: &[BlockKey], view: &Held, load: &Reporte
     d.target().expect("a target").endpoint.0
 }
 
+/// Two idle endpoints reporting [`CAPACITY`]: endpoint 0 holds `held` and
+/// its cache `blocks0` blocks, endpoint 1's cache is empty.
+fn two_endpoints(held: &[BlockKey], blocks0: u64) -> (Held, Reported) {
+    let mut inv = KeySetInventory::new(2);
+    inv.store(0, held.iter().copied());
+    let view = Held {
+        inv,
+        blocks: vec![blocks0, 0],
+    };
+    let load = Reported {
+        loads: LoadTable::new(2),
+        capacity: Some(CAPACITY),
+    };
+    (view, load)
+}
+
 /// Endpoint 0 holds a shared root (4 blocks) and its cache is full;
 /// endpoint 1's is empty. A new 40-block conversation would evict 36
 /// cached blocks on endpoint 0 and nothing on endpoint 1: it goes to 1,
@@ -92,16 +108,7 @@ fn a_new_conversation_goes_where_the_cache_has_room() {
     let root = chain(1, 4);
     let mut keys = root.clone();
     keys.extend(chain(2, 36));
-    let mut inv = KeySetInventory::new(2);
-    inv.store(0, root.iter().copied());
-    let view = Held {
-        inv,
-        blocks: vec![CAPACITY, 0],
-    };
-    let load = Reported {
-        loads: LoadTable::new(2),
-        capacity: Some(CAPACITY),
-    };
+    let (view, load) = two_endpoints(&root, CAPACITY);
     let (with, c) = rule(2, 1.0);
     assert_eq!(pick(&with, &c, &keys, &view, &load), 1);
     let (without, c) = rule(2, 0.0);
@@ -114,16 +121,7 @@ fn a_new_conversation_goes_where_the_cache_has_room() {
 #[test]
 fn a_conversation_stays_with_its_history_on_a_full_cache() {
     let keys = chain(3, 40);
-    let mut inv = KeySetInventory::new(2);
-    inv.store(0, keys[..36].iter().copied());
-    let view = Held {
-        inv,
-        blocks: vec![CAPACITY, 0],
-    };
-    let load = Reported {
-        loads: LoadTable::new(2),
-        capacity: Some(CAPACITY),
-    };
+    let (view, load) = two_endpoints(&keys[..36], CAPACITY);
     let (r, c) = rule(2, 1.0);
     assert_eq!(pick(&r, &c, &keys, &view, &load), 0);
 }
@@ -134,16 +132,7 @@ fn the_explanation_shows_the_evicted_tokens() {
     let root = chain(4, 4);
     let mut keys = root.clone();
     keys.extend(chain(5, 36));
-    let mut inv = KeySetInventory::new(2);
-    inv.store(0, root.iter().copied());
-    let view = Held {
-        inv,
-        blocks: vec![CAPACITY - 6, 0],
-    };
-    let load = Reported {
-        loads: LoadTable::new(2),
-        capacity: Some(CAPACITY),
-    };
+    let (view, load) = two_endpoints(&root, CAPACITY - 6);
     let (r, c) = rule(2, 1.0);
     let req = Request::new(PromptInput::Keys {
         keys: &keys,

@@ -48,22 +48,7 @@ impl<'a> RouterView<'a> {
 
 impl Load for RouterView<'_> {
     fn load(&self, endpoint: EndpointId) -> EndpointLoad {
-        let s = self.shared;
-        let tracker = &*s.tracker;
-        match (&s.replicas, self.replicas_only) {
-            (Some(r), true) => r.remote().view(tracker, self.now).load(endpoint),
-            (Some(r), false) => {
-                let local = r.remote().view(tracker, self.now);
-                s.reported
-                    .view_sharing_mean(&local, self.now, &self.mean_prefill)
-                    .load(endpoint)
-            }
-            (None, true) => tracker.load(endpoint),
-            (None, false) => s
-                .reported
-                .view_sharing_mean(tracker, self.now, &self.mean_prefill)
-                .load(endpoint),
-        }
+        self.load_and_report(endpoint).0
     }
 
     /// One read of the endpoint's report cell for both (a decision asks
