@@ -25,7 +25,9 @@
 //!   through each other's load: each replica's batch
 //!   ([`KvRouter::drain_replica_batch`]) reaches the others
 //!   ([`KvRouter::apply_replica_batch`]) `replica_sync_us` later;
-//! * the peers' policies ([`super::peers`]) are scorers of the same runtime.
+//! * the peers' policies ([`super::peers`]) are scorers of the same runtime;
+//!   they read the engines' gauges every `peer_poll_us` (their own scrape
+//!   interval), or exactly at each decision with `peer_poll_us = 0`.
 //!
 //! Time is simulated microseconds; nothing reads a clock. Events at the same
 //! instant run in a fixed order — request completions, first tokens, event
@@ -85,6 +87,12 @@ pub struct FleetConfig {
     /// Replicas share their load with each other, each batch arriving this
     /// long after the change (0: they do not share).
     pub replica_sync_us: u64,
+    /// The peers' policies read the engines' gauges this often instead of
+    /// every `load_poll_us` — their own scrape interval (llm-d's endpoint
+    /// picker refreshes every 50 ms by default). 0: exactly at each
+    /// decision, including what other replicas placed at the same instant,
+    /// which no scrape can see.
+    pub peer_poll_us: u64,
 }
 
 /// A policy that could not run.
@@ -303,8 +311,9 @@ impl Sim<'_> {
         if let Some(c) = self.cfg.concurrency {
             ready.extend(std::iter::repeat_n(0, (c.max(1) as usize).min(total)));
         }
-        if self.cfg.load_poll_us > 0 {
-            self.push_timed(self.cfg.load_poll_us, POLL, 0, 0);
+        let poll_us = self.poll_us();
+        if poll_us > 0 {
+            self.push_timed(poll_us, POLL, 0, 0);
         }
         loop {
             let arrival = if next >= total {
@@ -350,7 +359,7 @@ impl Sim<'_> {
                     }
                     _ => {
                         self.poll(t);
-                        self.push_timed(t + self.cfg.load_poll_us, POLL, 0, 0);
+                        self.push_timed(t + poll_us, POLL, 0, 0);
                     }
                 }
             } else if delivery == Some(t) {
@@ -399,6 +408,15 @@ impl Sim<'_> {
     fn push_timed(&mut self, t: u64, kind: u8, w: u32, r: u32) {
         self.timed_seq += 1;
         self.timed.push(Reverse((t, kind, self.timed_seq, w, r)));
+    }
+
+    /// How often the replicas read the engines' gauges (0: never).
+    fn poll_us(&self) -> u64 {
+        if self.policy.is_peer() && self.cfg.peer_poll_us > 0 {
+            self.cfg.peer_poll_us
+        } else {
+            self.cfg.load_poll_us
+        }
     }
 
     /// What worker `w` reports of itself at `t` (what a metrics poll reads).
@@ -503,8 +521,8 @@ impl Sim<'_> {
         if let Some(x) = self.request_replica.get_mut(r) {
             *x = u32::try_from(k).unwrap_or(0);
         }
-        if self.policy.is_peer() {
-            // The peers read the engines' gauges at decision time.
+        if self.policy.is_peer() && self.cfg.peer_poll_us == 0 {
+            // Exact gauges at decision time (`peer_poll_us` 0).
             for (w, worker) in self.workers.iter_mut().enumerate() {
                 let report = Self::gauge(worker, t);
                 if let Some(rep) = self.replicas.get(k) {

@@ -227,6 +227,11 @@ pub struct RunArgs {
     /// not share). Default: 1 ms with several replicas.
     #[arg(long)]
     replica_sync_ms: Option<f64>,
+    /// The peers' policies read the engines' gauges this often (ms), as
+    /// their own scrapers do (llm-d's endpoint picker: 50 ms); 0 = exactly at
+    /// each decision, seeing what other replicas placed at the same instant.
+    #[arg(long, default_value_t = DEFAULT_PEER_POLL_MS)]
+    peer_poll_ms: f64,
     /// Fraction of KV event batches lost (0..1).
     #[arg(long, default_value_t = 0.0)]
     event_loss: f64,
@@ -304,6 +309,11 @@ pub struct RunArgs {
 
 /// Default KV event delay of `kvroute sim run`, ms (see `--event-delay-ms`).
 pub const DEFAULT_EVENT_DELAY_MS: f64 = 20.06;
+
+/// Default gauge scrape interval of the peers' policies, ms (see
+/// `--peer-poll-ms`): llm-d's endpoint picker's `--refresh-metrics-interval`
+/// default, and its minimum.
+pub const DEFAULT_PEER_POLL_MS: f64 = 50.0;
 
 /// Runs `kvroute sim`.
 pub fn run(args: &SimArgs) -> ExitCode {
@@ -423,6 +433,8 @@ pub fn simulate_all(
             load_poll_ms: f.load_poll_us as f64 / 1000.0,
             #[allow(clippy::cast_precision_loss)]
             replica_sync_ms: f.replica_sync_us as f64 / 1000.0,
+            #[allow(clippy::cast_precision_loss)]
+            peer_poll_ms: f.peer_poll_us as f64 / 1000.0,
         },
         policies: Vec::with_capacity(plan.policies.len()),
     };
@@ -477,6 +489,12 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
     );
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let replica_sync_us = (sync_ms * 1000.0).round() as u64;
+    anyhow::ensure!(
+        args.peer_poll_ms.is_finite() && args.peer_poll_ms >= 0.0,
+        "--peer-poll-ms must be a non-negative number"
+    );
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let peer_poll_us = (args.peer_poll_ms * 1000.0).round() as u64;
     Ok(RunPlan {
         fleet: FleetConfig {
             workers: args.workers,
@@ -522,6 +540,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
             replicas: args.replicas,
             load_poll_us,
             replica_sync_us,
+            peer_poll_us,
         },
         policies,
         time_scale: args.time_scale,

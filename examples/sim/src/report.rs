@@ -246,6 +246,8 @@ pub struct FleetReport {
     pub load_poll_ms: f64,
     /// Replica decision-sharing delay, ms (0 = replicas do not share).
     pub replica_sync_ms: f64,
+    /// The peers' gauge scrape interval, ms (0 = exact at each decision).
+    pub peer_poll_ms: f64,
 }
 
 /// A whole run: what `--json` writes. Holds no wall-clock figures, so the same
@@ -285,6 +287,11 @@ impl SimReport {
                 f.replicas, f.load_poll_ms, f.replica_sync_ms
             );
         }
+        let _ = writeln!(
+            s,
+            "peer policies scrape engine gauges every {} ms (0 = exact at each decision)",
+            f.peer_poll_ms
+        );
         let _ = writeln!(
             s,
             "{:<15} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>7}",

@@ -38,6 +38,7 @@ fn run(eviction_weight: f64) -> PolicyReport {
         // The engines' reports carry their KV capacity, as the gateway polls.
         load_poll_us: 100_000,
         replica_sync_us: 0,
+        peer_poll_us: 50_000,
     };
     let w = generate(&GenConfig {
         kind: Kind::ChatBursts,

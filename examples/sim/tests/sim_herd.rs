@@ -3,6 +3,8 @@
 //! The default cost scorer keeps the fleet close to one replica (each
 //! replica expects the others' part of a burst in their own zones), where
 //! replicas ranking the engines alike pile onto the same idle ones.
+//! A peer policy that reads scraped engine gauges herds the same way with
+//! one replica: between two scrapes every engine's queue looks unchanged.
 //! Simulated time, real rule / tracker / ingest / worker model.
 
 use kvroute_engine_model as engine_model;
@@ -15,7 +17,7 @@ use sim::report::PolicyReport;
 use sim::workload::{generate, GenConfig, Kind};
 use sim::RunPlan;
 
-fn run(replicas: usize) -> PolicyReport {
+fn run(replicas: usize, policy: Policy, peer_poll_us: u64) -> PolicyReport {
     let fleet = FleetConfig {
         workers: 8,
         worker: WorkerConfig {
@@ -34,6 +36,7 @@ fn run(replicas: usize) -> PolicyReport {
         replicas,
         load_poll_us: if replicas > 1 { 100_000 } else { 0 },
         replica_sync_us: if replicas > 1 { 1_000 } else { 0 },
+        peer_poll_us,
     };
     let w = generate(&GenConfig {
         kind: Kind::ChatBursts,
@@ -43,7 +46,7 @@ fn run(replicas: usize) -> PolicyReport {
     });
     let plan = RunPlan {
         fleet,
-        policies: vec![Policy::KvExact],
+        policies: vec![policy],
         time_scale: 1.0,
     };
     let mut r = sim::simulate_all(w, "chat-bursts", &plan).unwrap();
@@ -52,8 +55,8 @@ fn run(replicas: usize) -> PolicyReport {
 
 #[test]
 fn four_replicas_on_bursts_stay_close_to_one() {
-    let one = run(1);
-    let four = run(4);
+    let one = run(1, Policy::KvExact, 50_000);
+    let four = run(4, Policy::KvExact, 50_000);
     assert_eq!(four.served, 2000);
     eprintln!(
         "one: hit {:.4} mean {:.1} p99 {:.1} | four: hit {:.4} mean {:.1} p99 {:.1}",
@@ -73,4 +76,28 @@ fn four_replicas_on_bursts_stay_close_to_one() {
     );
     assert!(four.ttft_ms.p99 <= 1.25 * one.ttft_ms.p99);
     assert!(four.prefix_hit_ratio >= 0.95 * one.prefix_hit_ratio);
+}
+
+#[test]
+fn a_peer_reading_scraped_gauges_herds_between_scrapes() {
+    // llm-d's queue and KV-utilisation scorers read the engines' gauges.
+    // Exact at each decision, they see the burst being placed; scraped every
+    // 50 ms (llm-d's default), the whole burst's fresh conversations go to
+    // the engine that looked least busy at the last scrape.
+    let exact = run(1, Policy::LlmdWeighted, 0);
+    let scraped = run(1, Policy::LlmdWeighted, 50_000);
+    eprintln!(
+        "exact: mean {:.1} p99 {:.1} | scraped: mean {:.1} p99 {:.1}",
+        exact.ttft_ms.mean, exact.ttft_ms.p99, scraped.ttft_ms.mean, scraped.ttft_ms.p99
+    );
+    assert_eq!(scraped.served, 2000);
+    assert!(
+        scraped.ttft_ms.mean > 1.5 * exact.ttft_ms.mean,
+        "mean {} vs {}",
+        scraped.ttft_ms.mean,
+        exact.ttft_ms.mean
+    );
+    // The cost scorer, reading no gauges here, counts what it placed.
+    let ours = run(1, Policy::KvExact, 50_000);
+    assert!(ours.ttft_ms.mean < exact.ttft_ms.mean);
 }

@@ -33,6 +33,7 @@ fn fleet() -> FleetConfig {
         replicas: 1,
         load_poll_us: 0,
         replica_sync_us: 0,
+        peer_poll_us: 50_000,
     }
 }
 

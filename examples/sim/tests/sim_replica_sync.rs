@@ -32,6 +32,7 @@ fn fleet(replicas: usize, replica_sync_us: u64) -> FleetConfig {
         replicas,
         load_poll_us: if replicas > 1 { 100_000 } else { 0 },
         replica_sync_us,
+        peer_poll_us: 50_000,
     }
 }
 

@@ -40,8 +40,16 @@
 //!   every `eviction_interval`, each worker's tree above the bound loses its
 //!   least recently used leaves until it fits (between runs it may exceed the
 //!   bound, as SMG's does).
-//! * **llm-d** scrapes the queue and KV-usage gauges on an interval; the view
-//!   here is exact at decision time, which flatters it.
+//! * **Engine gauges** (waiting requests, KV usage and capacity) reach the
+//!   peers as their scrapers read them: every `--peer-poll-ms` (50 ms, llm-d
+//!   endpoint picker's default and minimum `--refresh-metrics-interval`), so
+//!   between two scrapes a queue looks unchanged — llm-d's queue scorer then
+//!   sends every fresh prompt of a burst to the same engine, as it would
+//!   live. `--peer-poll-ms 0` gives them every engine's gauges exactly at
+//!   each decision, including what other replicas placed at that instant,
+//!   which no scrape can see. The router-side counts (Dynamo's queued
+//!   prefill, SGLang's in-flight requests) come from the replica's own load
+//!   tracker, shared between replicas as kvroute's is.
 
 mod dynamo;
 mod llmd;
