@@ -28,13 +28,21 @@ pub fn replica(nats: &str, endpoints: &[SocketAddr]) -> String {
 
 /// [`replica`] with the other replicas' load expiring after `ttl_ms` of silence.
 pub fn replica_timed(nats: &str, endpoints: &[SocketAddr], ttl_ms: u64) -> String {
+    replica_with(
+        nats,
+        endpoints,
+        &format!("heartbeat_ms = 200\nremote_ttl_ms = {ttl_ms}\n"),
+    )
+}
+
+/// [`replica`] with these `[replicas]` settings (besides `nats`).
+fn replica_with(nats: &str, endpoints: &[SocketAddr], replicas: &str) -> String {
     let mut s = format!(
         "listen = \"127.0.0.1:0\"\n\
          [admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
          [limits]\nengine_load_poll_ms = 0\n\
          [health]\ninterval_ms = 0\n\
-         [replicas]\nnats = \"{nats}\"\n\
-         heartbeat_ms = 200\nremote_ttl_ms = {ttl_ms}\n\
+         [replicas]\nnats = \"{nats}\"\n{replicas}\
          [[models]]\nslug = \"{MODEL}\"\ndir = \"{}\"\n\n{}selector = \"least_load\"\n\n",
         model_dir().display(),
         kv_rule("kv", "converged"),
@@ -239,4 +247,58 @@ async fn a_replaced_rule_still_announces_the_end_of_its_requests() {
     gate.open();
     assert_eq!(next.await.unwrap(), Some(200));
     eventually_load("and its end", &g2, &busy, (0, 0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_after_a_quiet_interval_reaches_the_others_at_once() {
+    use std::time::{Duration, Instant};
+    // A sync interval of 4 s: replica 1's messages go out on ticks 4 s
+    // apart, each with what changed since the last. Its decision comes half
+    // a second after a tick that had nothing to send: it must reach replica
+    // 2 at once, not with the next tick 3.5 s later.
+    let interval = Duration::from_secs(4);
+    let gate = Gate::new();
+    let engine = held_engine(&gate).await;
+    let nats = NatsServer::start();
+    let slow = "sync_interval_ms = 4000\nheartbeat_ms = 600000\nremote_ttl_ms = 1200000\n";
+    let g2 = Gateway::start(&replica_with(&nats.url(), &[engine.addr], slow));
+    let g1 = Gateway::start(&replica_with(&nats.url(), &[engine.addr], slow));
+    let sent = |c: &Value| {
+        c["rules"]["kv"]["replicas"]["sent_batches"]
+            .as_u64()
+            .unwrap()
+    };
+    // Its start-up messages (the first tick, and one after NATS connects)
+    // out, then a tick with nothing to send.
+    let mut last = (
+        sent(&admin_get(&g1, "/admin/counters").await),
+        Instant::now(),
+    );
+    loop {
+        assert!(last.1.elapsed() < WAIT, "replica 1 never went quiet");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let n = sent(&admin_get(&g1, "/admin/counters").await);
+        if n != last.0 {
+            last = (n, Instant::now());
+        } else if last.1.elapsed() >= interval + Duration::from_millis(500) {
+            break;
+        }
+    }
+
+    let request = send(&g1, "quiet");
+    received("replica 1's request at the engine", &engine, 1).await;
+    let t0 = Instant::now();
+    while load_at(&g2, &engine).await != (0, 1, 1) {
+        assert!(
+            t0.elapsed() < Duration::from_millis(2500),
+            "replica 2 did not see replica 1's request within 2.5 s: {:?}; replica 1 {}",
+            load_at(&g2, &engine).await,
+            admin_get(&g1, "/admin/counters").await["rules"]["kv"]["replicas"],
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = sent(&admin_get(&g1, "/admin/counters").await);
+    assert_eq!(after, last.0 + 1, "one message for the decision");
+    gate.open();
+    assert_eq!(request.await.unwrap(), Some(200));
 }

@@ -689,13 +689,17 @@ impl KvRouter {
     #[must_use]
     pub fn charge_unrouted(&self, url: &str) -> Option<kvroute_select::LoadGuard> {
         let slot = slots::slot_of(&self.shared, url)?;
-        Some(self.shared.tracker.charge(
+        let guard = self.shared.tracker.charge(
             kvroute_select::Target {
                 endpoint: id(slot),
                 decode: None,
             },
             0,
-        ))
+        );
+        if let Some(r) = &self.shared.replicas {
+            r.decided();
+        }
+        Some(guard)
     }
 
     fn assemble(

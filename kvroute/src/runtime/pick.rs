@@ -102,6 +102,9 @@ impl Pick {
             .decision
             .predicted_prefill_tokens(shared.contract.block_size);
         pick.guard = Some(shared.tracker.charge(target, prefill));
+        if let Some(r) = &shared.replicas {
+            r.decided();
+        }
         if let Some(outcome) = pick.ids_outcome() {
             shared.token_ids.record(outcome);
         }
@@ -272,6 +275,9 @@ impl Pick {
                 match self.guard.as_mut() {
                     Some(g) => g.retarget(t, prefill),
                     None => self.guard = Some(self.shared.tracker.charge(t, prefill)),
+                }
+                if let Some(r) = &self.shared.replicas {
+                    r.decided();
                 }
             }
             None => self.guard = None,

@@ -5,8 +5,11 @@
 //! the engines' own reports add everyone's, but only per poll and only as
 //! request counts. So replicas tell each other what they charged: the
 //! tracker's outbox (changed endpoints, each with its totals and a sequence
-//! number, [`kvroute_select::replica_sync`]) goes out as a [`ReplicaBatch`]
-//! every [`ReplicaConfig::sync_interval`], and every endpoint's totals every
+//! number, [`kvroute_select::replica_sync`]) goes out as a [`ReplicaBatch`]:
+//! a decision at once when nothing went out during the last
+//! [`ReplicaConfig::sync_interval`] (the first decision of a burst reaches
+//! the others while they decide theirs), otherwise with the changes
+//! coalesced one interval after the previous message; every endpoint's totals every
 //! [`ReplicaConfig::heartbeat`] (which also keeps the replica alive at the
 //! others). A receiving replica applies each delta to its
 //! [`kvroute_select::RemoteLoad`] table: totals with sequence numbers make
@@ -38,7 +41,9 @@ pub struct ReplicaConfig {
     /// The pool's name on the transport (default: the router's name):
     /// replicas of one pool share it, and only they.
     pub pool: Option<String>,
-    /// How often changed endpoints are sent (default 2 ms).
+    /// At most one message of changed endpoints per this interval (default
+    /// 2 ms): a decision after a quiet interval is sent at once, later
+    /// changes one interval after the previous message.
     pub sync_interval: Duration,
     /// How often every endpoint is sent (default 1 s): repairs anything
     /// lost and keeps this replica alive at the others.

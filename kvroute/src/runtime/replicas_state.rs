@@ -55,6 +55,9 @@ pub(crate) struct ReplicaState {
     /// count then.
     last_full: Mutex<(Option<Duration>, u64)>,
     subscription: Mutex<Option<ReplicaSubscription>>,
+    /// A decision charged load: wakes the publishing task, which sends at
+    /// once unless it sent within the last `sync_interval`.
+    decided: Arc<tokio::sync::Notify>,
 }
 
 impl ReplicaState {
@@ -75,7 +78,15 @@ impl ReplicaState {
             counting: Counting::default(),
             last_full: Mutex::new((None, 0)),
             subscription: Mutex::new(None),
+            decided: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// A decision charged an endpoint: the publishing task sends it without
+    /// waiting for its next tick when nothing went out during the last
+    /// `sync_interval` (one atomic operation; no lock, never blocks).
+    pub(crate) fn decided(&self) {
+        self.decided.notify_one();
     }
 
     pub(crate) fn origin(&self) -> u64 {
@@ -195,8 +206,8 @@ impl ReplicaState {
     }
 
     /// Publishes the outbox (every endpoint once per heartbeat) and expires
-    /// silent replicas.
-    fn tick(&self, shared: &Shared) {
+    /// silent replicas; whether anything was sent.
+    fn tick(&self, shared: &Shared) -> bool {
         let now = shared.now();
         let full = {
             let mut last = self.last_full.lock();
@@ -210,15 +221,17 @@ impl ReplicaState {
             }
             due
         };
-        if let Some(batch) = self.drain(shared, full) {
+        let batch = self.drain(shared, full);
+        if let Some(batch) = &batch {
             let deltas = batch.endpoints.len() as u64;
-            for msg in encode(&batch, self.config.max_message_bytes) {
+            for msg in encode(batch, self.config.max_message_bytes) {
                 self.config.transport.publish(&self.pool, msg);
                 Counting::add(&self.counting.sent_batches, 1);
             }
             Counting::add(&self.counting.sent_deltas, deltas);
         }
         self.remote.expire(now);
+        batch.is_some()
     }
 
     /// Subscribes to the pool and starts the publishing task; both end with
@@ -240,20 +253,36 @@ impl ReplicaState {
         let weak = Arc::downgrade(shared);
         let interval = self.config.sync_interval.max(Duration::from_micros(100));
         let stopped = shared.stopped();
+        let decided = Arc::clone(&self.decided);
         handle.spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tokio::pin!(stopped);
+            // Leading edge: a decision after a quiet interval goes out at
+            // once; within an interval of the last message, changes wait for
+            // `quiet_from` and go out together (at most one message per
+            // interval, as with the tick alone).
+            let mut quiet_from = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     () = &mut stopped => return,
                     _ = tick.tick() => {}
+                    () = decided.notified() => {
+                        if tokio::time::Instant::now() < quiet_from {
+                            tokio::select! {
+                                () = &mut stopped => return,
+                                () = tokio::time::sleep_until(quiet_from) => {}
+                            }
+                        }
+                    }
                 }
                 let Some(shared) = weak.upgrade() else {
                     return;
                 };
                 if let Some(r) = &shared.replicas {
-                    r.tick(&shared);
+                    if r.tick(&shared) {
+                        quiet_from = tokio::time::Instant::now() + interval;
+                    }
                 }
             }
         });

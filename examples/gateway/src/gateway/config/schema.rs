@@ -135,7 +135,8 @@ pub struct ReplicasConfig {
     pub tls_cert_file: Option<String>,
     /// PEM client key (mutual TLS), with `tls_cert_file`.
     pub tls_key_file: Option<String>,
-    /// How often this replica's load changes are published.
+    /// At most one message of load changes per rule per this interval: a
+    /// decision after a quiet interval is published at once.
     pub sync_interval_ms: u64,
     /// Every endpoint's totals are published at least this often, so a
     /// restarted replica or a lost message heals.
