@@ -297,8 +297,18 @@ async fn a_decision_after_a_quiet_interval_reaches_the_others_at_once() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let after = sent(&admin_get(&g1, "/admin/counters").await);
-    assert_eq!(after, last.0 + 1, "one message for the decision");
+    let c1 = admin_get(&g1, "/admin/counters").await;
+    assert_eq!(sent(&c1), last.0 + 1, "one message for the decision: {c1}");
+    assert_eq!(
+        c1["rules"]["kv"]["replicas"]["sent_at_once"], 1,
+        "counted as sent at once: {c1}"
+    );
+    assert!(
+        metrics_text(&g1)
+            .await
+            .contains("kvroute_replica_sent_at_once_total{rule=\"kv\"} 1"),
+        "on /metrics too"
+    );
     gate.open();
     assert_eq!(request.await.unwrap(), Some(200));
 }

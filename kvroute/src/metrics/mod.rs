@@ -400,12 +400,18 @@ fn encode_rows(
 
 fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::fmt::Result {
     type Field = fn(&crate::ReplicaCounters) -> u64;
-    let families: [(&str, MetricType, &str, Field); 11] = [
+    let families: [(&str, MetricType, &str, Field); 12] = [
         (
             "kvroute_replica_sent_batches",
             MetricType::Counter,
             "Replica batches published.",
             |c| c.sent_batches,
+        ),
+        (
+            "kvroute_replica_sent_at_once",
+            MetricType::Counter,
+            "Replica batches published at once on a decision after a quiet sync interval.",
+            |c| c.sent_at_once,
         ),
         (
             "kvroute_replica_sent_deltas",

@@ -196,6 +196,9 @@ pub struct EndpointDelta {
 pub struct ReplicaCounters {
     /// Batches published.
     pub sent_batches: u64,
+    /// Of those, published at once on a decision that came after a quiet
+    /// [`ReplicaConfig::sync_interval`] (the rest waited for the interval).
+    pub sent_at_once: u64,
     /// Endpoint deltas published.
     pub sent_deltas: u64,
     /// Messages received (this replica's own included).
@@ -223,6 +226,7 @@ pub struct ReplicaCounters {
 #[derive(Debug, Default)]
 pub(crate) struct Counting {
     pub(crate) sent_batches: AtomicU64,
+    pub(crate) sent_at_once: AtomicU64,
     pub(crate) sent_deltas: AtomicU64,
     pub(crate) received: AtomicU64,
     pub(crate) applied: AtomicU64,
@@ -243,6 +247,7 @@ impl Counting {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ReplicaCounters {
             sent_batches: get(&self.sent_batches),
+            sent_at_once: get(&self.sent_at_once),
             sent_deltas: get(&self.sent_deltas),
             received: get(&self.received),
             applied: get(&self.applied),

@@ -206,8 +206,9 @@ impl ReplicaState {
     }
 
     /// Publishes the outbox (every endpoint once per heartbeat) and expires
-    /// silent replicas; whether anything was sent.
-    fn tick(&self, shared: &Shared) -> bool {
+    /// silent replicas; whether anything was sent. `at_once`: woken by a
+    /// decision after a quiet interval.
+    fn tick(&self, shared: &Shared, at_once: bool) -> bool {
         let now = shared.now();
         let full = {
             let mut last = self.last_full.lock();
@@ -227,6 +228,9 @@ impl ReplicaState {
             for msg in encode(batch, self.config.max_message_bytes) {
                 self.config.transport.publish(&self.pool, msg);
                 Counting::add(&self.counting.sent_batches, 1);
+                if at_once {
+                    Counting::add(&self.counting.sent_at_once, 1);
+                }
             }
             Counting::add(&self.counting.sent_deltas, deltas);
         }
@@ -264,23 +268,25 @@ impl ReplicaState {
             // interval, as with the tick alone).
             let mut quiet_from = tokio::time::Instant::now();
             loop {
-                tokio::select! {
+                let at_once = tokio::select! {
                     () = &mut stopped => return,
-                    _ = tick.tick() => {}
+                    _ = tick.tick() => false,
                     () = decided.notified() => {
-                        if tokio::time::Instant::now() < quiet_from {
+                        let quiet = tokio::time::Instant::now() >= quiet_from;
+                        if !quiet {
                             tokio::select! {
                                 () = &mut stopped => return,
                                 () = tokio::time::sleep_until(quiet_from) => {}
                             }
                         }
+                        quiet
                     }
-                }
+                };
                 let Some(shared) = weak.upgrade() else {
                     return;
                 };
                 if let Some(r) = &shared.replicas {
-                    if r.tick(&shared) {
+                    if r.tick(&shared, at_once) {
                         quiet_from = tokio::time::Instant::now() + interval;
                     }
                 }
