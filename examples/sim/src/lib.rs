@@ -204,6 +204,11 @@ pub struct RunArgs {
     /// Multiply trace timestamps by this (0.5 replays twice as fast).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Requests sharing one arrival timestamp (a trace's millisecond, a
+    /// bursty generator's instant) arrive spread evenly over this many µs
+    /// after it, as a front end delivers a burst; 0 = at the same instant.
+    #[arg(long, default_value_t = 0)]
+    arrival_spread_us: u64,
     /// Closed loop: keep N requests outstanding, ignoring timestamps.
     #[arg(long)]
     concurrency: Option<u32>,
@@ -382,6 +387,10 @@ pub struct RunPlan {
     pub policies: Vec<Policy>,
     /// Arrival time scale (already applied to the workload by [`simulate_all`]).
     pub time_scale: f64,
+    /// Requests of one instant spread over this many µs
+    /// ([`Workload::spread_instants`], applied by [`simulate_all`] after the
+    /// time scale).
+    pub arrival_spread_us: u64,
 }
 
 /// Runs every policy of `plan` on `workload` (time scale applied here).
@@ -394,6 +403,7 @@ pub fn simulate_all(
     plan: &RunPlan,
 ) -> anyhow::Result<SimReport> {
     workload.scale_time(plan.time_scale);
+    workload.spread_instants(plan.arrival_spread_us);
     let f = &plan.fleet;
     let block_size = f.worker.block_size.max(1);
     let mut report = SimReport {
@@ -423,6 +433,7 @@ pub fn simulate_all(
             seq_window: f.seq_window,
             concurrency: f.concurrency,
             time_scale: plan.time_scale,
+            arrival_spread_us: plan.arrival_spread_us,
             epsilon: f.tuning.epsilon,
             chwbl_factor: f.tuning.chwbl_factor,
             tokens_per_in_flight: f.tuning.tokens_per_in_flight,
@@ -544,6 +555,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
         },
         policies,
         time_scale: args.time_scale,
+        arrival_spread_us: args.arrival_spread_us,
     })
 }
 

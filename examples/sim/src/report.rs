@@ -230,6 +230,8 @@ pub struct FleetReport {
     pub concurrency: Option<u32>,
     /// Arrival time scale.
     pub time_scale: f64,
+    /// Requests of one instant spread over this many µs.
+    pub arrival_spread_us: u64,
     /// `kv-bounded` ε.
     pub epsilon: f64,
     /// CHWBL load factor.

@@ -115,6 +115,30 @@ impl Workload {
         self.requests.truncate(n);
     }
 
+    /// Spreads the requests that share one arrival timestamp evenly over the
+    /// `span_us` after it: the `i`-th of `n` arrives `i · span / n` later,
+    /// always before the next timestamp. A trace's timestamps are whole
+    /// milliseconds and a generator's bursts share one instant, whereas a
+    /// real front end delivers a burst over some span; 0 keeps the instants.
+    pub fn spread_instants(&mut self, span_us: u64) {
+        if span_us == 0 {
+            return;
+        }
+        let mut i = 0;
+        while let Some(t) = self.requests.get(i).map(|r| r.arrival_us) {
+            let n = self.requests[i..]
+                .iter()
+                .take_while(|r| r.arrival_us == t)
+                .count();
+            let next = self.requests.get(i + n).map(|r| r.arrival_us);
+            let span = next.map_or(span_us, |next| span_us.min(next.saturating_sub(t)));
+            for (m, r) in self.requests[i..i + n].iter_mut().enumerate() {
+                r.arrival_us = t + m as u64 * span / n as u64;
+            }
+            i += n;
+        }
+    }
+
     /// Multiplies every arrival by `scale` (0.5 replays twice as fast).
     pub fn scale_time(&mut self, scale: f64) {
         if !(scale.is_finite() && scale >= 0.0) || scale == 1.0 {
@@ -313,6 +337,27 @@ pub fn block_keys(ids: &[u64], input_tokens: u32, block_size: u32, out: &mut Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_of_one_instant_spread_before_the_next() {
+        let mut w = Workload::default();
+        for t in [0, 0, 0, 1000, 1000, 5000] {
+            w.requests.push(TraceRequest {
+                arrival_us: t,
+                input_tokens: 1,
+                output_tokens: 1,
+                ids_start: 0,
+                ids_len: 0,
+            });
+        }
+        w.spread_instants(900);
+        let at: Vec<u64> = w.requests.iter().map(|r| r.arrival_us).collect();
+        assert_eq!(at, [0, 300, 600, 1000, 1450, 5000]);
+        // A span longer than the gap stays below the next instant.
+        w.spread_instants(5000);
+        let at: Vec<u64> = w.requests.iter().map(|r| r.arrival_us).collect();
+        assert!(at.windows(2).all(|p| p[0] < p[1]), "{at:?}");
+    }
 
     #[test]
     fn keys_chain_and_share_only_with_equal_prefixes() {

@@ -50,6 +50,7 @@ fn run(eviction_weight: f64) -> PolicyReport {
         fleet,
         policies: vec![Policy::KvExact],
         time_scale: 1.0,
+        arrival_spread_us: 0,
     };
     let mut r = sim::simulate_all(w, "chat-bursts", &plan).unwrap();
     r.policies.remove(0)

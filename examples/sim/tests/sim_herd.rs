@@ -48,6 +48,7 @@ fn run(replicas: usize, policy: Policy, peer_poll_us: u64) -> PolicyReport {
         fleet,
         policies: vec![policy],
         time_scale: 1.0,
+        arrival_spread_us: 0,
     };
     let mut r = sim::simulate_all(w, "chat-bursts", &plan).unwrap();
     r.policies.remove(0)

@@ -48,6 +48,7 @@ fn run(kind: Kind, requests: usize, fleet: FleetConfig, policies: &[Policy]) -> 
         fleet,
         policies: policies.to_vec(),
         time_scale: 1.0,
+        arrival_spread_us: 0,
     };
     sim::simulate_all(w, kind.name(), &plan).unwrap()
 }

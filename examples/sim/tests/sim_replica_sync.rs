@@ -47,6 +47,7 @@ fn run(f: FleetConfig, kind: Kind, seed: u64) -> PolicyReport {
         fleet: f,
         policies: vec![Policy::KvExact],
         time_scale: 1.0,
+        arrival_spread_us: 0,
     };
     let mut r = sim::simulate_all(w, kind.name(), &plan).unwrap();
     r.policies.remove(0)
