@@ -263,23 +263,20 @@ impl ReplicaState {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tokio::pin!(stopped);
             // Leading edge: a decision after a quiet interval goes out at
-            // once; within an interval of the last message, changes wait for
-            // `quiet_from` and go out together (at most one message per
-            // interval, as with the tick alone).
+            // once and restarts the ticks from there; a decision within an
+            // interval of the last message waits for the next tick, which
+            // sends everything changed since. At most one message per
+            // interval, as with the ticks alone.
             let mut quiet_from = tokio::time::Instant::now();
             loop {
                 let at_once = tokio::select! {
                     () = &mut stopped => return,
                     _ = tick.tick() => false,
                     () = decided.notified() => {
-                        let quiet = tokio::time::Instant::now() >= quiet_from;
-                        if !quiet {
-                            tokio::select! {
-                                () = &mut stopped => return,
-                                () = tokio::time::sleep_until(quiet_from) => {}
-                            }
+                        if tokio::time::Instant::now() < quiet_from {
+                            continue;
                         }
-                        quiet
+                        true
                     }
                 };
                 let Some(shared) = weak.upgrade() else {
@@ -288,6 +285,7 @@ impl ReplicaState {
                 if let Some(r) = &shared.replicas {
                     if r.tick(&shared, at_once) {
                         quiet_from = tokio::time::Instant::now() + interval;
+                        tick.reset();
                     }
                 }
             }
