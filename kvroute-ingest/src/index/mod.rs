@@ -450,7 +450,8 @@ impl SharedIndex {
             * (self.banks.first().map_or(0, |b| b.shards.len())
                 * (std::mem::size_of::<PaddedShard>() + 4 * table::SMALLEST_BYTES)
                 + RunTable::max_bytes())
-            + self.endpoints.len() * (std::mem::size_of::<Mutex<EndpointKeys>>() + 8);
+            + self.endpoints.len()
+                * (std::mem::size_of::<Mutex<EndpointKeys>>() + std::mem::size_of::<AtomicU64>());
         let mut total = fixed;
         for slot in self.endpoints.iter() {
             let slot = slot.lock();

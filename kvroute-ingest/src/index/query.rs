@@ -86,6 +86,8 @@ impl SharedIndex {
                     .map(Ring::allocation_bytes)
                     .sum::<usize>()
                     + std::mem::size_of::<Mutex<EndpointKeys>>()
+                    // Its published GPU-tier count.
+                    + std::mem::size_of::<std::sync::atomic::AtomicU64>()
             })
             .sum();
         tables + rings
