@@ -479,6 +479,12 @@ fn drained(s: &Slot, now_us: u64, rate: Option<f64>, capacity: u32) -> f64 {
 mod tests {
     use super::*;
 
+    /// `drain` observing `loads` from a view that knows nothing more (no
+    /// engine counters, no other host's charges), all capacities 1.
+    fn observe_alone(drain: &PrefillDrain, now: Duration, loads: &mut [EndpointLoad]) {
+        drain.observe(now, loads, &crate::LoadTable::new(0), |_| None, |_| 1);
+    }
+
     fn ms(v: u64) -> Duration {
         Duration::from_millis(v)
     }
@@ -506,13 +512,7 @@ mod tests {
                 in_flight: 1,
                 queued_prefill_tokens: q,
             }];
-            drain.observe(
-                ms(t),
-                &mut loads,
-                &crate::LoadTable::new(0),
-                |_| None,
-                |_| 1,
-            );
+            observe_alone(&drain, ms(t), &mut loads);
             let truth = busy_until.saturating_sub(t) * 20;
             seen.push((q, loads[0].queued_prefill_tokens, truth));
             let tokens32 = u32::try_from(tokens).unwrap();
@@ -643,13 +643,7 @@ mod tests {
                 in_flight: 1,
                 queued_prefill_tokens: q,
             }];
-            drain.observe(
-                ms(t),
-                &mut loads,
-                &crate::LoadTable::new(0),
-                |_| None,
-                |_| 1,
-            );
+            observe_alone(&drain, ms(t), &mut loads);
             reads.push((q, loads[0].queued_prefill_tokens));
             // Every other request is the other host's: it reaches the
             // engine but never this rule's `charge`.
@@ -742,13 +736,7 @@ mod tests {
     fn empty_queue_resets_and_foreign_work_is_added() {
         let drain = PrefillDrain::new(2);
         let mut loads = [EndpointLoad::default(); 2];
-        drain.observe(
-            ms(0),
-            &mut loads,
-            &crate::LoadTable::new(0),
-            |_| None,
-            |_| 1,
-        );
+        observe_alone(&drain, ms(0), &mut loads);
         drain.charge(0, 500, ms(0), 1);
         // 700 on endpoint 0: 200 more than this rule charged (another
         // replica's request); endpoint 1 got 300 it never charged.
@@ -762,24 +750,12 @@ mod tests {
                 queued_prefill_tokens: 300,
             },
         ];
-        drain.observe(
-            ms(1),
-            &mut loads,
-            &crate::LoadTable::new(0),
-            |_| None,
-            |_| 1,
-        );
+        observe_alone(&drain, ms(1), &mut loads);
         // No rate yet: nothing drains, everything the tracker holds counts.
         assert_eq!(loads[0].queued_prefill_tokens, 700);
         assert_eq!(loads[1].queued_prefill_tokens, 300);
         let mut loads = [EndpointLoad::default(); 2];
-        drain.observe(
-            ms(2),
-            &mut loads,
-            &crate::LoadTable::new(0),
-            |_| None,
-            |_| 1,
-        );
+        observe_alone(&drain, ms(2), &mut loads);
         assert_eq!(loads[0].queued_prefill_tokens, 0);
     }
 }

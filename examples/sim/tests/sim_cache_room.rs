@@ -6,10 +6,10 @@
 //! same run loses hits. Simulated time, real rule / tracker / ingest /
 //! worker model.
 
-use kvroute_engine_model as engine_model;
+mod support;
+
 use kvroute_sim as sim;
 
-use engine_model::{CostModel, WorkerConfig};
 use sim::fleet::FleetConfig;
 use sim::policy::{Policy, Tuning};
 use sim::report::PolicyReport;
@@ -20,25 +20,8 @@ fn run(eviction_weight: f64) -> PolicyReport {
     let mut tuning = Tuning::default();
     tuning.cost.eviction_weight = eviction_weight;
     let fleet = FleetConfig {
-        workers: 32,
-        worker: WorkerConfig {
-            block_size: 16,
-            capacity_blocks: 262_144 / 16,
-            max_running: 64,
-            cost: CostModel::default(),
-            ..WorkerConfig::default()
-        },
-        event_delay_us: 20_060,
-        event_loss: 0.0,
-        seq_window: 64,
-        seed: 1,
-        concurrency: None,
         tuning,
-        replicas: 1,
-        // The engines' reports carry their KV capacity, as the gateway polls.
-        load_poll_us: 100_000,
-        replica_sync_us: 0,
-        peer_poll_us: 50_000,
+        ..support::fleet(32, 16, 262_144)
     };
     let w = generate(&GenConfig {
         kind: Kind::ChatBursts,

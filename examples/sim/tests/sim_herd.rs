@@ -7,36 +7,23 @@
 //! one replica: between two scrapes every engine's queue looks unchanged.
 //! Simulated time, real rule / tracker / ingest / worker model.
 
-use kvroute_engine_model as engine_model;
+mod support;
+
 use kvroute_sim as sim;
 
-use engine_model::{CostModel, WorkerConfig};
 use sim::fleet::FleetConfig;
-use sim::policy::{Policy, Tuning};
+use sim::policy::Policy;
 use sim::report::PolicyReport;
 use sim::workload::{generate, GenConfig, Kind};
 use sim::RunPlan;
 
 fn run(replicas: usize, policy: Policy, peer_poll_us: u64) -> PolicyReport {
     let fleet = FleetConfig {
-        workers: 8,
-        worker: WorkerConfig {
-            block_size: 64,
-            capacity_blocks: 4_194_304 / 64,
-            max_running: 64,
-            cost: CostModel::default(),
-            ..WorkerConfig::default()
-        },
-        event_delay_us: 20_060,
-        event_loss: 0.0,
-        seq_window: 64,
-        seed: 1,
-        concurrency: None,
-        tuning: Tuning::default(),
         replicas,
         load_poll_us: if replicas > 1 { 100_000 } else { 0 },
         replica_sync_us: if replicas > 1 { 1_000 } else { 0 },
         peer_poll_us,
+        ..support::fleet(8, 64, 4_194_304)
     };
     let w = generate(&GenConfig {
         kind: Kind::ChatBursts,

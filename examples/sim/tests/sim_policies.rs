@@ -2,12 +2,12 @@
 //! beats round robin where prompts share prefixes, nothing beats one infinite
 //! cache, the bounded scorer respects its bound, and lost events cost hits.
 
-use kvroute_engine_model as engine_model;
+mod support;
+
 use kvroute_sim as sim;
 
-use engine_model::{CostModel, WorkerConfig};
 use sim::fleet::FleetConfig;
-use sim::policy::{Policy, Tuning};
+use sim::policy::Policy;
 use sim::report::{PolicyReport, SimReport};
 use sim::workload::{generate, GenConfig, Kind};
 use sim::RunPlan;
@@ -16,24 +16,10 @@ const BLOCK: u32 = 64;
 
 fn fleet() -> FleetConfig {
     FleetConfig {
-        workers: 8,
-        worker: WorkerConfig {
-            block_size: BLOCK,
-            capacity_blocks: 262_144 / BLOCK,
-            max_running: 64,
-            cost: CostModel::default(),
-            ..WorkerConfig::default()
-        },
         event_delay_us: 0,
-        event_loss: 0.0,
-        seq_window: 64,
         seed: 11,
-        concurrency: None,
-        tuning: Tuning::default(),
-        replicas: 1,
         load_poll_us: 0,
-        replica_sync_us: 0,
-        peer_poll_us: 50_000,
+        ..support::fleet(8, BLOCK, 262_144)
     }
 }
 

@@ -3,36 +3,24 @@
 //! scorer with its drained queue; replicas that only see polled engine counts
 //! do not. Simulated time, real rule / tracker / ingest / worker model.
 
-use kvroute_engine_model as engine_model;
+mod support;
+
 use kvroute_sim as sim;
 
-use engine_model::{CostModel, WorkerConfig};
 use sim::fleet::FleetConfig;
-use sim::policy::{Policy, Tuning};
+use sim::policy::Policy;
 use sim::report::PolicyReport;
 use sim::workload::{generate, GenConfig, Kind};
 use sim::RunPlan;
 
 fn fleet(replicas: usize, replica_sync_us: u64) -> FleetConfig {
     FleetConfig {
-        workers: 8,
-        worker: WorkerConfig {
-            block_size: 64,
-            capacity_blocks: 262_144 / 64,
-            max_running: 64,
-            cost: CostModel::default(),
-            ..WorkerConfig::default()
-        },
         event_delay_us: 20_000,
-        event_loss: 0.0,
-        seq_window: 64,
         seed: 5,
-        concurrency: None,
-        tuning: Tuning::default(),
         replicas,
         load_poll_us: if replicas > 1 { 100_000 } else { 0 },
         replica_sync_us,
-        peer_poll_us: 50_000,
+        ..support::fleet(8, 64, 262_144)
     }
 }
 
