@@ -48,6 +48,11 @@ impl BurstTracker {
         self.stats
     }
 
+    /// The statistics of the bursts that ended so far.
+    pub(crate) fn stats(&self) -> BurstStats {
+        self.stats
+    }
+
     /// Records the predicted prefill tokens a decision charged.
     pub(crate) fn charged(&mut self, tokens: u32) {
         self.decisions += 1;

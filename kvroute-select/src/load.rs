@@ -87,11 +87,20 @@ pub struct Deciders {
     pub count: u32,
     /// This decider's rank, in `0..count`.
     pub rank: u32,
+    /// The deciders take turns by rank within a burst
+    /// ([`crate::RemoteLoad::hold`]): those ranked below this one have
+    /// decided their part of it, and their decisions are in this view, so
+    /// only the ones ranked above are still unseen.
+    pub ordered: bool,
 }
 
 impl Deciders {
     /// One decider: a host routing alone.
-    pub const ALONE: Self = Self { count: 1, rank: 0 };
+    pub const ALONE: Self = Self {
+        count: 1,
+        rank: 0,
+        ordered: false,
+    };
 }
 
 impl Default for Deciders {

@@ -75,6 +75,7 @@ use std::time::Duration;
 use kvroute_core::EndpointId;
 
 use crate::load::{Deciders, EndpointLoad, Load};
+use crate::scoring::BurstStats;
 use crate::tracker::LoadTracker;
 
 /// One replica's change of load on one endpoint, for the other replicas.
@@ -244,6 +245,13 @@ pub struct RemoteConfig {
     pub max_origins: usize,
     /// An origin silent for longer than this stops counting.
     pub ttl: Duration,
+    /// Turns within a burst: while bursts are being decided, the replica of
+    /// rank `k` decides each request `k · stagger` after it arrives
+    /// ([`RemoteLoad::hold`]), so it sees what the lower ranks placed of the
+    /// same burst. It must exceed the time a decision takes to reach the
+    /// other replicas. Zero (the default): no turns, every replica decides
+    /// at once and expects the others' placements ([`Deciders`]).
+    pub stagger: Duration,
 }
 
 impl Default for RemoteConfig {
@@ -252,9 +260,15 @@ impl Default for RemoteConfig {
             endpoints: 0,
             max_origins: 64,
             ttl: Duration::from_secs(5),
+            stagger: Duration::ZERO,
         }
     }
 }
+
+/// Mean decisions per burst (own, [`BurstStats::decisions`]) from which a
+/// replica takes turns: below it requests come nearly one at a time, replicas
+/// rarely decide at the same instant, and a turn would only add its wait.
+pub const TURN_MIN_BURST: f64 = 1.5;
 
 /// What [`RemoteLoad::apply`] did with a delta.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -527,7 +541,44 @@ impl RemoteLoad {
         Deciders {
             count: live.saturating_add(1),
             rank: below,
+            ordered: !self.cfg.stagger.is_zero(),
         }
+    }
+
+    /// How long this replica holds a request that arrives at `now` before
+    /// deciding it: `rank · stagger` ([`RemoteConfig::stagger`]) while this
+    /// replica's own decisions come in bursts (`burst`, its rule's
+    /// [`crate::Rule::burst_stats`], at least [`TURN_MIN_BURST`] decisions
+    /// each) and other replicas are live; zero otherwise.
+    ///
+    /// Replicas behind one front end each get part of every burst. Deciding
+    /// it at the same instant on the same view, they would rank the
+    /// endpoints alike and pile onto the same ones; taking turns, each
+    /// decides after the lower ranks' decisions of that burst have reached
+    /// it, as one gateway deciding the burst in order would. The cost scorer
+    /// then expects unseen placements only from the higher ranks
+    /// ([`Deciders::ordered`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kvroute_select::{BurstStats, RemoteConfig, RemoteLoad};
+    ///
+    /// let cfg = RemoteConfig { endpoints: 4, stagger: Duration::from_millis(1), ..RemoteConfig::default() };
+    /// let remote = RemoteLoad::new(cfg, 7);
+    /// let bursty = BurstStats { decisions: 3.0, prefill_tokens: 2000.0 };
+    /// // Alone: nobody to take turns with.
+    /// assert_eq!(remote.hold(Duration::ZERO, bursty), Duration::ZERO);
+    /// ```
+    #[must_use]
+    pub fn hold(&self, now: Duration, burst: BurstStats) -> Duration {
+        if self.cfg.stagger.is_zero() || burst.decisions < TURN_MIN_BURST {
+            return Duration::ZERO;
+        }
+        let d = self.deciders(now);
+        if d.count <= 1 {
+            return Duration::ZERO;
+        }
+        self.cfg.stagger.saturating_mul(d.rank)
     }
 
     /// The table's counters.
@@ -591,6 +642,7 @@ impl<L: Load + ?Sized> Load for WithRemote<'_, L> {
         Deciders {
             count: local.count.saturating_add(remote.count - 1),
             rank: local.rank.saturating_add(remote.rank),
+            ordered: remote.ordered,
         }
     }
 }
@@ -615,6 +667,7 @@ mod tests {
                 endpoints,
                 max_origins,
                 ttl: Duration::from_secs(2),
+                stagger: Duration::ZERO,
             },
             99,
         )

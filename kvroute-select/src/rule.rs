@@ -373,6 +373,17 @@ impl Rule {
         &self.config.endpoints
     }
 
+    /// This rule's decisions seen as bursts so far ([`crate::BurstStats`]; the
+    /// default when its scorer reads none): what a replica reads to know
+    /// whether a burst is being decided ([`crate::RemoteLoad::hold`]).
+    #[must_use]
+    pub fn burst_stats(&self) -> crate::scoring::BurstStats {
+        self.burst
+            .as_ref()
+            .map(|b| b.lock().stats())
+            .unwrap_or_default()
+    }
+
     /// Live counters.
     #[must_use]
     pub fn counters(&self) -> &RuleCounters {

@@ -110,6 +110,7 @@ fn replicas_deciding_one_burst_on_one_stale_view_spread_it() {
                         endpoints: n as usize,
                         max_origins: 8,
                         ttl: Duration::from_secs(3600),
+                        stagger: Duration::ZERO,
                     },
                     k + 1,
                 );
@@ -195,7 +196,11 @@ fn a_burst_on_a_large_fleet_does_not_converge_on_the_few_cheap_endpoints() {
             let keys = prompt(u64::from(k) * 10 + i, 400);
             let view = View {
                 table: &table,
-                deciders: Deciders { count: 4, rank: k },
+                deciders: Deciders {
+                    count: 4,
+                    rank: k,
+                    ordered: false,
+                },
             };
             let e = target(&r, &c, &keys, &inv, &view, Duration::from_secs(1));
             per_endpoint[e as usize] += 1;
@@ -241,6 +246,7 @@ fn deciders_spilling_at_once_go_to_different_zones() {
             deciders: Deciders {
                 count: deciders,
                 rank: k,
+                ordered: false,
             },
         };
         picks.push(target(
@@ -345,7 +351,7 @@ proptest! {
         prop_assert_eq!(target(&bursty, &c, &keys, &inv, &alone, now), reference);
         let (calm, c) = rule(n);
         prime(&calm, &c, &inventory(n), 20, 1);
-        let many = View { table: &table, deciders: Deciders { count: replicas, rank: rank % replicas } };
+        let many = View { table: &table, deciders: Deciders { count: replicas, rank: rank % replicas, ordered: false } };
         prop_assert_eq!(target(&calm, &c, &keys, &inv, &many, now), reference);
     }
 
@@ -368,7 +374,7 @@ proptest! {
         let (r, c) = rule(n);
         prime(&r, &c, &inv, 20, 3);
         let table = LoadTable::new(n as usize);
-        let view = View { table: &table, deciders: Deciders { count: replicas, rank } };
+        let view = View { table: &table, deciders: Deciders { count: replicas, rank, ordered: false } };
         let e = target(&r, &c, &prompt(3, 200), &inv, &view, Duration::from_secs(9));
         let zone = |d: u32| -> Vec<u32> {
             if n >= replicas {
@@ -392,4 +398,104 @@ proptest! {
             prop_assert_eq!(e * replicas / n, rank);
         }
     }
+}
+
+/// Deciders taking turns ([`Deciders::ordered`]): the last of four decides
+/// after the other three placed their part of the burst (one request each,
+/// on the first endpoint of their zones), and sees it. The idle endpoints
+/// left in those zones are what one gateway would pick; without turns the
+/// decider also expects the others' placements still to come there, and
+/// stays in its own busier zone.
+#[test]
+fn a_decider_taking_its_turn_counts_the_lower_ranks_placements_once() {
+    let n = 8u32;
+    let inv = inventory(n);
+    let p = u64::from(400 * BS);
+    let mut table = LoadTable::new(n as usize);
+    for e in [0, 2, 4, 6, 7] {
+        table.set(
+            EndpointId(e),
+            EndpointLoad {
+                in_flight: 1,
+                queued_prefill_tokens: p,
+            },
+        );
+    }
+    let decide = |ordered: bool| {
+        let (r, c) = rule(n);
+        prime(&r, &c, &inv, 20, 3);
+        let view = View {
+            table: &table,
+            deciders: Deciders {
+                count: 4,
+                rank: 3,
+                ordered,
+            },
+        };
+        target(
+            &r,
+            &c,
+            &prompt(77, 400),
+            &inv,
+            &view,
+            Duration::from_secs(1),
+        )
+    };
+    let turn = decide(true);
+    assert!([1, 3, 5].contains(&turn), "taking turns: {turn}");
+    let at_once = decide(false);
+    assert!([6, 7].contains(&at_once), "deciding at once: {at_once}");
+}
+
+/// A replica holds a request for its turn only while its decisions come in
+/// bursts, other replicas are live and turns are configured: rank times the
+/// stagger.
+#[test]
+fn a_replica_holds_rank_times_the_stagger_only_in_bursts() {
+    let stagger = Duration::from_millis(1);
+    let now = Duration::from_secs(1);
+    let bursty = BurstStats {
+        decisions: 3.0,
+        prefill_tokens: 2000.0,
+    };
+    let one_at_a_time = BurstStats {
+        decisions: 1.1,
+        prefill_tokens: 2000.0,
+    };
+    let table = |own: u64, stagger: Duration| {
+        let remote = RemoteLoad::new(
+            RemoteConfig {
+                endpoints: 2,
+                stagger,
+                ..RemoteConfig::default()
+            },
+            own,
+        );
+        // Two other live replicas, ids 1 and 5.
+        for origin in [1u64, 5] {
+            let t = Arc::new(LoadTracker::with_sync(2, origin));
+            let _g = t.charge(
+                Target {
+                    endpoint: EndpointId(0),
+                    decode: None,
+                },
+                10,
+            );
+            let mut deltas = Vec::new();
+            t.drain_deltas(&mut deltas);
+            for d in &deltas {
+                remote.apply(d, now);
+            }
+        }
+        remote
+    };
+    // Id 3 ranks 1 among {1, 3, 5}; id 7 ranks 2.
+    assert_eq!(table(3, stagger).hold(now, bursty), stagger);
+    assert_eq!(table(7, stagger).hold(now, bursty), 2 * stagger);
+    assert!(table(7, stagger).deciders(now).ordered);
+    assert_eq!(table(7, stagger).hold(now, one_at_a_time), Duration::ZERO);
+    assert_eq!(table(7, Duration::ZERO).hold(now, bursty), Duration::ZERO);
+    assert!(!table(7, Duration::ZERO).deciders(now).ordered);
+    // The lowest rank never waits.
+    assert_eq!(table(0, stagger).hold(now, bursty), Duration::ZERO);
 }

@@ -158,7 +158,7 @@ proptest! {
             .map(|k| Arc::new(LoadTracker::with_sync(ENDPOINTS, k as u64 + 1)))
             .collect();
         let table = RemoteLoad::new(
-            RemoteConfig { endpoints: ENDPOINTS, max_origins: 8, ttl: TTL },
+            RemoteConfig { endpoints: ENDPOINTS, max_origins: 8, ttl: TTL, stagger: Duration::ZERO },
             OWN,
         );
         let mut model = Model::default();

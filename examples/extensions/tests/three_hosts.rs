@@ -195,6 +195,7 @@ fn in_the_simulator() {
         replicas: 2,
         load_poll_us: 0,
         replica_sync_us: 0,
+        replica_stagger_us: 0,
         peer_poll_us: 50_000,
     };
     let scorer = Arc::new(LastCandidate::default());

@@ -311,3 +311,72 @@ async fn a_decision_after_a_quiet_interval_reaches_the_others_at_once() {
     gate.open();
     assert_eq!(request.await.unwrap(), Some(200));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_bursts_the_higher_ranked_replica_takes_its_turn_after_the_other() {
+    // Two replicas, turns 20 ms apart. Bursts of four requests at once to
+    // each: once each has seen its decisions come in bursts, the replica
+    // with the higher origin id holds every request 20 ms (rank 1 of 2),
+    // the other none (rank 0). Which one ranks higher is not known in
+    // advance (origin ids are random), so the test reads both.
+    let gate = Gate::new();
+    let engine = held_engine(&gate).await;
+    let nats = NatsServer::start();
+    let turns = "stagger_ms = 20\nheartbeat_ms = 200\nremote_ttl_ms = 60000\n";
+    let g1 = Gateway::start(&replica_with(&nats.url(), &[engine.addr], turns));
+    let g2 = Gateway::start(&replica_with(&nats.url(), &[engine.addr], turns));
+    let replicas = |c: &Value| c["rules"]["kv"]["replicas"].clone();
+    eventually("each replica hears the other", || async {
+        let (c1, c2) = (
+            admin_get(&g1, "/admin/counters").await,
+            admin_get(&g2, "/admin/counters").await,
+        );
+        (replicas(&c1)["replicas"] == 1 && replicas(&c2)["replicas"] == 1).then_some(())
+    })
+    .await;
+    let mut sent = 0;
+    for burst in 0..12 {
+        let mut answers = Vec::new();
+        for (g, gw) in [&g1, &g2].into_iter().enumerate() {
+            for i in 0..4 {
+                answers.push(send(gw, &format!("b{burst}-g{g}-{i}")));
+            }
+        }
+        sent += answers.len();
+        received("the burst at the engine", &engine, sent).await;
+        gate.open();
+        for a in answers {
+            assert_eq!(a.await.unwrap(), Some(200));
+        }
+    }
+    let (c1, c2) = (
+        admin_get(&g1, "/admin/counters").await,
+        admin_get(&g2, "/admin/counters").await,
+    );
+    let (r1, r2) = (replicas(&c1), replicas(&c2));
+    let held = |r: &Value| r["held"].as_u64().unwrap();
+    let (waiting, first) = if held(&r1) > 0 {
+        (&r1, &r2)
+    } else {
+        (&r2, &r1)
+    };
+    assert!(held(waiting) > 0, "one replica takes turns: {r1} {r2}");
+    assert_eq!(held(first), 0, "the lower rank never waits: {r1} {r2}");
+    assert_eq!(
+        waiting["held_us"].as_u64().unwrap(),
+        held(waiting) * 20_000,
+        "rank 1 of 2 holds one stagger: {waiting}"
+    );
+    let text = if held(&r1) > 0 {
+        metrics_text(&g1).await
+    } else {
+        metrics_text(&g2).await
+    };
+    assert!(
+        text.contains(&format!(
+            "kvroute_replica_held_total{{rule=\"kv\"}} {}",
+            held(waiting)
+        )),
+        "on /metrics too"
+    );
+}

@@ -87,6 +87,9 @@ pub struct FleetConfig {
     /// Replicas share their load with each other, each batch arriving this
     /// long after the change (0: they do not share).
     pub replica_sync_us: u64,
+    /// Replicas take turns within a burst, rank k holding a request k times
+    /// this long ([`ReplicaConfig::stagger`]; 0: no turns).
+    pub replica_stagger_us: u64,
     /// The peers' policies read the engines' gauges this often instead of
     /// every `load_poll_us` — their own scrape interval (llm-d's endpoint
     /// picker refreshes every 50 ms by default). 0: exactly at each
@@ -111,6 +114,8 @@ pub enum FleetError {
 const FINISH: u8 = 0;
 const FIRST_TOKEN: u8 = 1;
 const POLL: u8 = 2;
+/// A request held for its replica's turn is decided.
+const HOLD: u8 = 3;
 
 /// (time µs, kind, insertion order, worker, request) — min-heap order.
 type Timed = Reverse<(u64, u8, u64, u32, u32)>;
@@ -184,6 +189,7 @@ fn router(
         r.max_origins = cfg.replicas;
         // Ranks by replica index: the same in every run of a seed.
         r.origin = Some(k as u64 + 1);
+        r.stagger = Duration::from_micros(cfg.replica_stagger_us);
         b = b.replicas(r);
     }
     for w in 0..n {
@@ -238,6 +244,7 @@ pub fn simulate(
         admissions: Vec::new(),
         keys: Vec::new(),
         ttft_us: vec![u64::MAX; requests],
+        hold_us: vec![0; requests],
         e2e_us: vec![u64::MAX; requests],
         cached: vec![0; requests],
         predicted: vec![0; requests],
@@ -285,6 +292,8 @@ struct Sim<'a> {
     admissions: Vec<Admission<u32>>,
     keys: Vec<BlockKey>,
     ttft_us: Vec<u64>,
+    /// How long each request was held for its replica's turn.
+    hold_us: Vec<u64>,
     e2e_us: Vec<u64>,
     cached: Vec<u32>,
     predicted: Vec<u32>,
@@ -356,6 +365,11 @@ impl Sim<'_> {
                     FIRST_TOKEN => {
                         self.first_token(r);
                         self.share(self.replica_index(r), t);
+                    }
+                    HOLD => {
+                        if !self.decide(r, w, t) && self.cfg.concurrency.is_some() {
+                            ready.push_back(t);
+                        }
                     }
                     _ => {
                         self.poll(t);
@@ -503,16 +517,10 @@ impl Sim<'_> {
 
     /// Routes request `r` arriving at `t`; false if no worker could take it.
     fn route(&mut self, r: usize, t: u64) -> bool {
-        let Some(req) = self.workload.requests().get(r).copied() else {
+        if r >= self.workload.len() {
             return false;
-        };
+        }
         self.first_arrival.get_or_insert(t);
-        block_keys(
-            self.workload.ids(&req),
-            req.input_tokens,
-            self.block_size,
-            &mut self.keys,
-        );
         let k = if self.replicas.len() > 1 {
             self.front.gen_range(0..self.replicas.len())
         } else {
@@ -521,6 +529,36 @@ impl Sim<'_> {
         if let Some(x) = self.request_replica.get_mut(r) {
             *x = u32::try_from(k).unwrap_or(0);
         }
+        // This replica's turn in a burst: decided later, timed from now.
+        let hold = self.replicas.get(k).map_or(0, |rep| {
+            u64::try_from(rep.hold().as_micros()).unwrap_or(u64::MAX)
+        });
+        if hold > 0 {
+            if let Some(h) = self.hold_us.get_mut(r) {
+                *h = hold;
+            }
+            self.push_timed(
+                t.saturating_add(hold),
+                HOLD,
+                u32::try_from(k).unwrap_or(u32::MAX),
+                u32::try_from(r).unwrap_or(u32::MAX),
+            );
+            return true;
+        }
+        self.decide(r, k, t)
+    }
+
+    /// Decides request `r` on replica `k` at `t` and submits it.
+    fn decide(&mut self, r: usize, k: usize, t: u64) -> bool {
+        let Some(req) = self.workload.requests().get(r).copied() else {
+            return false;
+        };
+        block_keys(
+            self.workload.ids(&req),
+            req.input_tokens,
+            self.block_size,
+            &mut self.keys,
+        );
         if self.policy.is_peer() && self.cfg.peer_poll_us == 0 {
             // Exact gauges at decision time (`peer_poll_us` 0).
             for (w, worker) in self.workers.iter_mut().enumerate() {
@@ -594,11 +632,13 @@ impl Sim<'_> {
         for a in self.admissions.drain(..) {
             let r = a.tag as usize;
             let tag = a.tag;
+            // Timed from arrival: a replica's turn is part of the wait.
+            let held = self.hold_us.get(r).copied().unwrap_or(0);
             if let Some(x) = self.ttft_us.get_mut(r) {
-                *x = a.first_token_us - a.submitted_us;
+                *x = a.first_token_us - a.submitted_us + held;
             }
             if let Some(x) = self.e2e_us.get_mut(r) {
-                *x = a.finish_us - a.submitted_us;
+                *x = a.finish_us - a.submitted_us + held;
             }
             if let Some(x) = self.cached.get_mut(r) {
                 *x = a.cached_tokens;

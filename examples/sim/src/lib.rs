@@ -232,6 +232,13 @@ pub struct RunArgs {
     /// not share). Default: 1 ms with several replicas.
     #[arg(long)]
     replica_sync_ms: Option<f64>,
+    /// Replicas take turns within a burst: the replica of rank k holds a
+    /// request k times this many ms before deciding it (the gateway's
+    /// `[replicas] stagger_ms`; 0 = no turns). Default: the replica sync
+    /// delay plus 0.1 ms, so a turn starts after the previous one's
+    /// decisions have arrived.
+    #[arg(long)]
+    replica_stagger_ms: Option<f64>,
     /// The peers' policies read the engines' gauges this often (ms), as
     /// their own scrapers do (llm-d's endpoint picker: 50 ms); 0 = exactly at
     /// each decision, seeing what other replicas placed at the same instant.
@@ -445,6 +452,8 @@ pub fn simulate_all(
             #[allow(clippy::cast_precision_loss)]
             replica_sync_ms: f.replica_sync_us as f64 / 1000.0,
             #[allow(clippy::cast_precision_loss)]
+            replica_stagger_ms: f.replica_stagger_us as f64 / 1000.0,
+            #[allow(clippy::cast_precision_loss)]
             peer_poll_ms: f.peer_poll_us as f64 / 1000.0,
         },
         policies: Vec::with_capacity(plan.policies.len()),
@@ -500,6 +509,17 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
     );
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let replica_sync_us = (sync_ms * 1000.0).round() as u64;
+    let stagger_ms = args.replica_stagger_ms.unwrap_or(if replica_sync_us > 0 {
+        sync_ms + 0.1
+    } else {
+        0.0
+    });
+    anyhow::ensure!(
+        stagger_ms.is_finite() && stagger_ms >= 0.0,
+        "--replica-stagger-ms must be a non-negative number"
+    );
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let replica_stagger_us = (stagger_ms * 1000.0).round() as u64;
     anyhow::ensure!(
         args.peer_poll_ms.is_finite() && args.peer_poll_ms >= 0.0,
         "--peer-poll-ms must be a non-negative number"
@@ -551,6 +571,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
             replicas: args.replicas,
             load_poll_us,
             replica_sync_us,
+            replica_stagger_us,
             peer_poll_us,
         },
         policies,

@@ -248,6 +248,9 @@ pub struct FleetReport {
     pub load_poll_ms: f64,
     /// Replica decision-sharing delay, ms (0 = replicas do not share).
     pub replica_sync_ms: f64,
+    /// Replicas' turns within a burst: rank k holds k times this, ms (0 =
+    /// no turns).
+    pub replica_stagger_ms: f64,
     /// The peers' gauge scrape interval, ms (0 = exact at each decision).
     pub peer_poll_ms: f64,
 }
@@ -285,8 +288,8 @@ impl SimReport {
         if f.replicas > 1 {
             let _ = writeln!(
                 s,
-                "{} gateway replicas behind a random front end; engine load polled every {} ms; decisions shared after {} ms (0 = not shared)",
-                f.replicas, f.load_poll_ms, f.replica_sync_ms
+                "{} gateway replicas behind a random front end; engine load polled every {} ms; decisions shared after {} ms (0 = not shared); turns within a burst {} ms apart (0 = none)",
+                f.replicas, f.load_poll_ms, f.replica_sync_ms, f.replica_stagger_ms
             );
         }
         let _ = writeln!(

@@ -20,6 +20,7 @@ fn fleet(replicas: usize, replica_sync_us: u64) -> FleetConfig {
         replicas,
         load_poll_us: if replicas > 1 { 100_000 } else { 0 },
         replica_sync_us,
+        replica_stagger_us: 0,
         ..support::fleet(8, 64, 262_144)
     }
 }

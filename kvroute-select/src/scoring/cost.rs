@@ -359,6 +359,9 @@ struct Unseen {
     per_decider: f64,
     /// `⌈burst − 1⌉` (at least 1): endpoints one decider's burst lands on.
     burst_spread: usize,
+    /// The deciders take turns ([`crate::Deciders::ordered`]): the lower
+    /// ranks' placements are in the view already.
+    ordered: bool,
 }
 
 impl Unseen {
@@ -380,7 +383,13 @@ impl Unseen {
             endpoints: n,
             per_decider,
             burst_spread,
+            ordered: input.deciders.ordered,
         }
+    }
+
+    /// Whether `owner`'s placements of this burst are still unseen here.
+    fn unseen_from(&self, owner: usize) -> bool {
+        owner != self.rank && !(self.ordered && owner < self.rank)
     }
 
     /// Endpoint `e`'s unseen tokens, and the spill-over order's term (see
@@ -393,7 +402,7 @@ impl Unseen {
         if n >= r {
             // Zone d holds endpoints ⌈d·n/r⌉ ..< ⌈(d+1)·n/r⌉.
             let owner = e.saturating_mul(r) / n;
-            if owner == k {
+            if !self.unseen_from(owner) {
                 return (0.0, 0.0);
             }
             let size = ((owner + 1) * n).div_ceil(r) - (owner * n).div_ceil(r);
@@ -412,8 +421,7 @@ impl Unseen {
             return (unseen, spill);
         }
         // Decider d's zone is endpoint d mod n.
-        let owners = (r - 1 - e) / n + 1;
-        let others = owners - usize::from(k % n == e);
+        let others = (e..r).step_by(n).filter(|d| self.unseen_from(*d)).count();
         #[allow(clippy::cast_precision_loss)]
         let others = others as f64;
         (self.per_decider * others, 0.0)

@@ -400,7 +400,7 @@ fn encode_rows(
 
 fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::fmt::Result {
     type Field = fn(&crate::ReplicaCounters) -> u64;
-    let families: [(&str, MetricType, &str, Field); 12] = [
+    let families: [(&str, MetricType, &str, Field); 14] = [
         (
             "kvroute_replica_sent_batches",
             MetricType::Counter,
@@ -412,6 +412,18 @@ fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::
             MetricType::Counter,
             "Replica batches published at once on a decision after a quiet sync interval.",
             |c| c.sent_at_once,
+        ),
+        (
+            "kvroute_replica_held",
+            MetricType::Counter,
+            "Requests held for this replica's turn in a burst.",
+            |c| c.held,
+        ),
+        (
+            "kvroute_replica_held_microseconds",
+            MetricType::Counter,
+            "Time requests were held for this replica's turn in a burst, summed.",
+            |c| c.held_us,
         ),
         (
             "kvroute_replica_sent_deltas",

@@ -284,7 +284,36 @@ impl KvRouter {
         session: Option<&str>,
     ) -> Result<Pick, NoEndpoint> {
         let prompt = self.prepare(api, body).await;
+        self.take_turn().await;
         self.pick_prepared(prompt, session)
+    }
+
+    /// How long to hold a request that is ready to be decided now: this
+    /// replica's turn in a burst ([`ReplicaConfig::stagger`],
+    /// [`kvroute_select::RemoteLoad::hold`]); zero without replicas, alone,
+    /// or while requests come one at a time. [`KvRouter::pick`] waits it; a
+    /// host deciding with [`KvRouter::pick_prepared`] or
+    /// [`KvRouter::pick_keys`] waits it first ([`KvRouter::take_turn`]).
+    #[must_use]
+    pub fn hold(&self) -> Duration {
+        let Some(r) = &self.shared.replicas else {
+            return Duration::ZERO;
+        };
+        let burst = self.shared.current().rule.burst_stats();
+        let hold = r.remote().hold(self.shared.now(), burst);
+        if !hold.is_zero() {
+            r.held(hold);
+        }
+        hold
+    }
+
+    /// Waits [`KvRouter::hold`] on a tokio timer (returns at once when it
+    /// is zero).
+    pub async fn take_turn(&self) {
+        let hold = self.hold();
+        if !hold.is_zero() {
+            tokio::time::sleep(hold).await;
+        }
     }
 
     /// The prompt step alone ([`crate::prompt::prepare_admitted`] under this

@@ -62,6 +62,13 @@ pub struct ReplicaConfig {
     /// (the cost scorer's zones). A host that needs the same ranks in every
     /// run (the simulator) fixes them; 0 counts as 1.
     pub origin: Option<u64>,
+    /// Turns within a burst (default 1 ms; zero: none): while this
+    /// replica's decisions come in bursts, the replica of rank `k` holds
+    /// each request `k · stagger` before deciding it, so that it decides
+    /// after the lower ranks' decisions of the same burst have reached it
+    /// ([`kvroute_select::RemoteLoad::hold`]; [`crate::KvRouter::hold`]). Set it
+    /// above the time a message takes between replicas.
+    pub stagger: Duration,
 }
 
 impl fmt::Debug for ReplicaConfig {
@@ -72,6 +79,7 @@ impl fmt::Debug for ReplicaConfig {
             .field("sync_interval", &self.sync_interval)
             .field("heartbeat", &self.heartbeat)
             .field("ttl", &self.ttl)
+            .field("stagger", &self.stagger)
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +97,7 @@ impl ReplicaConfig {
             max_origins: 64,
             max_message_bytes: 1 << 20,
             origin: None,
+            stagger: Duration::from_millis(1),
         }
     }
 }
@@ -221,6 +230,11 @@ pub struct ReplicaCounters {
     pub expired: u64,
     /// Other replicas counted now.
     pub replicas: u64,
+    /// Requests held for this replica's turn in a burst
+    /// ([`ReplicaConfig::stagger`]).
+    pub held: u64,
+    /// Their holds summed, microseconds.
+    pub held_us: u64,
 }
 
 #[derive(Debug, Default)]
@@ -236,6 +250,8 @@ pub(crate) struct Counting {
     pub(crate) origins_full: AtomicU64,
     pub(crate) undecodable: AtomicU64,
     pub(crate) oversized: AtomicU64,
+    pub(crate) held: AtomicU64,
+    pub(crate) held_us: AtomicU64,
 }
 
 impl Counting {
@@ -259,6 +275,8 @@ impl Counting {
             oversized: get(&self.oversized),
             expired: remote.expired,
             replicas: remote.origins,
+            held: get(&self.held),
+            held_us: get(&self.held_us),
         }
     }
 }

@@ -70,6 +70,7 @@ impl ReplicaState {
                     endpoints,
                     max_origins: config.max_origins,
                     ttl: config.ttl,
+                    stagger: config.stagger,
                 },
                 origin,
             ),
@@ -87,6 +88,13 @@ impl ReplicaState {
     /// `sync_interval` (one atomic operation; no lock, never blocks).
     pub(crate) fn decided(&self) {
         self.decided.notify_one();
+    }
+
+    /// A request is held `hold` for this replica's turn.
+    pub(crate) fn held(&self, hold: Duration) {
+        Counting::add(&self.counting.held, 1);
+        let us = u64::try_from(hold.as_micros()).unwrap_or(u64::MAX);
+        Counting::add(&self.counting.held_us, us);
     }
 
     pub(crate) fn origin(&self) -> u64 {

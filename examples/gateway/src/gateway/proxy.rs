@@ -233,6 +233,8 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         .map(str::to_owned);
     let name = rt.spec.doc.name.clone();
     let explain = gw.observe.explain_header(&parts.headers);
+    // This replica's turn in a burst (zero alone or between bursts).
+    rt.router.take_turn().await;
     let picked = if gw.observe.records(explain) {
         rt.router.pick_explained(prompt, session.as_deref())
     } else {

@@ -362,6 +362,7 @@ impl Gateway {
             r.pool = Some(spec.doc.name.clone());
             r.sync_interval = Duration::from_millis(cfg.sync_interval_ms.max(1));
             r.heartbeat = Duration::from_millis(cfg.heartbeat_ms.max(1));
+            r.stagger = Duration::from_millis(cfg.stagger_ms);
             r.ttl = Duration::from_millis(cfg.remote_ttl_ms.max(1));
             b = b.replicas(r);
         }

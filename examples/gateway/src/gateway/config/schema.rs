@@ -138,6 +138,10 @@ pub struct ReplicasConfig {
     /// At most one message of load changes per rule per this interval: a
     /// decision after a quiet interval is published at once.
     pub sync_interval_ms: u64,
+    /// Turns within a burst: while requests come in bursts, the replica of
+    /// rank `k` holds each one `k · stagger_ms` before deciding it, after
+    /// the lower ranks' decisions of the burst have reached it. 0: no turns.
+    pub stagger_ms: u64,
     /// Every endpoint's totals are published at least this often, so a
     /// restarted replica or a lost message heals.
     pub heartbeat_ms: u64,
@@ -158,6 +162,7 @@ impl Default for ReplicasConfig {
             tls_cert_file: None,
             tls_key_file: None,
             sync_interval_ms: 2,
+            stagger_ms: 1,
             heartbeat_ms: 1_000,
             remote_ttl_ms: 5_000,
         }

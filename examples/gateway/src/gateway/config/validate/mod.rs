@@ -785,6 +785,10 @@ impl EndpointSpec {
     }
 }
 
+/// Largest `replicas.stagger_ms`: the highest rank holds a request this many
+/// times its rank; beyond a few tens of ms a turn costs more than the herd.
+const MAX_STAGGER_MS: u64 = 50;
+
 /// `[replicas]`: intervals consistent, files resolved against `base`, the
 /// NATS URL and subject prefix usable.
 fn validate_replicas(mut cfg: ReplicasConfig, base: &Path) -> Result<ReplicasConfig, ConfigError> {
@@ -793,6 +797,12 @@ fn validate_replicas(mut cfg: ReplicasConfig, base: &Path) -> Result<ReplicasCon
     }
     if cfg.heartbeat_ms == 0 {
         return Err(invalid("replicas.heartbeat_ms", "must be at least 1"));
+    }
+    if cfg.stagger_ms > MAX_STAGGER_MS {
+        return Err(invalid(
+            "replicas.stagger_ms",
+            format!("at most {MAX_STAGGER_MS} (a turn holds requests rank times this long)"),
+        ));
     }
     if cfg.remote_ttl_ms <= cfg.heartbeat_ms {
         return Err(invalid(
