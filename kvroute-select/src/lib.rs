@@ -131,8 +131,8 @@ pub use outlier::{
 };
 pub use pool::LoadBound;
 pub use replica_sync::{
-    Applied, LoadDelta, OutboxCounters, RemoteConfig, RemoteCounters, RemoteLoad, WithRemote,
-    TURN_MIN_BURST,
+    Applied, LoadDelta, OutboxCounters, RemoteConfig, RemoteCounters, RemoteLoad, Turn, WithRemote,
+    TURN_MAX_CACHED, TURN_MIN_BURST,
 };
 pub use rule::{Choice, PredictedConfig, Rule, RuleConfig, RuleError, Thresholds, Topology};
 pub use scoring::{

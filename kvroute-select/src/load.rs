@@ -87,10 +87,11 @@ pub struct Deciders {
     pub count: u32,
     /// This decider's rank, in `0..count`.
     pub rank: u32,
-    /// The deciders take turns by rank within a burst
-    /// ([`crate::RemoteLoad::hold`]): those ranked below this one have
-    /// decided their part of it, and their decisions are in this view, so
-    /// only the ones ranked above are still unseen.
+    /// This decision is made in its turn within a burst
+    /// ([`crate::RemoteLoad::turn`]): the deciders ranked below this one have
+    /// decided their part of it and it is in this view, and those ranked
+    /// above will see this decision before making theirs, so nothing is
+    /// unseen.
     pub ordered: bool,
 }
 

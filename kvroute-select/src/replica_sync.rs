@@ -270,6 +270,33 @@ impl Default for RemoteConfig {
 /// rarely decide at the same instant, and a turn would only add its wait.
 pub const TURN_MIN_BURST: f64 = 1.5;
 
+/// A request's turn within a burst ([`RemoteLoad::turn`]): how long to hold
+/// it, and whether it is then decided in turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Turn {
+    /// Wait this long before deciding (zero for the lowest rank).
+    pub hold: Duration,
+    /// Decided in its turn: the view it is decided on has the lower ranks'
+    /// part of the burst and the higher ranks will see its own
+    /// ([`WithRemote::in_turn`]).
+    pub in_turn: bool,
+}
+
+impl Turn {
+    /// No turn: decided at once, expecting the others' simultaneous
+    /// placements (outside bursts, alone, or with turns off).
+    pub const NONE: Self = Self {
+        hold: Duration::ZERO,
+        in_turn: false,
+    };
+}
+
+/// A request whose longest cached prefix on any endpoint covers at least
+/// this fraction of its blocks is never held for a turn: it goes where its
+/// cache is, whatever the others place, and holding it would only add the
+/// wait (most turns of a conversation are such requests).
+pub const TURN_MAX_CACHED: f64 = 0.5;
+
 /// What [`RemoteLoad::apply`] did with a delta.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Applied {
@@ -541,44 +568,52 @@ impl RemoteLoad {
         Deciders {
             count: live.saturating_add(1),
             rank: below,
-            ordered: !self.cfg.stagger.is_zero(),
+            ordered: false,
         }
     }
 
-    /// How long this replica holds a request that arrives at `now` before
-    /// deciding it: `rank · stagger` ([`RemoteConfig::stagger`]) while this
-    /// replica's own decisions come in bursts (`burst`, its rule's
-    /// [`crate::Rule::burst_stats`], at least [`TURN_MIN_BURST`] decisions
-    /// each) and other replicas are live; zero otherwise.
+    /// This replica's turn for a request ready to be decided at `now`
+    /// ([`Turn`]): while its own decisions come in bursts (`burst`, its
+    /// rule's [`crate::Rule::burst_stats`], at least [`TURN_MIN_BURST`]
+    /// decisions each), turns are configured ([`RemoteConfig::stagger`]) and
+    /// other replicas are live, the request waits `rank · stagger` and is
+    /// then decided in its turn — unless its cache decides where it goes
+    /// (`cached`: its longest cached prefix on any endpoint as a fraction of
+    /// its blocks, at least [`TURN_MAX_CACHED`]; called only then), when it
+    /// is decided at once like every request outside bursts ([`Turn::NONE`]).
     ///
     /// Replicas behind one front end each get part of every burst. Deciding
     /// it at the same instant on the same view, they would rank the
     /// endpoints alike and pile onto the same ones; taking turns, each
     /// decides after the lower ranks' decisions of that burst have reached
-    /// it, as one gateway deciding the burst in order would. The cost scorer
-    /// then expects unseen placements only from the higher ranks
-    /// ([`Deciders::ordered`]).
+    /// it, and the higher ranks after it will see its own: the burst is
+    /// decided in order, as one gateway would decide it. A decision in its
+    /// turn ([`WithRemote::in_turn`], [`Deciders::ordered`]) therefore
+    /// expects nothing unseen from the others.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use kvroute_select::{BurstStats, RemoteConfig, RemoteLoad};
+    /// use kvroute_select::{BurstStats, RemoteConfig, RemoteLoad, Turn};
     ///
     /// let cfg = RemoteConfig { endpoints: 4, stagger: Duration::from_millis(1), ..RemoteConfig::default() };
     /// let remote = RemoteLoad::new(cfg, 7);
     /// let bursty = BurstStats { decisions: 3.0, prefill_tokens: 2000.0 };
     /// // Alone: nobody to take turns with.
-    /// assert_eq!(remote.hold(Duration::ZERO, bursty), Duration::ZERO);
+    /// assert_eq!(remote.turn(Duration::ZERO, bursty, || 0.0), Turn::NONE);
     /// ```
     #[must_use]
-    pub fn hold(&self, now: Duration, burst: BurstStats) -> Duration {
+    pub fn turn(&self, now: Duration, burst: BurstStats, cached: impl FnOnce() -> f64) -> Turn {
         if self.cfg.stagger.is_zero() || burst.decisions < TURN_MIN_BURST {
-            return Duration::ZERO;
+            return Turn::NONE;
         }
         let d = self.deciders(now);
-        if d.count <= 1 {
-            return Duration::ZERO;
+        if d.count <= 1 || cached() >= TURN_MAX_CACHED {
+            return Turn::NONE;
         }
-        self.cfg.stagger.saturating_mul(d.rank)
+        Turn {
+            hold: self.cfg.stagger.saturating_mul(d.rank),
+            in_turn: true,
+        }
     }
 
     /// The table's counters.
@@ -598,6 +633,7 @@ impl RemoteLoad {
             remote: self,
             local,
             now,
+            in_turn: false,
         }
     }
 }
@@ -608,6 +644,17 @@ pub struct WithRemote<'a, L: ?Sized> {
     remote: &'a RemoteLoad,
     local: &'a L,
     now: Duration,
+    in_turn: bool,
+}
+
+impl<L: ?Sized> WithRemote<'_, L> {
+    /// The view for a decision made in `turn` ([`RemoteLoad::turn`]): in its
+    /// turn, [`Load::deciders`] reports the deciders as ordered.
+    #[must_use]
+    pub fn in_turn(mut self, turn: Turn) -> Self {
+        self.in_turn = turn.in_turn;
+        self
+    }
 }
 
 impl<L: Load + ?Sized> Load for WithRemote<'_, L> {
@@ -642,7 +689,7 @@ impl<L: Load + ?Sized> Load for WithRemote<'_, L> {
         Deciders {
             count: local.count.saturating_add(remote.count - 1),
             rank: local.rank.saturating_add(remote.rank),
-            ordered: remote.ordered,
+            ordered: self.in_turn,
         }
     }
 }

@@ -400,12 +400,12 @@ proptest! {
     }
 }
 
-/// Deciders taking turns ([`Deciders::ordered`]): the last of four decides
+/// A decider in its turn ([`Deciders::ordered`]): the last of four decides
 /// after the other three placed their part of the burst (one request each,
 /// on the first endpoint of their zones), and sees it. The idle endpoints
-/// left in those zones are what one gateway would pick; without turns the
-/// decider also expects the others' placements still to come there, and
-/// stays in its own busier zone.
+/// left in those zones are what one gateway would pick; deciding at the
+/// same instant as the others, the decider also expects their placements
+/// still to come there, and stays in its own busier zone.
 #[test]
 fn a_decider_taking_its_turn_counts_the_lower_ranks_placements_once() {
     let n = 8u32;
@@ -447,12 +447,14 @@ fn a_decider_taking_its_turn_counts_the_lower_ranks_placements_once() {
     assert!([6, 7].contains(&at_once), "deciding at once: {at_once}");
 }
 
-/// A replica holds a request for its turn only while its decisions come in
-/// bursts, other replicas are live and turns are configured: rank times the
-/// stagger.
+/// A replica takes turns only while its decisions come in bursts, other
+/// replicas are live, turns are configured and the request's cache does not
+/// decide where it goes: it holds the request rank times the stagger and
+/// decides it in turn.
 #[test]
-fn a_replica_holds_rank_times_the_stagger_only_in_bursts() {
+fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
     let stagger = Duration::from_millis(1);
+    let fresh = || 0.0;
     let now = Duration::from_secs(1);
     let bursty = BurstStats {
         decisions: 3.0,
@@ -489,13 +491,41 @@ fn a_replica_holds_rank_times_the_stagger_only_in_bursts() {
         }
         remote
     };
-    // Id 3 ranks 1 among {1, 3, 5}; id 7 ranks 2.
-    assert_eq!(table(3, stagger).hold(now, bursty), stagger);
-    assert_eq!(table(7, stagger).hold(now, bursty), 2 * stagger);
-    assert!(table(7, stagger).deciders(now).ordered);
-    assert_eq!(table(7, stagger).hold(now, one_at_a_time), Duration::ZERO);
-    assert_eq!(table(7, Duration::ZERO).hold(now, bursty), Duration::ZERO);
-    assert!(!table(7, Duration::ZERO).deciders(now).ordered);
-    // The lowest rank never waits.
-    assert_eq!(table(0, stagger).hold(now, bursty), Duration::ZERO);
+    let held = |hold: Duration| Turn {
+        hold,
+        in_turn: true,
+    };
+    // Id 3 ranks 1 among {1, 3, 5}; id 7 ranks 2; id 0 ranks 0 and decides
+    // in turn at once.
+    assert_eq!(table(3, stagger).turn(now, bursty, fresh), held(stagger));
+    assert_eq!(
+        table(7, stagger).turn(now, bursty, fresh),
+        held(2 * stagger)
+    );
+    assert_eq!(
+        table(0, stagger).turn(now, bursty, fresh),
+        held(Duration::ZERO)
+    );
+    // Outside bursts, without turns, or for a request mostly cached
+    // somewhere (it goes home whatever the others place): decided at once
+    // and not in turn.
+    assert_eq!(
+        table(7, stagger).turn(now, one_at_a_time, fresh),
+        Turn::NONE
+    );
+    assert_eq!(
+        table(7, Duration::ZERO).turn(now, bursty, fresh),
+        Turn::NONE
+    );
+    assert_eq!(table(7, stagger).turn(now, bursty, || 0.8), Turn::NONE);
+    assert_eq!(
+        table(7, stagger).turn(now, bursty, || 0.3),
+        held(2 * stagger)
+    );
+    // A view for a decision in turn reports the deciders as ordered.
+    let t = table(7, stagger);
+    let local = LoadTable::new(2);
+    assert!(!t.view(&local, now).deciders().ordered);
+    let turn = t.turn(now, bursty, fresh);
+    assert!(t.view(&local, now).in_turn(turn).deciders().ordered);
 }

@@ -164,5 +164,5 @@ pub use kvroute_select::{
     BreakerConfig, Candidate, Choice, CostConfig, CostScorer, Decision, Explanation, Leg,
     LoadGuard, LostCause, MissReason, OutlierConfig, OutlierStatus, Role, ScoreInput, ScorePick,
     Scorer, ScorerKind, ScorerRef, SelectorKind, Settlement, Source, Target, Thresholds,
-    TokenAccount, Topology,
+    TokenAccount, Topology, Turn,
 };

@@ -174,6 +174,9 @@ pub struct PreparedPrompt {
     ids: Option<IdsBody>,
     /// The body asks for a streamed answer (`"stream": true`).
     streamed: bool,
+    /// This replica's turn within a burst, once taken
+    /// ([`crate::KvRouter::take_turn`]): the decision is then made in turn.
+    turn: kvroute_select::Turn,
 }
 
 impl PreparedPrompt {
@@ -197,6 +200,7 @@ impl PreparedPrompt {
             rewritten: None,
             ids: None,
             streamed: false,
+            turn: kvroute_select::Turn::NONE,
         }
     }
 
@@ -238,6 +242,17 @@ impl PreparedPrompt {
     #[must_use]
     pub fn keys(&self) -> Option<(&[BlockKey], &ContractId)> {
         self.keys.as_ref().map(|(k, c)| (&k[..], c))
+    }
+
+    /// The turn taken for this prompt ([`crate::KvRouter::take_turn`];
+    /// [`kvroute_select::Turn::NONE`] until then).
+    #[must_use]
+    pub fn turn(&self) -> kvroute_select::Turn {
+        self.turn
+    }
+
+    pub(crate) fn set_turn(&mut self, turn: kvroute_select::Turn) {
+        self.turn = turn;
     }
 
     /// The body to forward instead of the client's (`stream_options.include_usage`
@@ -411,6 +426,7 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
                 rewritten: None,
                 ids: None,
                 streamed: false,
+                turn: kvroute_select::Turn::NONE,
             }
         }
         Err(e) => {

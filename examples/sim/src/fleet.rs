@@ -46,7 +46,7 @@ use kvroute::{
 };
 use kvroute_core::{BlockKey, EndpointId};
 use kvroute_ingest::{EventBatch, KvEvent, RestartPolicy, SeqWindowConfig};
-use kvroute_select::{EngineReport, LoadBound, Source};
+use kvroute_select::{EngineReport, LoadBound, Source, Turn};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -245,6 +245,7 @@ pub fn simulate(
         keys: Vec::new(),
         ttft_us: vec![u64::MAX; requests],
         hold_us: vec![0; requests],
+        turns: vec![Turn::NONE; requests],
         e2e_us: vec![u64::MAX; requests],
         cached: vec![0; requests],
         predicted: vec![0; requests],
@@ -294,6 +295,8 @@ struct Sim<'a> {
     ttft_us: Vec<u64>,
     /// How long each request was held for its replica's turn.
     hold_us: Vec<u64>,
+    /// Each request's turn within a burst.
+    turns: Vec<Turn>,
     e2e_us: Vec<u64>,
     cached: Vec<u32>,
     predicted: Vec<u32>,
@@ -530,9 +533,23 @@ impl Sim<'_> {
             *x = u32::try_from(k).unwrap_or(0);
         }
         // This replica's turn in a burst: decided later, timed from now.
-        let hold = self.replicas.get(k).map_or(0, |rep| {
-            u64::try_from(rep.hold().as_micros()).unwrap_or(u64::MAX)
-        });
+        if let Some(req) = self.workload.requests().get(r).copied() {
+            block_keys(
+                self.workload.ids(&req),
+                req.input_tokens,
+                self.block_size,
+                &mut self.keys,
+            );
+        }
+        let keys = &self.keys;
+        let turn = self
+            .replicas
+            .get(k)
+            .map_or(Turn::NONE, |rep| rep.turn(Some(keys)));
+        if let Some(x) = self.turns.get_mut(r) {
+            *x = turn;
+        }
+        let hold = u64::try_from(turn.hold.as_micros()).unwrap_or(u64::MAX);
         if hold > 0 {
             if let Some(h) = self.hold_us.get_mut(r) {
                 *h = hold;
@@ -571,7 +588,8 @@ impl Sim<'_> {
         let Some(rep) = self.replicas.get(k) else {
             return false;
         };
-        let Ok(pick) = rep.pick_keys(&self.keys, req.input_tokens) else {
+        let turn = self.turns.get(r).copied().unwrap_or(Turn::NONE);
+        let Ok(pick) = rep.pick_keys_in_turn(&self.keys, req.input_tokens, turn) else {
             self.rejected += 1;
             return false;
         };

@@ -126,6 +126,12 @@ use crate::pool::LoadBound;
 ///   Deciders spilling at the same instant then spread over the zones
 ///   within that margin of the cheapest, while the affinity test (which
 ///   keeps a prompt where its cache is) is unchanged.
+///
+///   Where the deciders take turns within a burst
+///   ([`crate::Deciders::ordered`]; [`crate::RemoteLoad::turn`]), the lower
+///   ranks have decided their part and it is in the view, and the higher
+///   ranks will see this decision: nothing is unseen, and the decision is
+///   the one a single decider makes.
 /// * **`burst_window`**: decisions closer than this to a burst's first are
 ///   one burst: the time another replica's decision takes to reach this
 ///   one's view (its replica sync interval plus one message).
@@ -359,9 +365,6 @@ struct Unseen {
     per_decider: f64,
     /// `⌈burst − 1⌉` (at least 1): endpoints one decider's burst lands on.
     burst_spread: usize,
-    /// The deciders take turns ([`crate::Deciders::ordered`]): the lower
-    /// ranks' placements are in the view already.
-    ordered: bool,
 }
 
 impl Unseen {
@@ -370,7 +373,9 @@ impl Unseen {
         let per_decider =
             (input.burst.decisions - 1.0).max(0.0) * input.burst.prefill_tokens.max(0.0);
         let n = input.endpoint_count();
-        let on = r > 1 && per_decider > 0.0 && n > 0;
+        // Deciding in turn, the lower ranks' part of the burst is in the
+        // view and the higher ranks will see this decision: nothing unseen.
+        let on = r > 1 && per_decider > 0.0 && n > 0 && !input.deciders.ordered;
         #[allow(
             clippy::cast_precision_loss,
             clippy::cast_possible_truncation,
@@ -383,13 +388,7 @@ impl Unseen {
             endpoints: n,
             per_decider,
             burst_spread,
-            ordered: input.deciders.ordered,
         }
-    }
-
-    /// Whether `owner`'s placements of this burst are still unseen here.
-    fn unseen_from(&self, owner: usize) -> bool {
-        owner != self.rank && !(self.ordered && owner < self.rank)
     }
 
     /// Endpoint `e`'s unseen tokens, and the spill-over order's term (see
@@ -402,7 +401,7 @@ impl Unseen {
         if n >= r {
             // Zone d holds endpoints ⌈d·n/r⌉ ..< ⌈(d+1)·n/r⌉.
             let owner = e.saturating_mul(r) / n;
-            if !self.unseen_from(owner) {
+            if owner == k {
                 return (0.0, 0.0);
             }
             let size = ((owner + 1) * n).div_ceil(r) - (owner * n).div_ceil(r);
@@ -421,7 +420,8 @@ impl Unseen {
             return (unseen, spill);
         }
         // Decider d's zone is endpoint d mod n.
-        let others = (e..r).step_by(n).filter(|d| self.unseen_from(*d)).count();
+        let owners = (r - 1 - e) / n + 1;
+        let others = owners - usize::from(k % n == e);
         #[allow(clippy::cast_precision_loss)]
         let others = others as f64;
         (self.per_decider * others, 0.0)

@@ -26,7 +26,7 @@ use kvroute_engines::prompt::TokenizerPool;
 use kvroute_engines::ApiKind;
 use kvroute_ingest::{KeyAttestor, Keying, SharedIndex};
 use kvroute_select::{
-    ContractId, ContractKeys, CountersSnapshot, EngineReport, LoadTracker, ReportedLoad, Rule,
+    ContractId, ContractKeys, CountersSnapshot, EngineReport, LoadTracker, ReportedLoad, Rule, Turn,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
@@ -283,37 +283,65 @@ impl KvRouter {
         body: &Bytes,
         session: Option<&str>,
     ) -> Result<Pick, NoEndpoint> {
-        let prompt = self.prepare(api, body).await;
-        self.take_turn().await;
+        let mut prompt = self.prepare(api, body).await;
+        self.take_turn(&mut prompt).await;
         self.pick_prepared(prompt, session)
     }
 
-    /// How long to hold a request that is ready to be decided now: this
-    /// replica's turn in a burst ([`ReplicaConfig::stagger`],
-    /// [`kvroute_select::RemoteLoad::hold`]); zero without replicas, alone,
-    /// or while requests come one at a time. [`KvRouter::pick`] waits it; a
-    /// host deciding with [`KvRouter::pick_prepared`] or
-    /// [`KvRouter::pick_keys`] waits it first ([`KvRouter::take_turn`]).
+    /// This replica's turn for a request with these block keys (`None`: a
+    /// prompt without keys) that is ready to be decided now
+    /// ([`kvroute_select::RemoteLoad::turn`]): while its requests come in
+    /// bursts and other replicas are live, hold it `rank ·`
+    /// [`ReplicaConfig::stagger`] and decide it in turn; [`Turn::NONE`]
+    /// without replicas, alone, while requests come one at a time, or when
+    /// most of the prompt is cached somewhere (it goes where its cache is).
+    /// [`KvRouter::pick`] takes it; a host deciding with
+    /// [`KvRouter::pick_prepared`] calls [`KvRouter::take_turn`] first, one
+    /// deciding with keys waits [`Turn::hold`] and passes the turn to
+    /// [`KvRouter::pick_keys_in_turn`]. Holds are counted in
+    /// [`ReplicaCounters`].
     #[must_use]
-    pub fn hold(&self) -> Duration {
+    pub fn turn(&self, keys: Option<&[BlockKey]>) -> Turn {
         let Some(r) = &self.shared.replicas else {
-            return Duration::ZERO;
+            return Turn::NONE;
         };
+        let now = self.shared.now();
         let burst = self.shared.current().rule.burst_stats();
-        let hold = r.remote().hold(self.shared.now(), burst);
-        if !hold.is_zero() {
-            r.held(hold);
+        let turn = r.remote().turn(now, burst, || {
+            self.cached_fraction(keys.unwrap_or_default(), now)
+        });
+        if !turn.hold.is_zero() {
+            r.held(turn.hold);
         }
-        hold
+        turn
     }
 
-    /// Waits [`KvRouter::hold`] on a tokio timer (returns at once when it
-    /// is zero).
-    pub async fn take_turn(&self) {
-        let hold = self.hold();
-        if !hold.is_zero() {
-            tokio::time::sleep(hold).await;
+    /// The longest prefix of `keys` any endpoint holds, as a fraction of
+    /// them (0 for no keys).
+    fn cached_fraction(&self, keys: &[BlockKey], now: Duration) -> f64 {
+        use kvroute_ingest::InventoryView;
+        if keys.is_empty() {
+            return 0.0;
         }
+        let view = view::RouterView::new(&self.shared, now);
+        let mut out = vec![kvroute_ingest::Overlap::default(); view.endpoint_count()];
+        view.score_prefix(keys, &mut out);
+        let best = out.iter().map(|o| o.prefix).max().unwrap_or(0);
+        #[allow(clippy::cast_precision_loss)]
+        let fraction = f64::from(best) / keys.len() as f64;
+        fraction
+    }
+
+    /// Takes this replica's turn for `prompt` ([`KvRouter::turn`]): waits
+    /// its hold on a tokio timer (returns at once when there is none) and
+    /// records the turn in the prompt, so that [`KvRouter::pick_prepared`]
+    /// and [`KvRouter::pick_explained`] decide it in turn.
+    pub async fn take_turn(&self, prompt: &mut PreparedPrompt) {
+        let turn = self.turn(prompt.keys().map(|(k, _)| k));
+        if !turn.hold.is_zero() {
+            tokio::time::sleep(turn.hold).await;
+        }
+        prompt.set_turn(turn);
     }
 
     /// The prompt step alone ([`crate::prompt::prepare_admitted`] under this
@@ -404,11 +432,26 @@ impl KvRouter {
     /// # Errors
     /// [`NoEndpoint`] when no endpoint is available.
     pub fn pick_keys(&self, keys: &[BlockKey], prompt_tokens: u32) -> Result<Pick, NoEndpoint> {
+        self.pick_keys_in_turn(keys, prompt_tokens, Turn::NONE)
+    }
+
+    /// [`KvRouter::pick_keys`] for a request held for its `turn`
+    /// ([`KvRouter::turn`]; the host waited [`Turn::hold`]).
+    ///
+    /// # Errors
+    /// [`NoEndpoint`] when no endpoint is available.
+    pub fn pick_keys_in_turn(
+        &self,
+        keys: &[BlockKey],
+        prompt_tokens: u32,
+        turn: Turn,
+    ) -> Result<Pick, NoEndpoint> {
         Pick::decide(
             &self.shared,
             pick::Input::Keys {
                 keys: keys.to_vec(),
                 prompt_tokens,
+                turn,
             },
             false,
         )

@@ -27,7 +27,18 @@ pub(crate) enum Input {
     Keys {
         keys: Vec<BlockKey>,
         prompt_tokens: u32,
+        turn: kvroute_select::Turn,
     },
+}
+
+impl Input {
+    /// The turn the decision is made in.
+    fn turn(&self) -> kvroute_select::Turn {
+        match self {
+            Self::Prompt { prompt, .. } => prompt.turn(),
+            Self::Keys { turn, .. } => *turn,
+        }
+    }
 }
 
 /// No endpoint was available for a request (all removed, excluded, drained
@@ -87,7 +98,7 @@ impl Pick {
         decision.set_explain(explain);
         {
             let req = pick.request();
-            let view = RouterView::new(shared, now);
+            let view = RouterView::new(shared, now).in_turn(pick.input.turn());
             pick.gen
                 .rule
                 .decide_into(&mut decision, &req, &view, &view, &view, now);
@@ -123,6 +134,7 @@ impl Pick {
             Input::Keys {
                 keys,
                 prompt_tokens,
+                ..
             } => Request::new(PromptInput::Keys {
                 keys,
                 contract: &self.gen.rule.config().contract,

@@ -284,6 +284,10 @@ impl ReplicaState {
                         if tokio::time::Instant::now() < quiet_from {
                             continue;
                         }
+                        // Requests of one turn wake on the same timer tick:
+                        // let those already runnable decide first, so the
+                        // message carries the turn, not its first decision.
+                        tokio::task::yield_now().await;
                         true
                     }
                 };

@@ -24,6 +24,8 @@ pub(crate) struct RouterView<'a> {
     /// endpoint's engine-report correction reads: once per view, not once
     /// per endpoint (that made a decision quadratic in the endpoints).
     mean_prefill: std::cell::Cell<Option<u64>>,
+    /// The decision is made in its turn within a burst.
+    in_turn: bool,
 }
 
 impl<'a> RouterView<'a> {
@@ -33,7 +35,14 @@ impl<'a> RouterView<'a> {
             now,
             replicas_only: false,
             mean_prefill: std::cell::Cell::new(None),
+            in_turn: false,
         }
+    }
+
+    /// The view for a decision made in `turn` ([`kvroute_select::Turn`]).
+    pub(crate) fn in_turn(mut self, turn: kvroute_select::Turn) -> Self {
+        self.in_turn = turn.in_turn;
+        self
     }
 
     pub(crate) fn replicas_only(shared: &'a Shared, now: Duration) -> Self {
@@ -42,6 +51,7 @@ impl<'a> RouterView<'a> {
             now,
             replicas_only: true,
             mean_prefill: std::cell::Cell::new(None),
+            in_turn: false,
         }
     }
 }
@@ -78,7 +88,10 @@ impl Load for RouterView<'_> {
         self.shared
             .replicas
             .as_ref()
-            .map_or(Deciders::ALONE, |r| r.remote().deciders(self.now))
+            .map_or(Deciders::ALONE, |r| Deciders {
+                ordered: self.in_turn,
+                ..r.remote().deciders(self.now)
+            })
     }
 
     /// Every replica's charges (the cost scorer's drain times them).

@@ -208,7 +208,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
     };
     // Parse, tokenize and hash on the blocking pool, within the per-request
     // limits and the tokenization admission across requests.
-    let prompt = prepare_admitted(
+    let mut prompt = prepare_admitted(
         &gw,
         &tokio::runtime::Handle::current(),
         &gw.tokenize_admission,
@@ -234,7 +234,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
     let name = rt.spec.doc.name.clone();
     let explain = gw.observe.explain_header(&parts.headers);
     // This replica's turn in a burst (zero alone or between bursts).
-    rt.router.take_turn().await;
+    rt.router.take_turn(&mut prompt).await;
     let picked = if gw.observe.records(explain) {
         rt.router.pick_explained(prompt, session.as_deref())
     } else {
