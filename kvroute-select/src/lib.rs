@@ -132,7 +132,7 @@ pub use outlier::{
 pub use pool::LoadBound;
 pub use replica_sync::{
     Applied, LoadDelta, OutboxCounters, RemoteConfig, RemoteCounters, RemoteLoad, Turn, WithRemote,
-    TURN_MAX_CACHED, TURN_MIN_BURST,
+    TURN_MAX_CACHED, TURN_MIN_OTHERS,
 };
 pub use rule::{Choice, PredictedConfig, Rule, RuleConfig, RuleError, Thresholds, Topology};
 pub use scoring::{

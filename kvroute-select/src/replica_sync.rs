@@ -247,7 +247,7 @@ pub struct RemoteConfig {
     pub ttl: Duration,
     /// Turns within a burst: while bursts are being decided, the replica of
     /// rank `k` decides each request `k · stagger` after it arrives
-    /// ([`RemoteLoad::hold`]), so it sees what the lower ranks placed of the
+    /// ([`RemoteLoad::turn`]), so it sees what the lower ranks placed of the
     /// same burst. It must exceed the time a decision takes to reach the
     /// other replicas. Zero (the default): no turns, every replica decides
     /// at once and expects the others' placements ([`Deciders`]).
@@ -265,10 +265,13 @@ impl Default for RemoteConfig {
     }
 }
 
-/// Mean decisions per burst (own, [`BurstStats::decisions`]) from which a
-/// replica takes turns: below it requests come nearly one at a time, replicas
-/// rarely decide at the same instant, and a turn would only add its wait.
-pub const TURN_MIN_BURST: f64 = 1.5;
+/// Decisions the other replicas are expected to make within one of this
+/// replica's bursts — its own mean decisions per burst
+/// ([`BurstStats::decisions`]) less one, times the other live replicas (a
+/// front end hands every replica the same stream) — from which it takes
+/// turns: below it requests come nearly one at a time, replicas rarely
+/// decide at the same instant, and a turn would only add its wait.
+pub const TURN_MIN_OTHERS: f64 = 0.5;
 
 /// A request's turn within a burst ([`RemoteLoad::turn`]): how long to hold
 /// it, and whether it is then decided in turn.
@@ -574,8 +577,8 @@ impl RemoteLoad {
 
     /// This replica's turn for a request ready to be decided at `now`
     /// ([`Turn`]): while its own decisions come in bursts (`burst`, its
-    /// rule's [`crate::Rule::burst_stats`], at least [`TURN_MIN_BURST`]
-    /// decisions each), turns are configured ([`RemoteConfig::stagger`]) and
+    /// rule's [`crate::Rule::burst_stats`]: the others expected to make at
+    /// least [`TURN_MIN_OTHERS`] decisions within one), turns are configured ([`RemoteConfig::stagger`]) and
     /// other replicas are live, the request waits `rank · stagger` and is
     /// then decided in its turn — unless its cache decides where it goes
     /// (`cached`: its longest cached prefix on any endpoint as a fraction of
@@ -603,11 +606,12 @@ impl RemoteLoad {
     /// ```
     #[must_use]
     pub fn turn(&self, now: Duration, burst: BurstStats, cached: impl FnOnce() -> f64) -> Turn {
-        if self.cfg.stagger.is_zero() || burst.decisions < TURN_MIN_BURST {
+        if self.cfg.stagger.is_zero() || burst.decisions <= 1.0 {
             return Turn::NONE;
         }
         let d = self.deciders(now);
-        if d.count <= 1 || cached() >= TURN_MAX_CACHED {
+        let others = (burst.decisions - 1.0) * f64::from(d.count.saturating_sub(1));
+        if others < TURN_MIN_OTHERS || cached() >= TURN_MAX_CACHED {
             return Turn::NONE;
         }
         Turn {

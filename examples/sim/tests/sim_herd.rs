@@ -75,7 +75,8 @@ fn four_replicas_on_bursts_stay_close_to_one() {
 /// Replicas taking turns within a burst (each rank 1.1 ms after the one
 /// below, past the 1 ms a decision takes to reach the others) decide it as
 /// one gateway would, in order: eight replicas come close to one, where
-/// deciding at the same instant costs far more.
+/// deciding at the same instant (each expecting the others' part in their
+/// zones) costs far more.
 #[test]
 fn eight_replicas_taking_turns_in_a_burst_come_close_to_one() {
     let one = run(1, Policy::KvExact, 50_000);
@@ -87,15 +88,15 @@ fn eight_replicas_taking_turns_in_a_burst_come_close_to_one() {
         turns.ttft_ms.mean, turns.ttft_ms.p99
     );
     assert_eq!(turns.served, 2000);
-    // Measured: 1.10× one replica in turns, 1.25× at once.
+    // Measured: 1.03× one replica in turns, 1.25× at once.
     assert!(
-        turns.ttft_ms.mean <= 1.15 * one.ttft_ms.mean,
+        turns.ttft_ms.mean <= 1.10 * one.ttft_ms.mean,
         "in turns {} vs one {}",
         turns.ttft_ms.mean,
         one.ttft_ms.mean
     );
     assert!(
-        turns.ttft_ms.mean <= 0.92 * at_once.ttft_ms.mean,
+        turns.ttft_ms.mean <= 0.90 * at_once.ttft_ms.mean,
         "in turns {} vs at once {}",
         turns.ttft_ms.mean,
         at_once.ttft_ms.mean

@@ -66,7 +66,7 @@ pub struct ReplicaConfig {
     /// replica's decisions come in bursts, the replica of rank `k` holds
     /// each request `k · stagger` before deciding it, so that it decides
     /// after the lower ranks' decisions of the same burst have reached it
-    /// ([`kvroute_select::RemoteLoad::hold`]; [`crate::KvRouter::hold`]). Set it
+    /// ([`kvroute_select::RemoteLoad::turn`]; [`crate::KvRouter::turn`]). Set it
     /// above the time a message takes between replicas.
     pub stagger: Duration,
 }
