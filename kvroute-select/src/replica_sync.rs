@@ -578,9 +578,9 @@ impl RemoteLoad {
     /// This replica's turn for a request ready to be decided at `now`
     /// ([`Turn`]): while its own decisions come in bursts (`burst`, its
     /// rule's [`crate::Rule::burst_stats`]: the others expected to make at
-    /// least [`TURN_MIN_OTHERS`] decisions within one), turns are configured ([`RemoteConfig::stagger`]) and
-    /// other replicas are live, the request waits `rank · stagger` and is
-    /// then decided in its turn — unless its cache decides where it goes
+    /// least [`TURN_MIN_OTHERS`] decisions within one), turns are
+    /// configured ([`RemoteConfig::stagger`]) and other replicas are live,
+    /// the request waits `rank · stagger` and is then decided in its turn — unless its cache decides where it goes
     /// (`cached`: its longest cached prefix on any endpoint as a fraction of
     /// its blocks, at least [`TURN_MAX_CACHED`]; called only then), when it
     /// is decided at once like every request outside bursts ([`Turn::NONE`]).

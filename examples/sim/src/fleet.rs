@@ -117,6 +117,13 @@ const POLL: u8 = 2;
 /// A request held for its replica's turn is decided.
 const HOLD: u8 = 3;
 
+/// How long request `r` was held for its replica's turn, µs.
+fn hold_us(turns: &[Turn], r: usize) -> u64 {
+    turns
+        .get(r)
+        .map_or(0, |t| u64::try_from(t.hold.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// (time µs, kind, insertion order, worker, request) — min-heap order.
 type Timed = Reverse<(u64, u8, u64, u32, u32)>;
 
@@ -244,7 +251,6 @@ pub fn simulate(
         admissions: Vec::new(),
         keys: Vec::new(),
         ttft_us: vec![u64::MAX; requests],
-        hold_us: vec![0; requests],
         turns: vec![Turn::NONE; requests],
         e2e_us: vec![u64::MAX; requests],
         cached: vec![0; requests],
@@ -293,9 +299,7 @@ struct Sim<'a> {
     admissions: Vec<Admission<u32>>,
     keys: Vec<BlockKey>,
     ttft_us: Vec<u64>,
-    /// How long each request was held for its replica's turn.
-    hold_us: Vec<u64>,
-    /// Each request's turn within a burst.
+    /// Each request's turn within a burst (its hold counts in its TTFT).
     turns: Vec<Turn>,
     e2e_us: Vec<u64>,
     cached: Vec<u32>,
@@ -370,7 +374,8 @@ impl Sim<'_> {
                         self.share(self.replica_index(r), t);
                     }
                     HOLD => {
-                        if !self.decide(r, w, t) && self.cfg.concurrency.is_some() {
+                        let decided = self.hash(r) && self.decide(r, w, t);
+                        if !decided && self.cfg.concurrency.is_some() {
                             ready.push_back(t);
                         }
                     }
@@ -520,7 +525,7 @@ impl Sim<'_> {
 
     /// Routes request `r` arriving at `t`; false if no worker could take it.
     fn route(&mut self, r: usize, t: u64) -> bool {
-        if r >= self.workload.len() {
+        if !self.hash(r) {
             return false;
         }
         self.first_arrival.get_or_insert(t);
@@ -533,14 +538,6 @@ impl Sim<'_> {
             *x = u32::try_from(k).unwrap_or(0);
         }
         // This replica's turn in a burst: decided later, timed from now.
-        if let Some(req) = self.workload.requests().get(r).copied() {
-            block_keys(
-                self.workload.ids(&req),
-                req.input_tokens,
-                self.block_size,
-                &mut self.keys,
-            );
-        }
         let keys = &self.keys;
         let turn = self
             .replicas
@@ -549,11 +546,8 @@ impl Sim<'_> {
         if let Some(x) = self.turns.get_mut(r) {
             *x = turn;
         }
-        let hold = u64::try_from(turn.hold.as_micros()).unwrap_or(u64::MAX);
+        let hold = hold_us(&self.turns, r);
         if hold > 0 {
-            if let Some(h) = self.hold_us.get_mut(r) {
-                *h = hold;
-            }
             self.push_timed(
                 t.saturating_add(hold),
                 HOLD,
@@ -565,8 +559,9 @@ impl Sim<'_> {
         self.decide(r, k, t)
     }
 
-    /// Decides request `r` on replica `k` at `t` and submits it.
-    fn decide(&mut self, r: usize, k: usize, t: u64) -> bool {
+    /// Hashes request `r`'s prompt into `self.keys`; false if there is no
+    /// such request.
+    fn hash(&mut self, r: usize) -> bool {
         let Some(req) = self.workload.requests().get(r).copied() else {
             return false;
         };
@@ -576,6 +571,15 @@ impl Sim<'_> {
             self.block_size,
             &mut self.keys,
         );
+        true
+    }
+
+    /// Decides request `r`, whose keys are in `self.keys`, on replica `k`
+    /// at `t` and submits it.
+    fn decide(&mut self, r: usize, k: usize, t: u64) -> bool {
+        let Some(req) = self.workload.requests().get(r).copied() else {
+            return false;
+        };
         if self.policy.is_peer() && self.cfg.peer_poll_us == 0 {
             // Exact gauges at decision time (`peer_poll_us` 0).
             for (w, worker) in self.workers.iter_mut().enumerate() {
@@ -651,7 +655,7 @@ impl Sim<'_> {
             let r = a.tag as usize;
             let tag = a.tag;
             // Timed from arrival: a replica's turn is part of the wait.
-            let held = self.hold_us.get(r).copied().unwrap_or(0);
+            let held = hold_us(&self.turns, r);
             if let Some(x) = self.ttft_us.get_mut(r) {
                 *x = a.first_token_us - a.submitted_us + held;
             }

@@ -317,15 +317,25 @@ impl KvRouter {
     }
 
     /// The longest prefix of `keys` any endpoint holds, as a fraction of
-    /// them (0 for no keys).
+    /// them (0 for no keys), walked only as far as
+    /// [`kvroute_select::TURN_MAX_CACHED`] of them: a longer prefix changes
+    /// nothing the turn depends on, and the decision walks the whole prompt
+    /// again anyway.
     fn cached_fraction(&self, keys: &[BlockKey], now: Duration) -> f64 {
         use kvroute_ingest::InventoryView;
         if keys.is_empty() {
             return 0.0;
         }
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let deciding = (keys.len() as f64 * kvroute_select::TURN_MAX_CACHED).ceil() as usize;
+        let head = keys.get(..deciding.max(1)).unwrap_or(keys);
         let view = view::RouterView::new(&self.shared, now);
         let mut out = vec![kvroute_ingest::Overlap::default(); view.endpoint_count()];
-        view.score_prefix(keys, &mut out);
+        view.score_prefix(head, &mut out);
         let best = out.iter().map(|o| o.prefix).max().unwrap_or(0);
         #[allow(clippy::cast_precision_loss)]
         let fraction = f64::from(best) / keys.len() as f64;
