@@ -46,8 +46,22 @@ if [ -z "${KVROUTE_CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
 fi
 "${KVROUTE_CHROMIUM:-/usr/bin/chromium}" --version
 
-# A clean clone gains nothing from incremental artifacts (several GB on disk).
-if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"; fi
+# A one-off full run gains nothing from incremental artifacts (several GB on disk);
+# set CARGO_INCREMENTAL=1 to keep them for repeated local runs.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
+# The full build (clippy, docs, ~150 test binaries, the outside crate) needs about
+# KVROUTE_TEST_DISK_GB of free disk for a fresh target directory; say so up front
+# rather than fail deep inside a link with "No space left on device".
+need_gb="${KVROUTE_TEST_DISK_GB:-12}"
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+mkdir -p "$target_dir"
+free_gb=$(df -Pk "$target_dir" | awk 'NR == 2 { printf "%d", $4 / 1048576 }')
+echo "==> disk: ${free_gb} GB free for $target_dir (a full run needs about ${need_gb} GB)"
+if [ "$free_gb" -lt "$need_gb" ] && [ ! -d "$target_dir/debug/deps" ]; then
+  echo "!! only ${free_gb} GB free under $target_dir: free disk space (or set CARGO_TARGET_DIR elsewhere)" >&2
+  exit 1
+fi
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
@@ -69,7 +83,6 @@ status=${PIPESTATUS[0]}
 # the `kvroute` binary the workspace run just built; the same target dir reuses
 # the workspace's artifacts. Its results count in the summary below.
 echo "==> cargo test --manifest-path tests/outside/Cargo.toml"
-target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 KVROUTE_BIN="$target_dir/debug/kvroute" CARGO_TARGET_DIR="$target_dir" \
   cargo test --locked --manifest-path tests/outside/Cargo.toml 2>&1 | tee -a "$log"
 outside_status=${PIPESTATUS[0]}
