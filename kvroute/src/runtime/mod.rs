@@ -14,6 +14,7 @@ mod pick;
 pub(crate) mod replicas;
 mod slots;
 mod status;
+mod turn;
 mod view;
 
 use std::collections::HashMap;
@@ -286,72 +287,6 @@ impl KvRouter {
         let mut prompt = self.prepare(api, body).await;
         self.take_turn(&mut prompt).await;
         self.pick_prepared(prompt, session)
-    }
-
-    /// This replica's turn for a request with these block keys (`None`: a
-    /// prompt without keys) that is ready to be decided now
-    /// ([`kvroute_select::RemoteLoad::turn`]): while its requests come in
-    /// bursts and other replicas are live, hold it `rank ·`
-    /// [`ReplicaConfig::stagger`] and decide it in turn; [`Turn::NONE`]
-    /// without replicas, alone, while requests come one at a time, or when
-    /// most of the prompt is cached somewhere (it goes where its cache is).
-    /// [`KvRouter::pick`] takes it; a host deciding with
-    /// [`KvRouter::pick_prepared`] calls [`KvRouter::take_turn`] first, one
-    /// deciding with keys waits [`Turn::hold`] and passes the turn to
-    /// [`KvRouter::pick_keys_in_turn`]. Holds are counted in
-    /// [`ReplicaCounters`].
-    #[must_use]
-    pub fn turn(&self, keys: Option<&[BlockKey]>) -> Turn {
-        let Some(r) = &self.shared.replicas else {
-            return Turn::NONE;
-        };
-        let now = self.shared.now();
-        let burst = self.shared.current().rule.burst_stats();
-        let turn = r.remote().turn(now, burst, || {
-            self.cached_fraction(keys.unwrap_or_default(), now)
-        });
-        if !turn.hold.is_zero() {
-            r.held(turn.hold);
-        }
-        turn
-    }
-
-    /// The longest prefix of `keys` any endpoint holds, as a fraction of
-    /// them (0 for no keys), walked only as far as
-    /// [`kvroute_select::TURN_MAX_CACHED`] of them: a longer prefix changes
-    /// nothing the turn depends on, and the decision walks the whole prompt
-    /// again anyway.
-    fn cached_fraction(&self, keys: &[BlockKey], now: Duration) -> f64 {
-        use kvroute_ingest::InventoryView;
-        if keys.is_empty() {
-            return 0.0;
-        }
-        #[allow(
-            clippy::cast_precision_loss,
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss
-        )]
-        let deciding = (keys.len() as f64 * kvroute_select::TURN_MAX_CACHED).ceil() as usize;
-        let head = keys.get(..deciding.max(1)).unwrap_or(keys);
-        let view = view::RouterView::new(&self.shared, now);
-        let mut out = vec![kvroute_ingest::Overlap::default(); view.endpoint_count()];
-        view.score_prefix(head, &mut out);
-        let best = out.iter().map(|o| o.prefix).max().unwrap_or(0);
-        #[allow(clippy::cast_precision_loss)]
-        let fraction = f64::from(best) / keys.len() as f64;
-        fraction
-    }
-
-    /// Takes this replica's turn for `prompt` ([`KvRouter::turn`]): waits
-    /// its hold on a tokio timer (returns at once when there is none) and
-    /// records the turn in the prompt, so that [`KvRouter::pick_prepared`]
-    /// and [`KvRouter::pick_explained`] decide it in turn.
-    pub async fn take_turn(&self, prompt: &mut PreparedPrompt) {
-        let turn = self.turn(prompt.keys().map(|(k, _)| k));
-        if !turn.hold.is_zero() {
-            tokio::time::sleep(turn.hold).await;
-        }
-        prompt.set_turn(turn);
     }
 
     /// The prompt step alone ([`crate::prompt::prepare_admitted`] under this
@@ -779,7 +714,7 @@ impl KvRouter {
             0,
         );
         if let Some(r) = &self.shared.replicas {
-            r.decided();
+            r.decided(false);
         }
         Some(guard)
     }

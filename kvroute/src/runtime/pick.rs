@@ -114,7 +114,7 @@ impl Pick {
             .predicted_prefill_tokens(shared.contract.block_size);
         pick.guard = Some(shared.tracker.charge(target, prefill));
         if let Some(r) = &shared.replicas {
-            r.decided();
+            r.decided(pick.input.turn().in_turn);
         }
         if let Some(outcome) = pick.ids_outcome() {
             shared.token_ids.record(outcome);
@@ -289,7 +289,7 @@ impl Pick {
                     None => self.guard = Some(self.shared.tracker.charge(t, prefill)),
                 }
                 if let Some(r) = &self.shared.replicas {
-                    r.decided();
+                    r.decided(false);
                 }
             }
             None => self.guard = None,

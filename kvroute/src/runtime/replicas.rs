@@ -8,7 +8,9 @@
 //! number, [`kvroute_select::replica_sync`]) goes out as a [`ReplicaBatch`]:
 //! a decision at once when nothing went out during the last
 //! [`ReplicaConfig::sync_interval`] (the first decision of a burst reaches
-//! the others while they decide theirs), otherwise with the changes
+//! the others while they decide theirs) or when it was made in its turn
+//! ([`crate::KvRouter::turn`]: the next rank decides one
+//! [`ReplicaConfig::stagger`] later), otherwise with the changes
 //! coalesced one interval after the previous message; every endpoint's totals every
 //! [`ReplicaConfig::heartbeat`] (which also keeps the replica alive at the
 //! others). A receiving replica applies each delta to its
@@ -42,8 +44,8 @@ pub struct ReplicaConfig {
     /// replicas of one pool share it, and only they.
     pub pool: Option<String>,
     /// At most one message of changed endpoints per this interval (default
-    /// 2 ms): a decision after a quiet interval is sent at once, later
-    /// changes one interval after the previous message.
+    /// 2 ms): a decision after a quiet interval, or made in its turn, is
+    /// sent at once, later changes one interval after the previous message.
     pub sync_interval: Duration,
     /// How often every endpoint is sent (default 1 s): repairs anything
     /// lost and keeps this replica alive at the others.
@@ -62,7 +64,7 @@ pub struct ReplicaConfig {
     /// (the cost scorer's zones). A host that needs the same ranks in every
     /// run (the simulator) fixes them; 0 counts as 1.
     pub origin: Option<u64>,
-    /// Turns within a burst (default 1 ms; zero: none): while this
+    /// Turns within a burst (default 2 ms; zero: none): while this
     /// replica's decisions come in bursts, the replica of rank `k` holds
     /// each request `k · stagger` before deciding it, so that it decides
     /// after the lower ranks' decisions of the same burst have reached it
@@ -97,7 +99,7 @@ impl ReplicaConfig {
             max_origins: 64,
             max_message_bytes: 1 << 20,
             origin: None,
-            stagger: Duration::from_millis(1),
+            stagger: Duration::from_millis(2),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A router's side of replica sharing: its origin id, the other replicas'
 //! load table, the outbox drain and the task that publishes and expires.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +59,10 @@ pub(crate) struct ReplicaState {
     /// A decision charged load: wakes the publishing task, which sends at
     /// once unless it sent within the last `sync_interval`.
     decided: Arc<tokio::sync::Notify>,
+    /// A decision made in its turn is waiting to be sent: it goes at once
+    /// even within `sync_interval` of the last message, since the next
+    /// rank decides one stagger later and must see it.
+    in_turn: Arc<AtomicBool>,
 }
 
 impl ReplicaState {
@@ -80,13 +85,19 @@ impl ReplicaState {
             last_full: Mutex::new((None, 0)),
             subscription: Mutex::new(None),
             decided: Arc::new(tokio::sync::Notify::new()),
+            in_turn: Arc::new(AtomicBool::new(false)),
         }
     }
 
     /// A decision charged an endpoint: the publishing task sends it without
     /// waiting for its next tick when nothing went out during the last
-    /// `sync_interval` (one atomic operation; no lock, never blocks).
-    pub(crate) fn decided(&self) {
+    /// `sync_interval`, or when it was decided in its turn (`in_turn`: the
+    /// higher ranks decide one stagger later, which may be sooner than the
+    /// next tick). Atomic operations only; no lock, never blocks.
+    pub(crate) fn decided(&self, in_turn: bool) {
+        if in_turn {
+            self.in_turn.store(true, Ordering::Release);
+        }
         self.decided.notify_one();
     }
 
@@ -266,6 +277,7 @@ impl ReplicaState {
         let interval = self.config.sync_interval.max(Duration::from_micros(100));
         let stopped = shared.stopped();
         let decided = Arc::clone(&self.decided);
+        let in_turn = Arc::clone(&self.in_turn);
         handle.spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -274,14 +286,16 @@ impl ReplicaState {
             // once and restarts the ticks from there; a decision within an
             // interval of the last message waits for the next tick, which
             // sends everything changed since. At most one message per
-            // interval, as with the ticks alone.
+            // interval, as with the ticks alone, except for decisions made
+            // in their turn: at most one more message per turn.
             let mut quiet_from = tokio::time::Instant::now();
             loop {
                 let at_once = tokio::select! {
                     () = &mut stopped => return,
                     _ = tick.tick() => false,
                     () = decided.notified() => {
-                        if tokio::time::Instant::now() < quiet_from {
+                        let turn = in_turn.swap(false, Ordering::AcqRel);
+                        if !turn && tokio::time::Instant::now() < quiet_from {
                             continue;
                         }
                         // Requests of one turn wake on the same timer tick:

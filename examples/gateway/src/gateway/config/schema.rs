@@ -162,7 +162,7 @@ impl Default for ReplicasConfig {
             tls_cert_file: None,
             tls_key_file: None,
             sync_interval_ms: 2,
-            stagger_ms: 1,
+            stagger_ms: 2,
             heartbeat_ms: 1_000,
             remote_ttl_ms: 5_000,
         }

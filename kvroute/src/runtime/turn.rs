@@ -1,0 +1,286 @@
+//! Turns within a burst ([`kvroute_select::RemoteLoad::turn`]) as the
+//! router takes them: which requests wait, and for how long.
+
+use std::time::Duration;
+
+use kvroute_core::BlockKey;
+use kvroute_select::Turn;
+
+use super::{view, KvRouter};
+use crate::prompt::PreparedPrompt;
+
+impl KvRouter {
+    /// This replica's turn for a request with these block keys (`None`: a
+    /// prompt without keys) that is ready to be decided now
+    /// ([`kvroute_select::RemoteLoad::turn`]): while its requests come in
+    /// bursts and other replicas are live, hold it `rank ·`
+    /// [`ReplicaConfig::stagger`] and decide it in turn; [`Turn::NONE`]
+    /// without replicas, alone, while requests come one at a time, or when
+    /// most of what the other endpoints lack is cached on one (it goes where
+    /// its cache is).
+    /// [`KvRouter::pick`] takes it; a host deciding with
+    /// [`KvRouter::pick_prepared`] calls [`KvRouter::take_turn`] first, one
+    /// deciding with keys waits [`Turn::hold`] and passes the turn to
+    /// [`KvRouter::pick_keys_in_turn`]. Holds are counted in
+    /// [`ReplicaCounters`].
+    #[must_use]
+    pub fn turn(&self, keys: Option<&[BlockKey]>) -> Turn {
+        let Some(r) = &self.shared.replicas else {
+            return Turn::NONE;
+        };
+        let now = self.shared.now();
+        let burst = self.shared.current().rule.burst_stats();
+        let turn = r.remote().turn(now, burst, || {
+            self.home_fraction(keys.unwrap_or_default(), now)
+        });
+        if !turn.hold.is_zero() {
+            r.held(turn.hold);
+        }
+        turn
+    }
+
+    /// How much of the prompt only its home holds: the longest prefix of
+    /// `keys` any endpoint holds beyond the prefix most endpoints hold (the
+    /// lower median over the endpoints: a shared system prompt), as a
+    /// fraction of the blocks past that common prefix (0 for no keys, or
+    /// when every endpoint holds the whole prompt). A prompt whose cached
+    /// part is held everywhere has no home: where it goes depends on load
+    /// alone, as for a fresh prompt, and it takes its turn.
+    fn home_fraction(&self, keys: &[BlockKey], now: Duration) -> f64 {
+        use kvroute_ingest::InventoryView;
+        if keys.is_empty() {
+            return 0.0;
+        }
+        let view = view::RouterView::new(&self.shared, now);
+        let mut out = vec![kvroute_ingest::Overlap::default(); view.endpoint_count()];
+        view.score_prefix(keys, &mut out);
+        // The rule's endpoints only: the index also has slots kept free for
+        // endpoints added later (an empty URL).
+        let generation = self.shared.current();
+        let mut prefixes: Vec<u32> = out
+            .iter()
+            .zip(generation.urls.iter())
+            .filter(|(_, url)| !url.is_empty())
+            .map(|(o, _)| o.prefix)
+            .collect();
+        let best = prefixes.iter().copied().max().unwrap_or(0);
+        let middle = prefixes.len().saturating_sub(1) / 2;
+        let common = if prefixes.is_empty() {
+            0
+        } else {
+            *prefixes.select_nth_unstable(middle).1
+        };
+        let len = u32::try_from(keys.len()).unwrap_or(u32::MAX);
+        let beyond = len.saturating_sub(common);
+        if beyond == 0 {
+            return 0.0;
+        }
+        f64::from(best.saturating_sub(common)) / f64::from(beyond)
+    }
+
+    /// Takes this replica's turn for `prompt` ([`KvRouter::turn`]): waits
+    /// its hold on a tokio timer (returns at once when there is none) and
+    /// records the turn in the prompt, so that [`KvRouter::pick_prepared`]
+    /// and [`KvRouter::pick_explained`] decide it in turn.
+    pub async fn take_turn(&self, prompt: &mut PreparedPrompt) {
+        let turn = self.turn(prompt.keys().map(|(k, _)| k));
+        if !turn.hold.is_zero() {
+            tokio::time::sleep(turn.hold).await;
+        }
+        prompt.set_turn(turn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use kvroute_core::{BlockKey, EndpointId};
+    use kvroute_ingest::{BlockStored, EventBatch, KvEvent, SeqWindowConfig};
+    use kvroute_select::Turn;
+
+    use crate::engine::{Engine, Follow};
+    use crate::{Backend, Clock, HostTransport, KvRouter, ManualClock, ReplicaConfig};
+
+    /// Endpoints whose events the test applies itself.
+    #[derive(Debug)]
+    struct HostEngine;
+
+    impl Engine for HostEngine {
+        fn name(&self) -> &str {
+            "test"
+        }
+
+        fn events_carry_tokens(&self) -> bool {
+            false
+        }
+
+        fn window(&self, _follow: &Follow) -> SeqWindowConfig {
+            SeqWindowConfig::default()
+        }
+    }
+
+    const STAGGER: Duration = Duration::from_millis(1);
+
+    fn replica(origin: u64, clock: &Arc<ManualClock>) -> KvRouter {
+        let engine: Arc<dyn Engine> = Arc::new(HostEngine);
+        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+        r.origin = Some(origin);
+        r.stagger = STAGGER;
+        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
+            .no_engine_load()
+            .no_health_probes()
+            .clock(Arc::clone(clock) as Arc<dyn Clock>)
+            .replicas(r);
+        for e in 0..4 {
+            b = b.endpoint(Backend::new(Arc::clone(&engine), format!("http://e{e}")).host_events());
+        }
+        b.build().expect("router")
+    }
+
+    fn keys(ids: impl IntoIterator<Item = u64>) -> Vec<BlockKey> {
+        ids.into_iter().map(BlockKey).collect()
+    }
+
+    fn stored(seq: u64, keys: Vec<BlockKey>, parent: Option<u64>) -> EventBatch {
+        EventBatch {
+            seq,
+            timestamp: 0.0,
+            dp_rank: None,
+            events: vec![KvEvent::Stored(BlockStored {
+                keys,
+                parent: parent.map(BlockKey),
+                block_size: 4,
+                ..BlockStored::default()
+            })],
+        }
+    }
+
+    /// A system prompt every endpoint holds is no home, however much of the
+    /// prompt it is: a new conversation over it is placed by load alone and
+    /// takes its turn. A conversation whose history one endpoint holds goes
+    /// there at once, unless that history is under half of what the others
+    /// lack.
+    #[test]
+    fn a_prompt_takes_its_turn_unless_one_endpoint_holds_most_of_what_the_others_lack() {
+        let clock = Arc::new(ManualClock::default());
+        let lower = replica(1, &clock);
+        let me = replica(2, &clock);
+        // Every endpoint holds the six-block system prompt; endpoint 0 also
+        // holds one conversation's eight blocks of history after it.
+        for e in 0..4 {
+            assert!(me.ingest_at(EndpointId(e), &stored(0, keys(1..=6), None)));
+        }
+        assert!(me.ingest_at(EndpointId(0), &stored(1, keys(201..=208), Some(6))));
+        // The lower-ranked replica is live, and this one's decisions come in
+        // bursts of three.
+        let heartbeat = lower.drain_replica_batch(true).expect("a heartbeat");
+        me.apply_replica_batch(&heartbeat);
+        let other = keys([1, 2, 900]);
+        for at in [0, 50] {
+            clock.set(Duration::from_millis(at));
+            let picks: Vec<_> = (0..3)
+                .map(|_| me.pick_keys(&other, 12).expect("pick"))
+                .collect();
+            drop(picks);
+        }
+        clock.set(Duration::from_millis(100));
+        let in_turn = Turn {
+            hold: STAGGER,
+            in_turn: true,
+        };
+        // A new question over the system prompt: 6 of its 8 blocks cached
+        // everywhere, none only somewhere.
+        let fresh = keys((1..=6).chain([101, 102]));
+        assert_eq!(me.turn(Some(&fresh)), in_turn);
+        // The conversation's next turn: endpoint 0 holds 8 of the 10 blocks
+        // past the system prompt.
+        let next = keys((1..=6).chain(201..=210));
+        assert_eq!(me.turn(Some(&next)), Turn::NONE);
+        // A branch of it that endpoint 0 holds 3 of 10 blocks of.
+        let branch = keys((1..=6).chain(201..=203).chain(301..=307));
+        assert_eq!(me.turn(Some(&branch)), in_turn);
+        // Alone, nothing waits.
+        assert_eq!(lower.turn(Some(&fresh)), Turn::NONE);
+    }
+
+    /// Records what the publishing task sends.
+    #[derive(Debug, Default)]
+    struct Recording(parking_lot::Mutex<Vec<bytes::Bytes>>);
+
+    impl crate::ReplicaTransport for Recording {
+        fn publish(&self, _pool: &str, payload: bytes::Bytes) {
+            self.0.lock().push(payload);
+        }
+
+        fn subscribe(
+            &self,
+            _pool: &str,
+            _sink: crate::ReplicaSink,
+        ) -> Result<crate::ReplicaSubscription, crate::ReplicaError> {
+            Ok(crate::ReplicaSubscription::new(()))
+        }
+    }
+
+    /// Waits (bounded) until `sent` holds `n` messages.
+    async fn sent_reaches(sent: &Recording, n: usize) -> bool {
+        for _ in 0..500 {
+            if sent.0.lock().len() >= n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// The higher ranks decide one stagger after a decision made in its
+    /// turn, which may be sooner than the next coalesced message: such a
+    /// decision is published at once, while one outside a turn waits for
+    /// the next tick (here a minute away).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_decision_in_its_turn_is_published_at_once_within_the_sync_interval() {
+        let sent = Arc::new(Recording::default());
+        let engine: Arc<dyn Engine> = Arc::new(HostEngine);
+        let mut r = ReplicaConfig::new(Arc::clone(&sent) as Arc<dyn crate::ReplicaTransport>);
+        r.origin = Some(2);
+        r.stagger = STAGGER;
+        r.sync_interval = Duration::from_secs(60);
+        r.heartbeat = Duration::from_secs(3600);
+        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
+            .no_engine_load()
+            .no_health_probes()
+            .replicas(r);
+        for e in 0..2 {
+            b = b.endpoint(Backend::new(Arc::clone(&engine), format!("http://e{e}")).host_events());
+        }
+        let router = b.spawn().expect("router");
+        // A decision after a quiet interval goes out at once; the next one
+        // outside a turn waits for the tick.
+        let prompt = keys(1..=4);
+        let first = router.pick_keys(&prompt, 16).expect("pick");
+        assert!(
+            sent_reaches(&sent, 1).await,
+            "the first decision was not sent"
+        );
+        let outside = router.pick_keys(&prompt, 16).expect("pick");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            sent.0.lock().len(),
+            1,
+            "a decision outside a turn was sent before the tick"
+        );
+        let turn = Turn {
+            hold: Duration::ZERO,
+            in_turn: true,
+        };
+        let inside = router
+            .pick_keys_in_turn(&prompt, 16, turn)
+            .expect("pick in turn");
+        assert!(
+            sent_reaches(&sent, 2).await,
+            "a decision in its turn waited for the next tick"
+        );
+        drop((first, outside, inside));
+    }
+}
