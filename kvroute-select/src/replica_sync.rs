@@ -294,13 +294,12 @@ impl Turn {
     };
 }
 
-/// A request whose longest cached prefix on any endpoint covers at least
-/// this fraction of its blocks is never held for a turn: it goes where its
-/// cache is, whatever the others place, and holding it would only add the
-/// wait (most turns of a conversation are such requests). A prefix every
-/// endpoint holds counts too: short prompts over a shared system prompt,
-/// decided at once in each replica's own zone of the endpoints, spread
-/// better than in turns (simulator, `agent-bursts`).
+/// A request whose best endpoint holds at least this fraction of the blocks
+/// past the prefix most endpoints hold is never held for a turn: it goes
+/// where its cache is, whatever the others place, and holding it would only
+/// add the wait (most turns of a conversation are such requests). A prompt
+/// whose cached part every endpoint holds (a shared system prompt and a new
+/// question) has no such home and takes its turn.
 pub const TURN_MAX_CACHED: f64 = 0.5;
 
 /// What [`RemoteLoad::apply`] did with a delta.
@@ -584,10 +583,11 @@ impl RemoteLoad {
     /// least [`TURN_MIN_OTHERS`] decisions within one), turns are
     /// configured ([`RemoteConfig::stagger`]) and other replicas are live,
     /// the request waits `rank · stagger` and is then decided in its turn —
-    /// unless its cache decides where it goes (`cached`: its longest cached
-    /// prefix on any endpoint as a fraction of its blocks, at least
-    /// [`TURN_MAX_CACHED`]; called only then), when it is decided at once
-    /// like every request outside bursts ([`Turn::NONE`]).
+    /// unless its cache decides where it goes (`home`, called only then: of
+    /// the blocks past the prefix most endpoints hold, such as a shared
+    /// system prompt, the fraction its best endpoint holds, at least
+    /// [`TURN_MAX_CACHED`]), when it is decided at once like every request
+    /// outside bursts ([`Turn::NONE`]).
     ///
     /// Replicas behind one front end each get part of every burst. Deciding
     /// it at the same instant on the same view, they would rank the
@@ -609,13 +609,13 @@ impl RemoteLoad {
     /// assert_eq!(remote.turn(Duration::ZERO, bursty, || 0.0), Turn::NONE);
     /// ```
     #[must_use]
-    pub fn turn(&self, now: Duration, burst: BurstStats, cached: impl FnOnce() -> f64) -> Turn {
+    pub fn turn(&self, now: Duration, burst: BurstStats, home: impl FnOnce() -> f64) -> Turn {
         if self.cfg.stagger.is_zero() || burst.decisions <= 1.0 {
             return Turn::NONE;
         }
         let d = self.deciders(now);
         let others = (burst.decisions - 1.0) * f64::from(d.count.saturating_sub(1));
-        if others < TURN_MIN_OTHERS || cached() >= TURN_MAX_CACHED {
+        if others < TURN_MIN_OTHERS || home() >= TURN_MAX_CACHED {
             return Turn::NONE;
         }
         Turn {

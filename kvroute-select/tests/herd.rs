@@ -506,9 +506,9 @@ fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
         table(0, stagger).turn(now, bursty, fresh),
         held(Duration::ZERO)
     );
-    // Outside bursts, without turns, or for a request mostly cached
-    // somewhere (it goes home whatever the others place): decided at once
-    // and not in turn.
+    // Outside bursts, without turns, or for a request with a home (one
+    // endpoint holds most of what the others lack: it goes there whatever
+    // the others place): decided at once and not in turn.
     assert_eq!(
         table(7, stagger).turn(now, one_at_a_time, fresh),
         Turn::NONE

@@ -16,7 +16,8 @@ impl KvRouter {
     /// bursts and other replicas are live, hold it `rank ·`
     /// [`ReplicaConfig::stagger`] and decide it in turn; [`Turn::NONE`]
     /// without replicas, alone, while requests come one at a time, or when
-    /// most of the prompt is cached somewhere (it goes where its cache is).
+    /// most of what the other endpoints lack is cached on one (it goes where
+    /// its cache is).
     /// [`KvRouter::pick`] takes it; a host deciding with
     /// [`KvRouter::pick_prepared`] calls [`KvRouter::take_turn`] first, one
     /// deciding with keys waits [`Turn::hold`] and passes the turn to
@@ -30,7 +31,7 @@ impl KvRouter {
         let now = self.shared.now();
         let burst = self.shared.current().rule.burst_stats();
         let turn = r.remote().turn(now, burst, || {
-            self.cached_fraction(keys.unwrap_or_default(), now)
+            self.home_fraction(keys.unwrap_or_default(), now)
         });
         if !turn.hold.is_zero() {
             r.held(turn.hold);
@@ -38,36 +39,43 @@ impl KvRouter {
         turn
     }
 
-    /// The longest prefix of `keys` any endpoint holds, as a fraction of
-    /// them (0 for no keys), walked only as far as
-    /// [`kvroute_select::TURN_MAX_CACHED`] of them: a longer prefix changes
-    /// nothing the turn depends on, and the decision walks the whole prompt
-    /// again anyway.
-    ///
-    /// A prefix every endpoint holds (a shared system prompt) counts too: a
-    /// new conversation over a long one is then decided at once, each
-    /// replica preferring its own zone of the engines (the cost scorer's
-    /// other deciders), which in the simulator spreads bursts of short
-    /// prompts over a shared root better than turns do.
-    fn cached_fraction(&self, keys: &[BlockKey], now: Duration) -> f64 {
+    /// How much of the prompt only its home holds: the longest prefix of
+    /// `keys` any endpoint holds beyond the prefix most endpoints hold (the
+    /// lower median over the endpoints: a shared system prompt), as a
+    /// fraction of the blocks past that common prefix (0 for no keys, or
+    /// when every endpoint holds the whole prompt). A prompt whose cached
+    /// part is held everywhere has no home: where it goes depends on load
+    /// alone, as for a fresh prompt, and it takes its turn.
+    fn home_fraction(&self, keys: &[BlockKey], now: Duration) -> f64 {
         use kvroute_ingest::InventoryView;
         if keys.is_empty() {
             return 0.0;
         }
-        #[allow(
-            clippy::cast_precision_loss,
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss
-        )]
-        let deciding = (keys.len() as f64 * kvroute_select::TURN_MAX_CACHED).ceil() as usize;
-        let head = keys.get(..deciding.max(1)).unwrap_or(keys);
         let view = view::RouterView::new(&self.shared, now);
         let mut out = vec![kvroute_ingest::Overlap::default(); view.endpoint_count()];
-        view.score_prefix(head, &mut out);
-        let best = out.iter().map(|o| o.prefix).max().unwrap_or(0);
-        #[allow(clippy::cast_precision_loss)]
-        let fraction = f64::from(best) / keys.len() as f64;
-        fraction
+        view.score_prefix(keys, &mut out);
+        // The rule's endpoints only: the index also has slots kept free for
+        // endpoints added later (an empty URL).
+        let generation = self.shared.current();
+        let mut prefixes: Vec<u32> = out
+            .iter()
+            .zip(generation.urls.iter())
+            .filter(|(_, url)| !url.is_empty())
+            .map(|(o, _)| o.prefix)
+            .collect();
+        let best = prefixes.iter().copied().max().unwrap_or(0);
+        let middle = prefixes.len().saturating_sub(1) / 2;
+        let common = if prefixes.is_empty() {
+            0
+        } else {
+            *prefixes.select_nth_unstable(middle).1
+        };
+        let len = u32::try_from(keys.len()).unwrap_or(u32::MAX);
+        let beyond = len.saturating_sub(common);
+        if beyond == 0 {
+            return 0.0;
+        }
+        f64::from(best.saturating_sub(common)) / f64::from(beyond)
     }
 
     /// Takes this replica's turn for `prompt` ([`KvRouter::turn`]): waits
@@ -149,19 +157,22 @@ mod tests {
         }
     }
 
-    /// A prompt mostly cached somewhere is decided at once; one cached
-    /// less than half anywhere waits its turn; alone, nothing waits.
+    /// A system prompt every endpoint holds is no home, however much of the
+    /// prompt it is: a new conversation over it is placed by load alone and
+    /// takes its turn. A conversation whose history one endpoint holds goes
+    /// there at once, unless that history is under half of what the others
+    /// lack.
     #[test]
-    fn a_prompt_takes_its_turn_unless_half_of_it_is_cached_somewhere() {
+    fn a_prompt_takes_its_turn_unless_one_endpoint_holds_most_of_what_the_others_lack() {
         let clock = Arc::new(ManualClock::default());
         let lower = replica(1, &clock);
         let me = replica(2, &clock);
-        // Every endpoint holds a two-block system prompt; endpoint 0 also
-        // holds one conversation's six blocks of history after it.
+        // Every endpoint holds the six-block system prompt; endpoint 0 also
+        // holds one conversation's eight blocks of history after it.
         for e in 0..4 {
-            assert!(me.ingest_at(EndpointId(e), &stored(0, keys(1..=2), None)));
+            assert!(me.ingest_at(EndpointId(e), &stored(0, keys(1..=6), None)));
         }
-        assert!(me.ingest_at(EndpointId(0), &stored(1, keys(201..=206), Some(2))));
+        assert!(me.ingest_at(EndpointId(0), &stored(1, keys(201..=208), Some(6))));
         // The lower-ranked replica is live, and this one's decisions come in
         // bursts of three.
         let heartbeat = lower.drain_replica_batch(true).expect("a heartbeat");
@@ -179,20 +190,17 @@ mod tests {
             hold: STAGGER,
             in_turn: true,
         };
-        // A new question over the system prompt: 2 of its 8 blocks cached.
-        let fresh = keys((1..=2).chain(101..=106));
+        // A new question over the system prompt: 6 of its 8 blocks cached
+        // everywhere, none only somewhere.
+        let fresh = keys((1..=6).chain([101, 102]));
         assert_eq!(me.turn(Some(&fresh)), in_turn);
-        // The conversation's next turn: 8 of its 10 blocks cached on
-        // endpoint 0.
-        let next = keys((1..=2).chain(201..=208));
+        // The conversation's next turn: endpoint 0 holds 8 of the 10 blocks
+        // past the system prompt.
+        let next = keys((1..=6).chain(201..=210));
         assert_eq!(me.turn(Some(&next)), Turn::NONE);
-        // A branch of it: 4 of 10 blocks cached.
-        let branch = keys((1..=2).chain(201..=202).chain(301..=306));
+        // A branch of it that endpoint 0 holds 3 of 10 blocks of.
+        let branch = keys((1..=6).chain(201..=203).chain(301..=307));
         assert_eq!(me.turn(Some(&branch)), in_turn);
-        // A short question over the system prompt: 2 of 3 blocks cached
-        // everywhere, decided at once.
-        let short = keys([1, 2, 400]);
-        assert_eq!(me.turn(Some(&short)), Turn::NONE);
         // Alone, nothing waits.
         assert_eq!(lower.turn(Some(&fresh)), Turn::NONE);
     }
