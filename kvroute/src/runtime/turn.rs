@@ -14,7 +14,7 @@ impl KvRouter {
     /// prompt without keys) that is ready to be decided now
     /// ([`kvroute_select::RemoteLoad::turn`]): while its requests come in
     /// bursts and other replicas are live, hold it `rank ·`
-    /// [`ReplicaConfig::stagger`] and decide it in turn; [`Turn::NONE`]
+    /// [`crate::ReplicaConfig::stagger`] and decide it in turn; [`Turn::NONE`]
     /// without replicas, alone, while requests come one at a time, or when
     /// most of what the other endpoints lack is cached on one (it goes where
     /// its cache is).
@@ -22,7 +22,7 @@ impl KvRouter {
     /// [`KvRouter::pick_prepared`] calls [`KvRouter::take_turn`] first, one
     /// deciding with keys waits [`Turn::hold`] and passes the turn to
     /// [`KvRouter::pick_keys_in_turn`]. Holds are counted in
-    /// [`ReplicaCounters`].
+    /// [`crate::ReplicaCounters`].
     #[must_use]
     pub fn turn(&self, keys: Option<&[BlockKey]>) -> Turn {
         let Some(r) = &self.shared.replicas else {
