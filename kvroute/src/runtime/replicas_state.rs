@@ -150,13 +150,20 @@ impl ReplicaState {
         let deadline = tokio::time::Instant::now() + self.config.ttl;
         handle.spawn(async move {
             loop {
+                // Once idle, the last message carries every endpoint's
+                // totals: a release lowers its count before it marks its
+                // endpoint changed, so a drain of changed endpoints alone,
+                // racing the last release, could miss its end for good.
+                let idle = (0..tracker.len())
+                    .all(|i| kvroute_select::Load::load(&*tracker, id(i)).in_flight == 0);
+                if idle {
+                    tracker.resync();
+                }
                 if let Some(batch) = batch_of(&tracker, &urls, origin) {
                     for msg in encode(&batch, max_bytes) {
                         transport.publish(&pool, msg);
                     }
                 }
-                let idle = (0..tracker.len())
-                    .all(|i| kvroute_select::Load::load(&*tracker, id(i)).in_flight == 0);
                 if idle || tokio::time::Instant::now() >= deadline {
                     return;
                 }

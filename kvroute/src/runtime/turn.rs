@@ -283,4 +283,38 @@ mod tests {
         );
         drop((first, outside, inside));
     }
+
+    /// A router going away with requests in flight keeps publishing until
+    /// they end, and its last message carries every endpoint's totals: a
+    /// drain of changed endpoints alone can miss an end that lands while it
+    /// runs, and the others would count that request until the TTL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retired_router_ends_with_every_endpoints_totals() {
+        let sent = Arc::new(Recording::default());
+        let engine: Arc<dyn Engine> = Arc::new(HostEngine);
+        let mut r = ReplicaConfig::new(Arc::clone(&sent) as Arc<dyn crate::ReplicaTransport>);
+        r.origin = Some(2);
+        r.sync_interval = Duration::from_millis(20);
+        r.heartbeat = Duration::from_secs(3600);
+        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
+            .no_engine_load()
+            .no_health_probes()
+            .replicas(r);
+        for e in 0..3 {
+            b = b.endpoint(Backend::new(Arc::clone(&engine), format!("http://e{e}")).host_events());
+        }
+        let router = b.spawn().expect("router");
+        let pick = router.pick_keys(&keys(1..=4), 16).expect("pick");
+        assert!(sent_reaches(&sent, 1).await, "the decision was not sent");
+        drop(router);
+        drop(pick);
+        assert!(sent_reaches(&sent, 2).await, "no message after the end");
+        let last = sent.0.lock().last().cloned().expect("a message");
+        let batch: crate::ReplicaBatch = serde_json::from_slice(&last).expect("a batch");
+        assert_eq!(batch.endpoints.len(), 3, "{batch:?}");
+        assert!(
+            batch.endpoints.iter().all(|e| e.in_flight == 0),
+            "{batch:?}"
+        );
+    }
 }
