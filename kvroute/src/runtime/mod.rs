@@ -14,6 +14,8 @@ mod pick;
 pub(crate) mod replicas;
 mod slots;
 mod status;
+#[cfg(test)]
+mod test_support;
 mod turn;
 mod view;
 

@@ -97,46 +97,23 @@ mod tests {
     use std::time::Duration;
 
     use kvroute_core::{BlockKey, EndpointId};
-    use kvroute_ingest::{BlockStored, EventBatch, KvEvent, SeqWindowConfig};
+    use kvroute_ingest::{BlockStored, EventBatch, KvEvent};
     use kvroute_select::Turn;
 
-    use crate::engine::{Engine, Follow};
-    use crate::{Backend, Clock, HostTransport, KvRouter, ManualClock, ReplicaConfig};
-
-    /// Endpoints whose events the test applies itself.
-    #[derive(Debug)]
-    struct HostEngine;
-
-    impl Engine for HostEngine {
-        fn name(&self) -> &str {
-            "test"
-        }
-
-        fn events_carry_tokens(&self) -> bool {
-            false
-        }
-
-        fn window(&self, _follow: &Follow) -> SeqWindowConfig {
-            SeqWindowConfig::default()
-        }
-    }
+    use super::super::test_support::host_router;
+    use crate::{Clock, HostTransport, KvRouter, ManualClock, ReplicaConfig};
 
     const STAGGER: Duration = Duration::from_millis(1);
 
     fn replica(origin: u64, clock: &Arc<ManualClock>) -> KvRouter {
-        let engine: Arc<dyn Engine> = Arc::new(HostEngine);
         let mut r = ReplicaConfig::new(Arc::new(HostTransport));
         r.origin = Some(origin);
         r.stagger = STAGGER;
-        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
-            .no_engine_load()
-            .no_health_probes()
+        host_router(4)
             .clock(Arc::clone(clock) as Arc<dyn Clock>)
-            .replicas(r);
-        for e in 0..4 {
-            b = b.endpoint(Backend::new(Arc::clone(&engine), format!("http://e{e}")).host_events());
-        }
-        b.build().expect("router")
+            .replicas(r)
+            .build()
+            .expect("router")
     }
 
     fn keys(ids: impl IntoIterator<Item = u64>) -> Vec<BlockKey> {
@@ -223,6 +200,17 @@ mod tests {
         }
     }
 
+    /// A router over `n` endpoints, started on the test's runtime, whose
+    /// replica messages `sent` records; `sync_interval` apart at most.
+    fn recorded(sent: &Arc<Recording>, n: usize, sync_interval: Duration) -> KvRouter {
+        let mut r = ReplicaConfig::new(Arc::clone(sent) as Arc<dyn crate::ReplicaTransport>);
+        r.origin = Some(2);
+        r.stagger = STAGGER;
+        r.sync_interval = sync_interval;
+        r.heartbeat = Duration::from_secs(3600);
+        host_router(n).replicas(r).spawn().expect("router")
+    }
+
     /// Waits (bounded) until `sent` holds `n` messages.
     async fn sent_reaches(sent: &Recording, n: usize) -> bool {
         for _ in 0..500 {
@@ -241,20 +229,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_decision_in_its_turn_is_published_at_once_within_the_sync_interval() {
         let sent = Arc::new(Recording::default());
-        let engine: Arc<dyn Engine> = Arc::new(HostEngine);
-        let mut r = ReplicaConfig::new(Arc::clone(&sent) as Arc<dyn crate::ReplicaTransport>);
-        r.origin = Some(2);
-        r.stagger = STAGGER;
-        r.sync_interval = Duration::from_secs(60);
-        r.heartbeat = Duration::from_secs(3600);
-        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
-            .no_engine_load()
-            .no_health_probes()
-            .replicas(r);
-        for e in 0..2 {
-            b = b.endpoint(Backend::new(Arc::clone(&engine), format!("http://e{e}")).host_events());
-        }
-        let router = b.spawn().expect("router");
+        let router = recorded(&sent, 2, Duration::from_secs(60));
         // A decision after a quiet interval goes out at once; the next one
         // outside a turn waits for the tick.
         let prompt = keys(1..=4);
@@ -291,19 +266,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_retired_router_ends_with_every_endpoints_totals() {
         let sent = Arc::new(Recording::default());
-        let engine: Arc<dyn Engine> = Arc::new(HostEngine);
-        let mut r = ReplicaConfig::new(Arc::clone(&sent) as Arc<dyn crate::ReplicaTransport>);
-        r.origin = Some(2);
-        r.sync_interval = Duration::from_millis(20);
-        r.heartbeat = Duration::from_secs(3600);
-        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
-            .no_engine_load()
-            .no_health_probes()
-            .replicas(r);
-        for e in 0..3 {
-            b = b.endpoint(Backend::new(Arc::clone(&engine), format!("http://e{e}")).host_events());
-        }
-        let router = b.spawn().expect("router");
+        let router = recorded(&sent, 3, Duration::from_millis(20));
         let pick = router.pick_keys(&keys(1..=4), 16).expect("pick");
         assert!(sent_reaches(&sent, 1).await, "the decision was not sent");
         drop(router);

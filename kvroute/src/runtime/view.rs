@@ -164,41 +164,16 @@ mod tests {
     use std::sync::Arc;
 
     use kvroute_core::{BlockKey, EndpointId};
-    use kvroute_ingest::{BlockStored, EventBatch, KvEvent, SeqWindowConfig};
+    use kvroute_ingest::{BlockStored, EventBatch, KvEvent};
 
-    use crate::engine::{Engine, Follow};
-    use crate::{Backend, KvRouter};
-
-    /// Endpoints whose events the test applies itself.
-    #[derive(Debug)]
-    struct HostEngine;
-
-    impl Engine for HostEngine {
-        fn name(&self) -> &str {
-            "test"
-        }
-
-        fn events_carry_tokens(&self) -> bool {
-            false
-        }
-
-        fn window(&self, _follow: &Follow) -> SeqWindowConfig {
-            SeqWindowConfig::default()
-        }
-    }
+    use super::super::test_support::host_router;
 
     /// A decision reads each endpoint's inventory health from the cell its
     /// ingest publishes, so it does not wait while an event batch holds the
     /// ingest's lock (here: held by the test until the decision is done).
     #[test]
     fn a_decision_does_not_wait_for_an_ingest_applying_a_batch() {
-        let engine: Arc<dyn Engine> = Arc::new(HostEngine);
-        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
-            .no_engine_load()
-            .no_health_probes();
-        for e in 0..2 {
-            b = b.endpoint(Backend::new(Arc::clone(&engine), format!("http://e{e}")).host_events());
-        }
+        let b = host_router(2);
         let router = Arc::new(b.build().expect("router"));
         let keys: Vec<BlockKey> = (1..=4).map(BlockKey).collect();
         let batch = EventBatch {
@@ -241,13 +216,7 @@ mod tests {
     fn one_view_computes_the_mean_prefill_per_request_once() {
         use kvroute_select::{EngineReport, Load};
 
-        let engine: Arc<dyn Engine> = Arc::new(HostEngine);
-        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
-            .no_engine_load()
-            .no_health_probes();
-        for e in 0..3 {
-            b = b.endpoint(Backend::new(Arc::clone(&engine), format!("http://e{e}")).host_events());
-        }
+        let b = host_router(3);
         let router = b.build().expect("router");
         let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
         // This router's own request on endpoint 0 gives the mean its value.
