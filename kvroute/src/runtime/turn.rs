@@ -9,6 +9,17 @@ use kvroute_select::Turn;
 use super::{view, KvRouter};
 use crate::prompt::PreparedPrompt;
 
+/// [`KvRouter::home_fraction`]'s buffers, kept per thread.
+#[derive(Default)]
+struct Scratch {
+    overlaps: Vec<kvroute_ingest::Overlap>,
+    prefixes: Vec<u32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+}
+
 impl KvRouter {
     /// This replica's turn for a request with these block keys (`None`: a
     /// prompt without keys) that is ready to be decided now
@@ -52,24 +63,38 @@ impl KvRouter {
             return 0.0;
         }
         let view = view::RouterView::new(&self.shared, now);
-        let mut out = vec![kvroute_ingest::Overlap::default(); view.endpoint_count()];
-        view.score_prefix(keys, &mut out);
         // The rule's endpoints only: the index also has slots kept free for
         // endpoints added later (an empty URL).
         let generation = self.shared.current();
-        let mut prefixes: Vec<u32> = out
-            .iter()
-            .zip(generation.urls.iter())
-            .filter(|(_, url)| !url.is_empty())
-            .map(|(o, _)| o.prefix)
-            .collect();
-        let best = prefixes.iter().copied().max().unwrap_or(0);
-        let middle = prefixes.len().saturating_sub(1) / 2;
-        let common = if prefixes.is_empty() {
-            0
-        } else {
-            *prefixes.select_nth_unstable(middle).1
-        };
+        // Per-thread scratch: a decision in a burst checks this for every
+        // request, and a fleet of a thousand endpoints would otherwise
+        // allocate two vectors of that size each time.
+        let (best, common) = SCRATCH.with(|cell| {
+            // Taken and put back (a `Cell`, so nothing can panic on a
+            // nested use; there is none).
+            let mut scratch = cell.take();
+            let Scratch { overlaps, prefixes } = &mut scratch;
+            overlaps.clear();
+            overlaps.resize(view.endpoint_count(), kvroute_ingest::Overlap::default());
+            view.score_prefix(keys, overlaps);
+            prefixes.clear();
+            prefixes.extend(
+                overlaps
+                    .iter()
+                    .zip(generation.urls.iter())
+                    .filter(|(_, url)| !url.is_empty())
+                    .map(|(o, _)| o.prefix),
+            );
+            let best = prefixes.iter().copied().max().unwrap_or(0);
+            let middle = prefixes.len().saturating_sub(1) / 2;
+            let common = if prefixes.is_empty() {
+                0
+            } else {
+                *prefixes.select_nth_unstable(middle).1
+            };
+            cell.set(scratch);
+            (best, common)
+        });
         let len = u32::try_from(keys.len()).unwrap_or(u32::MAX);
         let beyond = len.saturating_sub(common);
         if beyond == 0 {
