@@ -8,6 +8,9 @@
 //! * one replica is cut off from NATS (a TCP relay between it and the
 //!   server drops every connection): the other stops counting its requests
 //!   after `remote_ttl_ms`, and counts them again once the link is back;
+//!   replicas taking turns within bursts stop taking them once the other is
+//!   gone from their view (each alone then decides at once), and take them
+//!   again, in the same order, once the link is back;
 //! * a replica that publishes garbage or an oversized message on the
 //!   subject: each is refused and counted, nothing is applied, routing goes
 //!   on.
@@ -214,6 +217,109 @@ async fn a_partitioned_replica_expires_at_the_others_and_resyncs_when_back() {
         assert_eq!(r.await.unwrap(), Some(200));
     }
     eventually_load("released", &g2, &engine, (0, 0)).await;
+}
+
+/// Sends a burst of four requests at once to each of `gws`, waits for all of
+/// them at the engine (`sent` so far, updated), then lets them all answer.
+async fn burst(gws: [&Gateway; 2], gate: &Gate, engine: &HeldEngine, tag: &str, sent: &mut usize) {
+    let mut answers = Vec::new();
+    for (g, gw) in gws.into_iter().enumerate() {
+        for i in 0..4 {
+            answers.push(send(gw, &format!("{tag}-g{g}-{i}")));
+        }
+    }
+    *sent += answers.len();
+    received(tag, engine, *sent).await;
+    gate.open();
+    for a in answers {
+        assert_eq!(a.await.unwrap(), Some(200));
+    }
+}
+
+fn held(r: &Value) -> u64 {
+    r["held"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_replica_takes_no_turns_once_alone_and_takes_them_again_when_back() {
+    // Two replicas taking turns within bursts (the default stagger), replica
+    // 1 behind a relay. The higher-ranked one (origin ids are random, so
+    // the test finds out which) holds its requests while it hears the
+    // other. Cut off, each expires the other after the TTL and, alone,
+    // decides every request at once: no holds however bursty its traffic.
+    // Healed, the same replica takes its turns again.
+    let gate = Gate::new();
+    let engine = held_engine(&gate).await;
+    let nats = NatsServer::start();
+    let relay = Relay::start(nats.port).await;
+    let g1 = Gateway::start(&replica(&relay.url(), &[engine.addr], 1_500));
+    let g2 = Gateway::start(&replica(&nats.url(), &[engine.addr], 1_500));
+    let (r1, r2) = (&g1, &g2);
+    let both = move |want: u64| async move {
+        let (a, b) = (replica_counters(r1).await, replica_counters(r2).await);
+        (a["replicas"] == want && b["replicas"] == want).then_some(())
+    };
+    eventually("each replica hears the other", || both(1)).await;
+    let mut sent = 0;
+    for b in 0..12 {
+        burst(
+            [&g1, &g2],
+            &gate,
+            &engine,
+            &format!("before-{b}"),
+            &mut sent,
+        )
+        .await;
+    }
+    let (r1, r2) = (replica_counters(&g1).await, replica_counters(&g2).await);
+    assert!(
+        held(&r1) > 0 || held(&r2) > 0,
+        "one replica takes turns: {r1} {r2}"
+    );
+    assert!(
+        held(&r1) == 0 || held(&r2) == 0,
+        "the lower rank never waits: {r1} {r2}"
+    );
+    let higher_is_g1 = held(&r1) > 0;
+
+    relay.cut();
+    eventually("each replica expires the other", || both(0)).await;
+    let (c1, c2) = (replica_counters(&g1).await, replica_counters(&g2).await);
+    for b in 0..6 {
+        burst([&g1, &g2], &gate, &engine, &format!("cut-{b}"), &mut sent).await;
+    }
+    let (a1, a2) = (replica_counters(&g1).await, replica_counters(&g2).await);
+    assert_eq!(held(&a1), held(&c1), "alone, replica 1 holds nothing: {a1}");
+    assert_eq!(held(&a2), held(&c2), "alone, replica 2 holds nothing: {a2}");
+
+    relay.heal();
+    eventually("each replica hears the other again", || both(1)).await;
+    for b in 0..6 {
+        burst(
+            [&g1, &g2],
+            &gate,
+            &engine,
+            &format!("healed-{b}"),
+            &mut sent,
+        )
+        .await;
+    }
+    let (h1, h2) = (replica_counters(&g1).await, replica_counters(&g2).await);
+    let (higher, lower, was_lower) = if higher_is_g1 {
+        (&h1, &h2, &a2)
+    } else {
+        (&h2, &h1, &a1)
+    };
+    let was_higher = if higher_is_g1 { &a1 } else { &a2 };
+    assert!(
+        held(higher) > held(was_higher),
+        "the same replica takes its turns again: {higher} (was {was_higher})"
+    );
+    assert_eq!(
+        held(lower),
+        held(was_lower),
+        "the lower rank still never waits: {lower}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
