@@ -22,7 +22,9 @@ single-replica figures are within 2 % of that binary's.
 
 KVROUTE names the binary, TRACE the Mooncake trace, TRACES more traces
 (name=path,...), OUT the JSON directory, CASES (comma-separated names)
-restricts the cases, CAPS the capacities, REPLICAS the replica counts, JOBS
+restricts the cases, CAPS the capacities, REPLICAS the replica counts, SEEDS
+the seeds (comma-separated, default 1: the generators' workload and the
+rule's random selectors; each other seed adds a case `name@seed`), JOBS
 the simulations run at once (default 2; simulated time, so the figures do not
 depend on it), EXACT_PEERS=0 skips the peers' runs with exact gauges.
 Prints one table row per case, capacity and replica count: kv-exact's hit %,
@@ -56,6 +58,9 @@ for item in filter(None, os.environ.get('TRACES', '').split(',')):
 if os.environ.get('CASES'):
     keep = os.environ['CASES'].split(',')
     cases = [c for c in cases if c[0] in keep]
+seeds = os.environ.get('SEEDS', '1').split(',')
+cases = [(name if seed == '1' else f'{name}@{seed}', args + ['--seed', seed])
+         for name, args in cases for seed in seeds]
 caps = os.environ.get('CAPS', '4194304,262144').split(',')
 replicas = [int(r) for r in os.environ.get('REPLICAS', '1,2,4,8').split(',')]
 exact_peers = os.environ.get('EXACT_PEERS', '1') != '0'
