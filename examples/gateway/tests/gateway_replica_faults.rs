@@ -181,14 +181,47 @@ impl Relay {
     }
 }
 
+/// Two replicas over one engine (answers held until the gate opens) and a
+/// real `nats-server`, replica 1 reaching it through a [`Relay`]; each
+/// expires the other after 1.5 s of silence.
+struct Pair {
+    gate: Gate,
+    engine: HeldEngine,
+    relay: Relay,
+    g1: Gateway,
+    g2: Gateway,
+    _nats: NatsServer,
+}
+
+impl Pair {
+    async fn start() -> Self {
+        let gate = Gate::new();
+        let engine = held_engine(&gate).await;
+        let nats = NatsServer::start();
+        let relay = Relay::start(nats.port).await;
+        let g1 = Gateway::start(&replica(&relay.url(), &[engine.addr], 1_500));
+        let g2 = Gateway::start(&replica(&nats.url(), &[engine.addr], 1_500));
+        Self {
+            gate,
+            engine,
+            relay,
+            g1,
+            g2,
+            _nats: nats,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_replica_expires_at_the_others_and_resyncs_when_back() {
-    let gate = Gate::new();
-    let engine = held_engine(&gate).await;
-    let nats = NatsServer::start();
-    let relay = Relay::start(nats.port).await;
-    let g1 = Gateway::start(&replica(&relay.url(), &[engine.addr], 1_500));
-    let g2 = Gateway::start(&replica(&nats.url(), &[engine.addr], 1_500));
+    let Pair {
+        gate,
+        engine,
+        relay,
+        g1,
+        g2,
+        _nats,
+    } = Pair::start().await;
     let held: Vec<_> = (0..2).map(|i| send(&g1, &format!("p-{i}"))).collect();
     received("replica 1's requests", &engine, 2).await;
     eventually_load("replica 2 sees them", &g2, &engine, (0, 2)).await;
@@ -219,20 +252,42 @@ async fn a_partitioned_replica_expires_at_the_others_and_resyncs_when_back() {
     eventually_load("released", &g2, &engine, (0, 0)).await;
 }
 
-/// Sends a burst of four requests at once to each of `gws`, waits for all of
-/// them at the engine (`sent` so far, updated), then lets them all answer.
-async fn burst(gws: [&Gateway; 2], gate: &Gate, engine: &HeldEngine, tag: &str, sent: &mut usize) {
-    let mut answers = Vec::new();
-    for (g, gw) in gws.into_iter().enumerate() {
-        for i in 0..4 {
-            answers.push(send(gw, &format!("{tag}-g{g}-{i}")));
+impl Pair {
+    /// Sends `n` bursts, each four requests at once to each replica, waiting
+    /// for each whole burst at the engine before letting it answer; then
+    /// both replicas' sharing counters.
+    async fn bursts(&self, tag: &str, n: usize, sent: &mut usize) -> (Value, Value) {
+        for b in 0..n {
+            let mut answers = Vec::new();
+            for (g, gw) in [&self.g1, &self.g2].into_iter().enumerate() {
+                for i in 0..4 {
+                    answers.push(send(gw, &format!("{tag}-{b}-g{g}-{i}")));
+                }
+            }
+            *sent += answers.len();
+            received(tag, &self.engine, *sent).await;
+            self.gate.open();
+            for a in answers {
+                assert_eq!(a.await.unwrap(), Some(200));
+            }
         }
+        self.counters().await
     }
-    *sent += answers.len();
-    received(tag, engine, *sent).await;
-    gate.open();
-    for a in answers {
-        assert_eq!(a.await.unwrap(), Some(200));
+
+    async fn counters(&self) -> (Value, Value) {
+        (
+            replica_counters(&self.g1).await,
+            replica_counters(&self.g2).await,
+        )
+    }
+
+    /// Waits until each replica counts `n` others.
+    async fn replicas(&self, what: &str, n: u64) {
+        eventually(what, || async {
+            let (a, b) = self.counters().await;
+            (a["replicas"] == n && b["replicas"] == n).then_some(())
+        })
+        .await;
     }
 }
 
@@ -248,30 +303,10 @@ async fn a_partitioned_replica_takes_no_turns_once_alone_and_takes_them_again_wh
     // other. Cut off, each expires the other after the TTL and, alone,
     // decides every request at once: no holds however bursty its traffic.
     // Healed, the same replica takes its turns again.
-    let gate = Gate::new();
-    let engine = held_engine(&gate).await;
-    let nats = NatsServer::start();
-    let relay = Relay::start(nats.port).await;
-    let g1 = Gateway::start(&replica(&relay.url(), &[engine.addr], 1_500));
-    let g2 = Gateway::start(&replica(&nats.url(), &[engine.addr], 1_500));
-    let (r1, r2) = (&g1, &g2);
-    let both = move |want: u64| async move {
-        let (a, b) = (replica_counters(r1).await, replica_counters(r2).await);
-        (a["replicas"] == want && b["replicas"] == want).then_some(())
-    };
-    eventually("each replica hears the other", || both(1)).await;
+    let pair = Pair::start().await;
+    pair.replicas("each replica hears the other", 1).await;
     let mut sent = 0;
-    for b in 0..12 {
-        burst(
-            [&g1, &g2],
-            &gate,
-            &engine,
-            &format!("before-{b}"),
-            &mut sent,
-        )
-        .await;
-    }
-    let (r1, r2) = (replica_counters(&g1).await, replica_counters(&g2).await);
+    let (r1, r2) = pair.bursts("before", 12, &mut sent).await;
     assert!(
         held(&r1) > 0 || held(&r2) > 0,
         "one replica takes turns: {r1} {r2}"
@@ -282,35 +317,21 @@ async fn a_partitioned_replica_takes_no_turns_once_alone_and_takes_them_again_wh
     );
     let higher_is_g1 = held(&r1) > 0;
 
-    relay.cut();
-    eventually("each replica expires the other", || both(0)).await;
-    let (c1, c2) = (replica_counters(&g1).await, replica_counters(&g2).await);
-    for b in 0..6 {
-        burst([&g1, &g2], &gate, &engine, &format!("cut-{b}"), &mut sent).await;
-    }
-    let (a1, a2) = (replica_counters(&g1).await, replica_counters(&g2).await);
+    pair.relay.cut();
+    pair.replicas("each replica expires the other", 0).await;
+    let (c1, c2) = pair.counters().await;
+    let (a1, a2) = pair.bursts("cut", 6, &mut sent).await;
     assert_eq!(held(&a1), held(&c1), "alone, replica 1 holds nothing: {a1}");
     assert_eq!(held(&a2), held(&c2), "alone, replica 2 holds nothing: {a2}");
 
-    relay.heal();
-    eventually("each replica hears the other again", || both(1)).await;
-    for b in 0..6 {
-        burst(
-            [&g1, &g2],
-            &gate,
-            &engine,
-            &format!("healed-{b}"),
-            &mut sent,
-        )
-        .await;
-    }
-    let (h1, h2) = (replica_counters(&g1).await, replica_counters(&g2).await);
-    let (higher, lower, was_lower) = if higher_is_g1 {
-        (&h1, &h2, &a2)
+    pair.relay.heal();
+    pair.replicas("each replica hears the other again", 1).await;
+    let (h1, h2) = pair.bursts("healed", 6, &mut sent).await;
+    let ((higher, was_higher), (lower, was_lower)) = if higher_is_g1 {
+        ((&h1, &a1), (&h2, &a2))
     } else {
-        (&h2, &h1, &a1)
+        ((&h2, &a2), (&h1, &a1))
     };
-    let was_higher = if higher_is_g1 { &a1 } else { &a2 };
     assert!(
         held(higher) > held(was_higher),
         "the same replica takes its turns again: {higher} (was {was_higher})"
