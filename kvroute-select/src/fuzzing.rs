@@ -405,3 +405,168 @@ fn assert_rotation(
         "every endpoint ejected at {now:?}"
     );
 }
+
+/// Drives a [`crate::RemoteLoad`] table and its naive model
+/// (`crate::replica_sync::model`) with what other replicas send, read from
+/// `data`: real [`crate::LoadTracker`]s charge, answer, retarget and release
+/// requests and their outboxes are drained into a network that delivers any
+/// message, any number of times, in any order, or never; forged deltas
+/// (sequence number 0 or huge, unknown endpoints, this replica's own origin,
+/// more origins than the table has room for) join them; time jumps and
+/// expiry sweeps. After every step the table and the model agree on what
+/// each delta did, every endpoint's remote load and charged tokens, the
+/// deciders and the counters. Without forged deltas, a final resync of every
+/// tracker makes the table exactly the trackers' totals.
+pub fn replica_sync(data: &[u8]) {
+    use crate::replica_sync::model::Model;
+    use crate::{Load, LoadDelta, LoadGuard, LoadTracker, RemoteConfig, RemoteLoad, Target};
+
+    let mut b = Bytes(data);
+    let n = 1 + usize::from(b.next() % 3);
+    let max_origins = 1 + usize::from(b.next() % 4);
+    let ttl = Duration::from_millis(500 * (1 + u64::from(b.next() % 4)));
+    // Origin ids 1..=max_origins + 1, this table's own among them: at most
+    // `max_origins` others, within the model's scope.
+    let ids = max_origins as u64 + 1;
+    let own = 1 + u64::from(b.next()) % ids;
+    let cfg = RemoteConfig {
+        endpoints: n,
+        max_origins,
+        ttl,
+        stagger: Duration::ZERO,
+    };
+    let table = RemoteLoad::new(cfg, own);
+    let mut model = Model::new(cfg, own);
+    let trackers: Vec<Arc<LoadTracker>> = (1..=1 + u64::from(b.next()) % ids.min(3))
+        .map(|id| Arc::new(LoadTracker::with_sync(n, id)))
+        .collect();
+    let mut guards: Vec<LoadGuard> = Vec::new();
+    let mut sent: Vec<LoadDelta> = Vec::new();
+    let mut forged = false;
+    let mut now = Duration::from_secs(1);
+    let id = |e: u8| EndpointId(u32::from(e) % (n as u32 + 1)); // one beyond the table
+    let pick = |len: usize, x: u8| (len > 0).then(|| usize::from(x) % len);
+    for _ in 0..400 {
+        if b.0.is_empty() {
+            break;
+        }
+        let op = b.next();
+        let x = b.next();
+        match op % 12 {
+            0 | 1 => {
+                let t = &trackers[usize::from(x) % trackers.len()];
+                let decode = (b.next() & 1 == 1).then(|| id(b.next()));
+                let target = Target {
+                    endpoint: id(b.next()),
+                    decode,
+                };
+                guards.push(t.charge(target, u32::from(b.next()) * 16));
+            }
+            2 => {
+                if let Some(i) = pick(guards.len(), x) {
+                    guards[i].first_byte();
+                }
+            }
+            3 => {
+                if let Some(i) = pick(guards.len(), x) {
+                    guards[i].prefill_leg_done();
+                }
+            }
+            4 => {
+                if let Some(i) = pick(guards.len(), x) {
+                    let target = Target {
+                        endpoint: id(b.next()),
+                        decode: None,
+                    };
+                    guards[i].retarget(target, u32::from(b.next()) * 16);
+                }
+            }
+            5 => {
+                if let Some(i) = pick(guards.len(), x) {
+                    drop(guards.swap_remove(i));
+                }
+            }
+            6 => {
+                trackers[usize::from(x) % trackers.len()].drain_deltas(&mut sent);
+            }
+            7 => trackers[usize::from(x) % trackers.len()].resync(),
+            8 | 9 => {
+                if let Some(i) = pick(sent.len(), x) {
+                    let d = sent[i];
+                    // Receiving tasks race: a delivery may be stamped a
+                    // little before one already applied.
+                    let at = if op & 0x80 != 0 {
+                        now.saturating_sub(Duration::from_millis(50 * u64::from(x % 4)))
+                    } else {
+                        now
+                    };
+                    assert_eq!(table.apply(&d, at), model.apply(&d, at), "{d:?} at {at:?}");
+                }
+            }
+            10 => {
+                if x & 1 == 0 {
+                    now += Duration::from_millis(125 * u64::from(x % 16));
+                } else {
+                    assert_eq!(table.expire(now), model.expire(now), "expired at {now:?}");
+                }
+            }
+            _ => {
+                // Forged: anything a misbehaving publisher could send.
+                forged = true;
+                let seq = match b.next() % 4 {
+                    0 => 0,
+                    1 => u64::MAX,
+                    _ => u64::from(b.next()),
+                };
+                sent.push(LoadDelta {
+                    origin: 1 + u64::from(x) % ids,
+                    seq,
+                    endpoint: id(b.next()),
+                    requests: 0,
+                    prefill_tokens: 0,
+                    in_flight: u32::from(b.next()),
+                    queued_prefill_tokens: u64::from(b.next()) * 100,
+                    charged_prefill_tokens: u64::from(b.next()) * 1000,
+                });
+            }
+        }
+        for e in 0..=n as u32 {
+            let ep = EndpointId(e);
+            assert_eq!(
+                table.remote(ep, now),
+                model.remote(e as usize, now),
+                "endpoint {e}"
+            );
+            assert_eq!(
+                table.remote_charged(ep),
+                model.remote_charged(e as usize),
+                "charged at endpoint {e}"
+            );
+        }
+        assert_eq!(table.deciders(now), model.deciders(now), "deciders");
+        assert_eq!(table.counters(), model.counters(), "counters");
+    }
+    if forged {
+        return;
+    }
+    // Every tracker resyncs and its messages arrive: the table is exact.
+    let mut last = Vec::new();
+    for t in &trackers {
+        t.resync();
+        t.drain_deltas(&mut last);
+    }
+    for d in &last {
+        assert_eq!(table.apply(d, now), model.apply(d, now), "{d:?}");
+    }
+    for e in 0..n as u32 {
+        let ep = EndpointId(e);
+        let mut want = EndpointLoad::default();
+        for t in trackers.iter().filter(|t| t.origin() != Some(own)) {
+            let l = t.load(ep);
+            want.in_flight += l.in_flight;
+            want.queued_prefill_tokens += l.queued_prefill_tokens;
+        }
+        assert_eq!(table.remote(ep, now), want, "endpoint {e} after a resync");
+    }
+    drop(guards);
+}

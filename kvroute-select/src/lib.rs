@@ -71,8 +71,9 @@
 //! endpoint's cached prefix and load, each pick, and the scorer's terms
 //! ([`Scorer::explain`]).
 //!
-//! Feature `fuzzing` adds the entry points of the `select_ladder` and
-//! `outlier` cargo-fuzz targets in `fuzz/` (not a stable API).
+//! Feature `fuzzing` adds the entry points of the `select_ladder`,
+//! `outlier` and `replica_sync` cargo-fuzz targets in `fuzz/` (not a stable
+//! API).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]

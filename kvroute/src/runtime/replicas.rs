@@ -338,6 +338,66 @@ mod tests {
         }
     }
 
+    fn golden(name: &str) -> Vec<u8> {
+        let path = format!("{}/../golden/replicas/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// The wire format every replica version must keep reading
+    /// (`golden/replicas/README.md`): the committed message decodes to these
+    /// values and the encoder writes exactly its bytes; an older sender's
+    /// message without the charged counter and a newer one's with fields
+    /// this version does not know are read too.
+    #[test]
+    fn replica_messages_golden() {
+        let want = ReplicaBatch {
+            origin: 11_400_714_819_323_198_485,
+            endpoints: vec![
+                EndpointDelta {
+                    url: "http://10.0.0.1:8000".to_owned(),
+                    seq: 41,
+                    in_flight: 3,
+                    queued_prefill_tokens: 5120,
+                    requests: 1,
+                    prefill_tokens: 2048,
+                    charged_prefill_tokens: 918_528,
+                },
+                EndpointDelta {
+                    url: "http://10.0.0.2:8000".to_owned(),
+                    seq: 42,
+                    in_flight: 0,
+                    queued_prefill_tokens: 0,
+                    requests: -2,
+                    prefill_tokens: -4096,
+                    charged_prefill_tokens: 1_048_576,
+                },
+            ],
+        };
+        let bytes = golden("batch.json");
+        let got: ReplicaBatch = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(encode(&want, 1 << 20), vec![Bytes::from(bytes)]);
+
+        let older: ReplicaBatch = serde_json::from_slice(&golden("without_charged.json")).unwrap();
+        assert_eq!(older.endpoints[0].charged_prefill_tokens, 0);
+        assert_eq!((older.origin, older.endpoints[0].seq), (7, 3));
+
+        let newer: ReplicaBatch =
+            serde_json::from_slice(&golden("with_unknown_fields.json")).unwrap();
+        assert_eq!(
+            newer.endpoints,
+            vec![EndpointDelta {
+                url: "http://10.0.0.1:8000".to_owned(),
+                seq: 4,
+                in_flight: 2,
+                queued_prefill_tokens: 1024,
+                requests: 1,
+                prefill_tokens: 512,
+                charged_prefill_tokens: 1536,
+            }]
+        );
+    }
+
     #[test]
     fn a_large_batch_is_split_under_the_bound_and_loses_nothing() {
         let batch = ReplicaBatch {

@@ -1,0 +1,206 @@
+//! [`RemoteLoad`]'s specification as a naive model: it keeps every origin it
+//! ever heard of for good, with the newest totals per endpoint and a flag
+//! for whether the table still keeps it, and answers each question by
+//! scanning them, where the table keeps a bounded list, tombstones and
+//! running sums. The fuzz target and the property tests drive both with the
+//! same deltas and compare every answer.
+//!
+//! The model's memory is unbounded, the table's is not: it forgets the
+//! oldest tombstones beyond `max_origins`. The two agree while at most
+//! `max_origins` origin ids other than the table's own are ever used, which
+//! the drivers keep to.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::{Applied, LoadDelta, RemoteConfig, RemoteCounters};
+use crate::{Deciders, EndpointLoad};
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Entry {
+    seq: u64,
+    load: EndpointLoad,
+    charged: u64,
+    /// The counter's value when first heard of, less what was queued then.
+    base: u64,
+}
+
+#[derive(Debug, Default)]
+struct Origin {
+    /// Kept by the table (heard from and not forgotten since).
+    kept: bool,
+    last_heard: Duration,
+    /// Highest sequence number ever applied (kept after it is forgotten).
+    max_seq: u64,
+    entries: BTreeMap<usize, Entry>,
+}
+
+/// The naive model of a [`super::RemoteLoad`] table.
+#[derive(Debug)]
+pub(crate) struct Model {
+    cfg: RemoteConfig,
+    own: u64,
+    origins: BTreeMap<u64, Origin>,
+    /// Per endpoint, the charged shares of origins forgotten so far.
+    retired: BTreeMap<usize, u64>,
+    counters: RemoteCounters,
+}
+
+impl Model {
+    pub(crate) fn new(cfg: RemoteConfig, own: u64) -> Self {
+        Self {
+            cfg,
+            own,
+            origins: BTreeMap::new(),
+            retired: BTreeMap::new(),
+            counters: RemoteCounters::default(),
+        }
+    }
+
+    fn live(&self, o: &Origin, now: Duration) -> bool {
+        o.kept && now.saturating_sub(o.last_heard) <= self.cfg.ttl
+    }
+
+    fn kept(&self) -> usize {
+        self.origins.values().filter(|o| o.kept).count()
+    }
+
+    /// A delta received at `now`: applied only if it is news, from another
+    /// replica, about a known endpoint, and there is room for its origin.
+    pub(crate) fn apply(&mut self, d: &LoadDelta, now: Duration) -> Applied {
+        let result = self.apply_inner(d, now);
+        let c = &mut self.counters;
+        match result {
+            Applied::Applied => c.applied += 1,
+            Applied::Stale => c.stale += 1,
+            Applied::Own => c.own += 1,
+            Applied::UnknownEndpoint => c.unknown_endpoint += 1,
+            Applied::OriginsFull => c.origins_full += 1,
+        }
+        result
+    }
+
+    fn apply_inner(&mut self, d: &LoadDelta, now: Duration) -> Applied {
+        if d.origin == self.own {
+            return Applied::Own;
+        }
+        let e = d.endpoint.index();
+        if e >= self.cfg.endpoints {
+            return Applied::UnknownEndpoint;
+        }
+        // Sequence numbers start at 1: 0 is never news.
+        if d.seq == 0 {
+            return Applied::Stale;
+        }
+        let kept = self.origins.get(&d.origin).is_some_and(|o| o.kept);
+        if !kept {
+            if self.kept() >= self.cfg.max_origins {
+                self.expire(now);
+            }
+            // A forgotten origin comes back only with news newer than
+            // anything it sent before.
+            if self
+                .origins
+                .get(&d.origin)
+                .is_some_and(|o| d.seq <= o.max_seq)
+            {
+                return Applied::Stale;
+            }
+            if self.kept() >= self.cfg.max_origins {
+                return Applied::OriginsFull;
+            }
+            let o = self.origins.entry(d.origin).or_default();
+            o.kept = true;
+            o.last_heard = now;
+            o.entries.clear();
+        }
+        let Some(o) = self.origins.get_mut(&d.origin) else {
+            return Applied::UnknownEndpoint;
+        };
+        let entry = o.entries.entry(e).or_default();
+        if d.seq <= entry.seq {
+            return Applied::Stale;
+        }
+        if entry.seq == 0 {
+            entry.base = d
+                .charged_prefill_tokens
+                .saturating_sub(d.queued_prefill_tokens);
+        }
+        entry.seq = d.seq;
+        entry.load = EndpointLoad {
+            in_flight: d.in_flight,
+            queued_prefill_tokens: d.queued_prefill_tokens,
+        };
+        entry.charged = entry.charged.max(d.charged_prefill_tokens);
+        o.last_heard = o.last_heard.max(now);
+        o.max_seq = o.max_seq.max(d.seq);
+        Applied::Applied
+    }
+
+    /// Forgets the origins silent for longer than the TTL; how many.
+    pub(crate) fn expire(&mut self, now: Duration) -> usize {
+        let ttl = self.cfg.ttl;
+        let mut gone = 0;
+        for o in self.origins.values_mut() {
+            if o.kept && now.saturating_sub(o.last_heard) > ttl {
+                o.kept = false;
+                gone += 1;
+                for (e, entry) in &o.entries {
+                    let r = self.retired.entry(*e).or_default();
+                    *r = r.saturating_add(entry.charged.saturating_sub(entry.base));
+                }
+            }
+        }
+        self.counters.expired += gone as u64;
+        gone
+    }
+
+    /// The live origins' summed totals on `endpoint`.
+    pub(crate) fn remote(&self, endpoint: usize, now: Duration) -> EndpointLoad {
+        let mut sum = EndpointLoad::default();
+        for o in self.origins.values().filter(|o| self.live(o, now)) {
+            if let Some(en) = o.entries.get(&endpoint) {
+                sum.in_flight = sum.in_flight.saturating_add(en.load.in_flight);
+                sum.queued_prefill_tokens = sum
+                    .queued_prefill_tokens
+                    .saturating_add(en.load.queued_prefill_tokens);
+            }
+        }
+        sum
+    }
+
+    /// Charged tokens: forgotten origins' shares plus every kept origin's.
+    pub(crate) fn remote_charged(&self, endpoint: usize) -> u64 {
+        let retired = self.retired.get(&endpoint).copied().unwrap_or(0);
+        self.origins
+            .values()
+            .filter(|o| o.kept)
+            .filter_map(|o| o.entries.get(&endpoint))
+            .fold(retired, |acc, e| {
+                acc.saturating_add(e.charged.saturating_sub(e.base))
+            })
+    }
+
+    /// This replica and the live origins; its rank among them by id.
+    pub(crate) fn deciders(&self, now: Duration) -> Deciders {
+        let live: Vec<u64> = self
+            .origins
+            .iter()
+            .filter(|(_, o)| self.live(o, now))
+            .map(|(id, _)| *id)
+            .collect();
+        Deciders {
+            count: u32::try_from(live.len() + 1).unwrap_or(u32::MAX),
+            rank: u32::try_from(live.iter().filter(|id| **id < self.own).count())
+                .unwrap_or(u32::MAX),
+            ordered: false,
+        }
+    }
+
+    pub(crate) fn counters(&self) -> RemoteCounters {
+        RemoteCounters {
+            origins: self.kept() as u64,
+            ..self.counters
+        }
+    }
+}
