@@ -337,6 +337,19 @@ pub struct RemoteCounters {
     pub origins: u64,
 }
 
+impl RemoteCounters {
+    /// Counts what one delta did.
+    fn count(&mut self, result: Applied) {
+        match result {
+            Applied::Applied => self.applied += 1,
+            Applied::Stale => self.stale += 1,
+            Applied::Own => self.own += 1,
+            Applied::UnknownEndpoint => self.unknown_endpoint += 1,
+            Applied::OriginsFull => self.origins_full += 1,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Entry {
     /// 0: nothing applied yet (sequence numbers start at 1).
@@ -414,14 +427,7 @@ impl RemoteLoad {
     pub fn apply(&self, d: &LoadDelta, now: Duration) -> Applied {
         let mut inner = self.inner.write();
         let result = self.apply_locked(&mut inner, d, now);
-        let c = &mut inner.counters;
-        match result {
-            Applied::Applied => c.applied += 1,
-            Applied::Stale => c.stale += 1,
-            Applied::Own => c.own += 1,
-            Applied::UnknownEndpoint => c.unknown_endpoint += 1,
-            Applied::OriginsFull => c.origins_full += 1,
-        }
+        inner.counters.count(result);
         result
     }
 

@@ -13,17 +13,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{Applied, LoadDelta, RemoteConfig, RemoteCounters};
+// The table's entry type is plain data (sequence number, totals, charged
+// counter and its base); the model keeps its own rules for filling it.
+use super::{Applied, Entry, LoadDelta, RemoteConfig, RemoteCounters};
 use crate::{Deciders, EndpointLoad};
-
-#[derive(Clone, Copy, Debug, Default)]
-struct Entry {
-    seq: u64,
-    load: EndpointLoad,
-    charged: u64,
-    /// The counter's value when first heard of, less what was queued then.
-    base: u64,
-}
 
 #[derive(Debug, Default)]
 struct Origin {
@@ -69,14 +62,7 @@ impl Model {
     /// replica, about a known endpoint, and there is room for its origin.
     pub(crate) fn apply(&mut self, d: &LoadDelta, now: Duration) -> Applied {
         let result = self.apply_inner(d, now);
-        let c = &mut self.counters;
-        match result {
-            Applied::Applied => c.applied += 1,
-            Applied::Stale => c.stale += 1,
-            Applied::Own => c.own += 1,
-            Applied::UnknownEndpoint => c.unknown_endpoint += 1,
-            Applied::OriginsFull => c.origins_full += 1,
-        }
+        self.counters.count(result);
         result
     }
 
