@@ -339,12 +339,15 @@ mod tests {
     }
 
     fn golden(name: &str) -> Vec<u8> {
-        let path = format!("{}/../golden/replicas/{name}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!(
+            "{}/tests/golden/replicas/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
         std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
     /// The wire format every replica version must keep reading
-    /// (`golden/replicas/README.md`): the committed message decodes to these
+    /// (`kvroute/tests/golden/replicas/README.md`): the committed message decodes to these
     /// values and the encoder writes exactly its bytes; an older sender's
     /// message without the charged counter and a newer one's with fields
     /// this version does not know are read too.
