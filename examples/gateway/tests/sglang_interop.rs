@@ -600,6 +600,26 @@ async fn salted_and_lora(format: &'static str, contract: &str) {
     let refs: Vec<&Sgl> = engines.iter().collect();
     let gw = Gateway::start(&kv_config(contract, &refs, ""));
     wait_subscribed(&gw).await;
+    // Salted and LoRA pages carry per-block extras the gateway cannot
+    // recompute (unverifiable), and the sessions' placement decides which
+    // engine gets plain ones: one plain prompt sent to each engine directly
+    // gives every endpoint pages to verify its contract on, wherever the
+    // sessions go.
+    for (i, e) in engines.iter().enumerate() {
+        let body = json!({
+            "model": MODEL,
+            "messages": [{"role": "system", "content": prompt(&format!("attest-{i}"), 60)},
+                         {"role": "user", "content": "Hello."}],
+            "max_tokens": 1,
+        });
+        let resp = client()
+            .post(e.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "{}", resp.status());
+    }
     let classes = [
         SessionClass {
             name: "plain",
