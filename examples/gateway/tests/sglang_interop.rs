@@ -240,6 +240,18 @@ fn kvroute_keys(contract: &str, body: &Value) -> Vec<u64> {
         .collect()
 }
 
+/// Sends a chat request to `engine` itself, bypassing the gateway; it must
+/// succeed.
+async fn chat_directly(engine: &Sgl, body: &Value) {
+    let resp = client()
+        .post(engine.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+}
+
 /// Key parity on a cold engine: the page keys SGLang's tree holds after one
 /// chat request (`max_tokens` 1, so only prompt pages are owned) equal the
 /// keys `kvroute tokenize` computes for the same body; the engine is flushed
@@ -253,13 +265,7 @@ async fn assert_key_parity(engine: &Sgl, contract: &str, extra: Value) {
     for (k, v) in extra.as_object().unwrap() {
         body[k] = v.clone();
     }
-    let resp = client()
-        .post(engine.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert!(resp.status().is_success(), "{}", resp.status());
+    chat_directly(engine, &body).await;
     let mut engine_keys = engine.cached_keys().await;
     let mut ours = kvroute_keys(contract, &body);
     assert!(ours.len() >= 8, "{ours:?}");
@@ -612,13 +618,7 @@ async fn salted_and_lora(format: &'static str, contract: &str) {
                          {"role": "user", "content": "Hello."}],
             "max_tokens": 1,
         });
-        let resp = client()
-            .post(e.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert!(resp.status().is_success(), "{}", resp.status());
+        chat_directly(e, &body).await;
     }
     let classes = [
         SessionClass {
