@@ -151,7 +151,11 @@ pub struct ReplicasConfig {
 }
 
 impl Default for ReplicasConfig {
+    /// The library's timing defaults ([`kvroute::ReplicaConfig::new`]), in
+    /// milliseconds: an embedder and `kvroute serve` share load alike.
     fn default() -> Self {
+        let lib = kvroute::ReplicaConfig::new(std::sync::Arc::new(kvroute::HostTransport));
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         Self {
             nats: None,
             subject_prefix: "kvroute".to_owned(),
@@ -161,10 +165,10 @@ impl Default for ReplicasConfig {
             tls_ca_file: None,
             tls_cert_file: None,
             tls_key_file: None,
-            sync_interval_ms: 2,
-            stagger_ms: 2,
-            heartbeat_ms: 1_000,
-            remote_ttl_ms: 5_000,
+            sync_interval_ms: ms(lib.sync_interval),
+            stagger_ms: ms(lib.stagger),
+            heartbeat_ms: ms(lib.heartbeat),
+            remote_ttl_ms: ms(lib.ttl),
         }
     }
 }
