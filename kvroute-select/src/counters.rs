@@ -36,6 +36,8 @@ pub struct RuleCounters {
     implausible_receipts: AtomicU64,
     load_diversions: AtomicU64,
     predicted_blocks: AtomicU64,
+    held: AtomicU64,
+    held_us: AtomicU64,
     receipts: Vec<ReceiptCounters>,
     drift_alarms_raised: AtomicU64,
 }
@@ -108,6 +110,11 @@ pub struct CountersSnapshot {
     pub load_diversions: u64,
     /// Σ predicted overlap blocks over KV-exact picks.
     pub predicted_blocks: u64,
+    /// Requests the host held for their turn in a burst
+    /// ([`crate::burst_turn`], recorded by [`RuleCounters::held`]).
+    pub held: u64,
+    /// Those holds summed, microseconds.
+    pub held_us: u64,
     /// Drift alarms raised so far.
     pub drift_alarms_raised: u64,
     /// Per endpoint, in rule order.
@@ -164,6 +171,8 @@ impl RuleCounters {
             implausible_receipts: AtomicU64::new(0),
             load_diversions: AtomicU64::new(0),
             predicted_blocks: AtomicU64::new(0),
+            held: AtomicU64::new(0),
+            held_us: AtomicU64::new(0),
             receipts: (0..endpoints).map(|_| ReceiptCounters::default()).collect(),
             drift_alarms_raised: AtomicU64::new(0),
         }
@@ -214,6 +223,14 @@ impl RuleCounters {
 
     pub(crate) fn exhausted(&self) {
         bump(&self.exhausted);
+    }
+
+    /// The host held a request `hold` for its turn in a burst
+    /// ([`crate::burst_turn`]) before deciding it.
+    pub fn held(&self, hold: std::time::Duration) {
+        bump(&self.held);
+        let us = u64::try_from(hold.as_micros()).unwrap_or(u64::MAX);
+        self.held_us.fetch_add(us, Ordering::Relaxed);
     }
 
     /// Records a backend receipt; returns whether this receipt raised the alarm.
@@ -285,6 +302,8 @@ impl RuleCounters {
             implausible_receipts: load(&self.implausible_receipts),
             load_diversions: load(&self.load_diversions),
             predicted_blocks: load(&self.predicted_blocks),
+            held: load(&self.held),
+            held_us: load(&self.held_us),
             drift_alarms_raised: load(&self.drift_alarms_raised),
             endpoints: self
                 .hits

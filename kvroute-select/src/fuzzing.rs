@@ -433,7 +433,6 @@ pub fn replica_sync(data: &[u8]) {
         endpoints: n,
         max_origins,
         ttl,
-        stagger: Duration::ZERO,
     };
     let table = RemoteLoad::new(cfg, own);
     let mut model = Model::new(cfg, own);

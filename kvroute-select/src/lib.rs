@@ -105,6 +105,7 @@ mod rule;
 mod scoring;
 mod selector;
 mod tracker;
+mod turn;
 
 pub use affinity::AffinityConfig;
 pub use contract_keys::ContractKeys;
@@ -132,8 +133,7 @@ pub use outlier::{
 };
 pub use pool::LoadBound;
 pub use replica_sync::{
-    Applied, LoadDelta, OutboxCounters, RemoteConfig, RemoteCounters, RemoteLoad, Turn, WithRemote,
-    TURN_MAX_CACHED, TURN_MIN_OTHERS,
+    Applied, LoadDelta, OutboxCounters, RemoteConfig, RemoteCounters, RemoteLoad, WithRemote,
 };
 pub use rule::{Choice, PredictedConfig, Rule, RuleConfig, RuleError, Thresholds, Topology};
 pub use scoring::{
@@ -142,3 +142,6 @@ pub use scoring::{
 };
 pub use selector::SelectorKind;
 pub use tracker::{LoadGuard, LoadTracker};
+pub use turn::{
+    burst_turn, Turn, TurnConfig, DEFAULT_BURST_ORDER, TURN_MAX_CACHED, TURN_MIN_OTHERS,
+};

@@ -88,7 +88,7 @@ pub struct Deciders {
     /// This decider's rank, in `0..count`.
     pub rank: u32,
     /// This decision is made in its turn within a burst
-    /// ([`crate::RemoteLoad::turn`]): the deciders ranked below this one have
+    /// ([`crate::burst_turn`]): the deciders ranked below this one have
     /// decided their part of it and it is in this view, and those ranked
     /// above will see this decision before making theirs, so nothing is
     /// unseen.

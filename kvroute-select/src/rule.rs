@@ -375,7 +375,7 @@ impl Rule {
 
     /// This rule's decisions seen as bursts so far ([`crate::BurstStats`]; the
     /// default when its scorer reads none): what a replica reads to know
-    /// whether a burst is being decided ([`crate::RemoteLoad::turn`]).
+    /// whether a burst is being decided ([`crate::burst_turn`]).
     #[must_use]
     pub fn burst_stats(&self) -> crate::scoring::BurstStats {
         self.burst

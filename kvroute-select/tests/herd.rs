@@ -110,7 +110,6 @@ fn replicas_deciding_one_burst_on_one_stale_view_spread_it() {
                         endpoints: n as usize,
                         max_origins: 8,
                         ttl: Duration::from_secs(3600),
-                        stagger: Duration::ZERO,
                     },
                     k + 1,
                 );
@@ -449,8 +448,10 @@ fn a_decider_taking_its_turn_counts_the_lower_ranks_placements_once() {
 
 /// A replica takes turns only while its decisions come in bursts, other
 /// replicas are live, turns are configured and the request's cache does not
-/// decide where it goes: it holds the request rank times the stagger and
-/// decides it in turn.
+/// decide where it goes: it holds the request rank times the stagger (plus
+/// one stagger of ordering, so the burst's requests with a home go first)
+/// and decides it in turn. The ranks come from the load table's live
+/// origins.
 #[test]
 fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
     let stagger = Duration::from_millis(1);
@@ -464,11 +465,12 @@ fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
         decisions: 1.1,
         prefill_tokens: 2000.0,
     };
-    let table = |own: u64, stagger: Duration| {
+    let cfg = |order: Duration, stagger: Duration| TurnConfig { order, stagger };
+    let turns = cfg(Duration::ZERO, stagger);
+    let table = |own: u64| {
         let remote = RemoteLoad::new(
             RemoteConfig {
                 endpoints: 2,
-                stagger,
                 ..RemoteConfig::default()
             },
             own,
@@ -495,37 +497,34 @@ fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
         hold,
         in_turn: true,
     };
+    let turn = |own: u64, cfg: TurnConfig, burst: BurstStats, home: f64| {
+        burst_turn(cfg, burst, table(own).deciders(now), || home)
+    };
     // Id 3 ranks 1 among {1, 3, 5}; id 7 ranks 2; id 0 ranks 0 and decides
     // in turn at once.
-    assert_eq!(table(3, stagger).turn(now, bursty, fresh), held(stagger));
+    assert_eq!(turn(3, turns, bursty, 0.0), held(stagger));
+    assert_eq!(turn(7, turns, bursty, 0.0), held(2 * stagger));
+    assert_eq!(turn(0, turns, bursty, 0.0), held(Duration::ZERO));
+    // Ordering on: every rank one stagger later, after the requests with a
+    // home.
+    let ordered = cfg(Duration::from_micros(300), stagger);
+    assert_eq!(turn(0, ordered, bursty, 0.0), held(stagger));
+    assert_eq!(turn(7, ordered, bursty, 0.0), held(3 * stagger));
+    // Outside bursts, without turns or ordering, or for a request with a
+    // home (one endpoint holds most of what the others lack: it goes there
+    // whatever the others place): decided at once and not in turn.
+    assert_eq!(turn(7, turns, one_at_a_time, 0.0), Turn::NONE);
     assert_eq!(
-        table(7, stagger).turn(now, bursty, fresh),
-        held(2 * stagger)
-    );
-    assert_eq!(
-        table(0, stagger).turn(now, bursty, fresh),
-        held(Duration::ZERO)
-    );
-    // Outside bursts, without turns, or for a request with a home (one
-    // endpoint holds most of what the others lack: it goes there whatever
-    // the others place): decided at once and not in turn.
-    assert_eq!(
-        table(7, stagger).turn(now, one_at_a_time, fresh),
+        turn(7, cfg(Duration::ZERO, Duration::ZERO), bursty, 0.0),
         Turn::NONE
     );
-    assert_eq!(
-        table(7, Duration::ZERO).turn(now, bursty, fresh),
-        Turn::NONE
-    );
-    assert_eq!(table(7, stagger).turn(now, bursty, || 0.8), Turn::NONE);
-    assert_eq!(
-        table(7, stagger).turn(now, bursty, || 0.3),
-        held(2 * stagger)
-    );
+    assert_eq!(turn(7, turns, bursty, 0.8), Turn::NONE);
+    assert_eq!(turn(7, ordered, bursty, 0.8), Turn::NONE);
+    assert_eq!(turn(7, turns, bursty, 0.3), held(2 * stagger));
     // A view for a decision in turn reports the deciders as ordered.
-    let t = table(7, stagger);
+    let t = table(7);
     let local = LoadTable::new(2);
     assert!(!t.view(&local, now).deciders().ordered);
-    let turn = t.turn(now, bursty, fresh);
+    let turn = burst_turn(turns, bursty, t.deciders(now), fresh);
     assert!(t.view(&local, now).in_turn(turn).deciders().ordered);
 }

@@ -196,6 +196,7 @@ fn in_the_simulator() {
         load_poll_us: 0,
         replica_sync_us: 0,
         replica_stagger_us: 0,
+        burst_order_us: 1000,
         peer_poll_us: 50_000,
     };
     let scorer = Arc::new(LastCandidate::default());

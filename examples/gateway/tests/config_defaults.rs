@@ -93,6 +93,9 @@ fn resolved(key: &str) -> Option<toml::Value> {
     Some(match key {
         "rules.min_overlap_blocks" => toml::Value::Integer(th.min_overlap_blocks.into()),
         "rules.max_retries" => toml::Value::Integer(th.max_retries.into()),
+        "rules.burst_order_ms" => toml::Value::Integer(
+            i64::try_from(kvroute_select::DEFAULT_BURST_ORDER.as_millis()).ok()?,
+        ),
         "rules.load_slack" => toml::Value::Float(load_aware.epsilon),
         "rules.cost.affinity_tokens" => toml::Value::Float(cost.affinity_tokens),
         "rules.cost.affinity_slack" => toml::Value::Float(cost.affinity_slack),

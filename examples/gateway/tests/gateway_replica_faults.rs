@@ -291,55 +291,71 @@ impl Pair {
     }
 }
 
-fn held(r: &Value) -> u64 {
-    r["held"].as_u64().unwrap()
+/// `(held, held_us)` of a replica's rule: requests held for their turn in a
+/// burst, and those holds summed.
+async fn holds(gw: &Gateway) -> (u64, u64) {
+    let rule = admin_get(gw, "/admin/counters").await["rules"]["kv"].clone();
+    (
+        rule["held"].as_u64().unwrap(),
+        rule["held_us"].as_u64().unwrap(),
+    )
+}
+
+/// The mean hold (µs) of the requests held between two readings of
+/// [`holds`] (0 if none).
+fn mean_hold(before: (u64, u64), after: (u64, u64)) -> u64 {
+    (after.1 - before.1)
+        .checked_div(after.0 - before.0)
+        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_replica_takes_no_turns_once_alone_and_takes_them_again_when_back() {
-    // Two replicas taking turns within bursts (the default stagger), replica
-    // 1 behind a relay. The higher-ranked one (origin ids are random, so
-    // the test finds out which) holds its requests while it hears the
-    // other. Cut off, each expires the other after the TTL and, alone,
-    // decides every request at once: no holds however bursty its traffic.
-    // Healed, the same replica takes its turns again.
+    // Two replicas taking turns within bursts (the default 2 ms stagger and
+    // 1 ms burst ordering), replica 1 behind a relay. In a burst of fresh
+    // prompts every request waits one stagger for the requests with a home
+    // (there are none), and the higher-ranked replica (origin ids are
+    // random, so the test finds out which) one stagger more: 2 and 4 ms.
+    // Cut off, each expires the other after the TTL and, alone, waits only
+    // for the ordering: 1 ms. Healed, the same replica takes its turns
+    // after the other again.
     let pair = Pair::start().await;
     pair.replicas("each replica hears the other", 1).await;
     let mut sent = 0;
-    let (r1, r2) = pair.bursts("before", 12, &mut sent).await;
-    assert!(
-        held(&r1) > 0 || held(&r2) > 0,
-        "one replica takes turns: {r1} {r2}"
-    );
-    assert!(
-        held(&r1) == 0 || held(&r2) == 0,
-        "the lower rank never waits: {r1} {r2}"
-    );
-    let higher_is_g1 = held(&r1) > 0;
+    let start = (holds(&pair.g1).await, holds(&pair.g2).await);
+    pair.bursts("before", 12, &mut sent).await;
+    let before = (holds(&pair.g1).await, holds(&pair.g2).await);
+    let (m1, m2) = (mean_hold(start.0, before.0), mean_hold(start.1, before.1));
+    let mut ranks = [m1, m2];
+    ranks.sort_unstable();
+    assert_eq!(ranks, [2_000, 4_000], "turns: {before:?}");
+    let higher_is_g1 = m1 > m2;
 
     pair.relay.cut();
     pair.replicas("each replica expires the other", 0).await;
-    let (c1, c2) = pair.counters().await;
-    let (a1, a2) = pair.bursts("cut", 6, &mut sent).await;
-    assert_eq!(held(&a1), held(&c1), "alone, replica 1 holds nothing: {a1}");
-    assert_eq!(held(&a2), held(&c2), "alone, replica 2 holds nothing: {a2}");
+    let cut_start = (holds(&pair.g1).await, holds(&pair.g2).await);
+    pair.bursts("cut", 6, &mut sent).await;
+    let cut = (holds(&pair.g1).await, holds(&pair.g2).await);
+    assert_eq!(
+        (mean_hold(cut_start.0, cut.0), mean_hold(cut_start.1, cut.1)),
+        (1_000, 1_000),
+        "alone, each only orders its bursts: {cut:?}"
+    );
 
     pair.relay.heal();
     pair.replicas("each replica hears the other again", 1).await;
-    let (h1, h2) = pair.bursts("healed", 6, &mut sent).await;
-    let ((higher, was_higher), (lower, was_lower)) = if higher_is_g1 {
-        ((&h1, &a1), (&h2, &a2))
-    } else {
-        ((&h2, &a2), (&h1, &a1))
-    };
-    assert!(
-        held(higher) > held(was_higher),
-        "the same replica takes its turns again: {higher} (was {was_higher})"
+    let heal_start = (holds(&pair.g1).await, holds(&pair.g2).await);
+    pair.bursts("healed", 6, &mut sent).await;
+    let healed = (holds(&pair.g1).await, holds(&pair.g2).await);
+    let (h1, h2) = (
+        mean_hold(heal_start.0, healed.0),
+        mean_hold(heal_start.1, healed.1),
     );
+    let (higher, lower) = if higher_is_g1 { (h1, h2) } else { (h2, h1) };
     assert_eq!(
-        held(lower),
-        held(was_lower),
-        "the lower rank still never waits: {lower}"
+        (higher, lower),
+        (4_000, 2_000),
+        "the same replica takes its turn after the other again: {healed:?}"
     );
 }
 

@@ -314,11 +314,14 @@ async fn a_decision_after_a_quiet_interval_reaches_the_others_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_bursts_the_higher_ranked_replica_takes_its_turn_after_the_other() {
-    // Two replicas, turns 20 ms apart. Bursts of four requests at once to
-    // each: once each has seen its decisions come in bursts, the replica
-    // with the higher origin id holds every request 20 ms (rank 1 of 2),
-    // the other none (rank 0). Which one ranks higher is not known in
-    // advance (origin ids are random), so the test reads both.
+    // Two replicas, turns 20 ms apart, the rule's burst ordering at its
+    // default (1 ms). Bursts of four fresh prompts at once to each: once
+    // each has seen its decisions come in bursts, every request waits for
+    // the burst's requests with a home (none here) — one stagger, the
+    // ordering's wait with replicas — and the replica with the higher origin
+    // id (rank 1 of 2) one stagger more: 20 and 40 ms. Which one ranks
+    // higher is not known in advance (origin ids are random), so the test
+    // reads both.
     let gate = Gate::new();
     let engine = held_engine(&gate).await;
     let nats = NatsServer::start();
@@ -353,29 +356,26 @@ async fn in_bursts_the_higher_ranked_replica_takes_its_turn_after_the_other() {
         admin_get(&g1, "/admin/counters").await,
         admin_get(&g2, "/admin/counters").await,
     );
-    let (r1, r2) = (replicas(&c1), replicas(&c2));
+    let rule = |c: &Value| c["rules"]["kv"].clone();
+    let (r1, r2) = (rule(&c1), rule(&c2));
     let held = |r: &Value| r["held"].as_u64().unwrap();
-    let (waiting, first) = if held(&r1) > 0 {
-        (&r1, &r2)
-    } else {
-        (&r2, &r1)
-    };
-    assert!(held(waiting) > 0, "one replica takes turns: {r1} {r2}");
-    assert_eq!(held(first), 0, "the lower rank never waits: {r1} {r2}");
-    assert_eq!(
-        waiting["held_us"].as_u64().unwrap(),
-        held(waiting) * 20_000,
-        "rank 1 of 2 holds one stagger: {waiting}"
-    );
-    let text = if held(&r1) > 0 {
-        metrics_text(&g1).await
-    } else {
-        metrics_text(&g2).await
-    };
+    let held_us = |r: &Value| r["held_us"].as_u64().unwrap();
+    assert!(held(&r1) > 0 && held(&r2) > 0, "both hold: {r1} {r2}");
+    // Per request, 20 ms on the lower rank and 40 ms on the higher.
+    let mut per_request = [held_us(&r1) / held(&r1), held_us(&r2) / held(&r2)];
+    per_request.sort_unstable();
+    assert_eq!(per_request, [20_000, 40_000], "{r1} {r2}");
+    for (r, c) in [(&r1, &c1), (&r2, &c2)] {
+        assert_eq!(held_us(r) % held(r), 0, "every hold the same: {c}");
+    }
+    let text = metrics_text(&g1).await;
     assert!(
         text.contains(&format!(
-            "kvroute_replica_held_total{{rule=\"kv\"}} {}",
-            held(waiting)
+            "kvroute_burst_held_total{{rule=\"kv\"}} {}",
+            held(&r1)
+        )) && text.contains(&format!(
+            "kvroute_burst_held_microseconds_total{{rule=\"kv\"}} {}",
+            held_us(&r1)
         )),
         "on /metrics too"
     );

@@ -90,6 +90,10 @@ pub struct FleetConfig {
     /// Replicas take turns within a burst, rank k holding a request k times
     /// this long ([`ReplicaConfig::stagger`]; 0: no turns).
     pub replica_stagger_us: u64,
+    /// Within a burst, a request without a home waits this long so the
+    /// burst's requests with one are placed first
+    /// ([`kvroute::KvRouterBuilder::burst_order`]; 0: off).
+    pub burst_order_us: u64,
     /// The peers' policies read the engines' gauges this often instead of
     /// every `load_poll_us` — their own scrape interval (llm-d's endpoint
     /// picker refreshes every 50 ms by default). 0: exactly at each
@@ -189,6 +193,7 @@ fn router(
             max_age: Duration::from_secs(3600),
             ..EngineLoadConfig::default()
         });
+    b = b.burst_order(Duration::from_micros(cfg.burst_order_us));
     if cfg.replica_sync_us > 0 && cfg.replicas > 1 {
         let mut r = ReplicaConfig::new(Arc::new(HostTransport));
         // Simulated replicas never crash: a TTL beyond any run.

@@ -239,6 +239,11 @@ pub struct RunArgs {
     /// decisions have arrived.
     #[arg(long)]
     replica_stagger_ms: Option<f64>,
+    /// Within a burst, a request whose prompt has no home waits this many ms
+    /// so the burst's requests with one are placed first (the gateway's
+    /// `rules.burst_order_ms`; 0 = off). Default: the library's, 1 ms.
+    #[arg(long)]
+    burst_order_ms: Option<f64>,
     /// The peers' policies read the engines' gauges this often (ms), as
     /// their own scrapers do (llm-d's endpoint picker: 50 ms); 0 = exactly at
     /// each decision, seeing what other replicas placed at the same instant.
@@ -454,6 +459,8 @@ pub fn simulate_all(
             #[allow(clippy::cast_precision_loss)]
             replica_stagger_ms: f.replica_stagger_us as f64 / 1000.0,
             #[allow(clippy::cast_precision_loss)]
+            burst_order_ms: f.burst_order_us as f64 / 1000.0,
+            #[allow(clippy::cast_precision_loss)]
             peer_poll_ms: f.peer_poll_us as f64 / 1000.0,
         },
         policies: Vec::with_capacity(plan.policies.len()),
@@ -520,6 +527,16 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
     );
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let replica_stagger_us = (stagger_ms * 1000.0).round() as u64;
+    #[allow(clippy::cast_precision_loss)]
+    let order_ms = args
+        .burst_order_ms
+        .unwrap_or(kvroute_select::DEFAULT_BURST_ORDER.as_micros() as f64 / 1000.0);
+    anyhow::ensure!(
+        order_ms.is_finite() && order_ms >= 0.0,
+        "--burst-order-ms must be a non-negative number"
+    );
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let burst_order_us = (order_ms * 1000.0).round() as u64;
     anyhow::ensure!(
         args.peer_poll_ms.is_finite() && args.peer_poll_ms >= 0.0,
         "--peer-poll-ms must be a non-negative number"
@@ -572,6 +589,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
             load_poll_us,
             replica_sync_us,
             replica_stagger_us,
+            burst_order_us,
             peer_poll_us,
         },
         policies,

@@ -251,6 +251,8 @@ pub struct FleetReport {
     /// Replicas' turns within a burst: rank k holds k times this, ms (0 =
     /// no turns).
     pub replica_stagger_ms: f64,
+    /// Requests without a home wait this long in a burst, ms (0 = off).
+    pub burst_order_ms: f64,
     /// The peers' gauge scrape interval, ms (0 = exact at each decision).
     pub peer_poll_ms: f64,
 }

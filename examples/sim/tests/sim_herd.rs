@@ -23,6 +23,9 @@ fn run(replicas: usize, policy: Policy, peer_poll_us: u64) -> PolicyReport {
     run_turns(replicas, policy, peer_poll_us, 0)
 }
 
+/// The library's burst ordering ([`kvroute_select::DEFAULT_BURST_ORDER`]).
+const ORDER_US: u64 = 1_000;
+
 /// Asserts `a ≤ factor · b` for two TTFT figures, naming them.
 fn at_most(what: &str, a: f64, factor: f64, b: f64) {
     assert!(a <= factor * b, "{what}: {a:.1} > {factor} × {b:.1}");
@@ -30,11 +33,23 @@ fn at_most(what: &str, a: f64, factor: f64, b: f64) {
 
 /// `stagger_us`: the replicas' turns within a burst (0: none).
 fn run_turns(replicas: usize, policy: Policy, peer_poll_us: u64, stagger_us: u64) -> PolicyReport {
+    run_ordered(replicas, policy, peer_poll_us, stagger_us, ORDER_US)
+}
+
+/// `order_us`: requests without a home wait this long in a burst (0: none).
+fn run_ordered(
+    replicas: usize,
+    policy: Policy,
+    peer_poll_us: u64,
+    stagger_us: u64,
+    order_us: u64,
+) -> PolicyReport {
     let fleet = FleetConfig {
         replicas,
         load_poll_us: if replicas > 1 { 100_000 } else { 0 },
         replica_sync_us: if replicas > 1 { 1_000 } else { 0 },
         replica_stagger_us: stagger_us,
+        burst_order_us: order_us,
         peer_poll_us,
         ..support::fleet(8, 64, 4_194_304)
     };
@@ -110,6 +125,36 @@ fn eight_replicas_taking_turns_in_a_burst_come_close_to_one() {
         0.90,
         at_once.ttft_ms.mean,
     );
+}
+
+/// One gateway deciding a burst: the requests whose prompt has a home (a
+/// conversation's next turn, mostly cached on one engine) are placed first
+/// and the fresh ones after them, on a view that holds those placements.
+/// In arrival order a fresh prompt may take the engine a later turn of the
+/// same burst needed, which then queues behind it or leaves its cache.
+#[test]
+fn one_gateway_placing_a_bursts_requests_with_a_home_first_lowers_ttft() {
+    let arrival = run_ordered(1, Policy::KvExact, 50_000, 0, 0);
+    let ordered = run_ordered(1, Policy::KvExact, 50_000, 0, ORDER_US);
+    eprintln!(
+        "arrival order: hit {:.4} mean {:.1} p50 {:.1} p99 {:.1} | homes first: hit {:.4} mean {:.1} p50 {:.1} p99 {:.1}",
+        arrival.prefix_hit_ratio, arrival.ttft_ms.mean, arrival.ttft_ms.p50, arrival.ttft_ms.p99,
+        ordered.prefix_hit_ratio, ordered.ttft_ms.mean, ordered.ttft_ms.p50, ordered.ttft_ms.p99
+    );
+    assert_eq!(ordered.served, 2000);
+    at_most(
+        "mean, homes first vs arrival order",
+        ordered.ttft_ms.mean,
+        0.97,
+        arrival.ttft_ms.mean,
+    );
+    at_most(
+        "p99, homes first vs arrival order",
+        ordered.ttft_ms.p99,
+        1.02,
+        arrival.ttft_ms.p99,
+    );
+    assert!(ordered.prefix_hit_ratio >= arrival.prefix_hit_ratio);
 }
 
 #[test]

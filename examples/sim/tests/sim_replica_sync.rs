@@ -21,6 +21,7 @@ fn fleet(replicas: usize, replica_sync_us: u64) -> FleetConfig {
         load_poll_us: if replicas > 1 { 100_000 } else { 0 },
         replica_sync_us,
         replica_stagger_us: 0,
+        burst_order_us: 1000,
         ..support::fleet(8, 64, 262_144)
     }
 }

@@ -75,8 +75,8 @@ use std::time::Duration;
 use kvroute_core::EndpointId;
 
 use crate::load::{Deciders, EndpointLoad, Load};
-use crate::scoring::BurstStats;
 use crate::tracker::LoadTracker;
+use crate::turn::Turn;
 
 /// One replica's change of load on one endpoint, for the other replicas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -245,13 +245,6 @@ pub struct RemoteConfig {
     pub max_origins: usize,
     /// An origin silent for longer than this stops counting.
     pub ttl: Duration,
-    /// Turns within a burst: while bursts are being decided, the replica of
-    /// rank `k` decides each request `k · stagger` after it arrives
-    /// ([`RemoteLoad::turn`]), so it sees what the lower ranks placed of the
-    /// same burst. It must exceed the time a decision takes to reach the
-    /// other replicas. Zero (the default): no turns, every replica decides
-    /// at once and expects the others' placements ([`Deciders`]).
-    pub stagger: Duration,
 }
 
 impl Default for RemoteConfig {
@@ -260,47 +253,9 @@ impl Default for RemoteConfig {
             endpoints: 0,
             max_origins: 64,
             ttl: Duration::from_secs(5),
-            stagger: Duration::ZERO,
         }
     }
 }
-
-/// Decisions the other replicas are expected to make within one of this
-/// replica's bursts — its own mean decisions per burst
-/// ([`BurstStats::decisions`]) less one, times the other live replicas (a
-/// front end hands every replica the same stream) — from which it takes
-/// turns: below it requests come nearly one at a time, replicas rarely
-/// decide at the same instant, and a turn would only add its wait.
-pub const TURN_MIN_OTHERS: f64 = 0.5;
-
-/// A request's turn within a burst ([`RemoteLoad::turn`]): how long to hold
-/// it, and whether it is then decided in turn.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Turn {
-    /// Wait this long before deciding (zero for the lowest rank).
-    pub hold: Duration,
-    /// Decided in its turn: the view it is decided on has the lower ranks'
-    /// part of the burst and the higher ranks will see its own
-    /// ([`WithRemote::in_turn`]).
-    pub in_turn: bool,
-}
-
-impl Turn {
-    /// No turn: decided at once, expecting the others' simultaneous
-    /// placements (outside bursts, alone, or with turns off).
-    pub const NONE: Self = Self {
-        hold: Duration::ZERO,
-        in_turn: false,
-    };
-}
-
-/// A request whose best endpoint holds at least this fraction of the blocks
-/// past the prefix most endpoints hold is never held for a turn: it goes
-/// where its cache is, whatever the others place, and holding it would only
-/// add the wait (most turns of a conversation are such requests). A prompt
-/// whose cached part every endpoint holds (a shared system prompt and a new
-/// question) has no such home and takes its turn.
-pub const TURN_MAX_CACHED: f64 = 0.5;
 
 /// What [`RemoteLoad::apply`] did with a delta.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -590,53 +545,6 @@ impl RemoteLoad {
         }
     }
 
-    /// This replica's turn for a request ready to be decided at `now`
-    /// ([`Turn`]): while its own decisions come in bursts (`burst`, its
-    /// rule's [`crate::Rule::burst_stats`]: the others expected to make at
-    /// least [`TURN_MIN_OTHERS`] decisions within one), turns are
-    /// configured ([`RemoteConfig::stagger`]) and other replicas are live,
-    /// the request waits `rank · stagger` and is then decided in its turn —
-    /// unless its cache decides where it goes (`home`, called only then: of
-    /// the blocks past the prefix most endpoints hold, such as a shared
-    /// system prompt, the fraction its best endpoint holds, at least
-    /// [`TURN_MAX_CACHED`]), when it is decided at once like every request
-    /// outside bursts ([`Turn::NONE`]).
-    ///
-    /// Replicas behind one front end each get part of every burst. Deciding
-    /// it at the same instant on the same view, they would rank the
-    /// endpoints alike and pile onto the same ones; taking turns, each
-    /// decides after the lower ranks' decisions of that burst have reached
-    /// it, and the higher ranks after it will see its own: the burst is
-    /// decided in order, as one gateway would decide it. A decision in its
-    /// turn ([`WithRemote::in_turn`], [`Deciders::ordered`]) therefore
-    /// expects nothing unseen from the others.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use kvroute_select::{BurstStats, RemoteConfig, RemoteLoad, Turn};
-    ///
-    /// let cfg = RemoteConfig { endpoints: 4, stagger: Duration::from_millis(1), ..RemoteConfig::default() };
-    /// let remote = RemoteLoad::new(cfg, 7);
-    /// let bursty = BurstStats { decisions: 3.0, prefill_tokens: 2000.0 };
-    /// // Alone: nobody to take turns with.
-    /// assert_eq!(remote.turn(Duration::ZERO, bursty, || 0.0), Turn::NONE);
-    /// ```
-    #[must_use]
-    pub fn turn(&self, now: Duration, burst: BurstStats, home: impl FnOnce() -> f64) -> Turn {
-        if self.cfg.stagger.is_zero() || burst.decisions <= 1.0 {
-            return Turn::NONE;
-        }
-        let d = self.deciders(now);
-        let others = (burst.decisions - 1.0) * f64::from(d.count.saturating_sub(1));
-        if others < TURN_MIN_OTHERS || home() >= TURN_MAX_CACHED {
-            return Turn::NONE;
-        }
-        Turn {
-            hold: self.cfg.stagger.saturating_mul(d.rank),
-            in_turn: true,
-        }
-    }
-
     /// The table's counters.
     #[must_use]
     pub fn counters(&self) -> RemoteCounters {
@@ -669,7 +577,7 @@ pub struct WithRemote<'a, L: ?Sized> {
 }
 
 impl<L: ?Sized> WithRemote<'_, L> {
-    /// The view for a decision made in `turn` ([`RemoteLoad::turn`]): in its
+    /// The view for a decision made in `turn` ([`crate::burst_turn`]): in its
     /// turn, [`Load::deciders`] reports the deciders as ordered.
     #[must_use]
     pub fn in_turn(mut self, turn: Turn) -> Self {

@@ -16,7 +16,6 @@ fn table(endpoints: usize, max_origins: usize) -> RemoteLoad {
             endpoints,
             max_origins,
             ttl: Duration::from_secs(2),
-            stagger: Duration::ZERO,
         },
         99,
     )

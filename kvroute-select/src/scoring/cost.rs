@@ -128,7 +128,7 @@ use crate::pool::LoadBound;
 ///   keeps a prompt where its cache is) is unchanged.
 ///
 ///   Where the deciders take turns within a burst
-///   ([`crate::Deciders::ordered`]; [`crate::RemoteLoad::turn`]), the lower
+///   ([`crate::Deciders::ordered`]; [`crate::burst_turn`]), the lower
 ///   ranks have decided their part and it is in the view, and the higher
 ///   ranks will see this decision: nothing is unseen, and the decision is
 ///   the one a single decider makes.

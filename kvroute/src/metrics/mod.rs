@@ -89,6 +89,8 @@ struct RouterRow<'a> {
     retries: u64,
     exhausted: u64,
     implausible_receipts: u64,
+    held: u64,
+    held_us: u64,
     memory_bytes: u64,
     /// match, mismatch, unverifiable.
     attestations: [u64; 3],
@@ -122,6 +124,8 @@ impl Collector for Routers {
                 retries: snap.retries,
                 exhausted: snap.exhausted,
                 implausible_receipts: snap.implausible_receipts,
+                held: snap.held,
+                held_us: snap.held_us,
                 memory_bytes: router.memory_bytes() as u64,
                 attestations: att,
                 token_ids: router
@@ -269,6 +273,20 @@ fn encode_rows(
     )?;
     family(
         enc,
+        "kvroute_burst_held",
+        "Requests held for their turn in a burst: without a home, after the burst's requests with one (burst_order), and after the lower-ranked replicas.",
+        MetricType::Counter,
+        rows.iter().map(|r| ([("rule", Esc(r.rule))], r.held)),
+    )?;
+    family(
+        enc,
+        "kvroute_burst_held_microseconds",
+        "Time requests were held for their turn in a burst, summed.",
+        MetricType::Counter,
+        rows.iter().map(|r| ([("rule", Esc(r.rule))], r.held_us)),
+    )?;
+    family(
+        enc,
         "kvroute_implausible_receipts",
         "Engine receipts refused as implausible (more cached tokens than the prompt, than the engine's own prompt_tokens, or than any context window), never counted as delivered.",
         MetricType::Counter,
@@ -400,7 +418,7 @@ fn encode_rows(
 
 fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::fmt::Result {
     type Field = fn(&crate::ReplicaCounters) -> u64;
-    let families: [(&str, MetricType, &str, Field); 14] = [
+    let families: [(&str, MetricType, &str, Field); 12] = [
         (
             "kvroute_replica_sent_batches",
             MetricType::Counter,
@@ -412,18 +430,6 @@ fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::
             MetricType::Counter,
             "Replica batches published at once on a decision after a quiet sync interval.",
             |c| c.sent_at_once,
-        ),
-        (
-            "kvroute_replica_held",
-            MetricType::Counter,
-            "Requests held for this replica's turn in a burst.",
-            |c| c.held,
-        ),
-        (
-            "kvroute_replica_held_microseconds",
-            MetricType::Counter,
-            "Time requests were held for this replica's turn in a burst, summed.",
-            |c| c.held_us,
         ),
         (
             "kvroute_replica_sent_deltas",

@@ -107,6 +107,7 @@ pub struct KvRouterBuilder {
     pub(super) outlier: OutlierConfig,
     pub(super) header_timeouts: HeaderTimeouts,
     pub(super) replicas: Option<ReplicaConfig>,
+    pub(super) burst_order: Duration,
     pub(super) clock: Arc<dyn Clock>,
 }
 
@@ -144,6 +145,7 @@ impl KvRouterBuilder {
             outlier: OutlierConfig::default(),
             header_timeouts: HeaderTimeouts::default(),
             replicas: None,
+            burst_order: kvroute_select::DEFAULT_BURST_ORDER,
             clock: Arc::new(SystemClock::new()),
         }
     }
@@ -371,6 +373,20 @@ impl KvRouterBuilder {
     /// (default: [`HeaderTimeouts::default`], `kvroute serve`'s).
     pub fn header_timeouts(mut self, timeouts: HeaderTimeouts) -> Self {
         self.header_timeouts = timeouts;
+        self
+    }
+
+    /// Within a burst, requests whose prompt has no home wait this long
+    /// (default 1 ms; zero: off) so that the burst's requests whose cache
+    /// decides where they go are placed first, and the others after them on a
+    /// view that holds those placements ([`kvroute_select::burst_turn`],
+    /// [`KvRouter::turn`]). Only while this router's decisions come in
+    /// bursts (several at one instant); with replicas the wait is at least
+    /// [`ReplicaConfig::stagger`]. Set it above the time over which one
+    /// burst reaches this router. Holds are counted in
+    /// [`kvroute_select::CountersSnapshot::held`].
+    pub fn burst_order(mut self, order: Duration) -> Self {
+        self.burst_order = order;
         self
     }
 

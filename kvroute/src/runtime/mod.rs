@@ -153,6 +153,9 @@ pub(crate) struct Shared {
     tracker: Arc<LoadTracker>,
     reported: ReportedLoad,
     replicas: Option<replicas_state::ReplicaState>,
+    /// How long a request without a home waits in a burst
+    /// ([`KvRouterBuilder::burst_order`]).
+    burst_order: Duration,
     slots: Box<[SlotState]>,
     /// The running endpoints by slot (touched by changes only).
     membership: Mutex<Vec<Option<SlotRuntime>>>,

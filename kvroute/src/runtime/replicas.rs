@@ -68,8 +68,10 @@ pub struct ReplicaConfig {
     /// replica's decisions come in bursts, the replica of rank `k` holds
     /// each request `k · stagger` before deciding it, so that it decides
     /// after the lower ranks' decisions of the same burst have reached it
-    /// ([`kvroute_select::RemoteLoad::turn`]; [`crate::KvRouter::turn`]). Set it
-    /// above the time a message takes between replicas.
+    /// ([`kvroute_select::burst_turn`]; [`crate::KvRouter::turn`]), and a
+    /// request without a home in a burst waits at least this long for the
+    /// burst's requests with one ([`crate::KvRouterBuilder::burst_order`]).
+    /// Set it above the time a message takes between replicas.
     pub stagger: Duration,
 }
 
@@ -232,11 +234,6 @@ pub struct ReplicaCounters {
     pub expired: u64,
     /// Other replicas counted now.
     pub replicas: u64,
-    /// Requests held for this replica's turn in a burst
-    /// ([`ReplicaConfig::stagger`]).
-    pub held: u64,
-    /// Their holds summed, microseconds.
-    pub held_us: u64,
 }
 
 #[derive(Debug, Default)]
@@ -252,8 +249,6 @@ pub(crate) struct Counting {
     pub(crate) origins_full: AtomicU64,
     pub(crate) undecodable: AtomicU64,
     pub(crate) oversized: AtomicU64,
-    pub(crate) held: AtomicU64,
-    pub(crate) held_us: AtomicU64,
 }
 
 impl Counting {
@@ -277,8 +272,6 @@ impl Counting {
             oversized: get(&self.oversized),
             expired: remote.expired,
             replicas: remote.origins,
-            held: get(&self.held),
-            held_us: get(&self.held_us),
         }
     }
 }

@@ -75,7 +75,6 @@ impl ReplicaState {
                     endpoints,
                     max_origins: config.max_origins,
                     ttl: config.ttl,
-                    stagger: config.stagger,
                 },
                 origin,
             ),
@@ -101,19 +100,16 @@ impl ReplicaState {
         self.decided.notify_one();
     }
 
-    /// A request is held `hold` for this replica's turn.
-    pub(crate) fn held(&self, hold: Duration) {
-        Counting::add(&self.counting.held, 1);
-        let us = u64::try_from(hold.as_micros()).unwrap_or(u64::MAX);
-        Counting::add(&self.counting.held_us, us);
-    }
-
     pub(crate) fn origin(&self) -> u64 {
         self.origin
     }
 
     pub(crate) fn remote(&self) -> &RemoteLoad {
         &self.remote
+    }
+
+    pub(crate) fn stagger(&self) -> Duration {
+        self.config.stagger
     }
 
     pub(crate) fn counters(&self) -> ReplicaCounters {

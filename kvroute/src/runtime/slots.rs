@@ -262,6 +262,7 @@ pub(crate) fn assemble(
         tracker: Arc::new(tracker),
         reported,
         replicas,
+        burst_order: b.burst_order,
         slots: (0..n)
             .map(|_| SlotState {
                 present: AtomicBool::new(false),

@@ -1,10 +1,10 @@
-//! Turns within a burst ([`kvroute_select::RemoteLoad::turn`]) as the
+//! Turns within a burst ([`kvroute_select::burst_turn`]) as the
 //! router takes them: which requests wait, and for how long.
 
 use std::time::Duration;
 
 use kvroute_core::BlockKey;
-use kvroute_select::Turn;
+use kvroute_select::{burst_turn, Deciders, Turn, TurnConfig};
 
 use super::{view, KvRouter};
 use crate::prompt::PreparedPrompt;
@@ -21,31 +21,38 @@ thread_local! {
 }
 
 impl KvRouter {
-    /// This replica's turn for a request with these block keys (`None`: a
-    /// prompt without keys) that is ready to be decided now
-    /// ([`kvroute_select::RemoteLoad::turn`]): while its requests come in
-    /// bursts and other replicas are live, hold it `rank ·`
-    /// [`crate::ReplicaConfig::stagger`] and decide it in turn; [`Turn::NONE`]
-    /// without replicas, alone, while requests come one at a time, or when
-    /// most of what the other endpoints lack is cached on one (it goes where
-    /// its cache is).
+    /// The turn of a request with these block keys (`None`: a prompt
+    /// without keys) that is ready to be decided now
+    /// ([`kvroute_select::burst_turn`]): while its rule's decisions come in
+    /// bursts, a request without a home waits
+    /// [`crate::KvRouterBuilder::burst_order`] so the burst's requests with
+    /// one are placed first, and with other replicas live, `rank ·`
+    /// [`crate::ReplicaConfig::stagger`] more, so the replicas decide the
+    /// burst in turn; [`Turn::NONE`] for a request with a home (most of what
+    /// the other endpoints lack is cached on one: it goes there), outside
+    /// bursts, or with both off.
     /// [`KvRouter::pick`] takes it; a host deciding with
     /// [`KvRouter::pick_prepared`] calls [`KvRouter::take_turn`] first, one
     /// deciding with keys waits [`Turn::hold`] and passes the turn to
-    /// [`KvRouter::pick_keys_in_turn`]. Holds are counted in
-    /// [`crate::ReplicaCounters`].
+    /// [`KvRouter::pick_keys_in_turn`]. Holds are counted in the rule's
+    /// counters ([`kvroute_select::CountersSnapshot::held`]).
     #[must_use]
     pub fn turn(&self, keys: Option<&[BlockKey]>) -> Turn {
-        let Some(r) = &self.shared.replicas else {
-            return Turn::NONE;
-        };
         let now = self.shared.now();
-        let burst = self.shared.current().rule.burst_stats();
-        let turn = r.remote().turn(now, burst, || {
+        let rule = std::sync::Arc::clone(&self.shared.current().rule);
+        let (deciders, stagger) = match &self.shared.replicas {
+            Some(r) => (r.remote().deciders(now), r.stagger()),
+            None => (Deciders::ALONE, Duration::ZERO),
+        };
+        let cfg = TurnConfig {
+            order: self.shared.burst_order,
+            stagger,
+        };
+        let turn = burst_turn(cfg, rule.burst_stats(), deciders, || {
             self.home_fraction(keys.unwrap_or_default(), now)
         });
         if !turn.hold.is_zero() {
-            r.held(turn.hold);
+            rule.counters().held(turn.hold);
         }
         turn
     }
@@ -188,8 +195,11 @@ mod tests {
             drop(picks);
         }
         clock.set(Duration::from_millis(100));
+        // Rank 1 of 2: one stagger for the burst's requests with a home
+        // (the ordering's wait, at least a stagger with replicas), one for
+        // the rank below.
         let in_turn = Turn {
-            hold: STAGGER,
+            hold: 2 * STAGGER,
             in_turn: true,
         };
         // A new question over the system prompt: 6 of its 8 blocks cached
@@ -205,6 +215,63 @@ mod tests {
         assert_eq!(me.turn(Some(&branch)), in_turn);
         // Alone, nothing waits.
         assert_eq!(lower.turn(Some(&fresh)), Turn::NONE);
+    }
+
+    /// A gateway alone orders its bursts: once its decisions come several at
+    /// an instant, a prompt without a home waits the burst ordering (not in
+    /// a replica's turn) while a conversation's next turn goes at once;
+    /// requests one at a time never wait, nor anything with the ordering
+    /// off. Holds are counted in the rule's counters.
+    #[test]
+    fn alone_a_prompt_without_a_home_waits_for_the_bursts_requests_with_one() {
+        let order = Duration::from_millis(3);
+        let alone = |order: Duration, clock: &Arc<ManualClock>| {
+            host_router(4)
+                .clock(Arc::clone(clock) as Arc<dyn Clock>)
+                .burst_order(order)
+                .build()
+                .expect("router")
+        };
+        let clock = Arc::new(ManualClock::default());
+        let (router, off) = (alone(order, &clock), alone(Duration::ZERO, &clock));
+        for r in [&router, &off] {
+            for e in 0..4 {
+                assert!(r.ingest_at(EndpointId(e), &stored(0, keys(1..=6), None)));
+            }
+            assert!(r.ingest_at(EndpointId(0), &stored(1, keys(201..=208), Some(6))));
+        }
+        let fresh = keys((1..=6).chain([101, 102]));
+        let next = keys((1..=6).chain(201..=210));
+        // One at a time: nothing waits.
+        for at in [0, 50, 100] {
+            clock.set(Duration::from_millis(at));
+            drop(router.pick_keys(&keys([1, 2, 900]), 12).expect("pick"));
+        }
+        clock.set(Duration::from_millis(150));
+        assert_eq!(router.turn(Some(&fresh)), Turn::NONE);
+        // Bursts of three.
+        for at in [200, 250] {
+            clock.set(Duration::from_millis(at));
+            for r in [&router, &off] {
+                let picks: Vec<_> = (0..3)
+                    .map(|_| r.pick_keys(&keys([1, 2, 900]), 12).expect("pick"))
+                    .collect();
+                drop(picks);
+            }
+        }
+        clock.set(Duration::from_millis(300));
+        let held = router.counters().held;
+        assert_eq!(
+            router.turn(Some(&fresh)),
+            Turn {
+                hold: order,
+                in_turn: false
+            }
+        );
+        assert_eq!(router.turn(Some(&next)), Turn::NONE);
+        assert_eq!(off.turn(Some(&fresh)), Turn::NONE);
+        let c = router.counters();
+        assert_eq!((c.held, c.held_us), (held + 1, (held + 1) * 3_000));
     }
 
     /// Records what the publishing task sends.

@@ -497,6 +497,10 @@ async fn counters(State(gw): State<Arc<Gateway>>) -> Response {
                 "retries": s.retries,
                 "exhausted": s.exhausted,
                 "load_diversions": s.load_diversions,
+                // Requests held for their turn in a burst, and their holds
+                // summed (µs).
+                "held": s.held,
+                "held_us": s.held_us,
                 // Tokens/s per unit of capacity the cost scorer's queues
                 // drain at (null: not measured yet, or no drain model).
                 "prefill_rate": rt.router.rule().prefill_rate().map(|r| json!({

@@ -314,6 +314,11 @@ impl Gateway {
         .scorer(Arc::clone(&spec.scorer))
         .fallback(spec.selector)
         .thresholds(thresholds)
+        .burst_order(
+            spec.doc
+                .burst_order_ms
+                .map_or(kvroute_select::DEFAULT_BURST_ORDER, Duration::from_millis),
+        )
         .breaker(BreakerConfig {
             failure_threshold: self.health.failure_threshold,
             cool_down: Duration::from_millis(self.health.cool_down_ms),

@@ -29,6 +29,7 @@ pub fn fleet(workers: usize, block: u32, capacity_tokens: u32) -> FleetConfig {
         load_poll_us: 100_000,
         replica_sync_us: 0,
         replica_stagger_us: 0,
+        burst_order_us: 1000,
         peer_poll_us: 50_000,
     }
 }

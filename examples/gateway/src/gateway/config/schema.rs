@@ -462,6 +462,11 @@ pub struct RuleDoc {
     /// Retries after connect failures.
     #[serde(default)]
     pub max_retries: Option<u32>,
+    /// Within a burst, requests without a home wait this long so that the
+    /// burst's requests with one are placed first
+    /// (`kvroute::KvRouterBuilder::burst_order`; default 1, 0 turns it off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_order_ms: Option<u64>,
     /// Bounded-load slack ε of the `load_aware` scorer (default 0.25): no
     /// endpoint takes a request that would put it above `⌈(1+ε)·mean⌉`
     /// capacity-weighted load unless every eligible one would be. 0 balances
@@ -739,6 +744,7 @@ mod tests {
             (
                 proptest::option::of(any::<u32>()),
                 proptest::option::of(any::<u32>()),
+                proptest::option::of(0..2000u64),
                 // Finite and exactly representable in TOML and JSON text.
                 proptest::option::of((0..4000u32).prop_map(|n| f64::from(n) / 8.0)),
                 any::<bool>(),
@@ -765,7 +771,14 @@ mod tests {
                 |(
                     (name, models, default, contract),
                     (choice, topology, scorer, selector),
-                    (min_overlap_blocks, max_retries, load_slack, forward_token_ids, cost),
+                    (
+                        min_overlap_blocks,
+                        max_retries,
+                        burst_order_ms,
+                        load_slack,
+                        forward_token_ids,
+                        cost,
+                    ),
                     lora,
                     endpoints,
                 )| RuleDoc {
@@ -779,6 +792,7 @@ mod tests {
                     selector: SELECTORS[selector],
                     min_overlap_blocks,
                     max_retries,
+                    burst_order_ms,
                     load_slack,
                     cost,
                     forward_token_ids,

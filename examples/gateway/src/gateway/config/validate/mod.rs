@@ -461,6 +461,12 @@ impl RuleSpec {
                 return Err(invalid(f("min_overlap_blocks"), "must be at least 1"));
             }
         }
+        if let Some(ms) = doc.burst_order_ms.filter(|ms| *ms > MAX_BURST_ORDER_MS) {
+            return Err(invalid(
+                f("burst_order_ms"),
+                format!("{ms} is out of range; expected 0 to {MAX_BURST_ORDER_MS}"),
+            ));
+        }
         let (lora, lora_base) = lora_adapters(&doc, contract.as_ref(), at)?;
         Ok(Self {
             doc,
@@ -560,6 +566,10 @@ fn lora_adapters(
     }
     Ok((out, bases))
 }
+
+/// Largest accepted `burst_order_ms`: a burst arrives within milliseconds,
+/// and every request without a home in one waits this long.
+const MAX_BURST_ORDER_MS: u64 = 1000;
 
 /// Largest accepted `load_slack`: beyond it the bound never binds in practice.
 const MAX_LOAD_SLACK: f64 = 100.0;

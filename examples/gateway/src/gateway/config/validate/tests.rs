@@ -528,3 +528,23 @@ fn the_gateways_defaults_are_the_librarys() {
         )
     );
 }
+
+#[test]
+fn burst_order_ms_is_kept_and_bounded() {
+    let rule = |extra: &str| {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\n[[rules]]\nname = \"r\"\nmodels = [\"m\"]\nchoice = \"round_robin\"\n{extra}\n[[rules.endpoints]]\nurl = \"http://127.0.0.1:1\"\n"
+        );
+        ServeConfig::from_toml(&text, Path::new(".")).map(|c| c.rules[0].doc.burst_order_ms)
+    };
+    assert_eq!(rule("").unwrap(), None);
+    assert_eq!(rule("burst_order_ms = 0").unwrap(), Some(0));
+    assert_eq!(rule("burst_order_ms = 1000").unwrap(), Some(1000));
+    let err = rule("burst_order_ms = 1001").unwrap_err().to_string();
+    assert!(
+        err.starts_with("rules[0].burst_order_ms: ") && err.contains("out of range"),
+        "{err}"
+    );
+    let err = rule("burst_order_ms = -1").unwrap_err().to_string();
+    assert!(err.starts_with("rules[0].burst_order_ms"), "{err}");
+}
