@@ -191,84 +191,58 @@ mod tests {
         }
     }
 
+    /// `(order ms, stagger ms, burst, deciders, home, expected)`, checked
+    /// one by one so a failure names its row.
+    type Case = (u32, u32, BurstStats, Deciders, f64, Turn);
+
+    fn check(cases: &[Case]) {
+        for (i, &(order, stagger, burst, deciders, home, want)) in cases.iter().enumerate() {
+            let got = burst_turn(cfg(order, stagger), burst, deciders, || home);
+            assert_eq!(got, want, "case {i}: {:?}", cases[i]);
+        }
+    }
+
     #[test]
     fn alone_only_requests_without_a_home_wait_and_only_in_bursts() {
-        assert_eq!(
-            burst_turn(cfg(1, 0), BURSTY, Deciders::ALONE, || 0.0),
-            held(1, false)
-        );
-        assert_eq!(
-            burst_turn(cfg(1, 0), BURSTY, Deciders::ALONE, || 0.49),
-            held(1, false)
-        );
-        assert_eq!(
-            burst_turn(cfg(1, 0), BURSTY, Deciders::ALONE, || 0.5),
-            Turn::NONE
-        );
-        assert_eq!(
-            burst_turn(cfg(1, 0), SINGLE, Deciders::ALONE, || 0.0),
-            Turn::NONE
-        );
-        assert_eq!(
-            burst_turn(cfg(0, 0), BURSTY, Deciders::ALONE, || 0.0),
-            Turn::NONE
-        );
-        // A replica's stagger means nothing alone.
-        assert_eq!(
-            burst_turn(cfg(1, 2), BURSTY, Deciders::ALONE, || 0.0),
-            held(1, false)
-        );
         let nan = BurstStats {
             decisions: f64::NAN,
             prefill_tokens: 0.0,
         };
-        assert_eq!(burst_turn(cfg(1, 2), nan, rank(3, 2), || 0.0), Turn::NONE);
+        let alone = Deciders::ALONE;
+        check(&[
+            (1, 0, BURSTY, alone, 0.0, held(1, false)),
+            (1, 0, BURSTY, alone, 0.49, held(1, false)),
+            (1, 0, BURSTY, alone, 0.5, Turn::NONE),
+            (1, 0, SINGLE, alone, 0.0, Turn::NONE),
+            (0, 0, BURSTY, alone, 0.0, Turn::NONE),
+            // A replica's stagger means nothing alone.
+            (1, 2, BURSTY, alone, 0.0, held(1, false)),
+            (1, 2, nan, rank(3, 2), 0.0, Turn::NONE),
+        ]);
     }
 
     #[test]
     fn replicas_wait_for_the_lower_ranks_after_the_requests_with_a_home() {
-        // Ordering on: at least one stagger, then the rank's.
-        assert_eq!(
-            burst_turn(cfg(1, 2), BURSTY, rank(3, 0), || 0.0),
-            held(2, true)
-        );
-        assert_eq!(
-            burst_turn(cfg(1, 2), BURSTY, rank(3, 2), || 0.0),
-            held(6, true)
-        );
-        assert_eq!(
-            burst_turn(cfg(5, 2), BURSTY, rank(3, 1), || 0.0),
-            held(7, true)
-        );
-        // Ordering off: the rank's wait alone.
-        assert_eq!(
-            burst_turn(cfg(0, 2), BURSTY, rank(3, 0), || 0.0),
-            held(0, true)
-        );
-        assert_eq!(
-            burst_turn(cfg(0, 2), BURSTY, rank(3, 2), || 0.0),
-            held(4, true)
-        );
-        // A home: at once, whatever the rank.
-        assert_eq!(
-            burst_turn(cfg(1, 2), BURSTY, rank(3, 2), || 0.8),
-            Turn::NONE
-        );
         // Bursts of the fleet's, each replica's share near one request.
         let thin = BurstStats {
             decisions: 1.3,
             prefill_tokens: 1000.0,
         };
-        assert_eq!(
-            burst_turn(cfg(1, 2), thin, rank(3, 1), || 0.0),
-            held(4, true)
-        );
-        assert_eq!(burst_turn(cfg(1, 2), thin, rank(2, 1), || 0.0), Turn::NONE);
-        // Turns off: ordering only.
-        assert_eq!(
-            burst_turn(cfg(1, 0), BURSTY, rank(3, 2), || 0.0),
-            held(1, false)
-        );
+        check(&[
+            // Ordering on: at least one stagger, then the rank's.
+            (1, 2, BURSTY, rank(3, 0), 0.0, held(2, true)),
+            (1, 2, BURSTY, rank(3, 2), 0.0, held(6, true)),
+            (5, 2, BURSTY, rank(3, 1), 0.0, held(7, true)),
+            // Ordering off: the rank's wait alone.
+            (0, 2, BURSTY, rank(3, 0), 0.0, held(0, true)),
+            (0, 2, BURSTY, rank(3, 2), 0.0, held(4, true)),
+            // A home: at once, whatever the rank.
+            (1, 2, BURSTY, rank(3, 2), 0.8, Turn::NONE),
+            (1, 2, thin, rank(3, 1), 0.0, held(4, true)),
+            (1, 2, thin, rank(2, 1), 0.0, Turn::NONE),
+            // Turns off: ordering only.
+            (1, 0, BURSTY, rank(3, 2), 0.0, held(1, false)),
+        ]);
     }
 
     #[test]

@@ -16,29 +16,12 @@ mod config_page;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use config_page::{rows, segments, set, toml_value, PAGE};
+use config_page::{rows, segments, set, toml_value, MODEL_AND_RULE, PAGE};
 use kvroute_gateway::gateway::config::FileConfig;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
-
-/// The smallest file with every array of tables the page documents keys in.
-const BASE: &str = r#"
-listen = "127.0.0.1:8080"
-[[models]]
-slug = "m"
-dir = "model"
-[[rules]]
-name = "r"
-models = ["m"]
-contract = "vllm@0.33.0:sha256_cbor:block=16:seed=0"
-[[rules.endpoints]]
-url = "http://127.0.0.1:9"
-[[rules.endpoints]]
-url = "http://127.0.0.1:10"
-zmq = "tcp://*:11"
-"#;
 
 /// The dotted paths (without indices) whose values are arrays of tables in `v`.
 fn arrays_in(v: &toml::Value, at: &str, out: &mut BTreeSet<String>) {
@@ -128,7 +111,9 @@ fn same(a: &toml::Value, b: &toml::Value) -> bool {
 #[test]
 fn every_documented_default_is_the_built_in_one() {
     let page = std::fs::read_to_string(repo().join(PAGE)).unwrap();
-    let base: toml::Table = toml::from_str(BASE).unwrap();
+    // The smallest file with every array of tables the page documents keys in.
+    let base: toml::Table =
+        toml::from_str(&format!("listen = \"127.0.0.1:8080\"\n{MODEL_AND_RULE}")).unwrap();
     let mut arrays = BTreeSet::new();
     arrays_in(&toml::Value::Table(base.clone()), "", &mut arrays);
 

@@ -31,7 +31,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use config_page::{code_spans, plain, rows, set, toml_value, Row, PAGE};
+use config_page::{code_spans, plain, rows, set, toml_value, Row, MODEL_AND_RULE, PAGE};
 
 /// A run that neither refuses the file nor fails to bind within this is
 /// killed and reported.
@@ -92,27 +92,9 @@ impl Gateway {
         std::fs::create_dir_all(dir.path().join("model")).unwrap();
         let proxy = TcpListener::bind("127.0.0.1:0").unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").unwrap();
-        // Every table the page documents, minimal and valid: one model, one
-        // KV-exact rule, a plain endpoint (index 0, which `set` addresses) and
-        // one with KV events (so endpoint 0 may change engine or role).
+        // Every table the page documents, minimal and valid.
         let base = format!(
-            r#"
-            listen = "{}"
-            [admin]
-            listen = "{}"
-            [[models]]
-            slug = "m"
-            dir = "model"
-            [[rules]]
-            name = "r"
-            models = ["m"]
-            contract = "vllm@0.33.0:sha256_cbor:block=16:seed=0"
-            [[rules.endpoints]]
-            url = "http://127.0.0.1:9"
-            [[rules.endpoints]]
-            url = "http://127.0.0.1:10"
-            zmq = "tcp://*:11"
-            "#,
+            "listen = \"{}\"\n[admin]\nlisten = \"{}\"\n{MODEL_AND_RULE}",
             proxy.local_addr().unwrap(),
             admin.local_addr().unwrap(),
         );

@@ -10,6 +10,25 @@ use std::collections::{BTreeMap, BTreeSet};
 /// The page, relative to the repository root.
 pub const PAGE: &str = "docs/configuration.md";
 
+/// The tables of a minimal valid file besides the listeners: one model and
+/// one KV-exact rule with a plain endpoint (index 0, which [`set`]
+/// addresses) and one with KV events (so endpoint 0 may change engine or
+/// role).
+pub const MODEL_AND_RULE: &str = r#"
+[[models]]
+slug = "m"
+dir = "model"
+[[rules]]
+name = "r"
+models = ["m"]
+contract = "vllm@0.33.0:sha256_cbor:block=16:seed=0"
+[[rules.endpoints]]
+url = "http://127.0.0.1:9"
+[[rules.endpoints]]
+url = "http://127.0.0.1:10"
+zmq = "tcp://*:11"
+"#;
+
 /// One documented key.
 #[derive(Debug)]
 pub struct Row {
