@@ -58,11 +58,12 @@ fn fresh_conversations_spread_over_caches_with_room() {
         "hit ratio {:.3} of the pooled bound",
         default.hit_over_pooled
     );
+    // Measured: 0.998 and 0.948 of the pooled bound.
     assert!(
-        default.prefix_hit_ratio >= off.prefix_hit_ratio + 0.02,
-        "with the term {:.4}, without {:.4}",
-        default.prefix_hit_ratio,
-        off.prefix_hit_ratio
+        default.hit_over_pooled >= off.hit_over_pooled + 0.03,
+        "of the pooled bound: with the term {:.3}, without {:.3}",
+        default.hit_over_pooled,
+        off.hit_over_pooled
     );
     assert!(default.ttft_ms.mean <= off.ttft_ms.mean);
 }
