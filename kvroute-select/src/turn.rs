@@ -83,8 +83,9 @@ impl Default for TurnConfig {
 
 /// The turn of a request ready to be decided now, for a decider among
 /// `deciders` (its rank among the live replicas; [`Deciders::ALONE`] for a
-/// host routing alone) whose decisions come in bursts as `burst` says (its
-/// rule's [`crate::Rule::burst_stats`]).
+/// host routing alone; called only inside a burst, so requests that come one
+/// at a time never read it) whose decisions come in bursts as `burst` says
+/// (its rule's [`crate::Rule::burst_stats`]).
 ///
 /// Outside bursts, and for a request with a home (`home`, called only
 /// inside one: of the blocks past the prefix most endpoints hold, such as a
@@ -106,12 +107,13 @@ impl Default for TurnConfig {
 /// let bursty = BurstStats { decisions: 3.0, prefill_tokens: 2000.0 };
 /// let fresh = || 0.0; // no endpoint holds more of it than the others
 /// // Alone: a fresh prompt waits for the burst's requests with a home.
-/// let alone = burst_turn(cfg, bursty, Deciders::ALONE, fresh);
-/// assert_eq!(alone, Turn { hold: Duration::from_millis(1), in_turn: false });
+/// let alone = || Deciders::ALONE;
+/// let turn = burst_turn(cfg, bursty, alone, fresh);
+/// assert_eq!(turn, Turn { hold: Duration::from_millis(1), in_turn: false });
 /// // A conversation's next turn, mostly cached on one endpoint, goes at once.
-/// assert_eq!(burst_turn(cfg, bursty, Deciders::ALONE, || 0.9), Turn::NONE);
+/// assert_eq!(burst_turn(cfg, bursty, alone, || 0.9), Turn::NONE);
 /// // Third of three replicas: after the ranks below it.
-/// let third = Deciders { count: 3, rank: 2, ordered: false };
+/// let third = || Deciders { count: 3, rank: 2, ordered: false };
 /// assert_eq!(
 ///     burst_turn(cfg, bursty, third, fresh),
 ///     Turn { hold: Duration::from_millis(2 + 2 * 2), in_turn: true },
@@ -121,7 +123,7 @@ impl Default for TurnConfig {
 pub fn burst_turn(
     cfg: TurnConfig,
     burst: BurstStats,
-    deciders: Deciders,
+    deciders: impl FnOnce() -> Deciders,
     home: impl FnOnce() -> f64,
 ) -> Turn {
     let mine = burst.decisions - 1.0;
@@ -129,6 +131,7 @@ pub fn burst_turn(
     if mine.is_nan() || mine <= 0.0 {
         return Turn::NONE;
     }
+    let deciders = deciders();
     let others = mine * f64::from(deciders.count.saturating_sub(1));
     let turns = !cfg.stagger.is_zero() && others >= TURN_MIN_OTHERS;
     // With turns, the burst is the fleet's: ordered across the replicas.
@@ -136,17 +139,17 @@ pub fn burst_turn(
     if !(turns || order) || home() >= TURN_MAX_CACHED {
         return Turn::NONE;
     }
-    let (ranked, ordered) = if turns {
-        (
-            cfg.stagger.saturating_mul(deciders.rank),
-            if order {
-                cfg.order.max(cfg.stagger)
-            } else {
-                Duration::ZERO
-            },
-        )
+    // With replicas, the requests with a home decided at once elsewhere
+    // take up to one stagger to arrive.
+    let ordered = match (order, turns) {
+        (false, _) => Duration::ZERO,
+        (true, false) => cfg.order,
+        (true, true) => cfg.order.max(cfg.stagger),
+    };
+    let ranked = if turns {
+        cfg.stagger.saturating_mul(deciders.rank)
     } else {
-        (Duration::ZERO, cfg.order)
+        Duration::ZERO
     };
     Turn {
         hold: ranked.saturating_add(ordered),
@@ -197,7 +200,7 @@ mod tests {
 
     fn check(cases: &[Case]) {
         for (i, &(order, stagger, burst, deciders, home, want)) in cases.iter().enumerate() {
-            let got = burst_turn(cfg(order, stagger), burst, deciders, || home);
+            let got = burst_turn(cfg(order, stagger), burst, || deciders, || home);
             assert_eq!(got, want, "case {i}: {:?}", cases[i]);
         }
     }
@@ -246,16 +249,28 @@ mod tests {
     }
 
     #[test]
-    fn home_is_asked_only_inside_a_burst_with_something_to_wait_for() {
-        let asked = std::cell::Cell::new(0);
+    fn home_and_deciders_are_read_only_when_they_can_matter() {
+        let (homes, ranks) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
         let home = || {
-            asked.set(asked.get() + 1);
+            homes.set(homes.get() + 1);
             0.0
         };
-        let _ = burst_turn(cfg(1, 2), SINGLE, rank(3, 1), home);
-        let _ = burst_turn(cfg(0, 0), BURSTY, rank(3, 1), home);
-        assert_eq!(asked.get(), 0);
-        let _ = burst_turn(cfg(1, 0), BURSTY, Deciders::ALONE, home);
-        assert_eq!(asked.get(), 1);
+        let deciders = || {
+            ranks.set(ranks.get() + 1);
+            rank(3, 1)
+        };
+        // One at a time: neither is read.
+        let one_at_a_time = BurstStats {
+            decisions: 1.0,
+            prefill_tokens: 1000.0,
+        };
+        let _ = burst_turn(cfg(1, 2), one_at_a_time, deciders, home);
+        assert_eq!((homes.get(), ranks.get()), (0, 0));
+        // In a burst with nothing to wait for: the ranks, not the home.
+        let _ = burst_turn(cfg(1, 2), SINGLE, deciders, home);
+        let _ = burst_turn(cfg(0, 0), BURSTY, deciders, home);
+        assert_eq!((homes.get(), ranks.get()), (0, 2));
+        let _ = burst_turn(cfg(1, 0), BURSTY, || Deciders::ALONE, home);
+        assert_eq!(homes.get(), 1);
     }
 }

@@ -498,7 +498,7 @@ fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
         in_turn: true,
     };
     let turn = |own: u64, cfg: TurnConfig, burst: BurstStats, home: f64| {
-        burst_turn(cfg, burst, table(own).deciders(now), || home)
+        burst_turn(cfg, burst, || table(own).deciders(now), || home)
     };
     // Id 3 ranks 1 among {1, 3, 5}; id 7 ranks 2; id 0 ranks 0 and decides
     // in turn at once.
@@ -525,6 +525,6 @@ fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
     let t = table(7);
     let local = LoadTable::new(2);
     assert!(!t.view(&local, now).deciders().ordered);
-    let turn = burst_turn(turns, bursty, t.deciders(now), fresh);
+    let turn = burst_turn(turns, bursty, || t.deciders(now), fresh);
     assert!(t.view(&local, now).in_turn(turn).deciders().ordered);
 }

@@ -40,14 +40,12 @@ impl KvRouter {
     pub fn turn(&self, keys: Option<&[BlockKey]>) -> Turn {
         let now = self.shared.now();
         let rule = std::sync::Arc::clone(&self.shared.current().rule);
-        let (deciders, stagger) = match &self.shared.replicas {
-            Some(r) => (r.remote().deciders(now), r.stagger()),
-            None => (Deciders::ALONE, Duration::ZERO),
-        };
+        let replicas = self.shared.replicas.as_ref();
         let cfg = TurnConfig {
             order: self.shared.burst_order,
-            stagger,
+            stagger: replicas.map_or(Duration::ZERO, |r| r.stagger()),
         };
+        let deciders = || replicas.map_or(Deciders::ALONE, |r| r.remote().deciders(now));
         let turn = burst_turn(cfg, rule.burst_stats(), deciders, || {
             self.home_fraction(keys.unwrap_or_default(), now)
         });
