@@ -400,8 +400,7 @@ fn observe_locked<L: Load + ?Sized>(
         s.charged = 0;
         s.backlog = b;
         s.backlog_at_us = now_us;
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let ahead = b.ceil() as u64;
+        let ahead = ceil_u64(b);
         l.queued_prefill_tokens = ahead.min(q);
     }
 }
@@ -460,6 +459,25 @@ impl crate::Rule {
                     .map_or(1, crate::endpoint::Endpoint::capacity_or_one)
             });
         }
+    }
+}
+
+/// `b.ceil() as u64` (saturating; 0 for NaN) without the libm call that
+/// baseline x86-64 makes for `ceil`: the drain rounds every endpoint's
+/// backlog on every decision.
+#[inline]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+fn ceil_u64(b: f64) -> u64 {
+    // Truncation is exact below 2^53; above it every f64 is an integer.
+    let t = b as u64;
+    if (t as f64) < b {
+        t.saturating_add(1)
+    } else {
+        t
     }
 }
 
@@ -757,5 +775,41 @@ mod tests {
         let mut loads = [EndpointLoad::default(); 2];
         observe_alone(&drain, ms(2), &mut loads);
         assert_eq!(loads[0].queued_prefill_tokens, 0);
+    }
+
+    /// The libm-free rounding agrees with `ceil` on every value the drain
+    /// can produce and on the edges (integers, halves, 2^53 and above,
+    /// infinities, NaN).
+    #[test]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    fn rounding_up_matches_ceil() {
+        let oracle = |b: f64| b.ceil() as u64;
+        let edges = [
+            0.0,
+            -0.0,
+            0.5,
+            1.0,
+            1.000_000_1,
+            4_503_599_627_370_495.5,
+            9_007_199_254_740_992.0,
+            9_007_199_254_740_993.0,
+            u64::MAX as f64,
+            f64::MAX,
+            f64::INFINITY,
+            f64::NAN,
+            -1.5,
+        ];
+        for b in edges {
+            assert_eq!(ceil_u64(b), oracle(b), "{b}");
+        }
+        proptest::proptest!(|(bits in proptest::prelude::any::<u64>(), small in 0.0f64..1e12)| {
+            let b = f64::from_bits(bits);
+            proptest::prop_assert_eq!(ceil_u64(b), oracle(b), "{}", b);
+            proptest::prop_assert_eq!(ceil_u64(small), oracle(small), "{}", small);
+        });
     }
 }

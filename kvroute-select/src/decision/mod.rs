@@ -124,14 +124,22 @@ impl Decision {
         self.keys.clear();
         self.speculative.clear();
         self.slot_scratch.clear();
+        /// Sizes `v` for `n` endpoints without clearing it: for buffers
+        /// every ladder run rewrites in full (`refresh_pool`) before
+        /// anything reads them. On a large fleet clearing them is a
+        /// memset of several times the decision's other state.
+        fn size<T: Copy>(v: &mut Vec<T>, n: usize, value: T) {
+            v.truncate(n);
+            v.resize(n, value);
+        }
         fill(&mut self.overlaps, n, Overlap::default());
         fill(&mut self.excluded, n, false);
         fill(&mut self.excluded_decode, n, false);
-        fill(&mut self.eligible, n, false);
+        size(&mut self.eligible, n, false);
         // Filled by `pick_decode` when a P/D decision needs it.
         self.decode_eligible.clear();
-        fill(&mut self.loads, n, EndpointLoad::default());
-        fill(&mut self.reports, n, None);
+        size(&mut self.loads, n, EndpointLoad::default());
+        size(&mut self.reports, n, None);
         self.prompt_tokens = 0;
         fill(&mut self.mismatched, n, false);
         fill(&mut self.clears, n, 0);
