@@ -87,11 +87,13 @@ pub struct Deciders {
     pub count: u32,
     /// This decider's rank, in `0..count`.
     pub rank: u32,
-    /// This decision is made in its turn within a burst
-    /// ([`crate::burst_turn`]): the deciders ranked below this one have
-    /// decided their part of it and it is in this view, and those ranked
-    /// above will see this decision before making theirs, so nothing is
-    /// unseen.
+    /// This decision is part of a burst the deciders decide in order
+    /// ([`crate::burst_turn`]): a request without a home is decided after
+    /// the lower ranks' part of the burst is in this view and before the
+    /// higher ranks decide theirs; a request with a home at once, while the
+    /// others place only their own requests with a home, each at its home.
+    /// No other decider is placing a share of the burst on its zone, so
+    /// nothing is expected unseen.
     pub ordered: bool,
 }
 

@@ -22,15 +22,21 @@ use crate::scoring::BurstStats;
 pub struct Turn {
     /// Wait this long before deciding (zero: decide now).
     pub hold: Duration,
-    /// Decided in its replica's turn: the view it is decided on has the
-    /// lower ranks' part of the burst and the higher ranks will see its own
-    /// ([`crate::WithRemote::in_turn`]).
+    /// Decided as part of a burst the replicas decide in order
+    /// ([`crate::WithRemote::in_turn`], [`Deciders::ordered`]): a request
+    /// without a home in its replica's turn (the view has the lower ranks'
+    /// part of the burst, the higher ranks will see its own), a request
+    /// with a home at once (what the others place at that instant are
+    /// their own requests with a home, each at its home). Either way no
+    /// other replica is placing a share of the burst on its zone of the
+    /// endpoints meanwhile.
     pub in_turn: bool,
 }
 
 impl Turn {
-    /// No turn: decided at once (outside bursts, a request with a home, or
-    /// turns and ordering off).
+    /// No turn: decided at once, expecting the other replicas' parts of a
+    /// burst in their zones (outside bursts, with turns and ordering off,
+    /// or a request with a home when no replicas take turns).
     pub const NONE: Self = Self {
         hold: Duration::ZERO,
         in_turn: false,
@@ -87,17 +93,19 @@ impl Default for TurnConfig {
 /// at a time never read it) whose decisions come in bursts as `burst` says
 /// (its rule's [`crate::Rule::burst_stats`]).
 ///
-/// Outside bursts, and for a request with a home (`home`, called only
-/// inside one: of the blocks past the prefix most endpoints hold, such as a
-/// shared system prompt, the fraction its best endpoint holds, at least
-/// [`TURN_MAX_CACHED`]), there is no turn: decided at once. A request
-/// without a home waits [`TurnConfig::order`] (at least one stagger with
-/// replicas), plus `rank · stagger` when other replicas are deciding parts
-/// of the same bursts: the burst is then decided in order on every replica —
-/// the requests with a home first, then the rest rank by rank, as one
-/// gateway would decide it — and a decision in its turn
-/// ([`Turn::in_turn`], [`Deciders::ordered`]) expects nothing unseen from the
-/// others.
+/// Outside bursts there is no turn: decided at once. A request with a home
+/// (`home`, called only inside a burst: of the blocks past the prefix most
+/// endpoints hold, such as a shared system prompt, the fraction its best
+/// endpoint holds, at least [`TURN_MAX_CACHED`]) is never held either. A
+/// request without a home waits [`TurnConfig::order`] (at least one stagger
+/// with replicas), plus `rank · stagger` when other replicas are deciding
+/// parts of the same bursts: the burst is then decided in order on every
+/// replica — the requests with a home first, then the rest rank by rank, as
+/// one gateway would decide it. With replica turns every decision of the
+/// burst is [`Turn::in_turn`] ([`Deciders::ordered`]), the ones with a home
+/// included: while they are decided, the others place only their own
+/// requests with a home, each at its home, not a share of the burst on
+/// their zones, so a decision expects nothing unseen from them.
 ///
 /// ```
 /// use std::time::Duration;
@@ -118,6 +126,11 @@ impl Default for TurnConfig {
 ///     burst_turn(cfg, bursty, third, fresh),
 ///     Turn { hold: Duration::from_millis(2 + 2 * 2), in_turn: true },
 /// );
+/// // With a home: at once, and part of the ordered burst.
+/// assert_eq!(
+///     burst_turn(cfg, bursty, third, || 0.9),
+///     Turn { hold: Duration::ZERO, in_turn: true },
+/// );
 /// ```
 #[must_use]
 pub fn burst_turn(
@@ -136,8 +149,14 @@ pub fn burst_turn(
     let turns = !cfg.stagger.is_zero() && others >= TURN_MIN_OTHERS;
     // With turns, the burst is the fleet's: ordered across the replicas.
     let order = !cfg.order.is_zero() && (mine >= TURN_MIN_OTHERS || turns);
-    if !(turns || order) || home() >= TURN_MAX_CACHED {
+    if !(turns || order) {
         return Turn::NONE;
+    }
+    if home() >= TURN_MAX_CACHED {
+        return Turn {
+            hold: Duration::ZERO,
+            in_turn: turns,
+        };
     }
     // With replicas, the requests with a home decided at once elsewhere
     // take up to one stagger to arrive.
@@ -239,8 +258,10 @@ mod tests {
             // Ordering off: the rank's wait alone.
             (0, 2, BURSTY, rank(3, 0), 0.0, held(0, true)),
             (0, 2, BURSTY, rank(3, 2), 0.0, held(4, true)),
-            // A home: at once, whatever the rank.
-            (1, 2, BURSTY, rank(3, 2), 0.8, Turn::NONE),
+            // A home: at once whatever the rank, part of the ordered
+            // burst.
+            (1, 2, BURSTY, rank(3, 2), 0.8, held(0, true)),
+            (0, 2, BURSTY, rank(3, 1), 0.5, held(0, true)),
             (1, 2, thin, rank(3, 1), 0.0, held(4, true)),
             (1, 2, thin, rank(2, 1), 0.0, Turn::NONE),
             // Turns off: ordering only.

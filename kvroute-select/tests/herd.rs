@@ -510,16 +510,19 @@ fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
     let ordered = cfg(Duration::from_micros(300), stagger);
     assert_eq!(turn(0, ordered, bursty, 0.0), held(stagger));
     assert_eq!(turn(7, ordered, bursty, 0.0), held(3 * stagger));
-    // Outside bursts, without turns or ordering, or for a request with a
-    // home (one endpoint holds most of what the others lack: it goes there
-    // whatever the others place): decided at once and not in turn.
+    // Outside bursts, or without turns or ordering: decided at once and
+    // not in turn.
     assert_eq!(turn(7, turns, one_at_a_time, 0.0), Turn::NONE);
     assert_eq!(
         turn(7, cfg(Duration::ZERO, Duration::ZERO), bursty, 0.0),
         Turn::NONE
     );
-    assert_eq!(turn(7, turns, bursty, 0.8), Turn::NONE);
-    assert_eq!(turn(7, ordered, bursty, 0.8), Turn::NONE);
+    // A request with a home (one endpoint holds most of what the others
+    // lack: it goes there whatever the others place) is decided at once,
+    // as part of the ordered burst: meanwhile the others place only their
+    // own requests with a home.
+    assert_eq!(turn(7, turns, bursty, 0.8), held(Duration::ZERO));
+    assert_eq!(turn(7, ordered, bursty, 0.8), held(Duration::ZERO));
     assert_eq!(turn(7, turns, bursty, 0.3), held(2 * stagger));
     // A view for a decision in turn reports the deciders as ordered.
     let t = table(7);

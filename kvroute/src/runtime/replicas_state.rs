@@ -59,9 +59,10 @@ pub(crate) struct ReplicaState {
     /// A decision charged load: wakes the publishing task, which sends at
     /// once unless it sent within the last `sync_interval`.
     decided: Arc<tokio::sync::Notify>,
-    /// A decision made in its turn is waiting to be sent: it goes at once
-    /// even within `sync_interval` of the last message, since the next
-    /// rank decides one stagger later and must see it.
+    /// A decision of a burst decided in turns ([`kvroute_select::Turn::in_turn`]:
+    /// in its turn, or with a home at once) is waiting to be sent: it goes
+    /// at once even within `sync_interval` of the last message, since the
+    /// next rank decides one stagger later and must see it.
     in_turn: Arc<AtomicBool>,
 }
 
@@ -90,9 +91,9 @@ impl ReplicaState {
 
     /// A decision charged an endpoint: the publishing task sends it without
     /// waiting for its next tick when nothing went out during the last
-    /// `sync_interval`, or when it was decided in its turn (`in_turn`: the
-    /// higher ranks decide one stagger later, which may be sooner than the
-    /// next tick). Atomic operations only; no lock, never blocks.
+    /// `sync_interval`, or when it belongs to a burst decided in turns
+    /// (`in_turn`: the higher ranks decide one stagger later, which may be
+    /// sooner than the next tick). Atomic operations only; no lock, never blocks.
     pub(crate) fn decided(&self, in_turn: bool) {
         if in_turn {
             self.in_turn.store(true, Ordering::Release);

@@ -28,9 +28,11 @@ impl KvRouter {
     /// [`crate::KvRouterBuilder::burst_order`] so the burst's requests with
     /// one are placed first, and with other replicas live, `rank ·`
     /// [`crate::ReplicaConfig::stagger`] more, so the replicas decide the
-    /// burst in turn; [`Turn::NONE`] for a request with a home (most of what
-    /// the other endpoints lack is cached on one: it goes there), outside
-    /// bursts, or with both off.
+    /// burst in turn. A request with a home (most of what the other
+    /// endpoints lack is cached on one: it goes there) is never held; with
+    /// replicas taking turns it is decided at once as part of the ordered
+    /// burst ([`Turn::in_turn`]). [`Turn::NONE`] outside bursts or with both
+    /// off.
     /// [`KvRouter::pick`] takes it; a host deciding with
     /// [`KvRouter::pick_prepared`] calls [`KvRouter::take_turn`] first, one
     /// deciding with keys waits [`Turn::hold`] and passes the turn to
@@ -205,9 +207,16 @@ mod tests {
         let fresh = keys((1..=6).chain([101, 102]));
         assert_eq!(me.turn(Some(&fresh)), in_turn);
         // The conversation's next turn: endpoint 0 holds 8 of the 10 blocks
-        // past the system prompt.
+        // past the system prompt. Decided at once, as part of the ordered
+        // burst.
         let next = keys((1..=6).chain(201..=210));
-        assert_eq!(me.turn(Some(&next)), Turn::NONE);
+        assert_eq!(
+            me.turn(Some(&next)),
+            Turn {
+                hold: Duration::ZERO,
+                in_turn: true
+            }
+        );
         // A branch of it that endpoint 0 holds 3 of 10 blocks of.
         let branch = keys((1..=6).chain(201..=203).chain(301..=307));
         assert_eq!(me.turn(Some(&branch)), in_turn);
