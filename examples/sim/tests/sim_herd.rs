@@ -151,8 +151,8 @@ fn eight_replicas_taking_turns_in_a_burst_come_close_to_one() {
 /// every replica, while the others place only their own requests with a
 /// home, each at its home: they expect nothing unseen on the others' zones
 /// (which would push a conversation's next turn off its home for load that
-/// is not coming). Expecting it there, four replicas lost 0.2–0.3 points of
-/// hit ratio against one on both workloads.
+/// is not coming: expecting it there costs four replicas 0.2–0.3 points of
+/// hit ratio against one on both workloads).
 #[test]
 fn replicas_in_turns_decide_a_bursts_requests_with_a_home_as_one_gateway_does() {
     for kind in [Kind::ChatBursts, Kind::AgentBursts] {
