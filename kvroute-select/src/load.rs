@@ -91,10 +91,17 @@ pub struct Deciders {
     /// ([`crate::burst_turn`]): a request without a home is decided after
     /// the lower ranks' part of the burst is in this view and before the
     /// higher ranks decide theirs; a request with a home at once, while the
-    /// others place only their own requests with a home, each at its home.
-    /// No other decider is placing a share of the burst on its zone, so
-    /// nothing is expected unseen.
+    /// others place only their own requests with a home. No other decider
+    /// is placing a share of the burst on its zone, so nothing is expected
+    /// unseen, except as `home` says.
     pub ordered: bool,
+    /// With `ordered`: this is a request with a home, decided at the same
+    /// instant as the others' requests with a home. Most stay at their
+    /// homes; those that leave a busy one would all go to the endpoints
+    /// every view finds cheapest, so the cost scorer ranks the other zones
+    /// in this decider's own spill-over order (cost only, nothing expected
+    /// unseen), except this request's home.
+    pub home: bool,
 }
 
 impl Deciders {
@@ -103,6 +110,7 @@ impl Deciders {
         count: 1,
         rank: 0,
         ordered: false,
+        home: false,
     };
 }
 

@@ -31,6 +31,11 @@ pub struct Turn {
     /// other replica is placing a share of the burst on its zone of the
     /// endpoints meanwhile.
     pub in_turn: bool,
+    /// Decided in turn at once for having a home: the others decide their
+    /// own requests with a home at the same instant, and those that leave
+    /// a busy home go where every view finds it cheapest
+    /// ([`Deciders::home`]). Set only with `in_turn`.
+    pub home: bool,
 }
 
 impl Turn {
@@ -40,6 +45,7 @@ impl Turn {
     pub const NONE: Self = Self {
         hold: Duration::ZERO,
         in_turn: false,
+        home: false,
     };
 }
 
@@ -104,8 +110,11 @@ impl Default for TurnConfig {
 /// one gateway would decide it. With replica turns every decision of the
 /// burst is [`Turn::in_turn`] ([`Deciders::ordered`]), the ones with a home
 /// included: while they are decided, the others place only their own
-/// requests with a home, each at its home, not a share of the burst on
-/// their zones, so a decision expects nothing unseen from them.
+/// requests with a home, not a share of the burst on their zones, so a
+/// decision expects nothing unseen from them. A request with a home that
+/// leaves a busy one would go where the others' leaving ones go, so those
+/// ([`Turn::home`], [`Deciders::home`]) rank the other zones in their
+/// decider's own order.
 ///
 /// ```
 /// use std::time::Duration;
@@ -117,19 +126,19 @@ impl Default for TurnConfig {
 /// // Alone: a fresh prompt waits for the burst's requests with a home.
 /// let alone = || Deciders::ALONE;
 /// let turn = burst_turn(cfg, bursty, alone, fresh);
-/// assert_eq!(turn, Turn { hold: Duration::from_millis(1), in_turn: false });
+/// assert_eq!(turn, Turn { hold: Duration::from_millis(1), in_turn: false, home: false });
 /// // A conversation's next turn, mostly cached on one endpoint, goes at once.
 /// assert_eq!(burst_turn(cfg, bursty, alone, || 0.9), Turn::NONE);
 /// // Third of three replicas: after the ranks below it.
-/// let third = || Deciders { count: 3, rank: 2, ordered: false };
+/// let third = || Deciders { count: 3, rank: 2, ordered: false, home: false };
 /// assert_eq!(
 ///     burst_turn(cfg, bursty, third, fresh),
-///     Turn { hold: Duration::from_millis(2 + 2 * 2), in_turn: true },
+///     Turn { hold: Duration::from_millis(2 + 2 * 2), in_turn: true, home: false },
 /// );
 /// // With a home: at once, and part of the ordered burst.
 /// assert_eq!(
 ///     burst_turn(cfg, bursty, third, || 0.9),
-///     Turn { hold: Duration::ZERO, in_turn: true },
+///     Turn { hold: Duration::ZERO, in_turn: true, home: true },
 /// );
 /// ```
 #[must_use]
@@ -156,6 +165,7 @@ pub fn burst_turn(
         return Turn {
             hold: Duration::ZERO,
             in_turn: turns,
+            home: turns,
         };
     }
     // With replicas, the requests with a home decided at once elsewhere
@@ -173,6 +183,7 @@ pub fn burst_turn(
     Turn {
         hold: ranked.saturating_add(ordered),
         in_turn: turns,
+        home: false,
     }
 }
 
@@ -194,6 +205,7 @@ mod tests {
             count,
             rank,
             ordered: false,
+            home: false,
         }
     }
 
@@ -210,8 +222,16 @@ mod tests {
         Turn {
             hold: MS * ms,
             in_turn,
+            home: false,
         }
     }
+
+    /// A request with a home, decided at once in turn.
+    const HOME: Turn = Turn {
+        hold: Duration::ZERO,
+        in_turn: true,
+        home: true,
+    };
 
     /// `(order ms, stagger ms, burst, deciders, home, expected)`, checked
     /// one by one so a failure names its row.
@@ -255,13 +275,14 @@ mod tests {
             (1, 2, BURSTY, rank(3, 0), 0.0, held(2, true)),
             (1, 2, BURSTY, rank(3, 2), 0.0, held(6, true)),
             (5, 2, BURSTY, rank(3, 1), 0.0, held(7, true)),
-            // Ordering off: the rank's wait alone.
+            // Ordering off: the rank's wait alone (rank 0 at once, but
+            // without a home).
             (0, 2, BURSTY, rank(3, 0), 0.0, held(0, true)),
             (0, 2, BURSTY, rank(3, 2), 0.0, held(4, true)),
             // A home: at once whatever the rank, part of the ordered
             // burst.
-            (1, 2, BURSTY, rank(3, 2), 0.8, held(0, true)),
-            (0, 2, BURSTY, rank(3, 1), 0.5, held(0, true)),
+            (1, 2, BURSTY, rank(3, 2), 0.8, HOME),
+            (0, 2, BURSTY, rank(3, 1), 0.5, HOME),
             (1, 2, thin, rank(3, 1), 0.0, held(4, true)),
             (1, 2, thin, rank(2, 1), 0.0, Turn::NONE),
             // Turns off: ordering only.

@@ -199,6 +199,7 @@ fn a_burst_on_a_large_fleet_does_not_converge_on_the_few_cheap_endpoints() {
                     count: 4,
                     rank: k,
                     ordered: false,
+                    home: false,
                 },
             };
             let e = target(&r, &c, &keys, &inv, &view, Duration::from_secs(1));
@@ -246,6 +247,7 @@ fn deciders_spilling_at_once_go_to_different_zones() {
                 count: deciders,
                 rank: k,
                 ordered: false,
+                home: false,
             },
         };
         picks.push(target(
@@ -350,7 +352,7 @@ proptest! {
         prop_assert_eq!(target(&bursty, &c, &keys, &inv, &alone, now), reference);
         let (calm, c) = rule(n);
         prime(&calm, &c, &inventory(n), 20, 1);
-        let many = View { table: &table, deciders: Deciders { count: replicas, rank: rank % replicas, ordered: false } };
+        let many = View { table: &table, deciders: Deciders { count: replicas, rank: rank % replicas, ordered: false, home: false } };
         prop_assert_eq!(target(&calm, &c, &keys, &inv, &many, now), reference);
     }
 
@@ -373,7 +375,7 @@ proptest! {
         let (r, c) = rule(n);
         prime(&r, &c, &inv, 20, 3);
         let table = LoadTable::new(n as usize);
-        let view = View { table: &table, deciders: Deciders { count: replicas, rank, ordered: false } };
+        let view = View { table: &table, deciders: Deciders { count: replicas, rank, ordered: false, home: false } };
         let e = target(&r, &c, &prompt(3, 200), &inv, &view, Duration::from_secs(9));
         let zone = |d: u32| -> Vec<u32> {
             if n >= replicas {
@@ -429,6 +431,7 @@ fn a_decider_taking_its_turn_counts_the_lower_ranks_placements_once() {
                 count: 4,
                 rank: 3,
                 ordered,
+                home: false,
             },
         };
         target(
@@ -444,6 +447,61 @@ fn a_decider_taking_its_turn_counts_the_lower_ranks_placements_once() {
     assert!([1, 3, 5].contains(&turn), "taking turns: {turn}");
     let at_once = decide(false);
     assert!([6, 7].contains(&at_once), "deciding at once: {at_once}");
+}
+
+/// Requests with a home decided at once in turn ([`Deciders::home`]): each
+/// of four replicas decides one at the same instant, none seeing the
+/// others'. One that leaves a busy home goes where its view finds it
+/// cheapest, alike on every replica: with nothing to tell them apart, the
+/// four would meet on one idle endpoint. The spill-over order sends each
+/// to its own zone. A home busy by less than the prompt's uncached prefill
+/// keeps its request, as it does for a gateway alone: nothing unseen is
+/// expected anywhere.
+#[test]
+fn requests_with_a_home_leaving_it_at_one_instant_go_to_different_endpoints() {
+    let n = 8u32;
+    let mut inv = inventory(n);
+    let keys = prompt(77, 400);
+    // Endpoint 0 (rank 0's zone) holds the whole prompt.
+    inv.store(0, keys.iter().copied());
+    let decide = |home_queue: u64, deciders: Deciders| {
+        let mut table = LoadTable::new(n as usize);
+        table.set(
+            EndpointId(0),
+            EndpointLoad {
+                in_flight: 1,
+                queued_prefill_tokens: home_queue,
+            },
+        );
+        let (r, c) = rule(n);
+        prime(&r, &c, &inv, 20, 3);
+        let view = View {
+            table: &table,
+            deciders,
+        };
+        target(&r, &c, &keys, &inv, &view, Duration::from_secs(1))
+    };
+    let in_turn = |rank: u32, home: bool| Deciders {
+        count: 4,
+        rank,
+        ordered: true,
+        home,
+    };
+    // Busy: 50 000 tokens queued against 6 400 uncached elsewhere.
+    let busy = 50_000;
+    let picks: Vec<u32> = (0..4).map(|k| decide(busy, in_turn(k, true))).collect();
+    for (k, &e) in picks.iter().enumerate() {
+        assert_eq!(e as usize * 4 / n as usize, k, "rank {k} left its home for {e}");
+    }
+    // Expecting nothing of the others, every replica picks the same one.
+    let alike: Vec<u32> = (0..4).map(|k| decide(busy, in_turn(k, false))).collect();
+    assert!(alike.iter().all(|&e| e == alike[0] && e != 0), "{alike:?}");
+    // Busy by less than the uncached prefill: every replica keeps it home,
+    // as a gateway alone does.
+    assert_eq!(decide(3_000, Deciders::ALONE), 0);
+    for k in 0..4 {
+        assert_eq!(decide(3_000, in_turn(k, true)), 0, "rank {k}");
+    }
 }
 
 /// A replica takes turns only while its decisions come in bursts, other
@@ -496,6 +554,12 @@ fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
     let held = |hold: Duration| Turn {
         hold,
         in_turn: true,
+        home: false,
+    };
+    let home = Turn {
+        hold: Duration::ZERO,
+        in_turn: true,
+        home: true,
     };
     let turn = |own: u64, cfg: TurnConfig, burst: BurstStats, home: f64| {
         burst_turn(cfg, burst, || table(own).deciders(now), || home)
@@ -521,13 +585,18 @@ fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
     // lack: it goes there whatever the others place) is decided at once,
     // as part of the ordered burst: meanwhile the others place only their
     // own requests with a home.
-    assert_eq!(turn(7, turns, bursty, 0.8), held(Duration::ZERO));
-    assert_eq!(turn(7, ordered, bursty, 0.8), held(Duration::ZERO));
+    assert_eq!(turn(7, turns, bursty, 0.8), home);
+    assert_eq!(turn(7, ordered, bursty, 0.8), home);
     assert_eq!(turn(7, turns, bursty, 0.3), held(2 * stagger));
     // A view for a decision in turn reports the deciders as ordered.
     let t = table(7);
     let local = LoadTable::new(2);
     assert!(!t.view(&local, now).deciders().ordered);
     let turn = burst_turn(turns, bursty, || t.deciders(now), fresh);
-    assert!(t.view(&local, now).in_turn(turn).deciders().ordered);
+    let d = t.view(&local, now).in_turn(turn).deciders();
+    assert!(d.ordered && !d.home);
+    // ... and, for a request with a home, that it has one.
+    let turn = burst_turn(turns, bursty, || t.deciders(now), || 0.8);
+    let d = t.view(&local, now).in_turn(turn).deciders();
+    assert!(d.ordered && d.home);
 }

@@ -542,6 +542,7 @@ impl RemoteLoad {
             count: live.saturating_add(1),
             rank: below,
             ordered: false,
+            home: false,
         }
     }
 
@@ -563,6 +564,7 @@ impl RemoteLoad {
             local,
             now,
             in_turn: false,
+            home: false,
         }
     }
 }
@@ -574,6 +576,7 @@ pub struct WithRemote<'a, L: ?Sized> {
     local: &'a L,
     now: Duration,
     in_turn: bool,
+    home: bool,
 }
 
 impl<L: ?Sized> WithRemote<'_, L> {
@@ -582,6 +585,7 @@ impl<L: ?Sized> WithRemote<'_, L> {
     #[must_use]
     pub fn in_turn(mut self, turn: Turn) -> Self {
         self.in_turn = turn.in_turn;
+        self.home = turn.in_turn && turn.home;
         self
     }
 }
@@ -619,6 +623,7 @@ impl<L: Load + ?Sized> Load for WithRemote<'_, L> {
             count: local.count.saturating_add(remote.count - 1),
             rank: local.rank.saturating_add(remote.rank),
             ordered: self.in_turn,
+            home: self.home,
         }
     }
 }

@@ -180,6 +180,7 @@ impl Model {
             rank: u32::try_from(live.iter().filter(|id| **id < self.own).count())
                 .unwrap_or(u32::MAX),
             ordered: false,
+            home: false,
         }
     }
 

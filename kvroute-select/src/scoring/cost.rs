@@ -131,7 +131,15 @@ use crate::pool::LoadBound;
 ///   ([`crate::Deciders::ordered`]; [`crate::burst_turn`]), the lower
 ///   ranks have decided their part and it is in the view, and the higher
 ///   ranks will see this decision: nothing is unseen, and the decision is
-///   the one a single decider makes.
+///   the one a single decider makes. A request with a home is decided at
+///   once ([`crate::Deciders::home`]), at the instant the others decide
+///   theirs: most stay at their homes, so nothing is unseen and whether it
+///   leaves its own is decided as a single decider decides it; but those
+///   that leave a busy home would all go to the endpoints every view finds
+///   cheapest. So the spill-over order applies (to the cost, not the
+///   predicted time to first token), except on the endpoints holding this
+///   request's longest prefix: leaving, each decider prefers its own zone,
+///   then the others in its own order.
 /// * **`burst_window`**: decisions closer than this to a burst's first are
 ///   one burst: the time another replica's decision takes to reach this
 ///   one's view (its replica sync interval plus one message).
@@ -365,17 +373,28 @@ struct Unseen {
     per_decider: f64,
     /// `⌈burst − 1⌉` (at least 1): endpoints one decider's burst lands on.
     burst_spread: usize,
+    /// A request with a home decided in turn ([`crate::Deciders::home`]):
+    /// the spill-over order only, nothing unseen.
+    homed: bool,
+    /// Endpoints holding at least this prefix (such a request's home) get
+    /// neither term.
+    home_prefix: u32,
 }
 
 impl Unseen {
-    fn new(input: &ScoreInput<'_>) -> Self {
+    fn new(input: &ScoreInput<'_>, best_prefix: u32) -> Self {
         let r = input.deciders.count as usize;
         let per_decider =
             (input.burst.decisions - 1.0).max(0.0) * input.burst.prefill_tokens.max(0.0);
         let n = input.endpoint_count();
-        // Deciding in turn, the lower ranks' part of the burst is in the
-        // view and the higher ranks will see this decision: nothing unseen.
-        let on = r > 1 && per_decider > 0.0 && n > 0 && !input.deciders.ordered;
+        // Deciding in turn a request without a home, the lower ranks' part
+        // of the burst is in the view and the higher ranks will see this
+        // decision: nothing unseen. A request with a home is decided at
+        // once, while the others decide theirs, each at its home or, when
+        // it leaves a busy one, on the endpoints every view finds cheapest:
+        // the spill-over order keeps those apart.
+        let homed = input.deciders.ordered && input.deciders.home;
+        let on = r > 1 && per_decider > 0.0 && n > 0 && (!input.deciders.ordered || homed);
         #[allow(
             clippy::cast_precision_loss,
             clippy::cast_possible_truncation,
@@ -388,14 +407,20 @@ impl Unseen {
             endpoints: n,
             per_decider,
             burst_spread,
+            homed,
+            home_prefix: if homed && best_prefix > 0 {
+                best_prefix
+            } else {
+                u32::MAX
+            },
         }
     }
 
     /// Endpoint `e`'s unseen tokens, and the spill-over order's term (see
     /// "Other deciders" in [`CostConfig`]).
-    fn at(&self, e: usize) -> (f64, f64) {
+    fn at(&self, e: usize, prefix: u32) -> (f64, f64) {
         let (r, n, k) = (self.deciders, self.endpoints, self.rank);
-        if r == 0 || e >= n {
+        if r == 0 || e >= n || prefix >= self.home_prefix {
             return (0.0, 0.0);
         }
         if n >= r {
@@ -417,7 +442,13 @@ impl Unseen {
             } else {
                 0.0
             };
+            if self.homed {
+                return (0.0, spill);
+            }
             return (unseen, spill);
+        }
+        if self.homed {
+            return (0.0, 0.0);
         }
         // Decider d's zone is endpoint d mod n.
         let owners = (r - 1 - e) / n + 1;
@@ -452,10 +483,10 @@ struct Model<'c, const ROOM: bool> {
 }
 
 impl<'c, const ROOM: bool> Model<'c, ROOM> {
-    fn new(cfg: &'c CostConfig, input: &ScoreInput<'_>) -> Self {
+    fn new(cfg: &'c CostConfig, input: &ScoreInput<'_>, best_prefix: u32) -> Self {
         Self {
             cfg,
-            unseen: Unseen::new(input),
+            unseen: Unseen::new(input, best_prefix),
             cached: CachedMemo::default(),
             prompt: f64::from(input.prompt_tokens),
         }
@@ -476,7 +507,7 @@ impl<'c, const ROOM: bool> Model<'c, ROOM> {
         let (load, capacity) = (c.load, c.capacity());
         let cached = self.cached.get(&cfg.tier_weights, input, c, prefix);
         let uncached = (self.prompt - cached).max(0.0);
-        let (unseen, spill) = self.unseen.at(c.index);
+        let (unseen, spill) = self.unseen.at(c.index, prefix);
         #[allow(clippy::cast_precision_loss)]
         let queued = load.queued_prefill_tokens as f64 + unseen;
         let decode = cfg.decode_tokens_per_request.max(0.0) * f64::from(load.in_flight);
@@ -575,7 +606,7 @@ fn pick_cost_with<const ROOM: bool>(
         && input
             .candidates()
             .any(|c| admits(c.load.in_flight, c.capacity()));
-    let mut model = Model::<ROOM>::new(cfg, input);
+    let mut model = Model::<ROOM>::new(cfg, input, best_figure);
     let n = input.endpoint_count().max(1);
     let turn = usize::try_from(input.turn % n as u64).unwrap_or(0);
     let band = cfg.tie_tokens.max(0.0);

@@ -201,6 +201,7 @@ mod tests {
         let in_turn = Turn {
             hold: 2 * STAGGER,
             in_turn: true,
+            home: false,
         };
         // A new question over the system prompt: 6 of its 8 blocks cached
         // everywhere, none only somewhere.
@@ -214,7 +215,8 @@ mod tests {
             me.turn(Some(&next)),
             Turn {
                 hold: Duration::ZERO,
-                in_turn: true
+                in_turn: true,
+                home: true
             }
         );
         // A branch of it that endpoint 0 holds 3 of 10 blocks of.
@@ -272,7 +274,8 @@ mod tests {
             router.turn(Some(&fresh)),
             Turn {
                 hold: order,
-                in_turn: false
+                in_turn: false,
+                home: false
             }
         );
         assert_eq!(router.turn(Some(&next)), Turn::NONE);
@@ -347,6 +350,7 @@ mod tests {
         let turn = Turn {
             hold: Duration::ZERO,
             in_turn: true,
+            home: false,
         };
         let inside = router
             .pick_keys_in_turn(&prompt, 16, turn)

@@ -26,6 +26,8 @@ pub(crate) struct RouterView<'a> {
     mean_prefill: std::cell::Cell<Option<u64>>,
     /// The decision is made in its turn within a burst.
     in_turn: bool,
+    /// ... and is of a request with a home (decided at once).
+    home: bool,
 }
 
 impl<'a> RouterView<'a> {
@@ -36,12 +38,14 @@ impl<'a> RouterView<'a> {
             replicas_only: false,
             mean_prefill: std::cell::Cell::new(None),
             in_turn: false,
+            home: false,
         }
     }
 
     /// The view for a decision made in `turn` ([`kvroute_select::Turn`]).
     pub(crate) fn in_turn(mut self, turn: kvroute_select::Turn) -> Self {
         self.in_turn = turn.in_turn;
+        self.home = turn.in_turn && turn.home;
         self
     }
 
@@ -52,6 +56,7 @@ impl<'a> RouterView<'a> {
             replicas_only: true,
             mean_prefill: std::cell::Cell::new(None),
             in_turn: false,
+            home: false,
         }
     }
 }
@@ -90,6 +95,7 @@ impl Load for RouterView<'_> {
             .as_ref()
             .map_or(Deciders::ALONE, |r| Deciders {
                 ordered: self.in_turn,
+                home: self.home,
                 ..r.remote().deciders(self.now)
             })
     }
