@@ -491,7 +491,11 @@ fn requests_with_a_home_leaving_it_at_one_instant_go_to_different_endpoints() {
     let busy = 50_000;
     let picks: Vec<u32> = (0..4).map(|k| decide(busy, in_turn(k, true))).collect();
     for (k, &e) in picks.iter().enumerate() {
-        assert_eq!(e as usize * 4 / n as usize, k, "rank {k} left its home for {e}");
+        assert_eq!(
+            e as usize * 4 / n as usize,
+            k,
+            "rank {k} left its home for {e}"
+        );
     }
     // Expecting nothing of the others, every replica picks the same one.
     let alike: Vec<u32> = (0..4).map(|k| decide(busy, in_turn(k, false))).collect();
