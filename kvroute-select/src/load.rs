@@ -105,6 +105,18 @@ pub struct Deciders {
 }
 
 impl Deciders {
+    /// These deciders for a decision made in `turn` ([`crate::burst_turn`]):
+    /// `ordered` in its turn, `home` when it is also of a request with a
+    /// home.
+    #[must_use]
+    pub fn in_turn(self, turn: crate::Turn) -> Self {
+        Self {
+            ordered: turn.in_turn,
+            home: turn.in_turn && turn.home,
+            ..self
+        }
+    }
+
     /// One decider: a host routing alone.
     pub const ALONE: Self = Self {
         count: 1,

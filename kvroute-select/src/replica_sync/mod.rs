@@ -563,8 +563,7 @@ impl RemoteLoad {
             remote: self,
             local,
             now,
-            in_turn: false,
-            home: false,
+            turn: Turn::NONE,
         }
     }
 }
@@ -575,8 +574,7 @@ pub struct WithRemote<'a, L: ?Sized> {
     remote: &'a RemoteLoad,
     local: &'a L,
     now: Duration,
-    in_turn: bool,
-    home: bool,
+    turn: Turn,
 }
 
 impl<L: ?Sized> WithRemote<'_, L> {
@@ -584,8 +582,7 @@ impl<L: ?Sized> WithRemote<'_, L> {
     /// turn, [`Load::deciders`] reports the deciders as ordered.
     #[must_use]
     pub fn in_turn(mut self, turn: Turn) -> Self {
-        self.in_turn = turn.in_turn;
-        self.home = turn.in_turn && turn.home;
+        self.turn = turn;
         self
     }
 }
@@ -622,9 +619,10 @@ impl<L: Load + ?Sized> Load for WithRemote<'_, L> {
         Deciders {
             count: local.count.saturating_add(remote.count - 1),
             rank: local.rank.saturating_add(remote.rank),
-            ordered: self.in_turn,
-            home: self.home,
+            ordered: false,
+            home: false,
         }
+        .in_turn(self.turn)
     }
 }
 

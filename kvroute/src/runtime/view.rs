@@ -9,6 +9,7 @@ use kvroute_core::{BlockKey, EndpointId};
 use kvroute_ingest::{InventoryHealth, InventoryView, Overlap};
 use kvroute_select::{
     AdminState, Availability, Deciders, EndpointLoad, EngineReport, Health, Load, PrefillProgress,
+    Turn,
 };
 
 use super::Shared;
@@ -24,10 +25,8 @@ pub(crate) struct RouterView<'a> {
     /// endpoint's engine-report correction reads: once per view, not once
     /// per endpoint (that made a decision quadratic in the endpoints).
     mean_prefill: std::cell::Cell<Option<u64>>,
-    /// The decision is made in its turn within a burst.
-    in_turn: bool,
-    /// ... and is of a request with a home (decided at once).
-    home: bool,
+    /// The decision's turn within a burst ([`Turn::NONE`] outside one).
+    turn: Turn,
 }
 
 impl<'a> RouterView<'a> {
@@ -37,15 +36,13 @@ impl<'a> RouterView<'a> {
             now,
             replicas_only: false,
             mean_prefill: std::cell::Cell::new(None),
-            in_turn: false,
-            home: false,
+            turn: Turn::NONE,
         }
     }
 
     /// The view for a decision made in `turn` ([`kvroute_select::Turn`]).
-    pub(crate) fn in_turn(mut self, turn: kvroute_select::Turn) -> Self {
-        self.in_turn = turn.in_turn;
-        self.home = turn.in_turn && turn.home;
+    pub(crate) fn in_turn(mut self, turn: Turn) -> Self {
+        self.turn = turn;
         self
     }
 
@@ -55,8 +52,7 @@ impl<'a> RouterView<'a> {
             now,
             replicas_only: true,
             mean_prefill: std::cell::Cell::new(None),
-            in_turn: false,
-            home: false,
+            turn: Turn::NONE,
         }
     }
 }
@@ -90,14 +86,9 @@ impl Load for RouterView<'_> {
     /// The live replicas sharing this pool and this one's rank among them
     /// (the cost scorer spreads a burst by it).
     fn deciders(&self) -> Deciders {
-        self.shared
-            .replicas
-            .as_ref()
-            .map_or(Deciders::ALONE, |r| Deciders {
-                ordered: self.in_turn,
-                home: self.home,
-                ..r.remote().deciders(self.now)
-            })
+        self.shared.replicas.as_ref().map_or(Deciders::ALONE, |r| {
+            r.remote().deciders(self.now).in_turn(self.turn)
+        })
     }
 
     /// Every replica's charges (the cost scorer's drain times them).
