@@ -6,6 +6,14 @@
 
 use std::collections::BTreeMap;
 use std::process::Command;
+use std::sync::Mutex;
+
+/// One demo at a time: the demo's holds take the first free range of fixed
+/// loopback ports, and CHWBL's ring is seeded by those addresses. Two demos
+/// of this binary's tests running at once would take different ranges, and
+/// the second run of a seed could get another range, ring and placement
+/// than the first.
+static ONE_DEMO: Mutex<()> = Mutex::new(());
 
 /// One demo run: per policy, the placement cells (cached-token %, requests
 /// per endpoint, decisions by tier, predicted / delivered), and the stdout.
@@ -13,23 +21,28 @@ use std::process::Command;
 /// engine takes tens of ms to admit each request (it tokenizes the chat), and
 /// no request of a wave may end before the wave's last one was admitted.
 fn placement(seed: &str, extra: &[&str]) -> (BTreeMap<String, Vec<String>>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
-        .arg("demo")
-        .args(extra)
-        .args([
-            // The HTML report is checked by demo_cli.rs and html_reports.rs.
-            "--no-html",
-            "--requests",
-            "48",
-            "--engines",
-            "3",
-            "--seed",
-            seed,
-            "--decode-us-per-token",
-            "100000",
-        ])
-        .output()
-        .unwrap();
+    let out = {
+        let _one = ONE_DEMO
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .arg("demo")
+            .args(extra)
+            .args([
+                // The HTML report is checked by demo_cli.rs and html_reports.rs.
+                "--no-html",
+                "--requests",
+                "48",
+                "--engines",
+                "3",
+                "--seed",
+                seed,
+                "--decode-us-per-token",
+                "100000",
+            ])
+            .output()
+            .unwrap()
+    };
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
