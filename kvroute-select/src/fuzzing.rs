@@ -412,8 +412,8 @@ fn assert_rotation(
 /// requests and their outboxes are drained into a network that delivers any
 /// message, any number of times, in any order, or never; forged deltas
 /// (sequence number 0 or huge, unknown endpoints, this replica's own origin,
-/// more origins than the table has room for) join them; time jumps and
-/// expiry sweeps. After every step the table and the model agree on what
+/// more origins than the table has room for) join them; time jumps,
+/// expiry sweeps and endpoints leaving the rule. After every step the table and the model agree on what
 /// each delta did, every endpoint's remote load and charged tokens, the
 /// deciders and the counters. Without forged deltas, a final resync of every
 /// tracker makes the table exactly the trackers' totals.
@@ -505,8 +505,13 @@ pub fn replica_sync(data: &[u8]) {
             10 => {
                 if x & 1 == 0 {
                     now += Duration::from_millis(125 * u64::from(x % 16));
-                } else {
+                } else if x & 2 == 0 {
                     assert_eq!(table.expire(now), model.expire(now), "expired at {now:?}");
+                } else {
+                    // The endpoint left the rule (its slot may be reused).
+                    let e = id(b.next());
+                    table.clear_endpoint(e);
+                    model.clear_endpoint(e.index());
                 }
             }
             _ => {

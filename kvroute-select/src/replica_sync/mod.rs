@@ -400,6 +400,16 @@ impl RemoteLoad {
         if d.seq == 0 {
             return Applied::Stale;
         }
+        // An origin silent past the TTL is gone even if no expiry ran since
+        // (hosts that never tick): forgotten first, so that news from it
+        // starts afresh instead of reviving its old entries everywhere.
+        if inner
+            .origins
+            .iter()
+            .any(|o| o.id == d.origin && !self.live(o, now))
+        {
+            self.expire_locked(inner, now);
+        }
         let pos = match inner.origins.iter().position(|o| o.id == d.origin) {
             Some(p) => p,
             None => {
@@ -487,6 +497,31 @@ impl RemoteLoad {
         let gone = before - inner.origins.len();
         inner.counters.expired += gone as u64;
         gone
+    }
+
+    /// `endpoint` left the rule (its slot may be reused by another): every
+    /// origin's entry for it is forgotten, its charged share kept in the
+    /// monotonic counter ([`RemoteLoad::remote_charged`]). The next delta
+    /// naming the slot starts a fresh entry, as for an endpoint first heard
+    /// of.
+    pub fn clear_endpoint(&self, endpoint: EndpointId) {
+        let mut inner = self.inner.write();
+        let e = endpoint.index();
+        let Inner {
+            origins, retired, ..
+        } = &mut *inner;
+        if retired.len() < self.cfg.endpoints {
+            retired.resize(self.cfg.endpoints, 0);
+        }
+        let Some(r) = retired.get_mut(e) else {
+            return;
+        };
+        for o in origins.iter_mut() {
+            if let Some(entry) = o.entries.get_mut(e) {
+                *r = r.saturating_add(entry.charged_share());
+                *entry = Entry::default();
+            }
+        }
     }
 
     /// Forgets origins silent for longer than the TTL at `now`; returns how

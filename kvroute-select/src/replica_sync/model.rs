@@ -78,6 +78,14 @@ impl Model {
         if d.seq == 0 {
             return Applied::Stale;
         }
+        // Silent past the TTL: forgotten before its news is applied.
+        if self
+            .origins
+            .get(&d.origin)
+            .is_some_and(|o| o.kept && !self.live(o, now))
+        {
+            self.expire(now);
+        }
         let kept = self.origins.get(&d.origin).is_some_and(|o| o.kept);
         if !kept {
             if self.kept() >= self.cfg.max_origins {
@@ -121,6 +129,20 @@ impl Model {
         o.last_heard = o.last_heard.max(now);
         o.max_seq = o.max_seq.max(d.seq);
         Applied::Applied
+    }
+
+    /// The endpoint left: every kept origin's entry for it is dropped, its
+    /// charged share retired.
+    pub(crate) fn clear_endpoint(&mut self, endpoint: usize) {
+        if endpoint >= self.cfg.endpoints {
+            return;
+        }
+        for o in self.origins.values_mut().filter(|o| o.kept) {
+            if let Some(entry) = o.entries.remove(&endpoint) {
+                let r = self.retired.entry(endpoint).or_default();
+                *r = r.saturating_add(entry.charged.saturating_sub(entry.base));
+            }
+        }
     }
 
     /// Forgets the origins silent for longer than the TTL; how many.

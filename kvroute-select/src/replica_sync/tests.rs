@@ -137,7 +137,9 @@ fn silent_origin_expires_and_late_duplicates_do_not_revive_it() {
     );
     assert_eq!(r.apply(&d[0], Duration::from_secs(4)), Applied::Stale);
     assert_eq!(r.remote(EndpointId(0), Duration::from_secs(4)).in_flight, 0);
-    assert_eq!(r.expire(Duration::from_secs(4)), 1);
+    // The late duplicate found it silent past the TTL: forgotten then.
+    assert_eq!(r.counters().expired, 1);
+    assert_eq!(r.expire(Duration::from_secs(4)), 0);
     assert_eq!(r.counters().origins, 0);
     // Expired and forgotten: a late duplicate still does not bring it back.
     assert_eq!(r.apply(&d[0], Duration::from_secs(5)), Applied::Stale);
@@ -229,4 +231,74 @@ fn bounded_origins_own_and_unknown_endpoints() {
         ),
         (3, 1, 1, 1, 2, 1)
     );
+}
+
+/// A replica partitioned away for longer than the TTL, in a table no expiry
+/// sweep ran on, sends news for one endpoint when it is back: only that news
+/// counts, not its old load on the endpoints it has not spoken of since.
+#[test]
+fn an_origin_back_after_its_ttl_counts_only_its_news() {
+    let t = Arc::new(LoadTracker::with_sync(2, 1));
+    let r = table(2, 4);
+    let _a = t.charge(target(0, None), 10);
+    let b = t.charge(target(1, None), 20);
+    for d in drain(&t) {
+        assert_eq!(r.apply(&d, Duration::from_secs(1)), Applied::Applied);
+    }
+    assert_eq!(r.remote(EndpointId(1), Duration::from_secs(1)).in_flight, 1);
+    // Silent for 4 s (2 s TTL); its request on endpoint 1 ended meanwhile
+    // and that message was lost; it speaks of endpoint 0 again.
+    drop(b);
+    let _lost = drain(&t);
+    let _c = t.charge(target(0, None), 30);
+    let now = Duration::from_secs(5);
+    for d in drain(&t).iter().filter(|d| d.endpoint == EndpointId(0)) {
+        assert_eq!(r.apply(d, now), Applied::Applied);
+    }
+    assert_eq!(r.remote(EndpointId(0), now).in_flight, 2);
+    assert_eq!(r.remote(EndpointId(1), now).in_flight, 0);
+    assert_eq!(r.counters().expired, 1);
+}
+
+/// An endpoint leaves the rule and another takes its slot: nothing the
+/// other replicas said about the first counts on the second, and the
+/// slot's charged counter never goes back.
+#[test]
+fn a_cleared_endpoint_forgets_every_origins_load_there() {
+    let one = Arc::new(LoadTracker::with_sync(2, 1));
+    let two = Arc::new(LoadTracker::with_sync(2, 2));
+    let r = table(2, 4);
+    let now = Duration::from_secs(1);
+    let _g = [
+        one.charge(target(0, None), 100),
+        one.charge(target(1, None), 50),
+        two.charge(target(0, None), 200),
+    ];
+    for d in drain(&one).iter().chain(&drain(&two)) {
+        r.apply(d, now);
+    }
+    assert_eq!(r.remote(EndpointId(0), now).in_flight, 2);
+    assert_eq!(r.remote_charged(EndpointId(0)), 300);
+    r.clear_endpoint(EndpointId(0));
+    assert_eq!(r.remote(EndpointId(0), now), EndpointLoad::default());
+    assert_eq!(r.remote_charged(EndpointId(0)), 300);
+    // The other endpoint and the origins themselves are untouched.
+    assert_eq!(r.remote(EndpointId(1), now).in_flight, 1);
+    assert_eq!(r.deciders(now).count, 3);
+    // The slot's new endpoint is first heard of: what is queued counts.
+    let fresh = LoadDelta {
+        origin: 1,
+        seq: 100,
+        endpoint: EndpointId(0),
+        requests: 1,
+        prefill_tokens: 40,
+        in_flight: 1,
+        queued_prefill_tokens: 40,
+        charged_prefill_tokens: 1000,
+    };
+    assert_eq!(r.apply(&fresh, now), Applied::Applied);
+    assert_eq!(r.remote(EndpointId(0), now).in_flight, 1);
+    assert_eq!(r.remote_charged(EndpointId(0)), 340);
+    // Out of range: nothing happens.
+    r.clear_endpoint(EndpointId(7));
 }
