@@ -820,6 +820,10 @@ pub struct NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.stop();
+        // Its config's directory is this server's alone (pid and port).
+        if let Some(dir) = self.config.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
