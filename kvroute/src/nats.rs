@@ -26,7 +26,7 @@
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -58,6 +58,11 @@ pub struct NatsOptions {
     pub tls_client: Option<(PathBuf, PathBuf)>,
     /// Batches queued for publishing at most (default 1024).
     pub queue: usize,
+    /// Received messages buffered at most while this router applies earlier
+    /// ones (default 1024); beyond it the client drops them (counted in
+    /// [`NatsCounters::slow_consumer`]). With the server's largest message
+    /// this bounds the receive buffer: 1024 × 1 MiB by default.
+    pub subscription_capacity: usize,
     /// Client name shown by the server (default `kvroute`).
     pub name: String,
 }
@@ -76,6 +81,7 @@ impl NatsOptions {
             tls_root_certificates: None,
             tls_client: None,
             queue: 1024,
+            subscription_capacity: 1024,
             name: "kvroute".to_owned(),
         }
     }
@@ -93,6 +99,11 @@ pub struct NatsCounters {
     pub queue_full: u64,
     /// Messages received on the subscribed subjects.
     pub received: u64,
+    /// Times the client dropped a received message because this router's
+    /// buffer ([`NatsOptions::subscription_capacity`]) was full: a peer sends
+    /// faster than the router applies. A lower bound (the client reports
+    /// them on a bounded event channel); the next heartbeats repair.
+    pub slow_consumer: u64,
     /// Connections made again after a disconnect (the first connection
     /// not counted).
     pub reconnects: u64,
@@ -106,11 +117,7 @@ struct Counts {
     publish_failed: AtomicU64,
     queue_full: AtomicU64,
     received: AtomicU64,
-    reconnects: AtomicU64,
-    connected: AtomicBool,
-    /// Connections made, the first included; each router's next tick after
-    /// a change resends everything.
-    reconnected: AtomicU64,
+    slow_consumer: AtomicU64,
 }
 
 /// The NATS replica transport; see the [module docs](self).
@@ -163,24 +170,21 @@ impl NatsReplicas {
         let mut opts = async_nats::ConnectOptions::new()
             .name(&options.name)
             .retry_on_initial_connect()
+            .subscription_capacity(options.subscription_capacity.max(1))
+            // Connections are counted by the client itself
+            // (`Statistics::connects`), which no lost event can skew; the
+            // events are only logged, and slow-consumer drops counted.
             .event_callback(move |event| {
                 let c = Arc::clone(&events);
                 async move {
                     match event {
-                        async_nats::Event::Connected => {
-                            if c.connected.swap(true, Ordering::AcqRel) {
-                                return;
-                            }
-                            // The first connection is not a reconnect; every
-                            // one (the first too) makes the routers resend.
-                            if c.reconnected.fetch_add(1, Ordering::AcqRel) > 0 {
-                                c.reconnects.fetch_add(1, Ordering::Relaxed);
-                            }
-                            tracing::info!("NATS connected");
-                        }
+                        async_nats::Event::Connected => tracing::info!("NATS connected"),
                         async_nats::Event::Disconnected => {
-                            c.connected.store(false, Ordering::Release);
                             tracing::warn!("NATS disconnected; routing on the local view");
+                        }
+                        async_nats::Event::SlowConsumer(_) => {
+                            c.slow_consumer.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!("NATS dropped a replica message: receiving behind");
                         }
                         other => tracing::debug!(event = %other, "NATS event"),
                     }
@@ -247,9 +251,15 @@ impl NatsReplicas {
             publish_failed: c.publish_failed.load(Ordering::Relaxed),
             queue_full: c.queue_full.load(Ordering::Relaxed),
             received: c.received.load(Ordering::Relaxed),
-            reconnects: c.reconnects.load(Ordering::Relaxed),
-            connected: c.connected.load(Ordering::Acquire),
+            slow_consumer: c.slow_consumer.load(Ordering::Relaxed),
+            reconnects: self.connects().saturating_sub(1),
+            connected: self.client.connection_state() == async_nats::connection::State::Connected,
         }
+    }
+
+    /// Connections made, the first included (the client's own count).
+    fn connects(&self) -> u64 {
+        self.client.statistics().connects.load(Ordering::Relaxed)
     }
 }
 
@@ -285,7 +295,7 @@ impl ReplicaTransport for NatsReplicas {
     }
 
     fn reconnects(&self) -> u64 {
-        self.counts.reconnected.load(Ordering::Acquire)
+        self.connects()
     }
 }
 

@@ -13,7 +13,8 @@
 //!   again, in the same order, once the link is back;
 //! * a replica that publishes garbage or an oversized message on the
 //!   subject: each is refused and counted, nothing is applied, routing goes
-//!   on.
+//!   on; one that floods the subject faster than a replica applies: beyond
+//!   `receive_buffer` messages are dropped and counted.
 //!
 //! Engine-load polling is off and the engines export nothing: the sharing is
 //! the only way one replica sees the other's requests.
@@ -413,4 +414,64 @@ async fn garbage_and_oversized_messages_are_refused_and_counted() {
     ] {
         assert!(metrics.contains(family), "{family} in\n{metrics}");
     }
+}
+
+/// A peer floods the subject faster than this replica applies its messages:
+/// the replica buffers at most `receive_buffer` of them, the NATS client
+/// drops the rest and the replica counts the drops (`slow_consumer`);
+/// routing goes on and a well-formed message afterwards is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_beyond_the_receive_buffer_is_dropped_and_counted() {
+    let gate = Gate::new();
+    let engine = held_engine(&gate).await;
+    let nats = NatsServer::start();
+    let config = replica(&nats.url(), &[engine.addr], 60_000)
+        .replace("[replicas]\n", "[replicas]\nreceive_buffer = 2\n");
+    let gw = Gateway::start(&config);
+    eventually("the replica is subscribed", || async {
+        (admin_get(&gw, "/admin/counters").await["nats"]["connected"] == true).then_some(())
+    })
+    .await;
+    let bus = async_nats::connect(nats.url()).await.unwrap();
+    let subject = "kvroute.kv.load";
+    // Each message names 1 000 endpoints this replica does not have: sent
+    // as fast as the server takes it, decoded and looked up to be applied.
+    let endpoints: Vec<Value> = (0..1_000)
+        .map(|e| {
+            serde_json::json!({"url": format!("http://10.9.{}.{}:8000", e / 250, e % 250),
+                "seq": e + 1, "in_flight": 1, "queued_prefill_tokens": 0,
+                "requests": 1, "prefill_tokens": 0})
+        })
+        .collect();
+    let flood =
+        bytes::Bytes::from(serde_json::json!({"origin": 9, "endpoints": endpoints}).to_string());
+    const FLOOD: u64 = 1_500;
+    for _ in 0..FLOOD {
+        bus.publish(subject, flood.clone()).await.unwrap();
+    }
+    bus.flush().await.unwrap();
+    let nats_counters = eventually("drops are counted", || async {
+        let c = admin_get(&gw, "/admin/counters").await["nats"].clone();
+        (c["slow_consumer"].as_u64().unwrap_or(0) > 0).then_some(c)
+    })
+    .await;
+    let delivered = nats_counters["received"].as_u64().unwrap();
+    assert!(delivered < FLOOD, "{nats_counters}");
+    // Routing goes on, and the others' news is still applied.
+    let url = format!("http://{}", engine.addr);
+    let news = serde_json::json!({"origin": 7, "endpoints": [{"url": url, "seq": 1,
+        "in_flight": 1, "queued_prefill_tokens": 0, "requests": 1, "prefill_tokens": 0}]})
+    .to_string();
+    // The buffer may still be draining the flood: retried until applied.
+    eventually("the other replica's request counts", || async {
+        bus.publish(subject, news.clone().into()).await.unwrap();
+        bus.flush().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        (load_at(&gw, &engine).await == (0, 1)).then_some(())
+    })
+    .await;
+    let r = send(&gw, "after");
+    received("the request reached the engine", &engine, 1).await;
+    gate.open();
+    assert_eq!(r.await.unwrap(), Some(200));
 }

@@ -418,7 +418,7 @@ fn encode_rows(
 
 fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::fmt::Result {
     type Field = fn(&crate::ReplicaCounters) -> u64;
-    let families: [(&str, MetricType, &str, Field); 12] = [
+    let families: [(&str, MetricType, &str, Field); 13] = [
         (
             "kvroute_replica_sent_batches",
             MetricType::Counter,
@@ -478,6 +478,12 @@ fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::
             MetricType::Counter,
             "Replica messages over the size limit, refused unread.",
             |c| c.oversized,
+        ),
+        (
+            "kvroute_replica_unsendable",
+            MetricType::Counter,
+            "Deltas not sent: alone larger than the message size limit.",
+            |c| c.unsendable,
         ),
         (
             "kvroute_replica_expired",

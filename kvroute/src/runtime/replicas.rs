@@ -230,6 +230,10 @@ pub struct ReplicaCounters {
     pub undecodable: u64,
     /// Messages over [`ReplicaConfig::max_message_bytes`], refused unread.
     pub oversized: u64,
+    /// Deltas not sent: one alone is larger than
+    /// [`ReplicaConfig::max_message_bytes`] (an endpoint URL of about that
+    /// size); the others do not see this replica's load there.
+    pub unsendable: u64,
     /// Replicas forgotten after [`ReplicaConfig::ttl`] of silence.
     pub expired: u64,
     /// Other replicas counted now.
@@ -249,6 +253,7 @@ pub(crate) struct Counting {
     pub(crate) origins_full: AtomicU64,
     pub(crate) undecodable: AtomicU64,
     pub(crate) oversized: AtomicU64,
+    pub(crate) unsendable: AtomicU64,
 }
 
 impl Counting {
@@ -270,6 +275,7 @@ impl Counting {
             origins_full: get(&self.origins_full),
             undecodable: get(&self.undecodable),
             oversized: get(&self.oversized),
+            unsendable: get(&self.unsendable),
             expired: remote.expired,
             replicas: remote.origins,
         }
@@ -290,32 +296,39 @@ pub(crate) fn new_origin() -> u64 {
     h.finish().max(1)
 }
 
-/// Splits `batch` into encoded messages of at most `max_bytes` each (a
-/// single delta larger than that, which a URL of ~1 MiB would need, is
-/// dropped).
-pub(crate) fn encode(batch: &ReplicaBatch, max_bytes: usize) -> Vec<Bytes> {
+/// Splits `batch` into encoded messages of at most `max_bytes` each; also
+/// returns how many deltas were left out because one alone is larger than
+/// that (a URL of about `max_bytes` would need it).
+pub(crate) fn encode(batch: &ReplicaBatch, max_bytes: usize) -> (Vec<Bytes>, u64) {
     let mut out = Vec::new();
+    let dropped = encode_into(batch, max_bytes, &mut out);
+    (out, dropped)
+}
+
+fn encode_into(batch: &ReplicaBatch, max_bytes: usize, out: &mut Vec<Bytes>) -> u64 {
     let Ok(whole) = serde_json::to_vec(batch) else {
-        return out;
+        return batch.endpoints.len() as u64;
     };
     if whole.len() <= max_bytes {
         out.push(Bytes::from(whole));
-        return out;
+        return 0;
     }
     if batch.endpoints.len() <= 1 {
-        return out;
+        return batch.endpoints.len() as u64;
     }
     let (a, b) = batch.endpoints.split_at(batch.endpoints.len() / 2);
+    let mut dropped = 0;
     for part in [a, b] {
-        out.extend(encode(
+        dropped += encode_into(
             &ReplicaBatch {
                 origin: batch.origin,
                 endpoints: part.to_vec(),
             },
             max_bytes,
-        ));
+            out,
+        );
     }
-    out
+    dropped
 }
 
 #[cfg(test)]
@@ -372,7 +385,7 @@ mod tests {
         let bytes = golden("batch.json");
         let got: ReplicaBatch = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(got, want);
-        assert_eq!(encode(&want, 1 << 20), vec![Bytes::from(bytes)]);
+        assert_eq!(encode(&want, 1 << 20), (vec![Bytes::from(bytes)], 0));
 
         let older: ReplicaBatch = serde_json::from_slice(&golden("without_charged.json")).unwrap();
         assert_eq!(older.endpoints[0].charged_prefill_tokens, 0);
@@ -402,8 +415,9 @@ mod tests {
                 .map(|i| delta(&format!("http://10.0.0.{i}:8000"), i))
                 .collect(),
         };
-        let parts = encode(&batch, 1000);
+        let (parts, dropped) = encode(&batch, 1000);
         assert!(parts.len() > 1);
+        assert_eq!(dropped, 0);
         let mut seen = Vec::new();
         for p in &parts {
             assert!(p.len() <= 1000);
@@ -412,6 +426,32 @@ mod tests {
             seen.extend(b.endpoints);
         }
         assert_eq!(seen, batch.endpoints);
+    }
+
+    /// A delta that alone exceeds the bound is left out and counted; the
+    /// others still go.
+    #[test]
+    fn a_delta_over_the_bound_alone_is_left_out_and_counted() {
+        let mut endpoints: Vec<EndpointDelta> = (0..6)
+            .map(|i| delta(&format!("http://10.0.0.{i}:8000"), i))
+            .collect();
+        endpoints[3].url = format!("http://{}:8000", "h".repeat(2000));
+        let batch = ReplicaBatch {
+            origin: 7,
+            endpoints,
+        };
+        let (parts, dropped) = encode(&batch, 1000);
+        assert_eq!(dropped, 1);
+        let sent: usize = parts
+            .iter()
+            .map(|p| {
+                serde_json::from_slice::<ReplicaBatch>(p)
+                    .unwrap()
+                    .endpoints
+                    .len()
+            })
+            .sum();
+        assert_eq!(sent, 5);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::replicas::{
     encode, new_origin, Counting, EndpointDelta, ReplicaBatch, ReplicaConfig, ReplicaCounters,
     ReplicaError, ReplicaSubscription,
 };
-use super::slots::slot_of;
+use super::slots::slots_of;
 use super::view::RouterView;
 use super::{id, Shared};
 
@@ -144,7 +144,10 @@ impl ReplicaState {
             self.config.sync_interval.max(Duration::from_micros(100)),
             self.config.max_message_bytes,
         );
-        let deadline = tokio::time::Instant::now() + self.config.ttl;
+        // A TTL of "never" (`Duration::MAX`) must not overflow the clock:
+        // a day of publishing ends are plenty.
+        let deadline =
+            tokio::time::Instant::now() + self.config.ttl.min(Duration::from_secs(86_400));
         handle.spawn(async move {
             loop {
                 // Once idle, the last message carries every endpoint's
@@ -157,7 +160,7 @@ impl ReplicaState {
                     tracker.resync();
                 }
                 if let Some(batch) = batch_of(&tracker, &urls, origin) {
-                    for msg in encode(&batch, max_bytes) {
+                    for msg in encode(&batch, max_bytes).0 {
                         transport.publish(&pool, msg);
                     }
                 }
@@ -178,8 +181,12 @@ impl ReplicaState {
         }
         let now = shared.now();
         let mut applied = 0;
-        for e in &batch.endpoints {
-            let Some(slot) = slot_of(shared, &e.url) else {
+        // One look at the membership per batch, not per delta: a batch names
+        // up to every endpoint, and the receiving task must keep up.
+        let urls: Vec<&str> = batch.endpoints.iter().map(|e| e.url.as_str()).collect();
+        let slots = slots_of(shared, &urls);
+        for (e, slot) in batch.endpoints.iter().zip(slots) {
+            let Some(slot) = slot else {
                 Counting::add(&self.counting.unknown_endpoint, 1);
                 continue;
             };
@@ -247,8 +254,10 @@ impl ReplicaState {
         };
         let batch = self.drain(shared, full);
         if let Some(batch) = &batch {
-            let deltas = batch.endpoints.len() as u64;
-            for msg in encode(batch, self.config.max_message_bytes) {
+            let (msgs, unsendable) = encode(batch, self.config.max_message_bytes);
+            let deltas = batch.endpoints.len() as u64 - unsendable;
+            Counting::add(&self.counting.unsendable, unsendable);
+            for msg in msgs {
                 self.config.transport.publish(&self.pool, msg);
                 Counting::add(&self.counting.sent_batches, 1);
                 if at_once {
@@ -323,5 +332,61 @@ impl ReplicaState {
         tracing::info!(pool = %self.pool, origin = self.origin, transport = ?self.config.transport,
             "replica load sharing started");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::test_support::{host_router, HostEngine};
+    use crate::{Backend, Change, EndpointDelta, HostTransport, ReplicaBatch, ReplicaConfig};
+
+    /// An endpoint leaves and another takes its slot: the load other
+    /// replicas had announced on the first is not counted on the second
+    /// (their deltas for the old URL are refused from then on, so it would
+    /// stay there for as long as they live).
+    #[test]
+    fn a_new_endpoint_in_a_reused_slot_starts_without_the_others_load() {
+        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+        r.origin = Some(1);
+        let router = host_router(4).replicas(r).build().expect("router");
+        let peer = |seq: u64, url: &str| ReplicaBatch {
+            origin: 2,
+            endpoints: vec![EndpointDelta {
+                url: url.to_owned(),
+                seq,
+                in_flight: 5,
+                queued_prefill_tokens: 4096,
+                charged_prefill_tokens: 4096,
+                ..EndpointDelta::default()
+            }],
+        };
+        router.apply_replica_batch(&peer(1, "http://e2"));
+        let before = router.endpoint_status("http://e2").expect("e2");
+        assert_eq!(before.remote.map(|l| l.in_flight), Some(5));
+        router
+            .apply(Change::Remove("http://e2".to_owned()))
+            .expect("remove");
+        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
+        router
+            .apply(Change::Insert(
+                Backend::new(engine, "http://e9".to_owned()).host_events(),
+            ))
+            .expect("insert");
+        let after = router.endpoint_status("http://e9").expect("e9");
+        assert_eq!(after.slot, before.slot);
+        assert_eq!(after.remote.map(|l| l.in_flight), Some(0));
+        assert_eq!(after.load.in_flight, 0);
+        // The peer still speaking of the old URL changes nothing here.
+        router.apply_replica_batch(&peer(2, "http://e2"));
+        let again = router.endpoint_status("http://e9").expect("e9");
+        assert_eq!(again.remote.map(|l| l.in_flight), Some(0));
+        let c = router.replica_counters().expect("counters");
+        assert_eq!((c.applied, c.unknown_endpoint), (1, 1));
+        // Once it names the new one, its load there counts.
+        router.apply_replica_batch(&peer(3, "http://e9"));
+        let named = router.endpoint_status("http://e9").expect("e9");
+        assert_eq!(named.remote.map(|l| l.in_flight), Some(5));
     }
 }

@@ -512,6 +512,12 @@ fn remove(shared: &Shared, slots: &mut [Option<SlotRuntime>], url: &str) -> Resu
         tracing::warn!(%err, slot, "clearing a removed endpoint's inventory");
     }
     shared.reported.invalidate(id(slot));
+    // The other replicas' load there was on this endpoint: a later endpoint
+    // in the slot must not inherit it (their deltas for this URL are refused
+    // from now on, so it would never be corrected).
+    if let Some(r) = &shared.replicas {
+        r.remote().clear_endpoint(id(slot));
+    }
     shared.outliers.set_present(id(slot), false, shared.now());
     tracing::info!(rule = %shared.settings.name, endpoint = url, slot, "endpoint removed");
     Ok(())
@@ -546,6 +552,28 @@ pub(crate) fn slot_of(shared: &Shared, url: &str) -> Option<usize> {
         .lock()
         .iter()
         .position(|s| s.as_ref().is_some_and(|s| same_url(&s.backend.url, url)))
+}
+
+/// [`slot_of`] for each of `urls`, under one look at the membership.
+pub(crate) fn slots_of(shared: &Shared, urls: &[&str]) -> Vec<Option<usize>> {
+    let slots = shared.membership.lock();
+    let scan = |url: &str| {
+        slots
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| same_url(&s.backend.url, url)))
+    };
+    // A few names: a scan each; more: one table of the endpoints present.
+    if urls.len() <= 4 {
+        return urls.iter().map(|u| scan(u)).collect();
+    }
+    let present: std::collections::HashMap<&str, usize> = slots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| Some((s.as_ref()?.backend.url.trim_end_matches('/'), i)))
+        .collect();
+    urls.iter()
+        .map(|u| present.get(u.trim_end_matches('/')).copied())
+        .collect()
 }
 
 pub(crate) fn ingest(shared: &Shared, url: &str, batch: &kvroute_ingest::EventBatch) -> bool {

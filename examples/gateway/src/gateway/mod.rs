@@ -193,6 +193,7 @@ async fn connect_nats(
 ) -> anyhow::Result<Arc<kvroute::nats::NatsReplicas>> {
     let mut o = kvroute::nats::NatsOptions::new(url);
     o.subject_prefix.clone_from(&cfg.subject_prefix);
+    o.subscription_capacity = cfg.receive_buffer;
     o.credentials_file = cfg.credentials_file.as_ref().map(PathBuf::from);
     o.token = cfg.token_env.as_ref().and_then(|v| std::env::var(v).ok());
     o.require_tls = cfg.tls_required;

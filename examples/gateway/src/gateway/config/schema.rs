@@ -148,6 +148,9 @@ pub struct ReplicasConfig {
     /// A replica not heard from for this long has its requests dropped from
     /// the load view.
     pub remote_ttl_ms: u64,
+    /// Received messages buffered at most while earlier ones are applied;
+    /// beyond it the NATS client drops them (counted as `slow_consumer`).
+    pub receive_buffer: usize,
 }
 
 impl Default for ReplicasConfig {
@@ -169,6 +172,7 @@ impl Default for ReplicasConfig {
             stagger_ms: ms(lib.stagger),
             heartbeat_ms: ms(lib.heartbeat),
             remote_ttl_ms: ms(lib.ttl),
+            receive_buffer: kvroute::nats::NatsOptions::new("").subscription_capacity,
         }
     }
 }
