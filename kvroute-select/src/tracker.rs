@@ -226,6 +226,21 @@ impl LoadGuard {
         self.set(target, prefill_tokens);
     }
 
+    /// P/D: the decode leg moves to `decode` (a retry after the decode
+    /// endpoint failed); the prefill leg's charge, or its end, is left as it
+    /// is — the prefill it stands for is not run again.
+    pub fn retarget_decode(&mut self, decode: EndpointId) {
+        if let Some(d) = self.decode.take() {
+            self.tracker.sub(d, 1, 0);
+        }
+        // As `set`: an endpoint charged as the prefill leg is not charged
+        // twice.
+        self.decode = Some(decode).filter(|d| Some(*d) != self.main);
+        if let Some(d) = self.decode {
+            self.tracker.add(d, 1, 0);
+        }
+    }
+
     /// The first response byte arrived: the endpoint finished this request's
     /// prefill, so its predicted prefill tokens stop counting (the request
     /// stays in flight while it decodes).
@@ -310,6 +325,32 @@ mod tests {
         drop(g);
         assert_eq!(tr.charged_tokens(EndpointId(0)), 50);
         assert_eq!(tr.charged_prefill_tokens(EndpointId(1)), Some(70));
+    }
+
+    /// A decode retry after the prefill leg answered moves the decode
+    /// charge alone: the prefill endpoint is not charged again, and its
+    /// charged counter does not count the prefill twice.
+    #[test]
+    fn a_decode_retry_moves_only_the_decode_charge() {
+        let tr = Arc::new(LoadTracker::new(4));
+        let mut g = tr.charge(t(0, Some(2)), 100);
+        g.prefill_leg_done();
+        g.retarget_decode(EndpointId(3));
+        assert_eq!(tr.load(EndpointId(0)), EndpointLoad::default());
+        assert_eq!(tr.load(EndpointId(2)).in_flight, 0);
+        assert_eq!(tr.load(EndpointId(3)).in_flight, 1);
+        assert_eq!(tr.charged_tokens(EndpointId(0)), 100);
+        assert_eq!(tr.started(EndpointId(0)), 1);
+        // Before the prefill leg answered, its charge stays where it is.
+        let mut h = tr.charge(t(1, Some(2)), 40);
+        h.retarget_decode(EndpointId(3));
+        assert_eq!(tr.load(EndpointId(1)).queued_prefill_tokens, 40);
+        assert_eq!(tr.load(EndpointId(3)).in_flight, 2);
+        assert_eq!(tr.charged_tokens(EndpointId(1)), 40);
+        drop((g, h));
+        for e in 0..4 {
+            assert_eq!(tr.load(EndpointId(e)), EndpointLoad::default());
+        }
     }
 
     #[test]

@@ -541,8 +541,9 @@ proptest! {
     }
 
     /// Guards balance whatever happens to the request: connect failures and
-    /// retries move the charge, first bytes release prefill tokens, drops
-    /// release everything; at the end every counter is zero.
+    /// retries move the charge (decode retries the decode leg alone), first
+    /// bytes release prefill tokens, drops release everything; at the end
+    /// every counter is zero.
     #[test]
     fn tracker_guards_balance_under_failures_retries_and_drops(
         ops in proptest::collection::vec((0u8..6, 0u32..4, 0u32..4, 0u32..500), 1..200),
@@ -571,6 +572,16 @@ proptest! {
                     live[k].first_byte();
                     if let Some((t, _, done)) = model[k] {
                         model[k] = Some((t, 0, done));
+                    }
+                }
+                5 if !live.is_empty() && b % 2 == 0 => {
+                    // A decode retry: only the decode leg moves.
+                    let k = tokens as usize % live.len();
+                    live[k].retarget_decode(EndpointId(a));
+                    if let Some((t, tok, done)) = model[k] {
+                        // Not onto the endpoint charged as the prefill leg.
+                        let decode = (t.endpoint.0 != a || done).then_some(EndpointId(a));
+                        model[k] = Some((Target { decode, ..t }, tok, done));
                     }
                 }
                 4 if !live.is_empty() => {
