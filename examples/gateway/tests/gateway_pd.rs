@@ -79,3 +79,48 @@ async fn prefill_goes_by_kv_and_never_to_the_decode_endpoint() {
     assert_eq!(eps[2]["receipts"], 0, "{:?}", eps[2]);
     assert_eq!(c["hits"][2], 0, "{c}");
 }
+
+/// The prefill endpoint carries a P/D request only until its leg answers:
+/// while the decode endpoint still works on the request (held here, as a
+/// non-streamed decode is until its whole output is generated), the prefill
+/// endpoint shows nothing in flight and the decode endpoint one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prefill_endpoint_is_released_when_its_leg_answers() {
+    let prefill = Engine::start("prefill");
+    let gate = Gate::new();
+    let decode = held_engine(&gate).await;
+    let config = format!(
+        "{}{}{}[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n",
+        config_head("[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\n"),
+        kv_rule("pd", "prefill_decode"),
+        prefill.endpoint_toml("prefill"),
+        decode.addr
+    );
+    let gw = Gateway::start(&config);
+    wait_subscribed(&gw).await;
+    let url = gw.url("/v1/completions");
+    let request = tokio::spawn(async move {
+        let body =
+            serde_json::json!({"model": MODEL, "prompt": prompt("held", 40), "max_tokens": 4});
+        client()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    eventually("the decode leg reached its engine", || async {
+        (decode.received.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    let eps = endpoints(&gw).await;
+    assert_eq!(eps[0]["in_flight"], 0, "prefill endpoint: {:?}", eps[0]);
+    assert_eq!(eps[1]["in_flight"], 1, "decode endpoint: {:?}", eps[1]);
+    gate.open();
+    assert_eq!(request.await.unwrap().unwrap(), 200);
+    let eps = endpoints(&gw).await;
+    assert_eq!(
+        (eps[0]["in_flight"].as_u64(), eps[1]["in_flight"].as_u64()),
+        (Some(0), Some(0))
+    );
+}

@@ -261,7 +261,8 @@ impl Pick {
     /// [`Pick::retry`] for one leg of a P/D target.
     pub fn retry_leg(&mut self, leg: Leg) -> Option<Target> {
         let now = self.shared.now();
-        if let Some(t) = self.decision.target() {
+        let before = self.decision.target();
+        if let Some(t) = before {
             let failed = match leg {
                 Leg::Endpoint => t.endpoint,
                 Leg::Decode => t.decode.unwrap_or(t.endpoint),
@@ -284,9 +285,15 @@ impl Pick {
                 let prefill = self
                     .decision
                     .predicted_prefill_tokens(self.shared.contract.block_size);
-                match self.guard.as_mut() {
-                    Some(g) => g.retarget(t, prefill),
-                    None => self.guard = Some(self.shared.tracker.charge(t, prefill)),
+                // A new decode endpoint behind the same prefill endpoint:
+                // the prefill leg is not run again (it may have answered
+                // already), so only the decode charge moves.
+                let decode_only =
+                    before.is_some_and(|b| b.endpoint == t.endpoint) && leg == Leg::Decode;
+                match (self.guard.as_mut(), t.decode) {
+                    (Some(g), Some(d)) if decode_only => g.retarget_decode(d),
+                    (Some(g), _) => g.retarget(t, prefill),
+                    (None, _) => self.guard = Some(self.shared.tracker.charge(t, prefill)),
                 }
                 if let Some(r) = &self.shared.replicas {
                     r.decided(false);
@@ -535,5 +542,67 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kvroute_core::{BlockKey, EndpointId};
+    use kvroute_select::{Leg, Load, Role};
+
+    use super::super::test_support::HostEngine;
+    use crate::{Backend, KvRouter, Topology};
+
+    /// A P/D request whose decode endpoint fails after the prefill leg
+    /// answered: the retry moves the decode charge alone. The prefill
+    /// endpoint is not charged again for a prefill that does not run again,
+    /// and its charged-token counter (the drain model's and the other
+    /// replicas' measure of its work) counts the prefill once.
+    #[test]
+    fn a_decode_retry_leaves_the_prefill_leg_as_it_was() {
+        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
+        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
+            .no_engine_load()
+            .no_health_probes()
+            .topology(Topology::PrefillDecode);
+        for (url, role) in [
+            ("http://p0", Role::Prefill),
+            ("http://d0", Role::Decode),
+            ("http://d1", Role::Decode),
+        ] {
+            b = b.endpoint(
+                Backend::new(Arc::clone(&engine), url.to_owned())
+                    .role(role)
+                    .host_events(),
+            );
+        }
+        let router = b.build().expect("router");
+        let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
+        let mut pick = router.pick_keys(&keys, 32).expect("pick");
+        let first = pick.decision().target().expect("target");
+        assert_eq!(first.endpoint, EndpointId(0));
+        let charged = router.shared.tracker.charged_tokens(EndpointId(0));
+        assert!(charged > 0);
+        // The prefill leg answered; the decode endpoint then fails.
+        pick.guard_mut().expect("guard").prefill_leg_done();
+        let retried = pick
+            .retry_leg(Leg::Decode)
+            .expect("another decode endpoint");
+        assert_eq!(retried.endpoint, EndpointId(0));
+        assert_ne!(retried.decode, first.decode);
+        let tracker = &router.shared.tracker;
+        assert_eq!(tracker.load(EndpointId(0)).in_flight, 0);
+        assert_eq!(tracker.load(EndpointId(0)).queued_prefill_tokens, 0);
+        assert_eq!(tracker.charged_tokens(EndpointId(0)), charged);
+        assert_eq!(tracker.started(EndpointId(0)), 1);
+        let decode = retried.decode.expect("decode");
+        assert_eq!(tracker.load(decode).in_flight, 1);
+        assert_eq!(tracker.load(first.decode.expect("decode")).in_flight, 0);
+        drop(pick);
+        for e in 0..3 {
+            assert_eq!(tracker.load(EndpointId(e)).in_flight, 0);
+        }
     }
 }

@@ -571,6 +571,12 @@ async fn connect(
                 Some((c, kvroute::receipt::prompt_tokens(v)))
             });
             ctx.prefill = Some((main.url.clone(), params.clone(), cached));
+            // The prefill endpoint is done with this request now, not when
+            // the decode endpoint answers (a non-streamed decode answers
+            // only after generating).
+            if let Some(g) = pick.guard_mut() {
+                g.prefill_leg_done();
+            }
             (params, cached)
         }
     };
