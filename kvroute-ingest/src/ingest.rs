@@ -118,6 +118,9 @@ pub struct EndpointIngest {
     scratch: Vec<BlockKey>,
     /// What decisions read of this ingest, published after every change.
     health: Arc<HealthCell>,
+    /// The endpoint left its slot ([`Self::retire`]): nothing more is
+    /// written to the index.
+    retired: bool,
 }
 
 impl std::fmt::Debug for EndpointIngest {
@@ -158,6 +161,7 @@ impl EndpointIngest {
             counters: IngestCounters::default(),
             scratch: Vec::new(),
             health: Arc::default(),
+            retired: false,
         }
     }
 
@@ -368,12 +372,24 @@ impl EndpointIngest {
         self
     }
 
-    /// Stops publishing to the cell it was given: a host removing this
-    /// ingest calls it under the ingest's lock, so a batch still being
-    /// applied by a stopping subscriber cannot overwrite the health of the
-    /// slot's next endpoint.
-    pub fn detach_health_cell(&mut self) {
+    /// The endpoint left its slot: from now on this ingest writes nothing to
+    /// the index (batches are dropped as [`DropReason::Retired`], clears and
+    /// replay verdicts leave the index alone) and stops publishing to the
+    /// cell it was given. A host removing an endpoint calls it under the
+    /// ingest's lock before clearing the slot, so a subscriber still
+    /// stopping — a batch being applied, a replay running — cannot write the
+    /// old endpoint's blocks, or its health, into the slot's next endpoint.
+    ///
+    /// [`DropReason::Retired`]: crate::DropReason::Retired
+    pub fn retire(&mut self) {
+        self.retired = true;
         self.health = Arc::default();
+    }
+
+    /// Whether [`Self::retire`] was called.
+    #[must_use]
+    pub fn is_retired(&self) -> bool {
+        self.retired
     }
 
     fn publish_health(&self) {
@@ -525,6 +541,9 @@ impl EndpointIngest {
     /// Empties the endpoint because of stream `cause` (whose window already
     /// accounts for its own missing batches; `None`: the host's reason).
     fn clear_for(&mut self, index: &SharedIndex, cause: Option<usize>) -> WriteStats {
+        if self.retired {
+            return WriteStats::default();
+        }
         for (i, (_, w)) in self.streams.iter_mut().enumerate() {
             if Some(i) != cause {
                 w.mark_lost();

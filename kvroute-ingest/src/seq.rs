@@ -179,6 +179,9 @@ pub enum DropReason {
     /// The number is above [`SeqWindowConfig::max_seq`], or jumps further than
     /// [`SeqWindowConfig::max_jump`] without confirmation.
     Implausible,
+    /// The endpoint left its slot ([`crate::EndpointIngest::retire`]; produced
+    /// by the ingest, never by the window itself).
+    Retired,
 }
 
 /// Why the endpoint must be cleared.

@@ -220,6 +220,9 @@ impl BatchApplier for IndexIngest {
         }
         self.capacity = Some([gpu, host]);
         let ingest = self.ingest.lock();
+        if ingest.is_retired() {
+            return;
+        }
         let endpoint = ingest.endpoint();
         for (medium, blocks) in [(Medium::Gpu, gpu), (Medium::Cpu, host)] {
             // A level the engine does not have (0 blocks) keeps the default bound.

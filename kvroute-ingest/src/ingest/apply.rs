@@ -26,6 +26,13 @@ impl EndpointIngest {
         index: &SharedIndex,
     ) -> Outcome {
         self.counters.batches += 1;
+        if self.is_retired() {
+            return Outcome {
+                action: SeqAction::Drop(DropReason::Retired),
+                writes: WriteStats::default(),
+                events_applied: 0,
+            };
+        }
         let Some(pos) = self.stream_pos(dp_rank) else {
             self.counters.stream_limit_drops += 1;
             return Outcome {

@@ -500,7 +500,7 @@ fn remove(shared: &Shared, slots: &mut [Option<SlotRuntime>], url: &str) -> Resu
     if let Some(h) = shared.slots.get(slot) {
         h.present.store(false, Ordering::Release);
         if let Some(old) = h.ingest.write().take() {
-            old.lock().detach_health_cell();
+            old.lock().retire();
         }
         h.health.set(InventoryHealth::default());
     }
