@@ -299,6 +299,27 @@ async fn admin_api_creates_updates_and_deletes_rules_at_run_time() {
     let c = get_json(&gw.admin_url("/admin/counters"), Some(TOKEN)).await;
     assert_eq!(c["rules"]["late"]["decisions"], 1, "{c}");
 
+    // An operator drains the endpoint; a PUT of the rule keeps it drained.
+    let r = http
+        .put(gw.admin_url("/admin/rules/late/endpoints/0/admin"))
+        .bearer_auth(TOKEN)
+        .body(r#"{"down": true}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let late_admin_down = || async {
+        let eps = get_json(&gw.admin_url("/admin/endpoints"), Some(TOKEN)).await;
+        eps["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["rule"] == "late")
+            .map(|e| e["admin_down"].clone())
+            .unwrap()
+    };
+    assert_eq!(late_admin_down().await, true);
+
     // Duplicate name → 409; PUT replaces; a model claimed twice is refused.
     let doc = json!({"name": "late", "models": ["late-model"], "choice": "round_robin",
                      "endpoints": [{"url": format!("http://{echo}")}]});
@@ -313,6 +334,7 @@ async fn admin_api_creates_updates_and_deletes_rules_at_run_time() {
     assert_eq!(r.status(), 200);
     let rule = get_json(&gw.admin_url("/admin/rules/late"), Some(TOKEN)).await;
     assert_eq!(rule["choice"], "round_robin");
+    assert_eq!(late_admin_down().await, true, "the drain outlives the PUT");
     let r = post(
         json!({"name": "thief", "models": ["late-model"], "choice": "round_robin",
                         "endpoints": [{"url": format!("http://{echo}")}]}),

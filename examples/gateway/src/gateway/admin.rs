@@ -290,10 +290,24 @@ async fn set_admin(
             "expected {\"down\": true|false}",
         );
     };
-    rt.router.set_admin_down(&ep.url, down);
-    tracing::info!(rule = %name, endpoint = %ep.url, index, down,
+    let url = ep.url.clone();
+    rt.router.set_admin_down(&url, down);
+    // A PUT of the rule may have replaced its runtime meanwhile, copying the
+    // drains before this one: the replacement gets it too (bounded: each pass
+    // follows one replacement).
+    let mut applied = rt;
+    for _ in 0..8 {
+        match gw.rule(&name) {
+            Some(now) if !Arc::ptr_eq(&now, &applied) => {
+                now.router.set_admin_down(&url, down);
+                applied = now;
+            }
+            _ => break,
+        }
+    }
+    tracing::info!(rule = %name, endpoint = %url, index, down,
         "{}", if down { "endpoint drained (admin down)" } else { "endpoint restored (admin up)" });
-    Json(json!({"endpoint": ep.url, "down": down})).into_response()
+    Json(json!({"endpoint": url, "down": down})).into_response()
 }
 
 fn breaker_label(s: BreakerState) -> &'static str {

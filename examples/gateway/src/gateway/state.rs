@@ -254,6 +254,16 @@ impl Gateway {
         specs.push(spec.clone());
         check_rule_set(&specs)?;
         let runtime = Arc::new(self.build_rule(spec)?);
+        // An operator's drains outlive the rule's edits: an endpoint drained
+        // in the replaced rule stays drained in its replacement (a drain racing
+        // this swap is carried over by `set_admin`).
+        if let Some(old) = rules.get(&runtime.spec.doc.name) {
+            for e in old.router.endpoint_statuses() {
+                if e.admin_down {
+                    runtime.router.set_admin_down(&e.url, true);
+                }
+            }
+        }
         rules.insert(runtime.spec.doc.name.clone(), runtime);
         Ok(existed)
     }
