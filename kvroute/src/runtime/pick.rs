@@ -98,7 +98,9 @@ impl Pick {
         decision.set_explain(explain);
         {
             let req = pick.request();
-            let view = RouterView::new(shared, now).in_turn(pick.input.turn());
+            let view = RouterView::new(shared, now)
+                .in_turn(pick.input.turn())
+                .of(&pick.gen);
             pick.gen
                 .rule
                 .decide_into(&mut decision, &req, &view, &view, &view, now);
@@ -267,14 +269,20 @@ impl Pick {
                 Leg::Endpoint => t.endpoint,
                 Leg::Decode => t.decode.unwrap_or(t.endpoint),
             };
-            if let Some(s) = self.shared.slots.get(failed.index()) {
+            // Only if the slot still holds the endpoint that failed.
+            if let Some(s) = self
+                .shared
+                .slots
+                .get(failed.index())
+                .filter(|_| self.gen.current(&self.shared, failed.index()))
+            {
                 s.breaker.on_failure(now);
             }
         }
         let mut decision = std::mem::take(&mut self.decision);
         let next = {
             let req = self.request();
-            let view = RouterView::new(&self.shared, now);
+            let view = RouterView::new(&self.shared, now).of(&self.gen);
             self.gen
                 .rule
                 .retry(&mut decision, leg, &req, &view, &view, now)
@@ -330,6 +338,11 @@ impl Pick {
             Leg::Endpoint => t.endpoint,
             Leg::Decode => t.decode.unwrap_or(t.endpoint),
         };
+        // An endpoint removed (or its slot reused) since the decision: its
+        // answer or silence says nothing about the slot's endpoint now.
+        if !self.gen.current(&self.shared, endpoint.index()) {
+            return Ok(response.await);
+        }
         let prefill_leg = leg == Leg::Endpoint && t.decode.is_some();
         let streamed = !prefill_leg && self.prompt().is_some_and(PreparedPrompt::streamed);
         let shared = &*self.shared;
@@ -394,7 +407,12 @@ impl Pick {
     pub fn connected(&self) {
         if let Some(t) = self.decision.target() {
             for e in std::iter::once(t.endpoint).chain(t.decode) {
-                if let Some(s) = self.shared.slots.get(e.index()) {
+                if let Some(s) = self
+                    .shared
+                    .slots
+                    .get(e.index())
+                    .filter(|_| self.gen.current(&self.shared, e.index()))
+                {
                     s.breaker.on_success();
                 }
             }
@@ -432,6 +450,15 @@ impl Pick {
     /// ([`kvroute_select::Rule::settle`]).
     pub fn settle(&mut self, cached_tokens: u32, prompt_tokens: Option<u32>) -> Settlement {
         self.recorded = true;
+        // An endpoint that left its slot settles nothing: the slot's
+        // counters belong to whatever endpoint is there now.
+        let gone = self
+            .decision
+            .target()
+            .is_some_and(|t| !self.gen.current(&self.shared, t.endpoint.index()));
+        if gone {
+            return Settlement::default();
+        }
         self.gen
             .rule
             .settle(&self.decision, cached_tokens, prompt_tokens)
@@ -507,11 +534,17 @@ impl Pick {
     ) -> ReceiptTracker {
         let guard = self.guard.take();
         let gen = Arc::clone(&self.gen);
+        let shared = Arc::clone(&self.shared);
         let decision = std::mem::take(&mut self.decision);
         let recorded = self.recorded;
         let done: OnReceipt = Box::new(move |r: Receipt| {
             let mut account = None;
-            if let (false, true, Some(c)) = (recorded, r.complete, r.cached_tokens) {
+            // A receipt of an endpoint that left its slot settles nothing:
+            // the slot's counters belong to whatever endpoint is there now.
+            let gone = decision
+                .target()
+                .is_some_and(|t| !gen.current(&shared, t.endpoint.index()));
+            if let (false, true, Some(c), false) = (recorded, r.complete, r.cached_tokens, gone) {
                 account = gen.rule.settle(&decision, c, r.prompt_tokens).account;
             }
             on_end(r, account);
@@ -552,8 +585,101 @@ mod tests {
     use kvroute_core::{BlockKey, EndpointId};
     use kvroute_select::{Leg, Load, Role};
 
-    use super::super::test_support::HostEngine;
-    use crate::{Backend, KvRouter, Topology};
+    use super::super::test_support::{host_router, HostEngine};
+    use crate::{Backend, Change, KvRouter, Topology};
+    use kvroute_select::BreakerState;
+
+    /// The engine at `url` reports holding `keys` (4-token blocks).
+    fn holds(router: &KvRouter, url: &str, keys: &[BlockKey]) {
+        use kvroute_ingest::{BlockStored, EventBatch, KvEvent};
+        let batch = EventBatch {
+            seq: 0,
+            timestamp: 0.0,
+            dp_rank: None,
+            events: vec![KvEvent::Stored(BlockStored {
+                keys: keys.to_vec(),
+                block_size: 4,
+                ..BlockStored::default()
+            })],
+        };
+        assert!(router.ingest(url, &batch), "{url}");
+    }
+
+    fn host_backend(url: &str) -> Backend {
+        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
+        Backend::new(engine, url.to_owned()).host_events()
+    }
+
+    /// Retries of requests decided before an endpoint left never take the
+    /// endpoint that reused its slot for one they may go to: it is not the
+    /// endpoint their decision's rule names there.
+    #[test]
+    fn a_retry_decided_before_a_slot_was_reused_does_not_go_there() {
+        let router = host_router(3).build().expect("router");
+        let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
+        let mut pick = router.pick_keys(&keys, 32).expect("pick");
+        let first = pick.decision().target().expect("target").endpoint;
+        let others: Vec<usize> = (0..3).filter(|&i| i != first.index()).collect();
+        let (reused, other) = (others[0], others[1]);
+        // The slot of an endpoint that leaves is taken by an idle newcomer
+        // holding the whole prompt, which a retry would prefer to the busy
+        // third endpoint.
+        let busy = format!("http://e{other}");
+        let _busy = [router.charge_unrouted(&busy), router.charge_unrouted(&busy)];
+        router
+            .apply(Change::Remove(format!("http://e{reused}")))
+            .expect("remove");
+        router
+            .apply(Change::Insert(host_backend("http://new")))
+            .expect("insert");
+        assert_eq!(
+            router.endpoint_id("http://new"),
+            Some(EndpointId(reused as u32))
+        );
+        holds(&router, "http://new", &keys);
+        let retried = pick.retry_leg(Leg::Endpoint).expect("a retry");
+        assert_eq!(retried.endpoint, EndpointId(other as u32));
+        // A request decided now may go to the newcomer.
+        let now = router.pick_keys(&keys, 32).expect("pick");
+        assert_eq!(
+            now.decision().target().map(|t| t.endpoint),
+            Some(EndpointId(reused as u32))
+        );
+    }
+
+    /// Failures of requests sent to an endpoint that has left since do not
+    /// open the breaker of the endpoint now in its slot.
+    #[test]
+    fn failures_of_a_removed_endpoint_do_not_reach_its_slots_next_endpoint() {
+        // One failure opens a breaker.
+        let router = host_router(2)
+            .breaker(kvroute_select::BreakerConfig {
+                failure_threshold: 1,
+                cool_down: std::time::Duration::from_secs(60),
+            })
+            .build()
+            .expect("router");
+        let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
+        let mut pick = router.pick_keys(&keys, 32).expect("pick");
+        let failing = pick.decision().target().expect("target").endpoint;
+        let url = format!("http://e{}", failing.index());
+        router.apply(Change::Remove(url)).expect("remove");
+        router
+            .apply(Change::Insert(host_backend("http://new")))
+            .expect("insert");
+        // The request sent to the endpoint that left fails.
+        let _ = pick.retry_leg(Leg::Endpoint);
+        let status = router.endpoint_status("http://new").expect("new");
+        assert_eq!(status.slot, failing.index());
+        assert_eq!(status.breaker, BreakerState::Closed);
+        // The same failure of the endpoint now in the slot opens it.
+        holds(&router, "http://new", &keys);
+        let mut pick = router.pick_keys(&keys, 32).expect("pick");
+        assert_eq!(pick.decision().target().map(|t| t.endpoint), Some(failing));
+        let _ = pick.retry_leg(Leg::Endpoint);
+        let status = router.endpoint_status("http://new").expect("new");
+        assert_eq!(status.breaker, BreakerState::Open);
+    }
 
     /// A P/D request whose decode endpoint fails after the prefill leg
     /// answered: the retry moves the decode charge alone. The prefill

@@ -34,6 +34,12 @@ use crate::backend::Backend;
 #[derive(Debug)]
 pub(crate) struct SlotState {
     pub(crate) present: AtomicBool,
+    /// Which endpoint occupies the slot: every insert takes the next
+    /// number. A generation records the epoch of each of its endpoints, so
+    /// a decision or retry of an older generation never takes a reused slot
+    /// for the endpoint it named, and its outcomes never reach the new
+    /// endpoint's breaker or outlier state.
+    pub(crate) epoch: AtomicU64,
     pub(crate) admin_down: AtomicBool,
     pub(crate) breaker: SlotBreaker,
     /// Last active probe verdict (`None` before the first probe).
@@ -84,6 +90,22 @@ pub(crate) struct Generation {
     pub(crate) urls: Vec<Arc<str>>,
     /// Engine of each rule endpoint (= slot): which body it takes.
     pub(crate) engines: Vec<Arc<dyn Engine>>,
+    /// [`SlotState::epoch`] of each rule endpoint (= slot) when this
+    /// generation was built ([`NO_EPOCH`] for a slot without one).
+    pub(crate) epochs: Vec<u64>,
+}
+
+/// A generation's epoch of a slot it has no endpoint in: matches none.
+pub(crate) const NO_EPOCH: u64 = u64::MAX;
+
+impl Generation {
+    /// Whether `slot` still holds the endpoint this generation named there.
+    pub(crate) fn current(&self, shared: &Shared, slot: usize) -> bool {
+        let (Some(&e), Some(s)) = (self.epochs.get(slot), shared.slots.get(slot)) else {
+            return false;
+        };
+        e != NO_EPOCH && s.epoch.load(Ordering::Acquire) == e
+    }
 }
 
 fn contract_err(contract: &str, reason: impl std::fmt::Display) -> BuildError {
@@ -238,6 +260,7 @@ pub(crate) fn assemble(
         )?),
         urls: vec![Arc::from("")],
         engines: vec![text_only()],
+        epochs: vec![NO_EPOCH],
     });
     let (stop, _) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -266,6 +289,7 @@ pub(crate) fn assemble(
         slots: (0..n)
             .map(|_| SlotState {
                 present: AtomicBool::new(false),
+                epoch: AtomicU64::new(0),
                 admin_down: AtomicBool::new(false),
                 breaker: SlotBreaker::new(b.breaker),
                 probe_ok: Mutex::new(None),
@@ -356,7 +380,12 @@ pub(crate) fn rebuild(shared: &Shared, slots: &[Option<SlotRuntime>]) -> Result<
     let mut endpoints = Vec::with_capacity(slots.len().max(1));
     let mut urls = Vec::with_capacity(slots.len().max(1));
     let mut engines = Vec::with_capacity(slots.len().max(1));
+    let mut epochs = Vec::with_capacity(slots.len().max(1));
     for (i, s) in slots.iter().enumerate() {
+        epochs.push(match (s, shared.slots.get(i)) {
+            (Some(_), Some(state)) => state.epoch.load(Ordering::Acquire),
+            _ => NO_EPOCH,
+        });
         match s {
             Some(s) => {
                 let b = &s.backend;
@@ -387,6 +416,7 @@ pub(crate) fn rebuild(shared: &Shared, slots: &[Option<SlotRuntime>]) -> Result<
         endpoints.push(placeholder_endpoint());
         urls.push(Arc::from(""));
         engines.push(text_only());
+        epochs.push(NO_EPOCH);
     }
     let rule = build_rule(
         &shared.settings,
@@ -399,6 +429,7 @@ pub(crate) fn rebuild(shared: &Shared, slots: &[Option<SlotRuntime>]) -> Result<
         rule: Arc::new(rule),
         urls,
         engines,
+        epochs,
     });
     Ok(())
 }
@@ -475,6 +506,9 @@ pub(crate) fn insert(
     state.admin_down.store(false, Ordering::Release);
     shared.reported.invalidate(id(slot));
     shared.outliers.set_present(id(slot), true, shared.now());
+    // A new endpoint in the slot: decisions of generations built before
+    // (which name the slot's previous endpoint, if any) no longer take it.
+    state.epoch.fetch_add(1, Ordering::AcqRel);
     state.present.store(true, Ordering::Release);
     if let Some(h) = &shared.handle {
         background::start_endpoint(shared, h, slot, &b, &stop);

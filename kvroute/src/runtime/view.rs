@@ -12,6 +12,7 @@ use kvroute_select::{
     Turn,
 };
 
+use super::slots::Generation;
 use super::Shared;
 
 /// The router's view at one instant.
@@ -27,6 +28,9 @@ pub(crate) struct RouterView<'a> {
     mean_prefill: std::cell::Cell<Option<u64>>,
     /// The decision's turn within a burst ([`Turn::NONE`] outside one).
     turn: Turn,
+    /// The generation deciding: a slot whose endpoint is not the one it
+    /// names there (removed, or reused since) is not available to it.
+    gen: Option<&'a Generation>,
 }
 
 impl<'a> RouterView<'a> {
@@ -37,7 +41,15 @@ impl<'a> RouterView<'a> {
             replicas_only: false,
             mean_prefill: std::cell::Cell::new(None),
             turn: Turn::NONE,
+            gen: None,
         }
+    }
+
+    /// The view for a decision of `gen`'s rule: a slot holds the endpoint
+    /// that rule names there, or it is unavailable.
+    pub(crate) fn of(mut self, gen: &'a Generation) -> Self {
+        self.gen = Some(gen);
+        self
     }
 
     /// The view for a decision made in `turn` ([`kvroute_select::Turn`]).
@@ -53,6 +65,7 @@ impl<'a> RouterView<'a> {
             replicas_only: true,
             mean_prefill: std::cell::Cell::new(None),
             turn: Turn::NONE,
+            gen: None,
         }
     }
 }
@@ -117,6 +130,12 @@ impl Health for RouterView<'_> {
             return Availability::AdminDown;
         };
         if !s.present.load(Ordering::Acquire) || s.admin_down.load(Ordering::Acquire) {
+            return Availability::AdminDown;
+        }
+        if self
+            .gen
+            .is_some_and(|g| !g.current(self.shared, endpoint.index()))
+        {
             return Availability::AdminDown;
         }
         match Availability::from_states(AdminState::Up, s.breaker.state(now)) {
