@@ -76,6 +76,15 @@ pub(crate) fn record_slot(shared: &Shared, slot: usize, report: EngineReport) {
     }
 }
 
+/// The epoch of the endpoint now in `slot` ([`super::slots::SlotState::epoch`]).
+#[cfg(feature = "trtllm-http")]
+fn slot_epoch(shared: &Shared, slot: usize) -> Option<u64> {
+    shared
+        .slots
+        .get(slot)
+        .map(|s| s.epoch.load(Ordering::Acquire))
+}
+
 /// Starts `b`'s health probe and engine load poller (as configured); they
 /// end with the slot (`stop`) or the router.
 #[cfg_attr(not(feature = "trtllm-http"), allow(unused_variables))]
@@ -123,6 +132,7 @@ fn spawn_probe(
         }
     };
     let weak = Arc::downgrade(shared);
+    let epoch = slot_epoch(shared, slot);
     let slot_stopped = SlotRuntime::stopped(stop);
     let router_stopped = shared.stopped();
     handle.spawn(async move {
@@ -140,7 +150,13 @@ fn spawn_probe(
             let Some(shared) = weak.upgrade() else {
                 return;
             };
-            let Some(state) = shared.slots.get(slot) else {
+            // A verdict that came back after its endpoint left (the stop
+            // is only seen at the next tick) is not the slot's next one's.
+            let Some(state) = shared
+                .slots
+                .get(slot)
+                .filter(|_| slot_epoch(&shared, slot) == epoch)
+            else {
                 return;
             };
             let was = state.probe_ok.lock().replace(ok);
@@ -186,6 +202,7 @@ fn spawn_load_poller(
         }
     };
     let weak = Arc::downgrade(shared);
+    let epoch = slot_epoch(shared, slot);
     let slot_stopped = SlotRuntime::stopped(stop);
     let router_stopped = shared.stopped();
     let stopped = async move {
@@ -201,7 +218,12 @@ fn spawn_load_poller(
             let Some(shared) = weak.upgrade() else {
                 return;
             };
-            let Some(state) = shared.slots.get(slot) else {
+            // Likewise for a poll that ended after its endpoint left.
+            let Some(state) = shared
+                .slots
+                .get(slot)
+                .filter(|_| slot_epoch(&shared, slot) == epoch)
+            else {
                 return;
             };
             match result {
@@ -249,4 +271,76 @@ fn spawn_load_poller(
         },
         stopped,
     ));
+}
+
+#[cfg(all(test, feature = "trtllm-http"))]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::test_support::{host_router, HostEngine};
+    use crate::{Backend, Change, ProbeConfig};
+
+    /// A `/health` answering `status` after `delay`, on 127.0.0.1.
+    async fn health(delay: Duration, status: u16) -> String {
+        let app = axum::Router::new().route(
+            "/health",
+            axum::routing::get(move || async move {
+                tokio::time::sleep(delay).await;
+                axum::http::StatusCode::from_u16(status).unwrap_or_default()
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+
+    /// A probe of a removed endpoint that was in flight when it left, and
+    /// fails afterwards, does not count against the endpoint now in its
+    /// slot (nor open its breaker).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_probe_answered_after_its_endpoint_left_is_not_the_slots_next_ones() {
+        let failing = health(Duration::from_millis(400), 500).await;
+        let healthy = health(Duration::ZERO, 200).await;
+        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
+        let router = host_router(0)
+            .endpoint(Backend::new(Arc::clone(&engine), failing.clone()).host_events())
+            .health_probes(ProbeConfig {
+                path: "/health".to_owned(),
+                interval: Duration::from_millis(50),
+                timeout: Duration::from_secs(5),
+            })
+            .breaker(kvroute_select::BreakerConfig {
+                failure_threshold: 1,
+                cool_down: Duration::from_secs(60),
+            })
+            .spawn()
+            .expect("router");
+        // The first probe is on its way (400 ms) when the endpoint leaves and
+        // another takes its slot.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        router.apply(Change::Remove(failing)).expect("remove");
+        router
+            .apply(Change::Insert(
+                Backend::new(engine, healthy.clone()).host_events(),
+            ))
+            .expect("insert");
+        // Past the old probe's answer, and the new endpoint probed (bounded).
+        let removed = tokio::time::Instant::now();
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let probed = router
+                .endpoint_status(&healthy)
+                .is_some_and(|s| s.probe_ok == Some(true));
+            if probed && removed.elapsed() > Duration::from_millis(700) {
+                break;
+            }
+        }
+        let s = router.endpoint_status(&healthy).expect("status");
+        assert_eq!(s.slot, 0);
+        assert_eq!(s.probe_failures, 0);
+        assert_eq!(s.probe_ok, Some(true));
+        assert_eq!(s.breaker, kvroute_select::BreakerState::Closed);
+    }
 }
