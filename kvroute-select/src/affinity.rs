@@ -71,6 +71,11 @@ impl SessionMap {
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
+
+    /// Forgets every session that last used `endpoint`.
+    pub(crate) fn forget(&mut self, endpoint: EndpointId) {
+        self.map.retain_values(|e| e != endpoint);
+    }
 }
 
 /// A trie whose nodes are fixed-size chunks of prompt text, each node stored
@@ -134,6 +139,11 @@ impl PrefixTrie {
             matched_chunks,
             total_chunks,
         })
+    }
+
+    /// Forgets every node pointing at `endpoint`.
+    pub(crate) fn forget(&mut self, endpoint: EndpointId) {
+        self.nodes.retain_values(|e| e != endpoint);
     }
 
     /// Records that `text` was sent to `endpoint`.

@@ -85,6 +85,12 @@ impl<V: Copy> BoundedMap<V> {
         }
     }
 
+    /// Keeps only the entries whose value passes `keep`.
+    pub(crate) fn retain_values(&mut self, mut keep: impl FnMut(V) -> bool) {
+        self.map.retain(|_, e| keep(e.value));
+        self.compact();
+    }
+
     fn compact(&mut self) {
         let map = &self.map;
         self.order

@@ -233,6 +233,31 @@ impl RuleCounters {
         self.held_us.fetch_add(us, Ordering::Relaxed);
     }
 
+    /// The endpoint left its slot: its hits and delivery evidence start
+    /// over for the slot's next endpoint.
+    pub(crate) fn forget_endpoint(&self, endpoint: usize) {
+        if let Some(h) = self.hits.get(endpoint) {
+            h.store(0, Ordering::Relaxed);
+        }
+        let Some(r) = self.receipts.get(endpoint) else {
+            return;
+        };
+        for c in [
+            &r.receipts,
+            &r.predicted_tokens,
+            &r.delivered_tokens,
+            &r.zero_delivery_streak,
+            &r.reachable_tokens,
+            &r.achieved_tokens,
+        ]
+        .into_iter()
+        .chain(&r.lost_tokens)
+        {
+            c.store(0, Ordering::Relaxed);
+        }
+        r.drift_alarm.store(false, Ordering::Relaxed);
+    }
+
     /// Records a backend receipt; returns whether this receipt raised the alarm.
     pub(crate) fn receipt(
         &self,

@@ -221,6 +221,15 @@ impl PrefillDrain {
         st.scratch = loads;
     }
 
+    /// The endpoint left its slot: the slot's queue and counters start
+    /// over for the next endpoint (whose engine counters are not the old
+    /// one's, so an increment between them would be a bogus sample).
+    pub(crate) fn forget(&self, endpoint: usize) {
+        if let Some(s) = self.state.lock().slots.get_mut(endpoint) {
+            *s = Slot::default();
+        }
+    }
+
     /// The decision sent `tokens` predicted uncached tokens to `endpoint` at
     /// `now`.
     pub(crate) fn charge(&self, endpoint: usize, tokens: u32, now: Duration, capacity: u32) {

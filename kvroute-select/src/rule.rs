@@ -317,6 +317,38 @@ impl Rule {
         })
     }
 
+    /// `endpoint` left, and its id may name another endpoint later (a host
+    /// reusing the slot): what this rule, and every rule rebuilt from it,
+    /// remembers of it is forgotten — sessions and prefix-trie nodes pointing
+    /// at it, predicted entries crediting it, its hits and delivery evidence
+    /// (drift alarm included) and its modelled prefill queue.
+    ///
+    /// ```
+    /// use kvroute_core::EndpointId;
+    /// use kvroute_select::{ContractId, Endpoint, Role, Rule, RuleConfig, Topology};
+    ///
+    /// let endpoints = vec![
+    ///     Endpoint::new("http://a:8000", Role::Both),
+    ///     Endpoint::new("http://b:8000", Role::Both),
+    /// ];
+    /// let cfg = RuleConfig::kv_exact("r", Topology::Converged, endpoints, 16, ContractId::new("c"));
+    /// let rule = Rule::new(cfg, None).unwrap();
+    /// rule.forget_endpoint(EndpointId(1));
+    /// assert_eq!(rule.counters().snapshot().endpoints[1].hits, 0);
+    /// ```
+    pub fn forget_endpoint(&self, endpoint: kvroute_core::EndpointId) {
+        let e = endpoint.index();
+        self.sessions.lock().forget(endpoint);
+        self.trie.lock().forget(endpoint);
+        self.predicted
+            .lock()
+            .retain_values(|v| crate::decision::predicted_endpoint(v) != e);
+        self.counters.forget_endpoint(e);
+        if let Some(d) = &self.drain {
+            d.forget(e);
+        }
+    }
+
     fn validate(config: &RuleConfig, keys: Option<&dyn PromptKeys>) -> Result<(), RuleError> {
         if config.endpoints.is_empty() {
             return Err(RuleError::NoEndpoints(config.name.clone()));

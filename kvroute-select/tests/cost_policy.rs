@@ -801,3 +801,56 @@ fn a_prefix_several_endpoints_hold_gets_no_affinity() {
     );
     assert_eq!(d.target().unwrap().endpoint.0, 0);
 }
+
+/// An endpoint that left (its id to be reused) leaves nothing behind in the
+/// rule: its predicted entries no longer credit the id, and its delivery
+/// evidence and drift alarm start over; the other endpoint's are kept.
+#[test]
+fn a_forgotten_endpoint_leaves_no_predictions_or_evidence_behind() {
+    let (r, c) = rule(2, |x| x.thresholds.drift_alarm_after = 2);
+    let keys = chain(21, 6);
+    let load = LoadTable::new(2);
+    // Predicted entries: the second decision is credited with the first's.
+    let cold = KeySetInventory::new(2);
+    let first = decide(&r, req(&keys, &c, 6 * BS), &cold, &load, Duration::ZERO);
+    let e = first.target().unwrap().endpoint;
+    let again = decide(&r, req(&keys, &c, 6 * BS), &cold, &load, Duration::ZERO);
+    assert_eq!(again.speculative_prefix()[e.index()], 6);
+    // Receipts of zero cached tokens where a hit was predicted raise the
+    // drift alarm on `e`, and some evidence accrues on the other endpoint.
+    let mut held = KeySetInventory::new(2);
+    held.store(e.index(), keys.iter().copied());
+    let other_keys = chain(77, 4);
+    held.store(1 - e.index(), other_keys.iter().copied());
+    for _ in 0..2 {
+        let d = decide(&r, req(&keys, &c, 6 * BS), &held, &load, Duration::ZERO);
+        assert_eq!(d.target().unwrap().endpoint, e);
+        assert!(r.settle(&d, 0, None).counted);
+    }
+    let d = decide(
+        &r,
+        req(&other_keys, &c, 4 * BS),
+        &held,
+        &load,
+        Duration::ZERO,
+    );
+    assert!(r.settle(&d, 4 * BS, None).counted);
+    let before = r.counters().snapshot();
+    assert!(before.endpoints[e.index()].drift_alarm);
+    assert!(before.endpoints[1 - e.index()].receipts > 0);
+
+    r.forget_endpoint(e);
+    let after = r.counters().snapshot();
+    assert_eq!(after.endpoints[e.index()], EndpointEvidence::default());
+    assert_eq!(
+        after.endpoints[1 - e.index()],
+        before.endpoints[1 - e.index()]
+    );
+    let d = decide(&r, req(&keys, &c, 6 * BS), &cold, &load, Duration::ZERO);
+    assert_eq!(
+        d.speculative_prefix().get(e.index()).copied().unwrap_or(0),
+        0,
+        "{:?}",
+        d.speculative_prefix()
+    );
+}

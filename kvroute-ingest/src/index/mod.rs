@@ -310,6 +310,9 @@ pub struct SharedIndex {
     endpoints: Box<[Mutex<EndpointKeys>]>,
     /// Each endpoint's GPU-tier count as its last write published it.
     gpu_blocks: Box<[AtomicU64]>,
+    /// Every endpoint's bound per tier until set otherwise
+    /// ([`IndexConfig::capacity_per_endpoint`]).
+    default_capacity: u64,
     /// Bits of a shard index (the shard count's log2).
     shard_bits: u32,
 }
@@ -355,6 +358,7 @@ impl SharedIndex {
                 .map(|_| Mutex::new(EndpointKeys::new(capacity)))
                 .collect(),
             gpu_blocks: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
+            default_capacity: capacity,
             shard_bits: shards.trailing_zeros(),
         }
     }
@@ -402,6 +406,34 @@ impl SharedIndex {
                 break;
             }
             stats.evicted += evicted;
+        }
+        Ok(stats)
+    }
+
+    /// Endpoint `e`'s bounds back to the index's defaults in every tier
+    /// ([`IndexConfig::capacity_per_endpoint`]): a slot given to a new
+    /// endpoint does not keep the bound its previous engine reported.
+    ///
+    /// ```
+    /// use kvroute_core::{EndpointId, Medium};
+    /// use kvroute_ingest::{IndexConfig, SharedIndex};
+    ///
+    /// let index = SharedIndex::new(1, IndexConfig::default());
+    /// let default = index.capacity(EndpointId(0), Medium::Gpu);
+    /// index.set_capacity(EndpointId(0), Medium::Gpu, 8)?;
+    /// index.reset_capacity(EndpointId(0))?;
+    /// assert_eq!(index.capacity(EndpointId(0), Medium::Gpu), default);
+    /// # Ok::<(), kvroute_ingest::IndexError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`IndexError`] for an endpoint outside the index.
+    pub fn reset_capacity(&self, e: EndpointId) -> Result<WriteStats, IndexError> {
+        // `usize::MAX` (unbounded) when the default is.
+        let blocks = usize::try_from(self.default_capacity).unwrap_or(usize::MAX);
+        let mut stats = WriteStats::default();
+        for medium in Medium::ALL {
+            stats += self.set_capacity(e, medium, blocks)?;
         }
         Ok(stats)
     }

@@ -35,6 +35,11 @@ fn unpack(entry: u64) -> (u32, u32) {
     ((entry & 0xffff_ffff) as u32, (entry >> 32) as u32)
 }
 
+/// The endpoint a predicted entry credits.
+pub(crate) fn predicted_endpoint(entry: u64) -> usize {
+    unpack(entry).0 as usize
+}
+
 /// Folds the first `n` tokens into a 64-bit CHWBL key.
 fn token_prefix_key(tokens: &[TokenId], n: usize) -> u64 {
     tokens

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 mod explained;
 mod inventory;
+pub(crate) use inventory::predicted_endpoint;
 mod receipt;
 
 use kvroute_core::{BlockKey, EndpointId};

@@ -647,6 +647,55 @@ mod tests {
         );
     }
 
+    /// A new endpoint in a reused slot keeps nothing of the old one: not the
+    /// inventory bound its engine reported, nor the predicted entries that
+    /// credited it.
+    #[test]
+    fn a_reused_slot_starts_without_the_old_endpoints_bound_or_predictions() {
+        use kvroute_core::Medium;
+        let router = host_router(2).build().expect("router");
+        let index = &router.shared.index;
+        let default = index.capacity(EndpointId(1), Medium::Gpu);
+        router.report_engine_load(
+            "http://e1",
+            kvroute_select::EngineReport {
+                kv_capacity_blocks: Some(64),
+                ..kvroute_select::EngineReport::default()
+            },
+        );
+        assert_eq!(index.capacity(EndpointId(1), Medium::Gpu), Some(64));
+        router
+            .apply(Change::Remove("http://e1".to_owned()))
+            .expect("remove");
+        router
+            .apply(Change::Insert(host_backend("http://x1")))
+            .expect("insert");
+        assert_eq!(router.endpoint_id("http://x1"), Some(EndpointId(1)));
+        assert_eq!(index.capacity(EndpointId(1), Medium::Gpu), default);
+
+        // Two requests for one prompt: the second is credited with the
+        // first's predicted entries where the first went.
+        let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
+        let first = router.pick_keys(&keys, 32).expect("pick");
+        let e = first.decision().target().expect("target").endpoint;
+        let second = router.pick_keys(&keys, 32).expect("pick");
+        assert_eq!(second.decision().speculative_prefix()[e.index()], 8);
+        drop((first, second));
+        let url = router.endpoints()[e.index()].clone();
+        router.apply(Change::Remove(url)).expect("remove");
+        router
+            .apply(Change::Insert(host_backend("http://new")))
+            .expect("insert");
+        assert_eq!(router.endpoint_id("http://new"), Some(e));
+        let third = router.pick_keys(&keys, 32).expect("pick");
+        let credited = third.decision().speculative_prefix();
+        assert_eq!(
+            credited.get(e.index()).copied().unwrap_or(0),
+            0,
+            "{credited:?}"
+        );
+    }
+
     /// Failures of requests sent to an endpoint that has left since do not
     /// open the breaker of the endpoint now in its slot.
     #[test]

@@ -504,6 +504,9 @@ pub(crate) fn insert(
     state.breaker.reset(shared.settings.breaker);
     *state.probe_ok.lock() = None;
     state.admin_down.store(false, Ordering::Release);
+    for c in [&state.probe_failures, &state.polls_ok, &state.polls_failed] {
+        c.store(0, Ordering::Relaxed);
+    }
     shared.reported.invalidate(id(slot));
     shared.outliers.set_present(id(slot), true, shared.now());
     // A new endpoint in the slot: decisions of generations built before
@@ -546,6 +549,13 @@ fn remove(shared: &Shared, slots: &mut [Option<SlotRuntime>], url: &str) -> Resu
         tracing::warn!(%err, slot, "clearing a removed endpoint's inventory");
     }
     shared.reported.invalidate(id(slot));
+    // Sessions, trie nodes and predicted entries naming the slot, its
+    // delivery evidence and modelled queue were this endpoint's, as was the
+    // bound its engine reported.
+    shared.current().rule.forget_endpoint(id(slot));
+    if let Err(err) = shared.index.reset_capacity(id(slot)) {
+        tracing::warn!(%err, slot, "resetting a removed endpoint's inventory bound");
+    }
     // The other replicas' load there was on this endpoint: a later endpoint
     // in the slot must not inherit it (their deltas for this URL are refused
     // from now on, so it would never be corrected).
