@@ -450,7 +450,10 @@ impl Sim<'_> {
     fn gauge(worker: &mut Worker<u32>, t: u64) -> EngineReport {
         worker.advance(t);
         let cap = u64::from(worker.config().capacity_blocks.max(1));
-        let used = u64::from(worker.cache().used_blocks());
+        // As vLLM's `kv_cache_usage_perc`: cached blocks no running request
+        // holds are free (evictable at once), not used.
+        let cache = worker.cache();
+        let used = u64::from(cache.used_blocks().saturating_sub(cache.evictable_blocks()));
         #[allow(clippy::cast_precision_loss)]
         EngineReport {
             running: worker.running(),

@@ -338,11 +338,6 @@ impl Pick {
             Leg::Endpoint => t.endpoint,
             Leg::Decode => t.decode.unwrap_or(t.endpoint),
         };
-        // An endpoint removed (or its slot reused) since the decision: its
-        // answer or silence says nothing about the slot's endpoint now.
-        if !self.gen.current(&self.shared, endpoint.index()) {
-            return Ok(response.await);
-        }
         let prefill_leg = leg == Leg::Endpoint && t.decode.is_some();
         let streamed = !prefill_leg && self.prompt().is_some_and(PreparedPrompt::streamed);
         let shared = &*self.shared;
@@ -355,9 +350,22 @@ impl Pick {
         } else {
             timeouts.response.map(|d| (d, Stall::HeaderTimeout(d)))
         };
+        // Outside outlier detection — an endpoint removed (or its slot
+        // reused) since the decision, whose answer or silence says nothing
+        // about the slot's endpoint now, or detection off — the header
+        // timeout still applies.
+        let untracked = |response: F| async move {
+            match limit {
+                Some((d, stall)) => tokio::time::timeout(d, response).await.map_err(|_| stall),
+                None => Ok(response.await),
+            }
+        };
+        if !self.gen.current(&self.shared, endpoint.index()) {
+            return untracked(response).await;
+        }
         let mut ejections = shared.outliers.subscribe();
         let Some(attempt) = shared.outliers.sent(endpoint, shared.now()) else {
-            return Ok(response.await);
+            return untracked(response).await;
         };
         let mut waiting = Waiting {
             shared,
@@ -693,6 +701,37 @@ mod tests {
             credited.get(e.index()).copied().unwrap_or(0),
             0,
             "{credited:?}"
+        );
+    }
+
+    /// A request whose endpoint left while it waited for headers still gives
+    /// up after the header timeout (outlier detection no longer follows it).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_wait_on_a_removed_endpoint_still_times_out() {
+        let router = host_router(2)
+            .header_timeouts(crate::HeaderTimeouts {
+                response: Some(std::time::Duration::from_millis(200)),
+                streamed: None,
+            })
+            .build()
+            .expect("router");
+        let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
+        let pick = router.pick_keys(&keys, 32).expect("pick");
+        let url = pick.url().to_owned();
+        router.apply(Change::Remove(url)).expect("remove");
+        let never = std::future::pending::<Result<(), ()>>();
+        // Bounded here too: without the limit the wait would never end.
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            pick.await_headers(Leg::Endpoint, never),
+        )
+        .await
+        .expect("the header timeout ended the wait");
+        assert_eq!(
+            waited.err(),
+            Some(crate::Stall::HeaderTimeout(
+                std::time::Duration::from_millis(200)
+            ))
         );
     }
 
