@@ -166,6 +166,17 @@ async fn silent_connections_are_closed_after_the_first_byte_timeout() {
             frame[3], 4,
             "the server's first HTTP/2 frame is SETTINGS: {frame:?}"
         );
+        // It allows one request at a time on the connection, as HTTP/1
+        // (SETTINGS_MAX_CONCURRENT_STREAMS, id 3): the connection cap bounds
+        // requests in flight.
+        let len = usize::from(frame[0]) << 16 | usize::from(frame[1]) << 8 | usize::from(frame[2]);
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).unwrap();
+        let streams = payload
+            .chunks_exact(6)
+            .find(|e| e[0..2] == [0, 3])
+            .map(|e| u32::from_be_bytes([e[2], e[3], e[4], e[5]]));
+        assert_eq!(streams, Some(1), "settings: {payload:?}");
         assert!(
             !closed_within(&mut s, Duration::from_millis(1500)),
             "an HTTP/2 connection past its preface is not cut by the first-byte deadline"

@@ -237,6 +237,11 @@ fn log_fd_headroom(fds: Option<(u64, Option<u64>)>, configured: usize, cap: usiz
     }
 }
 
+/// Requests an HTTP/2 client may have in flight on one connection.
+const H2_STREAMS: u32 = 1;
+/// Interval of HTTP/2 keep-alive pings, and how long one may go unanswered.
+const H2_PING: Duration = Duration::from_secs(20);
+
 /// Accepts connections until `stop`, then drains them for at most `grace`;
 /// see [`connections`] for what happens to each.
 async fn serve(
@@ -251,6 +256,16 @@ async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(how.header_timeout);
+    // One request at a time per HTTP/2 connection, as HTTP/1's: the
+    // connection cap (sized from the descriptor limit, one upstream socket per
+    // client connection) then bounds requests in flight and their bodies'
+    // memory. Pings drop peers that went away without closing.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(H2_STREAMS)
+        .keep_alive_interval(Some(H2_PING))
+        .keep_alive_timeout(H2_PING);
     let builder = Arc::new(builder);
     let mut backoff = connections::AcceptBackoff::default();
     let mut errors = connections::AcceptErrorLog::default();
