@@ -270,3 +270,67 @@ async fn at_the_connection_cap_silent_connections_are_shed_and_talkers_refused()
     .await;
     assert_eq!(normal_request(&gw).await, 200);
 }
+
+/// A client that stops reading a large streamed answer (its TCP window shut)
+/// is dropped once it has accepted no bytes for the write-stall timeout
+/// (`limits.upstream_idle_timeout_ms`): its connection, upstream request and
+/// load charge are released, counted in `kvroute_connections_write_stalls`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_dropped_after_the_write_stall_timeout() {
+    use axum::body::Body;
+    // An engine stand-in that streams 256 MiB as fast as it is taken.
+    let app = axum::Router::new().fallback(|| async {
+        let chunk = bytes::Bytes::from(vec![b'x'; 64 << 10]);
+        let chunks = futures_util::stream::iter(
+            (0..4096).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+        );
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(chunks))
+            .unwrap()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let gw = Gateway::start(&config(upstream, "upstream_idle_timeout_ms = 800"));
+    let proxy = gw.proxy;
+    // Sends a streamed request, reads nothing, waits for the gateway to close.
+    let closed = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(proxy).unwrap();
+        let body = r#"{"model": "m", "prompt": "hello", "stream": true}"#;
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        // Now drain: the stream ends early (closed), far short of 256 MiB.
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut total = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+        total
+    })
+    .await
+    .unwrap();
+    assert!(
+        closed < 128 << 20,
+        "read {closed} bytes: the stream was not cut"
+    );
+    eventually("the stall is counted and the charge released", || async {
+        let stalls = metric(
+            &gw,
+            "kvroute_connections_write_stalls_total{listener=\"proxy\"}",
+        )
+        .await;
+        let eps = endpoints(&gw).await;
+        (stalls == 1 && eps[0]["in_flight"] == 0).then_some(())
+    })
+    .await;
+}

@@ -83,6 +83,9 @@ pub struct ConnectionMetrics {
     pub refused: AtomicU64,
     /// `accept()` failures (e.g. `EMFILE`).
     pub accept_errors: AtomicU64,
+    /// Closed because the client accepted no bytes of a response for the
+    /// write-stall timeout (it stopped reading).
+    pub write_stalls: AtomicU64,
 }
 
 /// The soft and hard `RLIMIT_NOFILE` of this process, from `/proc/self/limits`
@@ -238,13 +241,21 @@ pub async fn first_byte(
 }
 
 /// A client stream that must identify its protocol (first byte differing from
-/// the HTTP/2 preface, or the complete preface) before a deadline; afterwards
-/// it is a plain pass-through.
+/// the HTTP/2 preface, or the complete preface) before a deadline, and must
+/// keep accepting what the gateway writes: a write that makes no progress for
+/// the write-stall timeout (a client that stopped reading, its TCP window
+/// shut) fails, so the connection, its upstream request and its load charge
+/// are released instead of held until the peer's TCP gives up. hyper stops
+/// polling the response body while its writes wait, so no body-side timer
+/// would see it.
 pub struct PrefaceDeadline {
     inner: TcpStream,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     seen: usize,
     metrics: Arc<ConnectionMetrics>,
+    write_stall: std::time::Duration,
+    /// Since when writes have made no progress.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl PrefaceDeadline {
@@ -260,7 +271,44 @@ impl PrefaceDeadline {
             deadline: Some(Box::pin(tokio::time::sleep_until(deadline))),
             seen: 0,
             metrics,
+            write_stall: std::time::Duration::MAX,
+            stalled: None,
         }
+    }
+
+    /// Fails writes that make no progress for `stall`.
+    #[must_use]
+    pub fn with_write_stall(mut self, stall: std::time::Duration) -> Self {
+        self.write_stall = stall;
+        self
+    }
+
+    /// A write's outcome: progress clears the stall; waiting starts it, and
+    /// waiting past the timeout fails.
+    fn judge_write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if r.is_ready() {
+            self.stalled = None;
+            return r;
+        }
+        let Some(at) = tokio::time::Instant::now().checked_add(self.write_stall) else {
+            return r; // no limit
+        };
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        if stalled.as_mut().poll(cx).is_ready() {
+            self.stalled = None;
+            self.metrics.write_stalls.fetch_add(1, Relaxed);
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client accepted no bytes within the write-stall timeout",
+            )));
+        }
+        r
     }
 
     fn observe(&mut self, bytes: &[u8]) {
@@ -318,10 +366,12 @@ impl AsyncWrite for PrefaceDeadline {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.judge_write(cx, r)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        self.judge_write(cx, r)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
@@ -331,7 +381,8 @@ impl AsyncWrite for PrefaceDeadline {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.judge_write(cx, r)
     }
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()

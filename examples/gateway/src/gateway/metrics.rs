@@ -491,7 +491,7 @@ fn encode_connections(
     listeners: &[(&str, &super::connections::ConnectionMetrics)],
 ) -> std::fmt::Result {
     type Field = fn(&super::connections::ConnectionMetrics) -> &AtomicU64;
-    let families: [(&str, MetricType, &str, Field); 6] = [
+    let families: [(&str, MetricType, &str, Field); 7] = [
         (
             "kvroute_connections_open",
             MetricType::Gauge,
@@ -509,6 +509,12 @@ fn encode_connections(
             MetricType::Counter,
             "Connections closed for sending no first byte (or no complete protocol preface) in time.",
             |m| &m.first_byte_timeouts,
+        ),
+        (
+            "kvroute_connections_write_stalls",
+            MetricType::Counter,
+            "Connections closed because the client accepted no response bytes for the write-stall timeout (limits.upstream_idle_timeout_ms).",
+            |m| &m.write_stalls,
         ),
         (
             "kvroute_connections_shed",

@@ -145,6 +145,8 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
         metrics: Arc::clone(metrics),
         header_timeout: limits.header_read_timeout(),
         first_byte_timeout: limits.first_byte_timeout(),
+        // As long as an engine may be silent between two chunks.
+        write_stall: limits.upstream_idle_timeout(),
         grace: Duration::from_millis(limits.shutdown_grace_ms),
     };
     let tasks = vec![
@@ -212,6 +214,8 @@ struct Listening {
     metrics: Arc<connections::ConnectionMetrics>,
     header_timeout: Duration,
     first_byte_timeout: Duration,
+    /// A client that accepts no response bytes for this long is dropped.
+    write_stall: Duration,
     grace: Duration,
 }
 
@@ -309,6 +313,7 @@ async fn serve(
         let watcher = graceful.watcher();
         let mut stop = stop.clone();
         let deadline = accepted_at + how.first_byte_timeout;
+        let write_stall = how.write_stall;
         tokio::spawn(async move {
             let _permit = permit;
             let _open = OpenGuard::new(&metrics);
@@ -320,7 +325,8 @@ async fn serve(
                 }
                 connections::Prelude::Closed => return,
             }
-            let io = connections::PrefaceDeadline::new(stream, deadline, Arc::clone(&metrics));
+            let io = connections::PrefaceDeadline::new(stream, deadline, Arc::clone(&metrics))
+                .with_write_stall(write_stall);
             let conn = builder
                 .serve_connection_with_upgrades(TokioIo::new(io), service)
                 .into_owned();
