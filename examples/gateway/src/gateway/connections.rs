@@ -229,14 +229,17 @@ pub async fn first_byte(
     // there (a false positive tokio documents), which would let a silent
     // connection through.
     let mut byte = [0u8; 1];
+    // Shed first: a connection shed for a newcomer (whose admission waits
+    // for this slot) gives it up even if its first byte arrived meanwhile.
     tokio::select! {
+        biased;
+        _ = shed => Prelude::Closed,
+        _ = stop.changed() => Prelude::Closed,
         r = stream.peek(&mut byte) => match r {
             Ok(n) if n > 0 => Prelude::Spoke,
             _ => Prelude::Closed,
         },
         () = tokio::time::sleep_until(deadline) => Prelude::TimedOut,
-        _ = shed => Prelude::Closed,
-        _ = stop.changed() => Prelude::Closed,
     }
 }
 
