@@ -309,7 +309,10 @@ impl PreparedPrompt {
 /// assert!(p.rewritten().is_some());
 /// ```
 pub fn unadmitted<H: PromptHost + ?Sized>(host: &H, body: &[u8]) -> PreparedPrompt {
-    let value = prompt::parse_json(body).ok();
+    // Only what a request routed without its prompt needs: the body's tree
+    // is never built (under overload a flood of large bodies would hold many
+    // times their size).
+    let value = prompt::parse_json_fields(body, &["model", "stream"]).ok();
     let model = value
         .as_ref()
         .and_then(|v| prompt::model_of(v).map(str::to_owned));

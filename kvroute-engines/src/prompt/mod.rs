@@ -77,7 +77,9 @@ pub use byte_bpe::PreTokenCacheStats;
 pub use error::PromptError;
 pub use parallel::{seams, ParallelConfig, ParallelEncoder, ParallelError, SeamPolicy};
 pub use pipeline::{encode_and_hash, prompt_tokens_and_keys, KeyedPrompt, PipelineError};
-pub use pyvalue::{parse_json, JsonSyntaxError, PyDict, PyValue, MAX_JSON_DEPTH};
+pub use pyvalue::{
+    parse_json, parse_json_fields, JsonSyntaxError, PyDict, PyValue, MAX_JSON_DEPTH,
+};
 pub use request::{
     extract_request, extract_request_as, model_of, ApiKind, ChatRequest, CommonFields,
     CompletionPrompt, CompletionRequest, Dialect, OpenAiRequest, TruncationSide,

@@ -135,6 +135,52 @@ pub fn parse_json(bytes: &[u8]) -> Result<PyValue, JsonSyntaxError> {
     parse_json_str(text)
 }
 
+/// [`parse_json`] keeping only the top-level object's `fields`: the result
+/// is a dict of those (as [`parse_json`]'s dict has them: first position,
+/// last value) when the body is an object, [`PyValue::Null`] when it is
+/// valid JSON of another kind, and the same error whenever [`parse_json`]
+/// fails. Every other value is checked but never built, so the memory it
+/// takes is about the largest single string or number, not the body's tree
+/// (a body of a million list items builds nothing) — for hosts that need a
+/// request's `model` or `stream` without its prompt.
+///
+/// ```
+/// use kvroute_engines::prompt::{parse_json_fields, PyValue};
+/// let v = parse_json_fields(br#"{"prompt": [1, 2, 3], "model": "m", "stream": true}"#, &["model", "stream"]).unwrap();
+/// let d = v.as_dict().unwrap();
+/// assert_eq!(d.len(), 2);
+/// assert_eq!(d["model"], PyValue::Str("m".into()));
+/// assert_eq!(parse_json_fields(b"[0, 0]", &["model"]).unwrap(), PyValue::Null);
+/// assert!(parse_json_fields(br#"{"model": "m",}"#, &["model"]).is_err());
+/// ```
+///
+/// # Errors
+/// [`JsonSyntaxError`] where [`parse_json`] has one.
+pub fn parse_json_fields(bytes: &[u8], fields: &[&str]) -> Result<PyValue, JsonSyntaxError> {
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    let text = std::str::from_utf8(bytes).map_err(|e| JsonSyntaxError {
+        offset: e.valid_up_to(),
+        reason: "body is not UTF-8",
+    })?;
+    let mut p = Parser {
+        s: text.as_bytes(),
+        text,
+        pos: 0,
+    };
+    p.skip_ws();
+    let v = if p.peek() == Some(b'{') {
+        p.object_fields(fields)?
+    } else {
+        p.skip_value(0)?;
+        PyValue::Null
+    };
+    p.skip_ws();
+    if p.pos != p.s.len() {
+        return Err(p.err("extra data after the value"));
+    }
+    Ok(v)
+}
+
 /// Parses a string the way `json.loads(text: str)` does.
 pub(crate) fn parse_json_str(text: &str) -> Result<PyValue, JsonSyntaxError> {
     let mut p = Parser {
@@ -235,6 +281,108 @@ impl Parser<'_> {
                 }
                 _ => return Err(self.err("expecting ',' delimiter")),
             }
+        }
+    }
+
+    /// The top-level object (at `{`) with only `fields` built.
+    fn object_fields(&mut self, fields: &[&str]) -> Result<PyValue, JsonSyntaxError> {
+        self.pos += 1;
+        let mut map = PyDict::new();
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(PyValue::Dict(map));
+        }
+        loop {
+            self.skip_ws();
+            if self.peek() != Some(b'"') {
+                return Err(self.err("expecting property name enclosed in double quotes"));
+            }
+            let key = self.string()?;
+            self.skip_ws();
+            if self.peek() != Some(b':') {
+                return Err(self.err("expecting ':' delimiter"));
+            }
+            self.pos += 1;
+            self.skip_ws();
+            if fields.contains(&key.as_str()) {
+                let v = self.value(1)?;
+                map.insert(key, v);
+            } else {
+                self.skip_value(1)?;
+            }
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(PyValue::Dict(map));
+                }
+                _ => return Err(self.err("expecting ',' delimiter")),
+            }
+        }
+    }
+
+    /// [`Self::value`]'s checks without building the value (strings and
+    /// numbers are read one at a time and dropped).
+    fn skip_value(&mut self, depth: usize) -> Result<(), JsonSyntaxError> {
+        if depth > MAX_JSON_DEPTH {
+            return Err(self.err("nesting too deep"));
+        }
+        match self.peek() {
+            Some(b'{') => {
+                self.pos += 1;
+                self.skip_ws();
+                if self.peek() == Some(b'}') {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                loop {
+                    self.skip_ws();
+                    if self.peek() != Some(b'"') {
+                        return Err(self.err("expecting property name enclosed in double quotes"));
+                    }
+                    self.string()?;
+                    self.skip_ws();
+                    if self.peek() != Some(b':') {
+                        return Err(self.err("expecting ':' delimiter"));
+                    }
+                    self.pos += 1;
+                    self.skip_ws();
+                    self.skip_value(depth + 1)?;
+                    self.skip_ws();
+                    match self.peek() {
+                        Some(b',') => self.pos += 1,
+                        Some(b'}') => {
+                            self.pos += 1;
+                            return Ok(());
+                        }
+                        _ => return Err(self.err("expecting ',' delimiter")),
+                    }
+                }
+            }
+            Some(b'[') => {
+                self.pos += 1;
+                self.skip_ws();
+                if self.peek() == Some(b']') {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                loop {
+                    self.skip_ws();
+                    self.skip_value(depth + 1)?;
+                    self.skip_ws();
+                    match self.peek() {
+                        Some(b',') => self.pos += 1,
+                        Some(b']') => {
+                            self.pos += 1;
+                            return Ok(());
+                        }
+                        _ => return Err(self.err("expecting ',' delimiter")),
+                    }
+                }
+            }
+            _ => self.value(depth).map(drop),
         }
     }
 

@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use kvroute::prompt::{prepare_admitted, PromptHost, PromptOptions};
 use kvroute::{NoEndpoint, Pick};
-use kvroute_engines::prompt::{model_of, parse_json, ApiKind, TokenizerPool};
+use kvroute_engines::prompt::{model_of, parse_json_fields, ApiKind, TokenizerPool};
 use kvroute_select::{Decision, Leg};
 
 use super::metrics::Outcome;
@@ -44,7 +44,7 @@ async fn model_only(body: &Bytes) -> Option<String> {
     }
     let body = body.clone();
     tokio::task::spawn_blocking(move || {
-        let value = parse_json(&body).ok()?;
+        let value = parse_json_fields(&body, &["model"]).ok()?;
         model_of(&value).map(str::to_owned)
     })
     .await
