@@ -107,7 +107,12 @@ pub enum Change {
     Insert(crate::Backend),
     /// The endpoint with this URL leaves: its background work stops, its
     /// inventory is cleared, and it is never chosen again (requests in flight
-    /// finish).
+    /// finish). A later endpoint may take its slot: nothing of this one
+    /// reaches it — not its late event batches, probe verdicts or load
+    /// reports, not the outcomes of requests decided for it (their retries
+    /// never go to the newcomer), not the other replicas' load on it, nor
+    /// its sessions, predicted entries, delivery evidence or reported
+    /// inventory bound.
     Remove(String),
 }
 
