@@ -294,8 +294,10 @@ async fn a_client_that_stops_reading_is_dropped_after_the_write_stall_timeout() 
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let gw = Gateway::start(&config(upstream, "upstream_idle_timeout_ms = 800"));
     let proxy = gw.proxy;
-    // Sends a streamed request, reads nothing, waits for the gateway to close.
-    let closed = tokio::task::spawn_blocking(move || {
+    // Sends a streamed request and reads nothing until the gateway has
+    // counted the stall; then reads what is left.
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let client = tokio::task::spawn_blocking(move || {
         let mut s = TcpStream::connect(proxy).unwrap();
         let body = r#"{"model": "m", "prompt": "hello", "stream": true}"#;
         write!(
@@ -304,8 +306,7 @@ async fn a_client_that_stops_reading_is_dropped_after_the_write_stall_timeout() 
             body.len()
         )
         .unwrap();
-        std::thread::sleep(Duration::from_secs(3));
-        // Now drain: the stream ends early (closed), far short of 256 MiB.
+        let _ = wait.recv_timeout(WAIT);
         s.set_read_timeout(Some(WAIT)).unwrap();
         let mut total = 0usize;
         let mut buf = vec![0u8; 1 << 16];
@@ -316,13 +317,7 @@ async fn a_client_that_stops_reading_is_dropped_after_the_write_stall_timeout() 
             }
         }
         total
-    })
-    .await
-    .unwrap();
-    assert!(
-        closed < 128 << 20,
-        "read {closed} bytes: the stream was not cut"
-    );
+    });
     eventually("the stall is counted and the charge released", || async {
         let stalls = metric(
             &gw,
@@ -333,4 +328,11 @@ async fn a_client_that_stops_reading_is_dropped_after_the_write_stall_timeout() 
         (stalls == 1 && eps[0]["in_flight"] == 0).then_some(())
     })
     .await;
+    go.send(()).unwrap();
+    // What was buffered before the cut, far short of the 256 MiB answer.
+    let read = client.await.unwrap();
+    assert!(
+        read < 128 << 20,
+        "read {read} bytes: the stream was not cut"
+    );
 }
