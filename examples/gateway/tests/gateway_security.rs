@@ -335,6 +335,17 @@ async fn admin_api_creates_updates_and_deletes_rules_at_run_time() {
     let rule = get_json(&gw.admin_url("/admin/rules/late"), Some(TOKEN)).await;
     assert_eq!(rule["choice"], "round_robin");
     assert_eq!(late_admin_down().await, true, "the drain outlives the PUT");
+    // Its only endpoint drained: no endpoint, a decision of the `exhausted`
+    // tier, counted as such.
+    let resp = http
+        .post(gw.url("/v1/completions"))
+        .json(&json!({"model": "late-model", "prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    let c = get_json(&gw.admin_url("/admin/counters"), Some(TOKEN)).await;
+    assert_eq!(c["rules"]["late"]["tiers"]["exhausted"], 1, "{c}");
     let r = post(
         json!({"name": "thief", "models": ["late-model"], "choice": "round_robin",
                         "endpoints": [{"url": format!("http://{echo}")}]}),

@@ -243,6 +243,8 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
     let mut pick = match picked {
         Ok(p) => p,
         Err(NoEndpoint { mut decision }) => {
+            gw.metrics.decision_latency.observe(started.elapsed());
+            rt.count_tier(decision.source());
             rt.counters.outcome(Outcome::NoEndpoint);
             let reason = unavailable_reason(&rt, &decision, &[]);
             tracing::warn!(rule = %name, %reason, "no endpoint");
