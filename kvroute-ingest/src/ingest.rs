@@ -121,6 +121,8 @@ pub struct EndpointIngest {
     /// The endpoint left its slot ([`Self::retire`]): nothing more is
     /// written to the index.
     retired: bool,
+    /// Counters of the streams a [`Self::reset`] forgot.
+    reset_streams: SeqCounters,
 }
 
 impl std::fmt::Debug for EndpointIngest {
@@ -162,6 +164,7 @@ impl EndpointIngest {
             scratch: Vec::new(),
             health: Arc::default(),
             retired: false,
+            reset_streams: SeqCounters::default(),
         }
     }
 
@@ -256,7 +259,8 @@ impl EndpointIngest {
     /// Window counters summed over all DP ranks.
     #[must_use]
     pub fn seq_counters(&self) -> SeqCounters {
-        let mut sum = SeqCounters::default();
+        // Streams forgotten by a reset still count: counters never go back.
+        let mut sum = self.reset_streams;
         for (_, w) in &self.streams {
             sum += *w.counters();
         }
@@ -533,7 +537,9 @@ impl EndpointIngest {
     /// ones).
     pub fn reset(&mut self, index: &SharedIndex) -> WriteStats {
         let writes = self.clear_for(index, None);
-        self.streams.clear();
+        for (_, w) in self.streams.drain(..) {
+            self.reset_streams += *w.counters();
+        }
         self.check_completeness();
         writes
     }
