@@ -249,78 +249,76 @@ impl Parser<'_> {
         }
     }
 
-    fn object(&mut self, depth: usize) -> Result<PyValue, JsonSyntaxError> {
+    /// A `{...}` or `[...]` at the cursor (its opening byte), each member or
+    /// item handed to `item`; the delimiters and their errors are Python's.
+    fn members(
+        &mut self,
+        close: u8,
+        mut item: impl FnMut(&mut Self) -> Result<(), JsonSyntaxError>,
+    ) -> Result<(), JsonSyntaxError> {
         self.pos += 1;
-        let mut map = PyDict::new();
         self.skip_ws();
-        if self.peek() == Some(b'}') {
+        if self.peek() == Some(close) {
             self.pos += 1;
-            return Ok(PyValue::Dict(map));
+            return Ok(());
         }
         loop {
             self.skip_ws();
-            if self.peek() != Some(b'"') {
-                return Err(self.err("expecting property name enclosed in double quotes"));
-            }
-            let key = self.string()?;
-            self.skip_ws();
-            if self.peek() != Some(b':') {
-                return Err(self.err("expecting ':' delimiter"));
-            }
-            self.pos += 1;
-            self.skip_ws();
-            let v = self.value(depth + 1)?;
-            // Python dict: a repeated key keeps its first position, takes the last value.
-            map.insert(key, v);
+            item(self)?;
             self.skip_ws();
             match self.peek() {
                 Some(b',') => self.pos += 1,
-                Some(b'}') => {
+                Some(c) if c == close => {
                     self.pos += 1;
-                    return Ok(PyValue::Dict(map));
+                    return Ok(());
                 }
                 _ => return Err(self.err("expecting ',' delimiter")),
             }
         }
     }
 
+    /// An object member's key and the `:` after it; the cursor is left on
+    /// the value.
+    fn member_key(&mut self) -> Result<String, JsonSyntaxError> {
+        if self.peek() != Some(b'"') {
+            return Err(self.err("expecting property name enclosed in double quotes"));
+        }
+        let key = self.string()?;
+        self.skip_ws();
+        if self.peek() != Some(b':') {
+            return Err(self.err("expecting ':' delimiter"));
+        }
+        self.pos += 1;
+        self.skip_ws();
+        Ok(key)
+    }
+
+    fn object(&mut self, depth: usize) -> Result<PyValue, JsonSyntaxError> {
+        let mut map = PyDict::new();
+        self.members(b'}', |p| {
+            let key = p.member_key()?;
+            let v = p.value(depth + 1)?;
+            // Python dict: a repeated key keeps its first position, takes the last value.
+            map.insert(key, v);
+            Ok(())
+        })?;
+        Ok(PyValue::Dict(map))
+    }
+
     /// The top-level object (at `{`) with only `fields` built.
     fn object_fields(&mut self, fields: &[&str]) -> Result<PyValue, JsonSyntaxError> {
-        self.pos += 1;
         let mut map = PyDict::new();
-        self.skip_ws();
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            return Ok(PyValue::Dict(map));
-        }
-        loop {
-            self.skip_ws();
-            if self.peek() != Some(b'"') {
-                return Err(self.err("expecting property name enclosed in double quotes"));
-            }
-            let key = self.string()?;
-            self.skip_ws();
-            if self.peek() != Some(b':') {
-                return Err(self.err("expecting ':' delimiter"));
-            }
-            self.pos += 1;
-            self.skip_ws();
+        self.members(b'}', |p| {
+            let key = p.member_key()?;
             if fields.contains(&key.as_str()) {
-                let v = self.value(1)?;
+                let v = p.value(1)?;
                 map.insert(key, v);
+                Ok(())
             } else {
-                self.skip_value(1)?;
+                p.skip_value(1)
             }
-            self.skip_ws();
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                Some(b'}') => {
-                    self.pos += 1;
-                    return Ok(PyValue::Dict(map));
-                }
-                _ => return Err(self.err("expecting ',' delimiter")),
-            }
-        }
+        })?;
+        Ok(PyValue::Dict(map))
     }
 
     /// [`Self::value`]'s checks without building the value (strings and
@@ -330,83 +328,22 @@ impl Parser<'_> {
             return Err(self.err("nesting too deep"));
         }
         match self.peek() {
-            Some(b'{') => {
-                self.pos += 1;
-                self.skip_ws();
-                if self.peek() == Some(b'}') {
-                    self.pos += 1;
-                    return Ok(());
-                }
-                loop {
-                    self.skip_ws();
-                    if self.peek() != Some(b'"') {
-                        return Err(self.err("expecting property name enclosed in double quotes"));
-                    }
-                    self.string()?;
-                    self.skip_ws();
-                    if self.peek() != Some(b':') {
-                        return Err(self.err("expecting ':' delimiter"));
-                    }
-                    self.pos += 1;
-                    self.skip_ws();
-                    self.skip_value(depth + 1)?;
-                    self.skip_ws();
-                    match self.peek() {
-                        Some(b',') => self.pos += 1,
-                        Some(b'}') => {
-                            self.pos += 1;
-                            return Ok(());
-                        }
-                        _ => return Err(self.err("expecting ',' delimiter")),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.pos += 1;
-                self.skip_ws();
-                if self.peek() == Some(b']') {
-                    self.pos += 1;
-                    return Ok(());
-                }
-                loop {
-                    self.skip_ws();
-                    self.skip_value(depth + 1)?;
-                    self.skip_ws();
-                    match self.peek() {
-                        Some(b',') => self.pos += 1,
-                        Some(b']') => {
-                            self.pos += 1;
-                            return Ok(());
-                        }
-                        _ => return Err(self.err("expecting ',' delimiter")),
-                    }
-                }
-            }
+            Some(b'{') => self.members(b'}', |p| {
+                p.member_key()?;
+                p.skip_value(depth + 1)
+            }),
+            Some(b'[') => self.members(b']', |p| p.skip_value(depth + 1)),
             _ => self.value(depth).map(drop),
         }
     }
 
     fn array(&mut self, depth: usize) -> Result<PyValue, JsonSyntaxError> {
-        self.pos += 1;
         let mut items = Vec::new();
-        self.skip_ws();
-        if self.peek() == Some(b']') {
-            self.pos += 1;
-            return Ok(PyValue::List(items));
-        }
-        loop {
-            self.skip_ws();
-            items.push(self.value(depth + 1)?);
-            self.skip_ws();
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                Some(b']') => {
-                    self.pos += 1;
-                    return Ok(PyValue::List(items));
-                }
-                _ => return Err(self.err("expecting ',' delimiter")),
-            }
-        }
+        self.members(b']', |p| {
+            items.push(p.value(depth + 1)?);
+            Ok(())
+        })?;
+        Ok(PyValue::List(items))
     }
 
     fn digits(&mut self) -> usize {
