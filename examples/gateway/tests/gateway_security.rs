@@ -270,16 +270,18 @@ async fn admin_api_creates_updates_and_deletes_rules_at_run_time() {
     .await
     .unwrap();
     assert_eq!(r.status(), 201);
-    let late_subscriber = || async {
+    // The late rule's endpoint row on /admin/endpoints.
+    let late_endpoint = || async {
         let eps = get_json(&gw.admin_url("/admin/endpoints"), Some(TOKEN)).await;
         eps["endpoints"]
             .as_array()
             .unwrap()
             .iter()
             .find(|e| e["rule"] == "late")
-            .map(|e| e["subscribers"][0].clone())
+            .cloned()
             .unwrap()
     };
+    let late_subscriber = || async { late_endpoint().await["subscribers"][0].clone() };
     assert_eq!(late_subscriber().await["connected"], false);
     // The engine comes up afterwards, on the configured port: the subscriber
     // that kept trying connects.
@@ -308,16 +310,7 @@ async fn admin_api_creates_updates_and_deletes_rules_at_run_time() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let late_admin_down = || async {
-        let eps = get_json(&gw.admin_url("/admin/endpoints"), Some(TOKEN)).await;
-        eps["endpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["rule"] == "late")
-            .map(|e| e["admin_down"].clone())
-            .unwrap()
-    };
+    let late_admin_down = || async { late_endpoint().await["admin_down"].clone() };
     assert_eq!(late_admin_down().await, true);
 
     // Duplicate name → 409; PUT replaces; a model claimed twice is refused.
