@@ -497,6 +497,28 @@ fn the_dashboard_is_an_importable_grafana_dashboard_over_a_prometheus_variable()
     }
 }
 
+/// True when a HELP line's text has every `"` and `\\` escaped.
+fn help_is_escaped(help: &str) -> bool {
+    let mut chars = help.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return false,
+            '\\' if !matches!(chars.next(), Some('\\' | '"' | 'n')) => return false,
+            _ => {}
+        }
+    }
+    true
+}
+
+#[test]
+fn help_texts_with_raw_quotes_or_backslashes_are_refused() {
+    assert!(help_is_escaped(
+        "Requests by rule (limits.x = \\\"wait\\\")."
+    ));
+    assert!(!help_is_escaped("Admitted after waiting (x = \"wait\")."));
+    assert!(!help_is_escaped("a \\q b"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_dashboard_reads_is_in_a_live_gateways_metrics() {
     let d = dashboard();
@@ -540,6 +562,14 @@ async fn every_metric_the_dashboard_reads_is_in_a_live_gateways_metrics() {
         "the dashboard reads what /metrics does not have:\n{}\n\n/metrics:\n{text}",
         found.join("\n")
     );
+    // OpenMetrics HELP text escapes `"` and `\\` (and has no line feed):
+    // strict parsers refuse anything else.
+    let bad_help: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# HELP "))
+        .filter(|h| !help_is_escaped(h))
+        .collect();
+    assert!(bad_help.is_empty(), "HELP texts not escaped: {bad_help:#?}");
     let used = names_used(&d);
     assert!(used.len() >= 60, "only {} names: {used:?}", used.len());
     assert!(text.contains("kvroute_kv_hits_total{rule=\"kv\""), "{text}");

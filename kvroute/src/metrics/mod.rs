@@ -561,7 +561,7 @@ fn encode_admission(
         (
             "kvroute_tokenize_admitted_after_wait",
             MetricType::Counter,
-            "Admitted only after waiting for room (tokenize_overload = \"wait\").",
+            "Admitted only after waiting for room (tokenize_overload set to wait).",
             s.admitted_after_wait,
         ),
         (
