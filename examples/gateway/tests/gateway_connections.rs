@@ -336,3 +336,70 @@ async fn a_client_that_stops_reading_is_dropped_after_the_write_stall_timeout() 
         "read {read} bytes: the stream was not cut"
     );
 }
+
+/// An HTTP/2 connection is closed (GOAWAY) once it has had no request in
+/// flight for `limits.header_read_timeout_ms`, as hyper closes an idle
+/// HTTP/1 keep-alive connection, and counted; a response streaming for
+/// longer than that timeout is not cut. Without it, connections that spoke
+/// once and sat idle held slots of the connection cap forever (keep-alive
+/// pings are answered by any live client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_closed_after_the_header_timeout() {
+    use axum::body::Body;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    // An engine stand-in streaming 5 chunks 400 ms apart (1.6 s in all).
+    let app = axum::Router::new().fallback(|| async {
+        let chunks =
+            futures_util::StreamExt::then(futures_util::stream::iter(0..5), |i| async move {
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                }
+                Ok::<_, std::io::Error>(bytes::Bytes::from(format!("data: {i}\n\n")))
+            });
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(chunks))
+            .unwrap()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let gw = Gateway::start(&config(upstream, "header_read_timeout_ms = 700"));
+    let stream = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let body = r#"{"model": "m", "prompt": "hello", "stream": true}"#;
+    let req = http::Request::post(format!("http://{}/v1/completions", gw.proxy))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&text).contains("data: 4"),
+        "a response streaming past the idle timeout is whole: {text:?}"
+    );
+    let idle_from = Instant::now();
+    assert!(!conn.is_finished(), "closed while a request was in flight");
+    tokio::time::timeout(WAIT, conn)
+        .await
+        .expect("the idle HTTP/2 connection is closed")
+        .unwrap()
+        .unwrap();
+    let idle = idle_from.elapsed();
+    println!("CONN idle HTTP/2 connection closed {idle:?} after its last response");
+    assert!(idle >= Duration::from_millis(600), "closed after {idle:?}");
+    assert_eq!(
+        metric(
+            &gw,
+            "kvroute_connections_idle_closed_total{listener=\"proxy\"}"
+        )
+        .await,
+        1
+    );
+}

@@ -48,3 +48,54 @@ async fn sigterm_lets_in_flight_streams_finish() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// Hosting the gateway in-process: once the grace period is over,
+/// `Running::shutdown` closes the connections still open (their tasks are
+/// aborted) instead of leaving them streaming after it returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_shutdown_closes_what_is_left_after_the_grace_period() {
+    let engine = Engine::start("both");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "{}{}{}",
+            config_head("[health]\ninterval_ms = 0\n[limits]\nshutdown_grace_ms = 300\n"),
+            kv_rule("kv", "converged"),
+            engine.endpoint_toml("both")
+        ),
+    )
+    .unwrap();
+    let config = kvroute_gateway::gateway::ServeConfig::load(&path).unwrap();
+    let running = kvroute_gateway::gateway::start(&config).await.unwrap();
+    // 20 000 tokens at 500 µs of modelled decode each: a stream of about 10 s.
+    let body = json!({"model": MODEL, "prompt": prompt("shutdown", 20), "max_tokens": 20000,
+                      "stream": true});
+    let mut resp = client()
+        .post(format!("http://{}/v1/completions", running.proxy))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.chunk().await.unwrap().is_some());
+    let asked = std::time::Instant::now();
+    running.shutdown().await;
+    let shut = asked.elapsed();
+    // The stream ends (cut) right after shutdown returned, not 10 s later.
+    let mut rest = String::new();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(3), async {
+        while let Ok(Some(c)) = resp.chunk().await {
+            rest.push_str(&String::from_utf8_lossy(&c));
+        }
+    })
+    .await;
+    println!("SHUTDOWN returned after {shut:?}");
+    assert!(
+        ended.is_ok(),
+        "the stream kept flowing after shutdown returned"
+    );
+    assert!(!rest.contains("[DONE]"), "the stream finished: not cut");
+    assert!(shut < std::time::Duration::from_secs(5), "{shut:?}");
+}

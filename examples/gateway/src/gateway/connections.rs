@@ -86,6 +86,9 @@ pub struct ConnectionMetrics {
     /// Closed because the client accepted no bytes of a response for the
     /// write-stall timeout (it stopped reading).
     pub write_stalls: AtomicU64,
+    /// HTTP/2 connections closed after the idle timeout with no request in
+    /// flight ([`super::idle`]).
+    pub idle_closed: AtomicU64,
 }
 
 /// The soft and hard `RLIMIT_NOFILE` of this process, from `/proc/self/limits`
@@ -259,6 +262,8 @@ pub struct PrefaceDeadline {
     write_stall: std::time::Duration,
     /// Since when writes have made no progress.
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Told when the HTTP/2 preface is complete.
+    activity: Option<super::idle::Activity>,
 }
 
 impl PrefaceDeadline {
@@ -276,7 +281,15 @@ impl PrefaceDeadline {
             metrics,
             write_stall: std::time::Duration::MAX,
             stalled: None,
+            activity: None,
         }
+    }
+
+    /// Marks `activity` as HTTP/2 once the client's preface is complete.
+    #[must_use]
+    pub fn with_activity(mut self, activity: super::idle::Activity) -> Self {
+        self.activity = Some(activity);
+        self
     }
 
     /// Fails writes that make no progress for `stall`.
@@ -323,6 +336,9 @@ impl PrefaceDeadline {
             self.seen += 1;
             if self.seen == H2_PREFACE.len() {
                 self.deadline = None;
+                if let Some(a) = &self.activity {
+                    a.mark_h2();
+                }
                 return;
             }
         }

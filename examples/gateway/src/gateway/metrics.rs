@@ -491,7 +491,7 @@ fn encode_connections(
     listeners: &[(&str, &super::connections::ConnectionMetrics)],
 ) -> std::fmt::Result {
     type Field = fn(&super::connections::ConnectionMetrics) -> &AtomicU64;
-    let families: [(&str, MetricType, &str, Field); 7] = [
+    let families: [(&str, MetricType, &str, Field); 8] = [
         (
             "kvroute_connections_open",
             MetricType::Gauge,
@@ -515,6 +515,12 @@ fn encode_connections(
             MetricType::Counter,
             "Connections closed because the client accepted no response bytes for the write-stall timeout (limits.upstream_idle_timeout_ms).",
             |m| &m.write_stalls,
+        ),
+        (
+            "kvroute_connections_idle_closed",
+            MetricType::Counter,
+            "HTTP/2 connections closed after limits.header_read_timeout_ms with no request in flight.",
+            |m| &m.idle_closed,
         ),
         (
             "kvroute_connections_shed",

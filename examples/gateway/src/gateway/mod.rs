@@ -16,6 +16,7 @@
 //! | [`pd`] | vLLM disaggregated two-step bodies |
 //! | [`admin`] | REST admin API + `/metrics` |
 //! | [`connections`] | first-byte deadline, connection cap, accept errors |
+//! | [`idle`] | idle HTTP/2 connections closed |
 //! | [`metrics`] | Prometheus exposition (the runtimes' families + the server's) |
 //! | [`observe`] | readiness, decision headers, sampled decision log |
 //!
@@ -34,6 +35,7 @@ pub mod connections;
 mod contract_hints;
 pub mod decisions;
 pub mod extensions;
+pub mod idle;
 pub mod metrics;
 pub mod observe;
 pub mod passthrough;
@@ -254,7 +256,9 @@ async fn serve(
     how: Listening,
     mut stop: watch::Receiver<bool>,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Connection tasks: drained at shutdown for the grace period, then
+    // aborted (dropping the set aborts what is left).
+    let mut open = tokio::task::JoinSet::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -274,6 +278,8 @@ async fn serve(
     let mut backoff = connections::AcceptBackoff::default();
     let mut errors = connections::AcceptErrorLog::default();
     loop {
+        // Finished tasks are reaped as connections arrive.
+        while open.try_join_next().is_some() {}
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.changed() => break,
@@ -306,15 +312,17 @@ async fn serve(
         };
         how.metrics.accepted.fetch_add(1, Ordering::Relaxed);
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        let activity = idle::Activity::default();
+        let service =
+            TowerToHyperService::new(idle::Tracked::new(router.clone(), activity.clone()));
         let builder = Arc::clone(&builder);
         let shed = how.admission.register_silent();
         let metrics = Arc::clone(&how.metrics);
-        let watcher = graceful.watcher();
         let mut stop = stop.clone();
         let deadline = accepted_at + how.first_byte_timeout;
         let write_stall = how.write_stall;
-        tokio::spawn(async move {
+        let idle_timeout = how.header_timeout;
+        open.spawn(async move {
             let _permit = permit;
             let _open = OpenGuard::new(&metrics);
             match connections::first_byte(&stream, shed, deadline, &mut stop).await {
@@ -326,21 +334,49 @@ async fn serve(
                 connections::Prelude::Closed => return,
             }
             let io = connections::PrefaceDeadline::new(stream, deadline, Arc::clone(&metrics))
-                .with_write_stall(write_stall);
+                .with_write_stall(write_stall)
+                .with_activity(activity.clone());
             let conn = builder
                 .serve_connection_with_upgrades(TokioIo::new(io), service)
                 .into_owned();
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            tokio::pin!(conn);
+            let idle = activity.idle_h2(idle_timeout);
+            tokio::pin!(idle);
+            // Closing (a GOAWAY, or HTTP/1's close after the current
+            // response) once the listener stops or an HTTP/2 connection idles.
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    r = conn.as_mut() => {
+                        if let Err(e) = r {
+                            tracing::debug!(error = %e, "connection ended with an error");
+                        }
+                        break;
+                    }
+                    _ = stop.wait_for(|stopped| *stopped), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    () = &mut idle, if !closing => {
+                        metrics.idle_closed.fetch_add(1, Ordering::Relaxed);
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                }
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(how.grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("shutdown grace period over; closing remaining connections");
+    let drained = tokio::time::timeout(how.grace, async {
+        while open.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            connections = open.len(),
+            "shutdown grace period over; closing remaining connections"
+        );
+        open.shutdown().await;
     }
 }
 

@@ -1,0 +1,175 @@
+//! Idle HTTP/2 connections. hyper closes an idle HTTP/1 keep-alive connection
+//! itself (its header timeout runs while it waits for the next request), but
+//! has no idle limit for HTTP/2, whose keep-alive pings a live client answers
+//! forever: connections that spoke once and then sat idle would hold slots of
+//! the connection cap, which sheds only silent ones, until none were left. So
+//! an HTTP/2 connection with no request in flight for the same timeout
+//! (`limits.header_read_timeout_ms`) gets a GOAWAY and is closed, counted in
+//! `kvroute_connections_idle_closed_total`.
+//!
+//! A request is in flight from the moment hyper hands it to the service until
+//! its response body has been sent or dropped ([`Tracked`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use http_body_util::BodyExt as _;
+use tokio::sync::Notify;
+
+/// Requests in flight on one connection, and its protocol once known.
+#[derive(Clone, Debug, Default)]
+pub struct Activity(Arc<Inner>);
+
+#[derive(Debug, Default)]
+struct Inner {
+    active: AtomicUsize,
+    /// Bumped whenever a request starts or ends.
+    epoch: AtomicU64,
+    changed: Notify,
+    h2: AtomicBool,
+}
+
+impl Activity {
+    /// The client sent the complete HTTP/2 preface.
+    pub fn mark_h2(&self) {
+        self.0.h2.store(true, Ordering::Release);
+        self.0.changed.notify_waiters();
+    }
+
+    /// A request starts; it ends when the guard drops.
+    #[must_use]
+    pub fn begin(&self) -> Active {
+        self.0.active.fetch_add(1, Ordering::AcqRel);
+        self.0.epoch.fetch_add(1, Ordering::AcqRel);
+        self.0.changed.notify_waiters();
+        Active(Arc::clone(&self.0))
+    }
+
+    /// Resolves once an HTTP/2 connection has had no request in flight for
+    /// `idle`; never for HTTP/1 (hyper's header timeout covers it).
+    pub async fn idle_h2(&self, idle: Duration) {
+        loop {
+            let changed = self.0.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the state is read: a change after the read
+            // wakes this wait.
+            changed.as_mut().enable();
+            if self.0.active.load(Ordering::Acquire) > 0 {
+                changed.await;
+                continue;
+            }
+            let epoch = self.0.epoch.load(Ordering::Acquire);
+            tokio::select! {
+                () = tokio::time::sleep(idle) => {
+                    if self.0.epoch.load(Ordering::Acquire) == epoch
+                        && self.0.h2.load(Ordering::Acquire)
+                    {
+                        return;
+                    }
+                    if !self.0.h2.load(Ordering::Acquire) {
+                        // HTTP/1 (or no preface yet): wait for the next change.
+                        changed.await;
+                    }
+                }
+                () = &mut changed => {}
+            }
+        }
+    }
+}
+
+/// One request in flight (see [`Activity::begin`]).
+#[derive(Debug)]
+pub struct Active(Arc<Inner>);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+        self.0.epoch.fetch_add(1, Ordering::AcqRel);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// A service whose requests count in an [`Activity`] until their response
+/// bodies end or are dropped.
+#[derive(Clone, Debug)]
+pub struct Tracked<S> {
+    inner: S,
+    activity: Activity,
+}
+
+impl<S> Tracked<S> {
+    /// Wraps `inner`, counting its requests in `activity`.
+    pub fn new(inner: S, activity: Activity) -> Self {
+        Self { inner, activity }
+    }
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Tracked<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let active = self.activity.begin();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let response = fut.await?;
+            // The guard lives in the body: dropped when hyper has sent the
+            // body's end, or gives the body up.
+            Ok(response.map(|body| {
+                Body::new(body.map_frame(move |frame| {
+                    let _in_flight = &active;
+                    frame
+                }))
+            }))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Real time, lower bounds only: a correct wait never resolves early.
+    #[tokio::test]
+    async fn an_idle_h2_connection_resolves_after_the_timeout_and_http1_never() {
+        let a = Activity::default();
+        let idle = Duration::from_millis(200);
+        // HTTP/1: never.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(600), a.idle_h2(idle))
+                .await
+                .is_err()
+        );
+        a.mark_h2();
+        let guard = a.begin();
+        let waiter = {
+            let a = a.clone();
+            tokio::spawn(async move { a.idle_h2(idle).await })
+        };
+        // A request in flight for three timeouts: not idle.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(!waiter.is_finished());
+        drop(guard);
+        // A request starting and ending inside the window restarts it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(a.begin());
+        let last_change = tokio::time::Instant::now();
+        waiter.await.unwrap();
+        assert!(last_change.elapsed() >= idle, "{:?}", last_change.elapsed());
+    }
+}
