@@ -297,6 +297,12 @@ impl ReplicaTransport for NatsReplicas {
     fn reconnects(&self) -> u64 {
         self.connects()
     }
+
+    /// The server's `max_payload` (from its `INFO`, kept current by the
+    /// client across reconnects): a larger message would be refused.
+    fn max_payload(&self) -> Option<usize> {
+        Some(self.client.max_payload())
+    }
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

@@ -475,3 +475,48 @@ async fn a_flood_beyond_the_receive_buffer_is_dropped_and_counted() {
     gate.open();
     assert_eq!(r.await.unwrap(), Some(200));
 }
+
+/// A NATS server that takes smaller messages than the replicas' own bound
+/// (`max_payload` 1 KiB here): a heartbeat carrying every endpoint's totals
+/// (about 4 KiB for 31 endpoints) is split to the server's limit, so every
+/// endpoint is announced and the client refuses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_are_split_to_the_servers_max_payload() {
+    let gate = Gate::new();
+    let engine = held_engine(&gate).await;
+    let nats = NatsServer::start_with_max_payload(1024);
+    let bus = async_nats::connect(nats.url()).await.unwrap();
+    let mut sub = bus.subscribe("kvroute.kv.load").await.unwrap();
+    bus.flush().await.unwrap();
+    // 30 endpoints nobody serves (health probes are off) and the engine.
+    let mut endpoints: Vec<SocketAddr> = (0..30)
+        .map(|_| SocketAddr::from(([127, 0, 0, 1], closed_port())))
+        .collect();
+    endpoints.push(engine.addr);
+    let gw = Gateway::start(&replica(&nats.url(), &endpoints, 60_000));
+    let mut announced = std::collections::BTreeSet::new();
+    let mut largest = 0;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while announced.len() < endpoints.len() {
+        let msg = tokio::time::timeout_at(deadline, futures_util::StreamExt::next(&mut sub))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} of {} endpoints announced",
+                    announced.len(),
+                    endpoints.len()
+                )
+            })
+            .unwrap();
+        largest = largest.max(msg.payload.len());
+        let batch: Value = serde_json::from_slice(&msg.payload).unwrap();
+        for e in batch["endpoints"].as_array().unwrap() {
+            announced.insert(e["url"].as_str().unwrap().to_owned());
+        }
+    }
+    println!("REPLICA every endpoint announced in messages of at most {largest} bytes");
+    assert!(largest <= 1024, "{largest}");
+    let c = admin_get(&gw, "/admin/counters").await["nats"].clone();
+    assert_eq!(c["publish_failed"], 0, "{c}");
+    assert!(c["published"].as_u64().unwrap() >= 4, "{c}");
+}

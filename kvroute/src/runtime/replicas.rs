@@ -56,7 +56,8 @@ pub struct ReplicaConfig {
     /// counted until one expires).
     pub max_origins: usize,
     /// Largest message sent or accepted (default 1 MiB; larger batches are
-    /// split, larger messages refused).
+    /// split, larger messages refused). Batches are also split to the
+    /// transport's own limit ([`ReplicaTransport::max_payload`]).
     pub max_message_bytes: usize,
     /// This router's origin id among the replicas (`None`, the default: an
     /// unpredictable one per router instance). Ids must differ between
@@ -152,6 +153,13 @@ pub trait ReplicaTransport: Send + Sync + fmt::Debug + 'static {
     /// endpoints, so the others resynchronise at once.
     fn reconnects(&self) -> u64 {
         0
+    }
+
+    /// The largest payload the transport can carry now (a NATS server's
+    /// `max_payload`), if it has one: batches are split to the smaller of
+    /// it and [`ReplicaConfig::max_message_bytes`].
+    fn max_payload(&self) -> Option<usize> {
+        None
     }
 }
 
@@ -294,6 +302,14 @@ pub(crate) fn new_origin() -> u64 {
     );
     h.write_u32(std::process::id());
     h.finish().max(1)
+}
+
+/// The largest message to send over `transport`: `configured`, lowered to
+/// what the transport carries.
+pub(crate) fn send_bound(configured: usize, transport: &dyn ReplicaTransport) -> usize {
+    transport
+        .max_payload()
+        .map_or(configured, |m| configured.min(m))
 }
 
 /// Splits `batch` into encoded messages of at most `max_bytes` each; also

@@ -10,8 +10,8 @@ use kvroute_select::{Applied, LoadDelta, RemoteConfig, RemoteLoad};
 use parking_lot::Mutex;
 
 use super::replicas::{
-    encode, new_origin, Counting, EndpointDelta, ReplicaBatch, ReplicaConfig, ReplicaCounters,
-    ReplicaError, ReplicaSubscription,
+    encode, new_origin, send_bound, Counting, EndpointDelta, ReplicaBatch, ReplicaConfig,
+    ReplicaCounters, ReplicaError, ReplicaSubscription,
 };
 use super::slots::slots_of;
 use super::view::RouterView;
@@ -160,7 +160,7 @@ impl ReplicaState {
                     tracker.resync();
                 }
                 if let Some(batch) = batch_of(&tracker, &urls, origin) {
-                    for msg in encode(&batch, max_bytes).0 {
+                    for msg in encode(&batch, send_bound(max_bytes, &*transport)).0 {
                         transport.publish(&pool, msg);
                     }
                 }
@@ -254,7 +254,8 @@ impl ReplicaState {
         };
         let batch = self.drain(shared, full);
         if let Some(batch) = &batch {
-            let (msgs, unsendable) = encode(batch, self.config.max_message_bytes);
+            let bound = send_bound(self.config.max_message_bytes, &*self.config.transport);
+            let (msgs, unsendable) = encode(batch, bound);
             let deltas = batch.endpoints.len() as u64 - unsendable;
             Counting::add(&self.counting.unsendable, unsendable);
             for msg in msgs {

@@ -832,6 +832,11 @@ impl NatsServer {
     /// messages up to 4 MiB, beyond the replicas' own 1 MiB bound, so a test
     /// can send an oversized one through it.
     pub fn start() -> Self {
+        Self::start_with_max_payload(4 << 20)
+    }
+
+    /// Starts one that refuses messages over `max_payload` bytes.
+    pub fn start_with_max_payload(max_payload: usize) -> Self {
         let bin = repo().join(".venv/bin/nats-server");
         assert!(
             bin.exists(),
@@ -844,7 +849,7 @@ impl NatsServer {
         let config = dir.join("nats.conf");
         std::fs::write(
             &config,
-            format!("host: 127.0.0.1\nport: {port}\nmax_payload: 4194304\n"),
+            format!("host: 127.0.0.1\nport: {port}\nmax_payload: {max_payload}\n"),
         )
         .unwrap();
         let mut s = Self {
