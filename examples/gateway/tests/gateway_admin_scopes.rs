@@ -63,6 +63,9 @@ async fn counters_of_a_recreated_rule_count_that_rule_only() {
         .await
         .unwrap();
     assert!(r.status().is_success());
+    // Deleted: its series leave /metrics.
+    let text = metrics_text(&gw).await;
+    assert!(!text.contains("rule=\"scoped\""), "{text}");
     assert_eq!(post_rule(&gw, &doc).await.0, 201);
     completions(&gw, 2).await;
     let c = counters(&gw, "scoped").await;
@@ -73,6 +76,12 @@ async fn counters_of_a_recreated_rule_count_that_rule_only() {
         "tiers count the same rule instance: {c}"
     );
     assert_eq!(c["tiers"]["fallback"], 2, "{c}");
+    // Created again: /metrics counts from zero, as a counter reset.
+    let text = metrics_text(&gw).await;
+    assert!(
+        text.contains("kvroute_decisions_total{rule=\"scoped\",tier=\"fallback\"} 2"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

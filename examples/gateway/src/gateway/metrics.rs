@@ -270,7 +270,7 @@ impl RuleCounters {
 /// One rule instance's decisions by tier, for `/admin/counters`: a rule
 /// deleted or replaced and created again starts from zero here, as the
 /// library's counters of its new runtime do (`/metrics` keeps counting per
-/// rule name, as Prometheus counters do).
+/// rule name across replacements, and forgets a deleted rule).
 #[derive(Debug, Default)]
 pub struct InstanceTiers([AtomicU64; TIERS.len()]);
 
@@ -402,6 +402,29 @@ impl GatewayMetrics {
             ))
         });
         Arc::clone(c)
+    }
+
+    /// The rule named `name` was deleted: its series leave `/metrics` (a
+    /// rule created again under the name starts from zero, a counter reset
+    /// Prometheus handles). Call it under the rule table's lock, so a rule
+    /// created under the same name meanwhile cannot lose its series.
+    pub fn forget_rule(&self, name: &str) {
+        if self.rules.write().remove(name).is_none() {
+            return;
+        }
+        let rule = LabelText(Arc::from(name));
+        for outcome in Outcome::ALL {
+            self.requests.remove(&RequestLabels {
+                rule: rule.clone(),
+                outcome,
+            });
+        }
+        for i in 0..TIERS.len() {
+            self.decisions.remove(&DecisionLabels {
+                rule: rule.clone(),
+                tier: Tier(i),
+            });
+        }
     }
 
     /// Counts one outcome of a request no rule took.
@@ -646,6 +669,26 @@ mod tests {
         assert!((sum - 5.003_07).abs() < 1e-9, "{sum}");
         assert!(text.contains("# HELP kvroute_requests Requests by rule and outcome.\n"));
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    /// A deleted rule's series leave the exposition; the other rules' stay.
+    #[test]
+    fn a_deleted_rule_leaves_the_exposition() {
+        let m = GatewayMetrics::default();
+        m.rule("gone").outcome(Outcome::Proxied);
+        m.rule("kept").outcome(Outcome::Proxied);
+        m.forget_rule("gone");
+        m.forget_rule("never-was");
+        let text = m.text();
+        assert!(!text.contains("rule=\"gone\""), "{text}");
+        assert!(
+            text.contains("kvroute_requests_total{rule=\"kept\",outcome=\"proxied\"} 1"),
+            "{text}"
+        );
+        // Created again: from zero.
+        assert_eq!(m.outcome_count("gone", Outcome::Proxied), 0);
+        m.rule("gone").outcome(Outcome::Proxied);
+        assert_eq!(m.outcome_count("gone", Outcome::Proxied), 1);
     }
 
     /// A rule replaced under the same name keeps counting where it was.

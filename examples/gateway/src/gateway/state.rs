@@ -270,7 +270,12 @@ impl Gateway {
 
     /// Removes a rule; `false` when it did not exist.
     pub fn delete_rule(&self, name: &str) -> bool {
-        self.rules.write().remove(name).is_some()
+        let mut rules = self.rules.write();
+        let existed = rules.remove(name).is_some();
+        if existed {
+            self.metrics.forget_rule(name);
+        }
+        existed
     }
 
     /// Drops every rule (their runtimes stop once their requests finish).
