@@ -157,6 +157,11 @@ fn token(pool: &str) -> String {
     out
 }
 
+/// The largest message sent before the server's first `INFO` says its
+/// `max_payload`: batches queued while the server is unreachable are split to
+/// this (a server refusing a larger message closes the connection).
+pub const PAYLOAD_BEFORE_INFO: usize = 64 << 10;
+
 impl NatsReplicas {
     /// Connects (on the current tokio runtime; the client keeps
     /// reconnecting for as long as it lives).
@@ -299,8 +304,14 @@ impl ReplicaTransport for NatsReplicas {
     }
 
     /// The server's `max_payload` (from its `INFO`, kept current by the
-    /// client across reconnects): a larger message would be refused.
+    /// client across reconnects): a larger message would be refused, and
+    /// the server would close the connection. Before the first `INFO` (the
+    /// server down at start) the client's figure is its own default, so
+    /// messages stay within [`PAYLOAD_BEFORE_INFO`] until the server has said.
     fn max_payload(&self) -> Option<usize> {
+        if self.connects() == 0 {
+            return Some(PAYLOAD_BEFORE_INFO);
+        }
         Some(self.client.max_payload())
     }
 }

@@ -403,3 +403,59 @@ async fn an_idle_http2_connection_is_closed_after_the_header_timeout() {
         1
     );
 }
+
+/// The HTTP/2 form of the write stall: a client that stops reading a
+/// streamed response grants no more window, so hyper holds the chunk it took
+/// and stops polling the body (no socket write waits, the upstream idle timer
+/// is never polled). The connection is closed after the write-stall timeout
+/// all the same, releasing the upstream request and the load charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_grants_no_window_is_dropped_after_the_write_stall_timeout() {
+    use axum::body::Body;
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let app = axum::Router::new().fallback(|| async {
+        let chunk = bytes::Bytes::from(vec![b'x'; 64 << 10]);
+        let chunks = futures_util::stream::iter(
+            (0..4096).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+        );
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(chunks))
+            .unwrap()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let gw = Gateway::start(&config(upstream, "upstream_idle_timeout_ms = 800"));
+    let stream = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let body = r#"{"model": "m", "prompt": "hello", "stream": true}"#;
+    let req = http::Request::post(format!("http://{}/v1/completions", gw.proxy))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    // The answer's head arrives; its body is never read, so its window is
+    // never given back.
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    eventually("the stall is counted and the charge released", || async {
+        let stalls = metric(
+            &gw,
+            "kvroute_connections_write_stalls_total{listener=\"proxy\"}",
+        )
+        .await;
+        let eps = endpoints(&gw).await;
+        (stalls == 1 && eps[0]["in_flight"] == 0).then_some(())
+    })
+    .await;
+    tokio::time::timeout(WAIT, conn)
+        .await
+        .expect("the stalled connection is closed")
+        .ok();
+    drop(resp);
+}

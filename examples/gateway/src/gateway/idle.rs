@@ -1,11 +1,22 @@
-//! Idle HTTP/2 connections. hyper closes an idle HTTP/1 keep-alive connection
-//! itself (its header timeout runs while it waits for the next request), but
-//! has no idle limit for HTTP/2, whose keep-alive pings a live client answers
-//! forever: connections that spoke once and then sat idle would hold slots of
-//! the connection cap, which sheds only silent ones, until none were left. So
-//! an HTTP/2 connection with no request in flight for the same timeout
-//! (`limits.header_read_timeout_ms`) gets a GOAWAY and is closed, counted in
-//! `kvroute_connections_idle_closed_total`.
+//! Idle and stalled connections.
+//!
+//! * **Idle HTTP/2.** hyper closes an idle HTTP/1 keep-alive connection
+//!   itself (its header timeout runs while it waits for the next request),
+//!   but has no idle limit for HTTP/2, whose keep-alive pings a live client
+//!   answers forever: connections that spoke once and then sat idle would
+//!   hold slots of the connection cap, which sheds only silent ones, until
+//!   none were left. So an HTTP/2 connection with no request in flight for
+//!   the same timeout (`limits.header_read_timeout_ms`) gets a GOAWAY and is
+//!   closed, counted in `kvroute_connections_idle_closed_total`.
+//! * **HTTP/2 flow-control stalls.** A client that stops reading a streamed
+//!   HTTP/2 response stops granting window: hyper then holds the chunk it
+//!   took and stops polling the body, no socket write waits (so the IO's
+//!   write-stall timer never starts) and the upstream idle timer, which
+//!   runs inside the body's poll, never fires. The response body here
+//!   remembers when it last handed hyper a chunk without being polled
+//!   since; a connection whose response has waited so for the write-stall
+//!   timeout (`limits.upstream_idle_timeout_ms`) is closed, which drops its
+//!   upstream request and load charge (`kvroute_connections_write_stalls_total`).
 //!
 //! A request is in flight from the moment hyper hands it to the service until
 //! its response body has been sent or dropped ([`Tracked`]).
@@ -18,20 +29,44 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use http_body_util::BodyExt as _;
 use tokio::sync::Notify;
 
 /// Requests in flight on one connection, and its protocol once known.
 #[derive(Clone, Debug, Default)]
 pub struct Activity(Arc<Inner>);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     active: AtomicUsize,
     /// Bumped whenever a request starts or ends.
     epoch: AtomicU64,
     changed: Notify,
     h2: AtomicBool,
+    /// Since when (µs after `origin`) a response body has handed out a
+    /// chunk and not been polled again; [`NOT_HELD`] when none has.
+    held_since_us: AtomicU64,
+    origin: tokio::time::Instant,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            active: AtomicUsize::new(0),
+            epoch: AtomicU64::new(0),
+            changed: Notify::new(),
+            h2: AtomicBool::new(false),
+            held_since_us: AtomicU64::new(NOT_HELD),
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
+const NOT_HELD: u64 = u64::MAX;
+
+impl Inner {
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(NOT_HELD - 1)
+    }
 }
 
 impl Activity {
@@ -82,12 +117,29 @@ impl Activity {
     }
 }
 
+impl Activity {
+    /// Resolves once a response body has held a chunk hyper took without
+    /// polling it again for `stall` (checked every quarter of it).
+    pub async fn stalled(&self, stall: Duration) {
+        let every = (stall / 4).max(Duration::from_millis(10));
+        let stall_us = u64::try_from(stall.as_micros()).unwrap_or(NOT_HELD);
+        loop {
+            tokio::time::sleep(every).await;
+            let since = self.0.held_since_us.load(Ordering::Acquire);
+            if since != NOT_HELD && self.0.now_us().saturating_sub(since) >= stall_us {
+                return;
+            }
+        }
+    }
+}
+
 /// One request in flight (see [`Activity::begin`]).
 #[derive(Debug)]
 pub struct Active(Arc<Inner>);
 
 impl Drop for Active {
     fn drop(&mut self) {
+        self.0.held_since_us.store(NOT_HELD, Ordering::Release);
         self.0.active.fetch_sub(1, Ordering::AcqRel);
         self.0.epoch.fetch_add(1, Ordering::AcqRel);
         self.0.changed.notify_waiters();
@@ -130,13 +182,42 @@ where
             let response = fut.await?;
             // The guard lives in the body: dropped when hyper has sent the
             // body's end, or gives the body up.
-            Ok(response.map(|body| {
-                Body::new(body.map_frame(move |frame| {
-                    let _in_flight = &active;
-                    frame
-                }))
-            }))
+            Ok(response.map(|body| Body::new(InFlight { body, active })))
         })
+    }
+}
+
+/// A response body in flight: keeps its request counted and notes when it
+/// hands out a chunk and is not polled again (see the module docs).
+struct InFlight {
+    body: Body,
+    active: Active,
+}
+
+impl hyper::body::Body for InFlight {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let inner = &self.active.0;
+        inner.held_since_us.store(NOT_HELD, Ordering::Release);
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            let inner = &self.active.0;
+            inner.held_since_us.store(inner.now_us(), Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -278,11 +278,12 @@ async fn serve(
     let mut backoff = connections::AcceptBackoff::default();
     let mut errors = connections::AcceptErrorLog::default();
     loop {
-        // Finished tasks are reaped as connections arrive.
-        while open.try_join_next().is_some() {}
+        // Finished connection tasks are reaped as they end, so a burst of
+        // closed connections frees its task memory at once.
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.changed() => break,
+            Some(_) = open.join_next(), if !open.is_empty() => continue,
         };
         let stream = match accepted {
             Ok((s, _)) => {
@@ -342,6 +343,8 @@ async fn serve(
             tokio::pin!(conn);
             let idle = activity.idle_h2(idle_timeout);
             tokio::pin!(idle);
+            let stalled = activity.stalled(write_stall);
+            tokio::pin!(stalled);
             // Closing (a GOAWAY, or HTTP/1's close after the current
             // response) once the listener stops or an HTTP/2 connection idles.
             let mut closing = false;
@@ -361,6 +364,13 @@ async fn serve(
                         metrics.idle_closed.fetch_add(1, Ordering::Relaxed);
                         conn.as_mut().graceful_shutdown();
                         closing = true;
+                    }
+                    // Dropping the connection cancels its requests: their
+                    // upstream requests and load charges end.
+                    () = &mut stalled => {
+                        metrics.write_stalls.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!("client took no response bytes for the write-stall timeout; connection closed");
+                        break;
                     }
                 }
             }
