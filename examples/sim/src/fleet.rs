@@ -36,7 +36,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvroute::engine::Engine;
@@ -52,6 +52,7 @@ use rand::{Rng, SeedableRng};
 
 use super::bounds::ratio;
 pub use super::bounds::{ideal_hit_ratio, pooled_hit_ratio};
+use super::peers::ActiveSequences;
 use super::policy::{PolicySpec, Tuning, SIM_CONTRACT};
 use super::report::{
     EventReport, LoadReport, PolicyReport, PolicySamples, ReplicaSyncReport, RoutingReport, Summary,
@@ -167,6 +168,7 @@ fn router(
     cfg: &FleetConfig,
     k: usize,
     clock: &Arc<ManualClock>,
+    active: &Arc<Mutex<ActiveSequences>>,
 ) -> Result<KvRouter, FleetError> {
     let n = cfg.workers.max(1);
     let block_size = cfg.worker.block_size.max(1);
@@ -179,7 +181,7 @@ fn router(
         },
     });
     let mut b = policy
-        .router(SIM_CONTRACT, n, block_size, seed, cfg.tuning)
+        .router(SIM_CONTRACT, n, block_size, seed, cfg.tuning, active)
         .clock(Arc::clone(clock) as Arc<dyn kvroute::Clock>)
         .index(IndexConfig {
             capacity_per_endpoint: IndexConfig::default()
@@ -230,8 +232,9 @@ pub fn simulate(
     let policy = policy.into();
     let n = cfg.workers.max(1);
     let clock = Arc::new(ManualClock::default());
+    let active = Arc::new(Mutex::new(ActiveSequences::new(n)));
     let replicas = (0..cfg.replicas.max(1))
-        .map(|k| router(&policy, cfg, k, &clock))
+        .map(|k| router(&policy, cfg, k, &clock, &active))
         .collect::<Result<Vec<_>, FleetError>>()?;
     let requests = workload.len();
     let mut sim = Sim {
@@ -240,6 +243,7 @@ pub fn simulate(
         workload,
         policy,
         clock,
+        active,
         replicas,
         workers: (0..n).map(|_| Worker::new(cfg.worker)).collect(),
         picks: (0..requests).map(|_| None).collect(),
@@ -281,6 +285,10 @@ struct Sim<'a> {
     workload: &'a Workload,
     policy: PolicySpec,
     clock: Arc<ManualClock>,
+    /// Dynamo's router-side blocks in flight (`dynamo-cost` stages its picks
+    /// there; the loop commits them to their requests and frees them at the
+    /// end), one record for every replica.
+    active: Arc<Mutex<ActiveSequences>>,
     /// One router per gateway replica.
     replicas: Vec<KvRouter>,
     workers: Vec<Worker<u32>>,
@@ -485,9 +493,16 @@ impl Sim<'_> {
         if let Some(p) = self.picks.get_mut(r) {
             *p = None;
         }
+        self.active_sequences().free(r as u64);
         self.share(self.replica_index(r), t);
         self.last_finish = self.last_finish.max(t);
         self.after_step(w, t);
+    }
+
+    fn active_sequences(&self) -> std::sync::MutexGuard<'_, ActiveSequences> {
+        self.active
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The replica the front end sent request `r` to (recorded at routing).
@@ -602,11 +617,13 @@ impl Sim<'_> {
         };
         let turn = self.turns.get(r).copied().unwrap_or(Turn::NONE);
         let Ok(pick) = rep.pick_keys_in_turn(&self.keys, req.input_tokens, turn) else {
+            self.active_sequences().discard();
             self.rejected += 1;
             return false;
         };
         let decision = pick.decision();
         let Some(target) = decision.target() else {
+            self.active_sequences().discard();
             self.rejected += 1;
             return false;
         };
@@ -636,9 +653,11 @@ impl Sim<'_> {
             .get_mut(w)
             .is_some_and(|worker| worker.submit(t, tag, &spec).is_ok());
         if !submitted {
+            self.active_sequences().discard();
             self.rejected += 1;
             return false;
         }
+        self.active_sequences().commit(r as u64);
         if let Some(p) = self.picks.get_mut(r) {
             *p = Some(pick);
         }

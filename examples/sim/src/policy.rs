@@ -21,7 +21,7 @@
 //! The peers' policies are scorers of a real rule ([`super::peers::PeerScorer`]),
 //! without predicted entries (the peers have none).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kvroute::{KvRouter, KvRouterBuilder};
 use kvroute_select::{
@@ -29,7 +29,7 @@ use kvroute_select::{
     OverlapCountScorer, PredictedConfig, ScorerRef, SelectorKind, Thresholds,
 };
 
-use super::peers::PeerScorer;
+use super::peers::{ActiveSequences, PeerScorer};
 
 /// One compared policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -178,7 +178,9 @@ impl Policy {
     }
 
     /// The router for a fleet of `workers` workers (endpoints are added by
-    /// the caller), its keys named `contract`.
+    /// the caller), its keys named `contract`. `active` is Dynamo's record of
+    /// the blocks in flight (read by `dynamo-cost` only), which the host feeds
+    /// ([`ActiveSequences`]).
     pub fn router(
         self,
         contract: &str,
@@ -186,6 +188,7 @@ impl Policy {
         block_size: u32,
         seed: u64,
         t: Tuning,
+        active: &Arc<Mutex<ActiveSequences>>,
     ) -> KvRouterBuilder {
         let thresholds = Thresholds {
             chwbl_load_factor: t.chwbl_factor,
@@ -215,7 +218,7 @@ impl Policy {
             }
             Policy::DynamoCost | Policy::SmgCacheAware | Policy::LlmdWeighted => {
                 let scorer: ScorerRef = Arc::new(match self {
-                    Policy::DynamoCost => PeerScorer::dynamo(workers, seed),
+                    Policy::DynamoCost => PeerScorer::dynamo(workers, seed, Arc::clone(active)),
                     Policy::SmgCacheAware => PeerScorer::smg(workers, seed),
                     _ => PeerScorer::llmd(workers, seed),
                 });
@@ -303,9 +306,10 @@ impl PolicySpec {
         block_size: u32,
         seed: u64,
         t: Tuning,
+        active: &Arc<Mutex<ActiveSequences>>,
     ) -> KvRouterBuilder {
         match self {
-            Self::Builtin(p) => p.router(contract, workers, block_size, seed, t),
+            Self::Builtin(p) => p.router(contract, workers, block_size, seed, t, active),
             Self::Custom { name, scorer } => KvRouter::builder_for_keys(contract, block_size)
                 .name(name.clone())
                 .seed(seed)

@@ -24,8 +24,10 @@
 //!
 //! * **Dynamo** tracks, in the router, the blocks of the requests it has in
 //!   flight and dedups the request's blocks against them (`new_blocks`); here
-//!   that is [`WorkerView::active_prefix_blocks`] (0 when the host does not
-//!   know it, which charges all the prompt's blocks). Host/disk/shared-cache
+//!   that is [`ActiveSequences`], which the simulator feeds as Dynamo's router
+//!   does (a request's prompt blocks from its decision to its end, shared
+//!   blocks once, no generated blocks), shared by all replicas at once (its
+//!   `router_replica_sync` on, and lossless). Host/disk/shared-cache
 //!   tiers, the router-side queue (`router_queue_threshold`) and per-request
 //!   overrides are left out: the simulated fleet has one device tier and no
 //!   router queue.
@@ -42,28 +44,32 @@
 //!   bound, as SMG's does).
 //! * **Engine gauges** (waiting requests, KV usage and capacity) reach the
 //!   peers as their scrapers read them: every `--peer-poll-ms` (50 ms, llm-d
-//!   endpoint picker's default and minimum `--refresh-metrics-interval`), so
+//!   endpoint picker's default `--refresh-metrics-interval`), so
 //!   between two scrapes a queue looks unchanged — llm-d's queue scorer then
 //!   sends every fresh prompt of a burst to the same engine, as it would
 //!   live. `--peer-poll-ms 0` gives them every engine's gauges exactly at
 //!   each decision, including what other replicas placed at that instant,
 //!   which no scrape can see. The router-side counts (Dynamo's queued
-//!   prefill, SGLang's in-flight requests) come from the replica's own load
-//!   tracker, shared between replicas as kvroute's is.
+//!   prefill and active blocks, SGLang's in-flight requests) are shared
+//!   between replicas as kvroute's are, which favours the peers: by default
+//!   Dynamo's routers do not share theirs (`router_replica_sync` off) and
+//!   each SMG gateway counts only what it sent.
 
+mod active;
 mod dynamo;
 mod llmd;
 mod smg;
 #[cfg(test)]
 mod tests;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kvroute_core::BlockKey;
 use kvroute_select::{Candidate, ScoreInput, ScorePick, Scorer};
 use rand::rngs::StdRng;
 use rand::Rng;
 
+pub use active::ActiveSequences;
 pub use dynamo::{softmax_probabilities, DynamoCost};
 pub use llmd::LlmdWeighted;
 pub use smg::{SmgCacheAware, CHARS_PER_TOKEN, SMG_MAX_TREE_CHARS};
@@ -84,7 +90,7 @@ pub struct WorkerView {
     pub waiting: u32,
     /// Prompt tokens admitted but not yet prefilled.
     pub queued_prefill_tokens: u64,
-    /// KV blocks held by the worker's running requests.
+    /// KV blocks held by the worker's requests in flight.
     pub active_blocks: u64,
     /// KV-cache usage, 0..=1.
     pub kv_usage: f64,
@@ -117,14 +123,18 @@ pub(crate) trait PeerPolicy: Send + std::fmt::Debug {
 /// A peer's policy as a kvroute scorer: each decision builds the eligible
 /// workers' [`WorkerView`]s from the rule's candidates and asks the policy.
 ///
-/// The view's `waiting`, `kv_usage`, `active_blocks` and `capacity_blocks`
-/// come from the engine's report on the candidate ([`Candidate::report`]);
-/// without one they read 0. Predicted entries are not credited (the peers
-/// have none): `prefix_blocks` is the engine-reported prefix.
+/// The view's `waiting`, `kv_usage` and `capacity_blocks` come from the
+/// engine's report on the candidate ([`Candidate::report`]); without one they
+/// read 0. `active_blocks` and `active_prefix_blocks` come from Dynamo's
+/// [`ActiveSequences`] for `dynamo-cost`, else `active_blocks` is the
+/// report's KV usage in blocks. Predicted entries are not credited (the
+/// peers have none): `prefix_blocks` is the engine-reported prefix.
 #[derive(Debug)]
 pub struct PeerScorer {
     name: &'static str,
     state: Mutex<PeerState>,
+    /// Dynamo's router-side active blocks, fed by the host.
+    active: Option<Arc<Mutex<ActiveSequences>>>,
 }
 
 #[derive(Debug)]
@@ -135,10 +145,15 @@ struct PeerState {
 }
 
 impl PeerScorer {
-    /// NVIDIA Dynamo's cost function with its defaults.
+    /// NVIDIA Dynamo's cost function with its defaults, its active blocks
+    /// read from `active`: each pick is staged there, and the host commits
+    /// it to its request and frees it when the request ends
+    /// ([`ActiveSequences`]).
     #[must_use]
-    pub fn dynamo(workers: usize, seed: u64) -> Self {
-        Self::new(Box::new(DynamoCost::new(workers, seed)))
+    pub fn dynamo(workers: usize, seed: u64, active: Arc<Mutex<ActiveSequences>>) -> Self {
+        let mut s = Self::new(Box::new(DynamoCost::new(workers, seed)));
+        s.active = Some(active);
+        s
     }
 
     /// SGLang Model Gateway's `cache_aware` with its defaults.
@@ -161,6 +176,7 @@ impl PeerScorer {
                 views: Vec::new(),
                 index: Vec::new(),
             }),
+            active: None,
         }
     }
 }
@@ -205,8 +221,17 @@ impl Scorer for PeerScorer {
         } = &mut *guard;
         views.clear();
         index.clear();
+        let mut active = self
+            .active
+            .as_ref()
+            .map(|a| a.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         for c in input.candidates() {
-            views.push(view_of(&c));
+            let mut v = view_of(&c);
+            if let Some(a) = active.as_deref() {
+                v.active_blocks = a.active_blocks(c.index);
+                v.active_prefix_blocks = a.active_prefix(c.index, input.keys());
+            }
+            views.push(v);
             index.push(c.index);
         }
         if views.is_empty() {
@@ -220,8 +245,12 @@ impl Scorer for PeerScorer {
         #[allow(clippy::cast_possible_truncation)]
         let now_us = input.now.as_micros() as u64;
         let w = policy.pick(&req, views, now_us).min(views.len() - 1);
+        let chosen = index.get(w).copied().unwrap_or(0);
+        if let Some(a) = active.as_deref_mut() {
+            a.stage(chosen, input.keys());
+        }
         ScorePick::Winner {
-            index: index.get(w).copied().unwrap_or(0),
+            index: chosen,
             predicted_blocks: views.get(w).map_or(0, |v| v.prefix_blocks),
             diverted: false,
         }

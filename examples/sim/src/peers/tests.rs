@@ -554,3 +554,52 @@ fn names_are_the_report_names() {
     assert_eq!(SmgCacheAware::new(1, 0).name(), "smg-cache-aware");
     assert_eq!(LlmdWeighted::new(1, 0).name(), "llmd-weighted");
 }
+
+/// Through a real rule: a worker whose request in flight holds the whole
+/// prompt (cached there too) wins over an idle worker with nothing cached —
+/// its blocks are already active, so the request adds none — and the pick is
+/// staged for the host to commit. Charging the prompt's blocks again (no
+/// dedup) ties the two.
+#[test]
+fn the_dynamo_scorer_dedups_against_its_active_sequences_and_stages_picks() {
+    use kvroute_select::{
+        AlwaysAvailable, ContractId, Endpoint, KeySetInventory, LoadTable, PromptInput, Request,
+        Role, Rule, RuleConfig, Topology,
+    };
+    use std::time::Duration;
+    let k = prompt(1, 8);
+    let contract = ContractId::new("sim/bs16");
+    let endpoints = (0..2)
+        .map(|i| Endpoint::new(format!("10.0.0.{i}:8000"), Role::Both).with_inventory_slot(i))
+        .collect();
+    let active = Arc::new(Mutex::new(ActiveSequences::new(2)));
+    let mut cfg = RuleConfig::kv_exact("d", Topology::Converged, endpoints, 16, contract.clone());
+    cfg.scorer = Arc::new(PeerScorer::dynamo(2, 7, Arc::clone(&active)));
+    cfg.predicted.capacity = 0;
+    let rule = Rule::new(cfg, None).unwrap();
+    let mut inv = KeySetInventory::new(2);
+    inv.store(0, k.iter().copied());
+    // Worker 0 runs a request of the same prompt.
+    active.lock().unwrap().stage(0, &k);
+    assert!(active.lock().unwrap().commit(1));
+    let load = LoadTable::new(2);
+    for round in 0..20 {
+        let r = Request::new(PromptInput::Keys {
+            keys: &k,
+            contract: &contract,
+            prompt_tokens: 8 * 16,
+        });
+        let d = rule.decide(&r, &inv, &load, &AlwaysAvailable, Duration::ZERO);
+        assert_eq!(
+            d.target().map(|t| t.endpoint.index()),
+            Some(0),
+            "round {round}"
+        );
+        // Staged, not counted until committed.
+        assert_eq!(active.lock().unwrap().active_blocks(0), 8);
+        active.lock().unwrap().discard();
+    }
+    // Freed: nothing active; the same decision staged and committed counts.
+    active.lock().unwrap().free(1);
+    assert_eq!(active.lock().unwrap().active_blocks(0), 0);
+}
