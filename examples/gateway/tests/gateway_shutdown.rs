@@ -99,3 +99,76 @@ async fn in_process_shutdown_closes_what_is_left_after_the_grace_period() {
     assert!(!rest.contains("[DONE]"), "the stream finished: not cut");
     assert!(shut < std::time::Duration::from_secs(5), "{shut:?}");
 }
+
+/// While the proxy drains, the admin API stays up: `/readyz` answers 503
+/// with `draining` (a load balancer stops sending), `/metrics` is still
+/// scraped; the admin listener stops once the proxy's requests are done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_reports_draining_while_the_proxy_drains() {
+    let engine = Engine::start("both");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "{}{}{}",
+            config_head("[health]\ninterval_ms = 0\n[limits]\nshutdown_grace_ms = 30000\n"),
+            kv_rule("kv", "converged"),
+            engine.endpoint_toml("both")
+        ),
+    )
+    .unwrap();
+    let config = kvroute_gateway::gateway::ServeConfig::load(&path).unwrap();
+    let running = kvroute_gateway::gateway::start(&config).await.unwrap();
+    let admin = format!("http://{}", running.admin);
+    let ready = client()
+        .get(format!("{admin}/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    // 12 000 tokens at 500 µs each: a stream of about 6 s.
+    let body = json!({"model": MODEL, "prompt": prompt("drain", 20), "max_tokens": 12000,
+                      "stream": true});
+    let mut resp = client()
+        .post(format!("http://{}/v1/completions", running.proxy))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.chunk().await.unwrap().is_some());
+    let shutdown = tokio::spawn(running.shutdown());
+    let readyz = eventually("/readyz says draining", || async {
+        let r = client().get(format!("{admin}/readyz")).send().await.ok()?;
+        let status = r.status().as_u16();
+        let v: serde_json::Value = r.json().await.ok()?;
+        (status == 503 && v["draining"] == true).then_some(v)
+    })
+    .await;
+    assert_eq!(readyz["ready"], false, "{readyz}");
+    let metrics = client()
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 200);
+    assert!(!shutdown.is_finished(), "shut down with a stream in flight");
+    let mut rest = String::new();
+    while let Some(c) = resp.chunk().await.unwrap() {
+        rest.push_str(&String::from_utf8_lossy(&c));
+    }
+    assert!(
+        rest.trim_end().ends_with("data: [DONE]"),
+        "the stream finished"
+    );
+    tokio::time::timeout(WAIT, shutdown).await.unwrap().unwrap();
+    assert!(
+        client()
+            .get(format!("{admin}/readyz"))
+            .send()
+            .await
+            .is_err(),
+        "the admin listener stopped after the drain"
+    );
+}

@@ -13,7 +13,7 @@
 //! | GET | `/admin/decisions/{id}` | why decision `id` (a response's `x-kvroute-decision-id`) went where it did |
 //! | GET | `/metrics` | Prometheus (no token needed: loopback scrape) |
 //! | GET | `/healthz` | liveness: 200 while the process serves (no token) |
-//! | GET | `/readyz` | readiness: 200 once every tokenizer loaded, else 503; per rule its live subscribers and verified contracts (no token) |
+//! | GET | `/readyz` | readiness: 200 once every tokenizer loaded, 503 before and while shutting down; per rule its live subscribers and verified contracts (no token) |
 //!
 //! `docs/admin.md` is the reference with example outputs.
 //! A posted rule starts its runtime at once (event followers keep retrying
@@ -151,10 +151,12 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     // `routing`: the proxy has stopped answering 503 not_ready (every load
     // finished); `ready` also needs every load to have succeeded.
     let routing = gw.observe.is_ready();
-    let ready = routing && all_loaded;
+    let draining = gw.observe.is_draining();
+    let ready = routing && all_loaded && !draining;
     let body = json!({
         "ready": ready,
         "routing": routing,
+        "draining": draining,
         "tokenizers": tokenizers,
         "requests_refused_before_ready": gw.observe.refused_not_ready(),
         "rules": rules,

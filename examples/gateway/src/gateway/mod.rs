@@ -78,18 +78,25 @@ pub struct Running {
     pub admin: SocketAddr,
     /// The shared state.
     pub gateway: Arc<Gateway>,
-    shutdown: watch::Sender<bool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Stops the proxy listener, then the admin listener.
+    stop: [watch::Sender<bool>; 2],
+    /// The proxy's and the admin's serving tasks.
+    tasks: [tokio::task::JoinHandle<()>; 2],
 }
 
 impl Running {
-    /// Stops accepting, lets in-flight requests finish (up to the grace period),
-    /// then stops subscribers and probes.
+    /// Stops accepting proxy connections and lets in-flight requests finish
+    /// (up to the grace period) while the admin API stays up, `/readyz`
+    /// answering 503 `draining` and `/metrics` still scraped; then stops the
+    /// admin listener, subscribers and probes.
     pub async fn shutdown(self) {
-        let _ = self.shutdown.send(true);
-        for t in self.tasks {
-            let _ = t.await;
-        }
+        self.gateway.observe.set_draining();
+        let [proxy_stop, admin_stop] = self.stop;
+        let [proxy, admin] = self.tasks;
+        let _ = proxy_stop.send(true);
+        let _ = proxy.await;
+        let _ = admin_stop.send(true);
+        let _ = admin.await;
         self.gateway.stop_all();
     }
 }
@@ -133,7 +140,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
         .fallback(proxy::handle)
         .with_state(Arc::clone(&gateway));
     let admin_router = admin::router(Arc::clone(&gateway));
-    let (shutdown, _) = watch::channel(false);
+    let stop = [watch::channel(false).0, watch::channel(false).0];
     let limits = &config.limits;
     anyhow::ensure!(
         limits.max_connections > 0 && limits.first_byte_timeout_ms > 0,
@@ -151,12 +158,12 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
         write_stall: limits.upstream_idle_timeout(),
         grace: Duration::from_millis(limits.shutdown_grace_ms),
     };
-    let tasks = vec![
+    let tasks = [
         tokio::spawn(serve(
             proxy_listener,
             proxy_router,
             listener(proxy_cap, &gateway.metrics.proxy_connections),
-            shutdown.subscribe(),
+            stop[0].subscribe(),
         )),
         tokio::spawn(serve(
             admin_listener,
@@ -165,7 +172,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
                 connections::ADMIN_MAX_CONNECTIONS,
                 &gateway.metrics.admin_connections,
             ),
-            shutdown.subscribe(),
+            stop[1].subscribe(),
         )),
     ];
     tracing::info!(%proxy, %admin, rules = gateway.rules_snapshot().len(),
@@ -183,7 +190,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<Running> {
         proxy,
         admin,
         gateway,
-        shutdown,
+        stop,
         tasks,
     })
 }

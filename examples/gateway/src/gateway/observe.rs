@@ -64,6 +64,8 @@ pub struct Observe {
     seen: AtomicU64,
     tokenizers: Mutex<BTreeMap<String, TokenizerState>>,
     ready: AtomicBool,
+    /// Shutting down: the proxy listener no longer accepts.
+    draining: AtomicBool,
     refused_not_ready: AtomicU64,
     admin: OnceLock<SocketAddr>,
 }
@@ -83,6 +85,7 @@ impl Observe {
                     .collect(),
             ),
             ready: AtomicBool::new(models.is_empty()),
+            draining: AtomicBool::new(false),
             refused_not_ready: AtomicU64::new(0),
             admin: OnceLock::new(),
         }
@@ -138,6 +141,18 @@ impl Observe {
     #[must_use]
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// The gateway is shutting down: `/readyz` says `draining` (503) while
+    /// the proxy's requests finish.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether the gateway is shutting down.
+    #[must_use]
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 
     /// Each staged tokenizer's state.
