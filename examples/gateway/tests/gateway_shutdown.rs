@@ -49,29 +49,35 @@ async fn sigterm_lets_in_flight_streams_finish() {
     assert!(status.success(), "{status:?}");
 }
 
-/// Hosting the gateway in-process: once the grace period is over,
-/// `Running::shutdown` closes the connections still open (their tasks are
-/// aborted) instead of leaving them streaming after it returned.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_process_shutdown_closes_what_is_left_after_the_grace_period() {
-    let engine = Engine::start("both");
+/// A gateway started in this process (`gateway::start`, as a host embedding
+/// it would) in front of `engine`, with a shutdown grace of `grace_ms`.
+async fn in_process(engine: &Engine, grace_ms: u64) -> kvroute_gateway::gateway::Running {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("serve.toml");
     std::fs::write(
         &path,
         format!(
             "{}{}{}",
-            config_head("[health]\ninterval_ms = 0\n[limits]\nshutdown_grace_ms = 300\n"),
+            config_head(&format!(
+                "[health]\ninterval_ms = 0\n[limits]\nshutdown_grace_ms = {grace_ms}\n"
+            )),
             kv_rule("kv", "converged"),
             engine.endpoint_toml("both")
         ),
     )
     .unwrap();
     let config = kvroute_gateway::gateway::ServeConfig::load(&path).unwrap();
-    let running = kvroute_gateway::gateway::start(&config).await.unwrap();
-    // 20 000 tokens at 500 µs of modelled decode each: a stream of about 10 s.
-    let body = json!({"model": MODEL, "prompt": prompt("shutdown", 20), "max_tokens": 20000,
-                      "stream": true});
+    kvroute_gateway::gateway::start(&config).await.unwrap()
+}
+
+/// A streamed completion of `max_tokens` tokens through `running`'s proxy,
+/// its first chunk read.
+async fn stream_started(
+    running: &kvroute_gateway::gateway::Running,
+    max_tokens: u32,
+) -> reqwest::Response {
+    let body = json!({"model": MODEL, "prompt": prompt("shutdown", 20),
+                      "max_tokens": max_tokens, "stream": true});
     let mut resp = client()
         .post(format!("http://{}/v1/completions", running.proxy))
         .json(&body)
@@ -80,6 +86,18 @@ async fn in_process_shutdown_closes_what_is_left_after_the_grace_period() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert!(resp.chunk().await.unwrap().is_some());
+    resp
+}
+
+/// Hosting the gateway in-process: once the grace period is over,
+/// `Running::shutdown` closes the connections still open (their tasks are
+/// aborted) instead of leaving them streaming after it returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_shutdown_closes_what_is_left_after_the_grace_period() {
+    let engine = Engine::start("both");
+    let running = in_process(&engine, 300).await;
+    // 20 000 tokens at 500 µs of modelled decode each: a stream of about 10 s.
+    let mut resp = stream_started(&running, 20_000).await;
     let asked = std::time::Instant::now();
     running.shutdown().await;
     let shut = asked.elapsed();
@@ -106,53 +124,22 @@ async fn in_process_shutdown_closes_what_is_left_after_the_grace_period() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_reports_draining_while_the_proxy_drains() {
     let engine = Engine::start("both");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("serve.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "{}{}{}",
-            config_head("[health]\ninterval_ms = 0\n[limits]\nshutdown_grace_ms = 30000\n"),
-            kv_rule("kv", "converged"),
-            engine.endpoint_toml("both")
-        ),
-    )
-    .unwrap();
-    let config = kvroute_gateway::gateway::ServeConfig::load(&path).unwrap();
-    let running = kvroute_gateway::gateway::start(&config).await.unwrap();
+    let running = in_process(&engine, 30_000).await;
     let admin = format!("http://{}", running.admin);
-    let ready = client()
-        .get(format!("{admin}/readyz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 200);
+    let get = |path: &str| client().get(format!("{admin}{path}")).send();
+    assert_eq!(get("/readyz").await.unwrap().status(), 200);
     // 12 000 tokens at 500 µs each: a stream of about 6 s.
-    let body = json!({"model": MODEL, "prompt": prompt("drain", 20), "max_tokens": 12000,
-                      "stream": true});
-    let mut resp = client()
-        .post(format!("http://{}/v1/completions", running.proxy))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    assert!(resp.chunk().await.unwrap().is_some());
+    let mut resp = stream_started(&running, 12_000).await;
     let shutdown = tokio::spawn(running.shutdown());
     let readyz = eventually("/readyz says draining", || async {
-        let r = client().get(format!("{admin}/readyz")).send().await.ok()?;
+        let r = get("/readyz").await.ok()?;
         let status = r.status().as_u16();
         let v: serde_json::Value = r.json().await.ok()?;
         (status == 503 && v["draining"] == true).then_some(v)
     })
     .await;
     assert_eq!(readyz["ready"], false, "{readyz}");
-    let metrics = client()
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(metrics.status(), 200);
+    assert_eq!(get("/metrics").await.unwrap().status(), 200);
     assert!(!shutdown.is_finished(), "shut down with a stream in flight");
     let mut rest = String::new();
     while let Some(c) = resp.chunk().await.unwrap() {
@@ -164,11 +151,7 @@ async fn the_admin_api_reports_draining_while_the_proxy_drains() {
     );
     tokio::time::timeout(WAIT, shutdown).await.unwrap().unwrap();
     assert!(
-        client()
-            .get(format!("{admin}/readyz"))
-            .send()
-            .await
-            .is_err(),
+        get("/readyz").await.is_err(),
         "the admin listener stopped after the drain"
     );
 }
