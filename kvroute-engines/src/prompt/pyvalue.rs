@@ -127,12 +127,17 @@ pub struct JsonSyntaxError {
 /// assert_eq!(d["b"], PyValue::BigInt("123456789012345678901234567890".into()));
 /// ```
 pub fn parse_json(bytes: &[u8]) -> Result<PyValue, JsonSyntaxError> {
+    parse_json_str(body_text(bytes)?)
+}
+
+/// A body's text as `json.loads(body: bytes)` decodes it: UTF-8, an
+/// optional BOM dropped.
+fn body_text(bytes: &[u8]) -> Result<&str, JsonSyntaxError> {
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-    let text = std::str::from_utf8(bytes).map_err(|e| JsonSyntaxError {
+    std::str::from_utf8(bytes).map_err(|e| JsonSyntaxError {
         offset: e.valid_up_to(),
         reason: "body is not UTF-8",
-    })?;
-    parse_json_str(text)
+    })
 }
 
 /// [`parse_json`] keeping only the top-level object's `fields`: the result
@@ -157,39 +162,33 @@ pub fn parse_json(bytes: &[u8]) -> Result<PyValue, JsonSyntaxError> {
 /// # Errors
 /// [`JsonSyntaxError`] where [`parse_json`] has one.
 pub fn parse_json_fields(bytes: &[u8], fields: &[&str]) -> Result<PyValue, JsonSyntaxError> {
-    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-    let text = std::str::from_utf8(bytes).map_err(|e| JsonSyntaxError {
-        offset: e.valid_up_to(),
-        reason: "body is not UTF-8",
-    })?;
-    let mut p = Parser {
-        s: text.as_bytes(),
-        text,
-        pos: 0,
-    };
-    p.skip_ws();
-    let v = if p.peek() == Some(b'{') {
-        p.object_fields(fields)?
-    } else {
-        p.skip_value(0)?;
-        PyValue::Null
-    };
-    p.skip_ws();
-    if p.pos != p.s.len() {
-        return Err(p.err("extra data after the value"));
-    }
-    Ok(v)
+    parse_whole(body_text(bytes)?, |p| {
+        if p.peek() == Some(b'{') {
+            p.object_fields(fields)
+        } else {
+            p.skip_value(0).map(|()| PyValue::Null)
+        }
+    })
 }
 
 /// Parses a string the way `json.loads(text: str)` does.
 pub(crate) fn parse_json_str(text: &str) -> Result<PyValue, JsonSyntaxError> {
+    parse_whole(text, |p| p.value(0))
+}
+
+/// `read` over the whole of `text`: whitespace around the value allowed,
+/// anything after it an error.
+fn parse_whole(
+    text: &str,
+    read: impl FnOnce(&mut Parser<'_>) -> Result<PyValue, JsonSyntaxError>,
+) -> Result<PyValue, JsonSyntaxError> {
     let mut p = Parser {
         s: text.as_bytes(),
         text,
         pos: 0,
     };
     p.skip_ws();
-    let v = p.value(0)?;
+    let v = read(&mut p)?;
     p.skip_ws();
     if p.pos != p.s.len() {
         return Err(p.err("extra data after the value"));
