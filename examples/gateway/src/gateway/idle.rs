@@ -38,8 +38,7 @@ pub struct Activity(Arc<Inner>);
 #[derive(Debug)]
 struct Inner {
     active: AtomicUsize,
-    /// Bumped whenever a request starts or ends.
-    epoch: AtomicU64,
+    /// Told when a request starts or ends, and when the preface completes.
     changed: Notify,
     h2: AtomicBool,
     /// Since when (µs after `origin`) a response body has handed out a
@@ -52,7 +51,6 @@ impl Default for Inner {
     fn default() -> Self {
         Self {
             active: AtomicUsize::new(0),
-            epoch: AtomicU64::new(0),
             changed: Notify::new(),
             h2: AtomicBool::new(false),
             held_since_us: AtomicU64::new(NOT_HELD),
@@ -80,7 +78,6 @@ impl Activity {
     #[must_use]
     pub fn begin(&self) -> Active {
         self.0.active.fetch_add(1, Ordering::AcqRel);
-        self.0.epoch.fetch_add(1, Ordering::AcqRel);
         self.0.changed.notify_waiters();
         Active(Arc::clone(&self.0))
     }
@@ -91,33 +88,25 @@ impl Activity {
         loop {
             let changed = self.0.changed.notified();
             tokio::pin!(changed);
-            // Registered before the state is read: a change after the read
+            // Registered before the state is read: every change after the
+            // read (a request starting or ending, the preface completing)
             // wakes this wait.
             changed.as_mut().enable();
-            if self.0.active.load(Ordering::Acquire) > 0 {
+            let idle_now =
+                self.0.h2.load(Ordering::Acquire) && self.0.active.load(Ordering::Acquire) == 0;
+            if !idle_now {
                 changed.await;
                 continue;
             }
-            let epoch = self.0.epoch.load(Ordering::Acquire);
             tokio::select! {
-                () = tokio::time::sleep(idle) => {
-                    if self.0.epoch.load(Ordering::Acquire) == epoch
-                        && self.0.h2.load(Ordering::Acquire)
-                    {
-                        return;
-                    }
-                    if !self.0.h2.load(Ordering::Acquire) {
-                        // HTTP/1 (or no preface yet): wait for the next change.
-                        changed.await;
-                    }
-                }
+                // A change at the instant the timeout expires wins.
+                biased;
                 () = &mut changed => {}
+                () = tokio::time::sleep(idle) => return,
             }
         }
     }
-}
 
-impl Activity {
     /// Resolves once a response body has held a chunk hyper took without
     /// polling it again for `stall` (checked every quarter of it).
     pub async fn stalled(&self, stall: Duration) {
@@ -133,6 +122,54 @@ impl Activity {
     }
 }
 
+/// Serves `conn` until it ends. It is closed gracefully (a GOAWAY; HTTP/1
+/// closes after its current response) once `stop` turns true or, over
+/// HTTP/2, after `idle` with no request in flight; it is dropped, which
+/// cancels its requests and so ends their upstream requests and load
+/// charges, once a response has held a taken chunk for `write_stall`.
+pub async fn drive<C>(
+    conn: C,
+    activity: &Activity,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    metrics: &super::connections::ConnectionMetrics,
+    idle: Duration,
+    write_stall: Duration,
+) where
+    C: hyper_util::server::graceful::GracefulConnection,
+    C::Error: std::fmt::Display,
+{
+    tokio::pin!(conn);
+    let idle = activity.idle_h2(idle);
+    tokio::pin!(idle);
+    let stalled = activity.stalled(write_stall);
+    tokio::pin!(stalled);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.wait_for(|stopped| *stopped), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = &mut idle, if !closing => {
+                metrics.idle_closed.fetch_add(1, Ordering::Relaxed);
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = &mut stalled => {
+                metrics.write_stalls.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("client took no response bytes for the write-stall timeout; connection closed");
+                return;
+            }
+        }
+    }
+}
+
 /// One request in flight (see [`Activity::begin`]).
 #[derive(Debug)]
 pub struct Active(Arc<Inner>);
@@ -141,7 +178,6 @@ impl Drop for Active {
     fn drop(&mut self) {
         self.0.held_since_us.store(NOT_HELD, Ordering::Release);
         self.0.active.fetch_sub(1, Ordering::AcqRel);
-        self.0.epoch.fetch_add(1, Ordering::AcqRel);
         self.0.changed.notify_waiters();
     }
 }

@@ -231,25 +231,31 @@ impl RuleCounters {
         requests: &Family<RequestLabels, Counter>,
         decisions: &Family<DecisionLabels, Counter>,
     ) -> Self {
-        let rule = LabelText(Arc::from(rule));
+        let (outcomes, tiers) = Self::labels(rule);
         Self {
-            outcomes: Outcome::ALL.map(|outcome| {
-                requests
-                    .get_or_create(&RequestLabels {
-                        rule: rule.clone(),
-                        outcome,
-                    })
-                    .clone()
-            }),
-            tiers: std::array::from_fn(|i| {
-                decisions
-                    .get_or_create(&DecisionLabels {
-                        rule: rule.clone(),
-                        tier: Tier(i),
-                    })
-                    .clone()
-            }),
+            outcomes: outcomes.map(|l| requests.get_or_create(&l).clone()),
+            tiers: tiers.map(|l| decisions.get_or_create(&l).clone()),
         }
+    }
+
+    /// Every series label set of rule `rule`: one per outcome, one per tier.
+    fn labels(
+        rule: &str,
+    ) -> (
+        [RequestLabels; Outcome::ALL.len()],
+        [DecisionLabels; TIERS.len()],
+    ) {
+        let rule = LabelText(Arc::from(rule));
+        (
+            Outcome::ALL.map(|outcome| RequestLabels {
+                rule: rule.clone(),
+                outcome,
+            }),
+            std::array::from_fn(|i| DecisionLabels {
+                rule: rule.clone(),
+                tier: Tier(i),
+            }),
+        )
     }
 
     /// Counts one request outcome.
@@ -412,18 +418,12 @@ impl GatewayMetrics {
         if self.rules.write().remove(name).is_none() {
             return;
         }
-        let rule = LabelText(Arc::from(name));
-        for outcome in Outcome::ALL {
-            self.requests.remove(&RequestLabels {
-                rule: rule.clone(),
-                outcome,
-            });
+        let (outcomes, tiers) = RuleCounters::labels(name);
+        for l in &outcomes {
+            self.requests.remove(l);
         }
-        for i in 0..TIERS.len() {
-            self.decisions.remove(&DecisionLabels {
-                rule: rule.clone(),
-                tier: Tier(i),
-            });
+        for l in &tiers {
+            self.decisions.remove(l);
         }
     }
 

@@ -16,7 +16,7 @@
 //! | [`pd`] | vLLM disaggregated two-step bodies |
 //! | [`admin`] | REST admin API + `/metrics` |
 //! | [`connections`] | first-byte deadline, connection cap, accept errors |
-//! | [`idle`] | idle HTTP/2 connections closed |
+//! | [`idle`] | a connection's life: requests in flight, idle HTTP/2 and stalled responses closed |
 //! | [`metrics`] | Prometheus exposition (the runtimes' families + the server's) |
 //! | [`observe`] | readiness, decision headers, sampled decision log |
 //!
@@ -347,40 +347,15 @@ async fn serve(
             let conn = builder
                 .serve_connection_with_upgrades(TokioIo::new(io), service)
                 .into_owned();
-            tokio::pin!(conn);
-            let idle = activity.idle_h2(idle_timeout);
-            tokio::pin!(idle);
-            let stalled = activity.stalled(write_stall);
-            tokio::pin!(stalled);
-            // Closing (a GOAWAY, or HTTP/1's close after the current
-            // response) once the listener stops or an HTTP/2 connection idles.
-            let mut closing = false;
-            loop {
-                tokio::select! {
-                    r = conn.as_mut() => {
-                        if let Err(e) = r {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        }
-                        break;
-                    }
-                    _ = stop.wait_for(|stopped| *stopped), if !closing => {
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                    () = &mut idle, if !closing => {
-                        metrics.idle_closed.fetch_add(1, Ordering::Relaxed);
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                    // Dropping the connection cancels its requests: their
-                    // upstream requests and load charges end.
-                    () = &mut stalled => {
-                        metrics.write_stalls.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!("client took no response bytes for the write-stall timeout; connection closed");
-                        break;
-                    }
-                }
-            }
+            idle::drive(
+                conn,
+                &activity,
+                &mut stop,
+                &metrics,
+                idle_timeout,
+                write_stall,
+            )
+            .await;
         });
     }
     drop(listener);
