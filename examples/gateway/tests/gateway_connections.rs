@@ -388,9 +388,9 @@ async fn a_client_that_stops_reading_is_dropped_after_the_write_stall_timeout() 
 /// An HTTP/2 connection is closed (GOAWAY) once it has had no request in
 /// flight for `limits.header_read_timeout_ms`, as hyper closes an idle
 /// HTTP/1 keep-alive connection, and counted; a response streaming for
-/// longer than that timeout is not cut. Without it, connections that spoke
-/// once and sat idle held slots of the connection cap forever (keep-alive
-/// pings are answered by any live client).
+/// longer than that timeout is not cut. Otherwise connections that spoke
+/// once and sat idle would hold slots of the connection cap forever
+/// (keep-alive pings are answered by any live client).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_http2_connection_is_closed_after_the_header_timeout() {
     use http_body_util::BodyExt;

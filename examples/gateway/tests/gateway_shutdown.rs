@@ -115,7 +115,6 @@ async fn in_process_shutdown_closes_what_is_left_after_the_grace_period() {
         "the stream kept flowing after shutdown returned"
     );
     assert!(!rest.contains("[DONE]"), "the stream finished: not cut");
-    assert!(shut < std::time::Duration::from_secs(5), "{shut:?}");
 }
 
 /// While the proxy drains, the admin API stays up: `/readyz` answers 503

@@ -598,8 +598,21 @@ impl Sim<'_> {
     }
 
     /// Decides request `r`, whose keys are in `self.keys`, on replica `k`
-    /// at `t` and submits it.
+    /// at `t` and submits it; Dynamo's record keeps the decision only if the
+    /// request was submitted.
     fn decide(&mut self, r: usize, k: usize, t: u64) -> bool {
+        let placed = self.place(r, k, t);
+        let mut active = self.active_sequences();
+        if placed {
+            active.commit(r as u64);
+        } else {
+            active.discard();
+        }
+        placed
+    }
+
+    /// [`Self::decide`] without Dynamo's record.
+    fn place(&mut self, r: usize, k: usize, t: u64) -> bool {
         let Some(req) = self.workload.requests().get(r).copied() else {
             return false;
         };
@@ -617,13 +630,11 @@ impl Sim<'_> {
         };
         let turn = self.turns.get(r).copied().unwrap_or(Turn::NONE);
         let Ok(pick) = rep.pick_keys_in_turn(&self.keys, req.input_tokens, turn) else {
-            self.active_sequences().discard();
             self.rejected += 1;
             return false;
         };
         let decision = pick.decision();
         let Some(target) = decision.target() else {
-            self.active_sequences().discard();
             self.rejected += 1;
             return false;
         };
@@ -653,11 +664,9 @@ impl Sim<'_> {
             .get_mut(w)
             .is_some_and(|worker| worker.submit(t, tag, &spec).is_ok());
         if !submitted {
-            self.active_sequences().discard();
             self.rejected += 1;
             return false;
         }
-        self.active_sequences().commit(r as u64);
         if let Some(p) = self.picks.get_mut(r) {
             *p = Some(pick);
         }
