@@ -25,9 +25,17 @@
 //!
 //! An origin silent for longer than [`RemoteConfig::ttl`] (given `now`) stops
 //! counting and is forgotten by [`RemoteLoad::expire`], so a crashed replica's
-//! load does not stick. An origin id names one process lifetime: a restarted
-//! replica takes a fresh id (its sequence numbers start again), the old one
-//! expires.
+//! load does not stick. So does one origin's entry for one endpoint that no
+//! news refreshed for a TTL while the origin speaks of others: heartbeats
+//! announce every endpoint the origin has, so such an entry names an
+//! endpoint it no longer has (removed, or its slot reused), or was set by a
+//! message whose sequence number its real deltas never pass (a corrupt or
+//! forged one); the next delta for it starts a fresh entry. An origin id
+//! should name one process lifetime: a restarted replica takes a fresh id
+//! (its sequence numbers start again), the old one expires. One that keeps
+//! its id is heard again once its old entries have gone quiet for a TTL and
+//! the forgotten origin's last sequence number has been kept for another
+//! (its late messages must not bring its old load back).
 //!
 //! ## Composing with engine reports without double counting
 //!
@@ -317,6 +325,8 @@ struct Entry {
     /// whole history.
     charged: u64,
     base: u64,
+    /// When news last set it.
+    heard: Duration,
 }
 
 impl Entry {
@@ -337,10 +347,10 @@ struct Origin {
 #[derive(Debug, Default)]
 struct Inner {
     origins: Vec<Origin>,
-    /// Expired origins' (id, highest sequence applied), the last
-    /// `max_origins` of them: a late message of an expired origin must not
-    /// bring its old load back.
-    tombstones: std::collections::VecDeque<(u64, u64)>,
+    /// Expired origins' (id, highest sequence applied, when forgotten), the
+    /// last `max_origins` of them, each for one TTL: a late message of an
+    /// expired origin must not bring its old load back.
+    tombstones: std::collections::VecDeque<(u64, u64, Duration)>,
     /// Per endpoint, the charged-token shares of origins forgotten since:
     /// keeps [`RemoteLoad::remote_charged`] monotonic.
     retired: Vec<u64>,
@@ -376,6 +386,12 @@ impl RemoteLoad {
 
     fn live(&self, o: &Origin, now: Duration) -> bool {
         now.saturating_sub(o.last_heard) <= self.cfg.ttl
+    }
+
+    /// An entry news refreshed within the TTL at `now` (heartbeats refresh
+    /// every endpoint the origin has).
+    fn fresh(&self, e: &Entry, now: Duration) -> bool {
+        now.saturating_sub(e.heard) <= self.cfg.ttl
     }
 
     /// Applies one delta received at `now`.
@@ -416,7 +432,12 @@ impl RemoteLoad {
                 if inner.origins.len() >= self.cfg.max_origins {
                     self.expire_locked(inner, now);
                 }
-                if let Some(t) = inner.tombstones.iter().position(|t| t.0 == d.origin) {
+                let ttl = self.cfg.ttl;
+                if let Some(t) = inner
+                    .tombstones
+                    .iter()
+                    .position(|t| t.0 == d.origin && now.saturating_sub(t.2) <= ttl)
+                {
                     if inner.tombstones.get(t).is_some_and(|t| d.seq <= t.1) {
                         return Applied::Stale;
                     }
@@ -442,6 +463,18 @@ impl RemoteLoad {
         let Some(entry) = o.entries.get_mut(e) else {
             return Applied::UnknownEndpoint;
         };
+        if entry.seq != 0 && now.saturating_sub(entry.heard) > self.cfg.ttl {
+            // Quiet for a TTL while its origin spoke: whatever set it is
+            // not this origin's view of the endpoint any more. Its charged
+            // share is kept in the monotonic counter.
+            if inner.retired.len() < self.cfg.endpoints {
+                inner.retired.resize(self.cfg.endpoints, 0);
+            }
+            if let Some(r) = inner.retired.get_mut(e) {
+                *r = r.saturating_add(entry.charged_share());
+            }
+            *entry = Entry::default();
+        }
         if d.seq <= entry.seq {
             return Applied::Stale;
         }
@@ -461,6 +494,7 @@ impl RemoteLoad {
             // never arrives here (stale above).
             charged: d.charged_prefill_tokens.max(entry.charged),
             base,
+            heard: now,
         };
         // Only news keeps an origin alive: a late duplicate of an old
         // message must not revive a crashed replica.
@@ -489,10 +523,12 @@ impl RemoteLoad {
             keep
         });
         for t in gone_ids {
+            // One per origin (an older one of the same origin has aged).
+            inner.tombstones.retain(|old| old.0 != t.0);
             if inner.tombstones.len() >= self.cfg.max_origins.max(1) {
                 inner.tombstones.pop_front();
             }
-            inner.tombstones.push_back(t);
+            inner.tombstones.push_back((t.0, t.1, now));
         }
         let gone = before - inner.origins.len();
         inner.counters.expired += gone as u64;
@@ -537,7 +573,11 @@ impl RemoteLoad {
         let inner = self.inner.read();
         let mut sum = EndpointLoad::default();
         for o in inner.origins.iter().filter(|o| self.live(o, now)) {
-            if let Some(en) = o.entries.get(endpoint.index()) {
+            if let Some(en) = o
+                .entries
+                .get(endpoint.index())
+                .filter(|en| self.fresh(en, now))
+            {
                 sum.in_flight = sum.in_flight.saturating_add(en.load.in_flight);
                 sum.queued_prefill_tokens = sum
                     .queued_prefill_tokens

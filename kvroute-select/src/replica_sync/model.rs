@@ -6,7 +6,8 @@
 //! same deltas and compare every answer.
 //!
 //! The model's memory is unbounded, the table's is not: it forgets the
-//! oldest tombstones beyond `max_origins`. The two agree while at most
+//! oldest tombstones beyond `max_origins` (and each after a TTL, as the
+//! model does). The two agree while at most
 //! `max_origins` origin ids other than the table's own are ever used, which
 //! the drivers keep to.
 
@@ -23,8 +24,11 @@ struct Origin {
     /// Kept by the table (heard from and not forgotten since).
     kept: bool,
     last_heard: Duration,
-    /// Highest sequence number ever applied (kept after it is forgotten).
+    /// Highest sequence number applied since the table last took it in
+    /// (kept after it is forgotten).
     max_seq: u64,
+    /// When the table last forgot it.
+    forgotten_at: Duration,
     entries: BTreeMap<usize, Entry>,
 }
 
@@ -91,13 +95,12 @@ impl Model {
             if self.kept() >= self.cfg.max_origins {
                 self.expire(now);
             }
-            // A forgotten origin comes back only with news newer than
-            // anything it sent before.
-            if self
-                .origins
-                .get(&d.origin)
-                .is_some_and(|o| d.seq <= o.max_seq)
-            {
+            // A forgotten origin comes back within a TTL of being forgotten
+            // only with news newer than anything it sent before.
+            let ttl = self.cfg.ttl;
+            if self.origins.get(&d.origin).is_some_and(|o| {
+                d.seq <= o.max_seq && now.saturating_sub(o.forgotten_at) <= ttl
+            }) {
                 return Applied::Stale;
             }
             if self.kept() >= self.cfg.max_origins {
@@ -106,12 +109,19 @@ impl Model {
             let o = self.origins.entry(d.origin).or_default();
             o.kept = true;
             o.last_heard = now;
+            o.max_seq = 0;
             o.entries.clear();
         }
         let Some(o) = self.origins.get_mut(&d.origin) else {
             return Applied::UnknownEndpoint;
         };
         let entry = o.entries.entry(e).or_default();
+        // An entry no news refreshed for a TTL starts afresh.
+        if entry.seq != 0 && now.saturating_sub(entry.heard) > self.cfg.ttl {
+            let r = self.retired.entry(e).or_default();
+            *r = r.saturating_add(entry.charged.saturating_sub(entry.base));
+            *entry = Entry::default();
+        }
         if d.seq <= entry.seq {
             return Applied::Stale;
         }
@@ -126,6 +136,7 @@ impl Model {
             queued_prefill_tokens: d.queued_prefill_tokens,
         };
         entry.charged = entry.charged.max(d.charged_prefill_tokens);
+        entry.heard = now;
         o.last_heard = o.last_heard.max(now);
         o.max_seq = o.max_seq.max(d.seq);
         Applied::Applied
@@ -152,6 +163,7 @@ impl Model {
         for o in self.origins.values_mut() {
             if o.kept && now.saturating_sub(o.last_heard) > ttl {
                 o.kept = false;
+                o.forgotten_at = now;
                 gone += 1;
                 for (e, entry) in &o.entries {
                     let r = self.retired.entry(*e).or_default();
@@ -163,11 +175,16 @@ impl Model {
         gone
     }
 
-    /// The live origins' summed totals on `endpoint`.
+    /// The live origins' summed totals on `endpoint`, of entries news set
+    /// within the TTL.
     pub(crate) fn remote(&self, endpoint: usize, now: Duration) -> EndpointLoad {
         let mut sum = EndpointLoad::default();
         for o in self.origins.values().filter(|o| self.live(o, now)) {
-            if let Some(en) = o.entries.get(&endpoint) {
+            if let Some(en) = o
+                .entries
+                .get(&endpoint)
+                .filter(|en| now.saturating_sub(en.heard) <= self.cfg.ttl)
+            {
                 sum.in_flight = sum.in_flight.saturating_add(en.load.in_flight);
                 sum.queued_prefill_tokens = sum
                     .queued_prefill_tokens

@@ -302,3 +302,89 @@ fn a_cleared_endpoint_forgets_every_origins_load_there() {
     // Out of range: nothing happens.
     r.clear_endpoint(EndpointId(7));
 }
+
+fn delta(origin: u64, seq: u64, endpoint: u32, in_flight: u32) -> LoadDelta {
+    LoadDelta {
+        origin,
+        seq,
+        endpoint: EndpointId(endpoint),
+        requests: 0,
+        prefill_tokens: 0,
+        in_flight,
+        queued_prefill_tokens: 0,
+        charged_prefill_tokens: 0,
+    }
+}
+
+/// An origin that goes on speaking of other endpoints but no longer of
+/// one (it removed it, or reused its slot for another URL): its last word
+/// there stops counting a TTL after it was said, as a silent origin's does.
+#[test]
+fn an_entry_its_origin_stopped_announcing_expires_while_the_origin_lives() {
+    let r = table(2, 4);
+    let s = Duration::from_secs;
+    assert_eq!(r.apply(&delta(9, 1, 0, 3), s(1)), Applied::Applied);
+    assert_eq!(r.apply(&delta(9, 2, 1, 1), s(1)), Applied::Applied);
+    // Heartbeats name endpoint 1 only from now on.
+    for (i, t) in (2..=6).enumerate() {
+        assert_eq!(r.apply(&delta(9, 3 + i as u64, 1, 1), s(t)), Applied::Applied);
+    }
+    assert_eq!(r.remote(EndpointId(0), s(3)).in_flight, 3);
+    assert_eq!(r.remote(EndpointId(0), s(4)).in_flight, 0);
+    assert_eq!(r.remote(EndpointId(1), s(6)).in_flight, 1);
+    assert_eq!(r.deciders(s(6)).count, 2);
+    // News for it starts a fresh entry.
+    assert_eq!(r.apply(&delta(9, 20, 0, 2), s(6)), Applied::Applied);
+    assert_eq!(r.remote(EndpointId(0), s(6)).in_flight, 2);
+}
+
+/// One message with the largest sequence number (corrupt or forged) for a
+/// live origin's endpoint: the origin's real deltas there are stale against
+/// it, but it counts only for a TTL, and the real ones count after it.
+#[test]
+fn a_forged_huge_sequence_number_counts_for_one_ttl_only() {
+    let r = table(2, 4);
+    let ms = Duration::from_millis;
+    r.apply(&delta(9, 1, 0, 0), ms(0));
+    r.apply(&delta(9, 2, 1, 0), ms(0));
+    assert_eq!(r.apply(&delta(9, u64::MAX, 0, 1000), ms(500)), Applied::Applied);
+    let mut seq = 3;
+    let mut last = 0;
+    for t in (1000..=8000).step_by(1000) {
+        for e in 0..2 {
+            r.apply(&delta(9, seq, e, 0), ms(t));
+            seq += 1;
+        }
+        last = r.remote(EndpointId(0), ms(t)).in_flight;
+        if t <= 2500 {
+            assert_eq!(last, 1000, "at {t} ms");
+        }
+    }
+    assert_eq!(last, 0);
+    assert_eq!(r.deciders(ms(8000)).count, 2);
+}
+
+/// A restarted replica that kept its origin id (its sequence numbers start
+/// again) is heard once its old entries and the forgotten origin's last
+/// sequence number have each been kept for a TTL.
+#[test]
+fn a_restarted_origin_with_the_same_id_is_heard_after_two_ttls() {
+    let r = table(1, 4);
+    let ms = Duration::from_millis;
+    assert_eq!(r.apply(&delta(9, 100, 0, 5), ms(0)), Applied::Applied);
+    // The old process is gone; the new one announces one request in
+    // flight every 500 ms, numbering from 1.
+    let mut heard_at = None;
+    for (i, t) in (500..=10_000).step_by(500).enumerate() {
+        r.expire(ms(t));
+        r.apply(&delta(9, 1 + i as u64, 0, 1), ms(t));
+        if heard_at.is_none() && r.remote(EndpointId(0), ms(t)).in_flight == 1 {
+            heard_at = Some(t);
+        }
+    }
+    let heard_at = heard_at.expect("the restarted origin is never heard");
+    // Forgotten at 2.5 s (the first message after its TTL), its last
+    // sequence number kept until 4.5 s: heard at the next message.
+    assert_eq!(heard_at, 5000);
+    assert_eq!(r.remote(EndpointId(0), ms(10_000)).in_flight, 1);
+}

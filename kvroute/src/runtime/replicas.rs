@@ -63,7 +63,11 @@ pub struct ReplicaConfig {
     /// unpredictable one per router instance). Ids must differ between
     /// replicas: they order the replicas, each one's rank spreading bursts
     /// (the cost scorer's zones). A host that needs the same ranks in every
-    /// run (the simulator) fixes them; 0 counts as 1.
+    /// run (the simulator) fixes them; 0 counts as 1. A router that takes
+    /// the id of one that just stopped (a restart with fixed ids) numbers
+    /// its messages from 1 again: the others ignore them as old until the
+    /// stopped one's entries have been quiet for `ttl` and then its last
+    /// sequence number kept for another `ttl`.
     pub origin: Option<u64>,
     /// Turns within a burst (default 2 ms; zero: none): while this
     /// replica's decisions come in bursts, the replica of rank `k` holds
