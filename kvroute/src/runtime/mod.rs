@@ -112,7 +112,11 @@ pub enum Change {
     /// reports, not the outcomes of requests decided for it (their retries
     /// never go to the newcomer), not the other replicas' load on it, nor
     /// its sessions, predicted entries, delivery evidence or reported
-    /// inventory bound.
+    /// inventory bound. Its requests still in flight count on its slot until
+    /// they end, so a newcomer takes a slot with nothing in flight, or one
+    /// never used; only when neither is left
+    /// ([`crate::KvRouterBuilder::max_endpoints`]) does it take one whose old
+    /// requests still stream, and those count as its load until they end.
     Remove(String),
 }
 

@@ -46,6 +46,7 @@ pub struct ReplicaConfig {
     /// At most one message of changed endpoints per this interval (default
     /// 2 ms): a decision after a quiet interval, or made in its turn, is
     /// sent at once, later changes one interval after the previous message.
+    /// An interval longer than `heartbeat` wakes every `heartbeat` instead.
     pub sync_interval: Duration,
     /// How often every endpoint is sent (default 1 s): repairs anything
     /// lost and keeps this replica alive at the others.
@@ -221,12 +222,14 @@ pub struct EndpointDelta {
 pub struct ReplicaCounters {
     /// Batches published.
     pub sent_batches: u64,
-    /// Of those, published at once on a decision that came after a quiet
-    /// [`ReplicaConfig::sync_interval`] (the rest waited for the interval).
+    /// Of those, published at once on a decision: one that came after a
+    /// quiet [`ReplicaConfig::sync_interval`], or one decided in its turn
+    /// (the rest waited for the interval).
     pub sent_at_once: u64,
     /// Endpoint deltas published.
     pub sent_deltas: u64,
-    /// Messages received (this replica's own included).
+    /// Messages received (this replica's own, oversized and undecodable
+    /// ones included).
     pub received: u64,
     /// Deltas applied.
     pub applied: u64,

@@ -117,6 +117,18 @@ impl ReplicaState {
         self.counting.snapshot(&self.remote.counters())
     }
 
+    /// How often the publishing task wakes: every `sync_interval`, but at
+    /// least every `heartbeat` (a heartbeat is sent only when the task
+    /// wakes, and one that came later than `ttl` would let the others
+    /// forget this replica between two), and at most once a day (`MAX`
+    /// means "never" and must not overflow the clock).
+    fn tick_interval(&self) -> Duration {
+        self.config
+            .sync_interval
+            .min(self.config.heartbeat)
+            .clamp(Duration::from_micros(100), Duration::from_secs(86_400))
+    }
+
     /// The outbox as a batch (every endpoint when `full`).
     pub(crate) fn drain(&self, shared: &Shared, full: bool) -> Option<ReplicaBatch> {
         if full {
@@ -140,10 +152,7 @@ impl ReplicaState {
             Arc::clone(&self.config.transport),
             self.pool.clone(),
         );
-        let (interval, max_bytes) = (
-            self.config.sync_interval.max(Duration::from_micros(100)),
-            self.config.max_message_bytes,
-        );
+        let (interval, max_bytes) = (self.tick_interval(), self.config.max_message_bytes);
         // A TTL of "never" (`Duration::MAX`) must not overflow the clock:
         // a day of publishing ends are plenty.
         let deadline =
@@ -172,9 +181,13 @@ impl ReplicaState {
         });
     }
 
-    /// Applies another replica's batch.
+    /// Applies another replica's batch (one message received).
     pub(crate) fn apply(&self, shared: &Shared, batch: &ReplicaBatch) {
         Counting::add(&self.counting.received, 1);
+        self.apply_batch(shared, batch);
+    }
+
+    fn apply_batch(&self, shared: &Shared, batch: &ReplicaBatch) {
         if batch.origin == self.origin {
             Counting::add(&self.counting.own, 1);
             return;
@@ -222,12 +235,13 @@ impl ReplicaState {
 
     /// One received message: bounded, decoded, applied; never an error.
     fn receive(&self, shared: &Shared, payload: &Bytes) {
+        Counting::add(&self.counting.received, 1);
         if payload.len() > self.config.max_message_bytes {
             Counting::add(&self.counting.oversized, 1);
             return;
         }
         match serde_json::from_slice::<ReplicaBatch>(payload) {
-            Ok(batch) => self.apply(shared, &batch),
+            Ok(batch) => self.apply_batch(shared, &batch),
             Err(e) => {
                 Counting::add(&self.counting.undecodable, 1);
                 tracing::debug!(error = %e, "undecodable replica message ignored");
@@ -288,7 +302,7 @@ impl ReplicaState {
         });
         *self.subscription.lock() = Some(self.config.transport.subscribe(&self.pool, sink)?);
         let weak = Arc::downgrade(shared);
-        let interval = self.config.sync_interval.max(Duration::from_micros(100));
+        let interval = self.tick_interval();
         let stopped = shared.stopped();
         let decided = Arc::clone(&self.decided);
         let in_turn = Arc::clone(&self.in_turn);
@@ -339,6 +353,7 @@ impl ReplicaState {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::time::Duration;
 
     use super::super::test_support::{host_router, HostEngine};
     use crate::{Backend, Change, EndpointDelta, HostTransport, ReplicaBatch, ReplicaConfig};
@@ -389,5 +404,85 @@ mod tests {
         router.apply_replica_batch(&peer(3, "http://e9"));
         let named = router.endpoint_status("http://e9").expect("e9");
         assert_eq!(named.remote.map(|l| l.in_flight), Some(5));
+    }
+
+    /// Records what the router publishes and keeps the sink it subscribes,
+    /// so the test can hand it messages as a transport would.
+    #[derive(Default)]
+    struct Loopback {
+        sent: parking_lot::Mutex<Vec<bytes::Bytes>>,
+        sink: parking_lot::Mutex<Option<crate::ReplicaSink>>,
+    }
+
+    impl std::fmt::Debug for Loopback {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Loopback")
+        }
+    }
+
+    impl crate::ReplicaTransport for Loopback {
+        fn publish(&self, _pool: &str, payload: bytes::Bytes) {
+            self.sent.lock().push(payload);
+        }
+
+        fn subscribe(
+            &self,
+            _pool: &str,
+            sink: crate::ReplicaSink,
+        ) -> Result<crate::ReplicaSubscription, crate::ReplicaError> {
+            *self.sink.lock() = Some(sink);
+            Ok(crate::ReplicaSubscription::new(()))
+        }
+    }
+
+    fn looped(t: &Arc<Loopback>, sync_interval: Duration, heartbeat: Duration) -> crate::KvRouter {
+        let mut r = ReplicaConfig::new(Arc::clone(t) as Arc<dyn crate::ReplicaTransport>);
+        r.origin = Some(1);
+        r.sync_interval = sync_interval;
+        r.heartbeat = heartbeat;
+        r.max_message_bytes = 4096;
+        host_router(2).replicas(r).spawn().expect("router")
+    }
+
+    /// Every message that reaches the router counts as received, the
+    /// ones refused for their size or their content too.
+    #[tokio::test]
+    async fn oversized_and_undecodable_messages_count_as_received() {
+        let t = Arc::new(Loopback::default());
+        let router = looped(&t, Duration::from_millis(2), Duration::from_secs(1));
+        let sink = t.sink.lock().clone().expect("subscribed");
+        sink(bytes::Bytes::from_static(b"{not json"));
+        sink(bytes::Bytes::from(vec![b' '; 5000]));
+        let ok = serde_json::to_vec(&ReplicaBatch {
+            origin: 2,
+            endpoints: vec![EndpointDelta {
+                url: "http://e0".to_owned(),
+                seq: 1,
+                in_flight: 1,
+                ..EndpointDelta::default()
+            }],
+        })
+        .expect("json");
+        sink(bytes::Bytes::from(ok));
+        let c = router.replica_counters().expect("counters");
+        assert_eq!((c.received, c.undecodable, c.oversized, c.applied), (3, 1, 1, 1));
+    }
+
+    /// The publishing task wakes at least every heartbeat, whatever the
+    /// sync interval (`MAX`, "never", included): heartbeats keep this
+    /// replica alive at the others.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn heartbeats_keep_their_period_under_a_longer_sync_interval() {
+        let t = Arc::new(Loopback::default());
+        let _router = looped(&t, Duration::MAX, Duration::from_millis(50));
+        let mut n = 0;
+        for _ in 0..200 {
+            n = t.sent.lock().len();
+            if n >= 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(n >= 3, "{n} heartbeats in 2 s at a 50 ms heartbeat");
     }
 }

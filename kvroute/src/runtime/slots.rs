@@ -454,7 +454,12 @@ fn new_ingest(shared: &Shared, slot: usize, b: &Backend) -> EndpointIngest {
     }
 }
 
-/// Puts `b` in the lowest free slot and starts its background work.
+/// Puts `b` in a free slot and starts its background work. The load
+/// tracker counts a slot's requests until they end, so a slot whose
+/// removed endpoint still has requests streaming would show them as the
+/// newcomer's (and announce them to the other replicas under its URL): the
+/// lowest free slot with nothing in flight is taken, else a slot never
+/// used, and only when neither is left one still finishing old requests.
 pub(crate) fn insert(
     shared: &Arc<Shared>,
     slots: &mut Vec<Option<SlotRuntime>>,
@@ -467,13 +472,21 @@ pub(crate) fn insert(
     {
         return Err(BuildError::Membership(b.url, "already present"));
     }
-    let slot = match slots.iter().position(Option::is_none) {
+    let idle = |i: usize| {
+        let l = kvroute_select::Load::load(&*shared.tracker, id(i));
+        l.in_flight == 0 && l.queued_prefill_tokens == 0
+    };
+    let free_idle = (0..slots.len()).find(|&i| slots.get(i).is_some_and(Option::is_none) && idle(i));
+    let slot = match free_idle {
         Some(i) => i,
         None if slots.len() < shared.slots.len() => {
             slots.push(None);
             slots.len() - 1
         }
-        None => return Err(BuildError::TooManyEndpoints(shared.slots.len())),
+        None => match slots.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => return Err(BuildError::TooManyEndpoints(shared.slots.len())),
+        },
     };
     let Some(state) = shared.slots.get(slot) else {
         return Err(BuildError::TooManyEndpoints(shared.slots.len()));
