@@ -124,3 +124,70 @@ async fn the_prefill_endpoint_is_released_when_its_leg_answers() {
         (Some(0), Some(0))
     );
 }
+
+/// A decode endpoint that received the request and then gave no headers in
+/// time may already have pulled the prefilled blocks, which the prefill
+/// engine then frees: the retry on the other decode endpoint runs the
+/// prefill leg again (fresh transfer parameters) instead of handing it the
+/// same transfer. The prefill endpoint is charged for the second leg and
+/// released when it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_retry_after_the_engine_got_the_request_runs_the_prefill_again() {
+    let prefill = Engine::start("prefill");
+    let gates = [Gate::new(), Gate::new()];
+    let decode = [held_engine(&gates[0]).await, held_engine(&gates[1]).await];
+    let config = format!(
+        "{}{}{}[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n",
+        config_head(
+            "[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\nresponse_header_timeout_ms = 400\n"
+        ),
+        kv_rule("pd", "prefill_decode"),
+        prefill.endpoint_toml("prefill"),
+        decode[0].addr,
+        decode[1].addr
+    );
+    let gw = Gateway::start(&config);
+    wait_subscribed(&gw).await;
+    let url = gw.url("/v1/completions");
+    let request = tokio::spawn(async move {
+        let body =
+            serde_json::json!({"model": MODEL, "prompt": prompt("spent", 40), "max_tokens": 4});
+        client()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    // Whichever decode engine got the first attempt keeps it; the other
+    // answers the retry.
+    let first = eventually("the first decode attempt reached an engine", || async {
+        let got = |i: usize| decode[i].received.load(std::sync::atomic::Ordering::SeqCst);
+        match (got(0), got(1)) {
+            (1, 0) => Some(0),
+            (0, 1) => Some(1),
+            _ => None,
+        }
+    })
+    .await;
+    eventually("the retry reached the other decode engine", || async {
+        (decode[1 - first]
+            .received
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 1)
+            .then_some(())
+    })
+    .await;
+    gates[1 - first].open();
+    assert_eq!(request.await.unwrap().unwrap(), 200);
+    let metrics = metrics_text(&gw).await;
+    assert!(
+        metrics.contains("kvroute_prefill_requests_total 2"),
+        "{metrics}"
+    );
+    let eps = endpoints(&gw).await;
+    for e in &eps {
+        assert_eq!(e["in_flight"], 0, "{e:?}");
+    }
+    gates[first].open();
+}

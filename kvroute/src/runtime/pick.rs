@@ -478,6 +478,26 @@ impl Pick {
         self.recorded = true;
     }
 
+    /// P/D: the prefill leg runs again for the current target. A decode
+    /// endpoint that received the request before failing (no headers in
+    /// time, ejected meanwhile) may have pulled the prefilled KV blocks, and
+    /// the prefill engine may have freed them: a retry must not hand the
+    /// same transfer to another decode endpoint. The prefill endpoint is
+    /// charged again, as at a decision (and counts the prefill twice: it
+    /// runs twice). Call it after [`Pick::retry_leg`] for
+    /// [`Leg::Decode`], before the new prefill leg.
+    pub fn prefill_again(&mut self) {
+        let Some(t) = self.decision.target() else {
+            return;
+        };
+        let prefill = self
+            .decision
+            .predicted_prefill_tokens(self.shared.contract.block_size);
+        if let Some(g) = self.guard.as_mut() {
+            g.retarget(t, prefill);
+        }
+    }
+
     /// The request's load charge (e.g. [`LoadGuard::prefill_leg_done`] after
     /// a P/D prefill leg).
     pub fn guard_mut(&mut self) -> Option<&mut LoadGuard> {

@@ -284,7 +284,20 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
                 };
                 ctx.failures
                     .push((failed.clone(), failure.error.to_string()));
+                // A decode endpoint that got the request may have pulled the
+                // prefilled blocks (and the prefill engine freed them): the
+                // next decode endpoint gets a fresh prefill leg, not the
+                // same transfer. Only a refused connect leaves it unused.
+                let transfer_spent = failure.leg == Leg::Decode
+                    && !matches!(failure.error, UpstreamError::Connect(_));
+                let prefill_url = pick.url().to_owned();
                 if pick.retry_leg(failure.leg).is_some() {
+                    if transfer_spent {
+                        ctx.prefill = None;
+                        if pick.url() == prefill_url {
+                            pick.prefill_again();
+                        }
+                    }
                     tracing::warn!(rule = %name, endpoint = %failed, error = %failure.error,
                         next = pick.url(), "upstream attempt failed before any response; retrying elsewhere");
                     continue;
