@@ -349,9 +349,14 @@ impl ReceiptTracker {
             .is_none()
     }
 
-    /// This tracker driven by `inner`'s frames.
+    /// This tracker driven by `inner`'s frames. A body that is already at
+    /// its end (a HEAD answer, a 204 or 304, `content-length: 0`) ends the
+    /// tracker now, complete: servers never poll such a body, they drop it.
     #[must_use]
-    pub fn body<B>(self, inner: B) -> ReceiptBody<B> {
+    pub fn body<B: Body>(mut self, inner: B) -> ReceiptBody<B> {
+        if inner.is_end_stream() {
+            self.on_end();
+        }
         ReceiptBody {
             inner,
             tracker: self,
@@ -417,7 +422,7 @@ impl<B> std::fmt::Debug for ReceiptBody<B> {
     }
 }
 
-impl<B> ReceiptBody<B> {
+impl<B: Body> ReceiptBody<B> {
     /// Wraps `inner`; `guard` (if any) is released when the body ends or is
     /// dropped, after `on_end` ran.
     #[must_use]

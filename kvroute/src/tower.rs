@@ -154,7 +154,7 @@ where
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
-    RB: Send + 'static,
+    RB: http_body::Body + Send + 'static,
 {
     type Response = http::Response<ReceiptBody<RB>>;
     type Error = BoxError;

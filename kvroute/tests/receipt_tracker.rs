@@ -343,3 +343,23 @@ async fn a_pick_becomes_a_tracker_that_records_the_engines_receipt() {
         "no receipt for it"
     );
 }
+
+/// A body already at its end (a HEAD answer, a 204 or 304, an empty body
+/// with `content-length: 0`) is never polled by a server, only dropped: its
+/// request ends complete when the body is built, not as a broken stream.
+#[test]
+fn a_body_already_at_its_end_completes_without_being_polled() {
+    let load = Arc::new(LoadTracker::new(1));
+    let (t, rx) = tracker(&load, BodyKind::Json);
+    let body = t.body(Full::new(Bytes::new()));
+    assert_eq!(charged(&load), (0, 0));
+    drop(body);
+    let r = only(&rx);
+    assert!(r.complete, "{r:?}");
+    // A body with something in it still ends only when it is read.
+    let (t, rx) = tracker(&load, BodyKind::Json);
+    let body = t.body(Full::new(Bytes::from_static(USAGE.as_bytes())));
+    assert_eq!(charged(&load), (1, 100));
+    drop(body);
+    assert!(!only(&rx).complete);
+}

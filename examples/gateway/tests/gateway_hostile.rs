@@ -164,6 +164,9 @@ async fn passthrough_requests_are_counted_apart_from_kv_misses() {
     // GET on a completions path is not a completion either.
     let r = http.get(gw.url("/v1/completions")).send().await.unwrap();
     assert_eq!(r.status(), 200);
+    // A HEAD answer has no body to stream: complete, not an aborted stream.
+    let r = http.head(gw.url("/v1/models")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
 
     let c = get_json(&gw.admin_url("/admin/counters"), None).await["rules"]["kv"].clone();
     assert_eq!(c["decisions"], 0, "{c}");
@@ -197,9 +200,10 @@ async fn passthrough_requests_are_counted_apart_from_kv_misses() {
         .await
         .unwrap();
     assert!(
-        text.contains("kvroute_requests_total{rule=\"kv\",outcome=\"passthrough\"} 3"),
+        text.contains("kvroute_requests_total{rule=\"kv\",outcome=\"passthrough\"} 4"),
         "{text}"
     );
+    assert!(text.contains("kvroute_aborted_streams_total 0"), "{text}");
     assert!(
         text.contains("kvroute_requests_total{rule=\"down\",outcome=\"no_endpoint\"} 1"),
         "{text}"

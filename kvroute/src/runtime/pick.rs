@@ -508,12 +508,12 @@ impl Pick {
     /// against this decision when it ends, and the load charge is released
     /// when it ends, errors or is dropped (a client disconnect). `headers`
     /// are the response's (SSE or JSON).
-    pub fn into_body<B>(self, headers: &http::HeaderMap, body: B) -> ReceiptBody<B> {
+    pub fn into_body<B: http_body::Body>(self, headers: &http::HeaderMap, body: B) -> ReceiptBody<B> {
         self.into_receipt(headers).body(body)
     }
 
     /// [`Pick::into_body`] that also hands the [`Receipt`] to `on_end`.
-    pub fn into_body_with<B>(
+    pub fn into_body_with<B: http_body::Body>(
         self,
         headers: &http::HeaderMap,
         body: B,
@@ -526,7 +526,7 @@ impl Pick {
     /// cached-token account as the receipt settled it (`None`: no receipt
     /// was counted by this body — none came, it was implausible, the body
     /// did not end, or [`Pick::settle`] had recorded one already).
-    pub fn into_body_settled<B>(
+    pub fn into_body_settled<B: http_body::Body>(
         self,
         headers: &http::HeaderMap,
         body: B,
