@@ -40,7 +40,8 @@ use serde_json::value::RawValue;
 /// Largest JSON answer (or single SSE line) held for the receipt; past it the
 /// receipt is `None` and the body still streams through untouched. A chat
 /// answer with usage is a few KB; 4 MiB bounds the scanner's memory per
-/// request whatever the engine sends.
+/// request whatever the engine sends (only the `usage` object is built from
+/// it, the rest is skipped).
 pub const MAX_SCAN_BYTES: usize = 4 << 20;
 
 /// How a response body is framed.
@@ -108,6 +109,29 @@ pub fn prompt_tokens(v: &serde_json::Value) -> Option<u32> {
 
 fn saturate(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// `(cached_tokens, prompt_tokens)` of one OpenAI response object, as
+/// [`cached_tokens`] and [`prompt_tokens`] read them, building only its
+/// `usage` object: the rest (choices, logprobs: megabytes of small values
+/// that would take many times their size as a [`serde_json::Value`]) is
+/// skipped. `None`: not a JSON object.
+fn usage_receipt(doc: &[u8]) -> Option<(Option<u32>, Option<u32>)> {
+    #[derive(serde::Deserialize)]
+    struct Doc<'a> {
+        #[serde(borrow, default)]
+        usage: Option<&'a RawValue>,
+    }
+    let doc: Doc<'_> = serde_json::from_slice(doc).ok()?;
+    let Some(raw) = doc.usage else {
+        return Some((None, None));
+    };
+    let usage: serde_json::Value = serde_json::from_str(raw.get()).ok()?;
+    let u64_at = |p: &str| usage.pointer(p).and_then(serde_json::Value::as_u64);
+    Some((
+        u64_at("/prompt_tokens_details/cached_tokens").map(saturate),
+        u64_at("/prompt_tokens").map(saturate),
+    ))
 }
 
 /// Finds the cached-token receipt in a response body fed chunk by chunk.
@@ -188,11 +212,9 @@ impl UsageScanner {
         if !data.windows(7).any(|w| w == b"\"usage\"") {
             return;
         }
-        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
-            if let Some(c) = cached_tokens(&v) {
-                self.found = Some(c);
-                self.found_prompt = prompt_tokens(&v);
-            }
+        if let Some((Some(c), prompt)) = usage_receipt(data) {
+            self.found = Some(c);
+            self.found_prompt = prompt;
         }
     }
 
@@ -220,9 +242,9 @@ impl UsageScanner {
             BodyKind::Opaque => {}
             BodyKind::Json => {
                 if !self.overflowed && !self.buf.is_empty() {
-                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&self.buf) {
-                        self.found = cached_tokens(&v);
-                        self.found_prompt = self.found.and(prompt_tokens(&v));
+                    if let Some((cached, prompt)) = usage_receipt(&self.buf) {
+                        self.found = cached;
+                        self.found_prompt = cached.and(prompt);
                     }
                 }
                 self.buf = Vec::new();
@@ -752,6 +774,38 @@ mod tests {
                 s.feed(&body[cut2..]);
                 assert_eq!(s.finish(), Some(32), "cut at {cut}/{cut2}");
             }
+        }
+    }
+
+    /// The scanner builds only `usage`; it reads what [`cached_tokens`] and
+    /// [`prompt_tokens`] read from the whole document.
+    #[test]
+    fn the_usage_only_parse_agrees_with_the_whole_document() {
+        let logprobs: Vec<String> = (0..200_000).map(|i| format!("-{i}.5")).collect();
+        let big = format!(
+            r#"{{"choices":[{{"logprobs":{{"token_logprobs":[{}]}}}}],"usage":{{"prompt_tokens":9,"prompt_tokens_details":{{"cached_tokens":8}}}}}}"#,
+            logprobs.join(",")
+        );
+        let docs = [
+            USAGE.to_owned(),
+            big,
+            r#"{"usage":null}"#.to_owned(),
+            r#"{"usage":{"prompt_tokens":1.5,"prompt_tokens_details":{"cached_tokens":3}}}"#.to_owned(),
+            r#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":-1}}}"#.to_owned(),
+            r#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":null}}"#.to_owned(),
+            r#"{"usage":{"prompt_tokens_details":{"cached_tokens":4294967304}}}"#.to_owned(),
+            r#"{"usage":5}"#.to_owned(),
+            r#"[{"usage":{"prompt_tokens_details":{"cached_tokens":3}}}]"#.to_owned(),
+            r#"{"choices":[]}"#.to_owned(),
+            r#"{"usage":{"prompt_tokens":2,"#.to_owned(),
+        ];
+        for doc in &docs {
+            let whole = serde_json::from_str::<serde_json::Value>(doc).ok();
+            let cached = whole.as_ref().and_then(cached_tokens);
+            let prompt = cached.and(whole.as_ref().and_then(prompt_tokens));
+            let mut s = UsageScanner::new(BodyKind::Json);
+            s.feed(doc.as_bytes());
+            assert_eq!((s.finish(), s.prompt_tokens()), (cached, prompt), "{doc:.80}");
         }
     }
 
