@@ -7,8 +7,15 @@
 //! endpoint with [`crate::Pick::retry`], and the response body becomes a
 //! [`ReceiptBody`] (receipt recorded and load released at its end or drop).
 //!
-//! Only errors of the inner service are retried: a response, whatever its
-//! status, is the engine's answer and goes to the client. Requests to paths
+//! Only failures before the engine got the request are retried: a connect
+//! the inner service reports as failed (hyper-util's connect errors, an I/O
+//! error such as `ConnectionRefused` in the error's chain) and a stall. Any
+//! other error of the inner service (a reset after the request was sent)
+//! comes back to the caller: the engine may have acted on it, and a
+//! generation must not run twice. A response, whatever its status, is the
+//! engine's answer and goes to the client. Hop-by-hop headers (RFC 9110
+//! §7.6.1, including those a `Connection` header names) cross in neither
+//! direction. Requests to paths
 //! other than `/v1/completions` and `/v1/chat/completions` carry no prompt:
 //! they are routed by the rule's fallback selector and counted as a
 //! `no_model` miss.
@@ -125,6 +132,19 @@ const DROPPED: [HeaderName; 9] = [
     header::PROXY_AUTHENTICATE,
 ];
 
+/// Whether `name` describes one hop of a message with `headers`: a fixed
+/// hop-by-hop header or one its `Connection` header lists.
+fn hop_by_hop(name: &HeaderName, headers: &HeaderMap) -> bool {
+    DROPPED.contains(name)
+        || matches!(name.as_str(), "keep-alive" | "proxy-connection")
+        || headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(name.as_str()))
+}
+
 fn upstream_request(
     method: &http::Method,
     url: &str,
@@ -137,13 +157,52 @@ fn upstream_request(
         .uri(format!("{url}{path_and_query}"));
     if let Some(h) = b.headers_mut() {
         for (name, value) in headers {
-            if !DROPPED.contains(name) && name.as_str() != "keep-alive" {
+            if !hop_by_hop(name, headers) {
                 h.append(name, value.clone());
             }
         }
         h.insert(header::CONTENT_LENGTH, body.len().into());
     }
     b.body(Full::new(body))
+}
+
+/// The upstream's response headers less its hop-by-hop ones (the host's
+/// server frames the response for its own connection).
+fn response_headers(upstream: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(upstream.len());
+    for (name, value) in upstream {
+        if name != header::HOST && name != header::CONTENT_LENGTH && hop_by_hop(name, upstream) {
+            continue;
+        }
+        out.append(name, value.clone());
+    }
+    out
+}
+
+/// Whether an error of the inner service says the request never reached
+/// the engine (a failed connect), so another endpoint may be tried.
+fn never_sent(e: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind;
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::NetworkUnreachable
+                    | ErrorKind::HostUnreachable
+                    | ErrorKind::AddrNotAvailable
+            ) {
+                return true;
+            }
+        }
+        // hyper-util's legacy client: "client error (Connect)".
+        if err.to_string() == "client error (Connect)" {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 impl<S, B, RB> Service<http::Request<B>> for KvRoute<S>
@@ -207,7 +266,14 @@ where
                 let attempt = inner.clone().oneshot(upstream);
                 let failure: BoxError = match pick.await_headers(Leg::Endpoint, attempt).await {
                     Ok(Ok(response)) => break response,
-                    Ok(Err(e)) => e.into(),
+                    Ok(Err(e)) => {
+                        let e: BoxError = e.into();
+                        if !never_sent(&*e) {
+                            // Sent, then failed: the engine may have acted.
+                            return Err(e);
+                        }
+                        e
+                    }
                     Err(stall) => KvRouteError::Stalled(stall).into(),
                 };
                 match pick.retry() {
@@ -218,7 +284,8 @@ where
                 }
             };
             pick.connected();
-            let (head, body) = response.into_parts();
+            let (mut head, body) = response.into_parts();
+            head.headers = response_headers(&head.headers);
             let body = pick.into_body(&head.headers, body);
             Ok(http::Response::from_parts(head, body))
         })

@@ -174,3 +174,88 @@ async fn requests_held_by_an_ejected_endpoint_are_retried_on_the_next() {
     assert!(router.counters().retries >= 1);
     assert_eq!((router.in_flight(&stuck), router.in_flight(&live)), (0, 0));
 }
+
+/// A round-robin router over two live engines the inner service below
+/// stands in for (it never reaches them).
+async fn two_engines() -> KvRouter {
+    KvRouter::builder_without_contract()
+        .choice(kvroute::Choice::RoundRobin)
+        .endpoint(Backend::vllm(engine(false).await))
+        .endpoint(Backend::vllm(engine(false).await))
+        .spawn()
+        .unwrap()
+}
+
+/// The inner service sent the request and then failed (a reset): the
+/// engine may have acted on it, so it is not sent again elsewhere; the
+/// error comes back and nothing stays charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_after_the_request_was_sent_is_not_retried() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let router = two_engines().await;
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&calls);
+    let inner = tower::service_fn(move |_req: http::Request<Full<bytes::Bytes>>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        async {
+            Err::<http::Response<Full<bytes::Bytes>>, _>(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "reset after the request was sent",
+            ))
+        }
+    });
+    let service = KvRouteLayer::new(router.clone()).layer(inner);
+    let err = service
+        .oneshot(request(chat("x", false)))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("reset after"), "{err}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(router.counters().retries, 0);
+    for s in router.endpoint_statuses() {
+        assert_eq!(s.load.in_flight, 0, "{s:?}");
+    }
+}
+
+/// Hop-by-hop headers, the fixed ones and those a `Connection` header
+/// names, cross the layer in neither direction; the others do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_cross_in_neither_direction() {
+    let router = two_engines().await;
+    let upstream = std::sync::Arc::new(parking_lot::Mutex::new(http::HeaderMap::new()));
+    let record = std::sync::Arc::clone(&upstream);
+    let inner = tower::service_fn(move |req: http::Request<Full<bytes::Bytes>>| {
+        *record.lock() = req.headers().clone();
+        async {
+            Ok::<_, std::io::Error>(
+                http::Response::builder()
+                    .header("connection", "close, x-hop-back")
+                    .header("keep-alive", "timeout=5")
+                    .header("x-hop-back", "1")
+                    .header("x-end", "1")
+                    .body(Full::new(bytes::Bytes::from_static(b"{}")))
+                    .unwrap(),
+            )
+        }
+    });
+    let service = KvRouteLayer::new(router).layer(inner);
+    let mut req = request(chat("x", false));
+    for (k, v) in [
+        ("connection", "x-hop"),
+        ("x-hop", "1"),
+        ("proxy-connection", "keep-alive"),
+        ("x-keep", "1"),
+    ] {
+        req.headers_mut().insert(k, v.parse().unwrap());
+    }
+    let resp = service.oneshot(req).await.unwrap();
+    let sent = upstream.lock().clone();
+    for h in ["connection", "x-hop", "proxy-connection"] {
+        assert!(!sent.contains_key(h), "{h} reached the engine: {sent:?}");
+    }
+    assert_eq!(sent["x-keep"], "1");
+    for h in ["connection", "keep-alive", "x-hop-back"] {
+        assert!(!resp.headers().contains_key(h), "{h} came back: {:?}", resp.headers());
+    }
+    assert_eq!(resp.headers()["x-end"], "1");
+}
