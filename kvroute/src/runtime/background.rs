@@ -12,7 +12,6 @@ use kvroute_select::PrefillProgress;
 use kvroute_select::{EngineReport, Load};
 use tokio::sync::watch;
 
-use super::slots::slot_of;
 #[cfg(feature = "trtllm-http")]
 use super::slots::SlotRuntime;
 use super::status::TokenizerState;
@@ -52,14 +51,13 @@ pub(crate) fn load_tokenizers(shared: &Arc<Shared>, handle: &tokio::runtime::Han
 /// inventory, and its running and waiting requests are outlier detection's
 /// evidence.
 pub(crate) fn record_report(shared: &Shared, url: &str, report: EngineReport) -> bool {
-    let Some(slot) = slot_of(shared, url) else {
-        return false;
-    };
-    record_slot(shared, slot, report);
-    let busy = report.running.saturating_add(report.waiting);
-    let evidence = kvroute_select::EngineEvidence::Report { busy };
-    super::outlier::evidence(shared, id(slot), shared.now(), evidence);
-    true
+    super::slots::at_url(shared, url, |slot, _| {
+        record_slot(shared, slot, report);
+        let busy = report.running.saturating_add(report.waiting);
+        let evidence = kvroute_select::EngineEvidence::Report { busy };
+        super::outlier::evidence(shared, id(slot), shared.now(), evidence);
+    })
+    .is_some()
 }
 
 pub(crate) fn record_slot(shared: &Shared, slot: usize, report: EngineReport) {

@@ -703,16 +703,15 @@ impl KvRouter {
     /// (`true`) or failed to connect: feeds its circuit breaker as
     /// [`Pick::connected`] and [`Pick::retry`] do.
     pub fn record_connect(&self, url: &str, connected: bool) {
-        let Some(slot) = slots::slot_of(&self.shared, url) else {
-            return;
-        };
-        if let Some(s) = self.shared.slots.get(slot) {
-            if connected {
-                s.breaker.on_success();
-            } else {
-                s.breaker.on_failure(self.shared.now());
+        slots::at_url(&self.shared, url, |slot, _| {
+            if let Some(s) = self.shared.slots.get(slot) {
+                if connected {
+                    s.breaker.on_success();
+                } else {
+                    s.breaker.on_failure(self.shared.now());
+                }
             }
-        }
+        });
     }
 
     /// A request without a KV decision (pass-through) charged to `url`

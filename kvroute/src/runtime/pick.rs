@@ -675,6 +675,34 @@ mod tests {
         );
     }
 
+    /// A call naming an endpoint by URL that looked it up just before it
+    /// left (an event batch, an engine report, a connect outcome, a drain)
+    /// acts on nothing once it has left, never on the newcomer in its slot.
+    #[test]
+    fn a_call_that_looked_an_endpoint_up_before_it_left_never_reaches_its_slots_next_one() {
+        use std::sync::atomic::Ordering;
+        let router = host_router(2).build().expect("router");
+        let shared = &router.shared;
+        let epoch = shared.slots[1].epoch.load(Ordering::Acquire);
+        assert_eq!(
+            super::super::slots::at_epoch(shared, 1, epoch, |s, i| (s, i.is_some())),
+            Some((1, true))
+        );
+        router
+            .apply(Change::Remove("http://e1".to_owned()))
+            .expect("remove");
+        router
+            .apply(Change::Insert(host_backend("http://new")))
+            .expect("insert");
+        assert_eq!(router.endpoint_id("http://new"), Some(EndpointId(1)));
+        assert_eq!(super::super::slots::at_epoch(shared, 1, epoch, |s, _| s), None);
+        assert_eq!(
+            super::super::slots::at_url(shared, "http://new", |s, _| s),
+            Some(1)
+        );
+        assert_eq!(super::super::slots::at_url(shared, "http://e1", |s, _| s), None);
+    }
+
     /// An endpoint removed while a request it was sent still streams: a
     /// newcomer takes a slot never used rather than show that request as
     /// its own load (and announce it to the other replicas under its URL);

@@ -549,9 +549,14 @@ fn remove(shared: &Shared, slots: &mut [Option<SlotRuntime>], url: &str) -> Resu
     };
     if let Some(h) = shared.slots.get(slot) {
         h.present.store(false, Ordering::Release);
-        if let Some(old) = h.ingest.write().take() {
+        let mut ingest = h.ingest.write();
+        if let Some(old) = ingest.take() {
             old.lock().retire();
         }
+        // Under the slot's lock: calls naming the endpoint by URL that
+        // looked it up before now find it gone ([`at_url`]).
+        h.epoch.fetch_add(1, Ordering::AcqRel);
+        drop(ingest);
         h.health.set(InventoryHealth::default());
     }
     // Stops its background work (SlotRuntime's drop), then forgets its keys.
@@ -633,8 +638,50 @@ pub(crate) fn slots_of(shared: &Shared, urls: &[&str]) -> Vec<Option<usize>> {
         .collect()
 }
 
+/// Runs `f` with the slot of the endpoint at `url` (and its ingest, if it
+/// follows events) while that endpoint stays in it; `None` when `url` is
+/// not present. The slot and its epoch are read together under the
+/// membership lock, and the epoch is checked again under the slot's ingest
+/// lock, which a removal holds while it retires the endpoint and moves the
+/// epoch on: a call racing a removal acts on the leaving endpoint before it
+/// leaves, or on nothing, never on a newcomer in its slot.
+pub(crate) fn at_url<T>(
+    shared: &Shared,
+    url: &str,
+    f: impl FnOnce(usize, Option<&SharedIngest>) -> T,
+) -> Option<T> {
+    let (slot, epoch) = {
+        let members = shared.membership.lock();
+        let slot = members
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| same_url(&s.backend.url, url)))?;
+        (slot, shared.slots.get(slot)?.epoch.load(Ordering::Acquire))
+    };
+    at_epoch(shared, slot, epoch, f)
+}
+
+/// [`at_url`] past the lookup: `f` runs only while the slot's epoch is
+/// still `epoch`.
+pub(crate) fn at_epoch<T>(
+    shared: &Shared,
+    slot: usize,
+    epoch: u64,
+    f: impl FnOnce(usize, Option<&SharedIngest>) -> T,
+) -> Option<T> {
+    let state = shared.slots.get(slot)?;
+    // Recursive: `f` may read other slots' state under their own locks.
+    let guard = state.ingest.read_recursive();
+    (state.epoch.load(Ordering::Acquire) == epoch).then(|| f(slot, guard.as_ref()))
+}
+
 pub(crate) fn ingest(shared: &Shared, url: &str, batch: &kvroute_ingest::EventBatch) -> bool {
-    slot_of(shared, url).is_some_and(|slot| ingest_slot(shared, slot, batch))
+    at_url(shared, url, |_, ingest| {
+        ingest.is_some_and(|i| {
+            let _ = i.lock().apply_batch(batch, &shared.index);
+            true
+        })
+    })
+    .unwrap_or(false)
 }
 
 pub(crate) fn ingest_slot(
@@ -654,13 +701,13 @@ pub(crate) fn ingest_slot(
 }
 
 pub(crate) fn set_admin_down(shared: &Shared, url: &str, down: bool) -> bool {
-    let Some(slot) = slot_of(shared, url) else {
-        return false;
-    };
-    shared.slots.get(slot).is_some_and(|s| {
-        s.admin_down.store(down, Ordering::Release);
-        true
+    at_url(shared, url, |slot, _| {
+        shared.slots.get(slot).is_some_and(|s| {
+            s.admin_down.store(down, Ordering::Release);
+            true
+        })
     })
+    .unwrap_or(false)
 }
 
 /// The tracker, index and ingest of `shared` (for the followers).
