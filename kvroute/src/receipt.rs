@@ -790,8 +790,10 @@ mod tests {
             USAGE.to_owned(),
             big,
             r#"{"usage":null}"#.to_owned(),
-            r#"{"usage":{"prompt_tokens":1.5,"prompt_tokens_details":{"cached_tokens":3}}}"#.to_owned(),
-            r#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":-1}}}"#.to_owned(),
+            r#"{"usage":{"prompt_tokens":1.5,"prompt_tokens_details":{"cached_tokens":3}}}"#
+                .to_owned(),
+            r#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":-1}}}"#
+                .to_owned(),
             r#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":null}}"#.to_owned(),
             r#"{"usage":{"prompt_tokens_details":{"cached_tokens":4294967304}}}"#.to_owned(),
             r#"{"usage":5}"#.to_owned(),
@@ -805,7 +807,11 @@ mod tests {
             let prompt = cached.and(whole.as_ref().and_then(prompt_tokens));
             let mut s = UsageScanner::new(BodyKind::Json);
             s.feed(doc.as_bytes());
-            assert_eq!((s.finish(), s.prompt_tokens()), (cached, prompt), "{doc:.80}");
+            assert_eq!(
+                (s.finish(), s.prompt_tokens()),
+                (cached, prompt),
+                "{doc:.80}"
+            );
         }
     }
 

@@ -41,7 +41,9 @@ fn a_large_answer_is_read_for_its_receipt_without_building_it() {
     while body.len() < MAX_SCAN_BYTES - 200 {
         body.push_str("-0.5,");
     }
-    body.push_str(r#"-1]}}],"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":8}}}"#);
+    body.push_str(
+        r#"-1]}}],"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":8}}}"#,
+    );
     assert!(body.len() <= MAX_SCAN_BYTES);
     let mut s = UsageScanner::new(BodyKind::Json);
     s.feed(body.as_bytes());

@@ -255,7 +255,11 @@ async fn hop_by_hop_headers_cross_in_neither_direction() {
     }
     assert_eq!(sent["x-keep"], "1");
     for h in ["connection", "keep-alive", "x-hop-back"] {
-        assert!(!resp.headers().contains_key(h), "{h} came back: {:?}", resp.headers());
+        assert!(
+            !resp.headers().contains_key(h),
+            "{h} came back: {:?}",
+            resp.headers()
+        );
     }
     assert_eq!(resp.headers()["x-end"], "1");
 }

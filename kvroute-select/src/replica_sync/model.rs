@@ -98,9 +98,11 @@ impl Model {
             // A forgotten origin comes back within a TTL of being forgotten
             // only with news newer than anything it sent before.
             let ttl = self.cfg.ttl;
-            if self.origins.get(&d.origin).is_some_and(|o| {
-                d.seq <= o.max_seq && now.saturating_sub(o.forgotten_at) <= ttl
-            }) {
+            if self
+                .origins
+                .get(&d.origin)
+                .is_some_and(|o| d.seq <= o.max_seq && now.saturating_sub(o.forgotten_at) <= ttl)
+            {
                 return Applied::Stale;
             }
             if self.kept() >= self.cfg.max_origins {

@@ -327,7 +327,10 @@ fn an_entry_its_origin_stopped_announcing_expires_while_the_origin_lives() {
     assert_eq!(r.apply(&delta(9, 2, 1, 1), s(1)), Applied::Applied);
     // Heartbeats name endpoint 1 only from now on.
     for (i, t) in (2..=6).enumerate() {
-        assert_eq!(r.apply(&delta(9, 3 + i as u64, 1, 1), s(t)), Applied::Applied);
+        assert_eq!(
+            r.apply(&delta(9, 3 + i as u64, 1, 1), s(t)),
+            Applied::Applied
+        );
     }
     assert_eq!(r.remote(EndpointId(0), s(3)).in_flight, 3);
     assert_eq!(r.remote(EndpointId(0), s(4)).in_flight, 0);
@@ -347,7 +350,10 @@ fn a_forged_huge_sequence_number_counts_for_one_ttl_only() {
     let ms = Duration::from_millis;
     r.apply(&delta(9, 1, 0, 0), ms(0));
     r.apply(&delta(9, 2, 1, 0), ms(0));
-    assert_eq!(r.apply(&delta(9, u64::MAX, 0, 1000), ms(500)), Applied::Applied);
+    assert_eq!(
+        r.apply(&delta(9, u64::MAX, 0, 1000), ms(500)),
+        Applied::Applied
+    );
     let mut seq = 3;
     let mut last = 0;
     for t in (1000..=8000).step_by(1000) {

@@ -508,7 +508,11 @@ impl Pick {
     /// against this decision when it ends, and the load charge is released
     /// when it ends, errors or is dropped (a client disconnect). `headers`
     /// are the response's (SSE or JSON).
-    pub fn into_body<B: http_body::Body>(self, headers: &http::HeaderMap, body: B) -> ReceiptBody<B> {
+    pub fn into_body<B: http_body::Body>(
+        self,
+        headers: &http::HeaderMap,
+        body: B,
+    ) -> ReceiptBody<B> {
         self.into_receipt(headers).body(body)
     }
 
@@ -695,12 +699,18 @@ mod tests {
             .apply(Change::Insert(host_backend("http://new")))
             .expect("insert");
         assert_eq!(router.endpoint_id("http://new"), Some(EndpointId(1)));
-        assert_eq!(super::super::slots::at_epoch(shared, 1, epoch, |s, _| s), None);
+        assert_eq!(
+            super::super::slots::at_epoch(shared, 1, epoch, |s, _| s),
+            None
+        );
         assert_eq!(
             super::super::slots::at_url(shared, "http://new", |s, _| s),
             Some(1)
         );
-        assert_eq!(super::super::slots::at_url(shared, "http://e1", |s, _| s), None);
+        assert_eq!(
+            super::super::slots::at_url(shared, "http://e1", |s, _| s),
+            None
+        );
     }
 
     /// An endpoint removed while a request it was sent still streams: a

@@ -465,7 +465,10 @@ mod tests {
         .expect("json");
         sink(bytes::Bytes::from(ok));
         let c = router.replica_counters().expect("counters");
-        assert_eq!((c.received, c.undecodable, c.oversized, c.applied), (3, 1, 1, 1));
+        assert_eq!(
+            (c.received, c.undecodable, c.oversized, c.applied),
+            (3, 1, 1, 1)
+        );
     }
 
     /// The publishing task wakes at least every heartbeat, whatever the

@@ -476,7 +476,8 @@ pub(crate) fn insert(
         let l = kvroute_select::Load::load(&*shared.tracker, id(i));
         l.in_flight == 0 && l.queued_prefill_tokens == 0
     };
-    let free_idle = (0..slots.len()).find(|&i| slots.get(i).is_some_and(Option::is_none) && idle(i));
+    let free_idle =
+        (0..slots.len()).find(|&i| slots.get(i).is_some_and(Option::is_none) && idle(i));
     let slot = match free_idle {
         Some(i) => i,
         None if slots.len() < shared.slots.len() => {

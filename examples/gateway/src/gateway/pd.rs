@@ -88,8 +88,12 @@ mod tests {
         for k in ["echo", "logprobs", "top_logprobs", "prompt_logprobs"] {
             assert!(p.get(k).is_none(), "{k} in the prefill leg: {p}");
         }
-        let d: Value = serde_json::from_slice(&decode_body_of(object, &json!({})).unwrap()).unwrap();
-        assert_eq!((d["echo"].clone(), d["prompt_logprobs"].clone()), (json!(true), json!(1)));
+        let d: Value =
+            serde_json::from_slice(&decode_body_of(object, &json!({})).unwrap()).unwrap();
+        assert_eq!(
+            (d["echo"].clone(), d["prompt_logprobs"].clone()),
+            (json!(true), json!(1))
+        );
         assert!(parse(b"not json").is_none());
         assert!(parse(b"[1]").is_none(), "not an object: no two-step");
     }
