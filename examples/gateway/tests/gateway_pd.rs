@@ -5,6 +5,24 @@ mod gateway_support;
 
 use gateway_support::*;
 
+/// Sends a completion of a 40-word prompt named `name` through `gw` in the
+/// background; its status when it answers.
+fn spawn_completion(
+    gw: &Gateway,
+    name: &str,
+) -> tokio::task::JoinHandle<Result<u16, reqwest::Error>> {
+    let url = gw.url("/v1/completions");
+    let body = serde_json::json!({"model": MODEL, "prompt": prompt(name, 40), "max_tokens": 4});
+    tokio::spawn(async move {
+        client()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    })
+}
+
 fn decode_toml(e: &Engine) -> String {
     format!(
         "[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n",
@@ -98,17 +116,7 @@ async fn the_prefill_endpoint_is_released_when_its_leg_answers() {
     );
     let gw = Gateway::start(&config);
     wait_subscribed(&gw).await;
-    let url = gw.url("/v1/completions");
-    let request = tokio::spawn(async move {
-        let body =
-            serde_json::json!({"model": MODEL, "prompt": prompt("held", 40), "max_tokens": 4});
-        client()
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    });
+    let request = spawn_completion(&gw, "held");
     eventually("the decode leg reached its engine", || async {
         (decode.received.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
     })
@@ -148,17 +156,7 @@ async fn a_decode_retry_after_the_engine_got_the_request_runs_the_prefill_again(
     );
     let gw = Gateway::start(&config);
     wait_subscribed(&gw).await;
-    let url = gw.url("/v1/completions");
-    let request = tokio::spawn(async move {
-        let body =
-            serde_json::json!({"model": MODEL, "prompt": prompt("spent", 40), "max_tokens": 4});
-        client()
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    });
+    let request = spawn_completion(&gw, "spent");
     // Whichever decode engine got the first attempt keeps it; the other
     // answers the retry.
     let first = eventually("the first decode attempt reached an engine", || async {

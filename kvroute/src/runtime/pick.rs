@@ -642,6 +642,16 @@ mod tests {
         Backend::new(engine, url.to_owned()).host_events()
     }
 
+    /// The endpoint at `old` leaves and one at `new` joins.
+    fn replace(router: &KvRouter, old: &str, new: &str) {
+        router
+            .apply(Change::Remove(old.to_owned()))
+            .expect("remove");
+        router
+            .apply(Change::Insert(host_backend(new)))
+            .expect("insert");
+    }
+
     /// Retries of requests decided before an endpoint left never take the
     /// endpoint that reused its slot for one they may go to: it is not the
     /// endpoint their decision's rule names there.
@@ -658,12 +668,7 @@ mod tests {
         // third endpoint.
         let busy = format!("http://e{other}");
         let _busy = [router.charge_unrouted(&busy), router.charge_unrouted(&busy)];
-        router
-            .apply(Change::Remove(format!("http://e{reused}")))
-            .expect("remove");
-        router
-            .apply(Change::Insert(host_backend("http://new")))
-            .expect("insert");
+        replace(&router, &format!("http://e{reused}"), "http://new");
         assert_eq!(
             router.endpoint_id("http://new"),
             Some(EndpointId(reused as u32))
@@ -692,12 +697,7 @@ mod tests {
             super::super::slots::at_epoch(shared, 1, epoch, |s, i| (s, i.is_some())),
             Some((1, true))
         );
-        router
-            .apply(Change::Remove("http://e1".to_owned()))
-            .expect("remove");
-        router
-            .apply(Change::Insert(host_backend("http://new")))
-            .expect("insert");
+        replace(&router, "http://e1", "http://new");
         assert_eq!(router.endpoint_id("http://new"), Some(EndpointId(1)));
         assert_eq!(
             super::super::slots::at_epoch(shared, 1, epoch, |s, _| s),
@@ -721,12 +721,7 @@ mod tests {
     fn a_newcomer_does_not_inherit_a_removed_endpoints_requests_still_streaming() {
         let router = host_router(2).build().expect("router");
         let streaming = router.charge_unrouted("http://e1");
-        router
-            .apply(Change::Remove("http://e1".to_owned()))
-            .expect("remove");
-        router
-            .apply(Change::Insert(host_backend("http://new")))
-            .expect("insert");
+        replace(&router, "http://e1", "http://new");
         assert_eq!(router.endpoint_id("http://new"), Some(EndpointId(2)));
         let status = router.endpoint_status("http://new").expect("status");
         assert_eq!(status.load.in_flight, 0);
@@ -754,12 +749,7 @@ mod tests {
             },
         );
         assert_eq!(index.capacity(EndpointId(1), Medium::Gpu), Some(64));
-        router
-            .apply(Change::Remove("http://e1".to_owned()))
-            .expect("remove");
-        router
-            .apply(Change::Insert(host_backend("http://x1")))
-            .expect("insert");
+        replace(&router, "http://e1", "http://x1");
         assert_eq!(router.endpoint_id("http://x1"), Some(EndpointId(1)));
         assert_eq!(index.capacity(EndpointId(1), Medium::Gpu), default);
 
@@ -772,10 +762,7 @@ mod tests {
         assert_eq!(second.decision().speculative_prefix()[e.index()], 8);
         drop((first, second));
         let url = router.endpoints()[e.index()].clone();
-        router.apply(Change::Remove(url)).expect("remove");
-        router
-            .apply(Change::Insert(host_backend("http://new")))
-            .expect("insert");
+        replace(&router, &url, "http://new");
         assert_eq!(router.endpoint_id("http://new"), Some(e));
         let third = router.pick_keys(&keys, 32).expect("pick");
         let credited = third.decision().speculative_prefix();
@@ -835,10 +822,7 @@ mod tests {
         let mut pick = router.pick_keys(&keys, 32).expect("pick");
         let failing = pick.decision().target().expect("target").endpoint;
         let url = format!("http://e{}", failing.index());
-        router.apply(Change::Remove(url)).expect("remove");
-        router
-            .apply(Change::Insert(host_backend("http://new")))
-            .expect("insert");
+        replace(&router, &url, "http://new");
         // The request sent to the endpoint that left fails.
         let _ = pick.retry_leg(Leg::Endpoint);
         let status = router.endpoint_status("http://new").expect("new");
