@@ -355,7 +355,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::super::test_support::{host_router, HostEngine};
+    use super::super::test_support::{host_router, HostEngine, Loopback};
     use crate::{Backend, Change, EndpointDelta, HostTransport, ReplicaBatch, ReplicaConfig};
 
     /// An endpoint leaves and another takes its slot: the load other
@@ -404,35 +404,6 @@ mod tests {
         router.apply_replica_batch(&peer(3, "http://e9"));
         let named = router.endpoint_status("http://e9").expect("e9");
         assert_eq!(named.remote.map(|l| l.in_flight), Some(5));
-    }
-
-    /// Records what the router publishes and keeps the sink it subscribes,
-    /// so the test can hand it messages as a transport would.
-    #[derive(Default)]
-    struct Loopback {
-        sent: parking_lot::Mutex<Vec<bytes::Bytes>>,
-        sink: parking_lot::Mutex<Option<crate::ReplicaSink>>,
-    }
-
-    impl std::fmt::Debug for Loopback {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("Loopback")
-        }
-    }
-
-    impl crate::ReplicaTransport for Loopback {
-        fn publish(&self, _pool: &str, payload: bytes::Bytes) {
-            self.sent.lock().push(payload);
-        }
-
-        fn subscribe(
-            &self,
-            _pool: &str,
-            sink: crate::ReplicaSink,
-        ) -> Result<crate::ReplicaSubscription, crate::ReplicaError> {
-            *self.sink.lock() = Some(sink);
-            Ok(crate::ReplicaSubscription::new(()))
-        }
     }
 
     fn looped(t: &Arc<Loopback>, sync_interval: Duration, heartbeat: Duration) -> crate::KvRouter {

@@ -37,3 +37,32 @@ pub(crate) fn host_router(n: usize) -> KvRouterBuilder {
     }
     b
 }
+
+/// Records what the router publishes and keeps the sink it subscribes,
+/// so a test can hand it messages as a transport would.
+#[derive(Default)]
+pub(crate) struct Loopback {
+    pub(crate) sent: parking_lot::Mutex<Vec<bytes::Bytes>>,
+    pub(crate) sink: parking_lot::Mutex<Option<crate::ReplicaSink>>,
+}
+
+impl std::fmt::Debug for Loopback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Loopback")
+    }
+}
+
+impl crate::ReplicaTransport for Loopback {
+    fn publish(&self, _pool: &str, payload: bytes::Bytes) {
+        self.sent.lock().push(payload);
+    }
+
+    fn subscribe(
+        &self,
+        _pool: &str,
+        sink: crate::ReplicaSink,
+    ) -> Result<crate::ReplicaSubscription, crate::ReplicaError> {
+        *self.sink.lock() = Some(sink);
+        Ok(crate::ReplicaSubscription::new(()))
+    }
+}

@@ -132,7 +132,7 @@ mod tests {
     use kvroute_ingest::{BlockStored, EventBatch, KvEvent};
     use kvroute_select::Turn;
 
-    use super::super::test_support::host_router;
+    use super::super::test_support::{host_router, Loopback};
     use crate::{Clock, HostTransport, KvRouter, ManualClock, ReplicaConfig};
 
     const STAGGER: Duration = Duration::from_millis(1);
@@ -284,27 +284,9 @@ mod tests {
         assert_eq!((c.held, c.held_us), (held + 1, (held + 1) * 3_000));
     }
 
-    /// Records what the publishing task sends.
-    #[derive(Debug, Default)]
-    struct Recording(parking_lot::Mutex<Vec<bytes::Bytes>>);
-
-    impl crate::ReplicaTransport for Recording {
-        fn publish(&self, _pool: &str, payload: bytes::Bytes) {
-            self.0.lock().push(payload);
-        }
-
-        fn subscribe(
-            &self,
-            _pool: &str,
-            _sink: crate::ReplicaSink,
-        ) -> Result<crate::ReplicaSubscription, crate::ReplicaError> {
-            Ok(crate::ReplicaSubscription::new(()))
-        }
-    }
-
     /// A router over `n` endpoints, started on the test's runtime, whose
     /// replica messages `sent` records; `sync_interval` apart at most.
-    fn recorded(sent: &Arc<Recording>, n: usize, sync_interval: Duration) -> KvRouter {
+    fn recorded(sent: &Arc<Loopback>, n: usize, sync_interval: Duration) -> KvRouter {
         let mut r = ReplicaConfig::new(Arc::clone(sent) as Arc<dyn crate::ReplicaTransport>);
         r.origin = Some(2);
         r.stagger = STAGGER;
@@ -314,9 +296,9 @@ mod tests {
     }
 
     /// Waits (bounded) until `sent` holds `n` messages.
-    async fn sent_reaches(sent: &Recording, n: usize) -> bool {
+    async fn sent_reaches(sent: &Loopback, n: usize) -> bool {
         for _ in 0..500 {
-            if sent.0.lock().len() >= n {
+            if sent.sent.lock().len() >= n {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -330,7 +312,7 @@ mod tests {
     /// the next tick (here a minute away).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_decision_in_its_turn_is_published_at_once_within_the_sync_interval() {
-        let sent = Arc::new(Recording::default());
+        let sent = Arc::new(Loopback::default());
         let router = recorded(&sent, 2, Duration::from_secs(60));
         // A decision after a quiet interval goes out at once; the next one
         // outside a turn waits for the tick.
@@ -343,7 +325,7 @@ mod tests {
         let outside = router.pick_keys(&prompt, 16).expect("pick");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(
-            sent.0.lock().len(),
+            sent.sent.lock().len(),
             1,
             "a decision outside a turn was sent before the tick"
         );
@@ -368,14 +350,14 @@ mod tests {
     /// runs, and the others would count that request until the TTL.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_retired_router_ends_with_every_endpoints_totals() {
-        let sent = Arc::new(Recording::default());
+        let sent = Arc::new(Loopback::default());
         let router = recorded(&sent, 3, Duration::from_millis(20));
         let pick = router.pick_keys(&keys(1..=4), 16).expect("pick");
         assert!(sent_reaches(&sent, 1).await, "the decision was not sent");
         drop(router);
         drop(pick);
         assert!(sent_reaches(&sent, 2).await, "no message after the end");
-        let last = sent.0.lock().last().cloned().expect("a message");
+        let last = sent.sent.lock().last().cloned().expect("a message");
         let batch: crate::ReplicaBatch = serde_json::from_slice(&last).expect("a batch");
         assert_eq!(batch.endpoints.len(), 3, "{batch:?}");
         assert!(
