@@ -113,10 +113,7 @@ pub enum Change {
     /// never go to the newcomer), not the other replicas' load on it, nor
     /// its sessions, predicted entries, delivery evidence or reported
     /// inventory bound. Its requests still in flight count on its slot until
-    /// they end, so a newcomer takes a slot with nothing in flight, or one
-    /// never used; only when neither is left
-    /// ([`crate::KvRouterBuilder::max_endpoints`]) does it take one whose old
-    /// requests still stream, and those count as its load until they end.
+    /// they end: a newcomer in the slot meanwhile shows them as its load.
     Remove(String),
 }
 
@@ -493,7 +490,10 @@ impl KvRouter {
 
     /// Takes the replica outbox (changed endpoints; every endpoint when
     /// `full`) as a batch for the other replicas; `None` without replica
-    /// sharing or when nothing changed.
+    /// sharing or when nothing changed. A host moving batches itself sends
+    /// a `full` one more often than the replicas' TTL
+    /// ([`ReplicaConfig::ttl`]): the others stop counting an endpoint no
+    /// batch named for a TTL, as they stop counting a silent replica.
     #[must_use]
     pub fn drain_replica_batch(&self, full: bool) -> Option<ReplicaBatch> {
         self.shared.replicas.as_ref()?.drain(&self.shared, full)

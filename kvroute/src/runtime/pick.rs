@@ -697,7 +697,17 @@ mod tests {
             super::super::slots::at_epoch(shared, 1, epoch, |s, i| (s, i.is_some())),
             Some((1, true))
         );
-        replace(&router, "http://e1", "http://new");
+        router
+            .apply(Change::Remove("http://e1".to_owned()))
+            .expect("remove");
+        // Gone at once, before anything takes the slot.
+        assert_eq!(
+            super::super::slots::at_epoch(shared, 1, epoch, |s, _| s),
+            None
+        );
+        router
+            .apply(Change::Insert(host_backend("http://new")))
+            .expect("insert");
         assert_eq!(router.endpoint_id("http://new"), Some(EndpointId(1)));
         assert_eq!(
             super::super::slots::at_epoch(shared, 1, epoch, |s, _| s),
@@ -711,25 +721,6 @@ mod tests {
             super::super::slots::at_url(shared, "http://e1", |s, _| s),
             None
         );
-    }
-
-    /// An endpoint removed while a request it was sent still streams: a
-    /// newcomer takes a slot never used rather than show that request as
-    /// its own load (and announce it to the other replicas under its URL);
-    /// once the request has ended, the slot is taken again.
-    #[test]
-    fn a_newcomer_does_not_inherit_a_removed_endpoints_requests_still_streaming() {
-        let router = host_router(2).build().expect("router");
-        let streaming = router.charge_unrouted("http://e1");
-        replace(&router, "http://e1", "http://new");
-        assert_eq!(router.endpoint_id("http://new"), Some(EndpointId(2)));
-        let status = router.endpoint_status("http://new").expect("status");
-        assert_eq!(status.load.in_flight, 0);
-        drop(streaming);
-        router
-            .apply(Change::Insert(host_backend("http://later")))
-            .expect("insert");
-        assert_eq!(router.endpoint_id("http://later"), Some(EndpointId(1)));
     }
 
     /// A new endpoint in a reused slot keeps nothing of the old one: not the
@@ -808,10 +799,8 @@ mod tests {
     /// open the breaker of the endpoint now in its slot.
     #[test]
     fn failures_of_a_removed_endpoint_do_not_reach_its_slots_next_endpoint() {
-        // One failure opens a breaker; no spare slot, so the newcomer takes
-        // the one whose request is still out.
+        // One failure opens a breaker.
         let router = host_router(2)
-            .max_endpoints(2)
             .breaker(kvroute_select::BreakerConfig {
                 failure_threshold: 1,
                 cool_down: std::time::Duration::from_secs(60),

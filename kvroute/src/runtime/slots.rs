@@ -454,12 +454,9 @@ fn new_ingest(shared: &Shared, slot: usize, b: &Backend) -> EndpointIngest {
     }
 }
 
-/// Puts `b` in a free slot and starts its background work. The load
-/// tracker counts a slot's requests until they end, so a slot whose
-/// removed endpoint still has requests streaming would show them as the
-/// newcomer's (and announce them to the other replicas under its URL): the
-/// lowest free slot with nothing in flight is taken, else a slot never
-/// used, and only when neither is left one still finishing old requests.
+/// Puts `b` in the lowest free slot and starts its background work (the
+/// same slot on every replica that applies the same changes: the cost
+/// scorer's zones are by slot).
 pub(crate) fn insert(
     shared: &Arc<Shared>,
     slots: &mut Vec<Option<SlotRuntime>>,
@@ -472,22 +469,13 @@ pub(crate) fn insert(
     {
         return Err(BuildError::Membership(b.url, "already present"));
     }
-    let idle = |i: usize| {
-        let l = kvroute_select::Load::load(&*shared.tracker, id(i));
-        l.in_flight == 0 && l.queued_prefill_tokens == 0
-    };
-    let free_idle =
-        (0..slots.len()).find(|&i| slots.get(i).is_some_and(Option::is_none) && idle(i));
-    let slot = match free_idle {
+    let slot = match slots.iter().position(Option::is_none) {
         Some(i) => i,
         None if slots.len() < shared.slots.len() => {
             slots.push(None);
             slots.len() - 1
         }
-        None => match slots.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => return Err(BuildError::TooManyEndpoints(shared.slots.len())),
-        },
+        None => return Err(BuildError::TooManyEndpoints(shared.slots.len())),
     };
     let Some(state) = shared.slots.get(slot) else {
         return Err(BuildError::TooManyEndpoints(shared.slots.len()));
@@ -670,8 +658,7 @@ pub(crate) fn at_epoch<T>(
     f: impl FnOnce(usize, Option<&SharedIngest>) -> T,
 ) -> Option<T> {
     let state = shared.slots.get(slot)?;
-    // Recursive: `f` may read other slots' state under their own locks.
-    let guard = state.ingest.read_recursive();
+    let guard = state.ingest.read();
     (state.epoch.load(Ordering::Acquire) == epoch).then(|| f(slot, guard.as_ref()))
 }
 
