@@ -266,6 +266,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
         headers: parts.headers.clone(),
         body,
         prefill: None,
+        receipt: None,
         failures: Vec::new(),
         pd: None,
     };
@@ -468,6 +469,10 @@ struct Ctx {
     /// The prefill leg already done for a P/D target: (endpoint, params,
     /// its cached tokens and prompt tokens).
     prefill: Option<(String, Option<serde_json::Value>, Option<Usage>)>,
+    /// The first prefill leg's usage: the decision's receipt. A leg run
+    /// again (its transfer spent) finds the prompt it just prefilled
+    /// cached, which says nothing of the decision.
+    receipt: Option<Option<Usage>>,
     /// (endpoint url, error) of connect failures, for the 503 reason.
     failures: Vec<(String, String)>,
     /// P/D: the request parsed once for every leg and attempt (`None` until
@@ -598,10 +603,11 @@ async fn connect(
     let body = prepared
         .decode_body(&pick.text_body(&ctx.body), params)
         .await;
+    let receipt = *ctx.receipt.get_or_insert(cached);
     let response = exchange(gw, pick, Leg::Decode, &decode_ep.base, ctx, body).await?;
     Ok(Connection {
         response,
-        prefill_cached: Some(cached),
+        prefill_cached: Some(receipt),
     })
 }
 
