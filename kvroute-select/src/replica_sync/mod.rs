@@ -463,6 +463,10 @@ impl RemoteLoad {
         let Some(entry) = o.entries.get_mut(e) else {
             return Applied::UnknownEndpoint;
         };
+        // What an entry gone quiet had counted of the origin's charged
+        // counter: a fresh entry that carries on from it counts only the
+        // work charged since (not its queue again as new work).
+        let mut counted = None;
         if entry.seq != 0 && now.saturating_sub(entry.heard) > self.cfg.ttl {
             // Quiet for a TTL while its origin spoke: whatever set it is
             // not this origin's view of the endpoint any more. Its charged
@@ -473,16 +477,18 @@ impl RemoteLoad {
             if let Some(r) = inner.retired.get_mut(e) {
                 *r = r.saturating_add(entry.charged_share());
             }
+            counted = Some(entry.charged);
             *entry = Entry::default();
         }
         if d.seq <= entry.seq {
             return Applied::Stale;
         }
-        let base = if entry.seq == 0 {
-            d.charged_prefill_tokens
-                .saturating_sub(d.queued_prefill_tokens)
-        } else {
-            entry.base
+        let base = match (entry.seq, counted) {
+            (0, Some(c)) if d.charged_prefill_tokens >= c => c,
+            (0, _) => d
+                .charged_prefill_tokens
+                .saturating_sub(d.queued_prefill_tokens),
+            _ => entry.base,
         };
         *entry = Entry {
             seq: d.seq,

@@ -118,19 +118,26 @@ impl Model {
             return Applied::UnknownEndpoint;
         };
         let entry = o.entries.entry(e).or_default();
-        // An entry no news refreshed for a TTL starts afresh.
+        // An entry no news refreshed for a TTL starts afresh, carrying on
+        // from the charged tokens it had counted when the counter has not
+        // gone back.
+        let mut counted = None;
         if entry.seq != 0 && now.saturating_sub(entry.heard) > self.cfg.ttl {
             let r = self.retired.entry(e).or_default();
             *r = r.saturating_add(entry.charged.saturating_sub(entry.base));
+            counted = Some(entry.charged);
             *entry = Entry::default();
         }
         if d.seq <= entry.seq {
             return Applied::Stale;
         }
         if entry.seq == 0 {
-            entry.base = d
-                .charged_prefill_tokens
-                .saturating_sub(d.queued_prefill_tokens);
+            entry.base = match counted {
+                Some(c) if d.charged_prefill_tokens >= c => c,
+                _ => d
+                    .charged_prefill_tokens
+                    .saturating_sub(d.queued_prefill_tokens),
+            };
         }
         entry.seq = d.seq;
         entry.load = EndpointLoad {

@@ -394,3 +394,27 @@ fn a_restarted_origin_with_the_same_id_is_heard_after_two_ttls() {
     assert_eq!(heard_at, 5000);
     assert_eq!(r.remote(EndpointId(0), ms(10_000)).in_flight, 1);
 }
+
+/// An entry that went quiet for a TTL and is then named again by its
+/// origin, whose charged counter went on: the charged tokens count once
+/// (the entry's queue is not taken for new work a second time).
+#[test]
+fn an_entry_named_again_after_going_quiet_counts_its_charged_tokens_once() {
+    let r = table(2, 4);
+    let s = Duration::from_secs;
+    let with = |seq: u64, e: u32, queued: u64, charged: u64| LoadDelta {
+        queued_prefill_tokens: queued,
+        charged_prefill_tokens: charged,
+        ..delta(9, seq, e, 1)
+    };
+    r.apply(&with(1, 0, 500, 1500), s(1));
+    assert_eq!(r.remote_charged(EndpointId(0)), 500);
+    // Only endpoint 1 is named for 4 s (a 2 s TTL); then endpoint 0 again,
+    // 300 more tokens charged there meanwhile.
+    for t in 2..=5 {
+        r.apply(&with(t, 1, 0, 0), s(t));
+    }
+    r.apply(&with(6, 0, 800, 1800), s(5));
+    assert_eq!(r.remote_charged(EndpointId(0)), 800);
+    assert_eq!(r.remote(EndpointId(0), s(5)).queued_prefill_tokens, 800);
+}
