@@ -817,12 +817,17 @@ fn validate_replicas(mut cfg: ReplicasConfig, base: &Path) -> Result<ReplicasCon
             format!("at most {MAX_STAGGER_MS} (a turn holds requests rank times this long)"),
         ));
     }
-    if cfg.remote_ttl_ms <= cfg.heartbeat_ms {
+    // A heartbeat goes out at the first wake-up at least `heartbeat_ms`
+    // after the last one, and wake-ups come every `sync_interval_ms` (at
+    // most `heartbeat_ms`) apart.
+    let period = cfg
+        .heartbeat_ms
+        .saturating_add(cfg.sync_interval_ms.min(cfg.heartbeat_ms));
+    if cfg.remote_ttl_ms <= period {
         return Err(invalid(
             "replicas.remote_ttl_ms",
             format!(
-                "must exceed replicas.heartbeat_ms ({}): an idle replica would expire at the others between two heartbeats",
-                cfg.heartbeat_ms
+                "must exceed replicas.heartbeat_ms plus replicas.sync_interval_ms (at most the heartbeat), {period}: an idle replica would expire at the others between two heartbeats"
             ),
         ));
     }

@@ -548,3 +548,30 @@ fn burst_order_ms_is_kept_and_bounded() {
     let err = rule("burst_order_ms = -1").unwrap_err().to_string();
     assert!(err.starts_with("rules[0].burst_order_ms"), "{err}");
 }
+
+/// The replicas' TTL must outlast the longest gap between two heartbeats:
+/// the heartbeat plus one wake-up interval (`sync_interval_ms`, at most the
+/// heartbeat), or idle replicas and endpoints would expire at the others.
+#[test]
+fn the_replica_ttl_must_outlast_a_heartbeat_and_a_wake_up() {
+    let file = |extra: &str| {
+        ServeConfig::from_toml(
+            &format!("listen = \"127.0.0.1:0\"\n[replicas]\n{extra}"),
+            Path::new("."),
+        )
+        .map(|_| ())
+    };
+    assert!(file("heartbeat_ms = 1000\nremote_ttl_ms = 1003").is_ok());
+    for extra in [
+        "heartbeat_ms = 1000\nremote_ttl_ms = 1002",
+        "sync_interval_ms = 900\nheartbeat_ms = 1000\nremote_ttl_ms = 1500",
+        "sync_interval_ms = 10000\nheartbeat_ms = 1000\nremote_ttl_ms = 2000",
+    ] {
+        let err = file(extra).unwrap_err().to_string();
+        assert!(
+            err.starts_with("replicas.remote_ttl_ms: must exceed"),
+            "{extra}: {err}"
+        );
+    }
+    assert!(file("sync_interval_ms = 10000\nheartbeat_ms = 1000\nremote_ttl_ms = 2001").is_ok());
+}
