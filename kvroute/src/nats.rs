@@ -159,8 +159,11 @@ fn token(pool: &str) -> String {
 
 /// The largest message sent before the server's first `INFO` says its
 /// `max_payload`: batches queued while the server is unreachable are split to
-/// this (a server refusing a larger message closes the connection).
-pub const PAYLOAD_BEFORE_INFO: usize = 64 << 10;
+/// this (a server refusing a larger message closes the connection, and the
+/// client refuses one past the limit it learns meanwhile). Small: such
+/// batches are few, and the full resend at the first connection supersedes
+/// them.
+pub const PAYLOAD_BEFORE_INFO: usize = 1 << 10;
 
 impl NatsReplicas {
     /// Connects (on the current tokio runtime; the client keeps
@@ -309,8 +312,10 @@ impl ReplicaTransport for NatsReplicas {
     /// server down at start) the client's figure is its own default, so
     /// messages stay within [`PAYLOAD_BEFORE_INFO`] until the server has said.
     fn max_payload(&self) -> Option<usize> {
+        // The client may have read the first `INFO` before its connect
+        // event reached us: its figure counts as soon as it is smaller.
         if self.connects() == 0 {
-            return Some(PAYLOAD_BEFORE_INFO);
+            return Some(PAYLOAD_BEFORE_INFO.min(self.client.max_payload()));
         }
         Some(self.client.max_payload())
     }
