@@ -2,17 +2,20 @@
 //! request body is buffered (bounded), the router decides, the inner service
 //! (an HTTP client such as hyper-util's) is called with the request
 //! re-targeted at the chosen endpoint and awaited with [`crate::Pick::await_headers`]
-//! (the router's header timeouts and outlier detection), an error of the
-//! inner service (a failed connect) or a stall is retried on the next
-//! endpoint with [`crate::Pick::retry`], and the response body becomes a
-//! [`ReceiptBody`] (receipt recorded and load released at its end or drop).
+//! (the router's header timeouts and outlier detection), a failed connect or
+//! a stall is retried on the next endpoint with [`crate::Pick::retry`], and
+//! the response body becomes a [`ReceiptBody`] (receipt recorded and load
+//! released at its end or drop).
 //!
-//! Only failures before the engine got the request are retried: a connect
-//! the inner service reports as failed (hyper-util's connect errors, an I/O
-//! error such as `ConnectionRefused` in the error's chain) and a stall. Any
-//! other error of the inner service (a reset after the request was sent)
-//! comes back to the caller: the engine may have acted on it, and a
-//! generation must not run twice. A response, whatever its status, is the
+//! Two failures are retried, as `kvroute serve` retries them: a connect the
+//! inner service reports as failed (hyper-util's connect errors, an I/O
+//! error such as `ConnectionRefused` in the error's chain), which the engine
+//! never saw, and a stall (no headers within the router's timeout, or the
+//! endpoint ejected meanwhile), an engine given up on before it answered.
+//! Any other error of the inner service (a reset after the request was
+//! sent) comes back to the caller, uncounted by the endpoint's breaker: the
+//! engine may have acted on the request, and a generation must not run
+//! twice. A response, whatever its status, is the
 //! engine's answer and goes to the client. Hop-by-hop headers (RFC 9110
 //! §7.6.1, including those a `Connection` header names) cross in neither
 //! direction. Requests to paths
@@ -252,8 +255,8 @@ where
             }
             .map_err(KvRouteError::from)?;
             // The one retry driver: each attempt's wait for headers under the
-            // router's header timeouts and outlier detection; an error of the
-            // inner service or a stall moves to the next endpoint.
+            // router's header timeouts and outlier detection; a failed
+            // connect or a stall moves to the next endpoint.
             let response = loop {
                 let upstream = upstream_request(
                     &parts.method,
