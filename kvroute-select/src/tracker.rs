@@ -226,6 +226,15 @@ impl LoadGuard {
         self.set(target, prefill_tokens);
     }
 
+    /// P/D: the decode leg will not run (the prefill endpoint refused the
+    /// request, and its answer is the response): the decode endpoint is
+    /// released; the prefill endpoint stays charged until the guard drops.
+    pub fn release_decode(&mut self) {
+        if let Some(d) = self.decode.take() {
+            self.tracker.sub(d, 1, 0);
+        }
+    }
+
     /// P/D: the decode leg moves to `decode` (a retry after the decode
     /// endpoint failed); the prefill leg's charge, or its end, is left as it
     /// is — the prefill it stands for is not run again.
@@ -308,6 +317,25 @@ mod tests {
         assert_eq!(tr.load(EndpointId(2)).in_flight, 1);
         drop(g);
         assert_eq!(tr.load(EndpointId(2)).in_flight, 0);
+    }
+
+    /// The prefill endpoint refused a P/D request: its answer is the
+    /// response, the decode endpoint never gets the request and is released
+    /// at once; the prefill endpoint carries it until the guard drops.
+    #[test]
+    fn a_refused_prefill_leg_releases_the_decode_endpoint() {
+        let tr = Arc::new(LoadTracker::new(3));
+        let mut g = tr.charge(t(0, Some(2)), 100);
+        g.release_decode();
+        assert_eq!(tr.load(EndpointId(2)), EndpointLoad::default());
+        assert_eq!(tr.load(EndpointId(0)).in_flight, 1);
+        // Converged from here: the first byte ends the prefill work, the
+        // drop the request.
+        g.prefill_leg_done();
+        assert_eq!(tr.load(EndpointId(0)).in_flight, 1);
+        assert_eq!(tr.load(EndpointId(0)).queued_prefill_tokens, 0);
+        drop(g);
+        assert_eq!(tr.load(EndpointId(0)), EndpointLoad::default());
     }
 
     #[test]

@@ -182,3 +182,75 @@ async fn a_decode_retry_after_the_engine_got_the_request_runs_the_prefill_again(
     assert_eq!(eps[0]["receipts"], 1, "{:?}", eps[0]);
     assert_eq!(eps[0]["delivered_cached_tokens"], 0, "{:?}", eps[0]);
 }
+
+/// The prefill endpoint refuses a P/D request (an error status whose body
+/// is still streaming): its answer goes to the client, and the decode
+/// endpoint, which never gets the request, is released at once; the prefill
+/// endpoint carries the request until its answer ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_prefill_leg_charges_the_decode_endpoint_nothing() {
+    use axum::body::Body;
+    use axum::http::Request;
+    use axum::response::IntoResponse;
+    let gate = Gate::new();
+    let held = gate.clone();
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let gate = held.clone();
+        async move {
+            let _ = axum::body::to_bytes(req.into_body(), 1 << 20).await;
+            let chunks = futures_util::stream::unfold(0u8, move |step| {
+                let gate = gate.clone();
+                async move {
+                    match step {
+                        0 => Some((
+                            Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"error\": ")),
+                            1,
+                        )),
+                        1 => {
+                            gate.hold(&std::sync::atomic::AtomicUsize::new(0)).await;
+                            Some((Ok(bytes::Bytes::from_static(b"\"no\"}")), 2))
+                        }
+                        _ => None,
+                    }
+                }
+            });
+            (
+                axum::http::StatusCode::BAD_REQUEST,
+                [("content-type", "application/json")],
+                Body::from_stream(chunks),
+            )
+                .into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let prefill = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let decode = held_engine(&Gate::new()).await;
+    let config = format!(
+        "{}[[rules]]\nname = \"pd\"\nmodels = [\"{MODEL}\"]\ndefault = true\nchoice = \"round_robin\"\ntopology = \"prefill_decode\"\n\n[[rules.endpoints]]\nurl = \"http://{prefill}\"\nrole = \"prefill\"\n\n{}",
+        config_head("[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\n"),
+        format!("[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n", decode.addr)
+    );
+    let gw = Gateway::start(&config);
+    let url = gw.url("/v1/completions");
+    let (headers, got_headers) = tokio::sync::oneshot::channel();
+    let request = tokio::spawn(async move {
+        let body = serde_json::json!({"model": MODEL, "prompt": "refused", "max_tokens": 4});
+        let r = client().post(url).json(&body).send().await.unwrap();
+        let _ = headers.send(r.status().as_u16());
+        r.text().await.unwrap()
+    });
+    // The refusal's headers reached the client; its body is still held.
+    assert_eq!(got_headers.await.unwrap(), 400);
+    let eps = endpoints(&gw).await;
+    assert_eq!(eps[0]["in_flight"], 1, "prefill endpoint: {:?}", eps[0]);
+    assert_eq!(eps[1]["in_flight"], 0, "decode endpoint: {:?}", eps[1]);
+    gate.open();
+    assert_eq!(request.await.unwrap(), "{\"error\": \"no\"}");
+    assert_eq!(decode.received.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let eps = endpoints(&gw).await;
+    assert_eq!(
+        (eps[0]["in_flight"].as_u64(), eps[1]["in_flight"].as_u64()),
+        (Some(0), Some(0))
+    );
+}

@@ -567,7 +567,11 @@ async fn connect(
             gw.metrics.prefill_requests.inc();
             let resp = exchange(gw, pick, Leg::Endpoint, &main.base, ctx, body).await?;
             if !resp.status().is_success() {
-                // The engine refused the request itself: the client gets its answer.
+                // The engine refused the request itself: the client gets its
+                // answer, from the prefill endpoint alone.
+                if let Some(g) = pick.guard_mut() {
+                    g.release_decode();
+                }
                 return Ok(Connection {
                     response: resp,
                     prefill_cached: None,
