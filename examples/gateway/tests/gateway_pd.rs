@@ -23,6 +23,10 @@ fn spawn_completion(
     })
 }
 
+fn decode_addr_toml(addr: std::net::SocketAddr) -> String {
+    format!("[[rules.endpoints]]\nurl = \"http://{addr}\"\nrole = \"decode\"\n\n")
+}
+
 fn decode_toml(e: &Engine) -> String {
     format!(
         "[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n",
@@ -229,7 +233,7 @@ async fn a_refused_prefill_leg_charges_the_decode_endpoint_nothing() {
     let config = format!(
         "{}[[rules]]\nname = \"pd\"\nmodels = [\"{MODEL}\"]\ndefault = true\nchoice = \"round_robin\"\ntopology = \"prefill_decode\"\n\n[[rules.endpoints]]\nurl = \"http://{prefill}\"\nrole = \"prefill\"\n\n{}",
         config_head("[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\n"),
-        format!("[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n", decode.addr)
+        decode_addr_toml(decode.addr)
     );
     let gw = Gateway::start(&config);
     let url = gw.url("/v1/completions");
