@@ -28,17 +28,20 @@ fn shipped_example_configs_are_valid() {
     assert!(pd.rules[0].endpoints[2].streams.is_empty());
 }
 
+/// A serve configuration of a listener and `extra`.
+fn serve_config(extra: &str) -> Result<ServeConfig, ConfigError> {
+    ServeConfig::from_toml(
+        &format!("listen = \"127.0.0.1:0\"\n{extra}"),
+        Path::new("."),
+    )
+}
+
 /// The outlier keys and the streamed-header timeout: defaults as
 /// documented, 0 refused where it would mean no ejection or no wait, a
 /// maximum ejection below the first refused.
 #[test]
 fn outlier_keys_are_validated() {
-    let file = |extra: &str| {
-        ServeConfig::from_toml(
-            &format!("listen = \"127.0.0.1:0\"\n{extra}"),
-            Path::new("."),
-        )
-    };
+    let file = serve_config;
     let c = file("").unwrap();
     assert_eq!(
         (
@@ -554,13 +557,7 @@ fn burst_order_ms_is_kept_and_bounded() {
 /// heartbeat), or idle replicas and endpoints would expire at the others.
 #[test]
 fn the_replica_ttl_must_outlast_a_heartbeat_and_a_wake_up() {
-    let file = |extra: &str| {
-        ServeConfig::from_toml(
-            &format!("listen = \"127.0.0.1:0\"\n[replicas]\n{extra}"),
-            Path::new("."),
-        )
-        .map(|_| ())
-    };
+    let file = |extra: &str| serve_config(&format!("[replicas]\n{extra}")).map(|_| ());
     assert!(file("heartbeat_ms = 1000\nremote_ttl_ms = 1003").is_ok());
     for extra in [
         "heartbeat_ms = 1000\nremote_ttl_ms = 1002",
