@@ -225,19 +225,17 @@ impl BatchApplier for IndexIngest {
         }
         let endpoint = ingest.endpoint();
         for (medium, blocks) in [(Medium::Gpu, gpu), (Medium::Cpu, host)] {
-            // A level the engine does not have (0 blocks) keeps the default bound.
-            if blocks == 0 {
-                continue;
-            }
-            let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);
-            match self.index.set_capacity(endpoint, medium, blocks) {
-                Ok(w) => tracing::info!(
+            // A level the engine does not have (0 blocks) keeps the default
+            // bound; none is lifted above the configured one.
+            match self.index.set_reported_capacity(endpoint, medium, blocks) {
+                Ok(Some(bound)) => tracing::info!(
                     endpoint = ingest.name(),
                     ?medium,
-                    blocks,
-                    evicted = w.evicted,
+                    reported = blocks,
+                    bound,
                     "inventory bounded by the engine's reported KV capacity"
                 ),
+                Ok(None) => {}
                 Err(err) => tracing::warn!(%err, "capacity of an endpoint outside the index"),
             }
         }

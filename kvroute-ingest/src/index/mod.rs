@@ -363,6 +363,44 @@ impl SharedIndex {
         }
     }
 
+    /// The engine's own report of its KV capacity in tier `medium`, `blocks`,
+    /// as endpoint `e`'s bound: never above the configured bound
+    /// ([`IndexConfig::capacity_per_endpoint`]: a peer's figure must not lift
+    /// the memory bound, nor a huge one remove it), and a report of 0 (an
+    /// engine starting up, or a level it does not have) leaves the bound as
+    /// it is. Returns the bound set, `None` when the report was ignored.
+    ///
+    /// ```
+    /// use kvroute_core::{EndpointId, Medium};
+    /// use kvroute_ingest::{IndexConfig, SharedIndex};
+    ///
+    /// let cfg = IndexConfig { capacity_per_endpoint: 1000, ..IndexConfig::default() };
+    /// let index = SharedIndex::new(1, cfg);
+    /// let e = EndpointId(0);
+    /// assert_eq!(index.set_reported_capacity(e, Medium::Gpu, u64::MAX).unwrap(), Some(1000));
+    /// assert_eq!(index.set_reported_capacity(e, Medium::Gpu, 0).unwrap(), None);
+    /// assert_eq!(index.set_reported_capacity(e, Medium::Gpu, 64).unwrap(), Some(64));
+    /// assert_eq!(index.capacity(e, Medium::Gpu), Some(64));
+    /// ```
+    ///
+    /// # Errors
+    /// `e` is outside the index.
+    pub fn set_reported_capacity(
+        &self,
+        e: EndpointId,
+        medium: Medium,
+        blocks: u64,
+    ) -> Result<Option<usize>, IndexError> {
+        if blocks == 0 {
+            self.locate(e)?;
+            return Ok(None);
+        }
+        let bound = blocks.min(self.default_capacity);
+        let bound = usize::try_from(bound).unwrap_or(usize::MAX);
+        self.set_capacity(e, medium, bound)?;
+        Ok(Some(bound))
+    }
+
     /// Sets endpoint `e`'s bound in tier `medium` to `blocks` ([`usize::MAX`]:
     /// unbounded), e.g. from the engine's reported KV capacity. Lowering it
     /// evicts the oldest inserted keys at once; bounding a tier that was

@@ -67,8 +67,12 @@ pub(crate) fn record_slot(shared: &Shared, slot: usize, report: EngineReport) {
     let local = RouterView::replicas_only(shared, now).load(endpoint);
     shared.reported.update(endpoint, report, local, now);
     if let Some(blocks) = report.kv_capacity_blocks {
-        let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);
-        if let Err(err) = shared.index.set_capacity(endpoint, Medium::Gpu, blocks) {
+        // Never above the configured bound, and 0 ignored: the figure is
+        // the engine's, the memory bound the configuration's.
+        if let Err(err) = shared
+            .index
+            .set_reported_capacity(endpoint, Medium::Gpu, blocks)
+        {
             tracing::warn!(%err, slot, "engine-reported capacity of an endpoint outside the index");
         }
     }

@@ -723,6 +723,36 @@ mod tests {
         );
     }
 
+    /// An engine's reported KV capacity bounds its inventory, but never above
+    /// the configured bound (a huge figure would lift the memory bound, or
+    /// remove it), and a report of 0 changes nothing (it would evict every
+    /// key the endpoint holds).
+    #[test]
+    fn a_reported_capacity_never_lifts_or_empties_the_inventory_bound() {
+        use kvroute_core::Medium;
+        let router = host_router(1).build().expect("router");
+        let index = &router.shared.index;
+        let configured = index.capacity(EndpointId(0), Medium::Gpu);
+        assert!(configured.is_some());
+        let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
+        holds(&router, "http://e0", &keys);
+        for (reported, bound) in [(u64::MAX, configured), (0, configured), (6, Some(6))] {
+            router.report_engine_load(
+                "http://e0",
+                kvroute_select::EngineReport {
+                    kv_capacity_blocks: Some(reported),
+                    ..kvroute_select::EngineReport::default()
+                },
+            );
+            assert_eq!(
+                index.capacity(EndpointId(0), Medium::Gpu),
+                bound,
+                "{reported}"
+            );
+        }
+        assert_eq!(index.inventory(EndpointId(0)).total(), 6);
+    }
+
     /// A new endpoint in a reused slot keeps nothing of the old one: not the
     /// inventory bound its engine reported, nor the predicted entries that
     /// credited it.
