@@ -258,3 +258,53 @@ async fn a_refused_prefill_leg_charges_the_decode_endpoint_nothing() {
         (Some(0), Some(0))
     );
 }
+
+/// A P/D request whose body cannot be split into the two legs (a field
+/// nested past serde_json's depth limit, which the gateway's own prompt
+/// parser and Python's accept): the decode endpoint serves it whole, as a
+/// decode engine serves a request without transfer parameters, and the
+/// prefill endpoint, which would run it as a full generation, gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_cannot_be_split_goes_whole_to_the_decode_endpoint() {
+    let prefill = Engine::start("prefill");
+    let gate = Gate::new();
+    let decode = held_engine(&gate).await;
+    let config = format!(
+        "{}{}{}{}",
+        config_head("[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\n"),
+        kv_rule("pd", "prefill_decode"),
+        prefill.endpoint_toml("prefill"),
+        decode_addr_toml(decode.addr)
+    );
+    let gw = Gateway::start(&config);
+    wait_subscribed(&gw).await;
+    let nested = format!("{}1{}", "[".repeat(130), "]".repeat(130));
+    let body = format!(
+        r#"{{"model": "{MODEL}", "prompt": "{}", "max_tokens": 4, "x_extra": {nested}}}"#,
+        prompt("whole", 40)
+    );
+    let url = gw.url("/v1/completions");
+    let request = tokio::spawn(async move {
+        client()
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    eventually("the request reached the decode engine", || async {
+        (decode.received.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    let eps = endpoints(&gw).await;
+    assert_eq!(eps[0]["in_flight"], 0, "prefill endpoint: {:?}", eps[0]);
+    assert_eq!(eps[1]["in_flight"], 1, "decode endpoint: {:?}", eps[1]);
+    gate.open();
+    assert_eq!(request.await.unwrap().unwrap(), 200);
+    let metrics = metrics_text(&gw).await;
+    assert!(
+        metrics.contains("kvroute_prefill_requests_total 0"),
+        "{metrics}"
+    );
+}

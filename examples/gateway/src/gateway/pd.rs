@@ -1,6 +1,6 @@
 //! vLLM's disaggregated two-step, as its reference proxy does it: the prefill
 //! endpoint gets the request with `kv_transfer_params.do_remote_decode = true`,
-//! `max_tokens = 1`, no streaming and no echo or log-probabilities (its answer
+//! `max_tokens = 1` (`min_tokens` 0), no streaming and no echo or log-probabilities (its answer
 //! is read for the transfer only); the decode endpoint then gets the original
 //! request carrying the `kv_transfer_params` the prefill answered with.
 
@@ -40,6 +40,10 @@ pub fn prefill_body_of(mut v: Map<String, Value>) -> Option<Bytes> {
     // past the answer's read bound). The decode leg keeps them.
     for k in ["echo", "logprobs", "top_logprobs", "prompt_logprobs"] {
         v.remove(k);
+    }
+    // vLLM refuses `min_tokens` above `max_tokens`: the leg's one token.
+    if v.contains_key("min_tokens") {
+        v.insert("min_tokens".into(), json!(0));
     }
     serde_json::to_vec(&v).ok().map(Bytes::from)
 }
@@ -82,18 +86,21 @@ mod tests {
         assert_eq!(d["stream"], true);
         assert_eq!(d["kv_transfer_params"]["remote_port"], 9);
         // Echo and log-probabilities: the decode leg's, never the prefill's.
-        let scored = br#"{"model":"m","prompt":"hi","max_tokens":1,"echo":true,"logprobs":1,"top_logprobs":2,"prompt_logprobs":1}"#;
+        let scored = br#"{"model":"m","prompt":"hi","max_tokens":9,"min_tokens":9,"echo":true,"logprobs":1,"top_logprobs":2,"prompt_logprobs":1}"#;
         let object = parse(scored).unwrap();
         let p: Value = serde_json::from_slice(&prefill_body_of(object.clone()).unwrap()).unwrap();
         for k in ["echo", "logprobs", "top_logprobs", "prompt_logprobs"] {
             assert!(p.get(k).is_none(), "{k} in the prefill leg: {p}");
         }
+        // A valid minimum for the leg's one token; the decode leg keeps the client's.
+        assert_eq!(p["min_tokens"], 0);
         let d: Value =
             serde_json::from_slice(&decode_body_of(object, &json!({})).unwrap()).unwrap();
         assert_eq!(
             (d["echo"].clone(), d["prompt_logprobs"].clone()),
             (json!(true), json!(1))
         );
+        assert_eq!(d["min_tokens"], 9);
         assert!(parse(b"not json").is_none());
         assert!(parse(b"[1]").is_none(), "not an object: no two-step");
     }

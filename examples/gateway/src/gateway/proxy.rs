@@ -547,16 +547,36 @@ async fn connect(
             p
         }
     };
-    let (Some(decode_ep), Some(prepared)) = (decode, prepared) else {
-        if let Some(Err(why)) = pick.ids_outcome() {
-            tracing::debug!(reason = why.as_str(), "prompt forwarded as text");
+    let (decode_ep, prepared) = match (decode, prepared) {
+        (Some(d), Some(p)) => (d, p),
+        (decode, _) => {
+            if let Some(Err(why)) = pick.ids_outcome() {
+                tracing::debug!(reason = why.as_str(), "prompt forwarded as text");
+            }
+            let body = pick.upstream_body(&ctx.body);
+            let Some(decode_ep) = decode else {
+                let response = exchange(gw, pick, Leg::Endpoint, &main.base, ctx, body).await?;
+                return Ok(Connection {
+                    response,
+                    prefill_cached: None,
+                });
+            };
+            // A P/D target whose body cannot be split into the two legs
+            // (not a JSON object serde reads, e.g. nested past its depth
+            // limit): the decode endpoint serves it whole, prefill included,
+            // as a decode engine serves a request without transfer
+            // parameters. The prefill endpoint would run it as a full
+            // generation; it is left out, and released.
+            if let Some(g) = pick.guard_mut() {
+                g.prefill_leg_done();
+            }
+            let response = exchange(gw, pick, Leg::Decode, &decode_ep.base, ctx, body).await?;
+            return Ok(Connection {
+                response,
+                // Not the decision's receipt: that was for the prefill endpoint.
+                prefill_cached: Some(None),
+            });
         }
-        let body = pick.upstream_body(&ctx.body);
-        let response = exchange(gw, pick, Leg::Endpoint, &main.base, ctx, body).await?;
-        return Ok(Connection {
-            response,
-            prefill_cached: None,
-        });
     };
     // Prefill leg (done once per prefill endpoint, even if decode retries).
     let reuse = ctx.prefill.as_ref().filter(|(e, _, _)| *e == main.url);
