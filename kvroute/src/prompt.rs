@@ -174,6 +174,8 @@ pub struct PreparedPrompt {
     ids: Option<IdsBody>,
     /// The body asks for a streamed answer (`"stream": true`).
     streamed: bool,
+    /// `truncate_prompt_tokens` cut the prompt.
+    truncated: bool,
     /// This replica's turn within a burst, once taken
     /// ([`crate::KvRouter::take_turn`]): the decision is then made in turn.
     turn: kvroute_select::Turn,
@@ -200,8 +202,16 @@ impl PreparedPrompt {
             rewritten: None,
             ids: None,
             streamed: false,
+            truncated: false,
             turn: kvroute_select::Turn::NONE,
         }
+    }
+
+    /// Whether `truncate_prompt_tokens` cut the prompt (its tokens and keys
+    /// are of what the engine keeps).
+    #[must_use]
+    pub fn truncated(&self) -> bool {
+        self.truncated
     }
 
     /// Whether the body asks for a streamed answer (`"stream": true`): its
@@ -429,6 +439,7 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
                 rewritten: None,
                 ids: None,
                 streamed: false,
+                truncated,
                 turn: kvroute_select::Turn::NONE,
             }
         }

@@ -136,7 +136,7 @@ fn through_rule(
             .lora
             .as_ref()
             .map(|l| (l.name.as_str(), l.path.as_str())),
-        truncated: false,
+        truncated: prepared.truncated(),
         prompts: vec![ShownPrompt {
             rendered: prepared.text(),
             ids,

@@ -167,6 +167,33 @@ fn config_rule_keys_are_the_rules_keys() {
     let keys: Vec<u64> =
         serde_json::from_value(doc["engine_prompts"][0]["block_keys_u64"].clone()).unwrap();
     assert_eq!(keys, expected, "the rule's keys vs vLLM's LoRA keys");
+    assert_eq!(doc["truncated"], false);
+
+    // `truncate_prompt_tokens` keeps the last 16 ids: shown as truncated.
+    let cut = dir.path().join("cut.json");
+    let mut body = body.clone();
+    body["truncate_prompt_tokens"] = 16.into();
+    std::fs::write(&cut, body.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["tokenize", "--json", "--config", config.to_str().unwrap()])
+        .args(["--rule", "chat", "--request"])
+        .arg(&cut)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["truncated"], true, "{doc}");
+    assert_eq!(
+        doc["engine_prompts"][0]["token_ids"]
+            .as_array()
+            .unwrap()
+            .len(),
+        16
+    );
 
     let model_dir = golden().join("tokenizers/qwen3");
     let plain: serde_json::Value = serde_json::from_slice(&run(&[
