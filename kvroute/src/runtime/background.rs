@@ -60,22 +60,29 @@ pub(crate) fn record_report(shared: &Shared, url: &str, report: EngineReport) ->
     .is_some()
 }
 
-pub(crate) fn record_slot(shared: &Shared, slot: usize, report: EngineReport) {
+pub(crate) fn record_slot(shared: &Shared, slot: usize, mut report: EngineReport) {
     let now = shared.now();
     let endpoint = id(slot);
-    // Every replica's requests: the engine counts them all.
-    let local = RouterView::replicas_only(shared, now).load(endpoint);
-    shared.reported.update(endpoint, report, local, now);
     if let Some(blocks) = report.kv_capacity_blocks {
         // Never above the configured bound, and 0 ignored: the figure is
-        // the engine's, the memory bound the configuration's.
-        if let Err(err) = shared
+        // the engine's, the memory bound the configuration's. The scorer's
+        // cache room reads the bound in force, as the inventory is held to
+        // it.
+        match shared
             .index
             .set_reported_capacity(endpoint, Medium::Gpu, blocks)
         {
-            tracing::warn!(%err, slot, "engine-reported capacity of an endpoint outside the index");
+            Ok(bound) => {
+                report.kv_capacity_blocks = bound.and_then(|b| u64::try_from(b).ok());
+            }
+            Err(err) => {
+                tracing::warn!(%err, slot, "engine-reported capacity of an endpoint outside the index");
+            }
         }
     }
+    // Every replica's requests: the engine counts them all.
+    let local = RouterView::replicas_only(shared, now).load(endpoint);
+    shared.reported.update(endpoint, report, local, now);
 }
 
 /// The epoch of the endpoint now in `slot` ([`super::slots::SlotState::epoch`]).
