@@ -213,8 +213,9 @@ impl BatchApplier for IndexIngest {
     }
 
     fn set_capacity(&mut self, blocks_per_level: &[u64]) {
-        let gpu = blocks_per_level.first().copied().unwrap_or(u64::MAX);
-        let host = blocks_per_level.get(1).copied().unwrap_or(u64::MAX);
+        // A level the engine does not announce is left as it is (as 0).
+        let gpu = blocks_per_level.first().copied().unwrap_or(0);
+        let host = blocks_per_level.get(1).copied().unwrap_or(0);
         if self.capacity == Some([gpu, host]) {
             return;
         }
@@ -225,8 +226,8 @@ impl BatchApplier for IndexIngest {
         }
         let endpoint = ingest.endpoint();
         for (medium, blocks) in [(Medium::Gpu, gpu), (Medium::Cpu, host)] {
-            // A level the engine does not have (0 blocks) keeps the default
-            // bound; none is lifted above the configured one.
+            // A level the engine does not have (0 blocks) keeps the bound
+            // in force; none is lifted above the configured one.
             match self.index.set_reported_capacity(endpoint, medium, blocks) {
                 Ok(Some(bound)) => tracing::info!(
                     endpoint = ingest.name(),
