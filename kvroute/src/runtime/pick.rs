@@ -415,15 +415,32 @@ impl Pick {
     pub fn connected(&self) {
         if let Some(t) = self.decision.target() {
             for e in std::iter::once(t.endpoint).chain(t.decode) {
-                if let Some(s) = self
-                    .shared
-                    .slots
-                    .get(e.index())
-                    .filter(|_| self.gen.current(&self.shared, e.index()))
-                {
-                    s.breaker.on_success();
-                }
+                self.answered(e);
             }
+        }
+    }
+
+    /// P/D: only `leg`'s endpoint was reached and answered (a prefill leg
+    /// that refused the request; a request the decode endpoint served
+    /// whole): the other endpoint's breaker is left as it is.
+    pub fn connected_leg(&self, leg: Leg) {
+        if let Some(t) = self.decision.target() {
+            let e = match leg {
+                Leg::Endpoint => t.endpoint,
+                Leg::Decode => t.decode.unwrap_or(t.endpoint),
+            };
+            self.answered(e);
+        }
+    }
+
+    fn answered(&self, e: EndpointId) {
+        if let Some(s) = self
+            .shared
+            .slots
+            .get(e.index())
+            .filter(|_| self.gen.current(&self.shared, e.index()))
+        {
+            s.breaker.on_success();
         }
     }
 
@@ -749,6 +766,14 @@ mod tests {
                 bound,
                 "{reported}"
             );
+            // The scorer's cache room reads the bound in force (0: unknown).
+            let seen = router
+                .shared
+                .reported
+                .report(EndpointId(0), router.shared.now())
+                .and_then(|r| r.kv_capacity_blocks);
+            let want = bound.filter(|_| reported != 0);
+            assert_eq!(seen, want, "{reported}");
         }
         assert_eq!(index.inventory(EndpointId(0)).total(), 6);
     }
@@ -854,6 +879,41 @@ mod tests {
         let _ = pick.retry_leg(Leg::Endpoint);
         let status = router.endpoint_status("http://new").expect("new");
         assert_eq!(status.breaker, BreakerState::Open);
+    }
+
+    /// P/D: a request only one leg of which reached its engine (a prefill
+    /// leg that refused it, a body the decode endpoint served whole) closes
+    /// that endpoint's breaker only; the other's failures still count.
+    #[test]
+    fn a_connect_of_one_leg_credits_only_that_endpoints_breaker() {
+        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
+        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
+            .no_engine_load()
+            .no_health_probes()
+            .topology(Topology::PrefillDecode)
+            .breaker(kvroute_select::BreakerConfig {
+                failure_threshold: 2,
+                cool_down: std::time::Duration::from_secs(60),
+            });
+        for (url, role) in [("http://p0", Role::Prefill), ("http://d0", Role::Decode)] {
+            b = b.endpoint(
+                Backend::new(Arc::clone(&engine), url.to_owned())
+                    .role(role)
+                    .host_events(),
+            );
+        }
+        let router = b.build().expect("router");
+        let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
+        // One failure each: a second would open either breaker.
+        router.record_connect("http://p0", false);
+        router.record_connect("http://d0", false);
+        let pick = router.pick_keys(&keys, 32).expect("pick");
+        pick.connected_leg(Leg::Endpoint);
+        router.record_connect("http://p0", false);
+        router.record_connect("http://d0", false);
+        let state = |u: &str| router.endpoint_status(u).expect("status").breaker;
+        assert_eq!(state("http://p0"), BreakerState::Closed);
+        assert_eq!(state("http://d0"), BreakerState::Open);
     }
 
     /// A P/D request whose decode endpoint fails after the prefill leg

@@ -274,7 +274,10 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
     loop {
         match connect(&gw, &rt, &mut ctx, &mut pick).await {
             Ok(conn) => {
-                pick.connected();
+                match conn.answered {
+                    None => pick.connected(),
+                    Some(leg) => pick.connected_leg(leg),
+                }
                 rt.counters.outcome(Outcome::Proxied);
                 return respond(&gw, &rt, conn, pick, explain);
             }
@@ -290,7 +293,8 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
                 // next decode endpoint gets a fresh prefill leg, not the
                 // same transfer. Only a refused connect leaves it unused.
                 let transfer_spent = failure.leg == Leg::Decode
-                    && !matches!(failure.error, UpstreamError::Connect(_));
+                    && !matches!(failure.error, UpstreamError::Connect(_))
+                    && matches!(ctx.pd, Some(Some(_)));
                 let prefill_url = pick.url().to_owned();
                 if pick.retry_leg(failure.leg).is_some() {
                     if transfer_spent {
@@ -418,6 +422,9 @@ pub struct Connection {
     response: hyper::Response<Incoming>,
     /// Cached tokens the prefill leg reported (P/D), recorded as the receipt.
     prefill_cached: Option<Option<Usage>>,
+    /// P/D: the one leg that was reached and answered (`None`: every leg
+    /// of the target).
+    answered: Option<Leg>,
 }
 
 /// A connect attempt that failed, and whether another endpoint may be
@@ -559,6 +566,7 @@ async fn connect(
                 return Ok(Connection {
                     response,
                     prefill_cached: None,
+                    answered: None,
                 });
             };
             // A P/D target whose body cannot be split into the two legs
@@ -575,6 +583,7 @@ async fn connect(
                 response,
                 // Not the decision's receipt: that was for the prefill endpoint.
                 prefill_cached: Some(None),
+                answered: Some(Leg::Decode),
             });
         }
     };
@@ -595,6 +604,7 @@ async fn connect(
                 return Ok(Connection {
                     response: resp,
                     prefill_cached: None,
+                    answered: Some(Leg::Endpoint),
                 });
             }
             let answer = read_small(
@@ -632,6 +642,7 @@ async fn connect(
     Ok(Connection {
         response,
         prefill_cached: Some(receipt),
+        answered: None,
     })
 }
 
