@@ -207,8 +207,9 @@ impl PreparedPrompt {
         }
     }
 
-    /// Whether `truncate_prompt_tokens` cut the prompt (its tokens and keys
-    /// are of what the engine keeps).
+    /// Whether `truncate_prompt_tokens` cut the request's prompt (of a list
+    /// of prompts, any of them); the tokens and keys are of what the engine
+    /// keeps.
     #[must_use]
     pub fn truncated(&self) -> bool {
         self.truncated
