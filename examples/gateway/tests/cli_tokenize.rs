@@ -142,12 +142,12 @@ fn config_rule_keys_are_the_rules_keys() {
     });
     std::fs::write(&req, body.to_string()).unwrap();
 
-    let run = |args: &[&str]| {
+    let run_on = |req: &Path, args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
             .arg("tokenize")
             .args(args)
             .arg("--request")
-            .arg(&req)
+            .arg(req)
             .output()
             .unwrap();
         assert!(
@@ -157,6 +157,7 @@ fn config_rule_keys_are_the_rules_keys() {
         );
         out.stdout
     };
+    let run = |args: &[&str]| run_on(&req, args);
     let config_arg = config.to_str().unwrap();
     let doc: serde_json::Value =
         serde_json::from_slice(&run(&["--json", "--config", config_arg, "--rule", "chat"]))
@@ -174,18 +175,11 @@ fn config_rule_keys_are_the_rules_keys() {
     let mut body = body.clone();
     body["truncate_prompt_tokens"] = 16.into();
     std::fs::write(&cut, body.to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
-        .args(["tokenize", "--json", "--config", config.to_str().unwrap()])
-        .args(["--rule", "chat", "--request"])
-        .arg(&cut)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&run_on(
+        &cut,
+        &["--json", "--config", config_arg, "--rule", "chat"],
+    ))
+    .unwrap();
     assert_eq!(doc["truncated"], true, "{doc}");
     assert_eq!(
         doc["engine_prompts"][0]["token_ids"]

@@ -23,6 +23,29 @@ fn spawn_completion(
     })
 }
 
+/// The (prefill, decode) endpoints' requests in flight (the first two).
+async fn in_flight(gw: &Gateway) -> (Option<u64>, Option<u64>) {
+    let eps = endpoints(gw).await;
+    (eps[0]["in_flight"].as_u64(), eps[1]["in_flight"].as_u64())
+}
+
+/// A P/D rule over `prefill` and decode endpoints at `decodes`, with no
+/// health probes or engine polls, plus `limits` under `[limits]`.
+fn pd_config(prefill: &Engine, decodes: &[std::net::SocketAddr], limits: &str) -> String {
+    let mut c = format!(
+        "{}{}{}",
+        config_head(&format!(
+            "[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\n{limits}"
+        )),
+        kv_rule("pd", "prefill_decode"),
+        prefill.endpoint_toml("prefill"),
+    );
+    for d in decodes {
+        c.push_str(&decode_addr_toml(*d));
+    }
+    c
+}
+
 fn decode_addr_toml(addr: std::net::SocketAddr) -> String {
     format!("[[rules.endpoints]]\nurl = \"http://{addr}\"\nrole = \"decode\"\n\n")
 }
@@ -111,13 +134,7 @@ async fn the_prefill_endpoint_is_released_when_its_leg_answers() {
     let prefill = Engine::start("prefill");
     let gate = Gate::new();
     let decode = held_engine(&gate).await;
-    let config = format!(
-        "{}{}{}[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n",
-        config_head("[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\n"),
-        kv_rule("pd", "prefill_decode"),
-        prefill.endpoint_toml("prefill"),
-        decode.addr
-    );
+    let config = pd_config(&prefill, &[decode.addr], "");
     let gw = Gateway::start(&config);
     wait_subscribed(&gw).await;
     let request = spawn_completion(&gw, "held");
@@ -125,16 +142,10 @@ async fn the_prefill_endpoint_is_released_when_its_leg_answers() {
         (decode.received.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
     })
     .await;
-    let eps = endpoints(&gw).await;
-    assert_eq!(eps[0]["in_flight"], 0, "prefill endpoint: {:?}", eps[0]);
-    assert_eq!(eps[1]["in_flight"], 1, "decode endpoint: {:?}", eps[1]);
+    assert_eq!(in_flight(&gw).await, (Some(0), Some(1)));
     gate.open();
     assert_eq!(request.await.unwrap().unwrap(), 200);
-    let eps = endpoints(&gw).await;
-    assert_eq!(
-        (eps[0]["in_flight"].as_u64(), eps[1]["in_flight"].as_u64()),
-        (Some(0), Some(0))
-    );
+    assert_eq!(in_flight(&gw).await, (Some(0), Some(0)));
 }
 
 /// A decode endpoint that received the request and then gave no headers in
@@ -148,15 +159,10 @@ async fn a_decode_retry_after_the_engine_got_the_request_runs_the_prefill_again(
     let prefill = Engine::start("prefill");
     let gates = [Gate::new(), Gate::new()];
     let decode = [held_engine(&gates[0]).await, held_engine(&gates[1]).await];
-    let config = format!(
-        "{}{}{}[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n[[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"decode\"\n\n",
-        config_head(
-            "[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\nresponse_header_timeout_ms = 1500\n"
-        ),
-        kv_rule("pd", "prefill_decode"),
-        prefill.endpoint_toml("prefill"),
-        decode[0].addr,
-        decode[1].addr
+    let config = pd_config(
+        &prefill,
+        &[decode[0].addr, decode[1].addr],
+        "response_header_timeout_ms = 1500\n",
     );
     let gw = Gateway::start(&config);
     wait_subscribed(&gw).await;
@@ -246,17 +252,11 @@ async fn a_refused_prefill_leg_charges_the_decode_endpoint_nothing() {
     });
     // The refusal's headers reached the client; its body is still held.
     assert_eq!(got_headers.await.unwrap(), 400);
-    let eps = endpoints(&gw).await;
-    assert_eq!(eps[0]["in_flight"], 1, "prefill endpoint: {:?}", eps[0]);
-    assert_eq!(eps[1]["in_flight"], 0, "decode endpoint: {:?}", eps[1]);
+    assert_eq!(in_flight(&gw).await, (Some(1), Some(0)));
     gate.open();
     assert_eq!(request.await.unwrap(), "{\"error\": \"no\"}");
     assert_eq!(decode.received.load(std::sync::atomic::Ordering::SeqCst), 0);
-    let eps = endpoints(&gw).await;
-    assert_eq!(
-        (eps[0]["in_flight"].as_u64(), eps[1]["in_flight"].as_u64()),
-        (Some(0), Some(0))
-    );
+    assert_eq!(in_flight(&gw).await, (Some(0), Some(0)));
 }
 
 /// A P/D request whose body cannot be split into the two legs (a field
@@ -269,13 +269,7 @@ async fn a_body_that_cannot_be_split_goes_whole_to_the_decode_endpoint() {
     let prefill = Engine::start("prefill");
     let gate = Gate::new();
     let decode = held_engine(&gate).await;
-    let config = format!(
-        "{}{}{}{}",
-        config_head("[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\n"),
-        kv_rule("pd", "prefill_decode"),
-        prefill.endpoint_toml("prefill"),
-        decode_addr_toml(decode.addr)
-    );
+    let config = pd_config(&prefill, &[decode.addr], "");
     let gw = Gateway::start(&config);
     wait_subscribed(&gw).await;
     let nested = format!("{}1{}", "[".repeat(130), "]".repeat(130));
@@ -297,9 +291,7 @@ async fn a_body_that_cannot_be_split_goes_whole_to_the_decode_endpoint() {
         (decode.received.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
     })
     .await;
-    let eps = endpoints(&gw).await;
-    assert_eq!(eps[0]["in_flight"], 0, "prefill endpoint: {:?}", eps[0]);
-    assert_eq!(eps[1]["in_flight"], 1, "decode endpoint: {:?}", eps[1]);
+    assert_eq!(in_flight(&gw).await, (Some(0), Some(1)));
     gate.open();
     assert_eq!(request.await.unwrap().unwrap(), 200);
     let metrics = metrics_text(&gw).await;

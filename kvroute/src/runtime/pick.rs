@@ -659,6 +659,26 @@ mod tests {
         Backend::new(engine, url.to_owned()).host_events()
     }
 
+    /// A P/D router: prefill endpoint `http://p0`, decode endpoints
+    /// `http://d0..` (`decodes` of them).
+    fn pd_router(decodes: usize) -> crate::KvRouterBuilder {
+        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
+        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
+            .no_engine_load()
+            .no_health_probes()
+            .topology(Topology::PrefillDecode);
+        let urls = std::iter::once(("http://p0".to_owned(), Role::Prefill))
+            .chain((0..decodes).map(|i| (format!("http://d{i}"), Role::Decode)));
+        for (url, role) in urls {
+            b = b.endpoint(
+                Backend::new(Arc::clone(&engine), url)
+                    .role(role)
+                    .host_events(),
+            );
+        }
+        b
+    }
+
     /// The endpoint at `old` leaves and one at `new` joins.
     fn replace(router: &KvRouter, old: &str, new: &str) {
         router
@@ -886,23 +906,13 @@ mod tests {
     /// that endpoint's breaker only; the other's failures still count.
     #[test]
     fn a_connect_of_one_leg_credits_only_that_endpoints_breaker() {
-        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
-        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
-            .no_engine_load()
-            .no_health_probes()
-            .topology(Topology::PrefillDecode)
+        let router = pd_router(1)
             .breaker(kvroute_select::BreakerConfig {
                 failure_threshold: 2,
                 cool_down: std::time::Duration::from_secs(60),
-            });
-        for (url, role) in [("http://p0", Role::Prefill), ("http://d0", Role::Decode)] {
-            b = b.endpoint(
-                Backend::new(Arc::clone(&engine), url.to_owned())
-                    .role(role)
-                    .host_events(),
-            );
-        }
-        let router = b.build().expect("router");
+            })
+            .build()
+            .expect("router");
         let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
         // One failure each: a second would open either breaker.
         router.record_connect("http://p0", false);
@@ -923,23 +933,7 @@ mod tests {
     /// replicas' measure of its work) counts the prefill once.
     #[test]
     fn a_decode_retry_leaves_the_prefill_leg_as_it_was() {
-        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
-        let mut b = KvRouter::builder_for_keys("test/bs4", 4)
-            .no_engine_load()
-            .no_health_probes()
-            .topology(Topology::PrefillDecode);
-        for (url, role) in [
-            ("http://p0", Role::Prefill),
-            ("http://d0", Role::Decode),
-            ("http://d1", Role::Decode),
-        ] {
-            b = b.endpoint(
-                Backend::new(Arc::clone(&engine), url.to_owned())
-                    .role(role)
-                    .host_events(),
-            );
-        }
-        let router = b.build().expect("router");
+        let router = pd_router(2).build().expect("router");
         let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
         let mut pick = router.pick_keys(&keys, 32).expect("pick");
         let first = pick.decision().target().expect("target");
