@@ -136,6 +136,7 @@
 pub mod admission;
 mod backend;
 mod clock;
+pub mod headers;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(feature = "nats")]

@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use tower::{BoxError, Layer, Service, ServiceExt};
@@ -122,32 +122,6 @@ pub enum KvRouteError {
     Stalled(#[from] crate::Stall),
 }
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) and the ones re-derived per upstream.
-const DROPPED: [HeaderName; 9] = [
-    header::CONNECTION,
-    header::HOST,
-    header::CONTENT_LENGTH,
-    header::TRANSFER_ENCODING,
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-    header::PROXY_AUTHORIZATION,
-    header::PROXY_AUTHENTICATE,
-];
-
-/// Whether `name` describes one hop of a message with `headers`: a fixed
-/// hop-by-hop header or one its `Connection` header lists.
-fn hop_by_hop(name: &HeaderName, headers: &HeaderMap) -> bool {
-    DROPPED.contains(name)
-        || matches!(name.as_str(), "keep-alive" | "proxy-connection")
-        || headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(name.as_str()))
-}
-
 fn upstream_request(
     method: &http::Method,
     url: &str,
@@ -159,27 +133,10 @@ fn upstream_request(
         .method(method.clone())
         .uri(format!("{url}{path_and_query}"));
     if let Some(h) = b.headers_mut() {
-        for (name, value) in headers {
-            if !hop_by_hop(name, headers) {
-                h.append(name, value.clone());
-            }
-        }
+        crate::headers::copy_end_to_end(headers, h, true);
         h.insert(header::CONTENT_LENGTH, body.len().into());
     }
     b.body(Full::new(body))
-}
-
-/// The upstream's response headers less its hop-by-hop ones (the host's
-/// server frames the response for its own connection).
-fn response_headers(upstream: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(upstream.len());
-    for (name, value) in upstream {
-        if name != header::HOST && name != header::CONTENT_LENGTH && hop_by_hop(name, upstream) {
-            continue;
-        }
-        out.append(name, value.clone());
-    }
-    out
 }
 
 /// Whether an error of the inner service says the request never reached
@@ -288,7 +245,8 @@ where
             };
             pick.connected();
             let (mut head, body) = response.into_parts();
-            head.headers = response_headers(&head.headers);
+            let upstream = std::mem::take(&mut head.headers);
+            crate::headers::copy_end_to_end(&upstream, &mut head.headers, false);
             let body = pick.into_body(&head.headers, body);
             Ok(http::Response::from_parts(head, body))
         })

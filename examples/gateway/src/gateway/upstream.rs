@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, HOST};
+use hyper::header::{HeaderMap, HeaderValue, HOST};
 use hyper::{Method, Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -68,45 +68,8 @@ pub struct UpstreamClient {
     header_timeout: Duration,
 }
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-fn is_hop_by_hop(name: &HeaderName, listed: &[String]) -> bool {
-    HOP_BY_HOP.contains(&name.as_str()) || listed.iter().any(|l| l == name.as_str())
-}
-
-/// Header names the `Connection` header lists (also hop-by-hop).
-fn connection_listed(headers: &HeaderMap) -> Vec<String> {
-    headers
-        .get_all(hyper::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_ascii_lowercase())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
-/// Copies end-to-end headers.
-pub fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, skip_length: bool) {
-    let listed = connection_listed(from);
-    for (name, value) in from {
-        if is_hop_by_hop(name, &listed) || name == HOST || (skip_length && name == CONTENT_LENGTH) {
-            continue;
-        }
-        to.append(name.clone(), value.clone());
-    }
-}
+/// Copies end-to-end headers ([`kvroute::headers::copy_end_to_end`]).
+pub use kvroute::headers::copy_end_to_end as copy_headers;
 
 impl UpstreamClient {
     /// A client with a TCP connect timeout and a response-header timeout
