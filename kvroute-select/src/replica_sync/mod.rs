@@ -351,8 +351,9 @@ struct Inner {
     /// last `max_origins` of them, each for one TTL: a late message of an
     /// expired origin must not bring its old load back.
     tombstones: std::collections::VecDeque<(u64, u64, Duration)>,
-    /// Per endpoint, the charged-token shares of origins forgotten since:
-    /// keeps [`RemoteLoad::remote_charged`] monotonic.
+    /// Per endpoint (sized when the table is built), the charged-token
+    /// shares of origins and entries forgotten since: keeps
+    /// [`RemoteLoad::remote_charged`] monotonic.
     retired: Vec<u64>,
     counters: RemoteCounters,
 }
@@ -374,7 +375,10 @@ impl RemoteLoad {
         Self {
             cfg,
             own,
-            inner: parking_lot::RwLock::new(Inner::default()),
+            inner: parking_lot::RwLock::new(Inner {
+                retired: vec![0; cfg.endpoints],
+                ..Inner::default()
+            }),
         }
     }
 
@@ -471,9 +475,6 @@ impl RemoteLoad {
             // Quiet for a TTL while its origin spoke: whatever set it is
             // not this origin's view of the endpoint any more. Its charged
             // share is kept in the monotonic counter.
-            if inner.retired.len() < self.cfg.endpoints {
-                inner.retired.resize(self.cfg.endpoints, 0);
-            }
             if let Some(r) = inner.retired.get_mut(e) {
                 *r = r.saturating_add(entry.charged_share());
             }
@@ -515,9 +516,6 @@ impl RemoteLoad {
         let Inner {
             origins, retired, ..
         } = inner;
-        if retired.len() < self.cfg.endpoints {
-            retired.resize(self.cfg.endpoints, 0);
-        }
         origins.retain(|o| {
             let keep = self.live(o, now);
             if !keep {
@@ -552,9 +550,6 @@ impl RemoteLoad {
         let Inner {
             origins, retired, ..
         } = &mut *inner;
-        if retired.len() < self.cfg.endpoints {
-            retired.resize(self.cfg.endpoints, 0);
-        }
         let Some(r) = retired.get_mut(e) else {
             return;
         };

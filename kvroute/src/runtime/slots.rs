@@ -462,11 +462,7 @@ pub(crate) fn insert(
     slots: &mut Vec<Option<SlotRuntime>>,
     b: Backend,
 ) -> Result<usize, BuildError> {
-    if slots
-        .iter()
-        .flatten()
-        .any(|s| same_url(&s.backend.url, &b.url))
-    {
+    if member_slot(slots, &b.url).is_some() {
         return Err(BuildError::Membership(b.url, "already present"));
     }
     let slot = match slots.iter().position(Option::is_none) {
@@ -530,10 +526,7 @@ pub(crate) fn insert(
 }
 
 fn remove(shared: &Shared, slots: &mut [Option<SlotRuntime>], url: &str) -> Result<(), BuildError> {
-    let Some(slot) = slots
-        .iter()
-        .position(|s| s.as_ref().is_some_and(|s| same_url(&s.backend.url, url)))
-    else {
+    let Some(slot) = member_slot(slots, url) else {
         return Err(BuildError::Membership(url.to_owned(), "not present"));
     };
     if let Some(h) = shared.slots.get(slot) {
@@ -597,22 +590,21 @@ fn same_url(a: &str, b: &str) -> bool {
     a.trim_end_matches('/') == b.trim_end_matches('/')
 }
 
-pub(crate) fn slot_of(shared: &Shared, url: &str) -> Option<usize> {
-    shared
-        .membership
-        .lock()
+/// The slot of the endpoint at `url` among `members` (the membership).
+fn member_slot(members: &[Option<SlotRuntime>], url: &str) -> Option<usize> {
+    members
         .iter()
         .position(|s| s.as_ref().is_some_and(|s| same_url(&s.backend.url, url)))
+}
+
+pub(crate) fn slot_of(shared: &Shared, url: &str) -> Option<usize> {
+    member_slot(&shared.membership.lock(), url)
 }
 
 /// [`slot_of`] for each of `urls`, under one look at the membership.
 pub(crate) fn slots_of(shared: &Shared, urls: &[&str]) -> Vec<Option<usize>> {
     let slots = shared.membership.lock();
-    let scan = |url: &str| {
-        slots
-            .iter()
-            .position(|s| s.as_ref().is_some_and(|s| same_url(&s.backend.url, url)))
-    };
+    let scan = |url: &str| member_slot(&slots, url);
     // A few names: a scan each; more: one table of the endpoints present.
     if urls.len() <= 4 {
         return urls.iter().map(|u| scan(u)).collect();
@@ -640,10 +632,7 @@ pub(crate) fn at_url<T>(
     f: impl FnOnce(usize, Option<&SharedIngest>) -> T,
 ) -> Option<T> {
     let (slot, epoch) = {
-        let members = shared.membership.lock();
-        let slot = members
-            .iter()
-            .position(|s| s.as_ref().is_some_and(|s| same_url(&s.backend.url, url)))?;
+        let slot = member_slot(&shared.membership.lock(), url)?;
         (slot, shared.slots.get(slot)?.epoch.load(Ordering::Acquire))
     };
     at_epoch(shared, slot, epoch, f)
@@ -663,13 +652,7 @@ pub(crate) fn at_epoch<T>(
 }
 
 pub(crate) fn ingest(shared: &Shared, url: &str, batch: &kvroute_ingest::EventBatch) -> bool {
-    at_url(shared, url, |_, ingest| {
-        ingest.is_some_and(|i| {
-            let _ = i.lock().apply_batch(batch, &shared.index);
-            true
-        })
-    })
-    .unwrap_or(false)
+    at_url(shared, url, |_, ingest| apply_batch(shared, ingest, batch)).unwrap_or(false)
 }
 
 pub(crate) fn ingest_slot(
@@ -677,15 +660,23 @@ pub(crate) fn ingest_slot(
     slot: usize,
     batch: &kvroute_ingest::EventBatch,
 ) -> bool {
-    let Some(state) = shared.slots.get(slot) else {
-        return false;
-    };
-    let guard = state.ingest.read();
-    let Some(ingest) = guard.as_ref() else {
-        return false;
-    };
-    let _ = ingest.lock().apply_batch(batch, &shared.index);
-    true
+    shared
+        .slots
+        .get(slot)
+        .is_some_and(|state| apply_batch(shared, state.ingest.read().as_ref(), batch))
+}
+
+/// Applies `batch` through the slot's `ingest`; `false` when the slot
+/// follows no events.
+fn apply_batch(
+    shared: &Shared,
+    ingest: Option<&SharedIngest>,
+    batch: &kvroute_ingest::EventBatch,
+) -> bool {
+    ingest.is_some_and(|i| {
+        let _ = i.lock().apply_batch(batch, &shared.index);
+        true
+    })
 }
 
 pub(crate) fn set_admin_down(shared: &Shared, url: &str, down: bool) -> bool {
