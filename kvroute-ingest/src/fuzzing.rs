@@ -45,6 +45,8 @@ pub struct ModelWindow {
     jump_candidate: Option<u64>,
     /// Batches of the current publisher the inventory lacks.
     pub missing: u64,
+    /// A batch with events was applied since the endpoint was last cleared.
+    written: bool,
 }
 
 impl ModelWindow {
@@ -92,7 +94,8 @@ impl Model {
         }
     }
 
-    /// The model window's decision for `batch` of stream `(ep, rank)`.
+    /// The model window's decision for `batch` of stream `(ep, rank)`, and
+    /// the clear it implies (carried out on the model).
     pub fn decide(&mut self, ep: u32, rank: Option<u32>, batch: &EventBatch) -> SeqAction {
         let (max_seq, max_jump) = (self.max_seq, self.max_jump);
         let w = self.windows.entry((ep, rank)).or_default();
@@ -121,7 +124,10 @@ impl Model {
             SeqAction::ClearThenApply(_) => w.missing = seq,
             _ => {}
         }
-        if action.clears() {
+        // A window's clear removes what its stream wrote: nothing to do when
+        // it wrote nothing since the endpoint was last cleared.
+        if action.clears() && w.written {
+            self.clear(ep);
             self.lost(ep, rank);
         }
         if action.applies()
@@ -135,6 +141,11 @@ impl Model {
                 w.missing = 0;
             }
         }
+        if action.applies() && !batch.events.is_empty() {
+            if let Some(w) = self.windows.get_mut(&(ep, rank)) {
+                w.written = true;
+            }
+        }
         action
     }
 
@@ -146,7 +157,11 @@ impl Model {
 
     fn lost_except(&mut self, ep: u32, except: Option<Option<u32>>) {
         for ((e, r), w) in &mut self.windows {
-            if *e == ep && Some(*r) != except {
+            if *e != ep {
+                continue;
+            }
+            w.written = false;
+            if Some(*r) != except {
                 if let Some(last) = w.last {
                     w.missing = last.saturating_add(1);
                 }
@@ -233,7 +248,10 @@ impl Model {
             SeqAction::ClearThenReplay { from } => ReplayEnd::ClearThenReplay { from },
             _ => ReplayEnd::Clear(ClearReason::Restart),
         };
-        self.lost(ep, rank);
+        if w.written {
+            self.clear(ep);
+            self.lost(ep, rank);
+        }
         end
     }
 
@@ -423,9 +441,7 @@ pub fn seq_window(data: &[u8]) {
                     model.replay_finished(ep, rank, completed),
                     "replay end verdict"
                 );
-                if verdict.clears() {
-                    model.clear(ep);
-                }
+
             }
             1 => {
                 let from = ingest.on_bootstrap(rank);
@@ -480,9 +496,6 @@ pub fn seq_window(data: &[u8]) {
                     "window decision for seq {}",
                     batch.seq
                 );
-                if expected.clears() {
-                    model.clear(ep);
-                }
                 if expected.applies() {
                     model.apply(ep, &batch.events);
                 }

@@ -44,6 +44,16 @@ struct Attesting {
     digests: Vec<Digest>,
 }
 
+/// One DP rank's event stream of an endpoint.
+#[derive(Debug)]
+struct Stream {
+    rank: Option<u32>,
+    window: SeqWindow,
+    /// A batch of this stream was applied since the endpoint was last
+    /// cleared: the inventory may hold what it wrote.
+    written: bool,
+}
+
 /// One endpoint's ingest state machine: the sans-IO writer of one endpoint — sequence windows (one
 /// per DP rank), key mode, attestation and counters — applying event batches to a
 /// [`SharedIndex`].
@@ -55,8 +65,15 @@ struct Attesting {
 ///   inventory (their union; reference counts keep a block stored by two ranks
 ///   until both remove it). A clear triggered by any rank (gap, restart,
 ///   `AllBlocksCleared`) clears the whole endpoint: a stale entry would only cost
-///   an optimisation, and so does a missing one. Hosts that route to ranks
-///   separately give each rank its own endpoint slot and `EndpointIngest`.
+///   an optimisation, and so does a missing one. A window's clear removes what
+///   its own stream wrote, so a stream that wrote nothing since the endpoint
+///   was last cleared does not clear it
+///   ([`IngestCounters::clears_not_needed`]): when an engine with several
+///   ranks restarts, the first rank to show it clears the endpoint, and the
+///   others, showing the same restart, keep what the new process has stored
+///   meanwhile (clearing again would drop it and leave the first rank
+///   partial). Hosts that route to ranks separately give each rank its own
+///   endpoint slot and `EndpointIngest`.
 /// * **Hybrid groups.** Only events of [`IngestConfig::scored_group`] (group 0, the
 ///   full-attention group in vLLM, by default) are applied; other groups' events
 ///   are counted and skipped. The prompt side hashes at one block size, other
@@ -111,7 +128,7 @@ pub struct EndpointIngest {
     /// Whether the contract mismatch was logged.
     mismatch_warned: bool,
     config: IngestConfig,
-    streams: Vec<(Option<u32>, SeqWindow)>,
+    streams: Vec<Stream>,
     rekeying: Option<Rekeying>,
     attesting: Option<Attesting>,
     counters: IngestCounters,
@@ -186,7 +203,7 @@ impl EndpointIngest {
     /// "Completeness" in the [`EndpointIngest`] docs).
     #[must_use]
     pub fn completeness(&self) -> Completeness {
-        if self.streams.iter().all(|(_, w)| w.last_seq().is_none()) {
+        if self.streams.iter().all(|s| s.window.last_seq().is_none()) {
             return Completeness::Unknown;
         }
         match self.missing_batches() {
@@ -200,7 +217,7 @@ impl EndpointIngest {
     pub fn missing_batches(&self) -> u64 {
         self.streams
             .iter()
-            .fold(0u64, |sum, (_, w)| sum.saturating_add(w.missing_batches()))
+            .fold(0u64, |sum, s| sum.saturating_add(s.window.missing_batches()))
     }
 
     /// The most likely reason for a contract mismatch, derived from which checks
@@ -261,8 +278,8 @@ impl EndpointIngest {
     pub fn seq_counters(&self) -> SeqCounters {
         // Streams forgotten by a reset still count: counters never go back.
         let mut sum = self.reset_streams;
-        for (_, w) in &self.streams {
-            sum += *w.counters();
+        for s in &self.streams {
+            sum += *s.window.counters();
         }
         sum
     }
@@ -272,8 +289,8 @@ impl EndpointIngest {
     pub fn stream(&self, dp_rank: Option<u32>) -> Option<&SeqWindow> {
         self.streams
             .iter()
-            .find(|(r, _)| *r == dp_rank)
-            .map(|(_, w)| w)
+            .find(|s| s.rank == dp_rank)
+            .map(|s| &s.window)
     }
 
     /// The hash-contract status from attestation and the block-size check (a
@@ -328,15 +345,18 @@ impl EndpointIngest {
                 .as_ref()
                 .map_or(0, |a| a.links.allocation_size())
             + self.scratch.capacity() * std::mem::size_of::<BlockKey>()
-            + self.streams.capacity() * std::mem::size_of::<(Option<u32>, SeqWindow)>()
+            + self.streams.capacity() * std::mem::size_of::<Stream>()
     }
 
     fn stream_pos(&mut self, dp_rank: Option<u32>) -> Option<usize> {
-        match self.streams.iter().position(|(r, _)| *r == dp_rank) {
+        match self.streams.iter().position(|s| s.rank == dp_rank) {
             Some(pos) => Some(pos),
             None if self.streams.len() < self.config.max_streams => {
-                self.streams
-                    .push((dp_rank, SeqWindow::new(self.config.window)));
+                self.streams.push(Stream {
+                    rank: dp_rank,
+                    window: SeqWindow::new(self.config.window),
+                    written: false,
+                });
                 Some(self.streams.len() - 1)
             }
             None => None,
@@ -345,7 +365,7 @@ impl EndpointIngest {
 
     fn window(&mut self, dp_rank: Option<u32>) -> Option<&mut SeqWindow> {
         let pos = self.stream_pos(dp_rank)?;
-        self.streams.get_mut(pos).map(|(_, w)| w)
+        self.streams.get_mut(pos).map(|s| &mut s.window)
     }
 
     /// Logs and counts a change between complete and partial.
@@ -478,11 +498,9 @@ impl EndpointIngest {
         let verdict = self
             .streams
             .get_mut(pos)
-            .map_or(ReplayEnd::Continue, |(_, w)| {
-                w.on_replay_finished(completed)
-            });
+            .map_or(ReplayEnd::Continue, |s| s.window.on_replay_finished(completed));
         if verdict.clears() {
-            let writes = self.clear_for(index, Some(pos));
+            let writes = self.clear_for_stream(index, pos);
             self.counters.writes += writes;
         }
         self.check_completeness();
@@ -537,11 +555,22 @@ impl EndpointIngest {
     /// ones).
     pub fn reset(&mut self, index: &SharedIndex) -> WriteStats {
         let writes = self.clear_for(index, None);
-        for (_, w) in self.streams.drain(..) {
-            self.reset_streams += *w.counters();
+        for s in self.streams.drain(..) {
+            self.reset_streams += *s.window.counters();
         }
         self.check_completeness();
         writes
+    }
+
+    /// The clear stream `pos`'s window asked for: it removes what that
+    /// stream wrote, so it is skipped when the stream wrote nothing since the
+    /// endpoint was last cleared (see "DP ranks" in the type's docs).
+    pub(crate) fn clear_for_stream(&mut self, index: &SharedIndex, pos: usize) -> WriteStats {
+        if self.streams.get(pos).is_some_and(|s| !s.written) {
+            self.counters.clears_not_needed += 1;
+            return WriteStats::default();
+        }
+        self.clear_for(index, Some(pos))
     }
 
     /// Empties the endpoint because of stream `cause` (whose window already
@@ -550,10 +579,11 @@ impl EndpointIngest {
         if self.retired {
             return WriteStats::default();
         }
-        for (i, (_, w)) in self.streams.iter_mut().enumerate() {
+        for (i, s) in self.streams.iter_mut().enumerate() {
             if Some(i) != cause {
-                w.mark_lost();
+                s.window.mark_lost();
             }
+            s.written = false;
         }
         self.counters.clears += 1;
         if let Some(r) = &mut self.rekeying {

@@ -42,12 +42,12 @@ impl EndpointIngest {
             };
         };
         let action = match self.streams.get_mut(pos) {
-            Some((_, window)) => window.on_batch_with_digest(batch.seq, batch.fingerprint()),
+            Some(s) => s.window.on_batch_with_digest(batch.seq, batch.fingerprint()),
             None => SeqAction::Drop(DropReason::StreamLimit),
         };
         let mut writes = WriteStats::default();
         if action.clears() {
-            writes += self.clear_for(index, Some(pos));
+            writes += self.clear_for_stream(index, pos);
         }
         let mut events_applied = 0;
         if action.applies() {
@@ -55,6 +55,11 @@ impl EndpointIngest {
                 if let Some(w) = self.apply_event(event, index, pos) {
                     writes += w;
                     events_applied += 1;
+                }
+            }
+            if !batch.events.is_empty() {
+                if let Some(s) = self.streams.get_mut(pos) {
+                    s.written = true;
                 }
             }
         }
@@ -134,8 +139,8 @@ impl EndpointIngest {
                 self.counters.all_cleared_events += 1;
                 let writes = self.clear_for(index, Some(stream));
                 // The engine emptied its cache: nothing of this stream is missing.
-                if let Some((_, w)) = self.streams.get_mut(stream) {
-                    w.mark_complete();
+                if let Some(s) = self.streams.get_mut(stream) {
+                    s.window.mark_complete();
                 }
                 return Some(writes);
             }
@@ -207,8 +212,9 @@ impl EndpointIngest {
                     "re-key map full of live entries: endpoint inventory reset"
                 );
                 self.counters.clears += 1;
-                for (_, w) in &mut self.streams {
-                    w.mark_lost();
+                for s in &mut self.streams {
+                    s.window.mark_lost();
+                    s.written = false;
                 }
                 reset = index.clear_endpoint(self.endpoint)?;
             }

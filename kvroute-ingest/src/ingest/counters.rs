@@ -46,6 +46,12 @@ pub struct IngestCounters {
     pub stream_limit_drops: u64,
     /// Endpoint clears (any cause).
     pub clears: u64,
+    /// Clears a stream's window asked for (a restart, a gap beyond the
+    /// window) that were not needed: nothing of that stream had been written
+    /// since the endpoint was last cleared. The usual case: an engine with
+    /// DP ranks restarts, the first rank to show it clears the endpoint, and
+    /// the others find only the new process's blocks there.
+    pub clears_not_needed: u64,
     /// `BlockStored` events applied.
     pub stored_events: u64,
     /// `BlockRemoved` events applied.
