@@ -143,6 +143,56 @@ fn drains_with_errors_timeouts_gaps_and_garbage() {
     assert_eq!(sink.decode_stats().malformed_payloads, 1);
 }
 
+/// A drain answered with a body over the size limit is dropped unread; the
+/// engine has handed its events out, so they are lost: the inventory is
+/// cleared and the drain counts as a decode error, not as an unreachable
+/// engine.
+#[test]
+fn a_drain_over_the_size_limit_clears_the_inventory() {
+    let oversized = format!(r#"{{"raw":"[{}]"}}"#, " ".repeat(100_000));
+    let steps = [
+        body("trtllm-events/classic/01_startup_created.json"),
+        body("trtllm-events/classic/02_context_blocks_stored.json"),
+        oversized,
+        body("trtllm-events/classic/03_release_stores_rest_incl_partial.json"),
+    ];
+    let mut server = Peer::spawn("trtllm_drain_server.py", &[]);
+    server.send_line(&format!("[{}]", steps.join(",")));
+    let ready = server.expect("READY", T);
+    let port: u16 = ready.trim_start_matches("READY port=").parse().unwrap();
+
+    let rt = runtime();
+    let config = TrtllmPollerConfig::new(format!("http://127.0.0.1:{port}/kv_cache_events"))
+        .interval(Duration::from_millis(10))
+        .backoff(Duration::from_millis(10), Duration::from_millis(40))
+        .max_body_bytes(64 << 10);
+    let poller = TrtllmPoller::new(config).unwrap();
+    let metrics = poller.metrics();
+    let (log, ops) = Log::new();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = rt.spawn(poller.run(TrtllmSink::new(32, log), async move {
+        let _ = stopped.await;
+    }));
+    let deadline = Instant::now() + T;
+    while !ops.lock().unwrap().contains(&Op::Apply(2)) {
+        assert!(
+            Instant::now() < deadline,
+            "event 2 never applied: {:?}",
+            ops.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = stop.send(());
+    let _ = rt.block_on(async { tokio::time::timeout(T, task).await });
+    assert_eq!(
+        *ops.lock().unwrap(),
+        vec![Op::Apply(0), Op::Apply(1), Op::Clear, Op::Apply(2)]
+    );
+    let m = metrics.snapshot();
+    assert_eq!((m.poll_failures, m.decode_errors, m.clears), (0, 1, 1), "{m:?}");
+    assert!(m.connected);
+}
+
 #[test]
 fn unreachable_engine_is_retried_with_backoff_until_it_appears() {
     let port = {

@@ -26,8 +26,12 @@
 //!   `old_value → new_value` diff) and `removed` means it left the reuse tree
 //!   wherever it was (fixtures 06/07 and their `resident_full_block_hashes_after`,
 //!   which list residents of every level together). The decoder therefore remembers
-//!   the tier of every block it saw leave (or be stored outside) the GPU level, in
-//!   a bounded map; any other block is on the GPU. A block that left the GPU while
+//!   the tier of every block it saw leave (or be stored outside) the GPU level, per
+//!   attention-DP rank (each rank has its own cache), in a bounded map; any other
+//!   block is on the GPU. When a rank's sequence shows an engine restart, that
+//!   rank's tiers are forgotten ([`TrtllmDecoder::restarted`]); a host that applies
+//!   batches decodes a drain event by event ([`TrtllmDecoder::decode_event`]) so
+//!   the reset comes before the new process's later events are read. A block that left the GPU while
 //!   the map was full is counted in [`DecodeStats::untracked_offloaded_blocks`] and
 //!   its removal goes to the GPU tier (its other copy goes stale: a lost
 //!   optimisation, never a wrong answer).
@@ -65,9 +69,13 @@ pub struct TrtllmDecoder {
     capacity: Option<Vec<u64>>,
     /// Last announced capacity per attention-DP rank (bounded).
     rank_capacity: Vec<(Option<u32>, Vec<u64>)>,
-    /// Tier of every block known to sit outside the GPU level; absent = GPU.
-    off_gpu: hashbrown::HashMap<u64, Medium>,
+    /// Tier of every block known to sit outside the GPU level, per
+    /// attention-DP rank (each rank has its own cache: one block can be on
+    /// one rank's GPU and in another's host cache); absent = GPU.
+    off_gpu: hashbrown::HashMap<(Option<u32>, u64), Medium>,
     off_gpu_limit: usize,
+    /// A `created` event was decoded since [`Self::take_capacity_update`].
+    capacity_update: bool,
 }
 
 /// Attention-DP ranks whose `created` capacity is remembered.
@@ -108,6 +116,7 @@ impl TrtllmDecoder {
             rank_capacity: Vec::new(),
             off_gpu: hashbrown::HashMap::new(),
             off_gpu_limit: DEFAULT_OFF_GPU_BLOCKS,
+            capacity_update: false,
         }
     }
 
@@ -120,10 +129,14 @@ impl TrtllmDecoder {
         self
     }
 
-    /// The tier `key` is in as far as the events seen so far say.
+    /// The tier `key` is in on attention-DP rank `rank` as far as the events
+    /// seen so far say.
     #[must_use]
-    pub fn tier_of(&self, key: BlockKey) -> Medium {
-        self.off_gpu.get(&key.0).copied().unwrap_or(Medium::Gpu)
+    pub fn tier_of(&self, rank: Option<u32>, key: BlockKey) -> Medium {
+        self.off_gpu
+            .get(&(rank, key.0))
+            .copied()
+            .unwrap_or(Medium::Gpu)
     }
 
     /// Blocks currently remembered as outside the GPU tier.
@@ -132,11 +145,18 @@ impl TrtllmDecoder {
         self.off_gpu.len()
     }
 
-    fn set_tier(&mut self, key: BlockKey, medium: Medium, stats: &mut DecodeStats) {
+    fn set_tier(
+        &mut self,
+        rank: Option<u32>,
+        key: BlockKey,
+        medium: Medium,
+        stats: &mut DecodeStats,
+    ) {
+        let at = (rank, key.0);
         if medium == Medium::Gpu {
-            self.off_gpu.remove(&key.0);
-        } else if self.off_gpu.len() < self.off_gpu_limit || self.off_gpu.contains_key(&key.0) {
-            self.off_gpu.insert(key.0, medium);
+            self.off_gpu.remove(&at);
+        } else if self.off_gpu.len() < self.off_gpu_limit || self.off_gpu.contains_key(&at) {
+            self.off_gpu.insert(at, medium);
         } else {
             stats.untracked_offloaded_blocks += 1;
         }
@@ -172,6 +192,16 @@ impl TrtllmDecoder {
         total
     }
 
+    /// [`Self::total_capacity`] if a `created` event was decoded since the
+    /// last call.
+    pub fn take_capacity_update(&mut self) -> Option<Vec<u64>> {
+        if std::mem::take(&mut self.capacity_update) {
+            self.total_capacity()
+        } else {
+            None
+        }
+    }
+
     /// Forgets the window and capacity state (after an engine restart).
     pub fn reset(&mut self) {
         self.largest_window = None;
@@ -180,19 +210,27 @@ impl TrtllmDecoder {
         self.off_gpu = hashbrown::HashMap::new();
     }
 
+    /// Attention-DP rank `rank` of the engine restarted (its sequence window
+    /// said so at an event of the drain `rest` begins with): forgets the
+    /// tiers of that rank's blocks, and takes the largest attention window
+    /// from `rest` afresh (a restarted engine may serve another model).
+    /// The other ranks' state is kept: each rank shows the restart at its
+    /// own first event, possibly in a later drain, and the events before it
+    /// are the new process's already. The capacity is kept until the rank
+    /// announces it again.
+    pub fn restarted(&mut self, rank: Option<u32>, rest: &[Value]) {
+        self.off_gpu.retain(|(r, _), _| *r != rank);
+        self.largest_window = drain_window(rest);
+    }
+
     /// Decodes one drain body (`[]` when idle).
     pub fn decode_drain(
         &mut self,
         body: &[u8],
         stats: &mut DecodeStats,
     ) -> Result<Vec<EventBatch>, DecodeError> {
-        match serde_json::from_slice::<Value>(body) {
-            Ok(v) => self.decode_value(&v, stats),
-            Err(e) => {
-                stats.malformed_payloads += 1;
-                Err(DecodeError::Json(e.to_string()))
-            }
-        }
+        let events = parse_drain(body, stats)?;
+        Ok(self.decode_events(&events, stats))
     }
 
     /// Decodes an already parsed drain.
@@ -201,52 +239,67 @@ impl TrtllmDecoder {
         drain: &Value,
         stats: &mut DecodeStats,
     ) -> Result<Vec<EventBatch>, DecodeError> {
-        let Some(events) = drain.as_array() else {
-            stats.malformed_payloads += 1;
-            return Err(DecodeError::BadLayout {
-                what: "drain is not a JSON array",
-            });
-        };
-        let drain_max = events
-            .iter()
-            .filter_map(|e| e.get("window_size").and_then(Value::as_u64))
-            .max();
-        self.largest_window = self.largest_window.max(drain_max);
+        let events = drain_array(drain, stats)?;
+        Ok(self.decode_events(events, stats))
+    }
 
-        let mut out = Vec::with_capacity(events.len());
-        for (index, ev) in events.iter().enumerate() {
-            stats.events += 1;
-            // An event without an id cannot be placed in the sequence, so it is
-            // dropped before it can touch the tier map: the ingest never sees it.
-            let Some(id) = ev.get("event_id").and_then(Value::as_u64) else {
-                stats.malformed_events += 1;
-                tracing::debug!(index, "TensorRT-LLM event without event_id dropped");
-                continue;
-            };
-            let rank = ev
-                .get("attention_dp_rank")
-                .and_then(Value::as_u64)
-                .and_then(|r| u32::try_from(r).ok());
-            let mut batch = EventBatch {
-                seq: id,
-                timestamp: 0.0,
-                dp_rank: rank,
-                events: Vec::new(),
-            };
-            if let Err(what) = self.event(ev, &mut batch.events, stats) {
-                stats.malformed_events += 1;
-                tracing::debug!(index, what, "malformed TensorRT-LLM event dropped");
-                batch.events.clear();
-            }
-            out.push(batch);
-        }
+    fn decode_events(&mut self, events: &[Value], stats: &mut DecodeStats) -> Vec<EventBatch> {
+        self.begin_drain(events, stats);
+        events
+            .iter()
+            .enumerate()
+            .filter_map(|(index, ev)| self.decode_event(index, ev, stats))
+            .collect()
+    }
+
+    /// Starts decoding the events of one drain ([`parse_drain`]) one at a
+    /// time with [`Self::decode_event`]: the drain's largest attention
+    /// window is known before its first event is judged.
+    pub fn begin_drain(&mut self, events: &[Value], stats: &mut DecodeStats) {
+        self.largest_window = self.largest_window.max(drain_window(events));
         stats.batches += 1;
-        Ok(out)
+    }
+
+    /// Decodes event `index` of the drain begun with [`Self::begin_drain`]:
+    /// its batch (`seq = event_id`, no events if it carries nothing for the
+    /// inventory or is malformed), or `None` for an event without an id,
+    /// which cannot be placed in the sequence.
+    pub fn decode_event(
+        &mut self,
+        index: usize,
+        ev: &Value,
+        stats: &mut DecodeStats,
+    ) -> Option<EventBatch> {
+        stats.events += 1;
+        // An event without an id cannot be placed in the sequence, so it is
+        // dropped before it can touch the tier map: the ingest never sees it.
+        let Some(id) = ev.get("event_id").and_then(Value::as_u64) else {
+            stats.malformed_events += 1;
+            tracing::debug!(index, "TensorRT-LLM event without event_id dropped");
+            return None;
+        };
+        let rank = ev
+            .get("attention_dp_rank")
+            .and_then(Value::as_u64)
+            .and_then(|r| u32::try_from(r).ok());
+        let mut batch = EventBatch {
+            seq: id,
+            timestamp: 0.0,
+            dp_rank: rank,
+            events: Vec::new(),
+        };
+        if let Err(what) = self.event(ev, rank, &mut batch.events, stats) {
+            stats.malformed_events += 1;
+            tracing::debug!(index, what, "malformed TensorRT-LLM event dropped");
+            batch.events.clear();
+        }
+        Some(batch)
     }
 
     fn event(
         &mut self,
         ev: &Value,
+        rank: Option<u32>,
         out: &mut Vec<KvEvent>,
         stats: &mut DecodeStats,
     ) -> Result<(), String> {
@@ -300,6 +353,7 @@ impl TrtllmDecoder {
                     None => {}
                 }
                 self.capacity = Some(caps);
+                self.capacity_update = true;
                 stats.capacity_events += 1;
             }
             Some("stored") => {
@@ -309,7 +363,7 @@ impl TrtllmDecoder {
                 for event in out.get(start..).unwrap_or_default() {
                     if let KvEvent::Stored(stored) = event {
                         for key in &stored.keys {
-                            self.set_tier(*key, stored.medium, stats);
+                            self.set_tier(rank, *key, stored.medium, stats);
                         }
                     }
                 }
@@ -323,7 +377,7 @@ impl TrtllmDecoder {
                     .iter()
                     .map(hash)
                     .collect::<Result<Vec<_>, _>>()?;
-                self.removed(keys, group, out);
+                self.removed(rank, keys, group, out);
             }
             Some("updated") => {
                 count_unknown(
@@ -342,7 +396,7 @@ impl TrtllmDecoder {
                         };
                         let from = level_medium(level("old_value")?, stats);
                         let to = level_medium(level("new_value")?, stats);
-                        self.set_tier(key, to, stats);
+                        self.set_tier(rank, key, to, stats);
                         out.push(KvEvent::Moved(BlockMoved { key, from, to }));
                     }
                 }
@@ -355,8 +409,14 @@ impl TrtllmDecoder {
 
     /// `Removed` events for the tiers the blocks are in; the blocks leave the tier
     /// map.
-    fn removed(&mut self, keys: Vec<BlockKey>, group: u32, out: &mut Vec<KvEvent>) {
-        if keys.iter().all(|k| !self.off_gpu.contains_key(&k.0)) {
+    fn removed(
+        &mut self,
+        rank: Option<u32>,
+        keys: Vec<BlockKey>,
+        group: u32,
+        out: &mut Vec<KvEvent>,
+    ) {
+        if keys.iter().all(|k| !self.off_gpu.contains_key(&(rank, k.0))) {
             out.push(KvEvent::Removed(BlockRemoved {
                 keys,
                 medium: Medium::Gpu,
@@ -367,7 +427,7 @@ impl TrtllmDecoder {
         // Runs of consecutive blocks in the same tier keep the engine's order.
         let mut run: Option<BlockRemoved> = None;
         for key in keys {
-            let medium = self.off_gpu.remove(&key.0).unwrap_or(Medium::Gpu);
+            let medium = self.off_gpu.remove(&(rank, key.0)).unwrap_or(Medium::Gpu);
             match &mut run {
                 Some(r) if r.medium == medium => r.keys.push(key),
                 _ => {
@@ -465,6 +525,48 @@ impl TrtllmDecoder {
     }
 }
 
+/// The events of one drain body: a JSON array (`[]` when idle); decode them
+/// with [`TrtllmDecoder::begin_drain`] and [`TrtllmDecoder::decode_event`].
+///
+/// # Errors
+/// [`DecodeError`] when the body is not JSON or not an array (counted in
+/// `stats` as a malformed payload).
+pub fn parse_drain(body: &[u8], stats: &mut DecodeStats) -> Result<Vec<Value>, DecodeError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(events)) => Ok(events),
+        Ok(_) => {
+            stats.malformed_payloads += 1;
+            Err(DecodeError::BadLayout {
+                what: "drain is not a JSON array",
+            })
+        }
+        Err(e) => {
+            stats.malformed_payloads += 1;
+            Err(DecodeError::Json(e.to_string()))
+        }
+    }
+}
+
+fn drain_array<'v>(drain: &'v Value, stats: &mut DecodeStats) -> Result<&'v [Value], DecodeError> {
+    match drain.as_array() {
+        Some(events) => Ok(events),
+        None => {
+            stats.malformed_payloads += 1;
+            Err(DecodeError::BadLayout {
+                what: "drain is not a JSON array",
+            })
+        }
+    }
+}
+
+/// The largest attention window the events name.
+fn drain_window(events: &[Value]) -> Option<u64> {
+    events
+        .iter()
+        .filter_map(|e| e.get("window_size").and_then(Value::as_u64))
+        .max()
+}
+
 fn hash(v: &Value) -> Result<BlockKey, String> {
     v.as_u64()
         .map(BlockKey)
@@ -535,9 +637,9 @@ mod tests {
             dec.decode_drain(&golden(f), &mut stats).unwrap();
         }
         let offloaded = 6281115329494198917u64;
-        assert_eq!(dec.tier_of(BlockKey(offloaded)), Medium::Cpu);
+        assert_eq!(dec.tier_of(None, BlockKey(offloaded)), Medium::Cpu);
         let on_gpu = 13121859508051604645u64;
-        assert_eq!(dec.tier_of(BlockKey(on_gpu)), Medium::Gpu);
+        assert_eq!(dec.tier_of(None, BlockKey(on_gpu)), Medium::Gpu);
 
         let body = format!(
             r#"[{{"event_id": 6, "window_size": 8192,
@@ -549,7 +651,7 @@ mod tests {
             vec![(Medium::Gpu, vec![on_gpu]), (Medium::Cpu, vec![offloaded])]
         );
         // Gone from the tier map: a re-store on the GPU and removal go to the GPU.
-        assert_eq!(dec.tier_of(BlockKey(offloaded)), Medium::Gpu);
+        assert_eq!(dec.tier_of(None, BlockKey(offloaded)), Medium::Gpu);
         assert_eq!(stats.untracked_offloaded_blocks, 0);
     }
 
@@ -665,10 +767,10 @@ mod tests {
         };
         let body = format!("[{}, {}]", moved(1, 21), moved(2, 22));
         dec.decode_drain(body.as_bytes(), &mut stats).unwrap();
-        assert_eq!(dec.tier_of(BlockKey(21)), Medium::Cpu);
-        assert_eq!(dec.tier_of(BlockKey(22)), Medium::Gpu);
+        assert_eq!(dec.tier_of(None, BlockKey(21)), Medium::Cpu);
+        assert_eq!(dec.tier_of(None, BlockKey(22)), Medium::Gpu);
         assert_eq!(stats.untracked_offloaded_blocks, 1);
         dec.reset();
-        assert_eq!(dec.tier_of(BlockKey(21)), Medium::Gpu);
+        assert_eq!(dec.tier_of(None, BlockKey(21)), Medium::Gpu);
     }
 }

@@ -166,4 +166,15 @@ pub trait DrainSink: Send {
     /// The engine stopped answering (connect error, timeout, non-2xx) after having
     /// answered; events may be lost while it is unreachable.
     fn on_unreachable(&mut self) {}
+
+    /// A drain was answered but its body was dropped unread (larger than
+    /// [`TrtllmPollerConfig::max_body_bytes`](super::TrtllmPollerConfig::max_body_bytes)):
+    /// the engine has already handed those events out, so they are lost.
+    /// The report says what the sink did about it.
+    fn on_lost_drain(&mut self) -> DrainReport {
+        DrainReport {
+            decode_error: true,
+            ..DrainReport::default()
+        }
+    }
 }

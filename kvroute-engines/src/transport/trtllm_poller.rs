@@ -19,7 +19,11 @@ pub struct TrtllmPollerConfig {
     pub backoff_initial: Duration,
     /// Largest pause after failures.
     pub backoff_max: Duration,
-    /// Bodies larger than this are dropped (counted as a decode error).
+    /// Bodies larger than this are dropped unread: their events are lost,
+    /// so the sink clears the inventory ([`DrainSink::on_lost_drain`]), and
+    /// the drain counts as a decode error.
+    ///
+    /// [`DrainSink::on_lost_drain`]: super::DrainSink::on_lost_drain
     pub max_body_bytes: usize,
 }
 
@@ -163,14 +167,25 @@ impl TrtllmPoller {
                 () = &mut shutdown => return sink,
                 r = self.drain_once() => r,
             };
-            self.metrics.poll(result.is_ok());
+            // An answer too large to read was still an answer: the engine
+            // is reachable, and it handed out the events it held.
+            let answered = matches!(result, Ok(_) | Err(DrainError::TooLarge(_)));
+            self.metrics.poll(answered);
+            if answered && !reachable {
+                reachable = true;
+                self.metrics.set_connected(true);
+            }
             let pause = match result {
                 Ok(body) => {
-                    if !reachable {
-                        reachable = true;
-                        self.metrics.set_connected(true);
-                    }
                     let report = sink.on_drain(&body);
+                    self.metrics.drain(&report);
+                    backoff = self.config.backoff_initial;
+                    self.config.interval
+                }
+                Err(DrainError::TooLarge(limit)) => {
+                    tracing::warn!(url = %self.config.url, limit,
+                        "trtllm poller: drain body over the size limit dropped; its events are lost");
+                    let report = sink.on_lost_drain();
                     self.metrics.drain(&report);
                     backoff = self.config.backoff_initial;
                     self.config.interval

@@ -20,7 +20,7 @@ use kvroute_ingest::EventBatch;
 
 use super::decoding_sink::IngestOutcome;
 use super::sink::{DrainReport, DrainSink};
-use crate::events::trtllm::TrtllmDecoder;
+use crate::events::trtllm::{parse_drain, TrtllmDecoder};
 use crate::events::DecodeStats;
 
 /// Where decoded batches go: one endpoint's ingest state, which judges each
@@ -71,26 +71,30 @@ impl<A: BatchApplier> TrtllmSink<A> {
 impl<A: BatchApplier> DrainSink for TrtllmSink<A> {
     fn on_drain(&mut self, body: &[u8]) -> DrainReport {
         let mut report = DrainReport::default();
-        let batches = match self.decoder.decode_drain(body, &mut self.stats) {
-            Ok(b) => b,
+        let events = match parse_drain(body, &mut self.stats) {
+            Ok(events) => events,
             Err(e) => {
-                // The drain consumed those events: whatever they were, they are lost.
                 tracing::warn!(error = %e, "trtllm: undecodable drain, clearing inventory");
-                report.decode_error = true;
-                report.cleared = true;
-                self.applier.clear();
-                self.decoder.reset();
+                self.lost(&mut report);
                 return report;
             }
         };
-        if let Some(caps) = self.decoder.total_capacity() {
-            self.applier.set_capacity(&caps);
-        }
-        for batch in &batches {
+        // Event by event: a restart one rank's window finds at an event
+        // resets that rank's decoder state before the events after it are
+        // decoded, so what the new process reports later in the same drain
+        // (offloads, capacity) is kept.
+        self.decoder.begin_drain(&events, &mut self.stats);
+        for (index, ev) in events.iter().enumerate() {
+            let Some(batch) = self.decoder.decode_event(index, ev, &mut self.stats) else {
+                continue;
+            };
             report.events = report
                 .events
                 .saturating_add(u32::try_from(batch.events.len()).unwrap_or(u32::MAX));
-            let outcome = self.applier.apply(batch);
+            if let Some(caps) = self.decoder.take_capacity_update() {
+                self.applier.set_capacity(&caps);
+            }
+            let outcome = self.applier.apply(&batch);
             if outcome.gap {
                 report.gap = true;
                 // Loud but bounded: the first gap and every power of two.
@@ -106,17 +110,46 @@ impl<A: BatchApplier> DrainSink for TrtllmSink<A> {
             if outcome.restart {
                 tracing::info!(
                     got = batch.seq,
+                    rank = ?batch.dp_rank,
                     "trtllm: event_id went back, engine restarted"
                 );
-                // A new process: its tiers, window and capacity start afresh.
-                self.decoder.reset();
+                // A new process on that rank: its tiers start afresh, from
+                // this event on (the event is the new process's first, so
+                // its own effect on the state is read again).
+                self.decoder
+                    .restarted(batch.dp_rank, events.get(index..).unwrap_or_default());
+                let _ = self
+                    .decoder
+                    .decode_event(index, ev, &mut DecodeStats::default());
             }
             report.events_applied = report.events_applied.saturating_add(outcome.applied);
             if !outcome.rejected {
                 report.last_event_id = Some(batch.seq);
             }
         }
+        if let Some(caps) = self.decoder.take_capacity_update() {
+            self.applier.set_capacity(&caps);
+        }
         report
+    }
+
+    fn on_lost_drain(&mut self) -> DrainReport {
+        tracing::warn!("trtllm: a drain was lost unread, clearing inventory");
+        let mut report = DrainReport::default();
+        self.lost(&mut report);
+        report
+    }
+}
+
+impl<A: BatchApplier> TrtllmSink<A> {
+    /// A drain's events are gone (undecodable, or dropped unread): whatever
+    /// they were, the inventory may miss them, and the next `event_id`
+    /// must not be judged against them.
+    fn lost(&mut self, report: &mut DrainReport) {
+        report.decode_error = true;
+        report.cleared = true;
+        self.applier.clear();
+        self.decoder.reset();
     }
 }
 
@@ -180,6 +213,99 @@ mod tests {
             ingest.completeness(),
             kvroute_ingest::Completeness::Complete
         );
+    }
+
+    fn event(id: u64, rank: Option<u32>, data: &str) -> String {
+        let rank = rank.map_or(String::new(), |r| format!(r#""attention_dp_rank": {r},"#));
+        format!(r#"{{"event_id": {id}, {rank} "window_size": 8192, "data": {data}}}"#)
+    }
+
+    fn store(hash: u64) -> String {
+        format!(
+            r#"{{"type": "stored", "parent_hash": null, "blocks": [{{"type": "stored_block",
+            "block_hash": {hash}, "tokens": [], "cache_level": 0, "priority": 35}}]}}"#
+        )
+    }
+
+    fn offload(hash: u64) -> String {
+        format!(
+            r#"{{"type": "updated", "block_hash": {hash},
+            "cache_level": {{"old_value": 0, "new_value": 1}}}}"#
+        )
+    }
+
+    fn remove(hash: u64) -> String {
+        format!(r#"{{"type": "removed", "block_hashes": [{hash}]}}"#)
+    }
+
+    const CREATED: &str = r#"{"type": "created", "num_blocks_per_cache_level": [100, 100]}"#;
+
+    fn drain(sink: &mut TrtllmSink<IndexIngest>, events: &[String]) -> DrainReport {
+        sink.on_drain(format!("[{}]", events.join(",")).as_bytes())
+    }
+
+    /// A restart shown at the first event of a drain resets the decoder
+    /// before the rest of the drain is decoded: an offload the new process
+    /// reports in the same drain is remembered, and the block's later
+    /// removal leaves the host tier.
+    #[test]
+    fn a_restart_keeps_what_the_rest_of_its_drain_reports() {
+        let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
+        let mut sink = drain_sink(&index);
+        let _ = drain(&mut sink, &[event(0, None, CREATED), event(1, None, &store(5))]);
+        let r = drain(
+            &mut sink,
+            &[
+                event(0, None, CREATED),
+                event(1, None, &store(7)),
+                event(2, None, &offload(7)),
+            ],
+        );
+        assert!(r.cleared, "{r:?}");
+        let has = |k, m| index.contains(EndpointId(0), BlockKey(k), m);
+        assert!(has(7, Medium::Cpu) && !has(7, Medium::Gpu) && !has(5, Medium::Gpu));
+        let _ = drain(&mut sink, &[event(3, None, &remove(7))]);
+        assert!(!has(7, Medium::Cpu), "the removal leaves the host tier");
+        let writes = sink.applier().endpoint_ingest().counters().writes;
+        assert_eq!(writes.remove_absent, 0, "{writes:?}");
+    }
+
+    /// Each attention-DP rank has its own cache: a block one rank offloaded
+    /// is still on another rank's GPU, and that rank's removal leaves the
+    /// GPU tier; one rank's restart forgets only its own tiers.
+    #[test]
+    fn tiers_are_tracked_per_attention_dp_rank() {
+        let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
+        let mut sink = drain_sink(&index);
+        let has = |k, m| index.contains(EndpointId(0), BlockKey(k), m);
+        let _ = drain(
+            &mut sink,
+            &[
+                event(0, Some(0), CREATED),
+                event(0, Some(1), CREATED),
+                event(1, Some(0), &store(9)),
+                event(1, Some(1), &store(9)),
+                event(2, Some(0), &offload(9)),
+                event(2, Some(1), &remove(9)),
+            ],
+        );
+        assert!(has(9, Medium::Cpu), "rank 0's copy is in its host cache");
+        assert!(!has(9, Medium::Gpu), "rank 1 removed its GPU copy");
+        // The engine restarts; rank 0 shows it first, and offloads a block
+        // of the new process before rank 1 shows it in the next drain.
+        let _ = drain(
+            &mut sink,
+            &[
+                event(0, Some(0), CREATED),
+                event(1, Some(0), &store(11)),
+                event(2, Some(0), &offload(11)),
+            ],
+        );
+        let _ = drain(&mut sink, &[event(0, Some(1), CREATED)]);
+        let _ = drain(&mut sink, &[event(3, Some(0), &remove(11))]);
+        assert!(!has(11, Medium::Cpu) && !has(11, Medium::Gpu));
+        let writes = sink.applier().endpoint_ingest().counters().writes;
+        assert_eq!(writes.remove_absent, 0, "{writes:?}");
     }
 
     /// The `created` event's capacity bounds the inventory.
