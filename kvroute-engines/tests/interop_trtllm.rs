@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use interop_support::{golden, runtime, Peer};
 use kvroute_core::EndpointId;
 use kvroute_engines::transport::{
-    BatchApplier, IndexIngest, IngestOutcome, TrtllmPoller, TrtllmPollerConfig, TrtllmSink,
+    BatchApplier, DrainSink, IndexIngest, IngestOutcome, TrtllmPoller, TrtllmPollerConfig,
+    TrtllmSink,
 };
 use kvroute_ingest::SeqWindowConfig;
 use kvroute_ingest::{EndpointIngest, EventBatch, IndexConfig, IngestConfig, Keying, SharedIndex};
@@ -140,13 +141,14 @@ fn drains_with_errors_timeouts_gaps_and_garbage() {
     assert_eq!((m.gaps, m.decode_errors, m.clears), (1, 1, 2), "{m:?}");
     assert_eq!(m.last_seq, Some(5));
     assert!(m.connected);
-    assert_eq!(sink.decode_stats().malformed_payloads, 1);
+    assert_eq!(sink.decode_stats().map(|s| s.malformed_payloads), Some(1));
 }
 
 /// A drain answered with a body over the size limit is dropped unread; the
 /// engine has handed its events out, so they are lost: the inventory is
 /// cleared and the drain counts as a decode error, not as an unreachable
-/// engine.
+/// engine. An event of a type the decoder does not know shows in the
+/// metrics.
 #[test]
 fn a_drain_over_the_size_limit_clears_the_inventory() {
     let oversized = format!(r#"{{"raw":"[{}]"}}"#, " ".repeat(100_000));
@@ -155,6 +157,8 @@ fn a_drain_over_the_size_limit_clears_the_inventory() {
         body("trtllm-events/classic/02_context_blocks_stored.json"),
         oversized,
         body("trtllm-events/classic/03_release_stores_rest_incl_partial.json"),
+        r#"{"body": [{"event_id": 3, "window_size": 8192, "data": {"type": "from_the_future"}}]}"#
+            .to_owned(),
     ];
     let mut server = Peer::spawn("trtllm_drain_server.py", &[]);
     server.send_line(&format!("[{}]", steps.join(",")));
@@ -174,10 +178,10 @@ fn a_drain_over_the_size_limit_clears_the_inventory() {
         let _ = stopped.await;
     }));
     let deadline = Instant::now() + T;
-    while !ops.lock().unwrap().contains(&Op::Apply(2)) {
+    while !ops.lock().unwrap().contains(&Op::Apply(3)) {
         assert!(
             Instant::now() < deadline,
-            "event 2 never applied: {:?}",
+            "event 3 never applied: {:?}",
             ops.lock().unwrap()
         );
         std::thread::sleep(Duration::from_millis(10));
@@ -186,10 +190,21 @@ fn a_drain_over_the_size_limit_clears_the_inventory() {
     let _ = rt.block_on(async { tokio::time::timeout(T, task).await });
     assert_eq!(
         *ops.lock().unwrap(),
-        vec![Op::Apply(0), Op::Apply(1), Op::Clear, Op::Apply(2)]
+        vec![
+            Op::Apply(0),
+            Op::Apply(1),
+            Op::Clear,
+            Op::Apply(2),
+            Op::Apply(3)
+        ]
     );
     let m = metrics.snapshot();
-    assert_eq!((m.poll_failures, m.decode_errors, m.clears), (0, 1, 1), "{m:?}");
+    assert_eq!(
+        (m.poll_failures, m.decode_errors, m.clears),
+        (0, 1, 1),
+        "{m:?}"
+    );
+    assert_eq!(m.decode.unknown_event_tags, 1, "{m:?}");
     assert!(m.connected);
 }
 

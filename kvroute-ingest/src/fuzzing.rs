@@ -441,7 +441,6 @@ pub fn seq_window(data: &[u8]) {
                     model.replay_finished(ep, rank, completed),
                     "replay end verdict"
                 );
-
             }
             1 => {
                 let from = ingest.on_bootstrap(rank);

@@ -215,9 +215,9 @@ impl EndpointIngest {
     /// Batches known missing, summed over the streams.
     #[must_use]
     pub fn missing_batches(&self) -> u64 {
-        self.streams
-            .iter()
-            .fold(0u64, |sum, s| sum.saturating_add(s.window.missing_batches()))
+        self.streams.iter().fold(0u64, |sum, s| {
+            sum.saturating_add(s.window.missing_batches())
+        })
     }
 
     /// The most likely reason for a contract mismatch, derived from which checks
@@ -495,10 +495,9 @@ impl EndpointIngest {
         let Some(pos) = self.stream_pos(dp_rank) else {
             return ReplayEnd::Continue;
         };
-        let verdict = self
-            .streams
-            .get_mut(pos)
-            .map_or(ReplayEnd::Continue, |s| s.window.on_replay_finished(completed));
+        let verdict = self.streams.get_mut(pos).map_or(ReplayEnd::Continue, |s| {
+            s.window.on_replay_finished(completed)
+        });
         if verdict.clears() {
             let writes = self.clear_for_stream(index, pos);
             self.counters.writes += writes;

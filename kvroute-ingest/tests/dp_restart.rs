@@ -39,12 +39,24 @@ fn each_rank_showing_one_restart_clears_the_endpoint_once() {
     let has = |index: &SharedIndex, k| index.contains(EP, BlockKey(k), Medium::Gpu);
     // The engine restarts: rank 0's first batch of the new process shows it.
     let restart = SeqAction::ClearThenApply(ClearReason::Restart);
-    assert_eq!(ingest.apply_batch(&stored(0, 0, 300), &index).action, restart);
+    assert_eq!(
+        ingest.apply_batch(&stored(0, 0, 300), &index).action,
+        restart
+    );
     let _ = ingest.apply_batch(&stored(0, 1, 301), &index);
-    assert!(!has(&index, 103) && !has(&index, 203), "the old process is gone");
+    assert!(
+        !has(&index, 103) && !has(&index, 203),
+        "the old process is gone"
+    );
     // Then rank 1's: the endpoint already holds only the new process's blocks.
-    assert_eq!(ingest.apply_batch(&stored(1, 0, 400), &index).action, restart);
-    assert!(has(&index, 300) && has(&index, 301), "rank 0's new blocks kept");
+    assert_eq!(
+        ingest.apply_batch(&stored(1, 0, 400), &index).action,
+        restart
+    );
+    assert!(
+        has(&index, 300) && has(&index, 301),
+        "rank 0's new blocks kept"
+    );
     assert!(has(&index, 400));
     assert_eq!(ingest.counters().clears, 1);
     assert_eq!(ingest.counters().clears_not_needed, 1);

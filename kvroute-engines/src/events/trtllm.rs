@@ -416,7 +416,10 @@ impl TrtllmDecoder {
         group: u32,
         out: &mut Vec<KvEvent>,
     ) {
-        if keys.iter().all(|k| !self.off_gpu.contains_key(&(rank, k.0))) {
+        if keys
+            .iter()
+            .all(|k| !self.off_gpu.contains_key(&(rank, k.0)))
+        {
             out.push(KvEvent::Removed(BlockRemoved {
                 keys,
                 medium: Medium::Gpu,

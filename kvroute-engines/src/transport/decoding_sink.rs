@@ -93,14 +93,13 @@ impl<I: SeqIngest> DecodingSink<I> {
     pub fn ingest(&self) -> &I {
         &self.ingest
     }
-
-    /// Decoder counters.
-    pub fn decode_stats(&self) -> &DecodeStats {
-        &self.stats
-    }
 }
 
 impl<I: SeqIngest> FrameSink for DecodingSink<I> {
+    fn decode_stats(&self) -> Option<&DecodeStats> {
+        Some(&self.stats)
+    }
+
     fn on_frame(&mut self, frame: Frame<'_>) -> FrameReport {
         let decoded =
             self.decoder
@@ -195,7 +194,7 @@ mod tests {
         let bad = sink.on_frame(frame(5, &payload[..10]));
         assert!(bad.decode_error);
         assert_eq!(sink.ingest().0, vec![(4, 4)]);
-        assert_eq!(sink.decode_stats().malformed_payloads, 1);
+        assert_eq!(sink.decode_stats().map(|s| s.malformed_payloads), Some(1));
     }
 
     #[test]

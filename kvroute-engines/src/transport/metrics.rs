@@ -1,5 +1,6 @@
-//! Per-subscriber health counters, shared lock-free between the transport task
-//! (writer) and whoever exports them (admin API, Prometheus).
+//! Per-subscriber health counters, shared between the transport task (writer)
+//! and whoever exports them (admin API, Prometheus): atomics, and the
+//! decoder's counters under a lock taken once per payload.
 // The writers live in the feature-gated transports.
 #![cfg_attr(not(all(feature = "zmq", feature = "trtllm-http")), allow(dead_code))]
 
@@ -7,6 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::sink::{DrainReport, FrameReport, FrameSource};
+#[cfg(doc)]
+use super::sink::{DrainSink, FrameSink};
+use crate::events::DecodeStats;
 
 const NO_SEQ: u64 = u64::MAX;
 
@@ -43,6 +47,8 @@ pub struct SubscriberMetrics {
     events_per_sec_bits: AtomicU64,
     last_staleness_us: AtomicI64,
     max_staleness_us: AtomicI64,
+    /// The sink's decoder counters, as of its last payload.
+    decode: parking_lot::Mutex<DecodeStats>,
 }
 
 impl Default for SubscriberMetrics {
@@ -75,6 +81,7 @@ impl Default for SubscriberMetrics {
             events_per_sec_bits: AtomicU64::new(0f64.to_bits()),
             last_staleness_us: AtomicI64::new(0),
             max_staleness_us: AtomicI64::new(0),
+            decode: parking_lot::Mutex::new(DecodeStats::default()),
         }
     }
 }
@@ -143,6 +150,11 @@ pub struct MetricsSnapshot {
     pub last_staleness_us: i64,
     /// Largest staleness seen, microseconds.
     pub max_staleness_us: i64,
+    /// The decoder's counters ([`FrameSink::decode_stats`],
+    /// [`DrainSink::decode_stats`]): events dropped as malformed, of unknown
+    /// types, of a smaller attention window, blocks whose tier could not be
+    /// tracked.
+    pub decode: DecodeStats,
 }
 
 impl SubscriberMetrics {
@@ -181,6 +193,14 @@ impl SubscriberMetrics {
             events_per_sec: f64::from_bits(self.events_per_sec_bits.load(Relaxed)),
             last_staleness_us: self.last_staleness_us.load(Relaxed),
             max_staleness_us: self.max_staleness_us.load(Relaxed),
+            decode: *self.decode.lock(),
+        }
+    }
+
+    /// Takes the sink's decoder counters after it handled a payload.
+    pub(crate) fn decoded(&self, stats: Option<&DecodeStats>) {
+        if let Some(stats) = stats {
+            *self.decode.lock() = *stats;
         }
     }
 

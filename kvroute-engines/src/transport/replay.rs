@@ -130,6 +130,7 @@ mod client {
                         source: FrameSource::Replay,
                     });
                     metrics.frame(seq, FrameSource::Replay, &report);
+                    metrics.decoded(sink.decode_stats());
                     // A number the sink rejected as implausible (e.g. u64::MAX − 1)
                     // must not become the replay's range: the subscriber drops
                     // live frames inside it as already replayed.

@@ -114,6 +114,12 @@ pub trait FrameSink: Send {
     /// The peer went away (engine stopped or restarted, network failure).
     fn on_disconnected(&mut self) {}
 
+    /// The decoder's counters, which the transport copies into its metrics
+    /// after every payload (`None`: the sink keeps none).
+    fn decode_stats(&self) -> Option<&crate::events::DecodeStats> {
+        None
+    }
+
     /// A replay finished (end marker, timeout, error, or no replay endpoint).
     /// The report says what its end proved: `cleared`/`restart` when the
     /// engine's buffer showed a restart (e.g. it ends before the last batch we
@@ -166,6 +172,12 @@ pub trait DrainSink: Send {
     /// The engine stopped answering (connect error, timeout, non-2xx) after having
     /// answered; events may be lost while it is unreachable.
     fn on_unreachable(&mut self) {}
+
+    /// The decoder's counters, which the poller copies into its metrics
+    /// after every drain (`None`: the sink keeps none).
+    fn decode_stats(&self) -> Option<&crate::events::DecodeStats> {
+        None
+    }
 
     /// A drain was answered but its body was dropped unread (larger than
     /// [`TrtllmPollerConfig::max_body_bytes`](super::TrtllmPollerConfig::max_body_bytes)):

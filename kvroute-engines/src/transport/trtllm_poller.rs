@@ -179,6 +179,7 @@ impl TrtllmPoller {
                 Ok(body) => {
                     let report = sink.on_drain(&body);
                     self.metrics.drain(&report);
+                    self.metrics.decoded(sink.decode_stats());
                     backoff = self.config.backoff_initial;
                     self.config.interval
                 }
@@ -187,6 +188,7 @@ impl TrtllmPoller {
                         "trtllm poller: drain body over the size limit dropped; its events are lost");
                     let report = sink.on_lost_drain();
                     self.metrics.drain(&report);
+                    self.metrics.decoded(sink.decode_stats());
                     backoff = self.config.backoff_initial;
                     self.config.interval
                 }

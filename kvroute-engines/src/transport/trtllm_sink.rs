@@ -61,11 +61,6 @@ impl<A: BatchApplier> TrtllmSink<A> {
     pub fn applier(&self) -> &A {
         &self.applier
     }
-
-    /// Decoder counters.
-    pub fn decode_stats(&self) -> &DecodeStats {
-        &self.stats
-    }
 }
 
 impl<A: BatchApplier> DrainSink for TrtllmSink<A> {
@@ -131,6 +126,10 @@ impl<A: BatchApplier> DrainSink for TrtllmSink<A> {
             self.applier.set_capacity(&caps);
         }
         report
+    }
+
+    fn decode_stats(&self) -> Option<&DecodeStats> {
+        Some(&self.stats)
     }
 
     fn on_lost_drain(&mut self) -> DrainReport {
@@ -252,7 +251,10 @@ mod tests {
     fn a_restart_keeps_what_the_rest_of_its_drain_reports() {
         let index = Arc::new(SharedIndex::new(1, IndexConfig::default()));
         let mut sink = drain_sink(&index);
-        let _ = drain(&mut sink, &[event(0, None, CREATED), event(1, None, &store(5))]);
+        let _ = drain(
+            &mut sink,
+            &[event(0, None, CREATED), event(1, None, &store(5))],
+        );
         let r = drain(
             &mut sink,
             &[

@@ -500,6 +500,7 @@ impl ZmqSubscriber {
             source: FrameSource::Live,
         });
         self.metrics.frame(seq, FrameSource::Live, &report);
+        self.metrics.decoded(sink.decode_stats());
         if report.decode_error && bad_log.admit(BadFrame::Undecodable, Instant::now(), endpoint) {
             tracing::warn!(%endpoint, seq, len = payload.len(),
                 "zmq subscriber: undecodable KV event payload dropped");

@@ -42,7 +42,9 @@ impl EndpointIngest {
             };
         };
         let action = match self.streams.get_mut(pos) {
-            Some(s) => s.window.on_batch_with_digest(batch.seq, batch.fingerprint()),
+            Some(s) => s
+                .window
+                .on_batch_with_digest(batch.seq, batch.fingerprint()),
             None => SeqAction::Drop(DropReason::StreamLimit),
         };
         let mut writes = WriteStats::default();

@@ -213,6 +213,10 @@ impl Collector for Routers {
                             m.malformed_frames,
                             m.oversized_frames,
                             m.polls,
+                            m.decode.malformed_events,
+                            m.decode.unknown_event_tags,
+                            m.decode.smaller_window_events,
+                            m.decode.untracked_offloaded_blocks,
                         ],
                         last_rejected_seq: m.last_rejected_seq,
                     });

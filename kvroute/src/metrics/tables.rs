@@ -52,7 +52,7 @@ fn gauge_value(v: u64) -> i64 {
 }
 
 /// Subscriber metric families, in the order the collector fills them (counter names without the `_total` the encoder appends).
-pub(super) const SUBSCRIBER_METRICS: [(&str, MetricType, &str); 11] = [
+pub(super) const SUBSCRIBER_METRICS: [(&str, MetricType, &str); 15] = [
     (
         "kvroute_subscriber_connected",
         MetricType::Gauge,
@@ -107,6 +107,26 @@ pub(super) const SUBSCRIBER_METRICS: [(&str, MetricType, &str); 11] = [
         "kvroute_subscriber_polls",
         MetricType::Counter,
         "TensorRT-LLM drains attempted (HTTP poller only).",
+    ),
+    (
+        "kvroute_subscriber_malformed_events",
+        MetricType::Counter,
+        "Single events with invalid fields dropped from otherwise valid payloads.",
+    ),
+    (
+        "kvroute_subscriber_unknown_event_types",
+        MetricType::Counter,
+        "Events of a type the decoder does not know, skipped (a newer engine?).",
+    ),
+    (
+        "kvroute_subscriber_smaller_window_events",
+        MetricType::Counter,
+        "TensorRT-LLM events of an attention window smaller than the largest seen, skipped.",
+    ),
+    (
+        "kvroute_subscriber_untracked_offloaded_blocks",
+        MetricType::Counter,
+        "TensorRT-LLM blocks that left the GPU while the decoder's tier map was full.",
     ),
 ];
 

@@ -355,6 +355,10 @@ fn endpoint_json(
                     "events_applied": s.events_applied, "gaps": s.gaps, "clears": s.clears,
                     "restarts": s.restarts, "decode_errors": s.decode_errors,
                     "polls": s.polls, "poll_failures": s.poll_failures,
+                    "malformed_events": s.decode.malformed_events,
+                    "unknown_event_types": s.decode.unknown_event_tags,
+                    "smaller_window_events": s.decode.smaller_window_events,
+                    "untracked_offloaded_blocks": s.decode.untracked_offloaded_blocks,
                 }),
                 other => {
                     let (transport, replay) = match other {
@@ -370,6 +374,8 @@ fn endpoint_json(
                         "dial_failures": s.dial_failures, "replays_requested": s.replays_requested,
                         "malformed_frames": s.malformed_frames,
                         "oversized_frames": s.oversized_frames,
+                        "malformed_events": s.decode.malformed_events,
+                        "unknown_event_types": s.decode.unknown_event_tags,
                         "last_rejected_seq": s.last_rejected_seq,
                     })
                 }
