@@ -14,10 +14,12 @@
 //! (knobs on [`crate::KvRouterBuilder`]); a host that tokenizes by itself can
 //! use the type directly.
 //!
-//! The state is a pair of counters behind one lock (exact: no transient
-//! over-admission or spurious refusal between the two), and a [`Notify`] that
-//! wakes waiters when a permit is released. Nothing here reads a clock or
-//! spawns: the caller passes the give-up future ([`TokenizeAdmission::admit_within`]),
+//! The state is a pair of counters and the queue of waiting requests behind
+//! one lock (exact: no transient over-admission or spurious refusal between
+//! the two). A release hands its room to the waiters it fits, in arrival
+//! order, and wakes only those: under overload a release costs one wake-up,
+//! not one per waiting request. Nothing here reads a clock or spawns: the
+//! caller passes the give-up future ([`TokenizeAdmission::admit_within`]),
 //! so the same type serves tests, the facade and any other host.
 //!
 //! ```
@@ -38,13 +40,14 @@
 //! The reference model the bounds are checked against: the property test in
 //! this module.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
+use tokio::sync::oneshot;
 
 /// What a request does when tokenization is at its bound (the gateway's
 /// `limits.tokenize_overload`; [`crate::KvRouterBuilder::tokenize_overload`]).
@@ -76,6 +79,18 @@ pub struct AdmissionLimits {
 struct InFlight {
     count: usize,
     bytes: usize,
+    /// Requests waiting for room, in arrival order.
+    waiters: VecDeque<Waiter>,
+    next_waiter: u64,
+}
+
+/// A request waiting in [`TokenizeAdmission::admit_within`]: a release that
+/// makes room for its charge sends it the permit.
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    bytes: usize,
+    grant: oneshot::Sender<TokenizePermit>,
 }
 
 /// Counters and gauges of one [`TokenizeAdmission`] (what a host exports:
@@ -109,7 +124,6 @@ pub struct TokenizeAdmission {
     limits: AdmissionLimits,
     in_flight: Mutex<InFlight>,
     peak: Mutex<(usize, usize)>,
-    released: Notify,
     admitted: AtomicU64,
     admitted_after_wait: AtomicU64,
     overloaded: AtomicU64,
@@ -119,18 +133,20 @@ pub struct TokenizeAdmission {
 /// holding it panics or the client goes away mid-tokenization).
 #[derive(Debug)]
 pub struct TokenizePermit {
-    admission: Arc<TokenizeAdmission>,
+    /// `None` once its room went back (a grant nobody received).
+    admission: Option<Arc<TokenizeAdmission>>,
     bytes: usize,
 }
 
 impl Drop for TokenizePermit {
     fn drop(&mut self) {
-        {
-            let mut f = self.admission.in_flight.lock();
-            f.count = f.count.saturating_sub(1);
-            f.bytes = f.bytes.saturating_sub(self.bytes);
-        }
-        self.admission.released.notify_waiters();
+        let Some(admission) = self.admission.take() else {
+            return;
+        };
+        let mut f = admission.in_flight.lock();
+        f.count = f.count.saturating_sub(1);
+        f.bytes = f.bytes.saturating_sub(self.bytes);
+        admission.grant_waiters(&mut f);
     }
 }
 
@@ -146,7 +162,6 @@ impl TokenizeAdmission {
             },
             in_flight: Mutex::new(InFlight::default()),
             peak: Mutex::new((0, 0)),
-            released: Notify::new(),
             admitted: AtomicU64::new(0),
             admitted_after_wait: AtomicU64::new(0),
             overloaded: AtomicU64::new(0),
@@ -163,25 +178,65 @@ impl TokenizeAdmission {
     /// caller has another way in).
     pub(crate) fn try_take(self: &Arc<Self>, len: usize) -> Option<TokenizePermit> {
         let bytes = self.charge(len);
-        let (count, total) = {
-            let mut f = self.in_flight.lock();
-            if f.count >= self.limits.max_count || f.bytes + bytes > self.limits.max_bytes {
-                return None;
-            }
-            f.count += 1;
-            f.bytes += bytes;
-            (f.count, f.bytes)
-        };
+        let mut f = self.in_flight.lock();
+        self.take_locked(&mut f, bytes)
+    }
+
+    /// Charges `bytes` (already [`Self::charge`]d) if they fit, under the lock.
+    fn take_locked(self: &Arc<Self>, f: &mut InFlight, bytes: usize) -> Option<TokenizePermit> {
+        if f.count >= self.limits.max_count || f.bytes + bytes > self.limits.max_bytes {
+            return None;
+        }
+        f.count += 1;
+        f.bytes += bytes;
         {
             let mut p = self.peak.lock();
-            p.0 = p.0.max(count);
-            p.1 = p.1.max(total);
+            p.0 = p.0.max(f.count);
+            p.1 = p.1.max(f.bytes);
         }
         self.admitted.fetch_add(1, Ordering::Relaxed);
         Some(TokenizePermit {
-            admission: Arc::clone(self),
+            admission: Some(Arc::clone(self)),
             bytes,
         })
+    }
+
+    /// After a release, under the lock: hands a permit to each waiter, in
+    /// arrival order, whose charge now fits (a smaller one behind a larger
+    /// one that does not fit goes first), and drops the waiters that went
+    /// away. Only the waiters granted are woken.
+    fn grant_waiters(self: &Arc<Self>, f: &mut InFlight) {
+        let mut i = 0;
+        while i < f.waiters.len() && f.count < self.limits.max_count {
+            let (closed, bytes) = match f.waiters.get(i) {
+                Some(w) => (w.grant.is_closed(), w.bytes),
+                None => break,
+            };
+            if closed {
+                f.waiters.remove(i);
+                continue;
+            }
+            let Some(permit) = self.take_locked(f, bytes) else {
+                i += 1;
+                continue;
+            };
+            let Some(w) = f.waiters.remove(i) else {
+                break;
+            };
+            match w.grant.send(permit) {
+                Ok(()) => {
+                    self.admitted_after_wait.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(mut unreceived) => {
+                    // The waiter went away just now: its room goes back here,
+                    // under the lock this drop would otherwise take again.
+                    unreceived.admission = None;
+                    f.count = f.count.saturating_sub(1);
+                    f.bytes = f.bytes.saturating_sub(bytes);
+                    self.admitted.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// A permit for a body of `len` bytes if there is room now; otherwise
@@ -195,44 +250,55 @@ impl TokenizeAdmission {
     }
 
     /// A permit for a body of `len` bytes, waiting for releases until
-    /// `give_up` completes; then `None`, counted as overloaded. Waiters are
-    /// not queued in order: each release lets every waiter retry, so a large
-    /// body can lose to smaller ones until its `give_up` (which bounds the
-    /// wait).
+    /// `give_up` completes; then `None`, counted as overloaded. Waiters queue
+    /// in arrival order, and a release hands its room to those it fits: a
+    /// larger body waiting ahead does not hold back a smaller one that fits,
+    /// so it can wait until its `give_up` (which bounds the wait).
     pub async fn admit_within<G: Future<Output = ()>>(
         self: &Arc<Self>,
         len: usize,
         give_up: G,
     ) -> Option<TokenizePermit> {
-        if let Some(p) = self.try_take(len) {
-            return Some(p);
-        }
-        let mut give_up = std::pin::pin!(give_up);
-        // Each pass ends in a release or the deadline, so the loop is bounded
-        // by `give_up`.
-        loop {
-            let mut released = std::pin::pin!(self.released.notified());
-            // Registered before the retry: a release between the retry and the
-            // await still wakes this waiter.
-            released.as_mut().enable();
-            if let Some(p) = self.try_take(len) {
-                self.admitted_after_wait.fetch_add(1, Ordering::Relaxed);
+        let bytes = self.charge(len);
+        let (id, mut granted) = {
+            let mut f = self.in_flight.lock();
+            if let Some(p) = self.take_locked(&mut f, bytes) {
                 return Some(p);
             }
-            // A release is checked before the deadline: room freed at the
-            // deadline's instant is still taken.
-            let gave_up = std::future::poll_fn(|cx| {
-                if released.as_mut().poll(cx).is_ready() {
-                    return std::task::Poll::Ready(false);
-                }
-                give_up.as_mut().poll(cx).map(|()| true)
-            })
-            .await;
-            if gave_up {
-                self.overloaded.fetch_add(1, Ordering::Relaxed);
-                return None;
+            let (tx, rx) = oneshot::channel();
+            let id = f.next_waiter;
+            f.next_waiter = f.next_waiter.wrapping_add(1);
+            f.waiters.push_back(Waiter {
+                id,
+                bytes,
+                grant: tx,
+            });
+            (id, rx)
+        };
+        // Leaves the queue however the wait ends (a dropped future included).
+        let queued = Queued {
+            admission: self,
+            id,
+        };
+        let mut give_up = std::pin::pin!(give_up);
+        // A grant is checked before the deadline: room freed at the
+        // deadline's instant is still taken.
+        let got = std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(got) = std::pin::Pin::new(&mut granted).poll(cx) {
+                return std::task::Poll::Ready(got.ok());
             }
+            give_up.as_mut().poll(cx).map(|()| None)
+        })
+        .await;
+        if got.is_some() {
+            return got;
         }
+        if queued.leave() {
+            self.overloaded.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        // Granted while giving up: the permit is in the channel.
+        granted.try_recv().ok()
     }
 
     /// A permit for a body of `len` bytes under `overload`: at once or not at
@@ -269,6 +335,34 @@ impl TokenizeAdmission {
             admitted_after_wait: self.admitted_after_wait.load(Ordering::Relaxed),
             overloaded: self.overloaded.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// A waiter's place in the queue, left when dropped.
+struct Queued<'a> {
+    admission: &'a TokenizeAdmission,
+    id: u64,
+}
+
+impl Queued<'_> {
+    /// Leaves the queue; false if a release already granted the waiter.
+    fn leave(&self) -> bool {
+        let mut f = self.admission.in_flight.lock();
+        match f.waiters.iter().position(|w| w.id == self.id) {
+            Some(i) => {
+                f.waiters.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        // A grant that was sent and never received goes back when the
+        // channel drops it.
+        let _ = self.leave();
     }
 }
 
@@ -344,6 +438,108 @@ mod tests {
         assert_eq!(s.in_flight, 0);
     }
 
+    /// A future that counts how often it is polled.
+    struct Polls<F> {
+        inner: std::pin::Pin<Box<F>>,
+        polls: Arc<AtomicU64>,
+    }
+
+    impl<F: Future> Future for Polls<F> {
+        type Output = F::Output;
+        fn poll(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<F::Output> {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            self.inner.as_mut().poll(cx)
+        }
+    }
+
+    /// Under overload a release wakes the waiter it admits, not every
+    /// waiter (each would retry, and all but one fail again); a smaller body
+    /// that fits goes ahead of a larger one that does not; a waiter that gives
+    /// up leaves the queue, and one dropped while waiting gives nothing back
+    /// twice.
+    #[tokio::test]
+    async fn a_release_wakes_only_the_waiters_it_admits() {
+        let a = adm(1, 100);
+        let held = a.admit_now(10).unwrap();
+        let polls = Arc::new(AtomicU64::new(0));
+        let mut waiters = Vec::new();
+        for i in 0..50 {
+            let (a2, polls) = (Arc::clone(&a), Arc::clone(&polls));
+            waiters.push(tokio::spawn(Polls {
+                // The permit is held (returned), so one release admits one.
+                inner: Box::pin(async move {
+                    a2.admit_within(10 + i, tokio::time::sleep(Duration::from_secs(60)))
+                        .await
+                }),
+                polls,
+            }));
+        }
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let parked = polls.load(Ordering::Relaxed);
+        assert_eq!(parked, 50, "each waiter polled once, then parked");
+        drop(held);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(polls.load(Ordering::Relaxed) - parked, 1, "one wake-up");
+        let first = waiters.remove(0).await.unwrap();
+        assert_eq!(
+            first.as_ref().map(|p| p.bytes),
+            Some(10),
+            "the first waiter"
+        );
+        let s = a.snapshot();
+        assert_eq!((s.in_flight, s.admitted_after_wait), (1, 1));
+        assert_eq!(a.in_flight.lock().waiters.len(), 49);
+        // Waiters that go away leave the queue; the room they never got is
+        // not given back twice.
+        for w in &waiters {
+            w.abort();
+        }
+        for w in waiters {
+            let _ = w.await;
+        }
+        assert_eq!(a.in_flight.lock().waiters.len(), 0);
+        drop(first);
+        let s = a.snapshot();
+        assert_eq!((s.in_flight, s.bytes_in_flight), (0, 0));
+        let again = a.admit_now(100).expect("all the room is free");
+        drop(again);
+    }
+
+    #[tokio::test]
+    async fn a_smaller_body_that_fits_goes_ahead_of_a_larger_one() {
+        let a = adm(3, 100);
+        let (first, second) = (a.admit_now(50).unwrap(), a.admit_now(40).unwrap());
+        let (a1, a2) = (Arc::clone(&a), Arc::clone(&a));
+        let large = tokio::spawn(async move {
+            a1.admit_within(70, tokio::time::sleep(Duration::from_secs(60)))
+                .await
+                .map(|p| p.bytes)
+        });
+        tokio::task::yield_now().await;
+        let small = tokio::spawn(async move {
+            a2.admit_within(30, tokio::time::sleep(Duration::from_secs(60)))
+                .await
+                .map(|p| p.bytes)
+        });
+        tokio::task::yield_now().await;
+        // 40 back: 50 + 70 does not fit, 50 + 30 does.
+        drop(second);
+        assert_eq!(small.await.unwrap(), Some(30));
+        assert!(!large.is_finished());
+        drop(first);
+        assert_eq!(large.await.unwrap(), Some(70));
+        let s = a.snapshot();
+        assert_eq!((s.in_flight, s.admitted_after_wait), (0, 2));
+        assert_eq!(a.in_flight.lock().waiters.len(), 0);
+    }
+
     #[derive(Clone, Debug)]
     enum Op {
         Admit(usize),
@@ -357,7 +553,134 @@ mod tests {
         ]
     }
 
+    #[derive(Clone, Debug)]
+    enum QueueOp {
+        Admit(usize),
+        Wait(usize),
+        Release(usize),
+        Leave(usize),
+    }
+
+    fn queue_op() -> impl Strategy<Value = QueueOp> {
+        prop_oneof![
+            (0usize..150).prop_map(QueueOp::Admit),
+            (0usize..150).prop_map(QueueOp::Wait),
+            (0usize..8).prop_map(QueueOp::Release),
+            (0usize..8).prop_map(QueueOp::Leave),
+        ]
+    }
+
+    type Waiting = std::pin::Pin<Box<dyn Future<Output = Option<TokenizePermit>>>>;
+
+    /// Polls a waiter once (its give-up never comes).
+    fn poll_once(w: &mut Waiting) -> Option<Option<TokenizePermit>> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match w.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(p) => Some(p),
+            std::task::Poll::Pending => None,
+        }
+    }
+
     proptest! {
+        /// Waiters against a reference model (a FIFO of waiting charges): a
+        /// release admits, in arrival order, every waiter whose charge then
+        /// fits, and no other; a waiter that leaves is never admitted; the
+        /// gauges equal the model's sums.
+        #[test]
+        fn waiters_match_a_reference_queue(
+            max_count in 1usize..4,
+            max_bytes in 1usize..200,
+            ops in proptest::collection::vec(queue_op(), 0..60),
+        ) {
+            let a = adm(max_count, max_bytes);
+            // (model id, permit) held; (model id, charge, future) waiting.
+            let mut held: Vec<(usize, TokenizePermit)> = Vec::new();
+            let mut waiting: Vec<(usize, usize, Waiting)> = Vec::new();
+            let mut model_held: Vec<(usize, usize)> = Vec::new();
+            let mut model_queue: Vec<(usize, usize)> = Vec::new();
+            let fits = |held: &[(usize, usize)], charge: usize| {
+                held.len() < max_count && held.iter().map(|h| h.1).sum::<usize>() + charge <= max_bytes
+            };
+            for (id, o) in ops.into_iter().enumerate() {
+                match o {
+                    QueueOp::Admit(len) => {
+                        let charge = len.min(max_bytes);
+                        let got = a.admit_now(len);
+                        prop_assert_eq!(got.is_some(), fits(&model_held, charge));
+                        if let Some(p) = got {
+                            held.push((id, p));
+                            model_held.push((id, charge));
+                        }
+                    }
+                    QueueOp::Wait(len) => {
+                        let charge = len.min(max_bytes);
+                        let a2 = Arc::clone(&a);
+                        let mut w: Waiting =
+                            Box::pin(async move { a2.admit_within(len, std::future::pending()).await });
+                        let now = fits(&model_held, charge);
+                        match poll_once(&mut w) {
+                            Some(Some(p)) => {
+                                prop_assert!(now);
+                                held.push((id, p));
+                                model_held.push((id, charge));
+                            }
+                            Some(None) => prop_assert!(false, "gave up without a give-up"),
+                            None => {
+                                prop_assert!(!now);
+                                waiting.push((id, charge, w));
+                                model_queue.push((id, charge));
+                            }
+                        }
+                    }
+                    QueueOp::Release(i) => {
+                        if !held.is_empty() {
+                            let i = i % held.len();
+                            let (gone, permit) = held.swap_remove(i);
+                            drop(permit);
+                            model_held.retain(|h| h.0 != gone);
+                            // The model: grant in arrival order what fits.
+                            let mut k = 0;
+                            while k < model_queue.len() {
+                                if fits(&model_held, model_queue[k].1) {
+                                    model_held.push(model_queue.remove(k));
+                                } else {
+                                    k += 1;
+                                }
+                            }
+                            let mut k = 0;
+                            while k < waiting.len() {
+                                match poll_once(&mut waiting[k].2) {
+                                    Some(Some(p)) => {
+                                        let (id, _, _) = waiting.remove(k);
+                                        held.push((id, p));
+                                    }
+                                    Some(None) => prop_assert!(false, "gave up without a give-up"),
+                                    None => k += 1,
+                                }
+                            }
+                        }
+                    }
+                    QueueOp::Leave(i) => {
+                        if !waiting.is_empty() {
+                            let i = i % waiting.len();
+                            let (id, _, w) = waiting.remove(i);
+                            drop(w);
+                            model_queue.retain(|q| q.0 != id);
+                        }
+                    }
+                }
+                let mut got: Vec<usize> = held.iter().map(|h| h.0).collect();
+                let mut want: Vec<usize> = model_held.iter().map(|h| h.0).collect();
+                got.sort_unstable();
+                want.sort_unstable();
+                prop_assert_eq!(got, want);
+                let s = a.snapshot();
+                prop_assert_eq!(s.in_flight, model_held.len());
+                prop_assert_eq!(s.bytes_in_flight, model_held.iter().map(|h| h.1).sum::<usize>());
+                prop_assert_eq!(a.in_flight.lock().waiters.len(), model_queue.len());
+            }
+        }
+
         /// Against a reference model (a list of charged sizes): admitted iff
         /// the count and the charged bytes stay within bounds; the gauges
         /// always equal the model's sums; every refusal is counted.
