@@ -310,3 +310,46 @@ async fn a_lora_adapter_tokenizes_as_its_base_and_hashes_as_vllm() {
         .collect();
     assert_eq!(keys, expected);
 }
+
+/// A model's `max_model_len` given to the router (the engines run with
+/// `--max-model-len`; the staged directory has no `config.json`):
+/// `truncate_prompt_tokens: -1` keeps one token less (room for the first
+/// generated one), as vLLM does, and a longer prompt is not KV-routed.
+/// Without it nothing is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_models_max_model_len_truncates_and_bounds_its_prompts() {
+    use kvroute::prompt::ModelOptions;
+    let build = |options: ModelOptions| {
+        KvRouter::builder(CONTRACT.parse().unwrap())
+            .model_with(MODEL, model_dir(), options)
+            .endpoint(Backend::vllm("http://127.0.0.1:9"))
+            .build()
+            .unwrap()
+    };
+    let long: String = (0..200).map(|i| format!("word{i} ")).collect();
+    let body = |truncate: Option<i64>| {
+        let mut b = serde_json::json!({"model": MODEL, "prompt": long});
+        if let Some(t) = truncate {
+            b["truncate_prompt_tokens"] = t.into();
+        }
+        Bytes::from(b.to_string())
+    };
+    let plain = build(ModelOptions::default());
+    let all = plain.prepare(ApiKind::Completions, &body(Some(-1))).await;
+    let n = all.tokens().unwrap().len();
+    assert!(n > 64 && !all.truncated(), "{n} tokens");
+
+    let bounded = build(ModelOptions {
+        max_model_len: Some(64),
+        ..ModelOptions::default()
+    });
+    let cut = bounded.prepare(ApiKind::Completions, &body(Some(-1))).await;
+    assert_eq!(cut.tokens().unwrap(), &all.tokens().unwrap()[n - 63..]);
+    assert!(cut.truncated());
+    let too_long = bounded.prepare(ApiKind::Completions, &body(None)).await;
+    // The engine refuses it with 400: a client error, not KV-routed.
+    assert_eq!(
+        too_long.tokens(),
+        Err(kvroute_select::MissReason::InvalidRequest)
+    );
+}

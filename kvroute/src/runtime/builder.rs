@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvroute_core::{HashContract, LoraAdapter};
-use kvroute_engines::prompt::TokenizerPool;
+use kvroute_engines::prompt::{ModelOptions, TokenizerPool};
 use kvroute_ingest::IndexConfig;
 use kvroute_select::{
     BreakerConfig, Choice, CostScorer, OutlierConfig, PredictedConfig, ScorerRef, SelectorKind,
@@ -83,7 +83,7 @@ pub struct KvRouterBuilder {
     /// A contract the host hashes itself: its name and block size.
     pub(super) host_keys: Option<(String, u32)>,
     pub(super) name: String,
-    pub(super) models: Vec<(String, PathBuf)>,
+    pub(super) models: Vec<(String, PathBuf, ModelOptions)>,
     pub(super) lora: HashMap<String, LoraAdapter>,
     pub(super) backends: Vec<Backend>,
     pub(super) topology: Topology,
@@ -161,8 +161,35 @@ impl KvRouterBuilder {
     /// chat requests (`chat_template.jinja` / `.json` in `dir` win over it, as
     /// in transformers). `slug` is the body's `model`. Tokenizers load when
     /// the router spawns; a directory without a tokenizer is an error then.
-    pub fn model(mut self, slug: impl Into<String>, dir: impl Into<PathBuf>) -> Self {
-        self.models.push((slug.into(), dir.into()));
+    pub fn model(self, slug: impl Into<String>, dir: impl Into<PathBuf>) -> Self {
+        self.model_with(slug, dir, ModelOptions::default())
+    }
+
+    /// [`Self::model`] with per-model options: above all the engine's
+    /// `max_model_len` where it is not the model's `config.json`
+    /// `max_position_embeddings` (an engine started with `--max-model-len`,
+    /// or a directory without `config.json`). Prompts longer than it are not
+    /// KV-routed, and `truncate_prompt_tokens: -1` cuts prompts to it as the
+    /// engine does (one token less, room for the first generated one), so
+    /// the keys match the engine's only with the engine's figure.
+    ///
+    /// ```
+    /// use kvroute::prompt::ModelOptions;
+    /// let contract = "vllm@0.33.0:sha256_cbor:block=16:seed=0".parse().unwrap();
+    /// let b = kvroute::KvRouter::builder(contract).model_with(
+    ///     "qwen3",
+    ///     "/models/qwen3",
+    ///     ModelOptions { max_model_len: Some(8192), ..ModelOptions::default() },
+    /// );
+    /// # let _ = b;
+    /// ```
+    pub fn model_with(
+        mut self,
+        slug: impl Into<String>,
+        dir: impl Into<PathBuf>,
+        options: ModelOptions,
+    ) -> Self {
+        self.models.push((slug.into(), dir.into(), options));
         self
     }
 

@@ -196,15 +196,15 @@ pub(crate) fn assemble(
         return Err(kvroute_select::RuleError::IncompletePrefillDecode.into());
     }
     let tokenizers = b.tokenizers.clone().unwrap_or_default();
-    for (slug, dir) in &b.models {
+    for (slug, dir, options) in &b.models {
         if handle.is_some() {
             check_model_dir(slug, dir)?;
         }
-        tokenizers.register(slug.clone(), dir.clone());
+        tokenizers.register_with(slug.clone(), dir.clone(), options.clone());
     }
     // An adapter requested by its own name tokenizes as the router's first
     // model unless a tokenizer is staged under that name.
-    if let Some((base, _)) = b.models.first() {
+    if let Some((base, _, _)) = b.models.first() {
         let staged = tokenizers.models();
         for adapter in b.lora.keys() {
             if !staged.contains(adapter) {
@@ -267,10 +267,14 @@ pub(crate) fn assemble(
         tokenizer_states: Mutex::new(
             b.models
                 .iter()
-                .map(|(s, _)| (s.clone(), TokenizerState::Loading))
+                .map(|(s, _, _)| (s.clone(), TokenizerState::Loading))
                 .collect(),
         ),
-        models: b.models.clone(),
+        models: b
+            .models
+            .iter()
+            .map(|(s, d, _)| (s.clone(), d.clone()))
+            .collect(),
         tokenizers,
         lora: b.lora.clone(),
         admission: b

@@ -156,7 +156,11 @@ impl Gateway {
     ) -> Result<Arc<Self>, ConfigError> {
         let tokenizers = Arc::new(TokenizerPool::new());
         for m in &config.models {
-            tokenizers.register(m.slug.clone(), m.dir.clone());
+            let options = kvroute::prompt::ModelOptions {
+                max_model_len: m.max_model_len,
+                ..kvroute::prompt::ModelOptions::default()
+            };
+            tokenizers.register_with(m.slug.clone(), m.dir.clone(), options);
         }
         // One pool shared by every model: concurrent long prompts queue on
         // it, so splitting never multiplies the gateway's threads.

@@ -425,6 +425,12 @@ pub struct ModelConfig {
     /// Directory with `tokenizer.json[.gz]` and `tokenizer_config.json`
     /// (relative paths are relative to the config file).
     pub dir: PathBuf,
+    /// The engines' `max_model_len` when it is not `config.json`'s
+    /// `max_position_embeddings` (`vllm serve --max-model-len`, or no
+    /// `config.json` in `dir`): longer prompts are not KV-routed, and
+    /// `truncate_prompt_tokens: -1` cuts prompts to it as the engine does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<usize>,
 }
 
 /// A rule as written in the file or posted to the admin API.

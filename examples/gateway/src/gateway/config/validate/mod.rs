@@ -252,7 +252,14 @@ impl ServeConfig {
                     format!("{} is not a directory", dir.display()),
                 ));
             }
-            models.push(ModelConfig { slug: m.slug, dir });
+            if m.max_model_len == Some(0) {
+                return Err(invalid(format!("models[{i}].max_model_len"), "is 0"));
+            }
+            models.push(ModelConfig {
+                slug: m.slug,
+                dir,
+                max_model_len: m.max_model_len,
+            });
         }
         let mut rules = Vec::new();
         for (i, doc) in file.rules.into_iter().enumerate() {

@@ -572,3 +572,21 @@ fn the_replica_ttl_must_outlast_a_heartbeat_and_a_wake_up() {
     }
     assert!(file("sync_interval_ms = 10000\nheartbeat_ms = 1000\nremote_ttl_ms = 2001").is_ok());
 }
+
+/// `[[models]] max_model_len`: read, left out by default, 0 refused.
+#[test]
+fn a_models_max_model_len_is_read_and_validated() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let model = |extra: &str| {
+        serve_config(&format!(
+            "[[models]]\nslug = \"m\"\ndir = \"{dir}\"\n{extra}\n"
+        ))
+    };
+    assert_eq!(model("").unwrap().models[0].max_model_len, None);
+    assert_eq!(
+        model("max_model_len = 8192").unwrap().models[0].max_model_len,
+        Some(8192)
+    );
+    let err = model("max_model_len = 0").unwrap_err().to_string();
+    assert!(err.contains("models[0].max_model_len"), "{err}");
+}
