@@ -216,11 +216,16 @@ impl TokenizeAdmission {
                 f.waiters.remove(i);
                 continue;
             }
-            let Some(permit) = self.take_locked(f, bytes) else {
+            if f.bytes + bytes > self.limits.max_bytes {
                 i += 1;
                 continue;
-            };
+            }
+            // Out of the queue before the permit exists: no permit is ever
+            // dropped here, under the lock its drop takes.
             let Some(w) = f.waiters.remove(i) else {
+                break;
+            };
+            let Some(permit) = self.take_locked(f, w.bytes) else {
                 break;
             };
             match w.grant.send(permit) {

@@ -218,6 +218,13 @@ impl TrtllmDecoder {
     /// own first event, possibly in a later drain, and the events before it
     /// are the new process's already. The capacity is kept until the rank
     /// announces it again.
+    ///
+    /// The event that showed the restart was decoded before it was judged,
+    /// with the old state: a restarted engine whose attention window is
+    /// smaller than the old one loses that event if it stores blocks (the
+    /// first event of a TensorRT-LLM process is `created`, which stores
+    /// none). Ranks that do not come back after a restart keep their
+    /// capacity and tiers.
     pub fn restarted(&mut self, rank: Option<u32>, rest: &[Value]) {
         self.off_gpu.retain(|(r, _), _| *r != rank);
         self.largest_window = drain_window(rest);

@@ -49,7 +49,7 @@ pub enum ModelLoadError {
 /// Per-model settings that are not in the staged files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelOptions {
-    /// The engine's `max_model_len`; `None`: read `config.json`'s
+    /// The engine's `max_model_len`; `None` (or 0): read `config.json`'s
     /// `max_position_embeddings` if present, else no length check.
     pub max_model_len: Option<usize>,
     /// Span-cache budget in bytes (`0` turns the cache off).
@@ -208,7 +208,8 @@ impl ModelTokenizer {
             }
         }
         let template = template_src.map(|src| ChatTemplate::new(&src, special));
-        let max_model_len = options.max_model_len.or_else(|| {
+        // 0 would refuse every prompt: read as not given.
+        let max_model_len = options.max_model_len.filter(|m| *m > 0).or_else(|| {
             read_json(&dir.join("config.json"))
                 .ok()
                 .flatten()

@@ -147,7 +147,7 @@ fn summarize(outcome: &Outcome) -> IngestOutcome {
             SeqAction::ApplyAfterGap { .. }
                 | SeqAction::ClearThenApply(ClearReason::GapBeyondWindow { .. })
         ),
-        cleared: action.clears() || outcome.writes.cleared > 0,
+        cleared: outcome.cleared,
         restart: matches!(
             action,
             SeqAction::ClearThenApply(ClearReason::Restart) | SeqAction::ClearThenReplay { .. }
@@ -185,6 +185,7 @@ impl SeqIngest for IndexIngest {
 
     fn replay_done(&mut self, outcome: &ReplayOutcome) -> FrameReport {
         let mut ingest = self.ingest.lock();
+        let clears = ingest.counters().clears;
         let end = ingest.on_replay_report(
             self.dp_rank,
             outcome.requested_from,
@@ -192,14 +193,19 @@ impl SeqIngest for IndexIngest {
             outcome.completed,
             &self.index,
         );
+        let cleared = ingest.counters().clears > clears;
         if end.clears() {
             tracing::info!(
                 endpoint = ingest.name(),
                 from = outcome.requested_from,
-                "engine replay ends before our last sequence: restart; inventory cleared"
+                cleared,
+                "engine replay ends before our last sequence: restart"
             );
         }
-        FrameReport::from(end)
+        FrameReport {
+            cleared,
+            ..FrameReport::from(end)
+        }
     }
 }
 

@@ -96,7 +96,8 @@ impl<A: BatchApplier> DrainSink for TrtllmSink<A> {
                 self.gap_warnings += 1;
                 if self.gap_warnings.is_power_of_two() {
                     tracing::warn!(got = batch.seq, rank = ?batch.dp_rank, gaps = self.gap_warnings,
-                        "trtllm: event_id gap (another consumer or buffer overflow), inventory cleared");
+                        cleared = outcome.cleared,
+                        "trtllm: event_id gap (another consumer or buffer overflow)");
                 }
             }
             if outcome.cleared {

@@ -31,6 +31,7 @@ impl EndpointIngest {
                 action: SeqAction::Drop(DropReason::Retired),
                 writes: WriteStats::default(),
                 events_applied: 0,
+                cleared: false,
             };
         }
         let Some(pos) = self.stream_pos(dp_rank) else {
@@ -39,6 +40,7 @@ impl EndpointIngest {
                 action: SeqAction::Drop(DropReason::StreamLimit),
                 writes: WriteStats::default(),
                 events_applied: 0,
+                cleared: false,
             };
         };
         let action = match self.streams.get_mut(pos) {
@@ -47,6 +49,7 @@ impl EndpointIngest {
                 .on_batch_with_digest(batch.seq, batch.fingerprint()),
             None => SeqAction::Drop(DropReason::StreamLimit),
         };
+        let clears = self.counters.clears;
         let mut writes = WriteStats::default();
         if action.clears() {
             writes += self.clear_for_stream(index, pos);
@@ -74,6 +77,7 @@ impl EndpointIngest {
             action,
             writes,
             events_applied,
+            cleared: self.counters.clears > clears,
         }
     }
 

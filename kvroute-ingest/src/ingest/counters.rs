@@ -97,6 +97,10 @@ pub struct Outcome {
     pub writes: WriteStats,
     /// Events applied.
     pub events_applied: u32,
+    /// The endpoint's inventory was cleared: by the window's decision (unless
+    /// not needed, see [`IngestCounters::clears_not_needed`]), an
+    /// `AllBlocksCleared` event or a re-key map reset.
+    pub cleared: bool,
 }
 
 impl Outcome {

@@ -184,6 +184,7 @@ impl Collector for Routers {
                         s.attestation.mismatched_blocks,
                         s.capacity_blocks.unwrap_or(u64::MAX),
                         s.ingest.rekey_map_full,
+                        s.ingest.clears_not_needed,
                     ],
                     lost: ev.lost_tokens,
                     reported: s.engine_report,

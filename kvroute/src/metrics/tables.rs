@@ -132,7 +132,7 @@ pub(super) const SUBSCRIBER_METRICS: [(&str, MetricType, &str); 15] = [
 
 /// Per-endpoint ingest (sequence window) metric families, in the order
 /// the collector fills them.
-pub(super) const INGEST_METRICS: [(&str, MetricType, &str); 16] = [
+pub(super) const INGEST_METRICS: [(&str, MetricType, &str); 17] = [
     (
         "kvroute_ingest_resumes",
         MetricType::Counter,
@@ -212,6 +212,11 @@ pub(super) const INGEST_METRICS: [(&str, MetricType, &str); 16] = [
         "kvroute_ingest_rekey_map_full",
         MetricType::Counter,
         "Re-key rules: stored blocks skipped because the re-key map was at its bound.",
+    ),
+    (
+        "kvroute_ingest_clears_not_needed",
+        MetricType::Counter,
+        "Clears a stream's sequence asked for that were skipped: nothing of that stream was in the inventory since its last clear (an engine's DP ranks showing one restart).",
     ),
 ];
 
