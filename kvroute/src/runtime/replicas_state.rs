@@ -13,7 +13,7 @@ use super::replicas::{
     encode, new_origin, send_bound, Counting, EndpointDelta, ReplicaBatch, ReplicaConfig,
     ReplicaCounters, ReplicaError, ReplicaSubscription,
 };
-use super::slots::slots_of;
+use super::slots::{at_epoch, slots_of};
 use super::view::RouterView;
 use super::{id, Shared};
 
@@ -192,14 +192,25 @@ impl ReplicaState {
             Counting::add(&self.counting.own, 1);
             return;
         }
-        let now = shared.now();
-        let mut applied = 0;
         // One look at the membership per batch, not per delta: a batch names
         // up to every endpoint, and the receiving task must keep up.
         let urls: Vec<&str> = batch.endpoints.iter().map(|e| e.url.as_str()).collect();
         let slots = slots_of(shared, &urls);
+        self.apply_resolved(shared, batch, slots);
+    }
+
+    /// [`Self::apply_batch`] past the lookup: `slots` holds each delta's
+    /// slot and its epoch when the batch's URLs were looked up.
+    fn apply_resolved(
+        &self,
+        shared: &Shared,
+        batch: &ReplicaBatch,
+        slots: Vec<Option<(usize, u64)>>,
+    ) {
+        let now = shared.now();
+        let mut applied = 0;
         for (e, slot) in batch.endpoints.iter().zip(slots) {
-            let Some(slot) = slot else {
+            let Some((slot, epoch)) = slot else {
                 Counting::add(&self.counting.unknown_endpoint, 1);
                 continue;
             };
@@ -213,7 +224,12 @@ impl ReplicaState {
                 queued_prefill_tokens: e.queued_prefill_tokens,
                 charged_prefill_tokens: e.charged_prefill_tokens,
             };
-            let counter = match self.remote.apply(&delta, now) {
+            // Only while the endpoint stays in its slot: a removal racing
+            // this batch clears the slot's remote load after moving the
+            // epoch on, so nothing of the leaving endpoint's is written after.
+            let result = at_epoch(shared, slot, epoch, |_, _| self.remote.apply(&delta, now))
+                .unwrap_or(Applied::UnknownEndpoint);
+            let counter = match result {
                 Applied::Applied => {
                     applied += 1;
                     &self.counting.applied
@@ -404,6 +420,45 @@ mod tests {
         router.apply_replica_batch(&peer(3, "http://e9"));
         let named = router.endpoint_status("http://e9").expect("e9");
         assert_eq!(named.remote.map(|l| l.in_flight), Some(5));
+    }
+
+    /// A batch whose URLs were looked up just before the endpoint left
+    /// writes nothing on the newcomer in its slot: the removal clears the
+    /// slot's remote load, and a delta applied after it would stay there
+    /// for the remote TTL.
+    #[test]
+    fn a_batch_looked_up_before_its_endpoint_left_never_reaches_the_newcomer() {
+        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+        r.origin = Some(1);
+        let router = host_router(4).replicas(r).build().expect("router");
+        let batch = ReplicaBatch {
+            origin: 2,
+            endpoints: vec![EndpointDelta {
+                url: "http://e2".to_owned(),
+                seq: 1,
+                in_flight: 5,
+                queued_prefill_tokens: 4096,
+                charged_prefill_tokens: 4096,
+                ..EndpointDelta::default()
+            }],
+        };
+        let shared = &router.shared;
+        let resolved = super::slots_of(shared, &["http://e2"]);
+        router
+            .apply(Change::Remove("http://e2".to_owned()))
+            .expect("remove");
+        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
+        router
+            .apply(Change::Insert(
+                Backend::new(engine, "http://e9".to_owned()).host_events(),
+            ))
+            .expect("insert");
+        let replicas = shared.replicas.as_ref().expect("replicas");
+        replicas.apply_resolved(shared, &batch, resolved);
+        let newcomer = router.endpoint_status("http://e9").expect("e9");
+        assert_eq!(newcomer.remote.map(|l| l.in_flight), Some(0));
+        let c = router.replica_counters().expect("counters");
+        assert_eq!((c.applied, c.unknown_endpoint), (0, 1));
     }
 
     fn looped(t: &Arc<Loopback>, sync_interval: Duration, heartbeat: Duration) -> crate::KvRouter {

@@ -605,13 +605,20 @@ pub(crate) fn slot_of(shared: &Shared, url: &str) -> Option<usize> {
     member_slot(&shared.membership.lock(), url)
 }
 
-/// [`slot_of`] for each of `urls`, under one look at the membership.
-pub(crate) fn slots_of(shared: &Shared, urls: &[&str]) -> Vec<Option<usize>> {
+/// [`slot_of`] for each of `urls`, with the slot's epoch (for
+/// [`at_epoch`]), under one look at the membership.
+pub(crate) fn slots_of(shared: &Shared, urls: &[&str]) -> Vec<Option<(usize, u64)>> {
     let slots = shared.membership.lock();
-    let scan = |url: &str| member_slot(&slots, url);
+    let with_epoch = |slot: usize| {
+        let epoch = shared.slots.get(slot)?.epoch.load(Ordering::Acquire);
+        Some((slot, epoch))
+    };
     // A few names: a scan each; more: one table of the endpoints present.
     if urls.len() <= 4 {
-        return urls.iter().map(|u| scan(u)).collect();
+        return urls
+            .iter()
+            .map(|u| member_slot(&slots, u).and_then(with_epoch))
+            .collect();
     }
     let present: std::collections::HashMap<&str, usize> = slots
         .iter()
@@ -619,7 +626,12 @@ pub(crate) fn slots_of(shared: &Shared, urls: &[&str]) -> Vec<Option<usize>> {
         .filter_map(|(i, s)| Some((s.as_ref()?.backend.url.trim_end_matches('/'), i)))
         .collect();
     urls.iter()
-        .map(|u| present.get(u.trim_end_matches('/')).copied())
+        .map(|u| {
+            present
+                .get(u.trim_end_matches('/'))
+                .copied()
+                .and_then(with_epoch)
+        })
         .collect()
 }
 
