@@ -72,6 +72,59 @@ fn body(rel: &str) -> String {
     format!(r#"{{"body_file":{:?}}}"#, golden(rel).display().to_string())
 }
 
+/// What one scripted run left: the ingest's log, the poller's metrics and
+/// the sink.
+struct Run {
+    ops: Vec<Op>,
+    metrics: kvroute_engines::transport::MetricsSnapshot,
+    sink: TrtllmSink<Log>,
+}
+
+/// Serves `steps` from the scripted drain server to a poller configured by
+/// `config` until event `until` is applied.
+fn run_script(
+    steps: &[String],
+    configure: impl FnOnce(TrtllmPollerConfig) -> TrtllmPollerConfig,
+    until: u64,
+) -> Run {
+    let mut server = Peer::spawn("trtllm_drain_server.py", &[]);
+    server.send_line(&format!("[{}]", steps.join(",")));
+    let ready = server.expect("READY", T);
+    let port: u16 = ready.trim_start_matches("READY port=").parse().unwrap();
+
+    let rt = runtime();
+    let config = TrtllmPollerConfig::new(format!("http://127.0.0.1:{port}/kv_cache_events"))
+        .interval(Duration::from_millis(10))
+        .backoff(Duration::from_millis(10), Duration::from_millis(40));
+    let poller = TrtllmPoller::new(configure(config)).unwrap();
+    let metrics = poller.metrics();
+    let (log, ops) = Log::new();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = rt.spawn(poller.run(TrtllmSink::new(32, log), async move {
+        let _ = stopped.await;
+    }));
+    let deadline = Instant::now() + T;
+    while !ops.lock().unwrap().contains(&Op::Apply(until)) {
+        assert!(
+            Instant::now() < deadline,
+            "event {until} never applied: {:?}",
+            ops.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = stop.send(());
+    let sink = rt
+        .block_on(async { tokio::time::timeout(T, task).await })
+        .unwrap()
+        .unwrap();
+    let ops = ops.lock().unwrap().clone();
+    Run {
+        ops,
+        metrics: metrics.snapshot(),
+        sink,
+    }
+}
+
 #[test]
 fn drains_with_errors_timeouts_gaps_and_garbage() {
     let steps = [
@@ -91,41 +144,13 @@ fn drains_with_errors_timeouts_gaps_and_garbage() {
         r#"{"raw":"{not json"}"#.to_owned(),
         body("trtllm-events/classic/07_offload_updated_cache_level.json"),
     ];
-    let mut server = Peer::spawn("trtllm_drain_server.py", &[]);
-    server.send_line(&format!("[{}]", steps.join(",")));
-    let ready = server.expect("READY", T);
-    let port: u16 = ready.trim_start_matches("READY port=").parse().unwrap();
-
-    let rt = runtime();
-    let config = TrtllmPollerConfig::new(format!("http://127.0.0.1:{port}/kv_cache_events"))
-        .interval(Duration::from_millis(10))
-        .request_timeout(Duration::from_millis(400))
-        .backoff(Duration::from_millis(10), Duration::from_millis(40));
-    let poller = TrtllmPoller::new(config).unwrap();
-    let metrics = poller.metrics();
-    let (log, ops) = Log::new();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = rt.spawn(poller.run(TrtllmSink::new(32, log), async move {
-        let _ = stopped.await;
-    }));
-
-    let deadline = Instant::now() + T;
-    while !ops.lock().unwrap().contains(&Op::Apply(5)) {
-        assert!(
-            Instant::now() < deadline,
-            "event 5 never applied: {:?}",
-            ops.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = stop.send(());
-    let sink = rt
-        .block_on(async { tokio::time::timeout(T, task).await })
-        .unwrap()
-        .unwrap();
-
+    let Run {
+        ops,
+        metrics: m,
+        sink,
+    } = run_script(&steps, |c| c.request_timeout(Duration::from_millis(400)), 5);
     assert_eq!(
-        *ops.lock().unwrap(),
+        ops,
         vec![
             Op::Apply(0),
             Op::Apply(1),
@@ -136,7 +161,6 @@ fn drains_with_errors_timeouts_gaps_and_garbage() {
             Op::Apply(5),
         ]
     );
-    let m = metrics.snapshot();
     assert_eq!(m.poll_failures, 2, "{m:?}");
     assert_eq!((m.gaps, m.decode_errors, m.clears), (1, 1, 2), "{m:?}");
     assert_eq!(m.last_seq, Some(5));
@@ -160,36 +184,11 @@ fn a_drain_over_the_size_limit_clears_the_inventory() {
         r#"{"body": [{"event_id": 3, "window_size": 8192, "data": {"type": "from_the_future"}}]}"#
             .to_owned(),
     ];
-    let mut server = Peer::spawn("trtllm_drain_server.py", &[]);
-    server.send_line(&format!("[{}]", steps.join(",")));
-    let ready = server.expect("READY", T);
-    let port: u16 = ready.trim_start_matches("READY port=").parse().unwrap();
-
-    let rt = runtime();
-    let config = TrtllmPollerConfig::new(format!("http://127.0.0.1:{port}/kv_cache_events"))
-        .interval(Duration::from_millis(10))
-        .backoff(Duration::from_millis(10), Duration::from_millis(40))
-        .max_body_bytes(64 << 10);
-    let poller = TrtllmPoller::new(config).unwrap();
-    let metrics = poller.metrics();
-    let (log, ops) = Log::new();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = rt.spawn(poller.run(TrtllmSink::new(32, log), async move {
-        let _ = stopped.await;
-    }));
-    let deadline = Instant::now() + T;
-    while !ops.lock().unwrap().contains(&Op::Apply(3)) {
-        assert!(
-            Instant::now() < deadline,
-            "event 3 never applied: {:?}",
-            ops.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = stop.send(());
-    let _ = rt.block_on(async { tokio::time::timeout(T, task).await });
+    let Run {
+        ops, metrics: m, ..
+    } = run_script(&steps, |c| c.max_body_bytes(64 << 10), 3);
     assert_eq!(
-        *ops.lock().unwrap(),
+        ops,
         vec![
             Op::Apply(0),
             Op::Apply(1),
@@ -198,7 +197,6 @@ fn a_drain_over_the_size_limit_clears_the_inventory() {
             Op::Apply(3)
         ]
     );
-    let m = metrics.snapshot();
     assert_eq!(
         (m.poll_failures, m.decode_errors, m.clears),
         (0, 1, 1),

@@ -374,29 +374,8 @@ mod tests {
     use super::super::test_support::{host_router, HostEngine, Loopback};
     use crate::{Backend, Change, EndpointDelta, HostTransport, ReplicaBatch, ReplicaConfig};
 
-    /// An endpoint leaves and another takes its slot: the load other
-    /// replicas had announced on the first is not counted on the second
-    /// (their deltas for the old URL are refused from then on, so it would
-    /// stay there for as long as they live).
-    #[test]
-    fn a_new_endpoint_in_a_reused_slot_starts_without_the_others_load() {
-        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
-        r.origin = Some(1);
-        let router = host_router(4).replicas(r).build().expect("router");
-        let peer = |seq: u64, url: &str| ReplicaBatch {
-            origin: 2,
-            endpoints: vec![EndpointDelta {
-                url: url.to_owned(),
-                seq,
-                in_flight: 5,
-                queued_prefill_tokens: 4096,
-                charged_prefill_tokens: 4096,
-                ..EndpointDelta::default()
-            }],
-        };
-        router.apply_replica_batch(&peer(1, "http://e2"));
-        let before = router.endpoint_status("http://e2").expect("e2");
-        assert_eq!(before.remote.map(|l| l.in_flight), Some(5));
+    /// Endpoint e2 leaves and e9 takes its slot.
+    fn replace_e2_with_e9(router: &crate::KvRouter) {
         router
             .apply(Change::Remove("http://e2".to_owned()))
             .expect("remove");
@@ -406,6 +385,36 @@ mod tests {
                 Backend::new(engine, "http://e9".to_owned()).host_events(),
             ))
             .expect("insert");
+    }
+
+    /// Replica 2's batch: 5 requests and 4 096 queued tokens on `url`.
+    fn peer(seq: u64, url: &str) -> ReplicaBatch {
+        ReplicaBatch {
+            origin: 2,
+            endpoints: vec![EndpointDelta {
+                url: url.to_owned(),
+                seq,
+                in_flight: 5,
+                queued_prefill_tokens: 4096,
+                charged_prefill_tokens: 4096,
+                ..EndpointDelta::default()
+            }],
+        }
+    }
+
+    /// An endpoint leaves and another takes its slot: the load other
+    /// replicas had announced on the first is not counted on the second
+    /// (their deltas for the old URL are refused from then on, so it would
+    /// stay there for as long as they live).
+    #[test]
+    fn a_new_endpoint_in_a_reused_slot_starts_without_the_others_load() {
+        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+        r.origin = Some(1);
+        let router = host_router(4).replicas(r).build().expect("router");
+        router.apply_replica_batch(&peer(1, "http://e2"));
+        let before = router.endpoint_status("http://e2").expect("e2");
+        assert_eq!(before.remote.map(|l| l.in_flight), Some(5));
+        replace_e2_with_e9(&router);
         let after = router.endpoint_status("http://e9").expect("e9");
         assert_eq!(after.slot, before.slot);
         assert_eq!(after.remote.map(|l| l.in_flight), Some(0));
@@ -431,28 +440,10 @@ mod tests {
         let mut r = ReplicaConfig::new(Arc::new(HostTransport));
         r.origin = Some(1);
         let router = host_router(4).replicas(r).build().expect("router");
-        let batch = ReplicaBatch {
-            origin: 2,
-            endpoints: vec![EndpointDelta {
-                url: "http://e2".to_owned(),
-                seq: 1,
-                in_flight: 5,
-                queued_prefill_tokens: 4096,
-                charged_prefill_tokens: 4096,
-                ..EndpointDelta::default()
-            }],
-        };
+        let batch = peer(1, "http://e2");
         let shared = &router.shared;
         let resolved = super::slots_of(shared, &["http://e2"]);
-        router
-            .apply(Change::Remove("http://e2".to_owned()))
-            .expect("remove");
-        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
-        router
-            .apply(Change::Insert(
-                Backend::new(engine, "http://e9".to_owned()).host_events(),
-            ))
-            .expect("insert");
+        replace_e2_with_e9(&router);
         let replicas = shared.replicas.as_ref().expect("replicas");
         replicas.apply_resolved(shared, &batch, resolved);
         let newcomer = router.endpoint_status("http://e9").expect("e9");
