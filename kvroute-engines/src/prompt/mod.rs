@@ -253,6 +253,12 @@ pub(crate) fn prompt_tokens_encoded(
     let req = extract_request_as(endpoint, body, dialect)?;
     let common = req.common().clone();
     let mut truncated = false;
+    // What the tokenizer adds around a text encoded for this request.
+    let specials = if common.add_special_tokens {
+        tok.added_special_tokens()
+    } else {
+        (0, 0)
+    };
     let engine_prompts = match &req {
         OpenAiRequest::Chat(chat) => {
             // Message text bounds the rendering work; the rendered prompt
@@ -268,7 +274,14 @@ pub(crate) fn prompt_tokens_encoded(
                 &rendered,
                 common.add_special_tokens,
             )?;
-            vec![finish(tok, &common, Some(rendered), ids, &mut truncated)?]
+            vec![finish(
+                tok,
+                &common,
+                Some(rendered),
+                ids,
+                specials,
+                &mut truncated,
+            )?]
         }
         OpenAiRequest::Completions(c) => match &c.prompt {
             CompletionPrompt::Text(text) => {
@@ -283,6 +296,7 @@ pub(crate) fn prompt_tokens_encoded(
                     &common,
                     Some(text.clone()),
                     ids,
+                    specials,
                     &mut truncated,
                 )?]
             }
@@ -292,6 +306,7 @@ pub(crate) fn prompt_tokens_encoded(
                     &common,
                     None,
                     checked_ids(tok, ids)?,
+                    (0, 0),
                     &mut truncated,
                 )?]
             }
@@ -302,13 +317,22 @@ pub(crate) fn prompt_tokens_encoded(
                     .iter()
                     .map(|t| {
                         let ids = tok.encode(t, common.add_special_tokens)?;
-                        finish(tok, &common, Some(t.clone()), ids, &mut truncated)
+                        finish(tok, &common, Some(t.clone()), ids, specials, &mut truncated)
                     })
                     .collect::<Result<_, _>>()?
             }
             CompletionPrompt::IdLists(lists) => lists
                 .iter()
-                .map(|ids| finish(tok, &common, None, checked_ids(tok, ids)?, &mut truncated))
+                .map(|ids| {
+                    finish(
+                        tok,
+                        &common,
+                        None,
+                        checked_ids(tok, ids)?,
+                        (0, 0),
+                        &mut truncated,
+                    )
+                })
                 .collect::<Result<_, _>>()?,
         },
     };
@@ -347,11 +371,14 @@ fn checked_ids(tok: &ModelTokenizer, ids: &[i64]) -> Result<Vec<u32>, PromptErro
 }
 
 /// Applies `truncate_prompt_tokens`, then the engine's input checks.
+/// `specials`: the special tokens the tokenizer added before and after the
+/// text's own tokens (none for a prompt given as ids).
 fn finish(
     tok: &ModelTokenizer,
     common: &CommonFields,
     rendered: Option<String>,
     mut ids: Vec<u32>,
+    specials: (usize, usize),
     truncated: &mut bool,
 ) -> Result<EnginePrompt, PromptError> {
     let keep = match common.truncate_prompt_tokens {
@@ -369,10 +396,22 @@ fn finish(
         if ids.len() > keep {
             *truncated = true;
             match common.truncation_side {
-                TruncationSide::Left => {
+                Some(TruncationSide::Left) => {
                     ids.drain(..ids.len() - keep);
                 }
-                TruncationSide::Right => ids.truncate(keep),
+                Some(TruncationSide::Right) => ids.truncate(keep),
+                // No side given: vLLM truncates inside the tokenizer (its
+                // generation tokenizers cut from the left), which cuts the
+                // text's own tokens so that they fit beside the special
+                // tokens it adds, and keeps those (a BOS stays first).
+                None => {
+                    let (front, back) = specials;
+                    let own_end = ids.len().saturating_sub(back);
+                    let own_keep = keep.saturating_sub(front + back);
+                    let cut_from = front.min(own_end);
+                    let cut_to = own_end.saturating_sub(own_keep).max(cut_from);
+                    ids.drain(cut_from..cut_to);
+                }
             }
         }
     }

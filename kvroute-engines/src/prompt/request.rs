@@ -53,11 +53,12 @@ impl ApiKind {
     }
 }
 
-/// Which end of an over-long prompt `truncate_prompt_tokens` keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which end of an over-long prompt `truncate_prompt_tokens` keeps, when the
+/// request says (`truncation_side`); without it vLLM truncates inside the
+/// tokenizer, keeping the last tokens and the special tokens it adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TruncationSide {
-    /// Keep the last N tokens (vLLM's default for generate models).
-    #[default]
+    /// Keep the last N tokens.
     Left,
     /// Keep the first N tokens.
     Right,
@@ -72,8 +73,8 @@ pub struct CommonFields {
     pub add_special_tokens: bool,
     /// `truncate_prompt_tokens` (`-1` = model maximum).
     pub truncate_prompt_tokens: Option<i64>,
-    /// `truncation_side`.
-    pub truncation_side: TruncationSide,
+    /// `truncation_side` (`None`: not given).
+    pub truncation_side: Option<TruncationSide>,
     /// `cache_salt`: ids unchanged, block 0's hash changes. Always non-empty
     /// (vLLM refuses an empty salt; `null` is the same as absent).
     pub cache_salt: Option<String>,
@@ -258,8 +259,9 @@ fn common_fields(
         }
     }
     let truncation_side = match opt_string(d, "truncation_side")?.as_deref() {
-        None | Some("left") => TruncationSide::Left,
-        Some("right") => TruncationSide::Right,
+        None => None,
+        Some("left") => Some(TruncationSide::Left),
+        Some("right") => Some(TruncationSide::Right),
         Some(other) => {
             return Err(PromptError::RequestValidation(format!(
                 "truncation_side: expected 'left' or 'right', got {other:?}"

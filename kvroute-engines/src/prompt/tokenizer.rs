@@ -72,6 +72,9 @@ pub struct ModelTokenizer {
     max_model_len: Option<usize>,
     vocab_size: usize,
     post_processor_adds_tokens: bool,
+    /// Special tokens the post-processor adds before and after a single
+    /// sequence's own tokens (a BOS: `(1, 0)`).
+    added_special: (usize, usize),
     segments: Option<SegmentPolicy>,
     cache: Option<SpanCache>,
     seams: Option<SeamPolicy>,
@@ -219,6 +222,11 @@ impl ModelTokenizer {
         let post_processor_adds_tokens = tokenizer
             .get_post_processor()
             .is_some_and(|p| tokenizers::PostProcessor::added_tokens(p, false) > 0);
+        let added_special = if post_processor_adds_tokens {
+            added_special_tokens(&tokenizer)
+        } else {
+            (0, 0)
+        };
         let segments = if options.span_cache_bytes > 0 {
             SegmentPolicy::from_tokenizer(
                 &tokenizer,
@@ -244,6 +252,7 @@ impl ModelTokenizer {
             max_model_len,
             vocab_size,
             post_processor_adds_tokens,
+            added_special,
             segments,
             cache,
         })
@@ -256,6 +265,13 @@ impl ModelTokenizer {
             Some(Err(e)) => Err(PromptError::Template(e.clone())),
             None => Err(PromptError::NoChatTemplate),
         }
+    }
+
+    /// How many special tokens encoding a text with `add_special_tokens`
+    /// adds before and after the text's own tokens (Llama 3's BOS: `(1, 0)`).
+    #[must_use]
+    pub fn added_special_tokens(&self) -> (usize, usize) {
+        self.added_special
     }
 
     /// The engine's maximum prompt length, if known.
@@ -670,6 +686,30 @@ impl TokenizerPool {
             model: model.to_owned(),
             reason,
         })
+    }
+}
+
+/// Where the post-processor puts its special tokens around a single
+/// sequence: a probe text encoded with and without them, the text's own ids
+/// found inside the first.
+fn added_special_tokens(tokenizer: &Tokenizer) -> (usize, usize) {
+    let probe = "kvroute probe";
+    let ids = |special: bool| {
+        tokenizer
+            .encode_fast(probe, special)
+            .map(|e| e.get_ids().to_vec())
+            .unwrap_or_default()
+    };
+    let (with, without) = (ids(true), ids(false));
+    if without.is_empty() || with.len() < without.len() {
+        return (0, 0);
+    }
+    match with
+        .windows(without.len())
+        .position(|w| w == without.as_slice())
+    {
+        Some(front) => (front, with.len() - front - without.len()),
+        None => (0, 0),
     }
 }
 

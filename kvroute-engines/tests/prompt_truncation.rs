@@ -1,0 +1,122 @@
+//! `truncate_prompt_tokens` on a tokenizer that adds a BOS, against the
+//! Hugging Face `tokenizers` package (the code vLLM's tokenizer runs).
+//!
+//! vLLM truncates inside the tokenizer when the request names no
+//! `truncation_side` (`renderers/params.py`, `get_encode_kwargs`: truncation
+//! on, `max_length` N, its generation tokenizers cutting from the left): the
+//! text's own tokens are cut to fit beside the BOS, which stays. With a side
+//! named it encodes in full and slices the ids, BOS included. The Qwen3
+//! tokenizer adds no BOS, so the test gives a copy of it a BOS-adding
+//! post-processor (as Llama 3's has).
+
+mod interop_support;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::Command;
+
+use interop_support::{golden, python};
+use kvroute_engines::prompt::{parse_json, prompt_tokens, ApiKind, ModelOptions, ModelTokenizer};
+
+const BOS: u32 = 151_643; // "<|endoftext|>"
+
+/// A copy of the Qwen3 tokenizer whose post-processor puts BOS first.
+fn bos_tokenizer(dir: &Path) {
+    let src = golden("tokenizers/qwen3");
+    let mut json = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(src.join("tokenizer.json.gz")).unwrap())
+        .read_to_string(&mut json)
+        .unwrap();
+    let mut t: serde_json::Value = serde_json::from_str(&json).unwrap();
+    t["post_processor"] = serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}}
+        ],
+        "pair": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"Sequence": {"id": "B", "type_id": 1}}
+        ],
+        "special_tokens": {
+            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [BOS], "tokens": ["<|endoftext|>"]}
+        }
+    });
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), t.to_string()).unwrap();
+    std::fs::copy(
+        src.join("tokenizer_config.json"),
+        dir.join("tokenizer_config.json"),
+    )
+    .unwrap();
+}
+
+/// The ids the `tokenizers` package gives `text`, with truncation to
+/// `max_length` from the left when given.
+fn hf_ids(dir: &Path, text: &str, max_length: Option<usize>) -> Vec<u32> {
+    let code = r#"
+import json, sys
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+if sys.argv[3] != "none":
+    tok.enable_truncation(max_length=int(sys.argv[3]), direction="left")
+print(json.dumps(tok.encode(sys.argv[2], add_special_tokens=True).ids))
+"#;
+    let max = max_length.map_or("none".to_owned(), |m| m.to_string());
+    let out = Command::new(python())
+        .args(["-c", code])
+        .arg(dir.join("tokenizer.json"))
+        .arg(text)
+        .arg(max)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn ids(tok: &ModelTokenizer, body: serde_json::Value) -> Vec<u32> {
+    let body = parse_json(body.to_string().as_bytes()).unwrap();
+    let p = prompt_tokens(tok, ApiKind::Completions, &body).unwrap();
+    p.engine_prompts[0].token_ids.clone()
+}
+
+#[test]
+fn truncation_keeps_the_bos_the_tokenizer_adds_unless_a_side_is_named() {
+    let dir = std::env::temp_dir().join(format!("kvroute-bos-{}", std::process::id()));
+    bos_tokenizer(&dir);
+    let tok = ModelTokenizer::load(
+        &dir,
+        &ModelOptions {
+            max_model_len: Some(40),
+            ..ModelOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(tok.added_special_tokens(), (1, 0));
+    let text: String = (0..60).map(|i| format!("word{i} ")).collect();
+    let full = hf_ids(&dir, &text, None);
+    assert_eq!(full[0], BOS);
+    assert!(full.len() > 60);
+
+    // No side: as the tokenizer truncates, BOS kept.
+    let cut = hf_ids(&dir, &text, Some(16));
+    assert_eq!((cut.len(), cut[0]), (16, BOS));
+    let body = serde_json::json!({"model": "m", "prompt": text, "truncate_prompt_tokens": 16});
+    assert_eq!(ids(&tok, body), cut);
+    // -1: max_model_len less one, the same way.
+    let body = serde_json::json!({"model": "m", "prompt": text, "truncate_prompt_tokens": -1});
+    assert_eq!(ids(&tok, body), hf_ids(&dir, &text, Some(39)));
+    // A side named: the full ids sliced, BOS cut with the rest.
+    let body = serde_json::json!({"model": "m", "prompt": text, "truncate_prompt_tokens": 16,
+        "truncation_side": "left"});
+    assert_eq!(ids(&tok, body), full[full.len() - 16..].to_vec());
+    // Ids given: sliced, nothing added.
+    let body = serde_json::json!({"model": "m", "prompt": full, "truncate_prompt_tokens": 16});
+    assert_eq!(ids(&tok, body), full[full.len() - 16..].to_vec());
+    let _ = std::fs::remove_dir_all(&dir);
+}
