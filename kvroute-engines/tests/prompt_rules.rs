@@ -81,6 +81,45 @@ fn billing_header_line_is_removed_from_system_text() {
     assert_eq!(text, "<|im_start|>system\nkeep<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n");
 }
 
+/// vLLM 0.33 `renderers/hf.py` `_consolidate_system_messages`: empty system
+/// contents are left out of the merge; `chat_message.py:635`: the billing
+/// header is stripped from `system` messages only, before a developer
+/// message becomes a system one.
+#[test]
+fn the_system_merge_skips_empty_contents_and_keeps_a_developers_billing_line() {
+    let text = chat_text(
+        r#"{"model":"m","messages":[{"role":"system","content":""},
+        {"role":"developer","content":"B"},{"role":"user","content":"u"}]}"#,
+    );
+    assert_eq!(
+        text,
+        "<|im_start|>system\nB<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let text = chat_text(
+        r#"{"model":"m","messages":[{"role":"developer","content":"x-anthropic-billing-header: q\nBe brief."},
+        {"role":"user","content":"u"}]}"#,
+    );
+    assert_eq!(text, "<|im_start|>system\nx-anthropic-billing-header: q\nBe brief.<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n");
+}
+
+/// vLLM 0.33 `ChatCompletionRequest._normalize_messages_before`:
+/// `reasoning_content` is used only when `reasoning` is absent or null.
+#[test]
+fn reasoning_wins_over_reasoning_content() {
+    let body = |fields: &str| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"q"}},
+            {{"role":"assistant","content":"x"{fields}}}]}}"#
+        )
+    };
+    // The last turn's reasoning renders (Qwen3 keeps it after the last query).
+    let both = chat_text(&body(r#","reasoning":"A","reasoning_content":"B""#));
+    assert!(both.contains("<think>\nA\n</think>"), "{both}");
+    assert_eq!(both, chat_text(&body(r#","reasoning":"A""#)));
+    let null = chat_text(&body(r#","reasoning":null,"reasoning_content":"B""#));
+    assert_eq!(null, chat_text(&body(r#","reasoning":"B""#)));
+}
+
 #[test]
 fn continue_final_message_leaves_the_turn_open() {
     let text = chat_text(

@@ -200,7 +200,9 @@ fn message(v: &PyValue, idx: usize, format: ContentFormat) -> Result<PyValue, Pr
         .ok_or_else(|| validation(format!("{at}: expected an object, got {}", v.type_name())))?;
     let role = req_str(d, "role", &at)?;
     let mut texts = content_texts(d.get("content"), idx)?;
-    if role == "system" || role == "developer" {
+    // Only a system message's (vLLM strips it before a developer message
+    // becomes a system one).
+    if role == "system" {
         texts = strip_billing_header(texts);
     }
     let mut out = PyDict::new();
@@ -228,12 +230,13 @@ fn message(v: &PyValue, idx: usize, format: ContentFormat) -> Result<PyValue, Pr
                     )))
                 }
             }
-            // The request's `reasoning_content` is renamed to `reasoning`; the
-            // template sees it under both names.
+            // The request's `reasoning_content` is renamed to `reasoning`
+            // unless `reasoning` is given (vLLM's `_normalize_messages_before`);
+            // the template sees it under both names.
             let reasoning = d
-                .get("reasoning_content")
+                .get("reasoning")
                 .filter(|r| !r.is_null())
-                .or_else(|| d.get("reasoning").filter(|r| !r.is_null()));
+                .or_else(|| d.get("reasoning_content").filter(|r| !r.is_null()));
             match reasoning {
                 None => {}
                 Some(PyValue::Str(r)) => {
@@ -342,7 +345,7 @@ fn role_of(m: &PyValue) -> Option<&str> {
 /// Developer messages become system messages for templates that do not know the
 /// role; if that leaves a system message anywhere but first (or several), all
 /// system messages merge into one leading message joined by `"\n\n"`.
-fn map_developer_role(messages: &mut Vec<PyValue>, format: ContentFormat) {
+fn map_developer_role(messages: &mut Vec<PyValue>) {
     if !messages.iter().any(|m| role_of(m) == Some("developer")) {
         return;
     }
@@ -369,16 +372,20 @@ fn map_developer_role(messages: &mut Vec<PyValue>, format: ContentFormat) {
             .and_then(PyValue::as_dict)
             .and_then(|d| d.get("content"))
         {
-            match content {
-                PyValue::Str(s) => texts.push(s.clone()),
+            let text = match content {
+                PyValue::Str(s) => s.clone(),
                 PyValue::List(parts) => {
                     let joined: Vec<&str> = parts
                         .iter()
                         .filter_map(|p| p.as_dict()?.get("text")?.as_str())
                         .collect();
-                    texts.push(joined.join("\n"));
+                    joined.join("\n")
                 }
-                _ => {}
+                _ => String::new(),
+            };
+            // vLLM's `_consolidate_system_messages` keeps non-empty texts.
+            if !text.is_empty() {
+                texts.push(text);
             }
         }
     }
@@ -386,13 +393,9 @@ fn map_developer_role(messages: &mut Vec<PyValue>, format: ContentFormat) {
     messages.retain(|m| role_of(m) != Some("system"));
     let mut sys = PyDict::new();
     sys.insert("role".into(), PyValue::Str("system".into()));
-    sys.insert(
-        "content".into(),
-        match format {
-            ContentFormat::String => PyValue::Str(merged),
-            ContentFormat::OpenAi => content_value(vec![merged], format),
-        },
-    );
+    // A string whatever the content format: vLLM builds the merged message
+    // after the parts were normalised.
+    sys.insert("content".into(), PyValue::Str(merged));
     messages.insert(0, PyValue::Dict(sys));
 }
 
@@ -410,7 +413,7 @@ pub(crate) fn template_input(
         .map(|(i, m)| message(m, i, format))
         .collect::<Result<Vec<_>, _>>()?;
     if !template.knows_role("developer") {
-        map_developer_role(&mut messages, format);
+        map_developer_role(&mut messages);
     }
     let mut tools = match &req.tools {
         Some(t) => Some(
