@@ -286,9 +286,15 @@ fn a_sink_error_stops_the_pipeline() {
     });
     assert_eq!(r, Err(PromptError::Tokenize("enough".into())));
     assert_eq!(calls, 1);
-    // The same through the span-cached path, and the failed segment is not cached.
-    let tok = parallel_tok();
-    tok.clear_span_cache();
+    // The same through the span-cached path, and the failed segment is not
+    // cached. A tokenizer of its own: the other tests running beside this
+    // one use the shared one's cache, and its counters with it.
+    let tok = &load(Some(ParallelConfig {
+        threads: 3,
+        min_bytes: 64,
+        pieces_per_thread: 2,
+        window_bytes: 64,
+    }));
     let misses = tok.span_cache_stats().unwrap().misses;
     let r = tok.encode_each(&text, false, |_| Err(PromptError::NoModel));
     assert_eq!(r, Err(PromptError::NoModel));
