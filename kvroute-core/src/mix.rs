@@ -75,9 +75,12 @@ pub const fn fold(acc: u64, word: u64) -> u64 {
 
 /// A [`Hasher`] for keys made of 64-bit words, block keys first: each word
 /// goes through [`fmix64`] with the state, so a `u64` key hashes to
-/// `fmix64(key)`. Unseeded on purpose: block keys are digests chosen by the
-/// engines' hash contracts, so a client cannot aim prompts at colliding
-/// buckets, and SipHash would dominate the cost of a lookup.
+/// `fmix64(key)`. Unseeded on purpose, for maps whose keys no peer chooses
+/// (models, simulations, prompt-side keys: digests of the engines' hash
+/// contracts, so a client cannot aim prompts at colliding buckets), where
+/// runs must repeat and SipHash would dominate the cost of a lookup. The
+/// inventory index and the ingest's maps, whose keys arrive in engine event
+/// streams, hash under a per-process secret instead.
 ///
 /// ```
 /// use std::collections::HashMap;

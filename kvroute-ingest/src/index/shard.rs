@@ -11,18 +11,21 @@
 //! (endpoint, key) pairs with no sharing this is what keeps the index near
 //! 12.8 bytes per slot instead of 16 (see the crate's memory notes).
 
+use std::sync::OnceLock;
+
 use hashbrown::HashMap;
-use kvroute_core::mix::BuildKeyHasher;
 
 use super::runs::{RunTable, RUN_ID_BITS};
 use super::table::BucketTable;
 
-// The table hash of a block key: block keys are already hashes, but tests and
-// some engines use small or sequential keys, which `fmix64` spreads over all
-// bits.
+// Block keys are already hashes, but tests and some engines use small or
+// sequential keys, which `fmix64` spreads over all bits.
 pub(crate) use kvroute_core::mix::fmix64 as mix;
 
-pub(crate) type KeyMap<V> = HashMap<u64, V, BuildKeyHasher>;
+/// Maps keyed by engine block keys. hashbrown's default hasher is seeded
+/// per process: the keys come from the engines' event streams, so a hostile
+/// publisher could otherwise send keys that all land in one bucket chain.
+pub(crate) type KeyMap<V> = HashMap<u64, V>;
 
 /// `(block key, endpoint bit << 2 | tier)` → stores beyond the first.
 type DupKey = (u64, u32);
@@ -69,9 +72,53 @@ pub(crate) enum RemoveEffect {
     Absent,
 }
 
+/// The index's hash of a block key: where it is stored (shard, home bucket)
+/// and its ring fingerprint. `fmix64` alone can be inverted, so a hostile
+/// publisher could choose keys that share a shard and a home bucket and
+/// make every insert, rebuild and probe of that shard walk all of them; so
+/// the key goes through a secret drawn once per process first. Still a
+/// bijection (an xor and an odd multiply are), so distinct keys never share
+/// a hash.
 #[inline]
 pub(crate) fn entry_hash(key: u64) -> u64 {
-    mix(key)
+    let (xor, mul) = secret();
+    mix((key ^ xor).wrapping_mul(mul))
+}
+
+/// [`entry_hash`]'s secret: an xor and an odd multiplier.
+#[inline]
+fn secret() -> (u64, u64) {
+    static SECRET: OnceLock<(u64, u64)> = OnceLock::new();
+    *SECRET.get_or_init(|| {
+        use std::hash::BuildHasher;
+        // std's RandomState is seeded from the operating system.
+        let seed = std::collections::hash_map::RandomState::new();
+        (
+            seed.hash_one(0x6b76_726f_7574_6531_u64),
+            seed.hash_one(0x6b76_726f_7574_6532_u64) | 1,
+        )
+    })
+}
+
+/// A key whose [`entry_hash`] is `hash` (tests craft colliding keys).
+#[cfg(test)]
+pub(crate) fn key_with_hash(hash: u64) -> u64 {
+    fn inverse(c: u64) -> u64 {
+        // Newton's iteration for the inverse of an odd number mod 2^64.
+        let mut y = c;
+        for _ in 0..6 {
+            y = y.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(y)));
+        }
+        y
+    }
+    let mut h = hash;
+    h ^= h >> 33;
+    h = h.wrapping_mul(inverse(0xc4ce_b9fe_1a85_ec53));
+    h ^= h >> 33;
+    h = h.wrapping_mul(inverse(0xff51_afd7_ed55_8ccd));
+    h ^= h >> 33;
+    let (xor, mul) = secret();
+    h.wrapping_mul(inverse(mul)) ^ xor
 }
 
 /// Duplicate-count maps at most this large are never shrunk (as tables,
@@ -254,7 +301,7 @@ pub(crate) struct Shard {
     /// three tables' lines.
     present: u8,
     tiers: [TierTable; 4],
-    dups: HashMap<DupKey, u32, BuildKeyHasher>,
+    dups: HashMap<DupKey, u32>,
 }
 
 impl Shard {

@@ -8,6 +8,7 @@ use kvroute_core::mix::fmix64 as mix;
 use kvroute_core::{BlockKey, EndpointId, Medium};
 use proptest::prelude::*;
 
+use super::shard::{entry_hash, key_with_hash};
 use super::{IndexConfig, SharedIndex, WriteStats};
 
 #[derive(Clone, Debug)]
@@ -103,23 +104,6 @@ proptest! {
     }
 }
 
-/// The inverse of [`mix`]: a key whose table hash is `h`.
-fn unmix(mut h: u64) -> u64 {
-    fn inverse(c: u64) -> u64 {
-        // Newton's iteration for the inverse of an odd number mod 2^64.
-        let mut y = c;
-        for _ in 0..6 {
-            y = y.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(y)));
-        }
-        y
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(inverse(0xc4ce_b9fe_1a85_ec53));
-    h ^= h >> 33;
-    h = h.wrapping_mul(inverse(0xff51_afd7_ed55_8ccd));
-    h ^ (h >> 33)
-}
-
 /// `n` keys of one shard whose table hashes share their top 32 bits (so
 /// their ring fingerprints are equal whatever the shard count), group `g`.
 fn colliding(index: &SharedIndex, g: u64, n: usize) -> Vec<u64> {
@@ -130,7 +114,7 @@ fn colliding(index: &SharedIndex, g: u64, n: usize) -> Vec<u64> {
         if out.len() == n {
             break;
         }
-        let key = unmix(top | mix(low) >> 32);
+        let key = key_with_hash(top | mix(low) >> 32);
         let s = index.shard_of(BlockKey(key));
         if *shard.get_or_insert(s) == s {
             out.push(key);
@@ -144,7 +128,10 @@ fn crafted_keys_share_a_fingerprint() {
     let index = SharedIndex::new(1, IndexConfig::default());
     let keys = colliding(&index, 3, 4);
     assert_eq!(keys.len(), 4);
-    assert_eq!(mix(unmix(0x1234_5678_9abc_def0)), 0x1234_5678_9abc_def0);
+    assert_eq!(
+        entry_hash(key_with_hash(0x1234_5678_9abc_def0)),
+        0x1234_5678_9abc_def0
+    );
     let fp = index.fingerprint(keys[0]);
     for k in &keys {
         assert_eq!(index.fingerprint(*k), fp, "{k:#x}");
@@ -424,4 +411,39 @@ fn chain_stores_publish_each_shards_table() {
     }
     let (base, buckets) = index.banks[0].shards[0].1.get();
     assert!(base != 0 && buckets > 0);
+}
+
+/// Keys crafted against the unkeyed `fmix64` to share one shard and one
+/// home bucket (inverting it is public knowledge) spread like any others:
+/// the index hashes under a per-process secret, so a hostile publisher
+/// cannot make one shard's probes walk all of its keys.
+#[test]
+fn keys_crafted_against_the_plain_mix_do_not_collide() {
+    fn unmix(mut h: u64) -> u64 {
+        fn inverse(c: u64) -> u64 {
+            let mut y = c;
+            for _ in 0..6 {
+                y = y.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(y)));
+            }
+            y
+        }
+        h ^= h >> 33;
+        h = h.wrapping_mul(inverse(0xc4ce_b9fe_1a85_ec53));
+        h ^= h >> 33;
+        h = h.wrapping_mul(inverse(0xff51_afd7_ed55_8ccd));
+        h ^ (h >> 33)
+    }
+    let index = SharedIndex::new(1, IndexConfig::default());
+    let crafted: Vec<u64> = (0..512u64).map(|i| unmix(0xabc << 40 | i << 6)).collect();
+    assert!(crafted
+        .iter()
+        .all(|k| mix(*k) >> 40 == 0xabc && mix(*k) & 63 == 0));
+    let shards: std::collections::HashSet<usize> = crafted
+        .iter()
+        .map(|k| index.shard_of(BlockKey(*k)))
+        .collect();
+    let homes: std::collections::HashSet<u64> =
+        crafted.iter().map(|k| entry_hash(*k) >> 40).collect();
+    assert!(shards.len() > 1, "all in shard {shards:?}");
+    assert!(homes.len() > 500, "{} distinct top bits", homes.len());
 }
