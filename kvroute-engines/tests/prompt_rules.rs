@@ -297,3 +297,37 @@ fn pool_misses_are_typed() {
     let b = pool.get("qwen").unwrap();
     assert!(!std::sync::Arc::ptr_eq(&a, &b));
 }
+
+/// A template that loops over content parts gets vLLM's "openai" content
+/// (vLLM 0.33 `chat_message.py`): an empty text part stays (its dict is
+/// truthy, `parse_chat_message_content_parts`), and a tool message's text
+/// parts are joined into one string (`parse_chat_message_content`, role
+/// "tool").
+#[test]
+fn openai_content_keeps_empty_parts_and_joins_tool_results() {
+    let dir = std::env::temp_dir().join(format!("kvroute-openai-fmt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json.gz", "tokenizer_config.json"] {
+        std::fs::copy(qwen3_dir().join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.join("chat_template.jinja"),
+        "{% for message in messages %}{{ message.role }}:\
+         {% if message.content is string %}S({{ message.content }})\
+         {% else %}{% for c in message.content %}[{{ c.text }}]{% endfor %}{% endif %}|\
+         {% endfor %}",
+    )
+    .unwrap();
+    let tok = ModelTokenizer::load(&dir, &ModelOptions::default()).unwrap();
+    let body = r#"{"model":"m","add_generation_prompt":false,"messages":[
+        {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""}]},
+        {"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function",
+            "function":{"name":"f","arguments":"{}"}}]},
+        {"role":"tool","tool_call_id":"c1","content":[{"type":"text","text":"r1"},{"type":"text","text":"r2"}]}]}"#;
+    let p = prompt_tokens(&tok, ApiKind::Chat, &parse_json(body.as_bytes()).unwrap()).unwrap();
+    assert_eq!(
+        p.engine_prompts[0].rendered.as_deref(),
+        Some("user:[a][]|assistant:[]|tool:S(r1\nr2)|")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

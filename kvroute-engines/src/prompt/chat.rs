@@ -126,10 +126,17 @@ fn strip_billing_header(texts: Vec<String>) -> Vec<String> {
 
 /// Builds the content value for the template in the given format.
 fn content_value(texts: Vec<String>, format: ContentFormat) -> PyValue {
-    // Empty strings are dropped before joining (vLLM keeps only truthy texts).
-    let texts: Vec<String> = texts.into_iter().filter(|t| !t.is_empty()).collect();
     match format {
-        ContentFormat::String => PyValue::Str(texts.join("\n")),
+        // Empty strings are dropped before joining (vLLM keeps only truthy
+        // parts, and an empty string is falsy)...
+        ContentFormat::String => PyValue::Str(
+            texts
+                .into_iter()
+                .filter(|t| !t.is_empty())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        // ... while an empty text part's dict is not: it stays.
         ContentFormat::OpenAi => PyValue::List(
             texts
                 .into_iter()
@@ -207,7 +214,14 @@ fn message(v: &PyValue, idx: usize, format: ContentFormat) -> Result<PyValue, Pr
     }
     let mut out = PyDict::new();
     out.insert("role".into(), PyValue::Str(role.to_owned()));
-    out.insert("content".into(), content_value(texts, format));
+    let content = match (role, format) {
+        // vLLM joins a tool message's text parts into one string
+        // (`parse_chat_message_content`, role "tool"): most templates
+        // handle only string tool results.
+        ("tool", ContentFormat::OpenAi) => PyValue::Str(texts.join("\n")),
+        _ => content_value(texts, format),
+    };
+    out.insert("content".into(), content);
     match role {
         "assistant" => {
             match d.get("tool_calls") {
