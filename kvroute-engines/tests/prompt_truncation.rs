@@ -111,6 +111,19 @@ fn truncation_keeps_the_bos_the_tokenizer_adds_unless_a_side_is_named() {
     // -1: max_model_len less one, the same way.
     let body = serde_json::json!({"model": "m", "prompt": text, "truncate_prompt_tokens": -1});
     assert_eq!(ids(&tok, body), hf_ids(&dir, &text, Some(39)));
+    // `max_tokens: 0` leaves no room to hold back; `max_completion_tokens`
+    // is not a completions field, so it changes nothing.
+    let body = serde_json::json!({"model": "m", "prompt": text, "truncate_prompt_tokens": -1,
+        "max_tokens": 0});
+    assert_eq!(ids(&tok, body), hf_ids(&dir, &text, Some(40)));
+    let body = serde_json::json!({"model": "m", "prompt": text, "truncate_prompt_tokens": -1,
+        "max_completion_tokens": 0});
+    assert_eq!(ids(&tok, body), hf_ids(&dir, &text, Some(39)));
+    // Longer than the context: the engine refuses it.
+    let body = serde_json::json!({"model": "m", "prompt": "short", "truncate_prompt_tokens": 41});
+    let parsed = parse_json(body.to_string().as_bytes()).unwrap();
+    let err = prompt_tokens(&tok, ApiKind::Completions, &parsed).unwrap_err();
+    assert!(err.is_request_error(), "{err}");
     // A side named: the full ids sliced, BOS cut with the rest.
     let body = serde_json::json!({"model": "m", "prompt": text, "truncate_prompt_tokens": 16,
         "truncation_side": "left"});

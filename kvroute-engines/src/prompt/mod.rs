@@ -389,7 +389,19 @@ fn finish(
                 m.saturating_sub(1)
             }
         }),
-        Some(n) => usize::try_from(n).ok(),
+        Some(n) => {
+            let n = usize::try_from(n).ok();
+            // vLLM refuses a truncation longer than the context
+            // (`TokenizeParams.__post_init__`).
+            if let (Some(n), Some(max)) = (n, tok.max_model_len()) {
+                if n > max {
+                    return Err(PromptError::EngineInput(format!(
+                        "truncate_prompt_tokens={n} cannot be greater than max_model_len={max}"
+                    )));
+                }
+            }
+            n
+        }
         None => None,
     };
     if let Some(keep) = keep {

@@ -78,7 +78,8 @@ pub struct CommonFields {
     /// `cache_salt`: ids unchanged, block 0's hash changes. Always non-empty
     /// (vLLM refuses an empty salt; `null` is the same as absent).
     pub cache_salt: Option<String>,
-    /// `max_tokens` / `max_completion_tokens` (only `0` matters: it changes what `-1` truncates to).
+    /// `max_tokens`, or on chat `max_completion_tokens` first (only `0`
+    /// matters: it changes what `-1` truncates to).
     pub max_tokens: Option<i64>,
 }
 
@@ -269,7 +270,10 @@ fn common_fields(
         }
     };
     let cache_salt = cache_salt(d, dialect)?;
-    let max_tokens = match opt_int(d, "max_completion_tokens")? {
+    // `max_completion_tokens` is a chat field: vLLM's completions request
+    // has only `max_tokens` (`build_tok_params`).
+    let chat = !add_special_default;
+    let max_tokens = match opt_int(d, "max_completion_tokens")?.filter(|_| chat) {
         Some(n) => Some(n),
         None => opt_int(d, "max_tokens")?,
     };
