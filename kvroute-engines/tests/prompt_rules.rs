@@ -329,5 +329,24 @@ fn openai_content_keeps_empty_parts_and_joins_tool_results() {
         p.engine_prompts[0].rendered.as_deref(),
         Some("user:[a][]|assistant:[]|tool:S(r1\nr2)|")
     );
+    // Engines run with `--chat-template-content-format string`: strings.
+    let forced = ModelTokenizer::load(
+        &dir,
+        &ModelOptions {
+            content_format: Some(kvroute_engines::prompt::ContentFormat::String),
+            ..ModelOptions::default()
+        },
+    )
+    .unwrap();
+    let p = prompt_tokens(
+        &forced,
+        ApiKind::Chat,
+        &parse_json(body.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        p.engine_prompts[0].rendered.as_deref(),
+        Some("user:S(a)|assistant:S()|tool:S(r1\nr2)|")
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -16,8 +16,8 @@ fn qwen3() -> &'static ModelTokenizer {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
         // A small budget so eviction happens during the run.
         let opts = ModelOptions {
-            max_model_len: None,
             span_cache_bytes: 16 << 10,
+            ..ModelOptions::default()
         };
         ModelTokenizer::load(&dir, &opts).unwrap()
     })

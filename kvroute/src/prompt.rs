@@ -531,7 +531,7 @@ pub async fn prepare_admitted<H: PromptHost + Send + Sync + 'static>(
 
 pub use kvroute_engines::engine::KeepText;
 /// Per-model tokenizer options ([`crate::KvRouterBuilder::model_with`]).
-pub use kvroute_engines::prompt::ModelOptions;
+pub use kvroute_engines::prompt::{ContentFormat, ModelOptions};
 
 /// `body` (a JSON object) with the value of its top-level `prompt` replaced
 /// by `ids` as a JSON list, every other byte kept as it was; `None` when the

@@ -179,10 +179,19 @@ impl ChatTemplate {
         })
     }
 
-    /// The content format vLLM's `auto` detection picks for this template.
+    /// The content format messages reach the template in: what vLLM's
+    /// `auto` detection picks for it, unless set.
     #[must_use]
     pub fn content_format(&self) -> ContentFormat {
         self.content_format
+    }
+
+    /// Sets the content format (the engines run with an explicit
+    /// `--chat-template-content-format`).
+    #[must_use]
+    pub fn with_content_format(mut self, format: ContentFormat) -> Self {
+        self.content_format = format;
+        self
     }
 
     /// Whether the template reads a variable of this name (only such
@@ -586,35 +595,131 @@ fn write_py_repr(out: &mut String, v: &Value, depth: usize) {
     }
 }
 
-/// vLLM's `auto` content-format detection: a template that loops over a
+/// vLLM's `auto` content-format detection (`renderers/hf.py`,
+/// `_iter_nodes_assign_content_item`): a template that loops over a
 /// message's `content` wants OpenAI-style part lists; any other template gets
 /// strings. vLLM walks the Jinja AST; minijinja exposes no AST, so this scans
-/// the `{% for ... in ... %}` tags for an iterable that ends in a `content`
-/// access (`x.content`, `x['content']`, `x["content"]`, optionally filtered).
+/// the `{% for ... in ... %}` tags. A loop is over content when its iterable
+///
+/// * ends in a `content` access (`x.content`, `x['content']`,
+///   `x["content"]`, optionally filtered);
+/// * is the bare name `content`, outside any macro;
+/// * is a parameter of the macro it is in, and a call of that macro passes
+///   a `content` access for it (templates that render parts in a macro,
+///   `render_content(message.content)`).
 #[must_use]
 pub(crate) fn detect_content_format(source: &str) -> ContentFormat {
+    // (macro name, its parameters) while inside one.
+    let mut macro_at: Option<(&str, Vec<&str>)> = None;
+    // Macros with a loop over a parameter: (name, parameter index, name).
+    let mut param_loops: Vec<(&str, usize, &str)> = Vec::new();
+    for tag in tags(source) {
+        if let Some(def) = tag.strip_prefix("macro ") {
+            let (name, params) = def.split_once('(').unwrap_or((def, ""));
+            let params = params.split(')').next().unwrap_or("");
+            let params = params
+                .split(',')
+                .map(|p| p.split('=').next().unwrap_or("").trim())
+                .collect();
+            macro_at = Some((name.trim(), params));
+            continue;
+        }
+        if tag.starts_with("endmacro") {
+            macro_at = None;
+            continue;
+        }
+        let Some(body) = tag.strip_prefix("for ") else {
+            continue;
+        };
+        let Some((_, iterable)) = body.split_once(" in ") else {
+            continue;
+        };
+        let iterable = iterable.split('|').next().unwrap_or("");
+        let iterable = iterable.split(" if ").next().unwrap_or("").trim();
+        let iterable = iterable.trim_end_matches(')').trim();
+        if is_content_access(iterable) {
+            return ContentFormat::OpenAi;
+        }
+        match &macro_at {
+            None if iterable == "content" => return ContentFormat::OpenAi,
+            Some((name, params)) => {
+                if let Some(i) = params.iter().position(|p| *p == iterable) {
+                    param_loops.push((name, i, iterable));
+                }
+            }
+            None => {}
+        }
+    }
+    let passes_content = |name: &str, index: usize, param: &str| {
+        calls(source, name).any(|args| {
+            args.iter().enumerate().any(|(i, a)| {
+                let (key, value) = match a.split_once('=') {
+                    Some((k, v)) if !k.contains(['(', '[', '\'', '"']) => (Some(k.trim()), v),
+                    _ => (None, *a),
+                };
+                let names_it = match key {
+                    Some(k) => k == param,
+                    None => i == index,
+                };
+                names_it && is_content_access(value.split('|').next().unwrap_or("").trim())
+            })
+        })
+    };
+    if param_loops
+        .iter()
+        .any(|(name, i, param)| passes_content(name, *i, param))
+    {
+        return ContentFormat::OpenAi;
+    }
+    ContentFormat::String
+}
+
+/// `x.content`, `x['content']` or `x["content"]`.
+fn is_content_access(expr: &str) -> bool {
+    expr.ends_with(".content") || expr.ends_with("['content']") || expr.ends_with("[\"content\"]")
+}
+
+/// The statements of `source` (`{% ... %}`), trimmed of whitespace control.
+fn tags(source: &str) -> impl Iterator<Item = &str> {
     let mut rest = source;
-    while let Some(start) = rest.find("{%") {
+    std::iter::from_fn(move || {
+        let start = rest.find("{%")?;
         let after = rest.get(start + 2..).unwrap_or("");
         let end = after.find("%}").unwrap_or(after.len());
         let tag = after.get(..end).unwrap_or("");
-        let tag = tag.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
-        if let Some(body) = tag.strip_prefix("for ") {
-            if let Some((_, iterable)) = body.split_once(" in ") {
-                let iterable = iterable.split('|').next().unwrap_or("");
-                let iterable = iterable.split(" if ").next().unwrap_or("").trim();
-                let iterable = iterable.trim_end_matches(')').trim();
-                if iterable.ends_with(".content")
-                    || iterable.ends_with("['content']")
-                    || iterable.ends_with("[\"content\"]")
-                {
-                    return ContentFormat::OpenAi;
+        rest = after.get(end..).unwrap_or("");
+        Some(tag.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace()))
+    })
+}
+
+/// The argument lists (split at top-level commas) of every call of macro
+/// `name` in `source`.
+fn calls<'s>(source: &'s str, name: &'s str) -> impl Iterator<Item = Vec<&'s str>> + 's {
+    source.match_indices(name).filter_map(move |(at, _)| {
+        let before = source.get(..at)?.chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.') {
+            return None;
+        }
+        let open = source.get(at + name.len()..)?;
+        let open = open.strip_prefix('(')?;
+        let (mut depth, mut args, mut from) = (0usize, Vec::new(), 0usize);
+        for (i, c) in open.char_indices() {
+            match c {
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' if depth > 0 => depth -= 1,
+                ')' => {
+                    args.push(open.get(from..i)?.trim());
+                    return Some(args);
                 }
+                ',' if depth == 0 => {
+                    args.push(open.get(from..i)?.trim());
+                    from = i + 1;
+                }
+                _ => {}
             }
         }
-        rest = after.get(end..).unwrap_or("");
-    }
-    ContentFormat::String
+        None
+    })
 }
 
 #[cfg(test)]
@@ -686,6 +791,44 @@ mod tests {
                 "{% for m in messages %}{%- for part in m['content'] %}{{ part.text }}{% endfor %}{% endfor %}"
             ),
             ContentFormat::OpenAi
+        );
+        // A loop over a bare `content` outside macros (vLLM's rule).
+        assert_eq!(
+            detect_content_format(
+                "{% for m in messages %}{% set content = m.content %}{% for c in content %}{{ c.text }}{% endfor %}{% endfor %}"
+            ),
+            ContentFormat::OpenAi
+        );
+        // Parts rendered by a macro that a message's content is passed to,
+        // positionally or by name.
+        let vl = |call: &str| {
+            format!(
+                "{{%- macro render_content(body, count=false) %}}{{%- if body is string %}}{{{{ body }}}}\
+                 {{%- else %}}{{%- for item in body %}}{{{{ item.text }}}}{{%- endfor %}}{{%- endif %}}\
+                 {{%- endmacro %}}{{%- for message in messages %}}{{{{ {call} }}}}{{%- endfor %}}"
+            )
+        };
+        for call in [
+            "render_content(message.content, true)",
+            "render_content(count=true, body=message['content'])",
+        ] {
+            assert_eq!(
+                detect_content_format(&vl(call)),
+                ContentFormat::OpenAi,
+                "{call}"
+            );
+        }
+        // The macro is never given a content: strings.
+        assert_eq!(
+            detect_content_format(&vl("render_content(message.role)")),
+            ContentFormat::String
+        );
+        // A `content` loop inside a macro whose parameter is not it: strings.
+        assert_eq!(
+            detect_content_format(
+                "{% macro m(x) %}{% for c in content %}{{ c }}{% endfor %}{% endmacro %}{{ m(1) }}"
+            ),
+            ContentFormat::String
         );
     }
 

@@ -14,7 +14,7 @@ use super::byte_bpe::{ByteBpe, PreTokenCacheStats, DEFAULT_WORD_CACHE_BYTES};
 use super::error::PromptError;
 use super::parallel::{ParallelEncoder, SeamPolicy};
 use super::span_cache::{SegmentPolicy, SpanCache, SpanCacheStats};
-use super::template::{ChatTemplate, TemplateError};
+use super::template::{ChatTemplate, ContentFormat, TemplateError};
 
 /// Default span-cache budget per model.
 pub const DEFAULT_SPAN_CACHE_BYTES: usize = 64 << 20;
@@ -54,6 +54,9 @@ pub struct ModelOptions {
     pub max_model_len: Option<usize>,
     /// Span-cache budget in bytes (`0` turns the cache off).
     pub span_cache_bytes: usize,
+    /// The engines' `--chat-template-content-format`; `None`: detected from
+    /// the template as vLLM's `auto` does.
+    pub content_format: Option<ContentFormat>,
 }
 
 impl Default for ModelOptions {
@@ -61,6 +64,7 @@ impl Default for ModelOptions {
         Self {
             max_model_len: None,
             span_cache_bytes: DEFAULT_SPAN_CACHE_BYTES,
+            content_format: None,
         }
     }
 }
@@ -210,7 +214,12 @@ impl ModelTokenizer {
                 }
             }
         }
-        let template = template_src.map(|src| ChatTemplate::new(&src, special));
+        let template = template_src.map(|src| {
+            ChatTemplate::new(&src, special).map(|t| match options.content_format {
+                Some(format) => t.with_content_format(format),
+                None => t,
+            })
+        });
         // 0 would refuse every prompt: read as not given.
         let max_model_len = options.max_model_len.filter(|m| *m > 0).or_else(|| {
             read_json(&dir.join("config.json"))

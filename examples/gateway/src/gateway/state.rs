@@ -158,6 +158,7 @@ impl Gateway {
         for m in &config.models {
             let options = kvroute::prompt::ModelOptions {
                 max_model_len: m.max_model_len,
+                content_format: m.content_format.map(Into::into),
                 ..kvroute::prompt::ModelOptions::default()
             };
             tokenizers.register_with(m.slug.clone(), m.dir.clone(), options);

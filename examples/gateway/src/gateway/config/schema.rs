@@ -431,6 +431,30 @@ pub struct ModelConfig {
     /// `truncate_prompt_tokens: -1` cuts prompts to it as the engine does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_model_len: Option<usize>,
+    /// The engines' `--chat-template-content-format` when they set one:
+    /// `string` or `openai` (by default detected from the template, as
+    /// vLLM's `auto` does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_format: Option<ContentFormatDoc>,
+}
+
+/// `[[models]] content_format`.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ContentFormatDoc {
+    /// Message content reaches the template as a string.
+    String,
+    /// As a list of `{"type": "text", "text": ...}` parts.
+    Openai,
+}
+
+impl From<ContentFormatDoc> for kvroute::prompt::ContentFormat {
+    fn from(f: ContentFormatDoc) -> Self {
+        match f {
+            ContentFormatDoc::String => Self::String,
+            ContentFormatDoc::Openai => Self::OpenAi,
+        }
+    }
 }
 
 /// A rule as written in the file or posted to the admin API.

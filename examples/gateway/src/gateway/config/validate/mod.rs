@@ -259,6 +259,7 @@ impl ServeConfig {
                 slug: m.slug,
                 dir,
                 max_model_len: m.max_model_len,
+                content_format: m.content_format,
             });
         }
         let mut rules = Vec::new();

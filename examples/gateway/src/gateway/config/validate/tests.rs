@@ -573,7 +573,8 @@ fn the_replica_ttl_must_outlast_a_heartbeat_and_a_wake_up() {
     assert!(file("sync_interval_ms = 10000\nheartbeat_ms = 1000\nremote_ttl_ms = 2001").is_ok());
 }
 
-/// `[[models]] max_model_len`: read, left out by default, 0 refused.
+/// `[[models]] max_model_len` and `content_format`: read, left out by
+/// default, 0 and unknown formats refused.
 #[test]
 fn a_models_max_model_len_is_read_and_validated() {
     let dir = env!("CARGO_MANIFEST_DIR");
@@ -589,4 +590,11 @@ fn a_models_max_model_len_is_read_and_validated() {
     );
     let err = model("max_model_len = 0").unwrap_err().to_string();
     assert!(err.contains("models[0].max_model_len"), "{err}");
+    // `content_format`: detected unless set; only the two formats.
+    assert_eq!(model("").unwrap().models[0].content_format, None);
+    assert_eq!(
+        model("content_format = \"openai\"").unwrap().models[0].content_format,
+        Some(crate::gateway::config::schema::ContentFormatDoc::Openai)
+    );
+    assert!(model("content_format = \"auto\"").is_err());
 }
