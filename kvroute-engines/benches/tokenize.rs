@@ -115,8 +115,8 @@ fn rendered(tok: &ModelTokenizer, body: &PyValue) -> (String, usize) {
 fn load(cache: bool) -> ModelTokenizer {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../golden/tokenizers/qwen3");
     let opts = ModelOptions {
-        max_model_len: None,
         span_cache_bytes: if cache { 64 << 20 } else { 0 },
+        ..ModelOptions::default()
     };
     ModelTokenizer::load(&dir, &opts).unwrap()
 }
