@@ -119,6 +119,14 @@ fn truncation_keeps_the_bos_the_tokenizer_adds_unless_a_side_is_named() {
     let body = serde_json::json!({"model": "m", "prompt": text, "truncate_prompt_tokens": -1,
         "max_completion_tokens": 0});
     assert_eq!(ids(&tok, body), hf_ids(&dir, &text, Some(39)));
+    // Room for the BOS alone: the BOS alone, as the tokenizer cuts.
+    let body = serde_json::json!({"model": "m", "prompt": text, "truncate_prompt_tokens": 1});
+    assert_eq!(ids(&tok, body), hf_ids(&dir, &text, Some(1)));
+    // No room even for it: the tokenizer's bound less its BOS wraps, it does
+    // not cut, and vLLM slices the ids to nothing, which it refuses.
+    let body = serde_json::json!({"model": "m", "prompt": text, "truncate_prompt_tokens": 0});
+    let parsed = parse_json(body.to_string().as_bytes()).unwrap();
+    assert!(prompt_tokens(&tok, ApiKind::Completions, &parsed).is_err());
     // Longer than the context: the engine refuses it.
     let body = serde_json::json!({"model": "m", "prompt": "short", "truncate_prompt_tokens": 41});
     let parsed = parse_json(body.to_string().as_bytes()).unwrap();

@@ -416,6 +416,12 @@ fn finish(
                 // generation tokenizers cut from the left), which cuts the
                 // text's own tokens so that they fit beside the special
                 // tokens it adds, and keeps those (a BOS stays first).
+                // Fewer than the special tokens: the tokenizer does not cut
+                // (its bound less the added tokens wraps), and vLLM slices
+                // the ids from the left.
+                None if keep < specials.0 + specials.1 => {
+                    ids.drain(..ids.len() - keep);
+                }
                 None => {
                     let (front, back) = specials;
                     let own_end = ids.len().saturating_sub(back);

@@ -273,7 +273,12 @@ fn common_fields(
     // `max_completion_tokens` is a chat field: vLLM's completions request
     // has only `max_tokens` (`build_tok_params`).
     let chat = !add_special_default;
-    let max_tokens = match opt_int(d, "max_completion_tokens")?.filter(|_| chat) {
+    let completion_tokens = if chat {
+        opt_int(d, "max_completion_tokens")?
+    } else {
+        None
+    };
+    let max_tokens = match completion_tokens {
         Some(n) => Some(n),
         None => opt_int(d, "max_tokens")?,
     };

@@ -616,9 +616,9 @@ pub(crate) fn detect_content_format(source: &str) -> ContentFormat {
     for tag in tags(source) {
         if let Some(def) = tag.strip_prefix("macro ") {
             let (name, params) = def.split_once('(').unwrap_or((def, ""));
-            let params = params.split(')').next().unwrap_or("");
-            let params = params
-                .split(',')
+            let params = split_args(params)
+                .unwrap_or_default()
+                .into_iter()
                 .map(|p| p.split('=').next().unwrap_or("").trim())
                 .collect();
             macro_at = Some((name.trim(), params));
@@ -634,17 +634,20 @@ pub(crate) fn detect_content_format(source: &str) -> ContentFormat {
         let Some((_, iterable)) = body.split_once(" in ") else {
             continue;
         };
-        let iterable = iterable.split('|').next().unwrap_or("");
-        let iterable = iterable.split(" if ").next().unwrap_or("").trim();
-        let iterable = iterable.trim_end_matches(')').trim();
-        if is_content_access(iterable) {
+        let whole = iterable.split(" if ").next().unwrap_or("").trim();
+        // A content access is found through filters (vLLM follows them)...
+        let accessed = whole.split('|').next().unwrap_or("");
+        let accessed = accessed.trim().trim_end_matches(')').trim();
+        if is_content_access(accessed) {
             return ContentFormat::OpenAi;
         }
+        // ... a bare name only as the whole iterable (parentheses aside).
+        let bare = whole.trim_start_matches('(').trim_end_matches(')').trim();
         match &macro_at {
-            None if iterable == "content" => return ContentFormat::OpenAi,
+            None if bare == "content" => return ContentFormat::OpenAi,
             Some((name, params)) => {
-                if let Some(i) = params.iter().position(|p| *p == iterable) {
-                    param_loops.push((name, i, iterable));
+                if let Some(i) = params.iter().position(|p| *p == bare) {
+                    param_loops.push((name, i, bare));
                 }
             }
             None => {}
@@ -692,34 +695,51 @@ fn tags(source: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// The argument lists (split at top-level commas) of every call of macro
-/// `name` in `source`.
+/// The argument lists of every call of macro `name` in `source` (its
+/// definition aside).
 fn calls<'s>(source: &'s str, name: &'s str) -> impl Iterator<Item = Vec<&'s str>> + 's {
     source.match_indices(name).filter_map(move |(at, _)| {
-        let before = source.get(..at)?.chars().next_back();
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.') {
+        let before = source.get(..at)?;
+        if before
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.')
+            || before.trim_end().ends_with("macro")
+        {
             return None;
         }
-        let open = source.get(at + name.len()..)?;
-        let open = open.strip_prefix('(')?;
-        let (mut depth, mut args, mut from) = (0usize, Vec::new(), 0usize);
-        for (i, c) in open.char_indices() {
-            match c {
-                '(' | '[' | '{' => depth += 1,
-                ')' | ']' | '}' if depth > 0 => depth -= 1,
-                ')' => {
-                    args.push(open.get(from..i)?.trim());
-                    return Some(args);
-                }
-                ',' if depth == 0 => {
-                    args.push(open.get(from..i)?.trim());
-                    from = i + 1;
-                }
-                _ => {}
-            }
-        }
-        None
+        let open = source.get(at + name.len()..)?.trim_start();
+        split_args(open.strip_prefix('(')?)
     })
+}
+
+/// The top-level comma-separated items of `list` up to its closing
+/// parenthesis (brackets and quoted strings kept whole); `None` if it does
+/// not close.
+fn split_args(list: &str) -> Option<Vec<&str>> {
+    let (mut depth, mut quote, mut args, mut from) = (0usize, None, Vec::new(), 0usize);
+    for (i, c) in list.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '(' | '[' | '{') => depth += 1,
+            (None, ')' | ']' | '}') if depth > 0 => depth -= 1,
+            (None, ')') => {
+                let last = list.get(from..i)?.trim();
+                if !last.is_empty() || !args.is_empty() {
+                    args.push(last);
+                }
+                return Some(args);
+            }
+            (None, ',') if depth == 0 => {
+                args.push(list.get(from..i)?.trim());
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -818,6 +838,26 @@ mod tests {
                 "{call}"
             );
         }
+        // A default holding a comma, a string argument holding a
+        // parenthesis, a space before the call's parenthesis.
+        let tricky = "{%- macro render(sep=', ', body=none) %}{%- for item in body %}{{ item.text }}\
+                      {%- endfor %}{%- endmacro %}\
+                      {%- for message in messages %}{{ render (')', message.content) }}{%- endfor %}";
+        assert_eq!(detect_content_format(tricky), ContentFormat::OpenAi);
+        // A filtered bare name is not a content loop (vLLM wants the name).
+        assert_eq!(
+            detect_content_format(
+                "{% for m in messages %}{% set content = m.content %}{% for c in content|list %}{{ c }}{% endfor %}{% endfor %}"
+            ),
+            ContentFormat::String
+        );
+        // A default in the macro's own definition is not a call.
+        assert_eq!(
+            detect_content_format(
+                "{% macro r(body=message.content) %}{% for i in body %}{{ i }}{% endfor %}{% endmacro %}"
+            ),
+            ContentFormat::String
+        );
         // The macro is never given a content: strings.
         assert_eq!(
             detect_content_format(&vl("render_content(message.role)")),
