@@ -599,21 +599,44 @@ fn write_py_repr(out: &mut String, v: &Value, depth: usize) {
 /// `_iter_nodes_assign_content_item`): a template that loops over a
 /// message's `content` wants OpenAI-style part lists; any other template gets
 /// strings. vLLM walks the Jinja AST; minijinja exposes no AST, so this scans
-/// the `{% for ... in ... %}` tags. A loop is over content when its iterable
+/// the statements. Message variables are the targets of loops over
+/// `messages` or a name assigned from it (`set`, slices, `namespace`
+/// fields). A loop is over content when its iterable
 ///
-/// * ends in a `content` access (`x.content`, `x['content']`,
-///   `x["content"]`, optionally filtered);
+/// * is a message variable's `content` (`m.content`, `m['content']`,
+///   through filters and slices);
 /// * is the bare name `content`, outside any macro;
 /// * is a parameter of the macro it is in, and a call of that macro passes
-///   a `content` access for it (templates that render parts in a macro,
-///   `render_content(message.content)`).
+///   a message variable's `content` for it (templates that render parts in a
+///   macro, `render_content(message.content)`).
 #[must_use]
 pub(crate) fn detect_content_format(source: &str) -> ContentFormat {
+    let statements: Vec<&str> = tags(source).collect();
+    let messages = names_assigned_from(&statements, "messages");
+    let message_vars: Vec<&str> = statements
+        .iter()
+        .filter_map(|t| {
+            let (target, iterable) = t.strip_prefix("for ")?.split_once(" in ")?;
+            let iterable = iterable.split(" if ").next().unwrap_or("");
+            let target = target.trim();
+            (messages.iter().any(|m| m == accessed(iterable)) && is_identifier(target))
+                .then_some(target)
+        })
+        .collect();
+    let is_content = |expr: &str| {
+        let expr = accessed(expr);
+        ["['content']", "[\"content\"]", ".content"]
+            .iter()
+            .any(|key| {
+                expr.strip_suffix(key)
+                    .is_some_and(|v| message_vars.contains(&v.trim()))
+            })
+    };
     // (macro name, its parameters) while inside one.
     let mut macro_at: Option<(&str, Vec<&str>)> = None;
     // Macros with a loop over a parameter: (name, parameter index, name).
     let mut param_loops: Vec<(&str, usize, &str)> = Vec::new();
-    for tag in tags(source) {
+    for tag in &statements {
         if let Some(def) = tag.strip_prefix("macro ") {
             let (name, params) = def.split_once('(').unwrap_or((def, ""));
             let params = split_args(params)
@@ -628,20 +651,15 @@ pub(crate) fn detect_content_format(source: &str) -> ContentFormat {
             macro_at = None;
             continue;
         }
-        let Some(body) = tag.strip_prefix("for ") else {
-            continue;
-        };
-        let Some((_, iterable)) = body.split_once(" in ") else {
+        let Some((_, iterable)) = tag.strip_prefix("for ").and_then(|b| b.split_once(" in "))
+        else {
             continue;
         };
         let whole = iterable.split(" if ").next().unwrap_or("").trim();
-        // A content access is found through filters (vLLM follows them)...
-        let accessed = whole.split('|').next().unwrap_or("");
-        let accessed = accessed.trim().trim_end_matches(')').trim();
-        if is_content_access(accessed) {
+        if is_content(whole) {
             return ContentFormat::OpenAi;
         }
-        // ... a bare name only as the whole iterable (parentheses aside).
+        // A bare name only as the whole iterable (vLLM wants a name node).
         let bare = whole.trim_start_matches('(').trim_end_matches(')').trim();
         match &macro_at {
             None if bare == "content" => return ContentFormat::OpenAi,
@@ -664,7 +682,7 @@ pub(crate) fn detect_content_format(source: &str) -> ContentFormat {
                     Some(k) => k == param,
                     None => i == index,
                 };
-                names_it && is_content_access(value.split('|').next().unwrap_or("").trim())
+                names_it && is_content(value)
             })
         })
     };
@@ -677,9 +695,62 @@ pub(crate) fn detect_content_format(source: &str) -> ContentFormat {
     ContentFormat::String
 }
 
-/// `x.content`, `x['content']` or `x["content"]`.
-fn is_content_access(expr: &str) -> bool {
-    expr.ends_with(".content") || expr.ends_with("['content']") || expr.ends_with("[\"content\"]")
+/// `var` and the names assigned from it, directly or through slices and
+/// filters (`set rest = messages[1:]`), including `namespace` fields
+/// (`set ns = namespace(rest=messages)` names `ns.rest`), to a fixed point.
+fn names_assigned_from(statements: &[&str], var: &str) -> Vec<String> {
+    let mut names = vec![var.to_owned()];
+    // Each pass adds a name or ends; there are at most as many as statements.
+    for _ in 0..=statements.len() {
+        let before = names.len();
+        for tag in statements {
+            let Some((lhs, rhs)) = tag.strip_prefix("set ").and_then(|a| a.split_once('=')) else {
+                continue;
+            };
+            let (lhs, rhs) = (lhs.trim(), rhs.trim());
+            let mut found: Vec<String> = Vec::new();
+            if names.iter().any(|n| n == accessed(rhs)) {
+                found.push(lhs.to_owned());
+            } else if let Some(fields) = rhs.strip_prefix("namespace(") {
+                for field in split_args(fields).unwrap_or_default() {
+                    if let Some((key, value)) = field.split_once('=') {
+                        if names.iter().any(|n| n == accessed(value)) {
+                            found.push(format!("{lhs}.{}", key.trim()));
+                        }
+                    }
+                }
+            }
+            for f in found {
+                if !names.contains(&f) {
+                    names.push(f);
+                }
+            }
+        }
+        if names.len() == before {
+            break;
+        }
+    }
+    names
+}
+
+/// What `expr` reads, past its filters and trailing slices: `m.content[1:] |
+/// list` reads `m.content`.
+fn accessed(expr: &str) -> &str {
+    let mut e = expr.split('|').next().unwrap_or("").trim();
+    e = e.trim_start_matches('(').trim_end_matches(')').trim();
+    while let Some(open) = e.strip_suffix(']').and_then(|x| x.rfind('[')) {
+        let slice = e.get(open..).unwrap_or("");
+        if !slice.contains(':') {
+            break;
+        }
+        e = e.get(..open).unwrap_or("").trim();
+    }
+    e
+}
+
+/// A plain variable name.
+fn is_identifier(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || c == '_')
 }
 
 /// The statements of `source` (`{% ... %}`), trimmed of whitespace control.
@@ -812,64 +883,7 @@ mod tests {
             ),
             ContentFormat::OpenAi
         );
-        // A loop over a bare `content` outside macros (vLLM's rule).
-        assert_eq!(
-            detect_content_format(
-                "{% for m in messages %}{% set content = m.content %}{% for c in content %}{{ c.text }}{% endfor %}{% endfor %}"
-            ),
-            ContentFormat::OpenAi
-        );
-        // Parts rendered by a macro that a message's content is passed to,
-        // positionally or by name.
-        let vl = |call: &str| {
-            format!(
-                "{{%- macro render_content(body, count=false) %}}{{%- if body is string %}}{{{{ body }}}}\
-                 {{%- else %}}{{%- for item in body %}}{{{{ item.text }}}}{{%- endfor %}}{{%- endif %}}\
-                 {{%- endmacro %}}{{%- for message in messages %}}{{{{ {call} }}}}{{%- endfor %}}"
-            )
-        };
-        for call in [
-            "render_content(message.content, true)",
-            "render_content(count=true, body=message['content'])",
-        ] {
-            assert_eq!(
-                detect_content_format(&vl(call)),
-                ContentFormat::OpenAi,
-                "{call}"
-            );
-        }
-        // A default holding a comma, a string argument holding a
-        // parenthesis, a space before the call's parenthesis.
-        let tricky = "{%- macro render(sep=', ', body=none) %}{%- for item in body %}{{ item.text }}\
-                      {%- endfor %}{%- endmacro %}\
-                      {%- for message in messages %}{{ render (')', message.content) }}{%- endfor %}";
-        assert_eq!(detect_content_format(tricky), ContentFormat::OpenAi);
-        // A filtered bare name is not a content loop (vLLM wants the name).
-        assert_eq!(
-            detect_content_format(
-                "{% for m in messages %}{% set content = m.content %}{% for c in content|list %}{{ c }}{% endfor %}{% endfor %}"
-            ),
-            ContentFormat::String
-        );
-        // A default in the macro's own definition is not a call.
-        assert_eq!(
-            detect_content_format(
-                "{% macro r(body=message.content) %}{% for i in body %}{{ i }}{% endfor %}{% endmacro %}"
-            ),
-            ContentFormat::String
-        );
-        // The macro is never given a content: strings.
-        assert_eq!(
-            detect_content_format(&vl("render_content(message.role)")),
-            ContentFormat::String
-        );
-        // A `content` loop inside a macro whose parameter is not it: strings.
-        assert_eq!(
-            detect_content_format(
-                "{% macro m(x) %}{% for c in content %}{{ c }}{% endfor %}{% endmacro %}{{ m(1) }}"
-            ),
-            ContentFormat::String
-        );
+        // Each rule against vLLM's own detection: tests/prompt_content_format.rs.
     }
 
     #[test]
