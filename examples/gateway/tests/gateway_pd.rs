@@ -125,18 +125,24 @@ async fn prefill_goes_by_kv_and_never_to_the_decode_endpoint() {
     assert_eq!(c["hits"][2], 0, "{c}");
 }
 
+/// A P/D gateway over a prefill engine and a decode engine that holds its
+/// requests until `gate` opens, subscribed to the prefill engine's events.
+async fn held_decode_gateway() -> (Engine, Gate, HeldEngine, Gateway) {
+    let prefill = Engine::start("prefill");
+    let gate = Gate::new();
+    let decode = held_engine(&gate).await;
+    let gw = Gateway::start(&pd_config(&prefill, &[decode.addr], ""));
+    wait_subscribed(&gw).await;
+    (prefill, gate, decode, gw)
+}
+
 /// The prefill endpoint carries a P/D request only until its leg answers:
 /// while the decode endpoint still works on the request (held here, as a
 /// non-streamed decode is until its whole output is generated), the prefill
 /// endpoint shows nothing in flight and the decode endpoint one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prefill_endpoint_is_released_when_its_leg_answers() {
-    let prefill = Engine::start("prefill");
-    let gate = Gate::new();
-    let decode = held_engine(&gate).await;
-    let config = pd_config(&prefill, &[decode.addr], "");
-    let gw = Gateway::start(&config);
-    wait_subscribed(&gw).await;
+    let (_prefill, gate, decode, gw) = held_decode_gateway().await;
     let request = spawn_completion(&gw, "held");
     eventually("the decode leg reached its engine", || async {
         (decode.received.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
@@ -266,12 +272,7 @@ async fn a_refused_prefill_leg_charges_the_decode_endpoint_nothing() {
 /// prefill endpoint, which would run it as a full generation, gets nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_cannot_be_split_goes_whole_to_the_decode_endpoint() {
-    let prefill = Engine::start("prefill");
-    let gate = Gate::new();
-    let decode = held_engine(&gate).await;
-    let config = pd_config(&prefill, &[decode.addr], "");
-    let gw = Gateway::start(&config);
-    wait_subscribed(&gw).await;
+    let (_prefill, gate, decode, gw) = held_decode_gateway().await;
     let nested = format!("{}1{}", "[".repeat(130), "]".repeat(130));
     let body = format!(
         r#"{{"model": "{MODEL}", "prompt": "{}", "max_tokens": 4, "x_extra": {nested}}}"#,
