@@ -9,7 +9,7 @@
 # pybind11 and OpenSSL's headers (Debian's libssl-dev, installed here when
 # missing and apt-get is at hand).
 # Idempotent (a quick version check when everything is in place); fails loudly.
-# A fresh install downloads ~370 MB (the vLLM and SGLang wheels) and takes ~1 min.
+# A fresh install downloads ~400 MB (the vLLM and SGLang wheels, transformers and numpy) and takes ~1 min.
 #
 #   scripts/python-env.sh            # -> .venv/bin/python at the repo root
 #   KVROUTE_PYTHON=python3.12 scripts/python-env.sh
@@ -26,6 +26,9 @@ requirements=("pyzmq==27.3.0" "msgspec==0.23.0"
     # golden/chat/README.md where listed there).
     "cbor2==6.3.0" "xxhash==4.1.0" "pydantic==2.14.4" "psutil==7.2.2" "urllib3==2.8.0"
     "tokenizers==0.23.3" "jinja2==3.1.6"
+    # The library vLLM 0.33 tokenizes with (it pins >= 5.16.1, < 5.21; SGLang
+    # 0.5.23 pins 5.19.0): tests/python/transformers_encode.py.
+    "transformers==5.19.0"
     # sglang_loader.py: builds SGLang's hash_binding.cpp (a pybind11 module).
     "pybind11==3.1.0"
     # The official Prometheus client's strict OpenMetrics parser: the gateway's

@@ -1,5 +1,6 @@
-//! `truncate_prompt_tokens` on a tokenizer that adds a BOS, against the
-//! Hugging Face `tokenizers` package (the code vLLM's tokenizer runs).
+//! `truncate_prompt_tokens` on a tokenizer that adds a BOS, against
+//! transformers loaded and called as vLLM loads and calls it
+//! (`tests/python/transformers_encode.py`).
 //!
 //! vLLM truncates inside the tokenizer when the request names no
 //! `truncation_side` (`renderers/params.py`, `get_encode_kwargs`: truncation
@@ -11,11 +12,11 @@
 
 mod interop_support;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
-use interop_support::{golden, python};
+use interop_support::{golden, python, script};
 use kvroute_engines::prompt::{parse_json, prompt_tokens, ApiKind, ModelOptions, ModelTokenizer};
 
 const BOS: u32 = 151_643; // "<|endoftext|>"
@@ -52,31 +53,35 @@ fn bos_tokenizer(dir: &Path) {
     .unwrap();
 }
 
-/// The ids the `tokenizers` package gives `text`, with truncation to
-/// `max_length` from the left when given.
+/// The ids vLLM's tokenizer gives `text` (transformers, loaded and called as
+/// vLLM does: `tests/python/transformers_encode.py`), truncated to
+/// `max_length` when given.
 fn hf_ids(dir: &Path, text: &str, max_length: Option<usize>) -> Vec<u32> {
-    let code = r#"
-import json, sys
-from tokenizers import Tokenizer
-tok = Tokenizer.from_file(sys.argv[1])
-if sys.argv[3] != "none":
-    tok.enable_truncation(max_length=int(sys.argv[3]), direction="left")
-print(json.dumps(tok.encode(sys.argv[2], add_special_tokens=True).ids))
-"#;
-    let max = max_length.map_or("none".to_owned(), |m| m.to_string());
-    let out = Command::new(python())
-        .args(["-c", code])
-        .arg(dir.join("tokenizer.json"))
-        .arg(text)
-        .arg(max)
-        .output()
+    let mut child = Command::new(python())
+        .arg(script("transformers_encode.py"))
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let cases = serde_json::json!([
+        {"text": text, "add_special_tokens": true, "max_length": max_length}
+    ]);
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(cases.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let mut ids: Vec<Vec<u32>> = serde_json::from_slice(&out.stdout).unwrap();
+    ids.pop().unwrap()
 }
 
 fn ids(tok: &ModelTokenizer, body: serde_json::Value) -> Vec<u32> {

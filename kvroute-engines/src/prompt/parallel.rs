@@ -440,7 +440,10 @@ pub(crate) fn supports_seams(tokenizer: &Tokenizer) -> bool {
         .get_pre_tokenizer()
         .and_then(|p| serde_json::to_value(p).ok())
         .is_some_and(|v| pre_tokenizer_ok(Some(&v)));
-    normalizer_ok && model_ok && added_ok && pre_ok
+    // The rule takes added tokens as matched before pre-tokenizing; encoded
+    // as text they are not.
+    let specials_matched = !tokenizer.get_encode_special_tokens();
+    normalizer_ok && model_ok && added_ok && pre_ok && specials_matched
 }
 
 fn is_type(v: &serde_json::Value, name: &str) -> bool {

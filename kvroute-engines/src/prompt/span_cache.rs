@@ -21,7 +21,9 @@
 //! 3. nothing in the pipeline depends on a piece's position in the whole text
 //!    (a `Metaspace` pre-tokenizer with `prepend_scheme: "first"` does), and no
 //!    post-processor adds tokens (segments are encoded without special tokens);
-//! 4. no truncation or padding is configured in the tokenizer (cleared at load).
+//! 4. no truncation or padding is configured in the tokenizer (cleared at load),
+//!    and special tokens are matched, not encoded as text
+//!    (`split_special_tokens`).
 //!
 //! The NFC normaliser needs no extra argument: it runs per piece in the full
 //! tokenization too, and the cut coincides with a piece boundary. (The delimiter
@@ -57,7 +59,12 @@ impl SegmentPolicy {
     /// passes, or `None` (then caching is off).
     #[must_use]
     pub(crate) fn from_tokenizer(tokenizer: &Tokenizer, candidates: &[&str]) -> Option<Self> {
-        if tokenizer.get_truncation().is_some() || tokenizer.get_padding().is_some() {
+        // With special tokens encoded as text, a delimiter is no longer a
+        // token of its own that the text around it cannot merge into.
+        if tokenizer.get_truncation().is_some()
+            || tokenizer.get_padding().is_some()
+            || tokenizer.get_encode_special_tokens()
+        {
             return None;
         }
         if let Some(pre) = tokenizer.get_pre_tokenizer() {

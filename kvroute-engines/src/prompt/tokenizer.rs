@@ -184,6 +184,17 @@ impl ModelTokenizer {
         tokenizer.with_padding(None);
 
         let config = read_json(&dir.join("tokenizer_config.json"))?;
+        // transformers sets its backend's `encode_special_tokens` from the
+        // config's `split_special_tokens` (whatever the tokenizer class):
+        // special tokens written in the text are then encoded as text.
+        if config
+            .as_ref()
+            .and_then(|c| c.get("split_special_tokens"))
+            .and_then(serde_json::Value::as_bool)
+            == Some(true)
+        {
+            tokenizer.set_encode_special_tokens(true);
+        }
         let mut template_src = config
             .as_ref()
             .and_then(|c| c.get("chat_template"))
