@@ -1,7 +1,8 @@
 //! `kvroute tokenize`: show what kvroute computes for one request — the rendered
 //! prompt, the token ids and, under a chosen hash contract, the block keys. This is
 //! the operator's tool for a 0 % hit rate: compare the keys with the engine's
-//! `BlockStored` events.
+//! `BlockStored` events, or (`--engine URL`) the ids with the ids the engine's own
+//! `/tokenize` gives the same request.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -46,6 +47,16 @@ pub struct TokenizeArgs {
     /// vLLM does); without `--config`.
     #[arg(long)]
     max_model_len: Option<usize>,
+    /// An engine (`http://host:port`, vLLM or SGLang) whose `POST /tokenize`
+    /// the same request body is sent to: its ids are compared with kvroute's,
+    /// and the command fails when they differ (the blocks before the first
+    /// difference still key alike).
+    #[arg(long)]
+    engine: Option<String>,
+    /// The model name the engine serves, when it is not the request's
+    /// `model` (the body sent to `--engine` carries this one).
+    #[arg(long, requires = "engine")]
+    engine_model: Option<String>,
     /// Print machine-readable JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -54,9 +65,13 @@ pub struct TokenizeArgs {
 /// Runs the command.
 pub fn run(args: &TokenizeArgs) -> ExitCode {
     match tokenize(args) {
-        Ok(out) => {
+        Ok((out, agrees)) => {
             println!("{out}");
-            ExitCode::SUCCESS
+            if agrees {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
         }
         Err(msg) => {
             eprintln!("kvroute tokenize: {msg}");
@@ -65,7 +80,8 @@ pub fn run(args: &TokenizeArgs) -> ExitCode {
     }
 }
 
-fn tokenize(args: &TokenizeArgs) -> Result<String, String> {
+/// The printed result, and false when `--engine` gave other ids.
+fn tokenize(args: &TokenizeArgs) -> Result<(String, bool), String> {
     let body = if args.request.as_os_str() == "-" {
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).map_err(|e| e.to_string())?;
@@ -100,7 +116,7 @@ fn through_rule(
     config: &Path,
     rule: &str,
     body: Vec<u8>,
-) -> Result<String, String> {
+) -> Result<(String, bool), String> {
     let config = ServeConfig::load(config).map_err(|e| e.to_string())?;
     let Some(spec) = config.rules.iter().find(|r| r.doc.name == rule) else {
         let names: Vec<&str> = config.rules.iter().map(|r| r.doc.name.as_str()).collect();
@@ -118,7 +134,7 @@ fn through_rule(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .map_err(|e| e.to_string())?;
-    let prepared = runtime.block_on(router.prepare(api, &Bytes::from(body)));
+    let prepared = runtime.block_on(router.prepare(api, &Bytes::from(body.clone())));
     let ids = prepared
         .tokens()
         .map_err(|miss| format!("{miss} ({})", miss.as_str()))?;
@@ -143,7 +159,8 @@ fn through_rule(
             keys,
         }],
     };
-    shown.render(args.json)
+    let block = router.contract().map(|c| c.block_size().get());
+    finish(args, &body, &shown, block)
 }
 
 /// What the command prints.
@@ -164,7 +181,7 @@ struct ShownPrompt<'a> {
 }
 
 impl Shown<'_> {
-    fn render(&self, json: bool) -> Result<String, String> {
+    fn render(&self, json: bool, engine: Option<&Verdict<'_>>) -> Result<String, String> {
         let prompts: Vec<serde_json::Value> = self
             .prompts
             .iter()
@@ -191,6 +208,9 @@ impl Shown<'_> {
                     .lora
                     .map(|(name, path)| serde_json::json!({"name": name, "path": path}))
                     .into();
+            }
+            if let Some(v) = engine {
+                doc["engine"] = v.json();
             }
             return serde_json::to_string_pretty(&doc).map_err(|e| e.to_string());
         }
@@ -221,13 +241,20 @@ impl Shown<'_> {
                 out.push_str(&format!("block keys: {:?}\n", p.keys));
             }
         }
+        if let Some(v) = engine {
+            out.push_str(&v.text());
+        }
         Ok(out.trim_end().to_owned())
     }
 }
 
 /// The request tokenized with a model directory and, optionally, hashed
 /// under a contract, outside any configuration.
-fn standalone(args: &TokenizeArgs, model_dir: &Path, body: &[u8]) -> Result<String, String> {
+fn standalone(
+    args: &TokenizeArgs,
+    model_dir: &Path,
+    body: &[u8],
+) -> Result<(String, bool), String> {
     let contract: Option<HashContract> = args
         .contract
         .as_deref()
@@ -272,7 +299,7 @@ fn standalone(args: &TokenizeArgs, model_dir: &Path, body: &[u8]) -> Result<Stri
             keys: keys.iter().map(|k| k.0).collect(),
         });
     }
-    Shown {
+    let shown = Shown {
         rule: None,
         model: &prompt.model,
         contract: contract.as_ref().map(ToString::to_string),
@@ -280,6 +307,154 @@ fn standalone(args: &TokenizeArgs, model_dir: &Path, body: &[u8]) -> Result<Stri
         lora: None,
         truncated: prompt.truncated,
         prompts,
+    };
+    let block = contract.as_ref().map(|c| c.block_size().get());
+    finish(args, body, &shown, block)
+}
+
+/// Renders `shown`, with the engine's verdict when `--engine` is given.
+fn finish(
+    args: &TokenizeArgs,
+    body: &[u8],
+    shown: &Shown<'_>,
+    block: Option<u32>,
+) -> Result<(String, bool), String> {
+    let Some(url) = &args.engine else {
+        return Ok((shown.render(args.json, None)?, true));
+    };
+    let [prompt] = shown.prompts.as_slice() else {
+        return Err(format!(
+            "--engine: the request has {} prompts; an engine's /tokenize takes one",
+            shown.prompts.len()
+        ));
+    };
+    let theirs = engine_ids(url, body, args.engine_model.as_deref())?;
+    let verdict = Verdict::new(url, prompt.ids, theirs, block);
+    let agrees = verdict.first_difference.is_none();
+    Ok((shown.render(args.json, Some(&verdict))?, agrees))
+}
+
+/// The ids the engine at `url` gives `body` (`POST /tokenize`, which vLLM
+/// and SGLang both serve: for `messages` they render the chat template as
+/// for a chat completion, for a `prompt` they encode it as a completion).
+fn engine_ids(url: &str, body: &[u8], model: Option<&str>) -> Result<Vec<u32>, String> {
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("request is not JSON: {e}"))?;
+    if let (Some(model), Some(obj)) = (model, doc.as_object_mut()) {
+        obj.insert("model".to_owned(), model.into());
     }
-    .render(args.json)
+    let endpoint = format!("{}/tokenize", url.trim_end_matches('/'));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let resp = client
+            .post(&endpoint)
+            .json(&doc)
+            .send()
+            .await
+            .map_err(|e| format!("--engine: POST {endpoint}: {e}"))?;
+        let status = resp.status();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| format!("--engine: POST {endpoint}: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("--engine: POST {endpoint}: {status}: {text}"));
+        }
+        #[derive(serde::Deserialize)]
+        struct Tokenized {
+            tokens: Vec<u32>,
+        }
+        serde_json::from_str::<Tokenized>(&text)
+            .map(|t| t.tokens)
+            .map_err(|e| format!("--engine: {endpoint} answered {text:?}: {e}"))
+    })
+}
+
+/// kvroute's ids against the engine's.
+struct Verdict<'a> {
+    url: &'a str,
+    ours: usize,
+    theirs: Vec<u32>,
+    /// First position where the ids differ (one list ending counts).
+    first_difference: Option<usize>,
+    /// Tokens per block, when a contract says.
+    block: Option<u32>,
+    /// kvroute's ids around the difference.
+    ours_near: Vec<u32>,
+}
+
+impl<'a> Verdict<'a> {
+    fn new(url: &'a str, ours: &[u32], theirs: Vec<u32>, block: Option<u32>) -> Self {
+        let first_difference = ours
+            .iter()
+            .zip(&theirs)
+            .position(|(a, b)| a != b)
+            .or_else(|| (ours.len() != theirs.len()).then(|| ours.len().min(theirs.len())));
+        let ours_near = first_difference.map_or_else(Vec::new, |at| near(ours, at).to_vec());
+        Self {
+            url,
+            ours: ours.len(),
+            theirs,
+            first_difference,
+            block,
+            ours_near,
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "url": self.url,
+            "num_tokens": self.theirs.len(),
+            "identical": self.first_difference.is_none(),
+            "first_difference": self.first_difference,
+            "blocks_keyed_alike": self.blocks_alike(),
+            "token_ids_near_difference": self.first_difference.map(|at| serde_json::json!({
+                "kvroute": self.ours_near,
+                "engine": near(&self.theirs, at),
+            })),
+        })
+    }
+
+    /// Whole blocks before the first difference (all of them when none).
+    fn blocks_alike(&self) -> Option<usize> {
+        let b = usize::try_from(self.block?).ok()?.max(1);
+        Some(self.first_difference.unwrap_or(self.ours) / b)
+    }
+
+    fn text(&self) -> String {
+        let Some(at) = self.first_difference else {
+            return format!(
+                "engine {}: {} token ids, identical",
+                self.url,
+                self.theirs.len()
+            );
+        };
+        let blocks = self
+            .blocks_alike()
+            .map(|n| format!(" ({n} whole blocks before it key alike)"))
+            .unwrap_or_default();
+        format!(
+            "engine {}: {} token ids; kvroute: {}; the first difference is at position \
+             {at}{blocks}\n  kvroute: {:?}\n  engine:  {:?}",
+            self.url,
+            self.theirs.len(),
+            self.ours,
+            self.ours_near,
+            near(&self.theirs, at),
+        )
+    }
+}
+
+/// Up to 8 ids from 2 before `at`.
+fn near(ids: &[u32], at: usize) -> &[u32] {
+    let start = at.saturating_sub(2).min(ids.len());
+    ids.get(start..(start + 8).min(ids.len()))
+        .unwrap_or_default()
 }

@@ -229,3 +229,168 @@ fn unknown_rule_names_the_rules() {
         "{err}"
     );
 }
+
+/// An engine's `/tokenize` answered by transformers as vLLM answers it
+/// (`tests/python/tokenize_server.py`), serving the model directory `dir`;
+/// killed on drop.
+struct TokenizeServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl TokenizeServer {
+    fn start(dir: &Path) -> Self {
+        use std::io::BufRead;
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let python = repo.join(".venv/bin/python");
+        assert!(
+            python.exists(),
+            "{} is missing: run scripts/python-env.sh",
+            python.display()
+        );
+        let mut child = Command::new(python)
+            .arg(repo.join("tests/python/tokenize_server.py"))
+            .arg("--model-dir")
+            .arg(dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("tokenize_server.py said {line:?}"))
+            .trim()
+            .to_owned();
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for TokenizeServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `kvroute tokenize --json --engine URL` of `request` with the staged Qwen3
+/// directory and a vLLM contract: exit status and document.
+fn against_engine(url: &str, request: &serde_json::Value) -> (bool, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let req = dir.path().join("req.json");
+    std::fs::write(&req, serde_json::to_vec(request).unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["tokenize", "--json", "--engine", url])
+        .args(["--contract", "vllm@0.33.0:sha256_cbor:block=16:seed=0"])
+        .arg("--model-dir")
+        .arg(golden().join("tokenizers/qwen3"))
+        .arg("--request")
+        .arg(&req)
+        .output()
+        .unwrap();
+    let doc = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.success(), doc)
+}
+
+fn golden_chat_request() -> serde_json::Value {
+    let cases: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(golden().join("chat/qwen3_cases.json")).unwrap())
+            .unwrap();
+    cases["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "chat_shared_prefix_1")
+        .expect("golden case")["request"]
+        .clone()
+}
+
+#[test]
+fn engine_ids_that_agree_pass() {
+    let engine = TokenizeServer::start(&golden().join("tokenizers/qwen3"));
+    let chat = golden_chat_request();
+    let (ok, doc) = against_engine(&engine.url, &chat);
+    assert!(ok, "{doc:#}");
+    let n = doc["engine_prompts"][0]["num_tokens"].as_u64().unwrap();
+    assert!(n > 16, "{doc:#}");
+    assert_eq!(doc["engine"]["identical"], true, "{doc:#}");
+    assert_eq!(doc["engine"]["num_tokens"], n);
+    assert_eq!(doc["engine"]["blocks_keyed_alike"], n / 16);
+    let completion = serde_json::json!({"model": "m", "prompt": "Größe of 12345 <|im_start|> 👩‍👩‍👧"});
+    let (ok, doc) = against_engine(&engine.url, &completion);
+    assert!(ok, "{doc:#}");
+    assert_eq!(doc["engine"]["identical"], true, "{doc:#}");
+}
+
+/// An engine whose tokenizer differs: here transformers' `Qwen2Tokenizer`
+/// taking `add_prefix_space` from the configuration, which the staged
+/// `tokenizer.json` does not do. The command fails and says where.
+#[test]
+fn engine_ids_that_differ_fail_and_say_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let staged = golden().join("tokenizers/qwen3");
+    std::fs::copy(
+        staged.join("tokenizer.json.gz"),
+        dir.path().join("tokenizer.json.gz"),
+    )
+    .unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(staged.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    config["add_prefix_space"] = true.into();
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::to_vec(&config).unwrap(),
+    )
+    .unwrap();
+    let engine = TokenizeServer::start(dir.path());
+    let (ok, doc) = against_engine(&engine.url, &golden_chat_request());
+    assert!(!ok, "{doc:#}");
+    let e = &doc["engine"];
+    assert_eq!(e["identical"], false, "{doc:#}");
+    // "<|im_start|>" matches alike; the word after it gains a space.
+    assert_eq!(e["first_difference"], 1, "{doc:#}");
+    assert_eq!(e["blocks_keyed_alike"], 0, "{doc:#}");
+    let near = &e["token_ids_near_difference"];
+    assert_eq!(near["kvroute"][0], near["engine"][0]);
+    assert_ne!(near["kvroute"][1], near["engine"][1]);
+}
+
+#[test]
+fn an_engine_that_cannot_be_reached_is_a_clear_error() {
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let req = dir.path().join("req.json");
+    std::fs::write(&req, br#"{"model": "m", "prompt": "hello"}"#).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["tokenize", "--engine", &format!("http://127.0.0.1:{port}")])
+        .arg("--model-dir")
+        .arg(golden().join("tokenizers/qwen3"))
+        .arg("--request")
+        .arg(&req)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--engine") && err.contains("/tokenize"),
+        "{err}"
+    );
+}
