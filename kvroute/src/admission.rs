@@ -18,7 +18,10 @@
 //! one lock (exact: no transient over-admission or spurious refusal between
 //! the two). A release hands its room to the waiters it fits, in arrival
 //! order, and wakes only those: under overload a release costs one wake-up,
-//! not one per waiting request. Nothing here reads a clock or spawns: the
+//! not one per waiting request. A waiter that gives up is marked, not
+//! searched for, and the marked ones are swept out once they are half the
+//! queue: a burst of give-ups (every client of an overload timing out
+//! together) costs time linear in the waiters, not quadratic, under the lock. Nothing here reads a clock or spawns: the
 //! caller passes the give-up future ([`TokenizeAdmission::admit_within`]),
 //! so the same type serves tests, the facade and any other host.
 //!
@@ -79,16 +82,27 @@ pub struct AdmissionLimits {
 struct InFlight {
     count: usize,
     bytes: usize,
-    /// Requests waiting for room, in arrival order.
+    /// Requests waiting for room, in arrival order, including those that
+    /// gave up since the last sweep (their channel is closed).
     waiters: VecDeque<Waiter>,
-    next_waiter: u64,
+    /// Waiters in `waiters` that gave up.
+    abandoned: usize,
+}
+
+/// Gave-up waiters tolerated in the queue before a sweep, below half of it.
+const SWEEP_FLOOR: usize = 32;
+
+impl InFlight {
+    /// Requests waiting now.
+    fn waiting(&self) -> usize {
+        self.waiters.len() - self.abandoned.min(self.waiters.len())
+    }
 }
 
 /// A request waiting in [`TokenizeAdmission::admit_within`]: a release that
 /// makes room for its charge sends it the permit.
 #[derive(Debug)]
 struct Waiter {
-    id: u64,
     bytes: usize,
     grant: oneshot::Sender<TokenizePermit>,
 }
@@ -105,6 +119,8 @@ pub struct AdmissionSnapshot {
     pub in_flight: usize,
     /// Bytes charged by the running tokenizations.
     pub bytes_in_flight: usize,
+    /// Requests waiting for room now ([`TokenizeOverload::Wait`]).
+    pub waiting: usize,
     /// Most tokenizations ever running at once.
     pub peak_in_flight: usize,
     /// Most bytes ever charged at once.
@@ -214,6 +230,7 @@ impl TokenizeAdmission {
             };
             if closed {
                 f.waiters.remove(i);
+                f.abandoned = f.abandoned.saturating_sub(1);
                 continue;
             }
             if f.bytes + bytes > self.limits.max_bytes {
@@ -265,45 +282,42 @@ impl TokenizeAdmission {
         give_up: G,
     ) -> Option<TokenizePermit> {
         let bytes = self.charge(len);
-        let (id, mut granted) = {
+        let granted = {
             let mut f = self.in_flight.lock();
             if let Some(p) = self.take_locked(&mut f, bytes) {
                 return Some(p);
             }
             let (tx, rx) = oneshot::channel();
-            let id = f.next_waiter;
-            f.next_waiter = f.next_waiter.wrapping_add(1);
-            f.waiters.push_back(Waiter {
-                id,
-                bytes,
-                grant: tx,
-            });
-            (id, rx)
+            f.waiters.push_back(Waiter { bytes, grant: tx });
+            rx
         };
         // Leaves the queue however the wait ends (a dropped future included).
-        let queued = Queued {
+        let mut queued = Queued {
             admission: self,
-            id,
+            granted: Some(granted),
         };
         let mut give_up = std::pin::pin!(give_up);
         // A grant is checked before the deadline: room freed at the
         // deadline's instant is still taken.
         let got = std::future::poll_fn(|cx| {
-            if let std::task::Poll::Ready(got) = std::pin::Pin::new(&mut granted).poll(cx) {
-                return std::task::Poll::Ready(got.ok());
+            if let Some(granted) = queued.granted.as_mut() {
+                if let std::task::Poll::Ready(got) = std::pin::Pin::new(granted).poll(cx) {
+                    return std::task::Poll::Ready(got.ok());
+                }
             }
             give_up.as_mut().poll(cx).map(|()| None)
         })
         .await;
         if got.is_some() {
+            queued.granted = None;
             return got;
         }
-        if queued.leave() {
-            self.overloaded.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
         // Granted while giving up: the permit is in the channel.
-        granted.try_recv().ok()
+        let got = queued.leave(true);
+        if got.is_none() {
+            self.overloaded.fetch_add(1, Ordering::Relaxed);
+        }
+        got
     }
 
     /// A permit for a body of `len` bytes under `overload`: at once or not at
@@ -324,9 +338,9 @@ impl TokenizeAdmission {
     /// Current counters and gauges.
     #[must_use]
     pub fn snapshot(&self) -> AdmissionSnapshot {
-        let (in_flight, bytes_in_flight) = {
+        let (in_flight, bytes_in_flight, waiting) = {
             let f = self.in_flight.lock();
-            (f.count, f.bytes)
+            (f.count, f.bytes, f.waiting())
         };
         let (peak_in_flight, peak_bytes_in_flight) = *self.peak.lock();
         AdmissionSnapshot {
@@ -334,6 +348,7 @@ impl TokenizeAdmission {
             max_bytes_in_flight: self.limits.max_bytes,
             in_flight,
             bytes_in_flight,
+            waiting,
             peak_in_flight,
             peak_bytes_in_flight,
             admitted: self.admitted.load(Ordering::Relaxed),
@@ -343,31 +358,56 @@ impl TokenizeAdmission {
     }
 }
 
-/// A waiter's place in the queue, left when dropped.
+/// A waiter's place in the queue (the receiving end of its grant), left
+/// when dropped.
 struct Queued<'a> {
-    admission: &'a TokenizeAdmission,
-    id: u64,
+    admission: &'a Arc<TokenizeAdmission>,
+    /// `None` once the wait is over.
+    granted: Option<oneshot::Receiver<TokenizePermit>>,
 }
 
 impl Queued<'_> {
-    /// Leaves the queue; false if a release already granted the waiter.
-    fn leave(&self) -> bool {
-        let mut f = self.admission.in_flight.lock();
-        match f.waiters.iter().position(|w| w.id == self.id) {
-            Some(i) => {
-                f.waiters.remove(i);
-                true
+    /// Ends the wait: the permit a release granted meanwhile if `keep`
+    /// (otherwise its room goes back and its grant is not counted),
+    /// else the waiter is marked as gone. Under the lock grants are sent,
+    /// so the channel is read and closed with nothing in flight.
+    fn leave(&mut self, keep: bool) -> Option<TokenizePermit> {
+        let mut granted = self.granted.take()?;
+        let a = self.admission;
+        let mut f = a.in_flight.lock();
+        match granted.try_recv() {
+            Ok(permit) if keep => Some(permit),
+            Ok(mut permit) => {
+                // Granted, never received (the future was dropped): the
+                // room goes to the next waiters, and the grant is not
+                // counted as an admission.
+                permit.admission = None;
+                f.count = f.count.saturating_sub(1);
+                f.bytes = f.bytes.saturating_sub(permit.bytes);
+                a.admitted.fetch_sub(1, Ordering::Relaxed);
+                a.admitted_after_wait.fetch_sub(1, Ordering::Relaxed);
+                a.grant_waiters(&mut f);
+                None
             }
-            None => false,
+            Err(oneshot::error::TryRecvError::Closed) => None,
+            Err(oneshot::error::TryRecvError::Empty) => {
+                // Still queued: closing the channel marks the waiter, which
+                // releases skip and sweeps remove.
+                drop(granted);
+                f.abandoned += 1;
+                if f.abandoned > SWEEP_FLOOR && f.abandoned * 2 > f.waiters.len() {
+                    f.waiters.retain(|w| !w.grant.is_closed());
+                    f.abandoned = 0;
+                }
+                None
+            }
         }
     }
 }
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        // A grant that was sent and never received goes back when the
-        // channel drops it.
-        let _ = self.leave();
+        let _ = self.leave(false);
     }
 }
 
@@ -500,7 +540,7 @@ mod tests {
         );
         let s = a.snapshot();
         assert_eq!((s.in_flight, s.admitted_after_wait), (1, 1));
-        assert_eq!(a.in_flight.lock().waiters.len(), 49);
+        assert_eq!(a.in_flight.lock().waiting(), 49);
         // Waiters that go away leave the queue; the room they never got is
         // not given back twice.
         for w in &waiters {
@@ -509,12 +549,78 @@ mod tests {
         for w in waiters {
             let _ = w.await;
         }
-        assert_eq!(a.in_flight.lock().waiters.len(), 0);
+        assert_eq!(a.in_flight.lock().waiting(), 0);
         drop(first);
         let s = a.snapshot();
         assert_eq!((s.in_flight, s.bytes_in_flight), (0, 0));
         let again = a.admit_now(100).expect("all the room is free");
         drop(again);
+    }
+
+    /// A waiter granted room but dropped before it ran (its client went
+    /// away): the room goes back, to the next waiter if one fits, and the
+    /// grant counts as no admission.
+    #[test]
+    fn a_grant_nobody_received_is_not_an_admission() {
+        let a = adm(1, 100);
+        let held = a.admit_now(10).unwrap();
+        let a2 = Arc::clone(&a);
+        let mut gone: Waiting =
+            Box::pin(async move { a2.admit_within(10, std::future::pending()).await });
+        assert!(poll_once(&mut gone).is_none());
+        let a3 = Arc::clone(&a);
+        let mut next: Waiting =
+            Box::pin(async move { a3.admit_within(20, std::future::pending()).await });
+        assert!(poll_once(&mut next).is_none());
+        // The release grants the first waiter, which is dropped unpolled.
+        drop(held);
+        drop(gone);
+        let s = a.snapshot();
+        assert_eq!((s.admitted, s.admitted_after_wait), (2, 1), "{s:?}");
+        let permit = poll_once(&mut next).flatten().expect("the room passed on");
+        assert_eq!(permit.bytes, 20);
+        drop(permit);
+        let s = a.snapshot();
+        assert_eq!((s.in_flight, s.bytes_in_flight, s.waiting), (0, 0, 0));
+    }
+
+    /// Every waiter of an overload giving up at once: each leaves in
+    /// constant time (marked, swept in bulk), and the queue never holds
+    /// more than the waiters still waiting plus a bounded number of marks.
+    #[test]
+    fn a_burst_of_give_ups_is_swept() {
+        let a = adm(1, 100);
+        let held = a.admit_now(10).unwrap();
+        let mut waiting: Vec<Waiting> = (0..1_000)
+            .map(|_| {
+                let a2 = Arc::clone(&a);
+                let mut w: Waiting =
+                    Box::pin(async move { a2.admit_within(10, std::future::pending()).await });
+                assert!(poll_once(&mut w).is_none());
+                w
+            })
+            .collect();
+        assert_eq!(a.snapshot().waiting, 1_000);
+        while waiting.len() > 10 {
+            drop(waiting.pop());
+            let f = a.in_flight.lock();
+            assert_eq!(f.waiting(), waiting.len());
+            assert!(
+                f.waiters.len() <= (2 * waiting.len()).max(waiting.len() + SWEEP_FLOOR),
+                "{} queued for {} waiting",
+                f.waiters.len(),
+                waiting.len()
+            );
+        }
+        // The ten left are served in arrival order as room comes back.
+        drop(held);
+        let first = poll_once(&mut waiting[0]).flatten().expect("granted");
+        assert!(poll_once(&mut waiting[1]).is_none());
+        drop(first);
+        let second = poll_once(&mut waiting[1]).flatten().expect("granted");
+        let s = a.snapshot();
+        assert_eq!((s.waiting, s.admitted_after_wait), (8, 2), "{s:?}");
+        drop(second);
     }
 
     #[tokio::test]
@@ -542,7 +648,7 @@ mod tests {
         assert_eq!(large.await.unwrap(), Some(70));
         let s = a.snapshot();
         assert_eq!((s.in_flight, s.admitted_after_wait), (0, 2));
-        assert_eq!(a.in_flight.lock().waiters.len(), 0);
+        assert_eq!(a.in_flight.lock().waiting(), 0);
     }
 
     #[derive(Clone, Debug)]
@@ -682,7 +788,7 @@ mod tests {
                 let s = a.snapshot();
                 prop_assert_eq!(s.in_flight, model_held.len());
                 prop_assert_eq!(s.bytes_in_flight, model_held.iter().map(|h| h.1).sum::<usize>());
-                prop_assert_eq!(a.in_flight.lock().waiters.len(), model_queue.len());
+                prop_assert_eq!(a.in_flight.lock().waiting(), model_queue.len());
             }
         }
 

@@ -520,7 +520,7 @@ fn encode_admission(
     enc: &mut DescriptorEncoder,
     s: &crate::admission::AdmissionSnapshot,
 ) -> std::fmt::Result {
-    let families: [(&str, MetricType, &str, u64); 9] = [
+    let families: [(&str, MetricType, &str, u64); 10] = [
         (
             "kvroute_tokenize_max_concurrent",
             MetricType::Gauge,
@@ -544,6 +544,12 @@ fn encode_admission(
             MetricType::Gauge,
             "Request bytes charged by the running tokenizations.",
             s.bytes_in_flight as u64,
+        ),
+        (
+            "kvroute_tokenize_waiting",
+            MetricType::Gauge,
+            "Requests waiting for tokenization room now (tokenize_overload set to wait).",
+            s.waiting as u64,
         ),
         (
             "kvroute_tokenize_peak_in_flight",
