@@ -64,6 +64,7 @@ mod error;
 pub mod fuzzing;
 #[cfg(feature = "parity")]
 pub mod golden;
+mod jinja_compat;
 mod parallel;
 mod pipeline;
 mod pyjson;

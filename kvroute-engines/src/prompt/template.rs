@@ -157,6 +157,7 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        super::jinja_compat::register(&mut env);
         env.set_formatter(|out, _state, value| {
             out.write_str(&py_str(value))
                 .map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()))
@@ -218,9 +219,16 @@ impl ChatTemplate {
         // Only continue_final_message changes a message: the others render
         // from the input as it is, without a deep copy.
         let continued;
+        let mut final_text = String::new();
         let messages: &[PyValue] = if input.continue_final_message {
+            // transformers refuses a template that never names the field.
+            if !self.source.contains("content") {
+                return Err(TemplateError::Input(
+                    "continue_final_message is set to \"content\" but this is not an accepted field in the chat_template".into(),
+                ));
+            }
             let mut m = input.messages.clone();
-            append_continue_tag(&mut m)?;
+            final_text = append_continue_tag(&mut m)?;
             continued = m;
             &continued
         } else {
@@ -258,7 +266,7 @@ impl ChatTemplate {
             .map_err(|e| TemplateError::Compile(e.to_string()))?;
         let rendered = tmpl.render(Value::from(ctx)).map_err(render_error)?;
         if input.continue_final_message {
-            cut_at_continue_tag(&rendered)
+            cut_at_continue_tag(&rendered, &final_text)
         } else {
             Ok(rendered)
         }
@@ -282,8 +290,8 @@ fn render_error(e: Error) -> TemplateError {
 }
 
 /// transformers: append the tag to the final message's text (the last text part
-/// when content is a list).
-fn append_continue_tag(messages: &mut [PyValue]) -> Result<(), TemplateError> {
+/// when content is a list); returns that text as it was.
+fn append_continue_tag(messages: &mut [PyValue]) -> Result<String, TemplateError> {
     let missing = || {
         TemplateError::Input(
             "continue_final_message is set but we could not find any text to continue in the final message".into(),
@@ -295,17 +303,19 @@ fn append_continue_tag(messages: &mut [PyValue]) -> Result<(), TemplateError> {
     };
     match msg.get_mut("content") {
         Some(PyValue::Str(s)) => {
+            let text = s.clone();
             s.push_str(CONTINUE_TAG);
             s.push(' ');
-            Ok(())
+            Ok(text)
         }
         Some(PyValue::List(parts)) => {
             for part in parts.iter_mut().rev() {
                 if let PyValue::Dict(p) = part {
                     if let Some(PyValue::Str(t)) = p.get_mut("text") {
+                        let text = t.clone();
                         t.push_str(CONTINUE_TAG);
                         t.push(' ');
-                        return Ok(());
+                        return Ok(text);
                     }
                 }
             }
@@ -315,12 +325,19 @@ fn append_continue_tag(messages: &mut [PyValue]) -> Result<(), TemplateError> {
     }
 }
 
-fn cut_at_continue_tag(rendered: &str) -> Result<String, TemplateError> {
-    let idx = rendered.rfind(CONTINUE_TAG).ok_or_else(|| {
+/// transformers: the rendered chat up to the tag; an error unless the final
+/// message's text (stripped) and the tag both appear in it (a template that
+/// escapes or cuts the message has nothing to continue).
+fn cut_at_continue_tag(rendered: &str, final_text: &str) -> Result<String, TemplateError> {
+    let absent = || {
         TemplateError::Input(
             "continue_final_message is set but the final message does not appear in the chat after applying the chat template".into(),
         )
-    })?;
+    };
+    if !rendered.contains(final_text.trim()) {
+        return Err(absent());
+    }
+    let idx = rendered.rfind(CONTINUE_TAG).ok_or_else(absent)?;
     let head = rendered.get(..idx).unwrap_or("");
     let followed_by_space = rendered
         .get(idx + CONTINUE_TAG.len()..)
