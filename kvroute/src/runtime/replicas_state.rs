@@ -17,10 +17,12 @@ use super::slots::{at_epoch, slots_of};
 use super::view::RouterView;
 use super::{id, Shared};
 
-/// The tracker's outbox as a batch, endpoints named by `urls` (slot order).
+/// The tracker's outbox as a batch, endpoints named by `urls` (slot order),
+/// of the slots `sent` allows.
 fn batch_of(
     tracker: &kvroute_select::LoadTracker,
     urls: &[Arc<str>],
+    sent: &[bool],
     origin: u64,
 ) -> Option<ReplicaBatch> {
     let mut deltas = Vec::new();
@@ -29,7 +31,7 @@ fn batch_of(
         .iter()
         .filter_map(|d| {
             let url = urls.get(d.endpoint.index())?;
-            if url.is_empty() {
+            if url.is_empty() || !sent.get(d.endpoint.index()).copied().unwrap_or(false) {
                 return None;
             }
             Some(EndpointDelta {
@@ -44,6 +46,37 @@ fn batch_of(
         })
         .collect();
     (!endpoints.is_empty()).then_some(ReplicaBatch { origin, endpoints })
+}
+
+/// Which slots' load goes out: every present endpoint's; a removed one's
+/// (its last address) only when its requests changed (so the others see
+/// them end) or, in a `full` drain, while some are still running — and
+/// never when a present slot has the same address: the removed slot's
+/// stale totals would overwrite the present endpoint's on the others (a
+/// full drain sends slots in order, and a re-added endpoint takes a lower
+/// slot than the one it left).
+fn sent_slots(
+    shared: &Shared,
+    generation: &super::slots::Generation,
+    tracker: &kvroute_select::LoadTracker,
+    full: bool,
+) -> Vec<bool> {
+    let n = generation.urls.len();
+    let current: Vec<bool> = (0..n).map(|i| generation.current(shared, i)).collect();
+    let present: std::collections::HashSet<&str> = generation
+        .urls
+        .iter()
+        .zip(&current)
+        .filter(|(_, c)| **c)
+        .map(|(u, _)| &**u)
+        .collect();
+    (0..n)
+        .map(|i| {
+            current[i]
+                || (!present.contains(&*generation.urls[i])
+                    && (!full || kvroute_select::Load::load(tracker, id(i)).in_flight > 0))
+        })
+        .collect()
 }
 
 pub(crate) struct ReplicaState {
@@ -134,7 +167,9 @@ impl ReplicaState {
         if full {
             shared.tracker.resync();
         }
-        batch_of(&shared.tracker, &shared.current().urls, self.origin)
+        let generation = shared.current();
+        let sent = sent_slots(shared, &generation, &shared.tracker, full);
+        batch_of(&shared.tracker, &generation.urls, &sent, self.origin)
     }
 
     /// The router is going away (dropped, or its rule replaced) while
@@ -146,7 +181,11 @@ impl ReplicaState {
             return;
         };
         let tracker = Arc::clone(&shared.tracker);
-        let urls = shared.current().urls.clone();
+        let generation = shared.current();
+        let urls = generation.urls.clone();
+        // The slots whose load goes out until idle: a removed slot's ends
+        // too (its requests' releases mark it changed).
+        let sent = sent_slots(shared, &generation, &tracker, false);
         let (origin, transport, pool) = (
             self.origin,
             Arc::clone(&self.config.transport),
@@ -168,7 +207,7 @@ impl ReplicaState {
                 if idle {
                     tracker.resync();
                 }
-                if let Some(batch) = batch_of(&tracker, &urls, origin) {
+                if let Some(batch) = batch_of(&tracker, &urls, &sent, origin) {
                     for msg in encode(&batch, send_bound(max_bytes, &*transport)).0 {
                         transport.publish(&pool, msg);
                     }
@@ -429,6 +468,84 @@ mod tests {
         router.apply_replica_batch(&peer(3, "http://e9"));
         let named = router.endpoint_status("http://e9").expect("e9");
         assert_eq!(named.remote.map(|l| l.in_flight), Some(5));
+    }
+
+    /// The load of `url` in `batch`, one entry per mention.
+    fn mentions(batch: Option<ReplicaBatch>, url: &str) -> Vec<u32> {
+        batch
+            .map(|b| {
+                b.endpoints
+                    .iter()
+                    .filter(|e| e.url == url)
+                    .map(|e| e.in_flight)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// An endpoint that leaves and comes back takes a lower slot than the
+    /// one it left when another left in between: full drains name it once,
+    /// with its present slot's load — not the old slot's stale totals after
+    /// it, which the others would take as newer.
+    #[test]
+    fn a_returning_endpoint_is_announced_from_its_present_slot_only() {
+        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+        r.origin = Some(1);
+        let router = host_router(4).replicas(r).build().expect("router");
+        let shared = &router.shared;
+        let target = |slot| kvroute_select::Target {
+            endpoint: kvroute_core::EndpointId(slot),
+            decode: None,
+        };
+        // A request still running on e2 when it leaves.
+        let old = shared.tracker.charge(target(2), 64);
+        for url in ["http://e2", "http://e1"] {
+            router
+                .apply(Change::Remove(url.to_owned()))
+                .expect("remove");
+        }
+        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
+        router
+            .apply(Change::Insert(
+                Backend::new(engine, "http://e2".to_owned()).host_events(),
+            ))
+            .expect("insert");
+        assert_eq!(router.endpoint_status("http://e2").expect("e2").slot, 1);
+        let _new = shared.tracker.charge(target(1), 64);
+        let _new2 = shared.tracker.charge(target(1), 64);
+        for _ in 0..2 {
+            assert_eq!(mentions(router.drain_replica_batch(true), "http://e2"), [2]);
+        }
+        drop(old);
+        assert_eq!(mentions(router.drain_replica_batch(true), "http://e2"), [2]);
+    }
+
+    /// A removed endpoint nobody took the address of: requests it took that
+    /// are still running are announced until they end, and the end once;
+    /// then nothing (the others removed it too, or drop it on their TTL).
+    #[test]
+    fn a_removed_endpoint_is_announced_until_its_requests_end() {
+        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+        r.origin = Some(1);
+        let router = host_router(4).replicas(r).build().expect("router");
+        let shared = &router.shared;
+        let guard = shared.tracker.charge(
+            kvroute_select::Target {
+                endpoint: kvroute_core::EndpointId(3),
+                decode: None,
+            },
+            64,
+        );
+        router
+            .apply(Change::Remove("http://e3".to_owned()))
+            .expect("remove");
+        assert_eq!(mentions(router.drain_replica_batch(true), "http://e3"), [1]);
+        drop(guard);
+        assert_eq!(
+            mentions(router.drain_replica_batch(false), "http://e3"),
+            [0]
+        );
+        assert!(mentions(router.drain_replica_batch(true), "http://e3").is_empty());
     }
 
     /// A batch whose URLs were looked up just before the endpoint left
