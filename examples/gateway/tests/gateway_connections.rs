@@ -432,6 +432,63 @@ async fn an_idle_http2_connection_is_closed_after_the_header_timeout() {
     );
 }
 
+/// An HTTP/2 client that grants a stream 1 byte of window and never more:
+/// an answer the gateway writes itself (here a 502: the engine is down) is
+/// handed to hyper whole, so its request ends, but its bytes wait in
+/// HTTP/2's send queue; the connection the idle timeout then closes never
+/// finishes closing and would hold a slot of the connection cap. It is
+/// dropped a write-stall timeout after its GOAWAY, counted as a write stall,
+/// not as an idle close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_stuck_after_its_goaway_is_dropped() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    // An engine address nothing listens on.
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let gw = Gateway::start(&config(
+        down,
+        "header_read_timeout_ms = 300\nupstream_idle_timeout_ms = 600",
+    ));
+    let stream = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(1)
+        .handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let body = r#"{"model": "m", "prompt": "hello"}"#;
+    let req = http::Request::post(format!("http://{}/v1/completions", gw.proxy))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert!(resp.status().is_server_error(), "{}", resp.status());
+    // The body is never read: no window goes back.
+    tokio::time::timeout(WAIT, conn)
+        .await
+        .expect("the stuck connection is dropped")
+        .ok();
+    assert_eq!(
+        metric(
+            &gw,
+            "kvroute_connections_write_stalls_total{listener=\"proxy\"}"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        metric(
+            &gw,
+            "kvroute_connections_idle_closed_total{listener=\"proxy\"}"
+        )
+        .await,
+        0
+    );
+    drop(resp);
+}
+
 /// The HTTP/2 form of the write stall: a client that stops reading a
 /// streamed response grants no more window, so hyper holds the chunk it took
 /// and stops polling the body (no socket write waits, the upstream idle timer

@@ -17,6 +17,17 @@
 //!   since; a connection whose response has waited so for the write-stall
 //!   timeout (`limits.upstream_idle_timeout_ms`) is closed, which drops its
 //!   upstream request and load charge (`kvroute_connections_write_stalls_total`).
+//! * **A connection that does not close after its GOAWAY.** A response hyper
+//!   has handed over in full (its body ended, so its request no longer
+//!   counts) can still sit in HTTP/2's send queue while the client grants no
+//!   window, and the connection then never finishes closing. One closed
+//!   gracefully (idle, or the server stopping) that still has not ended
+//!   after the write-stall timeout with no request in flight is dropped,
+//!   counted as a write stall.
+//! * **Counting idle closes.** The idle timer can fire just as hyper accepts
+//!   a request the service has not seen yet; such a connection is answered
+//!   and closed, but it was not idle. `idle_closed` counts a connection when
+//!   it ends after an idle GOAWAY with no request begun since.
 //!
 //! A request is in flight from the moment hyper hands it to the service until
 //! its response body has been sent or dropped ([`Tracked`]).
@@ -38,6 +49,8 @@ pub struct Activity(Arc<Inner>);
 #[derive(Debug)]
 struct Inner {
     active: AtomicUsize,
+    /// Requests ever begun on the connection.
+    started: AtomicU64,
     /// Told when a request starts or ends, and when the preface completes.
     changed: Notify,
     h2: AtomicBool,
@@ -51,6 +64,7 @@ impl Default for Inner {
     fn default() -> Self {
         Self {
             active: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
             changed: Notify::new(),
             h2: AtomicBool::new(false),
             held_since_us: AtomicU64::new(NOT_HELD),
@@ -78,8 +92,19 @@ impl Activity {
     #[must_use]
     pub fn begin(&self) -> Active {
         self.0.active.fetch_add(1, Ordering::AcqRel);
+        self.0.started.fetch_add(1, Ordering::AcqRel);
         self.0.changed.notify_waiters();
         Active(Arc::clone(&self.0))
+    }
+
+    /// Requests in flight now.
+    fn active(&self) -> usize {
+        self.0.active.load(Ordering::Acquire)
+    }
+
+    /// Requests ever begun.
+    fn started(&self) -> u64 {
+        self.0.started.load(Ordering::Acquire)
     }
 
     /// Resolves once an HTTP/2 connection has had no request in flight for
@@ -126,7 +151,9 @@ impl Activity {
 /// closes after its current response) once `stop` turns true or, over
 /// HTTP/2, after `idle` with no request in flight; it is dropped, which
 /// cancels its requests and so ends their upstream requests and load
-/// charges, once a response has held a taken chunk for `write_stall`.
+/// charges, once a response has held a taken chunk for `write_stall`, or
+/// when, closed gracefully, it has had no request in flight and still not
+/// ended for `write_stall`.
 pub async fn drive<C>(
     conn: C,
     activity: &Activity,
@@ -144,22 +171,42 @@ pub async fn drive<C>(
     let stalled = activity.stalled(write_stall);
     tokio::pin!(stalled);
     let mut closing = false;
+    // Requests begun when the idle GOAWAY went out.
+    let mut idle_goaway: Option<u64> = None;
+    // Armed when the connection starts closing.
+    let linger = tokio::time::sleep(write_stall);
+    tokio::pin!(linger);
     loop {
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
+                if idle_goaway.is_some_and(|n| n == activity.started()) {
+                    metrics.idle_closed.fetch_add(1, Ordering::Relaxed);
+                }
                 return;
             }
             _ = stop.wait_for(|stopped| *stopped), if !closing => {
                 conn.as_mut().graceful_shutdown();
                 closing = true;
+                linger.as_mut().reset(tokio::time::Instant::now() + write_stall);
             }
             () = &mut idle, if !closing => {
-                metrics.idle_closed.fetch_add(1, Ordering::Relaxed);
+                idle_goaway = Some(activity.started());
                 conn.as_mut().graceful_shutdown();
                 closing = true;
+                linger.as_mut().reset(tokio::time::Instant::now() + write_stall);
+            }
+            () = &mut linger, if closing => {
+                if activity.active() == 0 {
+                    metrics.write_stalls.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("connection still open a write-stall timeout after its GOAWAY, \
+                        with no request in flight; dropped");
+                    return;
+                }
+                // Requests still running: their own stall check covers them.
+                linger.as_mut().reset(tokio::time::Instant::now() + write_stall);
             }
             () = &mut stalled => {
                 metrics.write_stalls.fetch_add(1, Ordering::Relaxed);

@@ -536,13 +536,13 @@ fn encode_connections(
         (
             "kvroute_connections_write_stalls",
             MetricType::Counter,
-            "Connections closed because the client accepted no response bytes for the write-stall timeout (limits.upstream_idle_timeout_ms).",
+            "Connections closed because the client accepted no response bytes for the write-stall timeout (limits.upstream_idle_timeout_ms), or did not finish closing within it after a GOAWAY.",
             |m| &m.write_stalls,
         ),
         (
             "kvroute_connections_idle_closed",
             MetricType::Counter,
-            "HTTP/2 connections closed after limits.header_read_timeout_ms with no request in flight.",
+            "HTTP/2 connections closed after limits.header_read_timeout_ms with no request in flight (counted when they end, if no request began after the GOAWAY).",
             |m| &m.idle_closed,
         ),
         (
