@@ -489,6 +489,54 @@ async fn an_http2_connection_stuck_after_its_goaway_is_dropped() {
     drop(resp);
 }
 
+/// A client that goes away while its request waits for the engine's
+/// headers (the handler is dropped) is counted as `client_gone`: every
+/// request the gateway took counts under some outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_the_answer_is_counted() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let app = axum::Router::new().fallback(|| async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        "late"
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let gw = Gateway::start(&config(upstream, ""));
+    let stream = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let body = r#"{"model": "m", "prompt": "hello"}"#;
+    let req = http::Request::post(format!("http://{}/v1/completions", gw.proxy))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    // Given up on (the stream reset) while the engine holds its headers.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), send.send_request(req))
+            .await
+            .is_err()
+    );
+    let gone = "kvroute_requests_total{rule=\"rr\",outcome=\"client_gone\"}";
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = metrics_text(&gw).await;
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(gone))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if n == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no client_gone count:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The HTTP/2 form of the write stall: a client that stops reading a
 /// streamed response grants no more window, so hyper holds the chunk it took
 /// and stops polling the body (no socket write waits, the upstream idle timer

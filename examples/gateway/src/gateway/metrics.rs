@@ -135,11 +135,15 @@ pub enum Outcome {
     UpstreamError,
     /// Not under `/v1/`, or a malformed request.
     Rejected,
+    /// The client went away (or the shutdown grace ran out) before the
+    /// response's head was ready: tokenizing, waiting for its turn, or
+    /// waiting for an upstream's headers.
+    ClientGone,
 }
 
 impl Outcome {
     /// Every outcome, in exposition order.
-    const ALL: [Outcome; 8] = [
+    const ALL: [Outcome; 9] = [
         Outcome::Proxied,
         Outcome::Passthrough,
         Outcome::TooLarge,
@@ -148,6 +152,7 @@ impl Outcome {
         Outcome::NoEndpoint,
         Outcome::UpstreamError,
         Outcome::Rejected,
+        Outcome::ClientGone,
     ];
 
     fn as_str(self) -> &'static str {
@@ -160,6 +165,7 @@ impl Outcome {
             Outcome::NoEndpoint => "no_endpoint",
             Outcome::UpstreamError => "upstream_error",
             Outcome::Rejected => "rejected",
+            Outcome::ClientGone => "client_gone",
         }
     }
 }

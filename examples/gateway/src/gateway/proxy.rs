@@ -117,6 +117,40 @@ async fn read_body(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Byte
 
 /// The proxy handler for everything under `/v1/`.
 pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Response {
+    let mut gone = Gone {
+        gw: Arc::clone(&gw),
+        rule: None,
+        armed: true,
+    };
+    let resp = route(gw, req, &mut gone).await;
+    gone.armed = false;
+    resp
+}
+
+/// Counts a request whose handler was dropped before it had a response
+/// (the client went away, or the shutdown grace ran out): every path that
+/// finishes counts its own outcome, and this one would otherwise count
+/// nowhere. Per rule once the rule is known.
+struct Gone {
+    gw: Arc<Gateway>,
+    rule: Option<Arc<RuleRuntime>>,
+    armed: bool,
+}
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        match &self.rule {
+            Some(rt) => rt.counters.outcome(Outcome::ClientGone),
+            None => self.gw.metrics.unrouted(Outcome::ClientGone),
+        }
+    }
+}
+
+/// [`handle`]'s work; `gone` learns the request's rule.
+async fn route(gw: Arc<Gateway>, req: Request<Body>, gone: &mut Gone) -> Response {
     let (parts, body) = req.into_parts();
     // Only the path and query are used: neither `Host` nor an absolute-URI
     // request target can choose the upstream.
@@ -198,6 +232,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
                 no_rule_message(model.as_deref()),
             );
         };
+        gone.rule = Some(Arc::clone(&rt));
         let req = Forward {
             method: parts.method.clone(),
             path_and_query: &path_and_query,
@@ -226,6 +261,7 @@ pub async fn handle(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Respo
             no_rule_message(prompt.model()),
         );
     };
+    gone.rule = Some(Arc::clone(&rt));
     let session = parts
         .headers
         .get(SESSION_HEADER)
