@@ -97,6 +97,11 @@ pub struct NatsCounters {
     pub publish_failed: u64,
     /// Messages dropped because the publishing queue was full.
     pub queue_full: u64,
+    /// Messages dropped because the client had no connection when they
+    /// were published or came to be sent: the reconnection makes every rule
+    /// resend its whole load, so sending them late would only replay
+    /// outdated load (and fill the queue ahead of that resync).
+    pub offline: u64,
     /// Messages received on the subscribed subjects.
     pub received: u64,
     /// Times the client dropped a received message because this router's
@@ -115,6 +120,7 @@ pub struct NatsCounters {
 struct Counts {
     published: AtomicU64,
     publish_failed: AtomicU64,
+    offline: AtomicU64,
     queue_full: AtomicU64,
     received: AtomicU64,
     slow_consumer: AtomicU64,
@@ -228,6 +234,10 @@ impl NatsReplicas {
         let pcounts = Arc::clone(&counts);
         tokio::spawn(async move {
             while let Some((subject, payload)) = rx.recv().await {
+                if publisher.connection_state() != async_nats::connection::State::Connected {
+                    pcounts.offline.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 match publisher.publish(subject, payload).await {
                     Ok(()) => pcounts.published.fetch_add(1, Ordering::Relaxed),
                     Err(_) => pcounts.publish_failed.fetch_add(1, Ordering::Relaxed),
@@ -258,6 +268,7 @@ impl NatsReplicas {
             published: c.published.load(Ordering::Relaxed),
             publish_failed: c.publish_failed.load(Ordering::Relaxed),
             queue_full: c.queue_full.load(Ordering::Relaxed),
+            offline: c.offline.load(Ordering::Relaxed),
             received: c.received.load(Ordering::Relaxed),
             slow_consumer: c.slow_consumer.load(Ordering::Relaxed),
             reconnects: self.connects().saturating_sub(1),
@@ -273,6 +284,10 @@ impl NatsReplicas {
 
 impl ReplicaTransport for NatsReplicas {
     fn publish(&self, pool: &str, payload: Bytes) {
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            self.counts.offline.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if self.queue.try_send((self.subject(pool), payload)).is_err() {
             self.counts.queue_full.fetch_add(1, Ordering::Relaxed);
         }
@@ -300,6 +315,10 @@ impl ReplicaTransport for NatsReplicas {
             }
         });
         Ok(ReplicaSubscription::new(AbortOnDrop(task)))
+    }
+
+    fn connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
     }
 
     fn reconnects(&self) -> u64 {

@@ -111,6 +111,21 @@ async fn a_nats_restart_resyncs_the_replicas_without_counting_twice() {
     let more = send(&g1, "a-2");
     received("replica 1's request during the outage", &engine, 4).await;
     eventually_load("replica 1 counts its own", &g1, &engine, (3, 0)).await;
+    // What replica 1 publishes meanwhile (its decision, its heartbeats) is
+    // dropped, not queued to replay outdated load once the server is back.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let c = admin_get(&g1, "/admin/counters").await["nats"].clone();
+        if c["offline"].as_u64().unwrap_or(0) >= 1 {
+            assert_eq!(c["queue_full"], 0, "{c}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing dropped offline: {c}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 
     // Back: replica 2 learns replica 1's three requests — three, not the
     // two it knew plus three.

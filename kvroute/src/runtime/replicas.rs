@@ -160,6 +160,13 @@ pub trait ReplicaTransport: Send + Sync + fmt::Debug + 'static {
         0
     }
 
+    /// Whether the transport can send now. A reconnection's resend waits
+    /// until it can (a transport may count the connection a moment before
+    /// it takes messages again).
+    fn connected(&self) -> bool {
+        true
+    }
+
     /// The largest payload the transport can carry now (a NATS server's
     /// `max_payload`), if it has one: batches are split to the smaller of
     /// it and [`ReplicaConfig::max_message_bytes`].

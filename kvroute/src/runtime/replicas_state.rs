@@ -312,12 +312,19 @@ impl ReplicaState {
         let full = {
             let mut last = self.last_full.lock();
             let reconnects = self.config.transport.reconnects();
+            let resync = reconnects != last.1 && self.config.transport.connected();
             let due = last
                 .0
                 .is_none_or(|t| now.saturating_sub(t) >= self.config.heartbeat)
-                || reconnects != last.1;
+                || resync;
             if due {
-                *last = (Some(now), reconnects);
+                // A reconnection not yet usable stays pending.
+                let seen = if self.config.transport.connected() {
+                    reconnects
+                } else {
+                    last.1
+                };
+                *last = (Some(now), seen);
             }
             due
         };
