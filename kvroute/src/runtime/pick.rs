@@ -874,10 +874,8 @@ mod tests {
     /// open the breaker of the endpoint now in its slot.
     #[test]
     fn failures_of_a_removed_endpoint_do_not_reach_its_slots_next_endpoint() {
-        // One failure opens a breaker; no spare slot, so the newcomer takes
-        // the slot of the endpoint whose request is still out.
+        // One failure opens a breaker.
         let router = host_router(2)
-            .max_endpoints(2)
             .breaker(kvroute_select::BreakerConfig {
                 failure_threshold: 1,
                 cool_down: std::time::Duration::from_secs(60),

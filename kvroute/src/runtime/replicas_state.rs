@@ -555,43 +555,6 @@ mod tests {
         assert!(mentions(router.drain_replica_batch(true), "http://e3").is_empty());
     }
 
-    /// An endpoint added while a removed one's requests still run takes
-    /// another slot where one is free or can be opened: it starts idle,
-    /// here and in what the other replicas hear, and the old requests are
-    /// announced under the old address until they end. With no other slot
-    /// it takes that one (and its load until those requests end).
-    #[test]
-    fn a_new_endpoint_skips_a_slot_whose_old_requests_still_run() {
-        for (max, expect_slot) in [(8, 4), (4, 2)] {
-            let mut r = ReplicaConfig::new(Arc::new(HostTransport));
-            r.origin = Some(1);
-            let router = host_router(4)
-                .max_endpoints(max)
-                .replicas(r)
-                .build()
-                .expect("router");
-            let guard = router.shared.tracker.charge(
-                kvroute_select::Target {
-                    endpoint: kvroute_core::EndpointId(2),
-                    decode: None,
-                },
-                64,
-            );
-            replace_e2_with_e9(&router);
-            let e9 = router.endpoint_status("http://e9").expect("e9");
-            assert_eq!(e9.slot, expect_slot, "max_endpoints {max}");
-            let batch = router.drain_replica_batch(true);
-            if expect_slot == 4 {
-                assert_eq!(e9.load.in_flight, 0);
-                assert_eq!(mentions(batch.clone(), "http://e9"), [0]);
-                assert_eq!(mentions(batch, "http://e2"), [1]);
-            } else {
-                assert_eq!(e9.load.in_flight, 1);
-            }
-            drop(guard);
-        }
-    }
-
     /// A batch whose URLs were looked up just before the endpoint left
     /// writes nothing on the newcomer in its slot: the removal clears the
     /// slot's remote load, and a delta applied after it would stay there

@@ -460,11 +460,7 @@ fn new_ingest(shared: &Shared, slot: usize, b: &Backend) -> EndpointIngest {
 
 /// Puts `b` in the lowest free slot and starts its background work (the
 /// same slot on every replica that applies the same changes: the cost
-/// scorer's zones are by slot). A free slot whose removed endpoint still has
-/// requests running is passed over while another slot is free or can be
-/// opened: those requests count on their slot until they end, and the new
-/// endpoint would start with their load (here, and announced to the other
-/// replicas under its address).
+/// scorer's zones are by slot).
 pub(crate) fn insert(
     shared: &Arc<Shared>,
     slots: &mut Vec<Option<SlotRuntime>>,
@@ -473,22 +469,13 @@ pub(crate) fn insert(
     if member_slot(slots, &b.url).is_some() {
         return Err(BuildError::Membership(b.url, "already present"));
     }
-    let busy = |i: usize| kvroute_select::Load::load(&*shared.tracker, id(i)).in_flight > 0;
-    let free = slots
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.is_none())
-        .map(|(i, _)| i);
-    let slot = match free.clone().find(|&i| !busy(i)) {
+    let slot = match slots.iter().position(Option::is_none) {
         Some(i) => i,
         None if slots.len() < shared.slots.len() => {
             slots.push(None);
             slots.len() - 1
         }
-        None => match free.min() {
-            Some(i) => i,
-            None => return Err(BuildError::TooManyEndpoints(shared.slots.len())),
-        },
+        None => return Err(BuildError::TooManyEndpoints(shared.slots.len())),
     };
     let Some(state) = shared.slots.get(slot) else {
         return Err(BuildError::TooManyEndpoints(shared.slots.len()));
