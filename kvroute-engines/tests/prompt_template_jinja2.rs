@@ -15,11 +15,11 @@
 
 mod interop_support;
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use interop_support::{golden, python, script};
+use interop_support::transformers::run_json;
+use interop_support::{golden, python};
 use kvroute_engines::prompt::{parse_json, ChatTemplate, PyValue, TemplateInput};
 use serde_json::{json, Value};
 
@@ -78,12 +78,14 @@ last user {{ ns.last_user }} of {{ ns.count }}, tool {{ ns.tool }}
         r#"{%- set values = [none, true, false, 1, 0, 1.5, 0.0, 'str', '', [1, 2], [], {'a': 1}, {}] %}
 {%- for v in values %}{{ loop.index0 }}:{{ v is none }}{{ v is boolean }}{{ v is number }}{{ v is integer }}{{ v is float }}{{ v is string }}{{ v is sequence }}{{ v is iterable }}{{ v is mapping }}{{ v is defined }}{{ v is true }}{{ v is false }}{% if v %}T{% else %}F{% endif %}{{ v | length if v is sequence else '-' }}
 {% endfor %}
+{{ {'a': 1}.items() is sequence }} {{ {'a': 1}.items() is iterable }} {{ (['a'] | map('upper')) is iterable }} {{ missing is sequence }} {{ missing is iterable }}
 {%- for m in messages %}{{ m is mapping }}{{ m.content is sequence }}{{ m.tool_calls is iterable }}{{ m.tool_calls is defined }}{{ m.tool_calls is undefined }}{% endfor %}"#,
     ),
     (
         "filters",
         r#"{%- set words = ['b', 'a', 'c', 'a'] %}
 {{ words | first }} {{ words | last }} {{ words | sort | join }} {{ words | unique | list | join(',') }} {{ words | reverse | join }} {{ words | length }}
+{{ '0x1A' | int(0, 16) }} {{ '0b101' | int(0, 2) }} {{ '0x10' | int(0, 0) }} {{ '0x_ff' | int(0, 16) }} {{ '5' | int(0, 'x') }} {{ ' -1_000 ' | int }} {{ '42.9' | int }} {{ 'nan' | int }} {{ none | int }} {{ none | float }} {{ '1e3' | float }} {{ true | int }}
 {{ 'abc' | list }} {{ 'abc' | first }} {{ 'abc' | reverse }} {{ -3 | abs }} {{ '42' | int }} {{ 'x' | int }} {{ '2.5' | float }} {{ 3.14159 | round(2) }} {{ 7 | string }} {{ [3, 1, 2] | max }} {{ [3, 1, 2] | min }} {{ [3, 1, 2] | sum }}
 {% for k, v in {'b': 1, 'a': 2} | dictsort %}{{ k }}{{ v }}{% endfor %} {% for k, v in {'b': 1, 'a': 2} | items %}{{ k }}{{ v }}{% endfor %} {{ {'b': 1, 'a': 2} | list }} {{ {'b': 1} | length }}
 {{ 'hello world' | title }} {{ 'a
@@ -91,6 +93,12 @@ b' | indent(2) }} {{ 'aXbX' | replace('X', '-') }} {{ 'xxhixx' | trim('x') }}
 {{ words | map('upper') | join }} {{ [0, 1, 2, none] | select | list }} {{ [0, 1, 2] | reject('odd') | list }} {{ messages | rejectattr('role', 'equalto', 'user') | map(attribute='role') | join(',') }}
 {%- for m in messages %}{{ m.content | indent(4, true) }};{% endfor %}"#,
     ),
+    ("undefined_int", "{{ missing | int }}"),
+    ("undefined_float", "{{ missing | float }}"),
+    ("infinite_int", "{{ 'inf' | int }} {{ 'nan' | int }} {{ (1e308 * 10) | int }}"),
+    ("infinite_int_nan", "{{ 'nan' | float | int }}"),
+    ("indent_a_number", "{{ 5 | indent }}"),
+    ("indent_none", "{{ none | indent }}"),
     (
         "raise",
         r#"{%- if messages[0].role != 'system' and messages[0].role != 'user' %}{{ raise_exception('Conversation must start with system or user') }}{% endif %}
@@ -251,26 +259,8 @@ fn transformers_render(template: &str, cases: &[Value]) -> Vec<Result<String, St
         .map(|(k, v)| (k, v.into()))
         .collect();
     let job = json!({"template": template, "special_tokens": special, "cases": cases});
-    let mut child = Command::new(python())
-        .arg(script("transformers_render.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(job.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "transformers_render.py failed (is transformers in the venv? run scripts/python-env.sh): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let results: Vec<Value> =
+        serde_json::from_value(run_json("transformers_render.py", &[], &job)).unwrap();
     results
         .into_iter()
         .map(|r| match r.get("ok").and_then(Value::as_str) {

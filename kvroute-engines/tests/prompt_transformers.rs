@@ -13,27 +13,12 @@
 
 mod interop_support;
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-use interop_support::{golden, python, script};
+use interop_support::golden;
+use interop_support::transformers::{bos_post_processor, qwen3_tokenizer, run_json};
 use kvroute_engines::prompt::{ModelOptions, ModelTokenizer};
 use serde_json::{json, Value};
-
-/// The staged Qwen3 tokenizer's `tokenizer.json` and `tokenizer_config.json`.
-fn qwen3() -> (Value, Value) {
-    let src = golden("tokenizers/qwen3");
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(src.join("tokenizer.json.gz")).unwrap())
-        .read_to_string(&mut text)
-        .unwrap();
-    let config = std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap();
-    (
-        serde_json::from_str(&text).unwrap(),
-        serde_json::from_str(&config).unwrap(),
-    )
-}
 
 /// A model directory holding `tokenizer` and `config`.
 fn model_dir(name: &str, tokenizer: &Value, config: &Value) -> PathBuf {
@@ -85,27 +70,12 @@ fn corpus() -> Vec<String> {
 
 /// transformers' ids for each case, in order.
 fn transformers_ids(dir: &Path, cases: &[Value]) -> Vec<Vec<u32>> {
-    let mut child = Command::new(python())
-        .arg(script("transformers_encode.py"))
-        .arg(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(Value::from(cases.to_vec()).to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "transformers_encode.py failed (is transformers in the venv? run scripts/python-env.sh): {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_json(
+        "transformers_encode.py",
+        &[dir.as_os_str()],
+        &Value::from(cases.to_vec()),
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_value(out).unwrap()
 }
 
 /// Encodes the corpus with kvroute and with transformers and compares;
@@ -149,7 +119,7 @@ fn compare(name: &str, tokenizer: &Value, config: &Value) -> usize {
 
 #[test]
 fn qwen3_as_staged() {
-    let (tokenizer, config) = qwen3();
+    let (tokenizer, config) = qwen3_tokenizer();
     assert_eq!(compare("qwen3", &tokenizer, &config), 0);
 }
 
@@ -157,22 +127,8 @@ fn qwen3_as_staged() {
 /// `add_bos_token`, the class is the generic fast tokenizer.
 #[test]
 fn a_post_processor_that_adds_bos() {
-    let (mut tokenizer, mut config) = qwen3();
-    tokenizer["post_processor"] = json!({
-        "type": "TemplateProcessing",
-        "single": [
-            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
-            {"Sequence": {"id": "A", "type_id": 0}}
-        ],
-        "pair": [
-            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
-            {"Sequence": {"id": "A", "type_id": 0}},
-            {"Sequence": {"id": "B", "type_id": 1}}
-        ],
-        "special_tokens": {
-            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [151_643], "tokens": ["<|endoftext|>"]}
-        }
-    });
+    let (mut tokenizer, mut config) = qwen3_tokenizer();
+    tokenizer["post_processor"] = bos_post_processor();
     let c = config.as_object_mut().unwrap();
     c.remove("add_bos_token");
     c.insert("bos_token".into(), json!("<|endoftext|>"));
@@ -189,7 +145,7 @@ fn a_post_processor_that_adds_bos() {
 /// (transformers rebuilds it only when the tokenizer has none).
 #[test]
 fn add_eos_token_in_the_config_leaves_the_post_processor() {
-    let (tokenizer, mut config) = qwen3();
+    let (tokenizer, mut config) = qwen3_tokenizer();
     config["add_eos_token"] = json!(true);
     assert_eq!(compare("eos", &tokenizer, &config), 0);
 }
@@ -198,7 +154,7 @@ fn add_eos_token_in_the_config_leaves_the_post_processor() {
 /// text (transformers sets the backend's `encode_special_tokens` from it).
 #[test]
 fn split_special_tokens_encodes_them_as_text() {
-    let (tokenizer, mut config) = qwen3();
+    let (tokenizer, mut config) = qwen3_tokenizer();
     config["split_special_tokens"] = json!(true);
     compare("split", &tokenizer, &config);
     // And it does change ids: the chat prompts' markers are split.

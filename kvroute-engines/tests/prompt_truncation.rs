@@ -12,76 +12,29 @@
 
 mod interop_support;
 
-use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
 
-use interop_support::{golden, python, script};
+use interop_support::transformers::{bos_post_processor, qwen3_tokenizer, run_json, BOS};
 use kvroute_engines::prompt::{parse_json, prompt_tokens, ApiKind, ModelOptions, ModelTokenizer};
-
-const BOS: u32 = 151_643; // "<|endoftext|>"
 
 /// A copy of the Qwen3 tokenizer whose post-processor puts BOS first.
 fn bos_tokenizer(dir: &Path) {
-    let src = golden("tokenizers/qwen3");
-    let mut json = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(src.join("tokenizer.json.gz")).unwrap())
-        .read_to_string(&mut json)
-        .unwrap();
-    let mut t: serde_json::Value = serde_json::from_str(&json).unwrap();
-    t["post_processor"] = serde_json::json!({
-        "type": "TemplateProcessing",
-        "single": [
-            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
-            {"Sequence": {"id": "A", "type_id": 0}}
-        ],
-        "pair": [
-            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
-            {"Sequence": {"id": "A", "type_id": 0}},
-            {"Sequence": {"id": "B", "type_id": 1}}
-        ],
-        "special_tokens": {
-            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [BOS], "tokens": ["<|endoftext|>"]}
-        }
-    });
+    let (mut tokenizer, config) = qwen3_tokenizer();
+    tokenizer["post_processor"] = bos_post_processor();
     std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), t.to_string()).unwrap();
-    std::fs::copy(
-        src.join("tokenizer_config.json"),
-        dir.join("tokenizer_config.json"),
-    )
-    .unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
 }
 
 /// The ids vLLM's tokenizer gives `text` (transformers, loaded and called as
 /// vLLM does: `tests/python/transformers_encode.py`), truncated to
 /// `max_length` when given.
 fn hf_ids(dir: &Path, text: &str, max_length: Option<usize>) -> Vec<u32> {
-    let mut child = Command::new(python())
-        .arg(script("transformers_encode.py"))
-        .arg(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     let cases = serde_json::json!([
         {"text": text, "add_special_tokens": true, "max_length": max_length}
     ]);
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(cases.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut ids: Vec<Vec<u32>> = serde_json::from_slice(&out.stdout).unwrap();
-    ids.pop().unwrap()
+    let out = run_json("transformers_encode.py", &[dir.as_os_str()], &cases);
+    serde_json::from_value(out[0].clone()).unwrap()
 }
 
 fn ids(tok: &ModelTokenizer, body: serde_json::Value) -> Vec<u32> {

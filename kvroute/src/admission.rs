@@ -668,7 +668,11 @@ mod tests {
     enum QueueOp {
         Admit(usize),
         Wait(usize),
+        /// A permit released, then every waiter polled.
         Release(usize),
+        /// A permit released, no waiter polled: a waiter granted room may
+        /// then go away before it ever runs.
+        ReleaseQuietly(usize),
         Leave(usize),
     }
 
@@ -677,6 +681,7 @@ mod tests {
             (0usize..150).prop_map(QueueOp::Admit),
             (0usize..150).prop_map(QueueOp::Wait),
             (0usize..8).prop_map(QueueOp::Release),
+            (0usize..8).prop_map(QueueOp::ReleaseQuietly),
             (0usize..8).prop_map(QueueOp::Leave),
         ]
     }
@@ -692,35 +697,75 @@ mod tests {
         }
     }
 
+    /// The reference queue: charges held (granted or not yet received) and
+    /// waiting, in arrival order, and the admissions counted.
+    #[derive(Default)]
+    struct QueueModel {
+        max_count: usize,
+        max_bytes: usize,
+        held: Vec<(usize, usize)>,
+        queue: Vec<(usize, usize)>,
+        /// Granted, not yet received by its waiter.
+        granted: Vec<usize>,
+        admitted: u64,
+        after_wait: u64,
+    }
+
+    impl QueueModel {
+        fn fits(&self, charge: usize) -> bool {
+            self.held.len() < self.max_count
+                && self.held.iter().map(|h| h.1).sum::<usize>() + charge <= self.max_bytes
+        }
+
+        /// Grants, in arrival order, every waiter whose charge now fits.
+        fn grant(&mut self) {
+            let mut k = 0;
+            while k < self.queue.len() {
+                if self.fits(self.queue[k].1) {
+                    let w = self.queue.remove(k);
+                    self.granted.push(w.0);
+                    self.held.push(w);
+                    self.admitted += 1;
+                    self.after_wait += 1;
+                } else {
+                    k += 1;
+                }
+            }
+        }
+    }
+
     proptest! {
         /// Waiters against a reference model (a FIFO of waiting charges): a
         /// release admits, in arrival order, every waiter whose charge then
-        /// fits, and no other; a waiter that leaves is never admitted; the
-        /// gauges equal the model's sums.
+        /// fits, and no other; a waiter that leaves is never admitted, and
+        /// one that leaves after a grant it never received gives the room
+        /// on and counts as no admission; the gauges and counters equal the
+        /// model's.
         #[test]
         fn waiters_match_a_reference_queue(
             max_count in 1usize..4,
             max_bytes in 1usize..200,
-            ops in proptest::collection::vec(queue_op(), 0..60),
+            ops in proptest::collection::vec(queue_op(), 0..80),
         ) {
             let a = adm(max_count, max_bytes);
-            // (model id, permit) held; (model id, charge, future) waiting.
+            // (model id, permit) received; (model id, future) waiting.
             let mut held: Vec<(usize, TokenizePermit)> = Vec::new();
-            let mut waiting: Vec<(usize, usize, Waiting)> = Vec::new();
-            let mut model_held: Vec<(usize, usize)> = Vec::new();
-            let mut model_queue: Vec<(usize, usize)> = Vec::new();
-            let fits = |held: &[(usize, usize)], charge: usize| {
-                held.len() < max_count && held.iter().map(|h| h.1).sum::<usize>() + charge <= max_bytes
-            };
+            let mut waiting: Vec<(usize, Waiting)> = Vec::new();
+            let mut m = QueueModel { max_count, max_bytes, ..QueueModel::default() };
+            let mut refused = 0u64;
             for (id, o) in ops.into_iter().enumerate() {
                 match o {
                     QueueOp::Admit(len) => {
                         let charge = len.min(max_bytes);
                         let got = a.admit_now(len);
-                        prop_assert_eq!(got.is_some(), fits(&model_held, charge));
-                        if let Some(p) = got {
-                            held.push((id, p));
-                            model_held.push((id, charge));
+                        prop_assert_eq!(got.is_some(), m.fits(charge));
+                        match got {
+                            Some(p) => {
+                                held.push((id, p));
+                                m.held.push((id, charge));
+                                m.admitted += 1;
+                            }
+                            None => refused += 1,
                         }
                     }
                     QueueOp::Wait(len) => {
@@ -728,45 +773,41 @@ mod tests {
                         let a2 = Arc::clone(&a);
                         let mut w: Waiting =
                             Box::pin(async move { a2.admit_within(len, std::future::pending()).await });
-                        let now = fits(&model_held, charge);
+                        let now = m.fits(charge);
                         match poll_once(&mut w) {
                             Some(Some(p)) => {
-                                prop_assert!(now);
+                                prop_assert!(m.fits(charge));
                                 held.push((id, p));
-                                model_held.push((id, charge));
+                                m.held.push((id, charge));
+                                m.admitted += 1;
                             }
                             Some(None) => prop_assert!(false, "gave up without a give-up"),
                             None => {
                                 prop_assert!(!now);
-                                waiting.push((id, charge, w));
-                                model_queue.push((id, charge));
+                                waiting.push((id, w));
+                                m.queue.push((id, charge));
                             }
                         }
                     }
-                    QueueOp::Release(i) => {
+                    QueueOp::Release(i) | QueueOp::ReleaseQuietly(i) => {
                         if !held.is_empty() {
                             let i = i % held.len();
                             let (gone, permit) = held.swap_remove(i);
                             drop(permit);
-                            model_held.retain(|h| h.0 != gone);
-                            // The model: grant in arrival order what fits.
-                            let mut k = 0;
-                            while k < model_queue.len() {
-                                if fits(&model_held, model_queue[k].1) {
-                                    model_held.push(model_queue.remove(k));
-                                } else {
-                                    k += 1;
-                                }
-                            }
-                            let mut k = 0;
-                            while k < waiting.len() {
-                                match poll_once(&mut waiting[k].2) {
-                                    Some(Some(p)) => {
-                                        let (id, _, _) = waiting.remove(k);
-                                        held.push((id, p));
+                            m.held.retain(|h| h.0 != gone);
+                            m.grant();
+                            if matches!(o, QueueOp::Release(_)) {
+                                let mut k = 0;
+                                while k < waiting.len() {
+                                    match poll_once(&mut waiting[k].1) {
+                                        Some(Some(p)) => {
+                                            let (id, _) = waiting.remove(k);
+                                            m.granted.retain(|g| *g != id);
+                                            held.push((id, p));
+                                        }
+                                        Some(None) => prop_assert!(false, "gave up without a give-up"),
+                                        None => k += 1,
                                     }
-                                    Some(None) => prop_assert!(false, "gave up without a give-up"),
-                                    None => k += 1,
                                 }
                             }
                         }
@@ -774,21 +815,31 @@ mod tests {
                     QueueOp::Leave(i) => {
                         if !waiting.is_empty() {
                             let i = i % waiting.len();
-                            let (id, _, w) = waiting.remove(i);
+                            let (id, w) = waiting.remove(i);
                             drop(w);
-                            model_queue.retain(|q| q.0 != id);
+                            if m.granted.contains(&id) {
+                                m.granted.retain(|g| *g != id);
+                                m.held.retain(|h| h.0 != id);
+                                m.admitted -= 1;
+                                m.after_wait -= 1;
+                                m.grant();
+                            } else {
+                                m.queue.retain(|q| q.0 != id);
+                            }
                         }
                     }
                 }
-                let mut got: Vec<usize> = held.iter().map(|h| h.0).collect();
-                let mut want: Vec<usize> = model_held.iter().map(|h| h.0).collect();
+                let mut got: Vec<usize> = held.iter().map(|h| h.0).chain(m.granted.iter().copied()).collect();
+                let mut want: Vec<usize> = m.held.iter().map(|h| h.0).collect();
                 got.sort_unstable();
                 want.sort_unstable();
                 prop_assert_eq!(got, want);
                 let s = a.snapshot();
-                prop_assert_eq!(s.in_flight, model_held.len());
-                prop_assert_eq!(s.bytes_in_flight, model_held.iter().map(|h| h.1).sum::<usize>());
-                prop_assert_eq!(a.in_flight.lock().waiting(), model_queue.len());
+                prop_assert_eq!(s.in_flight, m.held.len());
+                prop_assert_eq!(s.bytes_in_flight, m.held.iter().map(|h| h.1).sum::<usize>());
+                prop_assert_eq!(s.waiting, m.queue.len());
+                prop_assert_eq!((s.admitted, s.admitted_after_wait), (m.admitted, m.after_wait));
+                prop_assert_eq!(s.overloaded, refused);
             }
         }
 

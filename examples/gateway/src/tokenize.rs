@@ -328,6 +328,14 @@ fn finish(
             shown.prompts.len()
         ));
     };
+    if shown.truncated {
+        return Err(
+            "--engine: the request truncates its prompt (truncate_prompt_tokens), \
+            which an engine's /tokenize does not do: the ids cannot be compared; \
+            leave it out of the request to compare the rest"
+                .to_owned(),
+        );
+    }
     let theirs = engine_ids(url, body, args.engine_model.as_deref())?;
     let verdict = Verdict::new(url, prompt.ids, theirs, block);
     let agrees = verdict.first_difference.is_none();

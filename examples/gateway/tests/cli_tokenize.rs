@@ -279,21 +279,35 @@ impl Drop for TokenizeServer {
     }
 }
 
-/// `kvroute tokenize --json --engine URL` of `request` with the staged Qwen3
-/// directory and a vLLM contract: exit status and document.
-fn against_engine(url: &str, request: &serde_json::Value) -> (bool, serde_json::Value) {
+/// `kvroute tokenize --engine URL --model-dir <staged Qwen3> --request
+/// <request> ARGS...`.
+fn tokenize_against(url: &str, request: &serde_json::Value, args: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
     let req = dir.path().join("req.json");
     std::fs::write(&req, serde_json::to_vec(request).unwrap()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
-        .args(["tokenize", "--json", "--engine", url])
-        .args(["--contract", "vllm@0.33.0:sha256_cbor:block=16:seed=0"])
+    Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["tokenize", "--engine", url])
+        .args(args)
         .arg("--model-dir")
         .arg(golden().join("tokenizers/qwen3"))
         .arg("--request")
         .arg(&req)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// `kvroute tokenize --json --engine URL` of `request` with the staged Qwen3
+/// directory and a vLLM contract: exit status and document.
+fn against_engine(url: &str, request: &serde_json::Value) -> (bool, serde_json::Value) {
+    let out = tokenize_against(
+        url,
+        request,
+        &[
+            "--json",
+            "--contract",
+            "vllm@0.33.0:sha256_cbor:block=16:seed=0",
+        ],
+    );
     let doc = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "{e}: {}{}",
@@ -376,21 +390,30 @@ fn an_engine_that_cannot_be_reached_is_a_clear_error() {
         .local_addr()
         .unwrap()
         .port();
-    let dir = tempfile::tempdir().unwrap();
-    let req = dir.path().join("req.json");
-    std::fs::write(&req, br#"{"model": "m", "prompt": "hello"}"#).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
-        .args(["tokenize", "--engine", &format!("http://127.0.0.1:{port}")])
-        .arg("--model-dir")
-        .arg(golden().join("tokenizers/qwen3"))
-        .arg("--request")
-        .arg(&req)
-        .output()
-        .unwrap();
+    let out = tokenize_against(
+        &format!("http://127.0.0.1:{port}"),
+        &serde_json::json!({"model": "m", "prompt": "hello"}),
+        &[],
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("--engine") && err.contains("/tokenize"),
         "{err}"
     );
+}
+
+/// An engine's `/tokenize` does not truncate: a truncated request's ids are
+/// not compared (they would differ from the first id on).
+#[test]
+fn a_truncated_request_is_not_compared() {
+    let out = tokenize_against(
+        "http://127.0.0.1:9",
+        &serde_json::json!({"model": "m", "prompt": "one two three four five six",
+            "truncate_prompt_tokens": 3}),
+        &["--max-model-len", "64"],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("truncate_prompt_tokens"), "{err}");
 }

@@ -530,6 +530,15 @@ async fn a_client_gone_before_the_answer_is_counted() {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
         if n == 1 {
+            // Counted once, and under no other outcome.
+            let others: u64 = text
+                .lines()
+                .filter(|l| {
+                    l.starts_with("kvroute_requests_total{rule=\"rr\"") && !l.starts_with(gone)
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum();
+            assert_eq!(others, 0, "{text}");
             break;
         }
         assert!(Instant::now() < deadline, "no client_gone count:\n{text}");

@@ -18,8 +18,8 @@ pub(crate) fn register(env: &mut Environment<'_>) {
 }
 
 /// jinja2's `sequence`: a length and item access, which strings and
-/// mappings have (and an undefined value, of length 0); `None` and numbers
-/// do not.
+/// mappings have (and an undefined value, of length 0); `None`, numbers and
+/// lazy iterables (dict views, `map`/`select` results) do not.
 fn is_sequence(v: &Value) -> bool {
     matches!(
         v.kind(),
@@ -27,15 +27,15 @@ fn is_sequence(v: &Value) -> bool {
             | ValueKind::Bytes
             | ValueKind::Seq
             | ValueKind::Map
-            | ValueKind::Iterable
             | ValueKind::Undefined
     )
 }
 
 /// jinja2's `iterable`: `iter(value)` succeeds — strings, sequences,
-/// mappings, an undefined value; not `None`, booleans or numbers.
+/// mappings, lazy iterables, an undefined value; not `None`, booleans or
+/// numbers.
 fn is_iterable(v: &Value) -> bool {
-    is_sequence(v)
+    is_sequence(v) || v.kind() == ValueKind::Iterable
 }
 
 /// Positional argument `i` or keyword `name` of a filter, if given.
@@ -45,34 +45,50 @@ fn arg(rest: &Rest<Value>, kwargs: &Kwargs, i: usize, name: &str) -> Result<Opti
 }
 
 /// jinja2's `int(value, default=0, base=10)`: `int(value)` (a string in
-/// `base`), else `int(float(value))`, else `default`.
+/// `base`, its prefix allowed), else `int(float(value))`, else `default`.
+/// An undefined value, and an infinite one, raise as in Python.
 fn int_filter(value: Value, rest: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
     let default = arg(&rest, &kwargs, 0, "default")?.unwrap_or(Value::from(0));
+    // A base that is not an integer makes `int(s, base)` raise a TypeError,
+    // which the filter answers with `int(float(s))`.
     let base = match arg(&rest, &kwargs, 1, "base")? {
-        Some(b) => u32::try_from(b).map_err(|_| bad("int: base must be an integer"))?,
-        None => 10,
+        Some(b) => u32::try_from(b).ok(),
+        None => Some(10),
     };
     kwargs.assert_all_used()?;
     let parsed = match value.kind() {
+        ValueKind::Undefined => return Err(bad("int: the value is undefined")),
+        // `int(s, base)`, else `int(float(s))`, whose overflow is caught.
         ValueKind::String => {
             let s = value.as_str().unwrap_or_default();
-            py_int(s, base).or_else(|| py_float(s).and_then(truncate))
+            base.and_then(|b| py_int(s, b))
+                .or_else(|| py_float(s).and_then(truncate))
         }
         ValueKind::Bool => Some(i128::from(value.is_true())),
+        // `int(x)` of an infinite float raises (its overflow is not caught
+        // there); of NaN it falls back to the default.
         ValueKind::Number => match i128::try_from(value.clone()) {
             Ok(n) => Some(n),
-            Err(_) => f64::try_from(value).ok().and_then(truncate),
+            Err(_) => match f64::try_from(value) {
+                Ok(f) if f.is_infinite() => {
+                    return Err(bad("int: cannot convert float infinity to integer"))
+                }
+                Ok(f) => truncate(f),
+                Err(_) => None,
+            },
         },
         _ => None,
     };
     Ok(parsed.map_or(default, Value::from))
 }
 
-/// jinja2's `float(value, default=0.0)`: `float(value)`, else `default`.
+/// jinja2's `float(value, default=0.0)`: `float(value)`, else `default`;
+/// an undefined value raises.
 fn float_filter(value: Value, rest: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
     let default = arg(&rest, &kwargs, 0, "default")?.unwrap_or(Value::from(0.0));
     kwargs.assert_all_used()?;
     let parsed = match value.kind() {
+        ValueKind::Undefined => return Err(bad("float: the value is undefined")),
         ValueKind::String => py_float(value.as_str().unwrap_or_default()),
         ValueKind::Bool => Some(if value.is_true() { 1.0 } else { 0.0 }),
         ValueKind::Number => f64::try_from(value).ok(),
@@ -90,6 +106,10 @@ fn indent_filter(value: Value, rest: Rest<Value>, kwargs: Kwargs) -> Result<Valu
     let first = arg(&rest, &kwargs, 1, "first")?.is_some_and(|v| v.is_true());
     let blank = arg(&rest, &kwargs, 2, "blank")?.is_some_and(|v| v.is_true());
     kwargs.assert_all_used()?;
+    // Python adds a newline to the value: anything but a string raises.
+    if value.kind() != ValueKind::String {
+        return Err(bad("indent: the value is not a string"));
+    }
     let indention = match &width {
         None => "    ".to_owned(),
         Some(w) if w.kind() == ValueKind::String => w.as_str().unwrap_or_default().to_owned(),
@@ -167,14 +187,35 @@ fn truncate(f: f64) -> Option<i128> {
     (f.is_finite() && f.abs() < 1.0e38).then(|| f.trunc() as i128)
 }
 
-/// Python's `int(s, base)`: surrounding whitespace, a sign, and single
-/// underscores between digits allowed.
+/// Python's `int(s, base)`: surrounding whitespace, a sign, the base's
+/// prefix (`0x`, `0o`, `0b`; base 0 reads it, and is 10 without one), and
+/// single underscores between digits (or after the prefix) allowed.
 fn py_int(s: &str, base: u32) -> Option<i128> {
     let s = s.trim();
-    let (negative, digits) = match s.as_bytes().first() {
+    let (negative, rest) = match s.as_bytes().first() {
         Some(b'-') => (true, &s[1..]),
         Some(b'+') => (false, &s[1..]),
         _ => (false, s),
+    };
+    let prefix = |r: &str| -> Option<u32> {
+        match r.get(..2).map(str::to_ascii_lowercase).as_deref() {
+            Some("0x") => Some(16),
+            Some("0o") => Some(8),
+            Some("0b") => Some(2),
+            _ => None,
+        }
+    };
+    let (base, digits) = match (base, prefix(rest)) {
+        (0, Some(b)) => (b, &rest[2..]),
+        (0, None) => (10, rest),
+        (b, Some(p)) if b == p => (b, &rest[2..]),
+        (b, _) => (b, rest),
+    };
+    // After a prefix, one underscore may lead: `0x_ff`.
+    let digits = if digits.len() < rest.len() {
+        digits.strip_prefix('_').unwrap_or(digits)
+    } else {
+        digits
     };
     let digits = without_underscores(digits)?;
     if !(2..=36).contains(&base) {
@@ -239,6 +280,12 @@ mod tests {
         assert_eq!(py_int("_1", 10), None);
         assert_eq!(py_int("2.5", 10), None);
         assert_eq!(py_int("ff", 16), Some(255));
+        assert_eq!(py_int("0x1A", 16), Some(26));
+        assert_eq!(py_int("0b101", 2), Some(5));
+        assert_eq!(py_int("0x10", 0), Some(16));
+        assert_eq!(py_int("0x_ff", 16), Some(255));
+        assert_eq!(py_int("-0o17", 8), Some(-15));
+        assert_eq!(py_int("0x10", 10), None);
         assert_eq!(py_float("2.5"), Some(2.5));
         assert_eq!(py_float(" 1e3 "), Some(1000.0));
         assert_eq!(py_float("-inf"), Some(f64::NEG_INFINITY));

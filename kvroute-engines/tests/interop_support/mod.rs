@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fault;
+pub mod transformers;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
