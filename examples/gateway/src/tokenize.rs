@@ -11,7 +11,7 @@ use bytes::Bytes;
 use kvroute_core::{BlockKey, HashContract, RequestExtras};
 use kvroute_engines::prompt::parse_json;
 use kvroute_engines::prompt::{
-    prompt_tokens_as, ApiKind, Dialect, ModelOptions, ModelTokenizer, PromptLimits,
+    prompt_tokens_as, ApiKind, ContentFormat, Dialect, ModelOptions, ModelTokenizer, PromptLimits,
 };
 
 use crate::gateway::config::ServeConfig;
@@ -24,7 +24,7 @@ pub struct TokenizeArgs {
     /// path of the rule `--rule` names (its models, limits, contract, LoRA
     /// adapters and engines' dialect), so the keys printed are the keys that
     /// rule routes on. Nothing is started or contacted.
-    #[arg(long, requires = "rule", conflicts_with_all = ["model_dir", "contract", "max_model_len"])]
+    #[arg(long, requires = "rule", conflicts_with_all = ["model_dir", "contract", "max_model_len", "content_format"])]
     config: Option<PathBuf>,
     /// The rule of `--config` whose prompt path to run.
     #[arg(long, requires = "config")]
@@ -47,6 +47,11 @@ pub struct TokenizeArgs {
     /// vLLM does); without `--config`.
     #[arg(long)]
     max_model_len: Option<usize>,
+    /// The engine's `--chat-template-content-format` (`string` or `openai`),
+    /// when it sets one; detected from the template otherwise. Without
+    /// `--config` (whose `[[models]] content_format` applies).
+    #[arg(long, value_parser = ["string", "openai"])]
+    content_format: Option<String>,
     /// An engine (`http://host:port`, vLLM or SGLang) whose `POST /tokenize`
     /// the same request body is sent to: its ids are compared with kvroute's,
     /// and the command fails when they differ (the blocks before the first
@@ -268,6 +273,10 @@ fn standalone(
         .map_err(|e| format!("--contract: {e}"))?;
     let options = ModelOptions {
         max_model_len: args.max_model_len,
+        content_format: args.content_format.as_deref().map(|f| match f {
+            "openai" => ContentFormat::OpenAi,
+            _ => ContentFormat::String,
+        }),
         ..ModelOptions::default()
     };
     let tok = ModelTokenizer::load(model_dir, &options).map_err(|e| e.to_string())?;

@@ -417,3 +417,51 @@ fn a_truncated_request_is_not_compared() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("truncate_prompt_tokens"), "{err}");
 }
+
+/// `--content-format` sets the engines' `--chat-template-content-format`:
+/// the Qwen3 template calls string methods on a user message's content, so
+/// text parts render when joined into a string (what it detects) and fail as
+/// a list of parts (`openai`), as they do in vLLM started that way.
+#[test]
+fn content_format_reaches_the_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let req = dir.path().join("req.json");
+    std::fs::write(
+        &req,
+        br#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi there"}]}]}"#,
+    )
+    .unwrap();
+    let run = |format: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args([
+                "tokenize",
+                "--json",
+                "--content-format",
+                format,
+                "--model-dir",
+            ])
+            .arg(golden().join("tokenizers/qwen3"))
+            .arg("--request")
+            .arg(&req)
+            .output()
+            .unwrap()
+    };
+    let string = run("string");
+    assert!(
+        string.status.success(),
+        "{}",
+        String::from_utf8_lossy(&string.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&string.stdout).unwrap();
+    let rendered = doc["engine_prompts"][0]["rendered_prompt"]
+        .as_str()
+        .unwrap();
+    assert!(
+        rendered.contains("<|im_start|>user\nhi there<|im_end|>"),
+        "{rendered}"
+    );
+    let openai = run("openai");
+    assert!(!openai.status.success());
+    let err = String::from_utf8_lossy(&openai.stderr);
+    assert!(err.contains("template"), "{err}");
+}
