@@ -504,8 +504,9 @@ async fn batches_are_split_to_the_servers_max_payload() {
     let mut sub = bus.subscribe("kvroute.kv.load").await.unwrap();
     bus.flush().await.unwrap();
     // 30 endpoints nobody serves (health probes are off) and the engine.
-    let mut endpoints: Vec<SocketAddr> = (0..30)
-        .map(|_| SocketAddr::from(([127, 0, 0, 1], closed_port())))
+    let mut endpoints: Vec<SocketAddr> = closed_ports(30)
+        .into_iter()
+        .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
         .collect();
     endpoints.push(engine.addr);
     let gw = Gateway::start(&replica(&nats.url(), &endpoints, 60_000));

@@ -485,6 +485,18 @@ pub fn closed_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
+/// `n` distinct ports nothing listens on: all bound before any is released
+/// (one at a time, the system may hand out a port it just took back, and a
+/// configuration naming one endpoint twice is refused).
+pub fn closed_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------
 // vLLM engine stand-ins (tests/python/vllm_standin.py): vLLM 0.33.0's own BlockPool,
 // block hasher and ZmqEventPublisher behind an OpenAI server, run from the repo's
