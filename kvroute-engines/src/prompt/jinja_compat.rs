@@ -119,7 +119,7 @@ fn indent_filter(value: Value, rest: Rest<Value>, kwargs: Kwargs) -> Result<Valu
             " ".repeat(usize::try_from(n).unwrap_or(0))
         }
     };
-    let mut text = super::template::py_str(&value);
+    let mut text = value.as_str().unwrap_or_default().to_owned();
     text.push('\n');
     let lines = splitlines(&text);
     let mut out = String::with_capacity(text.len() + lines.len() * indention.len());

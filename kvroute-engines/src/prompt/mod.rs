@@ -260,6 +260,17 @@ pub(crate) fn prompt_tokens_encoded(
     } else {
         (0, 0)
     };
+    // A prompt given as ids: checked, nothing added around it.
+    let from_ids = |ids: &[i64], truncated: &mut bool| {
+        finish(
+            tok,
+            &common,
+            None,
+            checked_ids(tok, ids)?,
+            (0, 0),
+            truncated,
+        )
+    };
     let engine_prompts = match &req {
         OpenAiRequest::Chat(chat) => {
             // Message text bounds the rendering work; the rendered prompt
@@ -301,16 +312,7 @@ pub(crate) fn prompt_tokens_encoded(
                     &mut truncated,
                 )?]
             }
-            CompletionPrompt::Ids(ids) => {
-                vec![finish(
-                    tok,
-                    &common,
-                    None,
-                    checked_ids(tok, ids)?,
-                    (0, 0),
-                    &mut truncated,
-                )?]
-            }
+            CompletionPrompt::Ids(ids) => vec![from_ids(ids, &mut truncated)?],
             CompletionPrompt::Texts(texts) => {
                 let mut chars = 0;
                 texts.iter().try_for_each(|t| limits.add(&mut chars, t))?;
@@ -324,16 +326,7 @@ pub(crate) fn prompt_tokens_encoded(
             }
             CompletionPrompt::IdLists(lists) => lists
                 .iter()
-                .map(|ids| {
-                    finish(
-                        tok,
-                        &common,
-                        None,
-                        checked_ids(tok, ids)?,
-                        (0, 0),
-                        &mut truncated,
-                    )
-                })
+                .map(|ids| from_ids(ids, &mut truncated))
                 .collect::<Result<_, _>>()?,
         },
     };

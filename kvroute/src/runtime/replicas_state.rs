@@ -63,6 +63,9 @@ fn sent_slots(
 ) -> Vec<bool> {
     let n = generation.urls.len();
     let current: Vec<bool> = (0..n).map(|i| generation.current(shared, i)).collect();
+    if current.iter().all(|c| *c) {
+        return current;
+    }
     let present: std::collections::HashSet<&str> = generation
         .urls
         .iter()
