@@ -413,7 +413,8 @@ fn assert_rotation(
 /// message, any number of times, in any order, or never; forged deltas
 /// (sequence number 0 or huge, unknown endpoints, this replica's own origin,
 /// more origins than the table has room for) join them; time jumps,
-/// expiry sweeps and endpoints leaving the rule. After every step the table and the model agree on what
+/// expiry sweeps, endpoints leaving the rule and new ones taking their
+/// slots at an origin. After every step the table and the model agree on what
 /// each delta did, every endpoint's remote load and charged tokens, the
 /// deciders and the counters. Without forged deltas, a final resync of every
 /// tracker makes the table exactly the trackers' totals.
@@ -508,10 +509,14 @@ pub fn replica_sync(data: &[u8]) {
                 } else if x & 2 == 0 {
                     assert_eq!(table.expire(now), model.expire(now), "expired at {now:?}");
                 } else {
-                    // The endpoint left the rule (its slot may be reused).
+                    // The endpoint left the rule (its slot may be reused);
+                    // at one origin a new endpoint takes the slot.
                     let e = id(b.next());
                     table.clear_endpoint(e);
                     model.clear_endpoint(e.index());
+                    if x & 4 != 0 {
+                        trackers[usize::from(x >> 3) % trackers.len()].retire(e);
+                    }
                 }
             }
             _ => {

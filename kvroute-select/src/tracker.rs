@@ -13,6 +13,10 @@
 //! scorers, the fallback selectors and the P/D decode pick all read the same
 //! true signal.
 //!
+//! When a new endpoint takes a slot, [`LoadTracker::retire`] starts the
+//! slot over: requests of the endpoint that left which are still running
+//! are no longer its load, and their end takes nothing off the newcomer's.
+//!
 //! Lock-free: `&self` from any number of tasks; sans-IO: no clock, no runtime.
 //!
 //! ```
@@ -39,10 +43,30 @@ use kvroute_core::EndpointId;
 use crate::decision::Target;
 use crate::load::{EndpointLoad, Load};
 
+/// Bits of the prefill-token word that hold the count; the bits above hold
+/// the low bits of the slot's epoch (2^44 tokens is far beyond any queue).
+const TOKEN_BITS: u32 = 44;
+const TOKEN_MASK: u64 = (1 << TOKEN_BITS) - 1;
+
+/// The epoch's tag in the prefill-token word.
+#[inline]
+fn token_tag(epoch: u32) -> u64 {
+    u64::from(epoch) & (u64::MAX >> TOKEN_BITS)
+}
+
+/// One slot's counters. The two live counters carry the slot's *epoch*
+/// in their high bits: [`LoadTracker::retire`] moves the slot to a new
+/// epoch with both counters at zero, and a change made for an older epoch
+/// (a request of the slot's previous endpoint ending) leaves them as they
+/// are. Epoch and count change in one atomic operation, so no release can
+/// reach a newer epoch's count.
 #[derive(Debug, Default)]
 pub(crate) struct Slot {
-    pub(crate) in_flight: AtomicU32,
-    pub(crate) prefill_tokens: AtomicU64,
+    /// Epoch (high 32 bits) and requests in flight (low 32 bits).
+    requests: AtomicU64,
+    /// Epoch tag (high bits) and predicted outstanding prefill tokens
+    /// (low [`TOKEN_BITS`] bits).
+    tokens: AtomicU64,
     /// Prefill tokens ever charged (monotonic): lets a drain model tell new
     /// work from finished work, which the net figure above cannot.
     pub(crate) charged_tokens: AtomicU64,
@@ -53,6 +77,82 @@ pub(crate) struct Slot {
     pub(crate) sent_in_flight: AtomicU32,
     pub(crate) sent_tokens: AtomicU64,
     pub(crate) sent_charged: AtomicU64,
+}
+
+impl Slot {
+    /// Requests in flight in the current epoch.
+    #[inline]
+    pub(crate) fn in_flight(&self) -> u32 {
+        (self.requests.load(Ordering::Acquire) & u64::from(u32::MAX)) as u32
+    }
+
+    /// Predicted outstanding prefill tokens in the current epoch.
+    #[inline]
+    pub(crate) fn prefill_tokens(&self) -> u64 {
+        self.tokens.load(Ordering::Acquire) & TOKEN_MASK
+    }
+
+    /// Adds `requests` (at least one) and `tokens` to the current epoch;
+    /// returns that epoch.
+    fn add(&self, requests: u32, tokens: u64) -> u32 {
+        let prev = self
+            .requests
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                let count = ((w & u64::from(u32::MAX)) as u32).saturating_add(requests);
+                Some((w & !u64::from(u32::MAX)) | u64::from(count))
+            })
+            .unwrap_or_else(|w| w);
+        let epoch = (prev >> 32) as u32;
+        if tokens > 0 {
+            // A retire between the two updates moved the tag on: the
+            // tokens are not added, and the guard's release of them will
+            // not match either.
+            self.update_tokens(epoch, |t| t.saturating_add(tokens).min(TOKEN_MASK));
+        }
+        epoch
+    }
+
+    /// Takes `requests` and `tokens` off `epoch`'s counts, if the slot is
+    /// still in that epoch.
+    fn sub(&self, epoch: u32, requests: u32, tokens: u64) {
+        if requests > 0 {
+            let _ = self
+                .requests
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                    // Every subtraction pairs with an earlier addition by
+                    // the same guard, so the count never wraps; saturate
+                    // anyway so a host bug cannot turn a load into 4 billion.
+                    ((w >> 32) as u32 == epoch).then(|| {
+                        let count = ((w & u64::from(u32::MAX)) as u32).saturating_sub(requests);
+                        (w & !u64::from(u32::MAX)) | u64::from(count)
+                    })
+                });
+        }
+        if tokens > 0 {
+            self.update_tokens(epoch, |t| t.saturating_sub(tokens));
+        }
+    }
+
+    fn update_tokens(&self, epoch: u32, f: impl Fn(u64) -> u64) {
+        let tag = token_tag(epoch);
+        let _ = self
+            .tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (w >> TOKEN_BITS == tag).then(|| (tag << TOKEN_BITS) | f(w & TOKEN_MASK))
+            });
+    }
+
+    /// Moves the slot to the next epoch with nothing in flight. The token
+    /// word moves first: a charge racing the retire reads its epoch from
+    /// the request word, so it is either wholly in the old epoch or wholly
+    /// in the new one.
+    fn retire(&self) {
+        let next = ((self.requests.load(Ordering::Acquire) >> 32) as u32).wrapping_add(1);
+        self.tokens
+            .store(token_tag(next) << TOKEN_BITS, Ordering::Release);
+        self.requests
+            .store(u64::from(next) << 32, Ordering::Release);
+    }
 }
 
 /// Per-endpoint requests in flight and predicted outstanding prefill tokens,
@@ -122,18 +222,22 @@ impl LoadTracker {
         guard
     }
 
-    fn add(&self, e: EndpointId, requests: u32, tokens: u64) {
-        if let Some(s) = self.slots.get(e.index()) {
-            if requests > 0 {
-                s.in_flight.fetch_add(requests, Ordering::Relaxed);
+    /// Charges `requests` (at least one) and `tokens` to `e`'s current
+    /// epoch; the leg that will release them.
+    fn add(&self, e: EndpointId, requests: u32, tokens: u64) -> Leg {
+        let epoch = match self.slots.get(e.index()) {
+            Some(s) => {
+                let epoch = s.add(requests, tokens);
                 s.started.fetch_add(u64::from(requests), Ordering::Relaxed);
+                if tokens > 0 {
+                    s.charged_tokens.fetch_add(tokens, Ordering::Relaxed);
+                }
+                self.touched(s);
+                epoch
             }
-            if tokens > 0 {
-                s.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
-                s.charged_tokens.fetch_add(tokens, Ordering::Relaxed);
-            }
-            self.touched(s);
-        }
+            None => 0,
+        };
+        Leg { endpoint: e, epoch }
     }
 
     /// Replica sync: marks the slot for the next outbox drain.
@@ -145,28 +249,51 @@ impl LoadTracker {
         }
     }
 
-    fn sub(&self, e: EndpointId, requests: u32, tokens: u64) {
-        if let Some(s) = self.slots.get(e.index()) {
-            // Every subtraction pairs with an earlier addition by the same
-            // guard, so the counters never wrap; saturate anyway so a host bug
-            // cannot turn a load into 4 billion.
-            if requests > 0 {
-                let _ = s
-                    .in_flight
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                        Some(v.saturating_sub(requests))
-                    });
-            }
-            if tokens > 0 {
-                let _ = s
-                    .prefill_tokens
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                        Some(v.saturating_sub(tokens))
-                    });
-            }
+    fn sub(&self, leg: Leg, requests: u32, tokens: u64) {
+        if let Some(s) = self.slots.get(leg.endpoint.index()) {
+            s.sub(leg.epoch, requests, tokens);
             self.touched(s);
         }
     }
+
+    /// A new endpoint takes `endpoint`'s slot: the slot starts with nothing
+    /// in flight, and the requests of its previous endpoint that are still
+    /// running release nothing when they end (they were never the new
+    /// endpoint's load). The monotonic counters ([`LoadTracker::started`],
+    /// [`LoadTracker::charged_tokens`]) go on counting.
+    ///
+    /// Call it for one slot at a time (hosts serialise their endpoint
+    /// changes): two retires of one slot racing may share an epoch.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvroute_core::EndpointId;
+    /// use kvroute_select::{Load, LoadTracker, Target};
+    ///
+    /// let tracker = Arc::new(LoadTracker::new(1));
+    /// let target = Target { endpoint: EndpointId(0), decode: None };
+    /// let old = tracker.charge(target, 500);
+    /// tracker.retire(EndpointId(0));
+    /// let new = tracker.charge(target, 200);
+    /// drop(old);
+    /// assert_eq!(tracker.load(EndpointId(0)).in_flight, 1);
+    /// assert_eq!(tracker.load(EndpointId(0)).queued_prefill_tokens, 200);
+    /// # drop(new);
+    /// ```
+    pub fn retire(&self, endpoint: EndpointId) {
+        if let Some(s) = self.slots.get(endpoint.index()) {
+            s.retire();
+            self.touched(s);
+        }
+    }
+}
+
+/// One leg of a request's charge: the endpoint and the slot epoch it was
+/// charged in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Leg {
+    endpoint: EndpointId,
+    epoch: u32,
 }
 
 impl Load for LoadTracker {
@@ -174,8 +301,8 @@ impl Load for LoadTracker {
         self.slots
             .get(endpoint.index())
             .map_or_else(EndpointLoad::default, |s| EndpointLoad {
-                in_flight: s.in_flight.load(Ordering::Relaxed),
-                queued_prefill_tokens: s.prefill_tokens.load(Ordering::Relaxed),
+                in_flight: s.in_flight(),
+                queued_prefill_tokens: s.prefill_tokens(),
             })
     }
 
@@ -191,22 +318,23 @@ impl Load for LoadTracker {
 pub struct LoadGuard {
     tracker: Arc<LoadTracker>,
     /// The endpoint that receives the request (prefill endpoint in P/D).
-    main: Option<EndpointId>,
-    decode: Option<EndpointId>,
+    main: Option<Leg>,
+    decode: Option<Leg>,
     /// Prefill tokens still charged to `main`.
     prefill_tokens: u64,
 }
 
 impl LoadGuard {
     fn set(&mut self, target: Target, prefill_tokens: u32) {
-        self.main = Some(target.endpoint);
-        self.decode = target.decode.filter(|d| *d != target.endpoint);
         self.prefill_tokens = u64::from(prefill_tokens);
-        self.tracker
-            .add(target.endpoint, 1, u64::from(prefill_tokens));
-        if let Some(d) = self.decode {
-            self.tracker.add(d, 1, 0);
-        }
+        self.main = Some(
+            self.tracker
+                .add(target.endpoint, 1, u64::from(prefill_tokens)),
+        );
+        self.decode = target
+            .decode
+            .filter(|d| *d != target.endpoint)
+            .map(|d| self.tracker.add(d, 1, 0));
     }
 
     fn release_all(&mut self) {
@@ -244,10 +372,9 @@ impl LoadGuard {
         }
         // As `set`: an endpoint charged as the prefill leg is not charged
         // twice.
-        self.decode = Some(decode).filter(|d| Some(*d) != self.main);
-        if let Some(d) = self.decode {
-            self.tracker.add(d, 1, 0);
-        }
+        self.decode = Some(decode)
+            .filter(|d| Some(*d) != self.endpoint())
+            .map(|d| self.tracker.add(d, 1, 0));
     }
 
     /// The first response byte arrived: the endpoint finished this request's
@@ -277,7 +404,7 @@ impl LoadGuard {
     /// The endpoint this guard charges as the main (prefill) leg, if still charged.
     #[must_use]
     pub fn endpoint(&self) -> Option<EndpointId> {
-        self.main
+        self.main.map(|l| l.endpoint)
     }
 
     /// Prefill tokens still charged.

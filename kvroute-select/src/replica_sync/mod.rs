@@ -187,8 +187,8 @@ impl LoadTracker {
         let mut n = 0;
         for (i, s) in self.slots.iter().enumerate() {
             let dirty = s.dirty.swap(false, Ordering::AcqRel);
-            let in_flight = s.in_flight.load(Ordering::Acquire);
-            let tokens = s.prefill_tokens.load(Ordering::Acquire);
+            let in_flight = s.in_flight();
+            let tokens = s.prefill_tokens();
             let sent_in_flight = s.sent_in_flight.load(Ordering::Relaxed);
             let sent_tokens = s.sent_tokens.load(Ordering::Relaxed);
             let charged = s.charged_tokens.load(Ordering::Acquire);

@@ -480,6 +480,48 @@ mod tests {
         assert_eq!(named.remote.map(|l| l.in_flight), Some(5));
     }
 
+    /// A new endpoint in a reused slot does not carry the requests its
+    /// predecessor still runs, neither as its own load nor as announced to
+    /// the other replicas, and their end takes nothing off its own; the
+    /// same address back in its slot keeps them (they run on what answers
+    /// there).
+    #[test]
+    fn a_new_endpoint_in_a_reused_slot_starts_without_the_old_requests() {
+        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+        r.origin = Some(1);
+        let router = host_router(4).replicas(r).build().expect("router");
+        let shared = &router.shared;
+        let target = kvroute_select::Target {
+            endpoint: kvroute_core::EndpointId(2),
+            decode: None,
+        };
+        let old = shared.tracker.charge(target, 64);
+        replace_e2_with_e9(&router);
+        let status = router.endpoint_status("http://e9").expect("e9");
+        assert_eq!(status.slot, 2);
+        assert_eq!(status.load, kvroute_select::EndpointLoad::default());
+        let new = shared.tracker.charge(target, 32);
+        drop(old);
+        let load = router.endpoint_status("http://e9").expect("e9").load;
+        assert_eq!((load.in_flight, load.queued_prefill_tokens), (1, 32));
+        assert_eq!(mentions(router.drain_replica_batch(true), "http://e9"), [1]);
+        // e9 leaves with its request running and comes back to its slot.
+        router
+            .apply(Change::Remove("http://e9".to_owned()))
+            .expect("remove");
+        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
+        router
+            .apply(Change::Insert(
+                Backend::new(engine, "http://e9".to_owned()).host_events(),
+            ))
+            .expect("insert");
+        let back = router.endpoint_status("http://e9").expect("e9");
+        assert_eq!((back.slot, back.load.in_flight), (2, 1));
+        drop(new);
+        let end = router.endpoint_status("http://e9").expect("e9").load;
+        assert_eq!(end, kvroute_select::EndpointLoad::default());
+    }
+
     /// The load of `url` in `batch`, one entry per mention.
     fn mentions(batch: Option<ReplicaBatch>, url: &str) -> Vec<u32> {
         batch

@@ -511,6 +511,14 @@ pub(crate) fn insert(
     }
     shared.reported.invalidate(id(slot));
     shared.outliers.set_present(id(slot), true, shared.now());
+    // Requests of the slot's previous endpoint that still run are not the
+    // newcomer's load, here or as announced to the other replicas; the
+    // same address back in its slot keeps them (they run on what answers
+    // there).
+    let previous = shared.current().urls.get(slot).cloned();
+    if previous.is_some_and(|u| !u.is_empty() && !same_url(&u, &b.url)) {
+        shared.tracker.retire(id(slot));
+    }
     // A new endpoint in the slot: decisions of generations built before
     // (which name the slot's previous endpoint, if any) no longer take it.
     state.epoch.fetch_add(1, Ordering::AcqRel);
