@@ -512,10 +512,12 @@ struct Ctx {
     /// The prefill leg already done for a P/D target: (endpoint, params,
     /// its cached tokens and prompt tokens).
     prefill: Option<(String, Option<serde_json::Value>, Option<Usage>)>,
-    /// The first prefill leg's usage: the decision's receipt. A leg run
-    /// again (its transfer spent) finds the prompt it just prefilled
-    /// cached, which says nothing of the decision.
-    receipt: Option<Option<Usage>>,
+    /// The decision's receipt: the usage of the first prefill leg on the
+    /// current prefill endpoint, with that endpoint's URL. A leg run again
+    /// there (its transfer spent) finds the prompt it just prefilled
+    /// cached, which says nothing of the decision; a leg on another
+    /// endpoint (a retry after the first went down) is the new decision's.
+    receipt: Option<(String, Option<Usage>)>,
     /// (endpoint url, error) of connect failures, for the 503 reason.
     failures: Vec<(String, String)>,
     /// P/D: the request parsed once for every leg and attempt (`None` until
@@ -673,13 +675,29 @@ async fn connect(
     let body = prepared
         .decode_body(&pick.text_body(&ctx.body), params)
         .await;
-    let receipt = *ctx.receipt.get_or_insert(cached);
+    let receipt = settle_receipt(&mut ctx.receipt, &main.url, cached);
     let response = exchange(gw, pick, Leg::Decode, &decode_ep.base, ctx, body).await?;
     Ok(Connection {
         response,
         prefill_cached: Some(receipt),
         answered: None,
     })
+}
+
+/// The receipt of a decision whose prefill leg on `url` reported `cached`:
+/// the first report of that endpoint (see [`Ctx::receipt`]).
+fn settle_receipt(
+    receipt: &mut Option<(String, Option<Usage>)>,
+    url: &str,
+    cached: Option<Usage>,
+) -> Option<Usage> {
+    match receipt {
+        Some((first, usage)) if first == url => *usage,
+        _ => {
+            *receipt = Some((url.to_owned(), cached));
+            cached
+        }
+    }
 }
 
 /// Streams the upstream response back; the receipt is recorded at its end
@@ -742,7 +760,33 @@ fn respond(
 
 #[cfg(test)]
 mod tests {
-    use super::ambiguous_path;
+    use super::{ambiguous_path, settle_receipt};
+
+    /// The receipt is the first prefill leg's on each prefill endpoint: a
+    /// leg run again on the same endpoint finds its own prefill cached and
+    /// leaves the receipt alone; a leg on another endpoint (the retry's
+    /// decision) replaces it.
+    #[test]
+    fn the_receipt_is_the_first_leg_of_the_current_prefill_endpoint() {
+        let mut r = None;
+        assert_eq!(
+            settle_receipt(&mut r, "http://a", Some((0, Some(100)))),
+            Some((0, Some(100)))
+        );
+        assert_eq!(
+            settle_receipt(&mut r, "http://a", Some((96, Some(100)))),
+            Some((0, Some(100)))
+        );
+        assert_eq!(
+            settle_receipt(&mut r, "http://b", Some((32, Some(100)))),
+            Some((32, Some(100)))
+        );
+        assert_eq!(
+            settle_receipt(&mut r, "http://b", None),
+            Some((32, Some(100)))
+        );
+        assert_eq!(settle_receipt(&mut r, "http://a", None), None);
+    }
 
     #[test]
     fn dot_segments_and_encoded_separators_are_refused() {
