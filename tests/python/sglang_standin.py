@@ -44,9 +44,24 @@ whole server, replaced by the smallest equivalent):
   to `extra_key`;
 * the OpenAI server: `/v1/completions`, `/v1/chat/completions` (non-streamed
   and SSE; `usage.prompt_tokens_details.cached_tokens` as SGLang reports it
-  with `--enable-cache-report`), `/health`, `/v1/models`; prompts are rendered
-  and tokenized by `vllm_standin.Frontend` (the Qwen3 tokenizer and chat
-  template, as transformers renders it: SGLang's `apply_chat_template`);
+  with `--enable-cache-report`), `/health`, `/v1/models`. A chat body goes
+  through SGLang's own chat preprocessing, run by `sglang_chat_render.py`
+  from the wheel (`ChatCompletionRequest` validation, `serving_chat.py`'s
+  `_validate_request` -> `_convert_to_internal_request` -> `_process_messages`
+  -> `_apply_jinja_template`, the template rendered by transformers'
+  `apply_chat_template` with the model's template and its bos/eos/pad/unk
+  tokens, content format "auto"); a request it refuses is a 400 with its
+  message, a body with `input_ids` uses them as they are, otherwise the ids
+  are the rendered text encoded without special tokens, plus, for
+  `continue_final_message`, the continued assistant text encoded on its own
+  with special tokens and one leading BOS dropped
+  (`_append_assistant_prefix_to_prompt_ids`). The tokenizer, and the
+  rendering of `/v1/completions` prompts, are `vllm_standin.Frontend`'s (the
+  Qwen3 tokenizer). `sglang_chat_render.load()` runs after
+  `sglang_loader.load()` and joins its empty packages (`sglang`,
+  `sglang.srt`, `sglang.srt.utils`, `sglang.srt.arg_groups`) instead of
+  replacing them; both share `sglang.srt.environ` and `PLACEHOLDER_CALLS`
+  (see `ChatRenderer`);
 * debug endpoints: `GET /debug/cached_blocks` (every page key the tree holds,
   as its recorder publishes it: `_node_event_hash_values`, `_namespace_seed`,
   `namespaced_block_hash`; u64), `GET /debug/stats`.
@@ -363,6 +378,102 @@ class Engine:
         return True
 
 
+class ChatRenderFailure(Exception):
+    """`sglang_chat_render` failed on a request (not a refusal SGLang makes)."""
+
+
+class ChatRenderer:
+    """`/v1/chat/completions` prompts: SGLang's own chat preprocessing
+    (`sglang_chat_render`, the wheel's `serving_chat.py` code), encoded by the
+    stand-in's tokenizer as `OpenAIServingChat` encodes them."""
+
+    SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+    def __init__(self, frontend: Frontend, model_dir: Path, served_model_name: str):
+        self.frontend = frontend
+        self.R, self.chat = self._load()
+        cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+        # What transformers passes the template: the tokenizer's special tokens
+        # (Frontend's strings from tokenizer_config.json).
+        special = {k: v for k, v in frontend.special.items() if k in self.SPECIAL}
+        self.serving = self.R.make_serving(
+            self.chat,
+            {
+                "template": cfg["chat_template"],
+                "special_tokens": special,
+                "content_format": "auto",
+                "served_model_name": served_model_name,
+            },
+        )
+        # tokenizer.bos_token_id (None when the config has no bos_token).
+        bos = special.get("bos_token")
+        self.bos_token_id = frontend.tokenizer.token_to_id(bos) if bos else None
+        # The wheel's serving object and its tokenizer stand-in are used from
+        # one asyncio thread in SGLang; here handler threads take turns.
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _load():
+        """`sglang_chat_render.load()` after `sglang_loader.load()`. Both
+        install empty packages over the wheel's directories; the second load
+        joins the first's (`sglang_loader._shell_package`), and modules both
+        import (`sglang.srt.environ`) load once. Afterwards no module the KV
+        path loaded may have been replaced."""
+        L = sglang_loader
+        if L._LOADED is None:
+            raise RuntimeError("sglang-standin: sglang_loader.load() must run first")
+        before = {
+            name: mod for name, mod in sys.modules.items() if name in ("sglang", "torch") or name.startswith("sglang.")
+        }
+        import sglang_chat_render as R
+
+        chat = R.load()
+        replaced = sorted(n for n, m in before.items() if sys.modules.get(n) is not m)
+        if replaced:
+            raise RuntimeError(f"sglang-standin: the chat path replaced {replaced}")
+        if R.PLACEHOLDER_CALLS is not L.PLACEHOLDER_CALLS:
+            raise RuntimeError("sglang-standin: the two loaders record placeholders apart")
+        L.check()
+        return R, chat
+
+    def render(self, body: dict) -> dict:
+        """`render_one`'s answer for `body`. It empties `PLACEHOLDER_CALLS`
+        (shared with the KV path) to check its own calls: what was recorded
+        before is put back, so `sglang_loader.check()` still sees it."""
+        calls = sglang_loader.PLACEHOLDER_CALLS
+        with self.lock:
+            saved = list(calls)
+            try:
+                return self.R.render_one(self.chat, self.serving, body)
+            except Exception as e:  # its own checks (placeholders, prompt shape)
+                raise ChatRenderFailure(f"{type(e).__name__}: {e}") from e
+            finally:
+                calls[:0] = saved
+
+    def prompt_ids(self, body: dict) -> list[int]:
+        """The ids SGLang's `/v1/chat/completions` schedules; ValueError for a
+        request SGLang refuses (the message is its own)."""
+        out = self.render(body)
+        if "err" in out:
+            raise ValueError(out["err"])
+        if "input_ids" in out:
+            ids = out["input_ids"]
+            if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
+                raise ValueError("input_ids must be a non-empty list of token ids")
+            return list(ids)
+        # _render_and_encode_chat_template: specials are in the rendered text.
+        ids = self.frontend.encode(out["ok"])
+        prefix = out.get("assistant_prefix")
+        if prefix:
+            # _append_assistant_prefix_to_prompt_ids: tokenizer.encode(prefix)
+            # (add_special_tokens defaults to True), one leading BOS dropped.
+            extra = self.frontend.encode(prefix, add_special_tokens=True)
+            if extra and extra[0] == self.bos_token_id:
+                extra = extra[1:]
+            ids += extra
+        return ids
+
+
 def usage(req: StandinReq) -> dict:
     n_in = len(req.origin_input_ids)
     n_out = len(req.output_ids)
@@ -374,7 +485,7 @@ def usage(req: StandinReq) -> dict:
     }
 
 
-def make_handler(engine: Engine, frontend: Frontend, model: str):
+def make_handler(engine: Engine, frontend: Frontend, chat_renderer: ChatRenderer, model: str):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -442,13 +553,7 @@ def make_handler(engine: Engine, frontend: Frontend, model: str):
             chat = path == "/v1/chat/completions"
             try:
                 if chat:
-                    ids = frontend.encode(
-                        frontend.render_chat(
-                            body.get("messages") or [],
-                            add_generation_prompt=body.get("add_generation_prompt", True),
-                            extra=body.get("chat_template_kwargs") or None,
-                        )
-                    )
+                    ids = chat_renderer.prompt_ids(body)
                 else:
                     prompt = body.get("prompt")
                     if isinstance(prompt, str) and prompt:
@@ -467,6 +572,9 @@ def make_handler(engine: Engine, frontend: Frontend, model: str):
                     lora = engine.loras.get(adapter)
                     if lora is None:
                         raise ValueError(f"LoRA adapter {adapter!r} is not loaded")
+            except ChatRenderFailure as e:  # the harness, not the request
+                self._error(500, f"sglang-standin: {e}")
+                return
             except Exception as e:
                 self._error(400, str(e))
                 return
@@ -594,8 +702,11 @@ def main() -> int:
     if args.replay_port == 0:
         args.replay_port = free_port()
     s = sglang_loader.load()
+    chat_renderer = ChatRenderer(frontend, args.model_dir, args.model)
     engine = Engine(s, args, frontend.encode(REPLY_WORDS))
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(engine, frontend, args.model))
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", args.port), make_handler(engine, frontend, chat_renderer, args.model)
+    )
     server.daemon_threads = True
     sglang_loader.check()
     print(

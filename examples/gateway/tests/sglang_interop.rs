@@ -265,15 +265,48 @@ async fn assert_key_parity(engine: &Sgl, contract: &str, extra: Value) {
     for (k, v) in extra.as_object().unwrap() {
         body[k] = v.clone();
     }
-    chat_directly(engine, &body).await;
+    assert_body_parity(engine, contract, &body, &extra.to_string()).await;
+}
+
+/// Key parity for chat shapes SGLang renders its own way (text parts joined
+/// with a space, tools with `defer_loading`, a last assistant message asked
+/// again as a user message, a continued assistant message encoded on its
+/// own): the engine's pages equal kvroute's keys for each.
+async fn assert_sglang_chat_shapes_parity(engine: &Sgl, contract: &str) {
+    let system = json!({"role": "system", "content": [
+        {"type": "text", "text": prompt("shapes-system", 60)},
+        {"type": "text", "text": prompt("shapes-more", 30)},
+    ]});
+    let tool = json!({"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}});
+    let bodies = [
+        json!({"model": MODEL, "max_tokens": 1, "tools": [tool], "messages": [
+            system.clone(),
+            {"role": "user", "content": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]},
+            {"role": "assistant", "content": "an answer left last"},
+        ]}),
+        json!({"model": MODEL, "max_tokens": 1, "continue_final_message": true, "messages": [
+            system,
+            {"role": "user", "content": "Continue this:"},
+            {"role": "assistant", "content": "\nOnce upon"},
+        ]}),
+    ];
+    for body in &bodies {
+        assert_body_parity(engine, contract, body, "SGLang chat shapes").await;
+    }
+}
+
+/// The pages SGLang's tree holds after `body` (`max_tokens` 1) equal the
+/// keys `kvroute tokenize` computes for it; the engine is flushed afterwards.
+async fn assert_body_parity(engine: &Sgl, contract: &str, body: &Value, what: &str) {
+    chat_directly(engine, body).await;
     let mut engine_keys = engine.cached_keys().await;
-    let mut ours = kvroute_keys(contract, &body);
+    let mut ours = kvroute_keys(contract, body);
     assert!(ours.len() >= 8, "{ours:?}");
     engine_keys.sort_unstable();
     ours.sort_unstable();
     assert_eq!(
         engine_keys, ours,
-        "SGLang's page keys vs kvroute's under {contract} for {extra}"
+        "SGLang's page keys vs kvroute's under {contract} for {what}"
     );
     engine.flush().await;
 }
@@ -603,6 +636,7 @@ async fn salted_and_lora(format: &'static str, contract: &str) {
     ] {
         assert_key_parity(&engines[0], contract, extra).await;
     }
+    assert_sglang_chat_shapes_parity(&engines[0], contract).await;
     let refs: Vec<&Sgl> = engines.iter().collect();
     let gw = Gateway::start(&kv_config(contract, &refs, ""));
     wait_subscribed(&gw).await;

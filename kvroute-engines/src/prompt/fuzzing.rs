@@ -8,7 +8,7 @@ use super::tokenizer::{ModelOptions, ModelTokenizer};
 
 use super::chat::template_input;
 use super::pyvalue::{parse_json, PyDict, PyValue};
-use super::request::{extract_request, ApiKind, OpenAiRequest};
+use super::request::{extract_request_as, ApiKind, Dialect, OpenAiRequest};
 use super::template::ChatTemplate;
 
 /// The Qwen3 chat template, embedded so the fuzz targets need no files.
@@ -52,8 +52,8 @@ pub fn fields_of(
 }
 
 /// Arbitrary bytes as a body: parse, extract for both endpoints, and render chat
-/// requests with the Qwen3 template. Must never panic. Returns the rendered text
-/// length (so the work is not optimised away).
+/// requests with the Qwen3 template, as vLLM and as SGLang. Must never panic.
+/// Returns vLLM's rendered text length (so the work is not optimised away).
 pub fn openai_request(data: &[u8]) -> usize {
     let parsed = parse_json(data);
     // The skimming reader agrees with the full one on everything it keeps.
@@ -68,20 +68,38 @@ pub fn openai_request(data: &[u8]) -> usize {
     };
     let mut n = 0;
     for endpoint in [ApiKind::Chat, ApiKind::Completions] {
-        if let Ok(OpenAiRequest::Chat(chat)) = extract_request(endpoint, &body) {
-            if let Some(t) = qwen3() {
-                if let Ok(input) = template_input(&chat, t) {
-                    n += t.render(&input).map_or(0, |s| s.len());
-                }
-            }
+        if let Ok(OpenAiRequest::Chat(chat)) = extract_request_as(endpoint, &body, Dialect::Vllm) {
+            n += render_len(&chat);
+        }
+        // SGLang's chat path takes the same bytes (its outcome is not
+        // counted: the corpus names say what vLLM does).
+        if let Ok(OpenAiRequest::Chat(chat)) = extract_request_as(endpoint, &body, Dialect::Sglang)
+        {
+            std::hint::black_box(render_len(&chat));
         }
     }
     n
 }
 
+/// The rendered length of `chat` under its dialect's chat path, 0 when it
+/// is refused.
+fn render_len(chat: &super::ChatRequest) -> usize {
+    let Some(t) = qwen3() else { return 0 };
+    let input = match chat.dialect {
+        Dialect::Vllm => template_input(chat, t).ok(),
+        Dialect::Sglang => super::chat_sglang::template_input(chat, t)
+            .ok()
+            .map(|s| s.input),
+    };
+    input
+        .and_then(|input| t.render(&input).ok())
+        .map_or(0, |s| s.len())
+}
+
 /// Structured random conversation from bytes: each byte pair picks a role and
 /// a content shape, so the fuzzer explores role orders, tool calls, reasoning
-/// and parts rather than JSON syntax. Must never panic.
+/// and parts rather than JSON syntax, through vLLM's and SGLang's chat paths.
+/// Must never panic. Returns vLLM's rendered length.
 pub fn chat_template(data: &[u8]) -> usize {
     const ROLES: [&str; 6] = ["system", "user", "assistant", "tool", "developer", "other"];
     const TEXTS: [&str; 8] = [
@@ -145,14 +163,14 @@ pub fn chat_template(data: &[u8]) -> usize {
         kw.insert("enable_thinking".into(), PyValue::Bool(flags & 8 != 0));
         body.insert("chat_template_kwargs".into(), PyValue::Dict(kw));
     }
-    let Ok(OpenAiRequest::Chat(chat)) = extract_request(ApiKind::Chat, &PyValue::Dict(body)) else {
-        return 0;
+    let body = PyValue::Dict(body);
+    // SGLang's chat path runs on the same request; vLLM's length is returned.
+    let rendered = |d| match extract_request_as(ApiKind::Chat, &body, d) {
+        Ok(OpenAiRequest::Chat(chat)) => render_len(&chat),
+        _ => 0,
     };
-    let Some(t) = qwen3() else { return 0 };
-    template_input(&chat, t)
-        .ok()
-        .and_then(|input| t.render(&input).ok())
-        .map_or(0, |s| s.len())
+    std::hint::black_box(rendered(Dialect::Sglang));
+    rendered(Dialect::Vllm)
 }
 
 fn part(ty: &str, text: &str) -> PyValue {

@@ -9,7 +9,8 @@
 //!    ([`OpenAiRequest`]) with vLLM's defaults and validators ([`Dialect`]
 //!    where SGLang differs);
 //! 3. chat messages become the [`TemplateInput`] (content-part joining,
-//!    developer→system, tool normalisation, argument parsing) and the
+//!    developer→system, tool normalisation, argument parsing; SGLang's own
+//!    message and tool processing for [`Dialect::Sglang`]) and the
 //!    [`ChatTemplate`] renders it with minijinja, Python-compatible (`tojson`
 //!    as `json.dumps`, `raise_exception`, `strftime_now`,
 //!    `continue_final_message`): [`render_chat`];
@@ -58,6 +59,7 @@
 // name per concept, so a submodule can be split or merged without breaking hosts.
 mod byte_bpe;
 mod chat;
+mod chat_sglang;
 mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -279,13 +281,18 @@ pub(crate) fn prompt_tokens_encoded(
             chat.messages
                 .iter()
                 .try_for_each(|m| add_strings(limits, &mut chars, m))?;
-            let (_, rendered) = render_chat(tok, chat)?;
+            let (_, mut rendered, prefix) = render_chat_parts(tok, chat)?;
             limits.add(&mut 0, &rendered)?;
-            let ids = encode(
+            let mut ids = encode(
                 common.cache_salt.as_deref(),
                 &rendered,
                 common.add_special_tokens,
             )?;
+            if let Some(prefix) = prefix {
+                limits.add(&mut 0, &prefix)?;
+                ids.extend(continued_prefix_ids(tok, &prefix)?);
+                rendered.push_str(&prefix);
+            }
             vec![finish(
                 tok,
                 &common,
@@ -339,15 +346,50 @@ pub(crate) fn prompt_tokens_encoded(
     })
 }
 
-/// A chat request → the template input and the rendered prompt text.
+/// A chat request → the template input and the rendered prompt text, as
+/// the request's [`Dialect`] renders it. An SGLang request continuing its
+/// last assistant message gets that message's text after the rendered
+/// template (SGLang encodes the two apart: [`prompt_tokens_as`] does too).
 pub fn render_chat(
     tok: &ModelTokenizer,
     chat: &ChatRequest,
 ) -> Result<(TemplateInput, String), PromptError> {
-    let template = tok.chat_template()?;
-    let input = chat::template_input(chat, template)?;
-    let rendered = template.render(&input)?;
+    let (input, mut rendered, prefix) = render_chat_parts(tok, chat)?;
+    if let Some(prefix) = prefix {
+        rendered.push_str(&prefix);
+    }
     Ok((input, rendered))
+}
+
+/// [`render_chat`] with SGLang's continued assistant text apart.
+fn render_chat_parts(
+    tok: &ModelTokenizer,
+    chat: &ChatRequest,
+) -> Result<(TemplateInput, String, Option<String>), PromptError> {
+    let template = tok.chat_template()?;
+    let (input, prefix) = match chat.dialect {
+        Dialect::Vllm => (chat::template_input(chat, template)?, None),
+        Dialect::Sglang => {
+            let s = chat_sglang::template_input(chat, template)?;
+            (s.input, s.assistant_prefix.filter(|p| !p.is_empty()))
+        }
+    };
+    let rendered = template.render(&input)?;
+    Ok((input, rendered, prefix))
+}
+
+/// SGLang's ids of a continued assistant text
+/// (`_append_assistant_prefix_to_prompt_ids`): encoded with the tokenizer's
+/// special tokens, less a leading one equal to the BOS the tokenizer adds.
+fn continued_prefix_ids(tok: &ModelTokenizer, prefix: &str) -> Result<Vec<u32>, PromptError> {
+    let mut ids = tok.encode(prefix, true)?;
+    if tok.added_special_tokens().0 > 0 {
+        let bos = tok.encode("", true)?.first().copied();
+        if bos.is_some() && ids.first().copied() == bos {
+            ids.remove(0);
+        }
+    }
+    Ok(ids)
 }
 
 /// The engine refuses ids outside the vocabulary.

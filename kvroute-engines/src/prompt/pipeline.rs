@@ -139,19 +139,21 @@ pub fn prompt_tokens_and_keys(
     let mut made: Option<RequestExtras> = None;
     // Keys of the one text prompt, hashed as it tokenized (`None`: the
     // contract refused, hash nothing more).
-    let mut piped: Option<(Option<Vec<BlockKey>>, usize)> = None;
+    // (keys, parts, ids encoded): ids added after the encoding (SGLang's
+    // continued assistant text) make the keys stale.
+    let mut piped: Option<(Option<Vec<BlockKey>>, usize, usize)> = None;
     let tokens =
         super::prompt_tokens_encoded(tok, api, body, limits, dialect, &mut |salt, text, add| {
             let e = made.insert(extras.take().map_or(RequestExtras::NONE, |f| f(salt)));
             let (mut ids, mut keys) = (Vec::new(), Vec::new());
             match encode_and_hash(tok, text, add, hasher, e, &mut ids, &mut keys) {
-                Ok(parts) => piped = Some((Some(keys), parts)),
+                Ok(parts) => piped = Some((Some(keys), parts, ids.len())),
                 Err(PipelineError::Prompt(m)) => return Err(m),
                 Err(PipelineError::Hash(err)) => {
                     tracing::debug!(%err, "contract refused the prompt: no keys");
                     // The ids are still the request's; hashing stopped early.
                     ids = tok.encode(text, add)?;
-                    piped = Some((None, 0));
+                    piped = Some((None, 0, ids.len()));
                 }
             }
             Ok(ids)
@@ -160,9 +162,10 @@ pub fn prompt_tokens_and_keys(
         Some(e) => e,
         None => extras.map_or(RequestExtras::NONE, |f| f(tokens.cache_salt.as_deref())),
     };
+    let final_len = tokens.engine_prompts.first().map(|p| p.token_ids.len());
     let (keys, parts) = match (piped, tokens.truncated) {
-        (Some((keys, parts)), false) => (keys, parts),
-        (Some((None, _)), true) => (None, 0),
+        (Some((keys, parts, n)), false) if Some(n) == final_len => (keys, parts),
+        (Some((None, _, _)), _) => (None, 0),
         // Truncated (the keys were of the whole text), or not a text prompt.
         _ => {
             let keys = tokens.engine_prompts.first().and_then(|p| {

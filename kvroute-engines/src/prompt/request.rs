@@ -124,6 +124,12 @@ pub struct ChatRequest {
     pub documents: Option<PyValue>,
     /// `reasoning_effort`.
     pub reasoning_effort: Option<PyValue>,
+    /// `tool_choice` (SGLang renders tools by it).
+    pub tool_choice: Option<PyValue>,
+    /// `reasoning` (SGLang takes its effort as `reasoning_effort`).
+    pub reasoning: Option<PyValue>,
+    /// Whose chat path renders the request.
+    pub dialect: Dialect,
 }
 
 /// A parsed request of either endpoint.
@@ -200,8 +206,10 @@ pub enum Dialect {
     /// vLLM 0.33 (the reference of this module).
     #[default]
     Vllm,
-    /// SGLang 0.5.x: the same OpenAI schema, but `cache_salt` is normalised, not
-    /// validated.
+    /// SGLang 0.5.23: `cache_salt` is normalised, not validated, and chat
+    /// requests are rendered by SGLang's chat path (its message and tool
+    /// models, a last assistant message asked again as a user message,
+    /// text parts joined with a space; see `docs/contracts.md`).
     Sglang,
 }
 
@@ -251,7 +259,14 @@ fn common_fields(
     add_special_default: bool,
     dialect: Dialect,
 ) -> Result<CommonFields, PromptError> {
-    let truncate_prompt_tokens = opt_int(d, "truncate_prompt_tokens")?;
+    // SGLang's chat request has neither field (nor `add_special_tokens`):
+    // they are ignored, whatever their value.
+    let ignored = dialect == Dialect::Sglang && !add_special_default;
+    let truncate_prompt_tokens = if ignored {
+        None
+    } else {
+        opt_int(d, "truncate_prompt_tokens")?
+    };
     if let Some(n) = truncate_prompt_tokens {
         if n < -1 {
             return Err(PromptError::RequestValidation(
@@ -259,7 +274,12 @@ fn common_fields(
             ));
         }
     }
-    let truncation_side = match opt_string(d, "truncation_side")?.as_deref() {
+    let side = if ignored {
+        None
+    } else {
+        opt_string(d, "truncation_side")?
+    };
+    let truncation_side = match side.as_deref() {
         None => None,
         Some("left") => Some(TruncationSide::Left),
         Some("right") => Some(TruncationSide::Right),
@@ -284,7 +304,7 @@ fn common_fields(
     };
     Ok(CommonFields {
         model: model.to_owned(),
-        add_special_tokens: opt_bool(d, "add_special_tokens", add_special_default)?,
+        add_special_tokens: !ignored && opt_bool(d, "add_special_tokens", add_special_default)?,
         truncate_prompt_tokens,
         truncation_side,
         cache_salt,
@@ -342,9 +362,11 @@ fn extract_chat(d: &PyDict, model: &str, dialect: Dialect) -> Result<ChatRequest
             ))
         }
     };
+    let sglang = dialect == Dialect::Sglang;
     let tools = match field(d, "tools") {
         None => None,
-        Some(PyValue::List(l)) if l.is_empty() => {
+        // SGLang takes an empty list as no tools.
+        Some(PyValue::List(l)) if l.is_empty() && !sglang => {
             return Err(PromptError::RequestRule(
                 "tools: an empty list is not allowed; omit the field".into(),
             ))
@@ -352,9 +374,12 @@ fn extract_chat(d: &PyDict, model: &str, dialect: Dialect) -> Result<ChatRequest
         Some(PyValue::List(l)) => Some(l.clone()),
         Some(other) => return Err(invalid("tools", "a list", other)),
     };
-    let add_generation_prompt = opt_bool(d, "add_generation_prompt", true)?;
+    // SGLang's chat request has no `add_generation_prompt`: the generation
+    // prompt is always added, and continuing the last message does not
+    // conflict with it.
+    let add_generation_prompt = sglang || opt_bool(d, "add_generation_prompt", true)?;
     let continue_final_message = opt_bool(d, "continue_final_message", false)?;
-    if add_generation_prompt && continue_final_message {
+    if add_generation_prompt && continue_final_message && !sglang {
         return Err(PromptError::RequestRule(
             "continue_final_message and add_generation_prompt cannot both be true".into(),
         ));
@@ -380,6 +405,9 @@ fn extract_chat(d: &PyDict, model: &str, dialect: Dialect) -> Result<ChatRequest
         chat_template_kwargs,
         documents: field(d, "documents").cloned(),
         reasoning_effort: field(d, "reasoning_effort").cloned(),
+        tool_choice: field(d, "tool_choice").cloned(),
+        reasoning: field(d, "reasoning").cloned(),
+        dialect,
     })
 }
 
