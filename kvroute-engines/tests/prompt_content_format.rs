@@ -1,7 +1,9 @@
 //! The chat-template content format (string or OpenAI part lists) kvroute
 //! detects, against vLLM's own detection (`vllm/renderers/hf.py`, run from
-//! the wheel by `tests/python/vllm_content_format.py`) on the staged Qwen3
-//! template and on templates written to exercise each of its rules.
+//! the wheel by `tests/python/vllm_content_format.py`) and SGLang's
+//! (`parser/jinja_template_utils.py`, run from the wheel by
+//! `tests/python/sglang_chat_render.py --detect`) on the staged Qwen3
+//! template and on templates written to exercise each of their rules.
 
 mod interop_support;
 
@@ -12,8 +14,20 @@ use interop_support::{golden, python, repo_root};
 use kvroute_engines::prompt::{ChatTemplate, ContentFormat};
 
 fn vllm_formats(templates: &[String]) -> Vec<String> {
+    run_detection(templates, &["tests/python/vllm_content_format.py"])
+}
+
+fn sglang_formats(templates: &[String]) -> Vec<String> {
+    run_detection(
+        templates,
+        &["tests/python/sglang_chat_render.py", "--detect"],
+    )
+}
+
+fn run_detection(templates: &[String], script: &[&str]) -> Vec<String> {
     let mut child = Command::new(python())
-        .arg(repo_root().join("tests/python/vllm_content_format.py"))
+        .arg(repo_root().join(script[0]))
+        .args(&script[1..])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -64,17 +78,40 @@ fn content_format_matches_vllms_detection() {
          {%- endmacro %}{%- for message in messages %}{{ render (')', message.content) }}{%- endfor %}"
             .into(),
     ];
+    // SGLang's own rules: media words anywhere, loops over `message`,
+    // `msg` or `m` content only.
+    templates.extend([
+        "{# handles image parts #}{% for m in messages %}{{ m.content }}{% endfor %}".into(),
+        "{% for msg in messages %}{% for p in msg.content|list %}{{ p }}{% endfor %}{% endfor %}".into(),
+        "{% for message in messages %}{% for p in message['content'][1:] if p.type == 'text' %}{{ p }}{% endfor %}{% endfor %}".into(),
+        "{% for turn in messages %}{% for p in turn.content %}{{ p }}{% endfor %}{% endfor %}".into(),
+        "{% for m in messages %}{% for p in (m.content) %}{{ p }}{% endfor %}{% endfor %}".into(),
+    ]);
     templates.dedup();
-    let expected = vllm_formats(&templates);
+    let name = |f: ContentFormat| match f {
+        ContentFormat::String => "string",
+        ContentFormat::OpenAi => "openai",
+    };
     let mut differ = Vec::new();
-    for (t, want) in templates.iter().zip(&expected) {
-        let got = match ChatTemplate::new(t, vec![]).unwrap().content_format() {
-            ContentFormat::String => "string",
-            ContentFormat::OpenAi => "openai",
-        };
+    for (t, want) in templates.iter().zip(&vllm_formats(&templates)) {
+        let got = name(ChatTemplate::new(t, vec![]).unwrap().content_format());
         if got != want {
             differ.push(format!("vLLM {want}, kvroute {got}: {t}"));
         }
     }
+    let sglang = sglang_formats(&templates);
+    for (t, want) in templates.iter().zip(&sglang) {
+        let got = name(
+            ChatTemplate::new(t, vec![])
+                .unwrap()
+                .sglang_content_format(),
+        );
+        if got != want {
+            differ.push(format!("SGLang {want}, kvroute {got}: {t}"));
+        }
+    }
     assert!(differ.is_empty(), "{}", differ.join("\n"));
+    // The corpus tells the two detections apart somewhere.
+    let vllm = vllm_formats(&templates);
+    assert!(vllm.iter().zip(&sglang).any(|(a, b)| a != b));
 }

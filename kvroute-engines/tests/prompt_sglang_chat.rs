@@ -24,13 +24,17 @@ use serde_json::{json, Value};
 
 const MODEL: &str = "Qwen/Qwen3-8B";
 
-fn staged_dir() -> PathBuf {
-    let (tokenizer, config) = qwen3_tokenizer();
-    let dir = std::env::temp_dir().join(format!("kvroute-sglang-chat-{}", std::process::id()));
+/// The staged Qwen3 files, the chat template edited by `edit`.
+fn staged_dir(name: &str, edit: impl Fn(&str) -> String) -> (PathBuf, Value) {
+    let (tokenizer, mut config) = qwen3_tokenizer();
+    let template = edit(config["chat_template"].as_str().unwrap());
+    config["chat_template"] = template.into();
+    let dir =
+        std::env::temp_dir().join(format!("kvroute-sglang-chat-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
-    dir
+    (dir, config)
 }
 
 fn special_tokens(config: &Value) -> Value {
@@ -235,9 +239,7 @@ fn generated(n: usize) -> Vec<Value> {
 
 #[test]
 fn chat_requests_render_and_encode_as_sglang_does() {
-    let dir = staged_dir();
-    let (_, config) = qwen3_tokenizer();
-    let tok = ModelTokenizer::load(&dir, &ModelOptions::default()).unwrap();
+    let (dir, config) = staged_dir("qwen3", str::to_owned);
     let cases: Value =
         serde_json::from_str(&std::fs::read_to_string(golden("chat/qwen3_cases.json")).unwrap())
             .unwrap();
@@ -252,10 +254,52 @@ fn chat_requests_render_and_encode_as_sglang_does() {
     assert!(requests.len() >= 30, "golden chat requests lost");
     requests.extend(targeted());
     requests.extend(generated(120));
+    let (rendered, refused) = compare(&dir, &config, &requests);
+    // The corpus exercises both outcomes.
+    assert!(
+        rendered >= 100 && refused >= 8,
+        "{rendered} rendered, {refused} refused"
+    );
+}
+
+/// A template SGLang gives part lists to (its detection takes any mention
+/// of images as a multimodal template; vLLM's does not): the Qwen3 template
+/// with a comment, which then renders list content as nothing.
+#[test]
+fn part_lists_reach_a_template_sglang_detects_as_openai() {
+    let (dir, config) = staged_dir("openai", |t| format!("{{# image-free #}}{t}"));
+    let mut requests = targeted();
+    requests.extend(generated(40));
+    let (rendered, _) = compare(&dir, &config, &requests);
+    assert!(rendered >= 40, "{rendered} rendered");
+}
+
+/// A template that refuses tools wrapped as `{"type", "function"}`: SGLang
+/// renders again with the functions alone.
+#[test]
+fn a_template_refusing_wrapped_tools_gets_the_functions() {
+    let (dir, config) = staged_dir("flat", |t| {
+        format!(
+            "{{%- if tools and tools[0].function is defined %}}{{{{ raise_exception('functions only') }}}}{{%- endif %}}{t}"
+        )
+    });
+    let requests: Vec<Value> = targeted()
+        .into_iter()
+        .filter(|r| r.get("tools").is_some())
+        .collect();
+    let (rendered, _) = compare(&dir, &config, &requests);
+    assert!(rendered >= 5, "{rendered} rendered");
+}
+
+/// Renders `requests` with SGLang's own code (content format detected as
+/// SGLang does) and with kvroute's SGLang path over the model in `dir`;
+/// panics on any difference; returns (rendered, refused) counts.
+fn compare(dir: &std::path::Path, config: &Value, requests: &[Value]) -> (usize, usize) {
+    let tok = ModelTokenizer::load(dir, &ModelOptions::default()).unwrap();
     let job = json!({
         "template": config["chat_template"],
-        "special_tokens": special_tokens(&config),
-        "content_format": "string",
+        "special_tokens": special_tokens(config),
+        "content_format": "auto",
         "requests": requests,
     });
     let sglang: Vec<Value> =
@@ -340,9 +384,5 @@ fn chat_requests_render_and_encode_as_sglang_does() {
         requests.len(),
         failures.join("\n")
     );
-    // The corpus exercises both outcomes.
-    assert!(
-        rendered >= 100 && refused >= 8,
-        "{rendered} rendered, {refused} refused"
-    );
+    (rendered, refused)
 }

@@ -2,6 +2,7 @@
 body -> the prompt text SGLang's `/v1/chat/completions` tokenizes.
 
     python sglang_chat_render.py < job.json
+    python sglang_chat_render.py --detect < templates.json
 
 `job.json` is
 
@@ -518,6 +519,14 @@ def render_one(s, serving, body, return_template_input=False) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--detect"]:
+        # A JSON list of templates in, SGLang's content format of each out
+        # (`jinja_template_utils.detect_jinja_template_content_format`).
+        s = load()
+        templates = json.load(sys.stdin)
+        json.dump([s.jtu.detect_jinja_template_content_format(t) for t in templates], sys.stdout)
+        sys.stdout.write("\n")
+        return
     job = json.load(sys.stdin)
     s = load()
     serving = make_serving(s, job)

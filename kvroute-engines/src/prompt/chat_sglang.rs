@@ -522,6 +522,11 @@ fn check_tools(
 ) -> Result<(), PromptError> {
     let refuse = |m: String| Err(PromptError::RequestRule(m));
     match choice {
+        PyValue::Str(c) if !matches!(c.as_str(), "auto" | "required" | "none") => {
+            return Err(validation(format!(
+                "tool_choice: {c:?} is not 'auto', 'required' or 'none'"
+            )))
+        }
         PyValue::Str(c) if c.eq_ignore_ascii_case("required") && effective.is_empty() => {
             return refuse("Tools cannot be empty if tool choice is set to required.".into())
         }
@@ -556,7 +561,7 @@ pub(crate) fn template_input(
     req: &ChatRequest,
     template: &ChatTemplate,
 ) -> Result<SglangInput, PromptError> {
-    let format = template.content_format();
+    let format = template.sglang_content_format();
     if req.messages.is_empty() {
         return Err(PromptError::RequestRule("Messages cannot be empty.".into()));
     }

@@ -374,20 +374,38 @@ fn render_chat_parts(
             (s.input, s.assistant_prefix.filter(|p| !p.is_empty()))
         }
     };
-    let rendered = template.render(&input)?;
+    let (input, rendered) = match (template.render(&input), chat.dialect) {
+        (Ok(r), _) => (input, r),
+        // SGLang renders a second time with the tools as their functions
+        // alone (the shape some templates expect) when the first fails.
+        (Err(_), Dialect::Sglang) if input.tools.is_some() => {
+            let mut flat = input;
+            flat.tools = flat.tools.map(|tools| {
+                tools
+                    .into_iter()
+                    .map(|t| match t {
+                        PyValue::Dict(mut d) if d.contains_key("function") => {
+                            d.shift_remove("function").unwrap_or(PyValue::Dict(d))
+                        }
+                        other => other,
+                    })
+                    .collect()
+            });
+            let r = template.render(&flat)?;
+            (flat, r)
+        }
+        (Err(e), _) => return Err(e.into()),
+    };
     Ok((input, rendered, prefix))
 }
 
 /// SGLang's ids of a continued assistant text
 /// (`_append_assistant_prefix_to_prompt_ids`): encoded with the tokenizer's
-/// special tokens, less a leading one equal to the BOS the tokenizer adds.
+/// special tokens, less a first id equal to the `bos_token`'s.
 fn continued_prefix_ids(tok: &ModelTokenizer, prefix: &str) -> Result<Vec<u32>, PromptError> {
     let mut ids = tok.encode(prefix, true)?;
-    if tok.added_special_tokens().0 > 0 {
-        let bos = tok.encode("", true)?.first().copied();
-        if bos.is_some() && ids.first().copied() == bos {
-            ids.remove(0);
-        }
+    if tok.bos_token_id().is_some() && ids.first().copied() == tok.bos_token_id() {
+        ids.remove(0);
     }
     Ok(ids)
 }

@@ -121,6 +121,8 @@ pub struct ChatTemplate {
     source: String,
     special_tokens: Vec<(String, String)>,
     content_format: ContentFormat,
+    /// What SGLang's detection picks (it has no override).
+    sglang_content_format: ContentFormat,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -177,6 +179,7 @@ impl ChatTemplate {
             source: source.to_owned(),
             special_tokens,
             content_format: detect_content_format(source),
+            sglang_content_format: detect_sglang_content_format(source),
         })
     }
 
@@ -187,11 +190,19 @@ impl ChatTemplate {
         self.content_format
     }
 
+    /// The content format SGLang 0.5.23 gives messages for this template:
+    /// its own detection, unless set ([`ChatTemplate::with_content_format`]).
+    #[must_use]
+    pub fn sglang_content_format(&self) -> ContentFormat {
+        self.sglang_content_format
+    }
+
     /// Sets the content format (the engines run with an explicit
     /// `--chat-template-content-format`).
     #[must_use]
     pub fn with_content_format(mut self, format: ContentFormat) -> Self {
         self.content_format = format;
+        self.sglang_content_format = format;
         self
     }
 
@@ -710,6 +721,42 @@ pub(crate) fn detect_content_format(source: &str) -> ContentFormat {
         return ContentFormat::OpenAi;
     }
     ContentFormat::String
+}
+
+/// SGLang 0.5.23's content-format detection
+/// (`parser/jinja_template_utils.py`, `detect_jinja_template_content_format`):
+/// a template whose text names images, audio, video or vision wants part
+/// lists, as does one with a loop over `message.content`, `msg.content` or
+/// `m.content` (through filters and slices); any other gets strings. Unlike
+/// vLLM's, it follows no assignments or macros.
+#[must_use]
+pub(crate) fn detect_sglang_content_format(source: &str) -> ContentFormat {
+    if ["image", "audio", "video", "vision"]
+        .iter()
+        .any(|k| source.contains(k))
+    {
+        return ContentFormat::OpenAi;
+    }
+    let loops_over_content = tags(source).any(|tag| {
+        let Some((_, iterable)) = tag.strip_prefix("for ").and_then(|b| b.split_once(" in "))
+        else {
+            return false;
+        };
+        let iterable = iterable.split(" if ").next().unwrap_or("");
+        let iterable = iterable.split(" recursive").next().unwrap_or("");
+        let expr = accessed(iterable);
+        ["['content']", "[\"content\"]", ".content"]
+            .iter()
+            .any(|key| {
+                expr.strip_suffix(key)
+                    .is_some_and(|v| matches!(v.trim(), "message" | "msg" | "m"))
+            })
+    });
+    if loops_over_content {
+        ContentFormat::OpenAi
+    } else {
+        ContentFormat::String
+    }
 }
 
 /// `var` and the names assigned from it, directly or through slices and

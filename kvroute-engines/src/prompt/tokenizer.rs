@@ -79,6 +79,9 @@ pub struct ModelTokenizer {
     /// Special tokens the post-processor adds before and after a single
     /// sequence's own tokens (a BOS: `(1, 0)`).
     added_special: (usize, usize),
+    /// The id of `tokenizer_config.json`'s `bos_token` (transformers'
+    /// `bos_token_id`).
+    bos_token_id: Option<u32>,
     segments: Option<SegmentPolicy>,
     cache: Option<SpanCache>,
     seams: Option<SeamPolicy>,
@@ -225,6 +228,10 @@ impl ModelTokenizer {
                 }
             }
         }
+        let bos_token_id = special
+            .iter()
+            .find(|(name, _)| name == "bos_token")
+            .and_then(|(_, text)| tokenizer.token_to_id(text));
         let template = template_src.map(|src| {
             ChatTemplate::new(&src, special).map(|t| match options.content_format {
                 Some(format) => t.with_content_format(format),
@@ -273,6 +280,7 @@ impl ModelTokenizer {
             vocab_size,
             post_processor_adds_tokens,
             added_special,
+            bos_token_id,
             segments,
             cache,
         })
@@ -292,6 +300,12 @@ impl ModelTokenizer {
     #[must_use]
     pub fn added_special_tokens(&self) -> (usize, usize) {
         self.added_special
+    }
+
+    /// The id of the configuration's `bos_token`, if it names a token.
+    #[must_use]
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_token_id
     }
 
     /// The engine's maximum prompt length, if known.

@@ -218,6 +218,9 @@ impl PromptHost for Shared {
     fn options(&self, model: Option<&str>) -> PromptOptions {
         let mut o = self.options.clone();
         o.extras.lora = model.and_then(|m| self.lora.get(m)).cloned();
+        let g = self.current();
+        o.dialect = g.dialect;
+        o.engines.clone_from(&g.prompt_engines);
         o
     }
 }

@@ -425,13 +425,19 @@ mod tests {
 
     /// Endpoint e2 leaves and e9 takes its slot.
     fn replace_e2_with_e9(router: &crate::KvRouter) {
+        replace(router, "http://e2", "http://e9");
+    }
+
+    /// The endpoint at `old` leaves and one at `new` is added (in the
+    /// lowest free slot).
+    fn replace(router: &crate::KvRouter, old: &str, new: &str) {
         router
-            .apply(Change::Remove("http://e2".to_owned()))
+            .apply(Change::Remove(old.to_owned()))
             .expect("remove");
         let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
         router
             .apply(Change::Insert(
-                Backend::new(engine, "http://e9".to_owned()).host_events(),
+                Backend::new(engine, new.to_owned()).host_events(),
             ))
             .expect("insert");
     }
@@ -506,15 +512,7 @@ mod tests {
         assert_eq!((load.in_flight, load.queued_prefill_tokens), (1, 32));
         assert_eq!(mentions(router.drain_replica_batch(true), "http://e9"), [1]);
         // e9 leaves with its request running and comes back to its slot.
-        router
-            .apply(Change::Remove("http://e9".to_owned()))
-            .expect("remove");
-        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
-        router
-            .apply(Change::Insert(
-                Backend::new(engine, "http://e9".to_owned()).host_events(),
-            ))
-            .expect("insert");
+        replace(&router, "http://e9", "http://e9");
         let back = router.endpoint_status("http://e9").expect("e9");
         assert_eq!((back.slot, back.load.in_flight), (2, 1));
         drop(new);

@@ -93,6 +93,25 @@ pub(crate) struct Generation {
     /// [`SlotState::epoch`] of each rule endpoint (= slot) when this
     /// generation was built ([`NO_EPOCH`] for a slot without one).
     pub(crate) epochs: Vec<u64>,
+    /// The present endpoints' engines, one of each, and the request dialect
+    /// they share: how prompts of this generation are rendered.
+    pub(crate) prompt_engines: Vec<Arc<dyn Engine>>,
+    pub(crate) dialect: kvroute_engines::prompt::Dialect,
+}
+
+/// The distinct engines of `backends` and their shared request dialect
+/// ([`engine::prompt_dialect_of`]).
+fn prompt_engines<'a>(
+    backends: impl Iterator<Item = &'a Backend>,
+) -> (Vec<Arc<dyn Engine>>, kvroute_engines::prompt::Dialect) {
+    let mut engines: Vec<Arc<dyn Engine>> = Vec::new();
+    for b in backends {
+        if !engines.iter().any(|e| e.name() == b.engine.name()) {
+            engines.push(Arc::clone(&b.engine));
+        }
+    }
+    let dialect = engine::prompt_dialect_of(engines.iter());
+    (engines, dialect)
 }
 
 /// A generation's epoch of a slot it has no endpoint in: matches none.
@@ -212,15 +231,8 @@ pub(crate) fn assemble(
             }
         }
     }
+    // The dialect and engines are the current generation's (see `rebuild`).
     let mut options = b.options.clone();
-    let mut engines: Vec<Arc<dyn Engine>> = Vec::new();
-    for x in &b.backends {
-        if !engines.iter().any(|e| e.name() == x.engine.name()) {
-            engines.push(Arc::clone(&x.engine));
-        }
-    }
-    options.dialect = engine::prompt_dialect_of(engines.iter());
-    options.engines = engines;
     // Hashed with the tokenization when the keys are what the rule routes on.
     if b.choice == kvroute_select::Choice::KvExact {
         options.keys.clone_from(&contract.keys);
@@ -261,6 +273,8 @@ pub(crate) fn assemble(
         urls: vec![Arc::from("")],
         engines: vec![text_only()],
         epochs: vec![NO_EPOCH],
+        prompt_engines: Vec::new(),
+        dialect: kvroute_engines::prompt::Dialect::Vllm,
     });
     let (stop, _) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -429,11 +443,16 @@ pub(crate) fn rebuild(shared: &Shared, slots: &[Option<SlotRuntime>]) -> Result<
         endpoints,
         Some(&previous.rule),
     )?;
+    // Endpoints of another engine may have come or gone: prompts render as
+    // the present ones' engines do.
+    let (prompt_engines, dialect) = prompt_engines(slots.iter().flatten().map(|s| &s.backend));
     *shared.generation.write() = Arc::new(Generation {
         rule: Arc::new(rule),
         urls,
         engines,
         epochs,
+        prompt_engines,
+        dialect,
     });
     Ok(())
 }
@@ -716,4 +735,46 @@ pub(crate) fn set_admin_down(shared: &Shared, url: &str, down: bool) -> bool {
 /// The tracker, index and ingest of `shared` (for the followers).
 pub(crate) fn index_of(shared: &Shared) -> &Arc<SharedIndex> {
     &shared.index
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kvroute_engines::engine::{Engine, Sglang};
+    use kvroute_engines::prompt::Dialect;
+
+    use super::super::test_support::host_router;
+    use crate::{Backend, Change};
+
+    /// Prompts render as the present endpoints' engines do: a router built
+    /// without SGLang endpoints that gets only SGLang ones renders SGLang's
+    /// way, and goes back when one of another engine joins or they leave.
+    #[test]
+    fn the_prompt_dialect_follows_the_present_engines() {
+        let router = host_router(0).build().expect("router");
+        let dialect = || router.prompt_options(None).dialect;
+        assert_eq!(dialect(), Dialect::Vllm);
+        let sglang: Arc<dyn Engine> = Arc::new(Sglang);
+        for url in ["http://s0", "http://s1"] {
+            router
+                .apply(Change::Insert(
+                    Backend::new(Arc::clone(&sglang), url.to_owned()).host_events(),
+                ))
+                .expect("insert");
+        }
+        assert_eq!(dialect(), Dialect::Sglang);
+        assert_eq!(router.prompt_options(None).engines.len(), 1);
+        let other: Arc<dyn Engine> = Arc::new(super::super::test_support::HostEngine);
+        router
+            .apply(Change::Insert(
+                Backend::new(other, "http://h".to_owned()).host_events(),
+            ))
+            .expect("insert");
+        assert_eq!(dialect(), Dialect::Vllm);
+        router
+            .apply(Change::Remove("http://h".to_owned()))
+            .expect("remove");
+        assert_eq!(dialect(), Dialect::Sglang);
+    }
 }

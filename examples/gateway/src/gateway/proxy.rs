@@ -302,7 +302,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Body>, gone: &mut Gone) -> Respons
         headers: parts.headers.clone(),
         body,
         prefill: None,
-        receipt: None,
+        receipts: Vec::new(),
         failures: Vec::new(),
         pd: None,
     };
@@ -512,12 +512,11 @@ struct Ctx {
     /// The prefill leg already done for a P/D target: (endpoint, params,
     /// its cached tokens and prompt tokens).
     prefill: Option<(String, Option<serde_json::Value>, Option<Usage>)>,
-    /// The decision's receipt: the usage of the first prefill leg on the
-    /// current prefill endpoint, with that endpoint's URL. A leg run again
-    /// there (its transfer spent) finds the prompt it just prefilled
-    /// cached, which says nothing of the decision; a leg on another
-    /// endpoint (a retry after the first went down) is the new decision's.
-    receipt: Option<(String, Option<Usage>)>,
+    /// The usage of the first prefill leg on each prefill endpoint, by URL:
+    /// the receipt of a decision for that endpoint. A leg run again there
+    /// (its transfer spent, or a retry that came back to it) finds the
+    /// prompt it prefilled cached, which says nothing of the decision.
+    receipts: Vec<(String, Option<Usage>)>,
     /// (endpoint url, error) of connect failures, for the 503 reason.
     failures: Vec<(String, String)>,
     /// P/D: the request parsed once for every leg and attempt (`None` until
@@ -675,7 +674,7 @@ async fn connect(
     let body = prepared
         .decode_body(&pick.text_body(&ctx.body), params)
         .await;
-    let receipt = settle_receipt(&mut ctx.receipt, &main.url, cached);
+    let receipt = settle_receipt(&mut ctx.receipts, &main.url, cached);
     let response = exchange(gw, pick, Leg::Decode, &decode_ep.base, ctx, body).await?;
     Ok(Connection {
         response,
@@ -685,19 +684,17 @@ async fn connect(
 }
 
 /// The receipt of a decision whose prefill leg on `url` reported `cached`:
-/// the first report of that endpoint (see [`Ctx::receipt`]).
+/// that endpoint's first report (see [`Ctx::receipts`]).
 fn settle_receipt(
-    receipt: &mut Option<(String, Option<Usage>)>,
+    receipts: &mut Vec<(String, Option<Usage>)>,
     url: &str,
     cached: Option<Usage>,
 ) -> Option<Usage> {
-    match receipt {
-        Some((first, usage)) if first == url => *usage,
-        _ => {
-            *receipt = Some((url.to_owned(), cached));
-            cached
-        }
+    if let Some((_, first)) = receipts.iter().find(|(u, _)| u == url) {
+        return *first;
     }
+    receipts.push((url.to_owned(), cached));
+    cached
 }
 
 /// Streams the upstream response back; the receipt is recorded at its end
@@ -763,12 +760,12 @@ mod tests {
     use super::{ambiguous_path, settle_receipt};
 
     /// The receipt is the first prefill leg's on each prefill endpoint: a
-    /// leg run again on the same endpoint finds its own prefill cached and
-    /// leaves the receipt alone; a leg on another endpoint (the retry's
-    /// decision) replaces it.
+    /// leg run again on the same endpoint, or on one a retry came back to,
+    /// finds its own prefill cached and leaves the receipt alone; a leg on
+    /// another endpoint (the retry's decision) is that decision's receipt.
     #[test]
     fn the_receipt_is_the_first_leg_of_the_current_prefill_endpoint() {
-        let mut r = None;
+        let mut r = Vec::new();
         assert_eq!(
             settle_receipt(&mut r, "http://a", Some((0, Some(100)))),
             Some((0, Some(100)))
@@ -785,7 +782,10 @@ mod tests {
             settle_receipt(&mut r, "http://b", None),
             Some((32, Some(100)))
         );
-        assert_eq!(settle_receipt(&mut r, "http://a", None), None);
+        assert_eq!(
+            settle_receipt(&mut r, "http://a", None),
+            Some((0, Some(100)))
+        );
     }
 
     #[test]
