@@ -259,9 +259,11 @@ fn common_fields(
     add_special_default: bool,
     dialect: Dialect,
 ) -> Result<CommonFields, PromptError> {
-    // SGLang's chat request has neither field (nor `add_special_tokens`):
-    // they are ignored, whatever their value.
-    let ignored = dialect == Dialect::Sglang && !add_special_default;
+    // SGLang's chat and completions requests have neither field, nor
+    // `add_special_tokens` (`protocol.py`): they are ignored, whatever their
+    // value; its tokenizer adds the special tokens to a completions prompt
+    // (`TokenizerManager._tokenize_texts`), never to a rendered chat.
+    let ignored = dialect == Dialect::Sglang;
     let truncate_prompt_tokens = if ignored {
         None
     } else {
@@ -304,7 +306,11 @@ fn common_fields(
     };
     Ok(CommonFields {
         model: model.to_owned(),
-        add_special_tokens: !ignored && opt_bool(d, "add_special_tokens", add_special_default)?,
+        add_special_tokens: if ignored {
+            add_special_default
+        } else {
+            opt_bool(d, "add_special_tokens", add_special_default)?
+        },
         truncate_prompt_tokens,
         truncation_side,
         cache_salt,
@@ -554,6 +560,26 @@ mod tests {
     /// `value = self.cache_salt or None`; `radix_cache.py:77`:
     /// `self.cache_salt = cache_salt or None`): its blocks are the unsalted
     /// ones, so the request routes like one without a salt.
+    #[test]
+    fn sglang_ignores_the_fields_its_requests_do_not_have() {
+        let body = |v: &str| crate::prompt::parse_json(v.as_bytes()).unwrap();
+        let fields =
+            r#""truncate_prompt_tokens": 3, "truncation_side": "bogus", "add_special_tokens": "#;
+        for (api, extra, special) in [
+            (ApiKind::Completions, r#""prompt": "x""#, "false"),
+            (ApiKind::Chat, r#""messages": []"#, "true"),
+        ] {
+            let v = body(&format!(r#"{{"model": "m", {extra}, {fields}{special}}}"#));
+            let req = extract_request_as(api, &v, Dialect::Sglang).unwrap();
+            let c = req.common();
+            assert_eq!(c.truncate_prompt_tokens, None);
+            assert_eq!(c.truncation_side, None);
+            // Completions prompts get the tokenizer's special tokens, chats not.
+            assert_eq!(c.add_special_tokens, api == ApiKind::Completions);
+            assert!(extract_request_as(api, &v, Dialect::Vllm).is_err());
+        }
+    }
+
     #[test]
     fn sglang_takes_an_empty_cache_salt_as_none() {
         let body = |salt: &str| {
