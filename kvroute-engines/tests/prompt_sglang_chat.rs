@@ -386,3 +386,58 @@ fn compare(dir: &std::path::Path, config: &Value, requests: &[Value]) -> (usize,
     );
     (rendered, refused)
 }
+
+/// Fields SGLang's request models do not have are ignored, whatever their
+/// value: the models (read from the wheel) lack them, and kvroute's SGLang
+/// ids do not change with them, on chat and completions.
+#[test]
+fn fields_sglang_does_not_have_change_nothing() {
+    let fields: Value = run_json(
+        "sglang_chat_render.py",
+        &["--fields".as_ref()],
+        &json!(null),
+    );
+    let has = |api: &str, f: &str| fields[api].as_array().unwrap().iter().any(|v| v == f);
+    let ignored = [
+        "add_special_tokens",
+        "truncate_prompt_tokens",
+        "truncation_side",
+    ];
+    for f in ignored {
+        assert!(!has("chat", f) && !has("completions", f), "SGLang has {f}");
+    }
+    assert!(!has("chat", "add_generation_prompt"));
+    assert!(has("chat", "continue_final_message") && has("completions", "cache_salt"));
+
+    let (dir, _) = staged_dir("fields", str::to_owned);
+    let tok = ModelTokenizer::load(&dir, &ModelOptions::default()).unwrap();
+    let ids = |api: ApiKind, body: Value| {
+        let p = prompt_tokens_as(
+            &tok,
+            api,
+            &parse_json(body.to_string().as_bytes()).unwrap(),
+            Default::default(),
+            Dialect::Sglang,
+        )
+        .unwrap();
+        p.engine_prompts[0].token_ids.clone()
+    };
+    let extra = json!({"add_special_tokens": false, "truncate_prompt_tokens": 2,
+        "truncation_side": "right", "add_generation_prompt": false});
+    for (api, body) in [
+        (
+            ApiKind::Chat,
+            json!({"model": MODEL, "messages": [user("a question of some length")]}),
+        ),
+        (
+            ApiKind::Completions,
+            json!({"model": MODEL, "prompt": "a prompt of some length"}),
+        ),
+    ] {
+        let mut with = body.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            with[k] = v.clone();
+        }
+        assert_eq!(ids(api, with), ids(api, body));
+    }
+}

@@ -3,6 +3,7 @@ body -> the prompt text SGLang's `/v1/chat/completions` tokenizes.
 
     python sglang_chat_render.py < job.json
     python sglang_chat_render.py --detect < templates.json
+    python sglang_chat_render.py --fields
 
 `job.json` is
 
@@ -519,6 +520,18 @@ def render_one(s, serving, body, return_template_input=False) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--fields"]:
+        # The fields of SGLang's chat and completions request models.
+        s = load()
+        json.dump(
+            {
+                "chat": sorted(s.protocol.ChatCompletionRequest.model_fields),
+                "completions": sorted(s.protocol.CompletionRequest.model_fields),
+            },
+            sys.stdout,
+        )
+        sys.stdout.write("\n")
+        return
     if sys.argv[1:] == ["--detect"]:
         # A JSON list of templates in, SGLang's content format of each out
         # (`jinja_template_utils.detect_jinja_template_content_format`).

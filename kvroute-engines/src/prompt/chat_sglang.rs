@@ -112,8 +112,8 @@ fn obj<'a>(v: &'a PyValue, at: &str) -> Result<&'a PyDict, PromptError> {
         .ok_or_else(|| validation(format!("{at}: expected an object, got {}", v.type_name())))
 }
 
-/// One content part as its model dumps it (`None` for a media part, which
-/// is refused by the caller).
+/// One content part as its model dumps it; a media part is refused (this
+/// path is text-only).
 fn part(v: &PyValue, role: &str, at: &str) -> Result<PyDict, PromptError> {
     let d = obj(v, at)?;
     let ty = match d.get("type") {
@@ -514,46 +514,93 @@ fn reasoning(req: &ChatRequest) -> Result<(Option<PyValue>, Option<bool>), Promp
     Ok((effort, thinking))
 }
 
-/// `_validate_request`'s checks of the tools and the tool choice.
-fn check_tools(
-    choice: &PyValue,
+/// `_validate_request`'s checks of the tool choice against the tools the
+/// request and its messages give (`effective`); the tool a named choice
+/// picks, if it is one.
+fn check_tools<'c>(
+    choice: &'c PyValue,
     effective: &[&str],
     message_tools: bool,
-) -> Result<(), PromptError> {
-    let refuse = |m: String| Err(PromptError::RequestRule(m));
-    match choice {
-        PyValue::Str(c) if !matches!(c.as_str(), "auto" | "required" | "none") => {
-            return Err(validation(format!(
-                "tool_choice: {c:?} is not 'auto', 'required' or 'none'"
-            )))
-        }
-        PyValue::Str(c) if c.eq_ignore_ascii_case("required") && effective.is_empty() => {
-            return refuse("Tools cannot be empty if tool choice is set to required.".into())
-        }
-        PyValue::Str(_) => {}
-        other => {
-            if effective.is_empty() {
-                return refuse(
-                    "Tools cannot be empty if tool choice is set to a specific tool.".into(),
-                );
-            }
-            let name = other
-                .as_dict()
-                .and_then(|d| d.get("function")?.as_dict()?.get("name")?.as_str())
-                .ok_or_else(|| validation("tool_choice.function.name: field required".into()))?;
-            if !effective.contains(&name) {
-                return refuse(format!("Tool '{name}' not found in tools list."));
-            }
-        }
-    }
+) -> Result<Option<&'c str>, PromptError> {
+    let refuse = |m: &str| Err(PromptError::RequestRule(m.to_owned()));
     if message_tools {
         let mut names = effective.to_vec();
         names.sort_unstable();
         if names.windows(2).any(|w| w[0] == w[1]) {
-            return refuse("Tool names must be unique across request and message tools.".into());
+            return refuse("Tool names must be unique across request and message tools.");
         }
     }
-    Ok(())
+    match choice {
+        PyValue::Str(c) if !matches!(c.as_str(), "auto" | "required" | "none") => Err(validation(
+            format!("tool_choice: {c:?} is not 'auto', 'required' or 'none'"),
+        )),
+        PyValue::Str(c) if c == "required" && effective.is_empty() => {
+            refuse("Tools cannot be empty if tool choice is set to required.")
+        }
+        PyValue::Str(_) => Ok(None),
+        _ if effective.is_empty() => {
+            refuse("Tools cannot be empty if tool choice is set to a specific tool.")
+        }
+        named => {
+            let name = named
+                .as_dict()
+                .and_then(|d| d.get("function")?.as_dict()?.get("name")?.as_str())
+                .ok_or_else(|| validation("tool_choice.function.name: field required".into()))?;
+            if effective.contains(&name) {
+                Ok(Some(name))
+            } else {
+                refuse(&format!("Tool '{name}' not found in tools list."))
+            }
+        }
+    }
+}
+
+/// The template's tools: the request's (`model_dump`ed), none when the
+/// choice is `"none"`, only the named one for a named choice
+/// (`serving_chat.py`, tools handling before the template call).
+fn template_tools(
+    request_tools: Vec<(String, PyValue)>,
+    choice: &PyValue,
+    named: Option<&str>,
+) -> Option<Vec<PyValue>> {
+    if choice.as_str() == Some("none") {
+        return None;
+    }
+    let picked: Vec<PyValue> = request_tools
+        .into_iter()
+        .filter(|(n, _)| named.is_none_or(|x| x == n))
+        .map(|(_, t)| t)
+        .collect();
+    (!picked.is_empty()).then_some(picked)
+}
+
+/// Renders `input`; when that fails with tools, SGLang renders again with
+/// the tools as their functions alone (the shape some templates expect).
+pub(crate) fn render(
+    template: &ChatTemplate,
+    input: TemplateInput,
+) -> Result<(TemplateInput, String), PromptError> {
+    match template.render(&input) {
+        Ok(r) => Ok((input, r)),
+        Err(_) if input.tools.is_some() => {
+            let mut flat = input;
+            flat.tools = flat.tools.map(|tools| {
+                tools
+                    .into_iter()
+                    .map(|t| match t {
+                        PyValue::Dict(mut d) => match d.shift_remove("function") {
+                            Some(f) => f,
+                            None => PyValue::Dict(d),
+                        },
+                        other => other,
+                    })
+                    .collect()
+            });
+            let r = template.render(&flat)?;
+            Ok((flat, r))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Builds SGLang's template input for a chat request.
@@ -603,38 +650,8 @@ pub(crate) fn template_input(
         None if req.tools.is_none() && message_tools.is_empty() => PyValue::Str("none".into()),
         None => PyValue::Str("auto".into()),
     };
-    check_tools(&choice, &effective, !message_tools.is_empty())?;
-    let message_tools = !message_tools.is_empty();
-    let tools = if (request_tools.is_empty() && !message_tools) || choice.as_str() == Some("none") {
-        None
-    } else {
-        match &choice {
-            PyValue::Str(_) => (!request_tools.is_empty())
-                .then(|| request_tools.into_iter().map(|(_, t)| t).collect()),
-            PyValue::Dict(d) => {
-                let named = d
-                    .get("function")
-                    .and_then(PyValue::as_dict)
-                    .and_then(|f| f.get("name"))
-                    .and_then(PyValue::as_str)
-                    .ok_or_else(|| {
-                        validation("tool_choice.function.name: field required".into())
-                    })?;
-                let picked: Vec<PyValue> = request_tools
-                    .into_iter()
-                    .filter(|(n, _)| n == named)
-                    .map(|(_, t)| t)
-                    .collect();
-                (!picked.is_empty()).then_some(picked)
-            }
-            other => {
-                return Err(validation(format!(
-                    "tool_choice: expected a string or an object, got {}",
-                    other.type_name()
-                )))
-            }
-        }
-    };
+    let named = check_tools(&choice, &effective, !message_tools.is_empty())?;
+    let tools = template_tools(request_tools, &choice, named);
     let mut messages: Vec<PyDict> = dumped
         .into_iter()
         .map(|m| for_template(m, format))

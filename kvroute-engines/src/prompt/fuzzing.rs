@@ -85,15 +85,16 @@ pub fn openai_request(data: &[u8]) -> usize {
 /// is refused.
 fn render_len(chat: &super::ChatRequest) -> usize {
     let Some(t) = qwen3() else { return 0 };
-    let input = match chat.dialect {
-        Dialect::Vllm => template_input(chat, t).ok(),
+    let rendered = match chat.dialect {
+        Dialect::Vllm => template_input(chat, t)
+            .ok()
+            .and_then(|input| t.render(&input).ok()),
         Dialect::Sglang => super::chat_sglang::template_input(chat, t)
             .ok()
-            .map(|s| s.input),
+            .and_then(|s| super::chat_sglang::render(t, s.input).ok())
+            .map(|(_, r)| r),
     };
-    input
-        .and_then(|input| t.render(&input).ok())
-        .map_or(0, |s| s.len())
+    rendered.map_or(0, |s| s.len())
 }
 
 /// Structured random conversation from bytes: each byte pair picks a role and

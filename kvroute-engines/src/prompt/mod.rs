@@ -367,34 +367,21 @@ fn render_chat_parts(
     chat: &ChatRequest,
 ) -> Result<(TemplateInput, String, Option<String>), PromptError> {
     let template = tok.chat_template()?;
-    let (input, prefix) = match chat.dialect {
-        Dialect::Vllm => (chat::template_input(chat, template)?, None),
+    let (input, rendered, prefix) = match chat.dialect {
+        Dialect::Vllm => {
+            let input = chat::template_input(chat, template)?;
+            let rendered = template.render(&input)?;
+            (input, rendered, None)
+        }
         Dialect::Sglang => {
             let s = chat_sglang::template_input(chat, template)?;
-            (s.input, s.assistant_prefix.filter(|p| !p.is_empty()))
+            let (input, rendered) = chat_sglang::render(template, s.input)?;
+            (
+                input,
+                rendered,
+                s.assistant_prefix.filter(|p| !p.is_empty()),
+            )
         }
-    };
-    let (input, rendered) = match (template.render(&input), chat.dialect) {
-        (Ok(r), _) => (input, r),
-        // SGLang renders a second time with the tools as their functions
-        // alone (the shape some templates expect) when the first fails.
-        (Err(_), Dialect::Sglang) if input.tools.is_some() => {
-            let mut flat = input;
-            flat.tools = flat.tools.map(|tools| {
-                tools
-                    .into_iter()
-                    .map(|t| match t {
-                        PyValue::Dict(mut d) if d.contains_key("function") => {
-                            d.shift_remove("function").unwrap_or(PyValue::Dict(d))
-                        }
-                        other => other,
-                    })
-                    .collect()
-            });
-            let r = template.render(&flat)?;
-            (flat, r)
-        }
-        (Err(e), _) => return Err(e.into()),
     };
     Ok((input, rendered, prefix))
 }
