@@ -266,6 +266,7 @@ pub(crate) fn prompt_tokens_encoded(
     let from_ids = |ids: &[i64], truncated: &mut bool| {
         finish(
             tok,
+            dialect,
             &common,
             None,
             checked_ids(tok, ids)?,
@@ -295,6 +296,7 @@ pub(crate) fn prompt_tokens_encoded(
             }
             vec![finish(
                 tok,
+                dialect,
                 &common,
                 Some(rendered),
                 ids,
@@ -312,6 +314,7 @@ pub(crate) fn prompt_tokens_encoded(
                 )?;
                 vec![finish(
                     tok,
+                    dialect,
                     &common,
                     Some(text.clone()),
                     ids,
@@ -327,7 +330,15 @@ pub(crate) fn prompt_tokens_encoded(
                     .iter()
                     .map(|t| {
                         let ids = tok.encode(t, common.add_special_tokens)?;
-                        finish(tok, &common, Some(t.clone()), ids, specials, &mut truncated)
+                        finish(
+                            tok,
+                            dialect,
+                            &common,
+                            Some(t.clone()),
+                            ids,
+                            specials,
+                            &mut truncated,
+                        )
                     })
                     .collect::<Result<_, _>>()?
             }
@@ -416,6 +427,7 @@ fn checked_ids(tok: &ModelTokenizer, ids: &[i64]) -> Result<Vec<u32>, PromptErro
 /// text's own tokens (none for a prompt given as ids).
 fn finish(
     tok: &ModelTokenizer,
+    dialect: Dialect,
     common: &CommonFields,
     rendered: Option<String>,
     mut ids: Vec<u32>,
@@ -480,17 +492,49 @@ fn finish(
         ));
     }
     if let Some(max) = tok.max_model_len() {
-        if ids.len() > max {
-            return Err(PromptError::EngineInput(format!(
-                "prompt has {} tokens, more than max_model_len {max}",
-                ids.len()
-            )));
-        }
+        context_check(dialect, common, ids.len(), max)?;
     }
     Ok(EnginePrompt {
         rendered,
         token_ids: ids,
     })
+}
+
+/// The engine's context-length check of a `len`-token prompt, `max` the
+/// model's context length.
+///
+/// * vLLM refuses a prompt longer than the context
+///   (`renderers/params.py` `_token_len_check`) and clamps `max_tokens` to
+///   what is left (`get_max_tokens`).
+/// * SGLang refuses a prompt as long as the context or longer, and one whose
+///   `max_new_tokens` does not fit beside it
+///   (`TokenizerManager._validate_one_request`, without
+///   `--allow-auto-truncate`).
+fn context_check(
+    dialect: Dialect,
+    common: &CommonFields,
+    len: usize,
+    max: usize,
+) -> Result<(), PromptError> {
+    match dialect {
+        Dialect::Vllm if len > max => Err(PromptError::EngineInput(format!(
+            "prompt has {len} tokens, more than max_model_len {max}"
+        ))),
+        Dialect::Vllm => Ok(()),
+        Dialect::Sglang if len >= max => Err(PromptError::EngineInput(format!(
+            "the input ({len} tokens) is longer than the model's context length ({max} tokens)"
+        ))),
+        Dialect::Sglang => {
+            let (len, max) = (len as i128, max as i128);
+            match common.max_tokens {
+                Some(new) if i128::from(new) + len > max => Err(PromptError::EngineInput(format!(
+                    "{len} prompt tokens and {new} new tokens exceed the model's context \
+                         length ({max} tokens)"
+                ))),
+                _ => Ok(()),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -78,8 +78,12 @@ pub struct CommonFields {
     /// `cache_salt`: ids unchanged, block 0's hash changes. Always non-empty
     /// (vLLM refuses an empty salt; `null` is the same as absent).
     pub cache_salt: Option<String>,
-    /// `max_tokens`, or on chat `max_completion_tokens` first (only `0`
-    /// matters: it changes what `-1` truncates to).
+    /// The tokens the request asks to generate, as its dialect reads them.
+    /// vLLM: `max_tokens`, or on chat `max_completion_tokens` first (only
+    /// `0` matters: it changes what `-1` truncates to). SGLang: its
+    /// `max_new_tokens` (completions `max_tokens`, default 16; chat
+    /// `max_completion_tokens or max_tokens`), which its context check adds
+    /// to the prompt's length.
     pub max_tokens: Option<i64>,
 }
 
@@ -213,6 +217,9 @@ pub enum Dialect {
     Sglang,
 }
 
+/// SGLang's completions `max_tokens` when the request has none.
+const SGLANG_COMPLETION_MAX_TOKENS: i64 = 16;
+
 /// Longest `cache_salt` vLLM accepts (`_MAX_CACHE_SALT_LENGTH`).
 const MAX_CACHE_SALT_CHARS: usize = 128;
 
@@ -229,13 +236,42 @@ const MAX_CACHE_SALT_CHARS: usize = 128;
 /// * SGLang 0.5.23: `GenerateReqInput._normalize_cache_salt` turns a string into
 ///   `value or None` (`managers/io_struct.py:873-875`) and `RadixKey` keeps
 ///   `cache_salt or None` (`mem_cache/radix_cache.py:77`): an empty salt is no
-///   salt, the blocks are the unsalted ones.
-fn cache_salt(d: &PyDict, dialect: Dialect) -> Result<Option<String>, PromptError> {
+///   salt, the blocks are the unsalted ones. A batch (`batch`: its prompt
+///   count) may give a list with one salt per prompt (`io_struct.py:876-884`);
+///   a single prompt takes a string only (`io_struct.py:575-580`), unless
+///   `n` > 1 makes it a batch of one (`_handle_parallel_sampling`). The salt
+///   returned is the first prompt's, the one the request is routed by.
+fn cache_salt(
+    d: &PyDict,
+    dialect: Dialect,
+    batch: Option<usize>,
+) -> Result<Option<String>, PromptError> {
     let rule = |msg: &str| PromptError::RequestRule(format!("cache_salt: {msg}"));
     match (dialect, field(d, "cache_salt")) {
         (_, None) => Ok(None),
         (Dialect::Sglang, Some(PyValue::Str(s))) => Ok((!s.is_empty()).then(|| s.clone())),
-        (Dialect::Sglang, Some(other)) => Err(invalid("cache_salt", "a string", other)),
+        (Dialect::Sglang, Some(PyValue::List(items))) => {
+            let salts = items
+                .iter()
+                .map(PyValue::as_str)
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    PromptError::RequestValidation("cache_salt: expected strings".into())
+                })?;
+            let size = match batch {
+                Some(k) => k,
+                None if opt_int(d, "n")?.unwrap_or(1) > 1 => 1,
+                None => return Err(rule("should be a string for a single request")),
+            };
+            if salts.len() != size {
+                return Err(rule("the length should be equal to the batch size"));
+            }
+            Ok(salts
+                .first()
+                .filter(|s| !s.is_empty())
+                .map(|s| (*s).to_owned()))
+        }
+        (Dialect::Sglang, Some(other)) => Err(invalid("cache_salt", "a string or a list", other)),
         (Dialect::Vllm, Some(PyValue::Str(s))) if s.is_empty() => {
             Err(rule("must be a non-empty string if provided"))
         }
@@ -253,11 +289,14 @@ fn cache_salt(d: &PyDict, dialect: Dialect) -> Result<Option<String>, PromptErro
     }
 }
 
+/// The fields both endpoints share; `batch`: the prompt count of a
+/// completions prompt given as a list of prompts (`None`: one prompt).
 fn common_fields(
     d: &PyDict,
     model: &str,
     add_special_default: bool,
     dialect: Dialect,
+    batch: Option<usize>,
 ) -> Result<CommonFields, PromptError> {
     // SGLang's chat and completions requests have neither field, nor
     // `add_special_tokens` (`protocol.py`): they are ignored, whatever their
@@ -291,18 +330,34 @@ fn common_fields(
             )))
         }
     };
-    let cache_salt = cache_salt(d, dialect)?;
-    // `max_completion_tokens` is a chat field: vLLM's completions request
-    // has only `max_tokens` (`build_tok_params`).
+    let cache_salt = cache_salt(d, dialect, batch)?;
     let chat = !add_special_default;
-    let completion_tokens = if chat {
-        opt_int(d, "max_completion_tokens")?
-    } else {
-        None
-    };
-    let max_tokens = match completion_tokens {
-        Some(n) => Some(n),
-        None => opt_int(d, "max_tokens")?,
+    let max_tokens = match dialect {
+        // `max_completion_tokens` is a chat field: vLLM's completions
+        // request has only `max_tokens` (`build_tok_params`).
+        Dialect::Vllm if chat => match opt_int(d, "max_completion_tokens")? {
+            Some(n) => Some(n),
+            None => opt_int(d, "max_tokens")?,
+        },
+        Dialect::Vllm => opt_int(d, "max_tokens")?,
+        // `max_completion_tokens or max_tokens` (`protocol.py:1214`): a 0
+        // falls through as Python's `or` does.
+        Dialect::Sglang if chat => opt_int(d, "max_completion_tokens")?
+            .filter(|n| *n != 0)
+            .or(opt_int(d, "max_tokens")?),
+        // `max_tokens: int = 16`, positive (`protocol.py:378, 448-453`).
+        Dialect::Sglang => match d.get("max_tokens") {
+            None => Some(SGLANG_COMPLETION_MAX_TOKENS),
+            Some(PyValue::Null) => return Err(invalid("max_tokens", "an integer", &PyValue::Null)),
+            Some(_) => match opt_int(d, "max_tokens")? {
+                Some(n) if n > 0 => Some(n),
+                _ => {
+                    return Err(PromptError::RequestValidation(
+                        "max_tokens must be positive".into(),
+                    ))
+                }
+            },
+        },
     };
     Ok(CommonFields {
         model: model.to_owned(),
@@ -403,7 +458,7 @@ fn extract_chat(d: &PyDict, model: &str, dialect: Dialect) -> Result<ChatRequest
         ));
     }
     Ok(ChatRequest {
-        common: common_fields(d, model, false, dialect)?,
+        common: common_fields(d, model, false, dialect, None)?,
         messages,
         tools,
         add_generation_prompt,
@@ -468,8 +523,13 @@ fn extract_completion(
         }
         Some(other) => return Err(invalid("prompt", "a string or a list", other)),
     };
+    let batch = match &prompt {
+        CompletionPrompt::Texts(t) => Some(t.len()),
+        CompletionPrompt::IdLists(l) => Some(l.len()),
+        CompletionPrompt::Text(_) | CompletionPrompt::Ids(_) => None,
+    };
     Ok(CompletionRequest {
-        common: common_fields(d, model, true, dialect)?,
+        common: common_fields(d, model, true, dialect, batch)?,
         prompt,
     })
 }
