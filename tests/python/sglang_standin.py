@@ -62,6 +62,12 @@ whole server, replaced by the smallest equivalent):
   `sglang.srt`, `sglang.srt.utils`, `sglang.srt.arg_groups`) instead of
   replacing them; both share `sglang.srt.environ` and `PLACEHOLDER_CALLS`
   (see `ChatRenderer`);
+* `POST /tokenize` (and `/v1/tokenize`): the wheel's `TokenizeRequest`
+  (`to_chat_completion_request`, which passes `add_generation_prompt` and
+  `add_special_tokens` to the template path when given) and
+  `OpenAIServingTokenize._tokenize_chat_request` (compiled from
+  `serving_tokenize.py`) over the same chat serving object; a `prompt`
+  string is encoded with the request's `add_special_tokens` (default true);
 * debug endpoints: `GET /debug/cached_blocks` (every page key the tree holds,
   as its recorder publishes it: `_node_event_hash_values`, `_namespace_seed`,
   `namespaced_block_hash`; u64), `GET /debug/stats`.
@@ -450,6 +456,81 @@ class ChatRenderer:
             finally:
                 calls[:0] = saved
 
+    def _ids_of(self, parts) -> list[int]:
+        """The ids of what the chat path asked to encode: the rendered text
+        with its encode arguments (specials only when asked), then a
+        continued assistant text (specials, one leading BOS dropped)."""
+        ids: list[int] = []
+        for part in parts:
+            if isinstance(part, self.R._Rendered):
+                add = bool(part.encode_kwargs.get("add_special_tokens", False))
+                ids += self.frontend.encode(part.text, add_special_tokens=add)
+            elif isinstance(part, self.R._Prefix):
+                extra = self.frontend.encode(part.text, add_special_tokens=True)
+                if extra and extra[0] == self.bos_token_id:
+                    extra = extra[1:]
+                ids += extra
+            elif type(part) is int:
+                ids.append(part)
+            else:
+                raise ChatRenderFailure(f"unexpected prompt part {part!r}")
+        return ids
+
+    def tokenize_ids(self, body: dict) -> list[int]:
+        """SGLang's `POST /tokenize` for `body`; ValueError for a request it
+        refuses."""
+        from pydantic import TypeAdapter, ValidationError
+
+        protocol = self.chat.protocol
+        try:
+            request = TypeAdapter(protocol.TokenizeRequest).validate_python(body, from_attributes=True)
+        except ValidationError as e:
+            raise ValueError(str(e)) from e
+        if request.messages is None:
+            if not isinstance(request.prompt, str):
+                raise ValueError("the stand-in tokenizes one prompt string")
+            return self.frontend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        calls = sglang_loader.PLACEHOLDER_CALLS
+        with self.lock:
+            saved = list(calls)
+            del calls[:]
+            try:
+                tok = self.tokenize_serving(request)
+            except ValueError:
+                raise
+            except Exception as e:
+                raise ChatRenderFailure(f"{type(e).__name__}: {e}") from e
+            finally:
+                used = list(calls)
+                calls[:] = saved
+            if used:
+                raise ChatRenderFailure(f"placeholders used: {used}")
+        if isinstance(tok, str):
+            return self.frontend.encode(tok, add_special_tokens=False)
+        return self._ids_of(tok)
+
+    def tokenize_serving(self, request):
+        """`OpenAIServingTokenize._tokenize_chat_request` from the wheel, bound
+        to this renderer's chat serving object (built once)."""
+        if not hasattr(self, "_tokenize"):
+            methods = self.R.wheel_methods(
+                "srt/entrypoints/openai/serving_tokenize.py",
+                "OpenAIServingTokenize",
+                ["_tokenize_chat_request"],
+                # The module's annotations are evaluated at definition.
+                {"List": list, "TokenizeRequest": self.chat.protocol.TokenizeRequest},
+            )
+            cls = type("OpenAIServingTokenize", (self.R._Strict,), methods)
+            self._tokenize = cls(
+                chat_serving=self.serving,
+                tokenizer_manager=self.R._Strict(
+                    # A text answer is encoded by the caller (tokenize_ids).
+                    tokenizer=self.R._Strict(encode=lambda text, **kw: text),
+                    model_config=self.R._Strict(is_multimodal=False),
+                ),
+            )
+        return self._tokenize._tokenize_chat_request(request)
+
     def prompt_ids(self, body: dict) -> list[int]:
         """The ids SGLang's `/v1/chat/completions` schedules; ValueError for a
         request SGLang refuses (the message is its own)."""
@@ -540,7 +621,7 @@ def make_handler(engine: Engine, frontend: Frontend, chat_renderer: ChatRenderer
                 else:
                     self._error(400, "Cache not flushed: there are running or waiting requests")
                 return
-            if path not in ("/v1/completions", "/v1/chat/completions"):
+            if path not in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/v1/tokenize"):
                 self._error(404, f"no route {path}")
                 return
             try:
@@ -549,6 +630,17 @@ def make_handler(engine: Engine, frontend: Frontend, chat_renderer: ChatRenderer
                     raise ValueError("body must be an object")
             except ValueError as e:
                 self._error(400, f"invalid JSON: {e}")
+                return
+            if path in ("/tokenize", "/v1/tokenize"):
+                try:
+                    ids = chat_renderer.tokenize_ids(body)
+                except ChatRenderFailure as e:
+                    self._error(500, f"sglang-standin: {e}")
+                    return
+                except ValueError as e:
+                    self._error(400, str(e))
+                    return
+                self._json(200, {"tokens": ids, "count": len(ids), "max_model_len": engine.args.max_total_tokens})
                 return
             chat = path == "/v1/chat/completions"
             try:

@@ -165,7 +165,8 @@ fn through_rule(
         }],
     };
     let block = router.contract().map(|c| c.block_size().get());
-    finish(args, &body, &shown, block)
+    let dialect = router.prompt_options(Some(shown.model)).dialect;
+    finish(args, &body, &shown, block, dialect)
 }
 
 /// What the command prints.
@@ -318,15 +319,17 @@ fn standalone(
         prompts,
     };
     let block = contract.as_ref().map(|c| c.block_size().get());
-    finish(args, body, &shown, block)
+    finish(args, body, &shown, block, dialect)
 }
 
-/// Renders `shown`, with the engine's verdict when `--engine` is given.
+/// Renders `shown`, with the engine's verdict when `--engine` is given
+/// (`dialect`: the engine's, as the request was prepared).
 fn finish(
     args: &TokenizeArgs,
     body: &[u8],
     shown: &Shown<'_>,
     block: Option<u32>,
+    dialect: Dialect,
 ) -> Result<(String, bool), String> {
     let Some(url) = &args.engine else {
         return Ok((shown.render(args.json, None)?, true));
@@ -345,7 +348,7 @@ fn finish(
                 .to_owned(),
         );
     }
-    let theirs = engine_ids(url, body, args.engine_model.as_deref())?;
+    let theirs = engine_ids(url, body, args.engine_model.as_deref(), dialect)?;
     let verdict = Verdict::new(url, prompt.ids, theirs, block);
     let agrees = verdict.first_difference.is_none();
     Ok((shown.render(args.json, Some(&verdict))?, agrees))
@@ -354,11 +357,27 @@ fn finish(
 /// The ids the engine at `url` gives `body` (`POST /tokenize`, which vLLM
 /// and SGLang both serve: for `messages` they render the chat template as
 /// for a chat completion, for a `prompt` they encode it as a completion).
-fn engine_ids(url: &str, body: &[u8], model: Option<&str>) -> Result<Vec<u32>, String> {
+///
+/// SGLang's chat and completions requests have neither
+/// `add_generation_prompt` nor `add_special_tokens`, but its `/tokenize`
+/// honours both when given: they are left out of what an `sglang` rule's
+/// engine is sent, so that it answers with what a chat or completion runs.
+fn engine_ids(
+    url: &str,
+    body: &[u8],
+    model: Option<&str>,
+    dialect: Dialect,
+) -> Result<Vec<u32>, String> {
     let mut doc: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| format!("request is not JSON: {e}"))?;
-    if let (Some(model), Some(obj)) = (model, doc.as_object_mut()) {
-        obj.insert("model".to_owned(), model.into());
+    if let Some(obj) = doc.as_object_mut() {
+        if let Some(model) = model {
+            obj.insert("model".to_owned(), model.into());
+        }
+        if dialect == Dialect::Sglang {
+            obj.remove("add_generation_prompt");
+            obj.remove("add_special_tokens");
+        }
     }
     let endpoint = format!("{}/tokenize", url.trim_end_matches('/'));
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -240,6 +240,43 @@ fn kvroute_keys(contract: &str, body: &Value) -> Vec<u64> {
         .collect()
 }
 
+/// `kvroute tokenize --engine` against SGLang's own `/tokenize` (the
+/// stand-in runs the wheel's `TokenizeRequest` and `_tokenize_chat_request`)
+/// agrees on bodies carrying fields SGLang's chat and completions requests
+/// do not have but its `/tokenize` honours (`add_generation_prompt`,
+/// `add_special_tokens`), and on a continued assistant message.
+fn assert_tokenize_agrees(engine: &Sgl) {
+    let user = json!({"role": "user", "content": "Which pages do we share?"});
+    let bodies = [
+        json!({"model": MODEL, "messages": [user.clone()]}),
+        json!({"model": MODEL, "messages": [user.clone()], "add_generation_prompt": false}),
+        json!({"model": MODEL, "messages": [user.clone()], "add_special_tokens": true}),
+        json!({"model": MODEL, "continue_final_message": true, "add_generation_prompt": false,
+            "messages": [user.clone(), {"role": "assistant", "content": "Once upon"}]}),
+        json!({"model": MODEL, "messages": [user, {"role": "assistant", "content": "left last"}]}),
+        json!({"model": MODEL, "prompt": "Hello there", "add_special_tokens": false}),
+    ];
+    for body in &bodies {
+        let mut f = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
+        std::io::Write::write_all(&mut f, body.to_string().as_bytes()).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(["tokenize", "--json", "--contract", SGLANG, "--model-dir"])
+            .arg(model_dir())
+            .arg("--request")
+            .arg(f.path())
+            .args(["--engine", &engine.url("")])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        assert!(
+            out.status.success(),
+            "{body}: {} {v}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(v["engine"]["identical"], json!(true), "{body}: {v}");
+    }
+}
+
 /// Sends a chat request to `engine` itself, bypassing the gateway; it must
 /// succeed.
 async fn chat_directly(engine: &Sgl, body: &Value) {
@@ -368,6 +405,7 @@ async fn four_sglang_engines_default_format() {
     ] {
         assert_key_parity(&engines[0], SGLANG, extra).await;
     }
+    assert_tokenize_agrees(&engines[0]);
     let refs: Vec<&Sgl> = engines.iter().collect();
     let gw = Gateway::start(&kv_config(SGLANG, &refs, ""));
     wait_subscribed(&gw).await;
