@@ -97,7 +97,8 @@ impl Medium {
         match s {
             "GPU" | "gpu" | "cuda" | "CUDA" => Some(Self::Gpu),
             "CPU" | "cpu" | "CPU_PINNED" | "cpu_pinned" | "HOST" | "host" => Some(Self::Cpu),
-            "DISK" | "disk" | "SSD" | "ssd" => Some(Self::Disk),
+            // vLLM's offloading to disk publishes "STORAGE".
+            "DISK" | "disk" | "SSD" | "ssd" | "STORAGE" | "storage" => Some(Self::Disk),
             "EXTERNAL" | "external" => Some(Self::External),
             _ => None,
         }

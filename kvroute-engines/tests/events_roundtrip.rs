@@ -105,7 +105,7 @@ fn encode_event(e: &KvEvent, layout: Layout) -> M {
                         m.push((s("extra_keys"), extra));
                     }
                     m.push((s("group_idx"), M::from(b.group)));
-                    m.push((s("kv_cache_spec_kind"), s("full_attention")));
+                    m.push((s("kv_cache_spec_kind"), kind(b.full_attention)));
                     M::Map(m)
                 }
                 Layout::VllmArray { stored_fields } => {
@@ -123,7 +123,7 @@ fn encode_event(e: &KvEvent, layout: Layout) -> M {
                             extra
                         },
                         M::from(b.group),
-                        s("full_attention"),
+                        kind(b.full_attention),
                         M::Nil,
                     ];
                     let mut a = vec![s("BlockStored")];
@@ -207,6 +207,15 @@ fn encode_event(e: &KvEvent, layout: Layout) -> M {
     }
 }
 
+/// A vLLM `kv_cache_spec_kind` saying `full` (one kind of each answer).
+fn kind(full: Option<bool>) -> M {
+    match full {
+        Some(true) => s("full_attention"),
+        Some(false) => s("sliding_window"),
+        None => M::Nil,
+    }
+}
+
 /// The reference model: what a layout can carry of an event.
 fn representable(e: &KvEvent, layout: Layout) -> KvEvent {
     let (medium, lora, extra, group, salt) = match layout {
@@ -214,6 +223,11 @@ fn representable(e: &KvEvent, layout: Layout) -> KvEvent {
         Layout::VllmArray { stored_fields: n } => (n >= 6, n >= 7, n >= 8, n >= 9, false),
         Layout::SglangMap => (true, true, false, false, true),
         Layout::SglangArray { medium } => (medium, false, false, false, false),
+    };
+    let spec_kind = match layout {
+        Layout::VllmMap { .. } => true,
+        Layout::VllmArray { stored_fields: n } => n >= 10,
+        Layout::SglangMap | Layout::SglangArray { .. } => false,
     };
     match e.clone() {
         KvEvent::Stored(mut b) => {
@@ -228,6 +242,9 @@ fn representable(e: &KvEvent, layout: Layout) -> KvEvent {
             }
             if !group {
                 b.group = 0;
+            }
+            if !spec_kind {
+                b.full_attention = None;
             }
             if !salt {
                 b.cache_salt = None;
@@ -296,7 +313,7 @@ fn stored() -> impl Strategy<Value = KvEvent> {
             } else {
                 Just(Vec::new()).boxed()
             },
-            0u32..4,
+            (0u32..4, prop::option::of(any::<bool>())),
             prop::option::of("[a-z0-9]{1,8}"),
         )
             .prop_map(
@@ -307,7 +324,7 @@ fn stored() -> impl Strategy<Value = KvEvent> {
                     medium,
                     lora_name,
                     extra_keys,
-                    group,
+                    (group, full_attention),
                     cache_salt,
                 )| {
                     KvEvent::Stored(BlockStored {
@@ -320,6 +337,7 @@ fn stored() -> impl Strategy<Value = KvEvent> {
                         lora_name,
                         extra_keys,
                         group,
+                        full_attention,
                         cache_salt,
                     })
                 },

@@ -39,6 +39,11 @@ pub struct BlockStored {
     pub extra_keys: Vec<Option<Vec<ExtraKey>>>,
     /// Hybrid-model KV-cache group index (0 for single-group models).
     pub group: u32,
+    /// Whether `group` is a full-attention group, when the engine says
+    /// (vLLM's `kv_cache_spec_kind`: `full_attention`, `mla_attention` and
+    /// `sink_full_attention` are; sliding-window, chunked-local, Mamba and
+    /// the others are not); `None` when it does not.
+    pub full_attention: Option<bool>,
     /// Cache salt, when the engine reports it on the event (SGLang, TRT-LLM main).
     pub cache_salt: Option<String>,
 }

@@ -75,6 +75,8 @@ pub struct Model {
     /// (endpoint, tier index, key) → outstanding stores.
     pub counts: BTreeMap<(u32, usize, u64), u64>,
     windows: BTreeMap<(u32, Option<u32>), ModelWindow>,
+    /// Every store's (group, attention kind) per endpoint, in order.
+    kinds: BTreeMap<u32, Vec<(u32, Option<bool>)>>,
     window: u64,
     policy: RestartPolicy,
     max_seq: u64,
@@ -273,16 +275,36 @@ impl Model {
         }
     }
 
+    /// The group whose events endpoint `ep` applies, from the kinds its
+    /// stores named so far: the first named full attention's; none while
+    /// kinds were named but no full one; 0 while none was named.
+    fn scored_group(&self, ep: u32) -> Option<u32> {
+        let kinds = self.kinds.get(&ep).map_or(&[][..], Vec::as_slice);
+        if let Some((g, _)) = kinds.iter().find(|(_, k)| *k == Some(true)) {
+            return Some(*g);
+        }
+        if kinds.iter().any(|(_, k)| k.is_some()) {
+            return None;
+        }
+        Some(0)
+    }
+
     /// Applies `events` to endpoint `ep`.
     pub fn apply(&mut self, ep: u32, events: &[KvEvent]) {
         for ev in events {
             match ev {
-                KvEvent::Stored(s) if s.group == 0 => {
-                    for k in &s.keys {
-                        self.store(ep, s.medium.index(), k.0);
+                KvEvent::Stored(s) => {
+                    self.kinds
+                        .entry(ep)
+                        .or_default()
+                        .push((s.group, s.full_attention));
+                    if s.full_attention != Some(false) && self.scored_group(ep) == Some(s.group) {
+                        for k in &s.keys {
+                            self.store(ep, s.medium.index(), k.0);
+                        }
                     }
                 }
-                KvEvent::Removed(r) if r.group == 0 => {
+                KvEvent::Removed(r) if self.scored_group(ep) == Some(r.group) => {
                     for k in &r.keys {
                         self.remove(ep, r.medium.index(), k.0);
                     }
@@ -352,6 +374,13 @@ fn random_event(b: &mut Bytes<'_>) -> KvEvent {
             medium,
             group,
             block_size: 4,
+            // Mostly engines that name no kind; some name one per group
+            // (group 0 a sliding window, as in Gemma 3), some a wrong one.
+            full_attention: match b.byte() % 8 {
+                0 => Some(group == 1),
+                1 => Some(group == 0),
+                _ => None,
+            },
             ..BlockStored::default()
         }),
         4..=5 => KvEvent::Removed(BlockRemoved {

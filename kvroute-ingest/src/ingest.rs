@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use kvroute_core::{BlockKey, Digest, EndpointId};
 
-pub use config::{IngestConfig, Keying, DEFAULT_REKEY_ENTRIES};
+pub use config::{IngestConfig, Keying, ScoredGroup, DEFAULT_REKEY_ENTRIES};
 pub use counters::{Completeness, IngestCounters, Outcome};
 
 use crate::attest::{AttestCounters, ContractStatus, KeyAttestor};
@@ -74,11 +74,12 @@ struct Stream {
 ///   meanwhile (clearing again would drop it and leave the first rank
 ///   partial). Hosts that route to ranks separately give each rank its own
 ///   endpoint slot and `EndpointIngest`.
-/// * **Hybrid groups.** Only events of [`IngestConfig::scored_group`] (group 0, the
-///   full-attention group in vLLM, by default) are applied; other groups' events
-///   are counted and skipped. The prompt side hashes at one block size, other
-///   groups use other block sizes (so their keys never match) or hold only a
-///   sliding window of the prefix. `None` applies every group into one key space.
+/// * **Hybrid groups.** Only events of [`IngestConfig::scored_group`] are
+///   applied (by default the first group the engine reports as full attention,
+///   group 0 while it reports none); other groups' events are counted and
+///   skipped. The prompt side hashes at one block size, other groups use other
+///   block sizes (so their keys never match) or hold only a sliding window of
+///   the prefix. [`ScoredGroup::All`] applies every group into one key space.
 /// * **Key modes.** [`Keying::Engine`] stores the keys the engine reports.
 ///   [`Keying::Rekey`] computes internal keys from the event's token ids chained
 ///   through the parent's internal key, and keeps engine key → (internal key,
@@ -140,6 +141,21 @@ pub struct EndpointIngest {
     retired: bool,
     /// Counters of the streams a [`Self::reset`] forgot.
     reset_streams: SeqCounters,
+    /// What the engine's stores said of their groups so far
+    /// ([`ScoredGroup::FullAttention`]).
+    full_group: FullGroup,
+}
+
+/// The full-attention group as an engine's stores name it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum FullGroup {
+    /// No store named an attention kind: group 0 is scored.
+    #[default]
+    Unknown,
+    /// Stores name kinds, none full attention yet: nothing is scored.
+    NotYet,
+    /// The first group named full attention.
+    Group(u32),
 }
 
 impl std::fmt::Debug for EndpointIngest {
@@ -182,6 +198,7 @@ impl EndpointIngest {
             health: Arc::default(),
             retired: false,
             reset_streams: SeqCounters::default(),
+            full_group: FullGroup::Unknown,
         }
     }
 
@@ -554,6 +571,8 @@ impl EndpointIngest {
     /// ones).
     pub fn reset(&mut self, index: &SharedIndex) -> WriteStats {
         let writes = self.clear_for(index, None);
+        // Another engine may take the slot: its groups are its own.
+        self.full_group = FullGroup::Unknown;
         for s in self.streams.drain(..) {
             self.reset_streams += *s.window.counters();
         }

@@ -76,7 +76,7 @@ pub use index::{
     DEFAULT_CAPACITY,
 };
 pub use ingest::{
-    Completeness, EndpointIngest, IngestConfig, IngestCounters, Keying, Outcome,
+    Completeness, EndpointIngest, IngestConfig, IngestCounters, Keying, Outcome, ScoredGroup,
     DEFAULT_REKEY_ENTRIES,
 };
 pub use rekey::{BlockRekeyer, XxhChainRekeyer};

@@ -27,6 +27,8 @@ pub(crate) enum Field {
     LoraName,
     ExtraKeys,
     GroupIdx,
+    /// vLLM's `kv_cache_spec_kind` (the attention kind of `group_idx`).
+    SpecKind,
     CacheSalt,
     /// Known fields with no place in the neutral events (`kv_cache_spec_kind`,
     /// `session_id`, `locality`, ...): skipped without counting.
@@ -74,7 +76,26 @@ struct Fields {
     lora_name: Option<String>,
     extra_keys: Vec<Option<Vec<ExtraKey>>>,
     group: u32,
+    full_attention: Option<bool>,
     cache_salt: Option<String>,
+}
+
+/// Whether a vLLM `KVCacheSpecKind` (`v1/kv_cache_interface.py`) attends to
+/// every earlier token, so that its group holds every block of a prefix:
+/// full attention, MLA and full attention with sinks do; sliding windows,
+/// chunked-local attention, Mamba state, encoder-only and cross attention do
+/// not. `unknown` (and any other string) says nothing.
+pub(crate) fn full_attention_kind(kind: &str) -> Option<bool> {
+    match kind {
+        "full_attention" | "mla_attention" | "sink_full_attention" => Some(true),
+        "sliding_window"
+        | "sliding_window_mla"
+        | "chunked_local_attention"
+        | "mamba"
+        | "encoder_only_attention"
+        | "cross_attention" => Some(false),
+        _ => None,
+    }
 }
 
 /// Reads a block hash: an integer (its 64 bits) or a digest byte string (its last 8
@@ -198,6 +219,9 @@ fn read_field(
         Field::GroupIdx => {
             f.group = if r.eat_nil()? { 0 } else { r.u32("group_idx")? };
         }
+        Field::SpecKind => {
+            f.full_attention = opt_string(r)?.as_deref().and_then(full_attention_kind);
+        }
         Field::ExtraKeys => {
             f.extra_keys.clear();
             if !r.eat_nil()? {
@@ -247,6 +271,7 @@ fn build(tag: Tag, f: Fields) -> Result<Option<KvEvent>, DecodeError> {
                 lora_name: f.lora_name,
                 extra_keys: f.extra_keys,
                 group: f.group,
+                full_attention: f.full_attention,
                 cache_salt: f.cache_salt,
             }))
         }

@@ -25,7 +25,7 @@ const STORED_POSITIONS: &[Field] = &[
     Field::LoraName,
     Field::ExtraKeys,
     Field::GroupIdx,
-    Field::Ignored, // kv_cache_spec_kind
+    Field::SpecKind,
     Field::Ignored, // kv_cache_spec_sliding_window
 ];
 
@@ -42,8 +42,8 @@ fn field_of_key(key: &str) -> Option<Field> {
         "lora_name" => Field::LoraName,
         "extra_keys" => Field::ExtraKeys,
         "group_idx" => Field::GroupIdx,
-        "kv_cache_spec_kind"
-        | "kv_cache_spec_sliding_window"
+        "kv_cache_spec_kind" => Field::SpecKind,
+        "kv_cache_spec_sliding_window"
         | "locality"
         | "ownership"
         | "session_id"

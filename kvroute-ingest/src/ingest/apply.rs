@@ -4,7 +4,7 @@
 
 use kvroute_core::{BlockKey, EndpointId, Medium};
 
-use super::{EndpointIngest, Outcome, Rekeying};
+use super::{EndpointIngest, FullGroup, Outcome, Rekeying, ScoredGroup};
 use crate::attest::ParentLink;
 use crate::event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
 use crate::index::{KeyMap, SharedIndex, WriteStats};
@@ -81,8 +81,29 @@ impl EndpointIngest {
         }
     }
 
-    fn in_scored_group(&mut self, group: u32) -> bool {
-        let keep = self.config.scored_group.is_none_or(|g| g == group);
+    /// Whether an event of `group` is applied; `full`: what a store says of
+    /// its group's attention (`None` for removes and engines that do not say).
+    fn in_scored_group(&mut self, group: u32, full: Option<bool>) -> bool {
+        let keep = match self.config.scored_group {
+            ScoredGroup::All => true,
+            ScoredGroup::Group(g) => g == group,
+            // The first full-attention group named is the one scored
+            // (hybrid models may split full attention over several groups,
+            // each holding the same blocks).
+            ScoredGroup::FullAttention => match (full, self.full_group) {
+                (Some(true), FullGroup::Unknown | FullGroup::NotYet) => {
+                    self.full_group = FullGroup::Group(group);
+                    true
+                }
+                (Some(false), FullGroup::Unknown) => {
+                    self.full_group = FullGroup::NotYet;
+                    false
+                }
+                (Some(false), _) | (None, FullGroup::NotYet) => false,
+                (_, FullGroup::Group(g)) => g == group,
+                (None, FullGroup::Unknown) => group == 0,
+            },
+        };
         if !keep {
             self.counters.other_group_events += 1;
         }
@@ -90,12 +111,15 @@ impl EndpointIngest {
     }
 
     /// False (counted and logged) when `stored` has another block size than the
-    /// contract's.
+    /// contract's. A store without token ids says nothing of the blocks'
+    /// size: vLLM's offloading connector announces host and disk copies by
+    /// their keys alone, with block size 0 (attestation counts them
+    /// unverifiable).
     fn block_size_matches(&mut self, stored: &BlockStored) -> bool {
         let Some(expected) = self.config.expected_block_size else {
             return true;
         };
-        if stored.block_size == expected {
+        if stored.block_size == expected || stored.token_ids.is_empty() {
             return true;
         }
         let before = self.counters.block_size_mismatches;
@@ -120,7 +144,7 @@ impl EndpointIngest {
     ) -> Option<WriteStats> {
         let result = match event {
             KvEvent::Stored(s) => {
-                if !self.in_scored_group(s.group) {
+                if !self.in_scored_group(s.group, s.full_attention) {
                     return None;
                 }
                 self.counters.stored_events += 1;
@@ -131,7 +155,7 @@ impl EndpointIngest {
                 self.store(s, index)
             }
             KvEvent::Removed(r) => {
-                if !self.in_scored_group(r.group) {
+                if !self.in_scored_group(r.group, None) {
                     return None;
                 }
                 self.counters.removed_events += 1;

@@ -61,13 +61,33 @@ impl std::fmt::Debug for Keying {
     }
 }
 
+/// Which KV-cache group of a hybrid model an ingest applies
+/// ([`IngestConfig::scored_group`]): prompts are scored on one group's
+/// blocks, and only a full-attention group holds every block of a prefix
+/// (a sliding-window group frees the blocks before its window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ScoredGroup {
+    /// The first group whose stores the engine reports as full attention
+    /// ([`crate::BlockStored::full_attention`]); group 0 while none has
+    /// (engines that report no kind, single-group models). vLLM numbers
+    /// groups in the order of their first layers, so a model whose first
+    /// layer uses a sliding window (Gemma 3, gpt-oss) has its full-attention
+    /// group further on.
+    #[default]
+    FullAttention,
+    /// This group only.
+    Group(u32),
+    /// Every group, into one key space.
+    All,
+}
+
 /// Configuration of one endpoint's ingest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IngestConfig {
     /// Sequence-window settings, shared by all of the endpoint's DP ranks.
     pub window: SeqWindowConfig,
-    /// The KV-cache group whose events are applied (`None`: all groups).
-    pub scored_group: Option<u32>,
+    /// The KV-cache group whose events are applied.
+    pub scored_group: ScoredGroup,
     /// Most distinct DP-rank streams tracked; batches from further ranks are
     /// dropped and counted, so a peer cannot grow this without bound.
     pub max_streams: usize,
@@ -99,7 +119,7 @@ impl Default for IngestConfig {
     fn default() -> Self {
         Self {
             window: SeqWindowConfig::default(),
-            scored_group: Some(0),
+            scored_group: ScoredGroup::FullAttention,
             max_streams: 64,
             attest_links: 1 << 16,
             expected_block_size: None,

@@ -321,6 +321,9 @@ fn expected_batch(engine: Engine, v: &Value, names: Option<&Value>) -> Result<Ev
                     lora_name: opt_str("lora_name"),
                     extra_keys,
                     group,
+                    full_attention: opt_str("kv_cache_spec_kind")
+                        .as_deref()
+                        .and_then(super::super::kv_batch::full_attention_kind),
                     cache_salt: opt_str("cache_salt"),
                 }));
             }
