@@ -186,3 +186,27 @@ async fn a_hung_engine_is_cut_by_the_header_timeout_and_the_request_retried() {
     let counters = counters(&gw, "kv").await;
     assert!(counters["retries"].as_u64().unwrap() >= 1, "{counters}");
 }
+
+/// Pass-through requests (no KV decision) to engines that take them and do
+/// not answer within the header timeout: a `POST` is not sent again (the
+/// engine may still be running it) and the client gets a 504; a `GET` is
+/// tried on the next endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_pass_through_post_is_not_sent_twice() {
+    let (a, seen_a) = slow_engine(Duration::from_millis(3000)).await;
+    let (b, seen_b) = slow_engine(Duration::from_millis(3000)).await;
+    let gw = Gateway::start(&rule(&[a, b], "response_header_timeout_ms = 300"));
+    let received =
+        || seen_a.received.load(Ordering::SeqCst) + seen_b.received.load(Ordering::SeqCst);
+    let resp = client()
+        .post(gw.url("/v1/embeddings"))
+        .json(&serde_json::json!({"model": MODEL, "input": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 504);
+    assert_eq!(received(), 1, "the POST reached one engine only");
+    let resp = client().get(gw.url("/v1/models")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 503, "both engines timed out");
+    assert_eq!(received(), 3, "the GET was tried on both engines");
+}

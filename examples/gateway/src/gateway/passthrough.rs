@@ -4,7 +4,10 @@
 //!
 //! The endpoint is the least loaded available one (ties rotate); a connect
 //! failure marks the endpoint's breaker and tries the next one, up to the rule's
-//! retry budget.
+//! retry budget. An endpoint that took the request and sent no answer within
+//! the header timeout is tried again elsewhere only for an idempotent method
+//! (`GET`, `HEAD`, ...): the engine may still be running a `POST`, and sending
+//! it again would run its work twice; it is a 504.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -86,11 +89,22 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                     )
                 });
             }
-            Err(e) if e.is_retryable() => {
+            Err(e) if e.is_retryable() && (e.is_connect() || req.method.is_idempotent()) => {
                 rt.router.record_connect(&url, false);
                 tracing::warn!(rule = %name, endpoint = %ep.url, error = %e,
                     "pass-through attempt failed before any response; trying the next endpoint");
                 failures.push(format!("{}: {e}", ep.url));
+            }
+            Err(e) if e.is_retryable() => {
+                rt.router.record_connect(&url, false);
+                rt.counters.outcome(Outcome::UpstreamError);
+                tracing::warn!(rule = %name, endpoint = %ep.url, error = %e,
+                    "pass-through upstream took the request and did not answer; not sent again");
+                return error(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream_timeout",
+                    e.to_string(),
+                );
             }
             Err(e) => {
                 rt.counters.outcome(Outcome::UpstreamError);

@@ -49,6 +49,12 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// The connection could not be made: the endpoint never saw the request.
+    #[must_use]
+    pub fn is_connect(&self) -> bool {
+        matches!(self, UpstreamError::Connect(_))
+    }
+
     /// Whether another endpoint may be tried: nothing reached the client,
     /// and the engine either never got the request (connect) or is given up
     /// on before it answered.
