@@ -9,7 +9,7 @@
 //! of a few prompts agree. Asserting is the point of this module: the fuzzer and
 //! the property tests report a failing input through the panic.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kvroute_core::{BlockKey, EndpointId, Medium};
 
@@ -289,8 +289,14 @@ impl Model {
         Some(0)
     }
 
-    /// Applies `events` to endpoint `ep`.
+    /// Applies `events` (one batch) to endpoint `ep`.
+    ///
+    /// A store with no parent of keys all held in its tier before this
+    /// batch changes nothing (a request reporting the blocks it found
+    /// cached); every other store counts, also of a key the batch stored
+    /// already (another copy).
     pub fn apply(&mut self, ep: u32, events: &[KvEvent]) {
+        let mut stored_here: BTreeSet<(usize, u64)> = BTreeSet::new();
         for ev in events {
             match ev {
                 KvEvent::Stored(s) => {
@@ -298,10 +304,22 @@ impl Model {
                         .entry(ep)
                         .or_default()
                         .push((s.group, s.full_attention));
-                    if s.full_attention != Some(false) && self.scored_group(ep) == Some(s.group) {
-                        for k in &s.keys {
-                            self.store(ep, s.medium.index(), k.0);
-                        }
+                    if s.full_attention == Some(false) || self.scored_group(ep) != Some(s.group) {
+                        continue;
+                    }
+                    let tier = s.medium.index();
+                    let report = s.parent.is_none()
+                        && !s.keys.is_empty()
+                        && s.keys.iter().all(|k| {
+                            !stored_here.contains(&(tier, k.0))
+                                && self.counts.contains_key(&(ep, tier, k.0))
+                        });
+                    if report {
+                        continue;
+                    }
+                    for k in &s.keys {
+                        stored_here.insert((tier, k.0));
+                        self.store(ep, tier, k.0);
                     }
                 }
                 KvEvent::Removed(r) if self.scored_group(ep) == Some(r.group) => {

@@ -74,6 +74,12 @@ struct Stream {
 ///   meanwhile (clearing again would drop it and leave the first rank
 ///   partial). Hosts that route to ranks separately give each rank its own
 ///   endpoint slot and `EndpointIngest`.
+/// * **Reported hits.** A stored event with no parent whose blocks the
+///   endpoint all held before its batch is a request reporting what it found
+///   cached (vLLM's `kv_cache_report_mode = "full"`), not another copy of
+///   them: it is counted ([`IngestCounters::reported_hits`]) and skipped.
+///   Stores of a block already stored in the same batch are copies and count
+///   (see [`SharedIndex`]'s reference counts).
 /// * **Hybrid groups.** Only events of [`IngestConfig::scored_group`] are
 ///   applied (by default the first group the engine reports as full attention,
 ///   group 0 while it reports none); other groups' events are counted and
@@ -144,6 +150,9 @@ pub struct EndpointIngest {
     /// What the engine's stores said of their groups so far
     /// ([`ScoredGroup::FullAttention`]).
     full_group: FullGroup,
+    /// (tier, key) stored by the batch being applied (its copies count;
+    /// see `IngestCounters::reported_hits`).
+    batch_keys: hashbrown::HashSet<(usize, u64)>,
 }
 
 /// The full-attention group as an engine's stores name it.
@@ -199,6 +208,7 @@ impl EndpointIngest {
             retired: false,
             reset_streams: SeqCounters::default(),
             full_group: FullGroup::Unknown,
+            batch_keys: hashbrown::HashSet::new(),
         }
     }
 

@@ -17,6 +17,9 @@ placeholder is touched):
   `touch`, `get_new_blocks` (which evicts LRU cached blocks, emitting
   `BlockRemoved`), `cache_full_blocks` (emitting `BlockStored`), and at finish
   `free_blocks(reversed(blocks))` as `SingleTypeKVCacheManager.free` does;
+  a request whose `vllm_xargs` set `kv_cache_report_mode: "full"` has its
+  prefix hit announced by `BlockPool.emit_cached_block_events`, as
+  `KVCacheManager.get_computed_blocks` does;
   `POST /reset_prefix_cache` calls `BlockPool.reset_prefix_cache`
   (`AllBlocksCleared`);
 * events: the pool's `take_events()` once per engine step, published as one
@@ -210,6 +213,11 @@ class Engine:
         need_total = total - len(computed)
         if need_total + evictable_hits + self.reserved > self.pool.get_num_free_blocks():
             return False
+        if computed and getattr(req, "kv_cache_report_mode", "incremental") == "full":
+            # KVCacheManager.get_computed_blocks: a request asking for full
+            # reports announces the blocks it found cached, as BlockStored
+            # events shaped like new stores (BlockPool.emit_cached_block_events).
+            self.pool.emit_cached_block_events(req, len(computed), bs, 0)
         self.pool.touch(computed)
         new = self.pool.get_new_blocks(need_now) if need_now > 0 else []
         req.blocks = list(computed) + new
@@ -593,6 +601,12 @@ def make_handler(engine: Engine, frontend: Frontend, model: str):
                 remote_prefill=bool(params.get("do_remote_prefill")) and engine.args.role != "prefill",
             )
             req.remote_decode = bool(params.get("do_remote_decode")) and engine.args.role != "decode"
+            # vLLM's `vllm_xargs` become the request's sampling extra_args
+            # (`Request.kv_cache_report_mode`, default "incremental").
+            xargs = body.get("vllm_xargs") or {}
+            req.kv_cache_report_mode = (
+                xargs.get("kv_cache_report_mode", "incremental") if isinstance(xargs, dict) else "incremental"
+            )
             engine.submit(req)
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -344,3 +344,52 @@ async fn three_vllm_engines_default_sha256_seed_unset() {
         r.cached_fraction() * 100.0
     );
 }
+
+/// Requests that ask vLLM for full cache reports
+/// (`vllm_xargs.kv_cache_report_mode = "full"`): every prefix hit is
+/// announced again as `BlockStored` events shaped like new stores (vLLM's
+/// own `BlockPool.emit_cached_block_events`), which are never matched by a
+/// second `BlockRemoved`. Under eviction the inventories still hold exactly
+/// the engines' blocks: the reports are not counted as new copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_cache_reports_do_not_keep_evicted_blocks() {
+    standin_selfcheck();
+    let opts = StandinOpts {
+        num_blocks: 48,
+        ..StandinOpts::default()
+    };
+    let engines: Vec<Standin> = (0..2).map(|_| Standin::start(opts.clone())).collect();
+    let refs: Vec<&Standin> = engines.iter().collect();
+    let gw = Gateway::start(&kv_config("vllm@0.33.0:sha256_cbor:block=16:seed=0", &refs));
+    wait_subscribed(&gw).await;
+    for i in 0..40 {
+        // Three shared prefixes (hits, so reports), each request its own tail.
+        let text = format!(
+            "{} {}",
+            prompt(&format!("report-root-{}", i % 3), 60),
+            prompt(&format!("report-tail-{i}"), 20)
+        );
+        let resp = client()
+            .post(gw.url("/v1/completions"))
+            .json(&json!({"model": MODEL, "prompt": text, "max_tokens": 2,
+                "vllm_xargs": {"kv_cache_report_mode": "full"}}))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        assert!(
+            status.is_success(),
+            "{status}: {}",
+            resp.text().await.unwrap()
+        );
+    }
+    let mut evicted = 0;
+    for e in &engines {
+        evicted += e.stats().await["removed_blocks"].as_u64().unwrap();
+    }
+    assert!(evicted > 0, "the requests must make the engines evict");
+    let pairs = wait_inventories_match(&gw, &refs).await;
+    assert!(pairs.iter().all(|(a, _)| *a > 0), "{pairs:?}");
+    let eps = endpoints(&gw).await;
+    assert_verified(&eps);
+}

@@ -215,7 +215,9 @@ impl EndpointKeys {
 ///   while the other copy is still cached
 ///   (`golden/vllm-events/v0.33.0/stream/05_duplicate_store_single_remove.json`).
 ///   Dropping the key on the first remove would under-report. A remove of an
-///   absent key is counted and ignored.
+///   absent key is counted and ignored. (vLLM's reports of blocks a request
+///   found cached are shaped like stores but are no new copies:
+///   [`crate::EndpointIngest`] does not pass them on.)
 /// * **Tiers are independent.** A key can be present in several tiers of one
 ///   endpoint; a remove from the CPU tier leaves the GPU copy.
 /// * **Capacity** is bounded per (endpoint, tier), by default at

@@ -56,6 +56,11 @@ impl EndpointIngest {
         }
         let mut events_applied = 0;
         if action.applies() {
+            // Sized by the largest batch seen, not kept at it.
+            if self.batch_keys.capacity() > 1 << 14 {
+                self.batch_keys = hashbrown::HashSet::new();
+            }
+            self.batch_keys.clear();
             for event in &batch.events {
                 if let Some(w) = self.apply_event(event, index, pos) {
                     writes += w;
@@ -152,6 +157,12 @@ impl EndpointIngest {
                 if self.block_size_matches(s) {
                     self.attest(s);
                 }
+                if self.reports_held_blocks(s, index) {
+                    self.counters.reported_hits += 1;
+                    return Some(WriteStats::default());
+                }
+                let tier = s.medium.index();
+                self.batch_keys.extend(s.keys.iter().map(|k| (tier, k.0)));
                 self.store(s, index)
             }
             KvEvent::Removed(r) => {
@@ -182,6 +193,30 @@ impl EndpointIngest {
                 None
             }
         }
+    }
+
+    /// Whether `s` names only blocks the endpoint held before this batch,
+    /// from the start of a chain: vLLM re-announces the blocks a request
+    /// found cached (`emit_cached_block_events`, when the request sets
+    /// `kv_cache_report_mode = "full"`) with events shaped like new stores
+    /// and no parent, and never removes them twice. A store of a block
+    /// already stored in the same batch is another physical copy (two
+    /// requests computing it in one step), which vLLM does evict apart: it
+    /// counts.
+    fn reports_held_blocks(&self, s: &BlockStored, index: &SharedIndex) -> bool {
+        if s.parent.is_some() || s.keys.is_empty() {
+            return false;
+        }
+        let tier = s.medium.index();
+        s.keys.iter().all(|k| {
+            !self.batch_keys.contains(&(tier, k.0))
+                && match &self.rekeying {
+                    None => index.contains(self.endpoint, *k, s.medium),
+                    Some(r) => r.map.get(&k.0).is_some_and(|(internal, _)| {
+                        index.contains(self.endpoint, BlockKey(*internal), s.medium)
+                    }),
+                }
+        })
     }
 
     fn store(

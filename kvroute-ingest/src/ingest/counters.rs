@@ -62,6 +62,11 @@ pub struct IngestCounters {
     pub all_cleared_events: u64,
     /// Events skipped because they belong to another KV-cache group.
     pub other_group_events: u64,
+    /// Stored events naming only blocks the endpoint already held before
+    /// the batch, with no parent: a request reporting the blocks it found
+    /// cached (vLLM's `kv_cache_report_mode = "full"`), not a new copy.
+    /// Skipped: counting them would keep the blocks past their eviction.
+    pub reported_hits: u64,
     /// Re-key: blocks skipped because their parent's internal key is unknown.
     pub rekey_orphan_blocks: u64,
     /// Re-key: blocks skipped because the event lacks their tokens.
