@@ -293,8 +293,9 @@ impl Model {
     ///
     /// A store with no parent of keys all held in its tier before this
     /// batch changes nothing (a request reporting the blocks it found
-    /// cached); every other store counts, also of a key the batch stored
-    /// already (another copy).
+    /// cached) on an endpoint with one stream; every other store counts,
+    /// also of a key the batch stored already (another copy), and any store
+    /// on an endpoint with several streams (each rank's copy).
     pub fn apply(&mut self, ep: u32, events: &[KvEvent]) {
         let mut stored_here: BTreeSet<(usize, u64)> = BTreeSet::new();
         for ev in events {
@@ -308,7 +309,9 @@ impl Model {
                         continue;
                     }
                     let tier = s.medium.index();
-                    let report = s.parent.is_none()
+                    let streams = self.windows.keys().filter(|(e, _)| *e == ep).count();
+                    let report = streams <= 1
+                        && s.parent.is_none()
                         && !s.keys.is_empty()
                         && s.keys.iter().all(|k| {
                             !stored_here.contains(&(tier, k.0))

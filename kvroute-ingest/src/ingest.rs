@@ -79,7 +79,9 @@ struct Stream {
 ///   cached (vLLM's `kv_cache_report_mode = "full"`), not another copy of
 ///   them: it is counted ([`IngestCounters::reported_hits`]) and skipped.
 ///   Stores of a block already stored in the same batch are copies and count
-///   (see [`SharedIndex`]'s reference counts).
+///   (see [`SharedIndex`]'s reference counts), as do all stores on an
+///   endpoint with several DP-rank streams (a rank's copy of a block another
+///   rank holds is its own).
 /// * **Hybrid groups.** Only events of [`IngestConfig::scored_group`] are
 ///   applied (by default the first group the engine reports as full attention,
 ///   group 0 while it reports none); other groups' events are counted and

@@ -202,9 +202,11 @@ impl EndpointIngest {
     /// and no parent, and never removes them twice. A store of a block
     /// already stored in the same batch is another physical copy (two
     /// requests computing it in one step), which vLLM does evict apart: it
-    /// counts.
+    /// counts. So does a store on an endpoint with several streams (DP
+    /// ranks): one rank's copy of a block another rank holds is its own,
+    /// removed apart.
     fn reports_held_blocks(&self, s: &BlockStored, index: &SharedIndex) -> bool {
-        if s.parent.is_some() || s.keys.is_empty() {
+        if s.parent.is_some() || s.keys.is_empty() || self.streams.len() > 1 {
             return false;
         }
         let tier = s.medium.index();
