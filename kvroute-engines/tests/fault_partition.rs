@@ -137,6 +137,11 @@ fn far_cut_clears_the_inventory_and_counts_it() {
 /// `during` (JSON steps) and serves replays. Returns once the subscriber holds
 /// the first `BEFORE` batches.
 fn replay_rig(during: &str) -> (Rig, Relay, Peer) {
+    replay_rig_with(during, kvroute_ingest::RestartPolicy::Clear)
+}
+
+/// [`replay_rig`] whose window answers a restart with `on_restart`.
+fn replay_rig_with(during: &str, on_restart: kvroute_ingest::RestartPolicy) -> (Rig, Relay, Peer) {
     let port = free_port_pair();
     let replay_port = free_port_pair();
     let relay = Relay::start(([127, 0, 0, 1], port).into());
@@ -149,6 +154,7 @@ fn replay_rig(during: &str) -> (Rig, Relay, Peer) {
         .retry(Duration::from_millis(10), Duration::from_millis(100)),
     );
     config.bootstrap = true;
+    config.ingest.window.on_restart = on_restart;
     let rig = Rig::start(config);
     let mut publisher = Peer::publisher(
         &[
@@ -207,6 +213,43 @@ fn restart_during_a_cut_past_our_last_seq_is_detected_by_the_resume_digest() {
     assert!(
         seq.resumes >= 1 && seq.resume_restarts >= 1,
         "the resume found the restart: {seq:?}"
+    );
+}
+
+/// The same restart with the window's `Replay` policy (what the runtime uses
+/// with a replay socket): the replayed batch that proves the restart ends the
+/// resume's replay, and the new process's whole buffer is replayed from 0, so
+/// none of its blocks is missing.
+#[test]
+fn restart_found_in_a_resume_replay_is_replayed_from_the_new_process_start() {
+    const AFTER: u64 = 40;
+    let (rig, relay, mut publisher) = replay_rig_with(
+        &format!(
+            r#"{{"op":"restart","down_ms":100}},{{"op":"publish","count":{AFTER},"rate":2000}}"#
+        ),
+        kvroute_ingest::RestartPolicy::Replay,
+    );
+    relay.sever();
+    publisher.send_line("restart");
+    publisher.expect("PUBLISHED epoch=1", T);
+    relay.resume();
+    rig.wait_for("every block of the new process", T, |r| {
+        (0..AFTER).all(|s| r.has(synthetic_key(1, s)))
+    });
+    for s in 0..BEFORE {
+        assert!(
+            !rig.has(synthetic_key(0, s)),
+            "dead process's seq {s} cleared"
+        );
+    }
+    let (m, sink) = rig.finish();
+    let seq = sink.inner.ingest().endpoint_ingest().seq_counters();
+    println!("FAULT restart found in a resume replay: metrics {m:?}; seq counters {seq:?}");
+    assert!(seq.resume_restarts >= 1, "{seq:?}");
+    assert_eq!(
+        sink.inner.ingest().endpoint_ingest().missing_batches(),
+        0,
+        "nothing of the new process is missing"
     );
 }
 

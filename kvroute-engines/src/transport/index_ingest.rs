@@ -33,7 +33,7 @@ use kvroute_ingest::{EndpointIngest, EventBatch, Outcome, SharedIndex};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::decoding_sink::{IngestOutcome, SeqIngest};
-use super::sink::{FrameReport, FrameSource, ReplayOutcome};
+use super::sink::{FrameReport, FrameSource, ReplayOutcome, SinkAction};
 use super::trtllm_sink::BatchApplier;
 
 /// One endpoint's ingest state, shared by the subscribers of its DP ranks.
@@ -184,6 +184,14 @@ impl SeqIngest for IndexIngest {
     }
 
     fn replay_done(&mut self, outcome: &ReplayOutcome) -> FrameReport {
+        // A restart found in the replay already cleared the endpoint and
+        // asked for the new process's buffer: that replay ends this one.
+        if let Some(from_seq) = outcome.restart_from {
+            return FrameReport {
+                action: SinkAction::Replay { from_seq },
+                ..FrameReport::default()
+            };
+        }
         let mut ingest = self.ingest.lock();
         let clears = ingest.counters().clears;
         let end = ingest.on_replay_report(
@@ -402,6 +410,7 @@ mod tests {
                 first_seq: Some(seq),
                 last_seq: Some(seq),
                 completed: true,
+                restart_from: None,
             });
         }
         let ingest = shared.lock();

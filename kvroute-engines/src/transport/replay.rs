@@ -16,7 +16,10 @@ mod client {
     /// Asks `endpoint`'s ROUTER for every batch with seq ≥ `from_seq` and feeds each
     /// reply for `topic` to `sink` (as [`FrameSource::Replay`]), within `timeout`
     /// overall. Replies larger than `max_message_bytes` are dropped and counted.
-    /// Replay requests the sink makes while replaying are ignored.
+    /// A replay request the sink makes while replaying (a replayed batch
+    /// proved a restart) ends this replay, unread past that batch, with the
+    /// request in [`ReplayOutcome::restart_from`]: the batches after it
+    /// follow the ones the new request brings.
     ///
     /// Never fails: errors end the replay early with `completed == false`. The
     /// caller reports the outcome to [`FrameSink::on_replay_done`], also when
@@ -138,8 +141,10 @@ mod client {
                         outcome.first_seq.get_or_insert(seq);
                         outcome.last_seq = Some(seq);
                     }
-                    if report.action != SinkAction::Continue {
-                        tracing::debug!(seq, "replay: nested replay request ignored");
+                    if let SinkAction::Replay { from_seq } = report.action {
+                        tracing::debug!(seq, from_seq, "replay: restart found, replaying again");
+                        outcome.restart_from = Some(from_seq);
+                        break;
                     }
                 }
                 Err(e) => {

@@ -144,6 +144,10 @@ pub struct ReplayOutcome {
     pub last_seq: Option<u64>,
     /// The end marker arrived (otherwise: timeout, socket error or bad reply).
     pub completed: bool,
+    /// The sink asked for another replay, from this number, while replaying
+    /// (a restart found in the replay): the rest of this replay was not
+    /// read, and the sink's [`FrameSink::on_replay_done`] asks for that one.
+    pub restart_from: Option<u64>,
 }
 
 /// What a sink did with one TensorRT-LLM drain.
