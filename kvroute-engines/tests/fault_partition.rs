@@ -181,6 +181,16 @@ fn replay_rig_with(during: &str, on_restart: kvroute_ingest::RestartPolicy) -> (
 
 const BEFORE: u64 = 20;
 
+/// None of the blocks the first process published before the cut is left.
+fn assert_dead_process_cleared(rig: &Rig) {
+    for s in 0..BEFORE {
+        assert!(
+            !rig.has(synthetic_key(0, s)),
+            "dead process's seq {s} cleared"
+        );
+    }
+}
+
 /// The engine restarts while we are cut off and publishes past our last sequence
 /// before we come back: by numbers alone its batch `last + 1` looks like the next
 /// one and the dead process's blocks would stay. With a replay socket the
@@ -200,12 +210,7 @@ fn restart_during_a_cut_past_our_last_seq_is_detected_by_the_resume_digest() {
     rig.wait_for("the new process's blocks from our last seq on", T, |r| {
         (BEFORE - 1..AFTER).all(|s| r.has(synthetic_key(1, s)))
     });
-    for s in 0..BEFORE {
-        assert!(
-            !rig.has(synthetic_key(0, s)),
-            "dead process's seq {s} cleared"
-        );
-    }
+    assert_dead_process_cleared(&rig);
     let (m, sink) = rig.finish();
     let seq = sink.inner.ingest().endpoint_ingest().seq_counters();
     println!("FAULT restart during cut: metrics {m:?}; seq counters {seq:?}");
@@ -236,12 +241,7 @@ fn restart_found_in_a_resume_replay_is_replayed_from_the_new_process_start() {
     rig.wait_for("every block of the new process", T, |r| {
         (0..AFTER).all(|s| r.has(synthetic_key(1, s)))
     });
-    for s in 0..BEFORE {
-        assert!(
-            !rig.has(synthetic_key(0, s)),
-            "dead process's seq {s} cleared"
-        );
-    }
+    assert_dead_process_cleared(&rig);
     let (m, sink) = rig.finish();
     let seq = sink.inner.ingest().endpoint_ingest().seq_counters();
     println!("FAULT restart found in a resume replay: metrics {m:?}; seq counters {seq:?}");

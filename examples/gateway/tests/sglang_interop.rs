@@ -215,8 +215,9 @@ fn assert_verified(eps: &[Value]) {
     }
 }
 
-/// `kvroute tokenize --json` block keys of one request under `contract`.
-fn kvroute_keys(contract: &str, body: &Value) -> Vec<u64> {
+/// `kvroute tokenize --json` of `body` under `contract` with the staged
+/// model and `extra` arguments; panics unless it succeeds.
+fn kvroute_tokenize(contract: &str, body: &Value, extra: &[&str]) -> Value {
     let mut f = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
     std::io::Write::write_all(&mut f, body.to_string().as_bytes()).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
@@ -224,14 +225,21 @@ fn kvroute_keys(contract: &str, body: &Value) -> Vec<u64> {
         .arg(model_dir())
         .arg("--request")
         .arg(f.path())
+        .args(extra)
         .output()
         .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert!(
         out.status.success(),
-        "{}",
+        "{body}: {} {v}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v
+}
+
+/// `kvroute tokenize --json` block keys of one request under `contract`.
+fn kvroute_keys(contract: &str, body: &Value) -> Vec<u64> {
+    let v = kvroute_tokenize(contract, body, &[]);
     v["engine_prompts"][0]["block_keys_u64"]
         .as_array()
         .unwrap()
@@ -256,23 +264,9 @@ fn assert_tokenize_agrees(engine: &Sgl) {
         json!({"model": MODEL, "messages": [user, {"role": "assistant", "content": "left last"}]}),
         json!({"model": MODEL, "prompt": "Hello there", "add_special_tokens": false}),
     ];
+    let url = engine.url("");
     for body in &bodies {
-        let mut f = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
-        std::io::Write::write_all(&mut f, body.to_string().as_bytes()).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
-            .args(["tokenize", "--json", "--contract", SGLANG, "--model-dir"])
-            .arg(model_dir())
-            .arg("--request")
-            .arg(f.path())
-            .args(["--engine", &engine.url("")])
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        assert!(
-            out.status.success(),
-            "{body}: {} {v}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let v = kvroute_tokenize(SGLANG, body, &["--engine", &url]);
         assert_eq!(v["engine"]["identical"], json!(true), "{body}: {v}");
     }
 }
