@@ -30,8 +30,9 @@ pub(crate) enum Field {
     /// vLLM's `kv_cache_spec_kind` (the attention kind of `group_idx`).
     SpecKind,
     CacheSalt,
-    /// Known fields with no place in the neutral events (`kv_cache_spec_kind`,
-    /// `session_id`, `locality`, ...): skipped without counting.
+    /// Known fields with no place in the neutral events
+    /// (`kv_cache_spec_sliding_window`, `session_id`, `locality`, ...):
+    /// skipped without counting.
     Ignored,
 }
 

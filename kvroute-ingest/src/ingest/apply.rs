@@ -161,8 +161,11 @@ impl EndpointIngest {
                     self.counters.reported_hits += 1;
                     return Some(WriteStats::default());
                 }
-                let tier = s.medium.index();
-                self.batch_keys.extend(s.keys.iter().map(|k| (tier, k.0)));
+                // Only a single-stream endpoint recognises reported hits.
+                if self.streams.len() <= 1 {
+                    let tier = s.medium.index();
+                    self.batch_keys.extend(s.keys.iter().map(|k| (tier, k.0)));
+                }
                 self.store(s, index)
             }
             KvEvent::Removed(r) => {
