@@ -207,6 +207,31 @@ async fn a_timed_out_pass_through_post_is_not_sent_twice() {
     assert_eq!(resp.status().as_u16(), 504);
     assert_eq!(received(), 1, "the POST reached one engine only");
     let resp = client().get(gw.url("/v1/models")).send().await.unwrap();
-    assert_eq!(resp.status().as_u16(), 503, "both engines timed out");
+    assert_eq!(
+        resp.status().as_u16(),
+        504,
+        "both engines took the GET and timed out: a gateway timeout"
+    );
     assert_eq!(received(), 3, "the GET was tried on both engines");
+}
+
+/// A completion whose every attempt reached an engine that did not answer
+/// within the header timeout gets 504 `upstream_timeout` (503 `no_endpoint`
+/// is for endpoints that could not be reached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_every_engine_timed_out_on_is_a_gateway_timeout() {
+    let (a, _) = slow_engine(Duration::from_millis(3000)).await;
+    let (b, _) = slow_engine(Duration::from_millis(3000)).await;
+    let gw = Gateway::start(&rule(&[a, b], "response_header_timeout_ms = 300"));
+    let (status, v): (u16, Value) = complete(&gw, &prompt("late", 30), 4).await;
+    assert_eq!(status, 504, "{v}");
+    assert_eq!(v["error"]["type"], "upstream_timeout", "{v}");
+    // Refused connects only: nothing could be reached, still a 503.
+    let down: Vec<SocketAddr> = closed_ports(2)
+        .into_iter()
+        .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
+        .collect();
+    let gw = Gateway::start(&rule(&down, ""));
+    let (status, v): (u16, Value) = complete(&gw, &prompt("down", 30), 4).await;
+    assert_eq!(status, 503, "{v}");
 }

@@ -7,7 +7,9 @@
 //! retry budget. An endpoint that took the request and sent no answer within
 //! the header timeout is tried again elsewhere only for an idempotent method
 //! (`GET`, `HEAD`, ...): the engine may still be running a `POST`, and sending
-//! it again would run its work twice; it is a 504.
+//! it again would run its work twice; it is a 504. When every attempt failed
+//! and one of them timed out, the answer is a 504 too (503 is for endpoints
+//! that could not be reached at all).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -41,6 +43,9 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
         .unwrap_or(usize::MAX)
         .saturating_add(1);
     let mut failures = Vec::new();
+    // An engine took the request and did not answer in time: the gateway
+    // gave up on it, which is a 504, not "nothing available".
+    let mut timed_out = false;
     let turn = gw.passthrough_turn.fetch_add(1, Ordering::Relaxed) as usize;
     for url in rt.router.available_by_load(turn).into_iter().take(attempts) {
         let Some(ep) = rt.endpoint_by_url(&url) else {
@@ -93,6 +98,7 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                 rt.router.record_connect(&url, false);
                 tracing::warn!(rule = %name, endpoint = %ep.url, error = %e,
                     "pass-through attempt failed before any response; trying the next endpoint");
+                timed_out |= !e.is_connect();
                 failures.push(format!("{}: {e}", ep.url));
             }
             Err(e) if e.is_retryable() => {
@@ -113,6 +119,17 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                 return error(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string());
             }
         }
+    }
+    if timed_out {
+        rt.counters.outcome(Outcome::UpstreamError);
+        return error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+            format!(
+                "rule {name:?}: no endpoint answered a pass-through request in time [{}]",
+                failures.join("; ")
+            ),
+        );
     }
     rt.counters.outcome(Outcome::NoEndpoint);
     let why = if failures.is_empty() {

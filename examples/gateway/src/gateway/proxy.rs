@@ -304,6 +304,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Body>, gone: &mut Gone) -> Respons
         prefill: None,
         receipts: Vec::new(),
         failures: Vec::new(),
+        timed_out: false,
         pd: None,
     };
     // The one retry driver: the library's `Pick`.
@@ -322,6 +323,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Body>, gone: &mut Gone) -> Respons
                     Leg::Endpoint => pick.url().to_owned(),
                     Leg::Decode => pick.decode_url().unwrap_or_default().to_owned(),
                 };
+                ctx.timed_out |= !failure.error.is_connect();
                 ctx.failures
                     .push((failed.clone(), failure.error.to_string()));
                 // A decode endpoint that got the request may have pulled the
@@ -343,11 +345,19 @@ async fn route(gw: Arc<Gateway>, req: Request<Body>, gone: &mut Gone) -> Respons
                         next = pick.url(), "upstream attempt failed before any response; retrying elsewhere");
                     continue;
                 }
-                rt.counters.outcome(Outcome::NoEndpoint);
                 let reason = unavailable_reason(&rt, pick.decision(), &ctx.failures);
                 tracing::warn!(rule = %name, endpoint = %failed, error = %failure.error, %reason,
                     "upstream attempt failed before any response; no endpoint left");
-                let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
+                // An engine that took the request and did not answer in time
+                // makes it a gateway timeout; 503 is for endpoints that could
+                // not be reached at all.
+                let mut resp = if ctx.timed_out {
+                    rt.counters.outcome(Outcome::UpstreamError);
+                    error(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", reason)
+                } else {
+                    rt.counters.outcome(Outcome::NoEndpoint);
+                    error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason)
+                };
                 gw.observe
                     .decision(&rt, pick.decision(), resp.headers_mut());
                 let x = pick.take_explanation();
@@ -517,8 +527,10 @@ struct Ctx {
     /// (its transfer spent, or a retry that came back to it) finds the
     /// prompt it prefilled cached, which says nothing of the decision.
     receipts: Vec<(String, Option<Usage>)>,
-    /// (endpoint url, error) of connect failures, for the 503 reason.
+    /// (endpoint url, error) of failed attempts, for the 503 / 504 reason.
     failures: Vec<(String, String)>,
+    /// An attempt reached an engine that did not answer in time.
+    timed_out: bool,
     /// P/D: the request parsed once for every leg and attempt (`None` until
     /// a P/D target is first connected; then `Some(None)` when the body is
     /// not a JSON object, so there is no two-step).
