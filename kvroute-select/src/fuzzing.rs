@@ -534,8 +534,16 @@ pub fn replica_sync(data: &[u8]) {
                     requests: 0,
                     prefill_tokens: 0,
                     in_flight: u32::from(b.next()),
-                    queued_prefill_tokens: u64::from(b.next()) * 100,
-                    charged_prefill_tokens: u64::from(b.next()) * 1000,
+                    // Now and then beyond MAX_DELTA_TOKENS (refused).
+                    queued_prefill_tokens: match b.next() {
+                        255 => u64::MAX,
+                        v => u64::from(v) * 100,
+                    },
+                    charged_prefill_tokens: match b.next() {
+                        255 => u64::MAX,
+                        254 => crate::replica_sync::MAX_DELTA_TOKENS + 1,
+                        v => u64::from(v) * 1000,
+                    },
                 });
             }
         }

@@ -134,6 +134,7 @@ pub use outlier::{
 pub use pool::LoadBound;
 pub use replica_sync::{
     Applied, LoadDelta, OutboxCounters, RemoteConfig, RemoteCounters, RemoteLoad, WithRemote,
+    MAX_DELTA_TOKENS,
 };
 pub use rule::{Choice, PredictedConfig, Rule, RuleConfig, RuleError, Thresholds, Topology};
 pub use scoring::{

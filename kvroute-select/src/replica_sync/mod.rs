@@ -265,6 +265,15 @@ impl Default for RemoteConfig {
     }
 }
 
+/// The most prefill tokens one delta may announce as queued, and the most
+/// its charged counter may advance past what the table counted of the
+/// origin's entry: 2^40 (about 10^12) tokens, beyond any engine's queue and
+/// any sync interval's work. A delta above it is refused as
+/// [`Applied::Implausible`] (a corrupt or forged message): the charged
+/// counter only grows, so one such value would otherwise pin every peer's
+/// [`RemoteLoad::remote_charged`] for the endpoint for good.
+pub const MAX_DELTA_TOKENS: u64 = 1 << 40;
+
 /// What [`RemoteLoad::apply`] did with a delta.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Applied {
@@ -279,6 +288,9 @@ pub enum Applied {
     UnknownEndpoint,
     /// A new origin while [`RemoteConfig::max_origins`] live origins are kept.
     OriginsFull,
+    /// Queued prefill or a charged-counter step above [`MAX_DELTA_TOKENS`]:
+    /// ignored.
+    Implausible,
 }
 
 /// Counters of a [`RemoteLoad`] table; every refused delta is counted.
@@ -294,6 +306,8 @@ pub struct RemoteCounters {
     pub unknown_endpoint: u64,
     /// Deltas refused because the origin table was full.
     pub origins_full: u64,
+    /// Deltas refused as implausible ([`MAX_DELTA_TOKENS`]).
+    pub implausible: u64,
     /// Origins forgotten after [`RemoteConfig::ttl`] of silence.
     pub expired: u64,
     /// Origins currently kept.
@@ -309,6 +323,7 @@ impl RemoteCounters {
             Applied::Own => self.own += 1,
             Applied::UnknownEndpoint => self.unknown_endpoint += 1,
             Applied::OriginsFull => self.origins_full += 1,
+            Applied::Implausible => self.implausible += 1,
         }
     }
 }
@@ -420,6 +435,11 @@ impl RemoteLoad {
         if d.seq == 0 {
             return Applied::Stale;
         }
+        // Before the origin is taken in: a forged message must not make a
+        // new origin count among the deciders.
+        if d.queued_prefill_tokens > MAX_DELTA_TOKENS {
+            return Applied::Implausible;
+        }
         // An origin silent past the TTL is gone even if no expiry ran since
         // (hosts that never tick): forgotten first, so that news from it
         // starts afresh instead of reviving its old entries everywhere.
@@ -483,6 +503,16 @@ impl RemoteLoad {
         }
         if d.seq <= entry.seq {
             return Applied::Stale;
+        }
+        let counted_before = if entry.seq == 0 {
+            counted
+        } else {
+            Some(entry.charged)
+        };
+        if counted_before
+            .is_some_and(|c| d.charged_prefill_tokens.saturating_sub(c) > MAX_DELTA_TOKENS)
+        {
+            return Applied::Implausible;
         }
         let base = match (entry.seq, counted) {
             (0, Some(c)) if d.charged_prefill_tokens >= c => c,

@@ -82,6 +82,9 @@ impl Model {
         if d.seq == 0 {
             return Applied::Stale;
         }
+        if d.queued_prefill_tokens > super::MAX_DELTA_TOKENS {
+            return Applied::Implausible;
+        }
         // Silent past the TTL: forgotten before its news is applied.
         if self
             .origins
@@ -130,6 +133,18 @@ impl Model {
         }
         if d.seq <= entry.seq {
             return Applied::Stale;
+        }
+        // The charged counter may advance at most MAX_DELTA_TOKENS past
+        // what the entry (or the quiet entry it replaces) had counted.
+        let from = if entry.seq == 0 {
+            counted
+        } else {
+            Some(entry.charged)
+        };
+        if let Some(c) = from {
+            if d.charged_prefill_tokens.saturating_sub(c) > super::MAX_DELTA_TOKENS {
+                return Applied::Implausible;
+            }
         }
         if entry.seq == 0 {
             entry.base = match counted {

@@ -303,6 +303,36 @@ fn a_cleared_endpoint_forgets_every_origins_load_there() {
     r.clear_endpoint(EndpointId(7));
 }
 
+/// A corrupt or forged delta with an absurd charged counter or queue is
+/// refused and counted; without the bound the monotonic charged counter
+/// would stay pinned at its maximum, and no later charge would ever show.
+#[test]
+fn an_implausible_delta_is_refused_and_the_charged_counter_keeps_counting() {
+    let r = table(2, 4);
+    let now = Duration::from_secs(1);
+    let at = |seq, queued, charged| LoadDelta {
+        queued_prefill_tokens: queued,
+        charged_prefill_tokens: charged,
+        ..delta(9, seq, 0, 1)
+    };
+    assert_eq!(r.apply(&at(1, 100, 100), now), Applied::Applied);
+    assert_eq!(r.remote_charged(EndpointId(0)), 100);
+    assert_eq!(r.apply(&at(2, 100, u64::MAX), now), Applied::Implausible);
+    // A forged queue from an origin never heard of does not make it a
+    // decider either.
+    let stranger = LoadDelta {
+        origin: 10,
+        ..at(1, u64::MAX, 0)
+    };
+    assert_eq!(r.apply(&stranger, now), Applied::Implausible);
+    assert_eq!(r.deciders(now).count, 2);
+    assert_eq!(r.counters().implausible, 2);
+    // The origin's real news goes on counting.
+    assert_eq!(r.apply(&at(3, 50, 350), now), Applied::Applied);
+    assert_eq!(r.remote_charged(EndpointId(0)), 350);
+    assert_eq!(r.remote(EndpointId(0), now).queued_prefill_tokens, 50);
+}
+
 fn delta(origin: u64, seq: u64, endpoint: u32, in_flight: u32) -> LoadDelta {
     LoadDelta {
         origin,

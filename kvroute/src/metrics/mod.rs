@@ -423,7 +423,7 @@ fn encode_rows(
 
 fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::fmt::Result {
     type Field = fn(&crate::ReplicaCounters) -> u64;
-    let families: [(&str, MetricType, &str, Field); 13] = [
+    let families: [(&str, MetricType, &str, Field); 14] = [
         (
             "kvroute_replica_sent_batches",
             MetricType::Counter,
@@ -471,6 +471,12 @@ fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::
             MetricType::Counter,
             "Deltas refused because the most replicas are counted.",
             |c| c.origins_full,
+        ),
+        (
+            "kvroute_replica_implausible",
+            MetricType::Counter,
+            "Deltas refused for an implausible queue or charged-counter step.",
+            |c| c.implausible,
         ),
         (
             "kvroute_replica_undecodable",

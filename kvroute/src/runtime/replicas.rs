@@ -248,6 +248,9 @@ pub struct ReplicaCounters {
     pub unknown_endpoint: u64,
     /// Deltas refused because [`ReplicaConfig::max_origins`] replicas count.
     pub origins_full: u64,
+    /// Deltas refused as implausible: a queue or charged-counter step above
+    /// [`kvroute_select::MAX_DELTA_TOKENS`] (a corrupt or forged message).
+    pub implausible: u64,
     /// Messages that did not decode.
     pub undecodable: u64,
     /// Messages over [`ReplicaConfig::max_message_bytes`], refused unread.
@@ -273,6 +276,7 @@ pub(crate) struct Counting {
     pub(crate) own: AtomicU64,
     pub(crate) unknown_endpoint: AtomicU64,
     pub(crate) origins_full: AtomicU64,
+    pub(crate) implausible: AtomicU64,
     pub(crate) undecodable: AtomicU64,
     pub(crate) oversized: AtomicU64,
     pub(crate) unsendable: AtomicU64,
@@ -295,6 +299,7 @@ impl Counting {
             own: get(&self.own),
             unknown_endpoint: get(&self.unknown_endpoint),
             origins_full: get(&self.origins_full),
+            implausible: get(&self.implausible),
             undecodable: get(&self.undecodable),
             oversized: get(&self.oversized),
             unsendable: get(&self.unsendable),

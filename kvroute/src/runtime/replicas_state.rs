@@ -280,6 +280,7 @@ impl ReplicaState {
                 Applied::Own => &self.counting.own,
                 Applied::UnknownEndpoint => &self.counting.unknown_endpoint,
                 Applied::OriginsFull => &self.counting.origins_full,
+                Applied::Implausible => &self.counting.implausible,
             };
             Counting::add(counter, 1);
         }
