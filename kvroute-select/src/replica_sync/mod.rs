@@ -222,6 +222,18 @@ impl LoadTracker {
         n
     }
 
+    /// Whether `endpoint`'s totals differ from what the last
+    /// [`LoadTracker::drain_deltas`] announced of it (false without sync).
+    #[must_use]
+    pub fn unannounced(&self, endpoint: EndpointId) -> bool {
+        let Some(s) = self.sync.as_ref().and(self.slots.get(endpoint.index())) else {
+            return false;
+        };
+        s.in_flight() != s.sent_in_flight.load(Ordering::Relaxed)
+            || s.prefill_tokens() != s.sent_tokens.load(Ordering::Relaxed)
+            || s.charged_tokens.load(Ordering::Acquire) != s.sent_charged.load(Ordering::Relaxed)
+    }
+
     /// Makes the next [`LoadTracker::drain_deltas`] announce every endpoint:
     /// the heartbeat that keeps this origin alive at its peers (call it more
     /// often than their [`RemoteConfig::ttl`]) and repairs any lost message.

@@ -50,7 +50,8 @@ fn batch_of(
 
 /// Which slots' load goes out: every present endpoint's; a removed one's
 /// (its last address) only when its requests changed (so the others see
-/// them end) or, in a `full` drain, while some are still running — and
+/// them end) or, in a `full` drain, while some are still running or their
+/// end is not announced yet (a full drain takes every pending change) — and
 /// never when a present slot has the same address: the removed slot's
 /// stale totals would overwrite the present endpoint's on the others (a
 /// full drain sends slots in order, and a re-added endpoint takes a lower
@@ -77,7 +78,9 @@ fn sent_slots(
         .map(|i| {
             current[i]
                 || (!present.contains(&*generation.urls[i])
-                    && (!full || kvroute_select::Load::load(tracker, id(i)).in_flight > 0))
+                    && (!full
+                        || kvroute_select::Load::load(tracker, id(i)).in_flight > 0
+                        || tracker.unannounced(id(i))))
         })
         .collect()
 }
@@ -596,6 +599,29 @@ mod tests {
             mentions(router.drain_replica_batch(false), "http://e3"),
             [0]
         );
+        assert!(mentions(router.drain_replica_batch(true), "http://e3").is_empty());
+    }
+
+    /// The same end, when the next drain is a heartbeat (a full drain):
+    /// it still announces the end once, then nothing.
+    #[test]
+    fn a_removed_endpoints_last_end_is_announced_by_a_heartbeat_too() {
+        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+        r.origin = Some(1);
+        let router = host_router(4).replicas(r).build().expect("router");
+        let guard = router.shared.tracker.charge(
+            kvroute_select::Target {
+                endpoint: kvroute_core::EndpointId(3),
+                decode: None,
+            },
+            64,
+        );
+        router
+            .apply(Change::Remove("http://e3".to_owned()))
+            .expect("remove");
+        assert_eq!(mentions(router.drain_replica_batch(true), "http://e3"), [1]);
+        drop(guard);
+        assert_eq!(mentions(router.drain_replica_batch(true), "http://e3"), [0]);
         assert!(mentions(router.drain_replica_batch(true), "http://e3").is_empty());
     }
 
