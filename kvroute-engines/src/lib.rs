@@ -100,6 +100,14 @@ pub use prompt::ApiKind;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub use load_report::fuzzing as load_report_fuzzing;
+/// How long an idle HTTP connection to an engine is kept for reuse: below
+/// the 5 s after which the engines' uvicorn servers close an idle
+/// keep-alive connection (vLLM's `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, SGLang's
+/// `SGLANG_TIMEOUT_KEEP_ALIVE`). A connection kept longer can be closed by
+/// the engine just as a request is written on it, which then fails with no
+/// answer (not safely retried: the engine may have read it).
+pub const ENGINE_HTTP_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
+
 pub use load_report::{
     parse_load, EngineLoadReport, LoadReportError, MetricsDialect, MAX_METRICS_BODY_BYTES,
     MAX_RANKS,

@@ -56,6 +56,54 @@ async fn slow_engine(delay: Duration) -> (SocketAddr, Arc<Seen>) {
     (addr, seen)
 }
 
+/// An engine server whose keep-alive closes idle connections (uvicorn's,
+/// 5 s for vLLM and SGLang), made deterministic: a request that arrives on a
+/// connection idle for longer than `keep_alive` is dropped unanswered, as
+/// when the engine's close crosses the request on the wire. Counts the
+/// completions answered and dropped.
+async fn keep_alive_engine(keep_alive: Duration) -> (SocketAddr, Arc<Seen>) {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    let seen = Arc::new(Seen::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen2 = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let seen = Arc::clone(&seen2);
+            let last = Arc::new(parking_lot::Mutex::new(std::time::Instant::now()));
+            let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                let (seen, last) = (Arc::clone(&seen), Arc::clone(&last));
+                async move {
+                    let idle = last.lock().elapsed();
+                    let _ = http_body_util::BodyExt::collect(req.into_body()).await;
+                    if idle > keep_alive {
+                        seen.received.fetch_add(1, Ordering::SeqCst);
+                        return Err("closed by keep-alive");
+                    }
+                    seen.answered.fetch_add(1, Ordering::SeqCst);
+                    let body = serde_json::json!({
+                        "choices": [{"text": "ok"}],
+                        "usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}},
+                    });
+                    *last.lock() = std::time::Instant::now();
+                    Ok(hyper::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(body.to_string())))
+                        .unwrap())
+                }
+            });
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
 /// Accepts connections and reads, but never answers.
 async fn black_hole() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -234,4 +282,30 @@ async fn a_completion_every_engine_timed_out_on_is_a_gateway_timeout() {
     let gw = Gateway::start(&rule(&down, ""));
     let (status, v): (u16, Value) = complete(&gw, &prompt("down", 30), 4).await;
     assert_eq!(status, 503, "{v}");
+}
+
+/// Upstream connections are not kept idle longer than
+/// `limits.upstream_pool_idle_ms`: a request after a pause goes on a new
+/// connection, not on one the engine's keep-alive is closing. Kept longer
+/// than the engine's keep-alive, the request after the pause is written on
+/// the closing connection and fails unanswered (502).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_not_reused_past_the_pool_idle_time() {
+    let pause = Duration::from_millis(1000);
+    for (pool_idle_ms, want) in [(300, 200), (5000, 502)] {
+        let (engine, seen) = keep_alive_engine(Duration::from_millis(600)).await;
+        let limits = format!("upstream_pool_idle_ms = {pool_idle_ms}\nengine_load_poll_ms = 0");
+        let gw = Gateway::start(&rule(&[engine], &limits));
+        let (status, v): (u16, Value) = complete(&gw, &prompt("first", 30), 4).await;
+        assert_eq!(status, 200, "{v}");
+        tokio::time::sleep(pause).await;
+        let (status, v): (u16, Value) = complete(&gw, &prompt("second", 30), 4).await;
+        assert_eq!(status, want, "pool idle {pool_idle_ms} ms: {v}");
+        let dropped = seen.received.load(Ordering::SeqCst);
+        assert_eq!(
+            dropped,
+            usize::from(want != 200),
+            "pool idle {pool_idle_ms} ms"
+        );
+    }
 }

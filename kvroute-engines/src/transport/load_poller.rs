@@ -215,6 +215,7 @@ impl LoadPoller {
         let client = reqwest::Client::builder()
             .timeout(config.timeout)
             .connect_timeout(config.timeout)
+            .pool_idle_timeout(crate::ENGINE_HTTP_IDLE)
             .build()?;
         Ok(Self {
             config,

@@ -137,6 +137,7 @@ impl TrtllmPoller {
         let client = reqwest::Client::builder()
             .timeout(config.request_timeout)
             .connect_timeout(config.request_timeout)
+            .pool_idle_timeout(crate::ENGINE_HTTP_IDLE)
             .build()?;
         Ok(Self {
             config,

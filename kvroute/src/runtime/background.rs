@@ -132,6 +132,9 @@ fn spawn_probe(
     let url = format!("{}{}", b.url.trim_end_matches('/'), cfg.path);
     let client = match reqwest::Client::builder()
         .timeout(cfg.timeout.max(std::time::Duration::from_millis(1)))
+        // Probes every 5 s by default, the engines' keep-alive: a pooled
+        // connection would be closed by the engine as the probe is sent.
+        .pool_idle_timeout(kvroute_engines::ENGINE_HTTP_IDLE)
         .build()
     {
         Ok(c) => c,

@@ -187,6 +187,7 @@ impl Gateway {
             client: UpstreamClient::new(
                 config.limits.connect_timeout(),
                 config.limits.response_header_timeout(),
+                config.limits.upstream_pool_idle(),
             ),
             metrics: GatewayMetrics::default(),
             tokenize_admission: Arc::new(kvroute::admission::TokenizeAdmission::new(

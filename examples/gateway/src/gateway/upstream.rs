@@ -78,16 +78,17 @@ pub struct UpstreamClient {
 pub use kvroute::headers::copy_end_to_end as copy_headers;
 
 impl UpstreamClient {
-    /// A client with a TCP connect timeout and a response-header timeout
-    /// (from sending the request to the upstream's status line and headers).
+    /// A client with a TCP connect timeout, a response-header timeout
+    /// (from sending the request to the upstream's status line and headers)
+    /// and how long an idle connection is kept for reuse.
     #[must_use]
-    pub fn new(connect_timeout: Duration, header_timeout: Duration) -> Self {
+    pub fn new(connect_timeout: Duration, header_timeout: Duration, pool_idle: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(connect_timeout));
         connector.set_nodelay(true);
         connector.enforce_http(true);
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(pool_idle)
             .build(connector);
         Self {
             client,

@@ -226,6 +226,11 @@ pub struct LimitsConfig {
     /// Longest silence between two upstream body chunks before the response is
     /// aborted.
     pub upstream_idle_timeout_ms: u64,
+    /// How long an idle upstream connection is kept for the next request.
+    /// Below the engine's own keep-alive (5 s for vLLM and SGLang), or a
+    /// request can be sent on a connection the engine is closing and fail
+    /// unanswered.
+    pub upstream_pool_idle_ms: u64,
     /// Poll each engine's own metrics (running / waiting requests, KV
     /// capacity) this often, in ms; 0 turns it off. The reports correct this
     /// gateway's in-flight counts for requests other replicas sent, and bound
@@ -300,6 +305,7 @@ impl Default for LimitsConfig {
             body_read_timeout_ms: 30_000,
             connect_timeout_ms: 2_000,
             upstream_idle_timeout_ms: 300_000,
+            upstream_pool_idle_ms: 4_000,
             response_header_timeout_ms: 120_000,
             stream_header_timeout_ms: 10_000,
             engine_load_poll_ms: 500,
@@ -339,6 +345,11 @@ impl LimitsConfig {
     #[must_use]
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
+    }
+    /// As a duration.
+    #[must_use]
+    pub fn upstream_pool_idle(&self) -> Duration {
+        Duration::from_millis(self.upstream_pool_idle_ms)
     }
     /// As a duration.
     #[must_use]

@@ -183,6 +183,7 @@ impl ServeConfig {
                 "limits.upstream_idle_timeout_ms",
                 limits.upstream_idle_timeout_ms,
             ),
+            ("limits.upstream_pool_idle_ms", limits.upstream_pool_idle_ms),
             (
                 "limits.response_header_timeout_ms",
                 limits.response_header_timeout_ms,
