@@ -265,17 +265,17 @@ async fn a_refused_prefill_leg_charges_the_decode_endpoint_nothing() {
     assert_eq!(in_flight(&gw).await, (Some(0), Some(0)));
 }
 
-/// A P/D request whose body cannot be split into the two legs (a field
-/// nested past serde_json's depth limit, which the gateway's own prompt
-/// parser and Python's accept): the decode endpoint serves it whole, as a
-/// decode engine serves a request without transfer parameters, and the
-/// prefill endpoint, which would run it as a full generation, gets nothing.
+/// A P/D request whose body cannot be split into the two legs (a key that
+/// is a lone UTF-16 surrogate escape, which the gateway's own prompt parser
+/// and Python's accept and serde_json refuses as a string): the decode
+/// endpoint serves it whole, as a decode engine serves a request without
+/// transfer parameters, and the prefill endpoint, which would run it as a
+/// full generation, gets nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_cannot_be_split_goes_whole_to_the_decode_endpoint() {
     let (_prefill, gate, decode, gw) = held_decode_gateway().await;
-    let nested = format!("{}1{}", "[".repeat(130), "]".repeat(130));
     let body = format!(
-        r#"{{"model": "{MODEL}", "prompt": "{}", "max_tokens": 4, "x_extra": {nested}}}"#,
+        r#"{{"model": "{MODEL}", "prompt": "{}", "max_tokens": 4, "x_\ud800": 1}}"#,
         prompt("whole", 40)
     );
     let url = gw.url("/v1/completions");

@@ -4,48 +4,137 @@
 //! is read for the transfer only); the decode endpoint then gets the original
 //! request carrying the `kv_transfer_params` the prefill answered with.
 
+use std::collections::HashMap;
+
 use bytes::Bytes;
-use serde_json::{json, Map, Value};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::{to_raw_value, RawValue};
+use serde_json::{json, Value};
+
+/// The request's top-level fields, in order, each value kept as its JSON
+/// text: the legs' bodies are the client's bytes with a few fields set or
+/// left out, so nothing below the top level is parsed into a tree (a
+/// 4 MiB list of token ids would take several times its size as one, per
+/// leg) and every other value reaches the engines byte for byte (numbers
+/// beyond `f64` included). A key given twice keeps its first place and its
+/// last value, as a JSON object read by the engines does.
+#[derive(Debug)]
+pub struct Fields(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> Visitor<'de> for Object {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Fields, A::Error> {
+                let mut fields: Vec<(String, Box<RawValue>)> = Vec::new();
+                let mut at: HashMap<String, usize> = HashMap::new();
+                while let Some((k, v)) = m.next_entry::<String, Box<RawValue>>()? {
+                    match at.get(&k).and_then(|&i| fields.get_mut(i)) {
+                        Some(slot) => slot.1 = v,
+                        None => {
+                            at.insert(k.clone(), fields.len());
+                            fields.push((k, v));
+                        }
+                    }
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(Object)
+    }
+}
+
+impl Fields {
+    fn has(&self, key: &str) -> bool {
+        self.0.iter().any(|(k, _)| k == key)
+    }
+
+    /// The object with `set` fields replaced (in place) or added (at the
+    /// end) and `drop` fields left out.
+    fn write(&self, set: &[(&str, Box<RawValue>)], drop: &[&str]) -> Option<Bytes> {
+        let extra: usize = set.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum();
+        let size: usize = self
+            .0
+            .iter()
+            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .sum();
+        let mut out = Vec::with_capacity(size + extra + 2);
+        out.push(b'{');
+        let mut field = |out: &mut Vec<u8>, k: &str, v: &RawValue| -> Option<()> {
+            if out.len() > 1 {
+                out.push(b',');
+            }
+            serde_json::to_writer(&mut *out, k).ok()?;
+            out.push(b':');
+            out.extend_from_slice(v.get().as_bytes());
+            Some(())
+        };
+        for (k, v) in &self.0 {
+            if drop.contains(&k.as_str()) {
+                continue;
+            }
+            let v = set.iter().find(|(s, _)| s == k).map_or(&**v, |(_, s)| &**s);
+            field(&mut out, k, v)?;
+        }
+        for (k, v) in set {
+            if !self.has(k) {
+                field(&mut out, k, v)?;
+            }
+        }
+        out.push(b'}');
+        Some(Bytes::from(out))
+    }
+}
 
 /// The request as a JSON object, parsed once for both legs (`None` when it is
 /// not one: then there is no two-step).
 #[must_use]
-pub fn parse(original: &[u8]) -> Option<Map<String, Value>> {
+pub fn parse(original: &[u8]) -> Option<Fields> {
     serde_json::from_slice(original).ok()
 }
 
 /// The prefill leg's body.
 #[must_use]
-pub fn prefill_body_of(mut v: Map<String, Value>) -> Option<Bytes> {
-    v.insert(
-        "kv_transfer_params".into(),
-        json!({
-            "do_remote_decode": true,
-            "do_remote_prefill": false,
-            "remote_engine_id": null,
-            "remote_block_ids": null,
-            "remote_host": null,
-            "remote_port": null,
-        }),
-    );
-    v.insert("max_tokens".into(), json!(1));
-    if v.contains_key("max_completion_tokens") {
-        v.insert("max_completion_tokens".into(), json!(1));
+pub fn prefill_body_of(v: &Fields) -> Option<Bytes> {
+    let raw = |x: Value| to_raw_value(&x).ok();
+    let mut set = vec![
+        (
+            "kv_transfer_params",
+            raw(json!({
+                "do_remote_decode": true,
+                "do_remote_prefill": false,
+                "remote_engine_id": null,
+                "remote_block_ids": null,
+                "remote_host": null,
+                "remote_port": null,
+            }))?,
+        ),
+        ("max_tokens", raw(json!(1))?),
+        ("stream", raw(json!(false))?),
+    ];
+    if v.has("max_completion_tokens") {
+        set.push(("max_completion_tokens", raw(json!(1))?));
     }
-    v.insert("stream".into(), json!(false));
-    v.remove("stream_options");
+    // vLLM refuses `min_tokens` above `max_tokens`: the leg's one token.
+    if v.has("min_tokens") {
+        set.push(("min_tokens", raw(json!(0))?));
+    }
     // The prefill answer is read for its transfer parameters and usage
     // only, then dropped: asked to echo the prompt or score it, an engine
     // would answer megabytes of prompt log-probabilities for nothing (and
     // past the answer's read bound). The decode leg keeps them.
-    for k in ["echo", "logprobs", "top_logprobs", "prompt_logprobs"] {
-        v.remove(k);
-    }
-    // vLLM refuses `min_tokens` above `max_tokens`: the leg's one token.
-    if v.contains_key("min_tokens") {
-        v.insert("min_tokens".into(), json!(0));
-    }
-    serde_json::to_vec(&v).ok().map(Bytes::from)
+    let drop = [
+        "stream_options",
+        "echo",
+        "logprobs",
+        "top_logprobs",
+        "prompt_logprobs",
+    ];
+    v.write(&set, &drop)
 }
 
 /// The prefill answer's `kv_transfer_params`, if any.
@@ -59,9 +148,8 @@ pub fn transfer_params(prefill_response: &[u8]) -> Option<Value> {
 
 /// The decode leg's body: the original request with the prefill's parameters.
 #[must_use]
-pub fn decode_body_of(mut v: Map<String, Value>, params: &Value) -> Option<Bytes> {
-    v.insert("kv_transfer_params".into(), params.clone());
-    serde_json::to_vec(&v).ok().map(Bytes::from)
+pub fn decode_body_of(v: &Fields, params: &Value) -> Option<Bytes> {
+    v.write(&[("kv_transfer_params", to_raw_value(params).ok()?)], &[])
 }
 
 #[cfg(test)]
@@ -72,7 +160,7 @@ mod tests {
     fn prefill_asks_for_one_token_without_streaming_and_decode_carries_the_answer() {
         let original = br#"{"model":"m","prompt":"hi","max_tokens":50,"stream":true,"stream_options":{"include_usage":true}}"#;
         let object = parse(original).unwrap();
-        let p: Value = serde_json::from_slice(&prefill_body_of(object.clone()).unwrap()).unwrap();
+        let p: Value = serde_json::from_slice(&prefill_body_of(&object).unwrap()).unwrap();
         assert_eq!(p["max_tokens"], 1);
         assert_eq!(p["stream"], false);
         assert!(p.get("stream_options").is_none());
@@ -80,7 +168,7 @@ mod tests {
         let answer = br#"{"kv_transfer_params":{"do_remote_prefill":true,"remote_port":9}}"#;
         let params = transfer_params(answer);
         let d: Value =
-            serde_json::from_slice(&decode_body_of(object, params.as_ref().unwrap()).unwrap())
+            serde_json::from_slice(&decode_body_of(&object, params.as_ref().unwrap()).unwrap())
                 .unwrap();
         assert_eq!(d["max_tokens"], 50);
         assert_eq!(d["stream"], true);
@@ -88,20 +176,48 @@ mod tests {
         // Echo and log-probabilities: the decode leg's, never the prefill's.
         let scored = br#"{"model":"m","prompt":"hi","max_tokens":9,"min_tokens":9,"echo":true,"logprobs":1,"top_logprobs":2,"prompt_logprobs":1}"#;
         let object = parse(scored).unwrap();
-        let p: Value = serde_json::from_slice(&prefill_body_of(object.clone()).unwrap()).unwrap();
+        let p: Value = serde_json::from_slice(&prefill_body_of(&object).unwrap()).unwrap();
         for k in ["echo", "logprobs", "top_logprobs", "prompt_logprobs"] {
             assert!(p.get(k).is_none(), "{k} in the prefill leg: {p}");
         }
         // A valid minimum for the leg's one token; the decode leg keeps the client's.
         assert_eq!(p["min_tokens"], 0);
         let d: Value =
-            serde_json::from_slice(&decode_body_of(object, &json!({})).unwrap()).unwrap();
+            serde_json::from_slice(&decode_body_of(&object, &json!({})).unwrap()).unwrap();
         assert_eq!(
             (d["echo"].clone(), d["prompt_logprobs"].clone()),
             (json!(true), json!(1))
         );
         assert_eq!(d["min_tokens"], 9);
         assert!(parse(b"not json").is_none());
+        assert!(parse(b"{\"a\":1}x").is_none(), "trailing bytes");
         assert!(parse(b"[1]").is_none(), "not an object: no two-step");
+    }
+
+    /// Every value the legs do not change reaches the engines as the client
+    /// wrote it: numbers beyond `f64`, their spelling, nested objects; a key
+    /// given twice keeps its first place and its last value.
+    #[test]
+    fn untouched_values_pass_byte_for_byte() {
+        let original = br#"{"model":"m","seed":18446744073709551616123,"temperature":0.10000000000000001,"prompt":[1,2,3],"extra":{"b":1.50,"a":[]},"seed":7,"max_tokens":5}"#;
+        let object = parse(original).unwrap();
+        let d = decode_body_of(&object, &json!({"p": 1})).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&d).unwrap(),
+            r#"{"model":"m","seed":7,"temperature":0.10000000000000001,"prompt":[1,2,3],"extra":{"b":1.50,"a":[]},"max_tokens":5,"kv_transfer_params":{"p":1}}"#
+        );
+        let p = prefill_body_of(&object).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&p).unwrap(),
+            r#"{"model":"m","seed":7,"temperature":0.10000000000000001,"prompt":[1,2,3],"extra":{"b":1.50,"a":[]},"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"stream":false}"#
+        );
+        // Nested past serde_json's depth limit for trees: kept as text.
+        let deep = format!(r#"{{"x":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
+        let out = decode_body_of(&parse(deep.as_bytes()).unwrap(), &json!(1)).unwrap();
+        assert!(out.starts_with(deep.trim_end_matches('}').as_bytes()));
+        let escaped = parse(br#"{"a\"b":"\u00e9"}"#).unwrap();
+        let out = decode_body_of(&escaped, &json!(null)).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["a\"b"], "\u{e9}");
     }
 }

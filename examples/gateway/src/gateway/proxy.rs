@@ -539,8 +539,8 @@ struct Ctx {
 
 /// The two-step's view of one request, prepared on the blocking pool.
 struct PdRequest {
-    /// The request object (each decode attempt adds its `kv_transfer_params`).
-    object: serde_json::Map<String, serde_json::Value>,
+    /// The request's fields (each decode attempt adds its `kv_transfer_params`).
+    object: pd::Fields,
     /// The prefill leg's body.
     prefill: Bytes,
 }
@@ -551,7 +551,7 @@ impl PdRequest {
         let body = body.clone();
         tokio::task::spawn_blocking(move || {
             let object = pd::parse(&body)?;
-            let prefill = pd::prefill_body_of(object.clone())?;
+            let prefill = pd::prefill_body_of(&object)?;
             Some(Arc::new(Self { object, prefill }))
         })
         .await
@@ -570,7 +570,7 @@ impl PdRequest {
             return original.clone();
         };
         let this = Arc::clone(self);
-        tokio::task::spawn_blocking(move || pd::decode_body_of(this.object.clone(), &params))
+        tokio::task::spawn_blocking(move || pd::decode_body_of(&this.object, &params))
             .await
             .ok()
             .flatten()
@@ -619,8 +619,8 @@ async fn connect(
                 });
             };
             // A P/D target whose body cannot be split into the two legs
-            // (not a JSON object serde reads, e.g. nested past its depth
-            // limit): the decode endpoint serves it whole, prefill included,
+            // (not a JSON object serde reads, e.g. a key that is a lone
+            // surrogate escape): the decode endpoint serves it whole, prefill included,
             // as a decode engine serves a request without transfer
             // parameters. The prefill endpoint would run it as a full
             // generation; it is left out, and released.
