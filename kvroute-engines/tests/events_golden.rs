@@ -325,6 +325,7 @@ fn trtllm_created_updated_and_dp_ranks() {
             key: BlockKey(6281115329494198917),
             from: kvroute_core::Medium::Gpu,
             to: kvroute_core::Medium::Cpu,
+            group: 0,
         })]
     );
 

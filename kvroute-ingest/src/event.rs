@@ -68,6 +68,9 @@ pub struct BlockMoved {
     pub from: Medium,
     /// Tier it now lives in.
     pub to: Medium,
+    /// KV-cache group (TensorRT-LLM `layer_group_id`; 0 when not given):
+    /// filtered like [`BlockStored::group`], since groups may share keys.
+    pub group: u32,
 }
 
 /// One engine-neutral KV event.
@@ -183,7 +186,11 @@ impl EventBatch {
                 KvEvent::Moved(m) => {
                     f.word(3);
                     f.word(m.key.0);
-                    f.word((m.from.index() as u64) << 8 | m.to.index() as u64);
+                    f.word(
+                        u64::from(m.group) << 32
+                            | (m.from.index() as u64) << 8
+                            | m.to.index() as u64,
+                    );
                 }
                 KvEvent::AllCleared => f.word(4),
             }

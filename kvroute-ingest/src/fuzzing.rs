@@ -330,7 +330,7 @@ impl Model {
                         self.remove(ep, r.medium.index(), k.0);
                     }
                 }
-                KvEvent::Moved(m) => {
+                KvEvent::Moved(m) if self.scored_group(ep) == Some(m.group) => {
                     self.remove(ep, m.from.index(), m.key.0);
                     self.store(ep, m.to.index(), m.key.0);
                 }
@@ -413,6 +413,7 @@ fn random_event(b: &mut Bytes<'_>) -> KvEvent {
             key: BlockKey(u64::from(b.byte()) % KEY_UNIVERSE),
             from: medium,
             to: TIERS[usize::from(b.byte() % 2)],
+            group,
         }),
         _ => KvEvent::AllCleared,
     }

@@ -72,7 +72,8 @@ pub struct TrtllmDecoder {
     /// Tier of every block known to sit outside the GPU level, per
     /// attention-DP rank (each rank has its own cache: one block can be on
     /// one rank's GPU and in another's host cache); absent = GPU.
-    off_gpu: hashbrown::HashMap<(Option<u32>, u64), Medium>,
+    /// By (attention-DP rank, layer group, key): groups may share keys.
+    off_gpu: hashbrown::HashMap<(Option<u32>, u32, u64), Medium>,
     off_gpu_limit: usize,
     /// A `created` event was decoded since [`Self::take_capacity_update`].
     capacity_update: bool,
@@ -129,12 +130,12 @@ impl TrtllmDecoder {
         self
     }
 
-    /// The tier `key` is in on attention-DP rank `rank` as far as the events
-    /// seen so far say.
+    /// The tier `key` of layer group `group` is in on attention-DP rank
+    /// `rank` as far as the events seen so far say.
     #[must_use]
-    pub fn tier_of(&self, rank: Option<u32>, key: BlockKey) -> Medium {
+    pub fn tier_of(&self, rank: Option<u32>, group: u32, key: BlockKey) -> Medium {
         self.off_gpu
-            .get(&(rank, key.0))
+            .get(&(rank, group, key.0))
             .copied()
             .unwrap_or(Medium::Gpu)
     }
@@ -147,12 +148,12 @@ impl TrtllmDecoder {
 
     fn set_tier(
         &mut self,
-        rank: Option<u32>,
+        (rank, group): (Option<u32>, u32),
         key: BlockKey,
         medium: Medium,
         stats: &mut DecodeStats,
     ) {
-        let at = (rank, key.0);
+        let at = (rank, group, key.0);
         if medium == Medium::Gpu {
             self.off_gpu.remove(&at);
         } else if self.off_gpu.len() < self.off_gpu_limit || self.off_gpu.contains_key(&at) {
@@ -226,7 +227,7 @@ impl TrtllmDecoder {
     /// none). Ranks that do not come back after a restart keep their
     /// capacity and tiers.
     pub fn restarted(&mut self, rank: Option<u32>, rest: &[Value]) {
-        self.off_gpu.retain(|(r, _), _| *r != rank);
+        self.off_gpu.retain(|(r, _, _), _| *r != rank);
         self.largest_window = drain_window(rest);
     }
 
@@ -370,7 +371,7 @@ impl TrtllmDecoder {
                 for event in out.get(start..).unwrap_or_default() {
                     if let KvEvent::Stored(stored) = event {
                         for key in &stored.keys {
-                            self.set_tier(rank, *key, stored.medium, stats);
+                            self.set_tier((rank, stored.group), *key, stored.medium, stats);
                         }
                     }
                 }
@@ -403,8 +404,13 @@ impl TrtllmDecoder {
                         };
                         let from = level_medium(level("old_value")?, stats);
                         let to = level_medium(level("new_value")?, stats);
-                        self.set_tier(rank, key, to, stats);
-                        out.push(KvEvent::Moved(BlockMoved { key, from, to }));
+                        self.set_tier((rank, group), key, to, stats);
+                        out.push(KvEvent::Moved(BlockMoved {
+                            key,
+                            from,
+                            to,
+                            group,
+                        }));
                     }
                 }
             }
@@ -425,7 +431,7 @@ impl TrtllmDecoder {
     ) {
         if keys
             .iter()
-            .all(|k| !self.off_gpu.contains_key(&(rank, k.0)))
+            .all(|k| !self.off_gpu.contains_key(&(rank, group, k.0)))
         {
             out.push(KvEvent::Removed(BlockRemoved {
                 keys,
@@ -437,7 +443,10 @@ impl TrtllmDecoder {
         // Runs of consecutive blocks in the same tier keep the engine's order.
         let mut run: Option<BlockRemoved> = None;
         for key in keys {
-            let medium = self.off_gpu.remove(&(rank, key.0)).unwrap_or(Medium::Gpu);
+            let medium = self
+                .off_gpu
+                .remove(&(rank, group, key.0))
+                .unwrap_or(Medium::Gpu);
             match &mut run {
                 Some(r) if r.medium == medium => r.keys.push(key),
                 _ => {
@@ -647,9 +656,9 @@ mod tests {
             dec.decode_drain(&golden(f), &mut stats).unwrap();
         }
         let offloaded = 6281115329494198917u64;
-        assert_eq!(dec.tier_of(None, BlockKey(offloaded)), Medium::Cpu);
+        assert_eq!(dec.tier_of(None, 0, BlockKey(offloaded)), Medium::Cpu);
         let on_gpu = 13121859508051604645u64;
-        assert_eq!(dec.tier_of(None, BlockKey(on_gpu)), Medium::Gpu);
+        assert_eq!(dec.tier_of(None, 0, BlockKey(on_gpu)), Medium::Gpu);
 
         let body = format!(
             r#"[{{"event_id": 6, "window_size": 8192,
@@ -661,7 +670,7 @@ mod tests {
             vec![(Medium::Gpu, vec![on_gpu]), (Medium::Cpu, vec![offloaded])]
         );
         // Gone from the tier map: a re-store on the GPU and removal go to the GPU.
-        assert_eq!(dec.tier_of(None, BlockKey(offloaded)), Medium::Gpu);
+        assert_eq!(dec.tier_of(None, 0, BlockKey(offloaded)), Medium::Gpu);
         assert_eq!(stats.untracked_offloaded_blocks, 0);
     }
 
@@ -765,6 +774,49 @@ mod tests {
         }
     }
 
+    /// Layer groups may hold blocks of the same key (one pool per attention
+    /// window): a block of another group offloaded to the host neither moves
+    /// the scored group's block in the inventory nor changes the tier its
+    /// later removal is read from.
+    #[test]
+    fn another_layer_groups_offload_leaves_the_scored_groups_block_alone() {
+        use kvroute_core::EndpointId;
+        use kvroute_ingest::{EndpointIngest, IndexConfig, IngestConfig, Keying, SharedIndex};
+        let event = |id: u64, group: u32, data: &str| {
+            format!(r#"{{"event_id": {id}, "layer_group_id": {group}, "data": {data}}}"#)
+        };
+        let stored = r#"{"type": "stored", "parent_hash": null, "blocks": [{"type": "stored_block",
+            "block_hash": 77, "tokens": [1, 2], "cache_level": 0}]}"#;
+        let offload = r#"{"type": "updated", "block_hash": 77,
+            "cache_level": {"type": "event_diff", "new_value": 1, "old_value": 0}}"#;
+        let removed = r#"{"type": "removed", "block_hashes": [77]}"#;
+        let index = SharedIndex::new(1, IndexConfig::default());
+        let mut ingest =
+            EndpointIngest::new(EndpointId(0), IngestConfig::default(), Keying::Engine);
+        let mut dec = TrtllmDecoder::new(2);
+        let mut stats = DecodeStats::default();
+        let mut drain = |events: &[String]| {
+            let body = format!("[{}]", events.join(","));
+            for b in dec.decode_drain(body.as_bytes(), &mut stats).unwrap() {
+                let _ = ingest.apply_batch(&b, &index);
+            }
+        };
+        let at = |m| index.contains(EndpointId(0), BlockKey(77), m);
+        drain(&[
+            event(1, 0, stored),
+            event(2, 1, stored),
+            event(3, 1, offload),
+        ]);
+        assert!(at(Medium::Gpu), "the scored group's block stays on the GPU");
+        assert!(
+            !at(Medium::Cpu),
+            "another group's offload is not this group's"
+        );
+        drain(&[event(4, 0, removed)]);
+        assert!(!at(Medium::Gpu), "its removal is read from the GPU tier");
+        assert!(!at(Medium::Cpu));
+    }
+
     #[test]
     fn off_gpu_map_is_bounded_and_counts_what_it_cannot_track() {
         let mut dec = TrtllmDecoder::new(2).with_off_gpu_limit(1);
@@ -777,10 +829,10 @@ mod tests {
         };
         let body = format!("[{}, {}]", moved(1, 21), moved(2, 22));
         dec.decode_drain(body.as_bytes(), &mut stats).unwrap();
-        assert_eq!(dec.tier_of(None, BlockKey(21)), Medium::Cpu);
-        assert_eq!(dec.tier_of(None, BlockKey(22)), Medium::Gpu);
+        assert_eq!(dec.tier_of(None, 0, BlockKey(21)), Medium::Cpu);
+        assert_eq!(dec.tier_of(None, 0, BlockKey(22)), Medium::Gpu);
         assert_eq!(stats.untracked_offloaded_blocks, 1);
         dec.reset();
-        assert_eq!(dec.tier_of(None, BlockKey(21)), Medium::Gpu);
+        assert_eq!(dec.tier_of(None, 0, BlockKey(21)), Medium::Gpu);
     }
 }

@@ -176,6 +176,9 @@ impl EndpointIngest {
                 self.remove(r, index)
             }
             KvEvent::Moved(m) => {
+                if !self.in_scored_group(m.group, None) {
+                    return None;
+                }
                 self.counters.moved_events += 1;
                 self.mov(m, index)
             }
