@@ -156,3 +156,56 @@ fn offloading_placeholders_fill_the_host_and_disk_tiers_and_check_nothing() {
         ingest.contract_status()
     );
 }
+
+/// The same offloading under a `rekey` contract: a placeholder names the
+/// engine key of a block re-keyed from its tokens before, so it lands in
+/// its tier under that block's internal key; removing the host copy leaves
+/// the device copy mapped, so the device copy's removal still finds it.
+#[test]
+fn offloading_placeholders_under_rekey_keep_each_tiers_copy_apart() {
+    use kvroute_ingest::{BlockRekeyer, XxhChainRekeyer};
+    let placeholder = |hash: u64, medium: &str| json!({"type": "placeholder", "hash": hash, "medium": medium, "group": 0});
+    let batches = vllm_batches(&json!([
+        [stored(&[1, 2, 3], None, 0, "full_attention")],
+        [placeholder(1, "CPU"), placeholder(2, "CPU"), placeholder(9, "CPU")],
+        [{"type": "removed", "hashes": [1, 2], "medium": "CPU", "group": 0}],
+        [removed(&[2], 0)],
+    ]));
+    let rekeyer = XxhChainRekeyer { seed: 5 };
+    let tokens: Vec<u32> = (0..48).collect();
+    let mut internal = Vec::new();
+    rekeyer.rekey(None, &tokens, 16, &mut internal);
+    let index = SharedIndex::new(1, IndexConfig::default());
+    let mut ingest = EndpointIngest::new(
+        EndpointId(0),
+        IngestConfig::default(),
+        Keying::Rekey(std::sync::Arc::new(rekeyer)),
+    );
+    let held = |index: &SharedIndex, medium| -> Vec<usize> {
+        (0..3)
+            .filter(|i| index.contains(EndpointId(0), internal[*i], medium))
+            .collect()
+    };
+    let mut apply = |b: &EventBatch| {
+        let _ = ingest.apply_batch(b, &index);
+    };
+    apply(&batches[0]);
+    apply(&batches[1]);
+    assert_eq!(held(&index, Medium::Gpu), [0, 1, 2]);
+    assert_eq!(
+        held(&index, Medium::Cpu),
+        [0, 1],
+        "the copies of blocks 1 and 2"
+    );
+    apply(&batches[2]);
+    assert_eq!(held(&index, Medium::Cpu), Vec::<usize>::new());
+    assert_eq!(held(&index, Medium::Gpu), [0, 1, 2]);
+    apply(&batches[3]);
+    assert_eq!(
+        held(&index, Medium::Gpu),
+        [0, 2],
+        "block 2's device copy removed"
+    );
+    let c = ingest.counters();
+    assert_eq!((c.rekey_untokenized_blocks, c.remove_unmapped), (1, 0));
+}

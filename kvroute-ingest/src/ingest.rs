@@ -31,8 +31,10 @@ struct Rekeying {
     /// the keys the endpoint's inventory can hold (one engine key per internal
     /// key), refreshed when the map fills.
     limit: usize,
-    /// Engine key → (internal key, stores not yet removed).
-    map: KeyMap<(u64, u32)>,
+    /// Engine key → (internal key, stores not yet removed per tier). Per
+    /// tier: an offloaded copy's removal (vLLM's offloading connector) must
+    /// not take the device copy's mapping with it.
+    map: KeyMap<(u64, [u16; 4])>,
     evicted_since_compact: u64,
 }
 

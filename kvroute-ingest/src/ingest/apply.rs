@@ -256,7 +256,6 @@ impl EndpointIngest {
             .len()
             .checked_div(bs)
             .map_or(0, |blocks| s.keys.len().min(blocks));
-        self.counters.rekey_untokenized_blocks += (s.keys.len() - full) as u64;
         let mut reset = WriteStats::default();
         if r.map.len().saturating_add(full) > r.limit {
             let held: u64 = Medium::ALL
@@ -296,13 +295,16 @@ impl EndpointIngest {
         let tokens = s.token_ids.get(..full * bs).unwrap_or_default();
         r.rekeyer
             .rekey(parent, tokens, s.block_size, &mut self.scratch);
+        let tier = s.medium.index();
         for (engine, internal) in s.keys.iter().zip(&self.scratch) {
-            let entry = r.map.entry(engine.0).or_insert((internal.0, 0));
+            let entry = r.map.entry(engine.0).or_insert((internal.0, [0; 4]));
             if entry.0 != internal.0 {
                 self.counters.rekey_conflicts += 1;
                 entry.0 = internal.0;
             }
-            entry.1 = entry.1.saturating_add(1);
+            if let Some(c) = entry.1.get_mut(tier) {
+                *c = c.saturating_add(1);
+            }
         }
         let n = full.min(self.scratch.len());
         let mut writes = index.store_chain(
@@ -311,6 +313,23 @@ impl EndpointIngest {
             parent,
             self.scratch.get(..n).unwrap_or_default(),
         )?;
+        // Blocks without token ids whose engine key is mapped already: a copy
+        // of a block re-keyed before (the offloading connector's host and
+        // disk placeholders), stored under the same internal key.
+        self.scratch.clear();
+        for engine in s.keys.get(full..).unwrap_or_default() {
+            if let Some((internal, counts)) = r.map.get_mut(&engine.0) {
+                if let Some(c) = counts.get_mut(tier) {
+                    *c = c.saturating_add(1);
+                }
+                self.scratch.push(BlockKey(*internal));
+            }
+        }
+        self.counters.rekey_untokenized_blocks +=
+            (s.keys.len() - full).saturating_sub(self.scratch.len()) as u64;
+        if !self.scratch.is_empty() {
+            writes += index.store(self.endpoint, s.medium, &self.scratch)?;
+        }
         writes += reset;
         Ok(writes)
     }
@@ -324,14 +343,23 @@ impl EndpointIngest {
             return index.remove(self.endpoint, rm.medium, &rm.keys);
         };
         self.scratch.clear();
+        let tier = rm.medium.index();
         for engine in &rm.keys {
-            let Some(entry) = r.map.get_mut(&engine.0) else {
+            // Nothing of this key was stored in this tier: another tier's
+            // copy stays mapped.
+            let Some(entry) = r
+                .map
+                .get_mut(&engine.0)
+                .filter(|e| e.1.get(tier).is_some_and(|c| *c > 0))
+            else {
                 self.counters.remove_unmapped += 1;
                 continue;
             };
             self.scratch.push(BlockKey(entry.0));
-            entry.1 = entry.1.saturating_sub(1);
-            if entry.1 == 0 {
+            if let Some(c) = entry.1.get_mut(tier) {
+                *c -= 1;
+            }
+            if entry.1 == [0; 4] {
                 r.map.remove(&engine.0);
             }
         }
@@ -343,10 +371,23 @@ impl EndpointIngest {
         m: &BlockMoved,
         index: &SharedIndex,
     ) -> Result<WriteStats, crate::IndexError> {
-        let key = match &self.rekeying {
+        let key = match &mut self.rekeying {
             None => m.key,
-            Some(r) => match r.map.get(&m.key.0) {
-                Some((internal, _)) => BlockKey(*internal),
+            // The move takes one of the key's stores from one tier to the other.
+            Some(r) => match r
+                .map
+                .get_mut(&m.key.0)
+                .filter(|e| e.1.get(m.from.index()).is_some_and(|c| *c > 0))
+            {
+                Some((internal, counts)) => {
+                    if let Some(c) = counts.get_mut(m.from.index()) {
+                        *c -= 1;
+                    }
+                    if let Some(c) = counts.get_mut(m.to.index()) {
+                        *c = c.saturating_add(1);
+                    }
+                    BlockKey(*internal)
+                }
                 None => {
                     self.counters.remove_unmapped += 1;
                     return Ok(WriteStats::default());

@@ -69,7 +69,9 @@ pub struct IngestCounters {
     pub reported_hits: u64,
     /// Re-key: blocks skipped because their parent's internal key is unknown.
     pub rekey_orphan_blocks: u64,
-    /// Re-key: blocks skipped because the event lacks their tokens.
+    /// Re-key: blocks skipped because the event lacks their tokens and their
+    /// engine key was never re-keyed (a block without tokens whose key is
+    /// mapped, such as an offloaded copy, is stored under its internal key).
     pub rekey_untokenized_blocks: u64,
     /// Re-key: an engine key re-stored with different tokens (map updated).
     pub rekey_conflicts: u64,
