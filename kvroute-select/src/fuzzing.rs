@@ -516,6 +516,11 @@ pub fn replica_sync(data: &[u8]) {
                     model.clear_endpoint(e.index());
                     if x & 4 != 0 {
                         trackers[usize::from(x >> 3) % trackers.len()].retire(e);
+                    } else if x & 8 != 0 {
+                        // An origin (or one never heard of) decides no more.
+                        let origin = 1 + u64::from(x >> 4) % (ids + 1);
+                        table.retire_origin(origin);
+                        model.retire_origin(origin);
                     }
                 }
             }

@@ -365,6 +365,8 @@ impl Entry {
 #[derive(Debug)]
 struct Origin {
     id: u64,
+    /// It said it decides no more ([`RemoteLoad::retire_origin`]).
+    retiring: bool,
     last_heard: Duration,
     /// Highest sequence number applied from this origin.
     max_seq: u64,
@@ -486,6 +488,7 @@ impl RemoteLoad {
                 }
                 inner.origins.push(Origin {
                     id: d.origin,
+                    retiring: false,
                     last_heard: now,
                     max_seq: 0,
                     entries: vec![Entry::default(); self.cfg.endpoints].into_boxed_slice(),
@@ -645,14 +648,31 @@ impl RemoteLoad {
             .fold(retired, |acc, e| acc.saturating_add(e.charged_share()))
     }
 
-    /// This replica and the origins heard from within the TTL at `now`, and
-    /// this replica's rank among them by origin id: every replica that hears
-    /// the same origins ranks itself differently, without talking about it.
+    /// `origin` decides no more: a router replaced (its rule reloaded) or
+    /// going away, announcing the ends of the requests it routed. Its load
+    /// keeps counting until they end (or it goes silent for the TTL), but it
+    /// is not one of the [`RemoteLoad::deciders`] any more. Nothing happens
+    /// for an origin the table does not keep.
+    pub fn retire_origin(&self, origin: u64) {
+        let mut inner = self.inner.write();
+        if let Some(o) = inner.origins.iter_mut().find(|o| o.id == origin) {
+            o.retiring = true;
+        }
+    }
+
+    /// This replica and the origins heard from within the TTL at `now` that
+    /// still decide, and this replica's rank among them by origin id: every
+    /// replica that hears the same origins ranks itself differently, without
+    /// talking about it.
     #[must_use]
     pub fn deciders(&self, now: Duration) -> Deciders {
         let inner = self.inner.read();
         let (mut live, mut below) = (0u32, 0u32);
-        for o in inner.origins.iter().filter(|o| self.live(o, now)) {
+        for o in inner
+            .origins
+            .iter()
+            .filter(|o| self.live(o, now) && !o.retiring)
+        {
             live = live.saturating_add(1);
             below = below.saturating_add(u32::from(o.id < self.own));
         }

@@ -23,6 +23,8 @@ use crate::{Deciders, EndpointLoad};
 struct Origin {
     /// Kept by the table (heard from and not forgotten since).
     kept: bool,
+    /// Said it decides no more since the table took it in.
+    retiring: bool,
     last_heard: Duration,
     /// Highest sequence number applied since the table last took it in
     /// (kept after it is forgotten).
@@ -113,6 +115,7 @@ impl Model {
             }
             let o = self.origins.entry(d.origin).or_default();
             o.kept = true;
+            o.retiring = false;
             o.last_heard = now;
             o.max_seq = 0;
             o.entries.clear();
@@ -231,11 +234,18 @@ impl Model {
     }
 
     /// This replica and the live origins; its rank among them by id.
+    /// A kept origin decides no more.
+    pub(crate) fn retire_origin(&mut self, origin: u64) {
+        if let Some(o) = self.origins.get_mut(&origin).filter(|o| o.kept) {
+            o.retiring = true;
+        }
+    }
+
     pub(crate) fn deciders(&self, now: Duration) -> Deciders {
         let live: Vec<u64> = self
             .origins
             .iter()
-            .filter(|(_, o)| self.live(o, now))
+            .filter(|(_, o)| self.live(o, now) && !o.retiring)
             .map(|(id, _)| *id)
             .collect();
         Deciders {

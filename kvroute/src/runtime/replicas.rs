@@ -201,6 +201,16 @@ pub struct ReplicaBatch {
     pub origin: u64,
     /// The endpoints whose load changed (all of them in a heartbeat).
     pub endpoints: Vec<EndpointDelta>,
+    /// The sender decides no more: a router replaced (its rule reloaded) or
+    /// dropped, announcing the ends of the requests it routed. Its load
+    /// counts until they end; it is not one of the deciders
+    /// ([`kvroute_select::RemoteLoad::retire_origin`]). Left out when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub retiring: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// One endpoint's totals at the sender
@@ -358,6 +368,7 @@ fn encode_into(batch: &ReplicaBatch, max_bytes: usize, out: &mut Vec<Bytes>) -> 
             &ReplicaBatch {
                 origin: batch.origin,
                 endpoints: part.to_vec(),
+                retiring: batch.retiring,
             },
             max_bytes,
             out,
@@ -396,6 +407,7 @@ mod tests {
     fn replica_messages_golden() {
         let want = ReplicaBatch {
             origin: 11_400_714_819_323_198_485,
+            retiring: false,
             endpoints: vec![
                 EndpointDelta {
                     url: "http://10.0.0.1:8000".to_owned(),
@@ -440,12 +452,19 @@ mod tests {
                 charged_prefill_tokens: 1536,
             }]
         );
+
+        let retiring = golden("retiring.json");
+        let got: ReplicaBatch = serde_json::from_slice(&retiring).unwrap();
+        assert!(got.retiring);
+        assert_eq!((got.origin, got.endpoints[0].in_flight), (9, 0));
+        assert_eq!(encode(&got, 1 << 20), (vec![Bytes::from(retiring)], 0));
     }
 
     #[test]
     fn a_large_batch_is_split_under_the_bound_and_loses_nothing() {
         let batch = ReplicaBatch {
             origin: 7,
+            retiring: false,
             endpoints: (0..100)
                 .map(|i| delta(&format!("http://10.0.0.{i}:8000"), i))
                 .collect(),
@@ -473,6 +492,7 @@ mod tests {
         endpoints[3].url = format!("http://{}:8000", "h".repeat(2000));
         let batch = ReplicaBatch {
             origin: 7,
+            retiring: false,
             endpoints,
         };
         let (parts, dropped) = encode(&batch, 1000);

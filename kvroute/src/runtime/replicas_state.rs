@@ -23,7 +23,7 @@ fn batch_of(
     tracker: &kvroute_select::LoadTracker,
     urls: &[Arc<str>],
     sent: &[bool],
-    origin: u64,
+    (origin, retiring): (u64, bool),
 ) -> Option<ReplicaBatch> {
     let mut deltas = Vec::new();
     tracker.drain_deltas(&mut deltas);
@@ -45,7 +45,11 @@ fn batch_of(
             })
         })
         .collect();
-    (!endpoints.is_empty()).then_some(ReplicaBatch { origin, endpoints })
+    (!endpoints.is_empty()).then_some(ReplicaBatch {
+        origin,
+        endpoints,
+        retiring,
+    })
 }
 
 /// Which slots' load goes out: every present endpoint's; a removed one's
@@ -175,7 +179,12 @@ impl ReplicaState {
         }
         let generation = shared.current();
         let sent = sent_slots(shared, &generation, &shared.tracker, full);
-        batch_of(&shared.tracker, &generation.urls, &sent, self.origin)
+        batch_of(
+            &shared.tracker,
+            &generation.urls,
+            &sent,
+            (self.origin, false),
+        )
     }
 
     /// The router is going away (dropped, or its rule replaced) while
@@ -213,7 +222,9 @@ impl ReplicaState {
                 if idle {
                     tracker.resync();
                 }
-                if let Some(batch) = batch_of(&tracker, &urls, &sent, origin) {
+                // Marked retiring: the others count these requests but no
+                // longer this router among the deciders.
+                if let Some(batch) = batch_of(&tracker, &urls, &sent, (origin, true)) {
                     for msg in encode(&batch, send_bound(max_bytes, &*transport)).0 {
                         transport.publish(&pool, msg);
                     }
@@ -286,6 +297,10 @@ impl ReplicaState {
                 Applied::Implausible => &self.counting.implausible,
             };
             Counting::add(counter, 1);
+        }
+        // After its deltas: an origin this batch made known is marked too.
+        if batch.retiring {
+            self.remote.retire_origin(batch.origin);
         }
         if applied > 0 {
             // The drain model times the other replica's charges from their
@@ -450,6 +465,7 @@ mod tests {
     fn peer(seq: u64, url: &str) -> ReplicaBatch {
         ReplicaBatch {
             origin: 2,
+            retiring: false,
             endpoints: vec![EndpointDelta {
                 url: url.to_owned(),
                 seq,
@@ -646,6 +662,64 @@ mod tests {
         assert_eq!((c.applied, c.unknown_endpoint), (0, 1));
     }
 
+    /// A peer that says it decides no more (a replaced or dropped router)
+    /// still has its load counted, but is not one of the deciders.
+    #[test]
+    fn a_retiring_peer_counts_its_load_but_not_as_a_decider() {
+        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+        r.origin = Some(1);
+        let router = host_router(4).replicas(r).build().expect("router");
+        let replicas = router.shared.replicas.as_ref().expect("replicas");
+        let now = router.shared.now();
+        router.apply_replica_batch(&peer(1, "http://e2"));
+        assert_eq!(replicas.remote().deciders(now).count, 2);
+        let retiring = ReplicaBatch {
+            retiring: true,
+            ..peer(2, "http://e2")
+        };
+        router.apply_replica_batch(&retiring);
+        let status = router.endpoint_status("http://e2").expect("e2");
+        assert_eq!(status.remote.map(|l| l.in_flight), Some(5));
+        assert_eq!(replicas.remote().deciders(now).count, 1);
+    }
+
+    /// A router dropped while a request it routed runs announces the
+    /// request's end, marked retiring.
+    #[tokio::test]
+    async fn a_dropped_router_announces_its_requests_end_as_retiring() {
+        let t = Arc::new(Loopback::default());
+        let router = looped(&t, Duration::from_millis(2), Duration::from_secs(1));
+        let guard = router.shared.tracker.charge(
+            kvroute_select::Target {
+                endpoint: kvroute_core::EndpointId(0),
+                decode: None,
+            },
+            64,
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = t.sent.lock().len();
+        drop(router);
+        drop(guard);
+        let (mut after, mut ended) = (Vec::new(), false);
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            after = t.sent.lock()[before..]
+                .iter()
+                .map(|m| serde_json::from_slice::<ReplicaBatch>(m).expect("batch"))
+                .collect();
+            ended = after.iter().any(|b| {
+                b.endpoints
+                    .iter()
+                    .any(|e| e.url == "http://e0" && e.in_flight == 0)
+            });
+            if ended {
+                break;
+            }
+        }
+        assert!(ended, "the end was announced: {after:?}");
+        assert!(after.iter().all(|b| b.retiring), "{after:?}");
+    }
+
     fn looped(t: &Arc<Loopback>, sync_interval: Duration, heartbeat: Duration) -> crate::KvRouter {
         let mut r = ReplicaConfig::new(Arc::clone(t) as Arc<dyn crate::ReplicaTransport>);
         r.origin = Some(1);
@@ -666,6 +740,7 @@ mod tests {
         sink(bytes::Bytes::from(vec![b' '; 5000]));
         let ok = serde_json::to_vec(&ReplicaBatch {
             origin: 2,
+            retiring: false,
             endpoints: vec![EndpointDelta {
                 url: "http://e0".to_owned(),
                 seq: 1,
