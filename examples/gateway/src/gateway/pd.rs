@@ -64,7 +64,7 @@ impl Fields {
             .sum();
         let mut out = Vec::with_capacity(size + extra + 2);
         out.push(b'{');
-        let mut field = |out: &mut Vec<u8>, k: &str, v: &RawValue| -> Option<()> {
+        let field = |out: &mut Vec<u8>, k: &str, v: &RawValue| -> Option<()> {
             if out.len() > 1 {
                 out.push(b',');
             }
