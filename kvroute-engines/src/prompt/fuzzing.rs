@@ -33,7 +33,7 @@ fn qwen3() -> Option<&'static ChatTemplate> {
 const FIELDS: [&str; 2] = ["model", "stream"];
 
 /// The oracle of [`super::pyvalue::parse_json_fields`]: [`parse_json`]'s
-/// result with the top-level dict cut down to [`FIELDS`] (in its order),
+/// result with the top-level dict cut down to `model` and `stream` (in that order),
 /// anything else valid read as `Null`.
 pub fn fields_of(
     parsed: &Result<PyValue, super::pyvalue::JsonSyntaxError>,
