@@ -452,7 +452,7 @@ pub fn replica_sync(data: &[u8]) {
         }
         let op = b.next();
         let x = b.next();
-        match op % 12 {
+        match op % 13 {
             0 | 1 => {
                 let t = &trackers[usize::from(x) % trackers.len()];
                 let decode = (b.next() & 1 == 1).then(|| id(b.next()));
@@ -516,13 +516,15 @@ pub fn replica_sync(data: &[u8]) {
                     model.clear_endpoint(e.index());
                     if x & 4 != 0 {
                         trackers[usize::from(x >> 3) % trackers.len()].retire(e);
-                    } else if x & 8 != 0 {
-                        // An origin (or one never heard of) decides no more.
-                        let origin = 1 + u64::from(x >> 4) % (ids + 1);
-                        table.retire_origin(origin);
-                        model.retire_origin(origin);
                     }
                 }
+            }
+            11 => {
+                // An origin's news says whether it still decides (an id
+                // never heard of changes nothing).
+                let origin = 1 + u64::from(x >> 1) % (ids + 1);
+                table.set_retiring(origin, x & 1 == 1);
+                model.set_retiring(origin, x & 1 == 1);
             }
             _ => {
                 // Forged: anything a misbehaving publisher could send.

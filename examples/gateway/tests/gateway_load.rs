@@ -274,6 +274,8 @@ async fn a_completion_every_engine_timed_out_on_is_a_gateway_timeout() {
     let (status, v): (u16, Value) = complete(&gw, &prompt("late", 30), 4).await;
     assert_eq!(status, 504, "{v}");
     assert_eq!(v["error"]["type"], "upstream_timeout", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no endpoint answered in time"), "{v}");
     // Refused connects only: nothing could be reached, still a 503.
     let down: Vec<SocketAddr> = closed_ports(2)
         .into_iter()

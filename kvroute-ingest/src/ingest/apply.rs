@@ -373,15 +373,13 @@ impl EndpointIngest {
     ) -> Result<WriteStats, crate::IndexError> {
         let key = match &mut self.rekeying {
             None => m.key,
-            // The move takes one of the key's stores from one tier to the other.
-            Some(r) => match r
-                .map
-                .get_mut(&m.key.0)
-                .filter(|e| e.1.get(m.from.index()).is_some_and(|c| *c > 0))
-            {
+            // The move takes one of the key's stores from one tier to the
+            // other (none to take when the source tier never counted it: the
+            // engine's word for where it went still holds).
+            Some(r) => match r.map.get_mut(&m.key.0) {
                 Some((internal, counts)) => {
                     if let Some(c) = counts.get_mut(m.from.index()) {
-                        *c -= 1;
+                        *c = c.saturating_sub(1);
                     }
                     if let Some(c) = counts.get_mut(m.to.index()) {
                         *c = c.saturating_add(1);

@@ -75,7 +75,8 @@ pub struct IngestCounters {
     pub rekey_untokenized_blocks: u64,
     /// Re-key: an engine key re-stored with different tokens (map updated).
     pub rekey_conflicts: u64,
-    /// Re-key: removes of engine keys with no mapping.
+    /// Re-key: removes of engine keys with no mapping in the removed tier,
+    /// and moves of engine keys with no mapping at all.
     pub remove_unmapped: u64,
     /// Stored blocks whose event's block size differs from
     /// [`IngestConfig::expected_block_size`](super::IngestConfig::expected_block_size).

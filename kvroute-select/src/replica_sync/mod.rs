@@ -365,7 +365,7 @@ impl Entry {
 #[derive(Debug)]
 struct Origin {
     id: u64,
-    /// It said it decides no more ([`RemoteLoad::retire_origin`]).
+    /// Its last news said it decides no more ([`RemoteLoad::set_retiring`]).
     retiring: bool,
     last_heard: Duration,
     /// Highest sequence number applied from this origin.
@@ -502,6 +502,13 @@ impl RemoteLoad {
         let Some(entry) = o.entries.get_mut(e) else {
             return Applied::UnknownEndpoint;
         };
+        // Before anything changes: the counter may advance at most
+        // MAX_DELTA_TOKENS past what the entry counted (quiet or not).
+        if entry.seq != 0
+            && d.charged_prefill_tokens.saturating_sub(entry.charged) > MAX_DELTA_TOKENS
+        {
+            return Applied::Implausible;
+        }
         // What an entry gone quiet had counted of the origin's charged
         // counter: a fresh entry that carries on from it counts only the
         // work charged since (not its queue again as new work).
@@ -519,21 +526,22 @@ impl RemoteLoad {
         if d.seq <= entry.seq {
             return Applied::Stale;
         }
-        let counted_before = if entry.seq == 0 {
-            counted
-        } else {
-            Some(entry.charged)
-        };
-        if counted_before
-            .is_some_and(|c| d.charged_prefill_tokens.saturating_sub(c) > MAX_DELTA_TOKENS)
-        {
-            return Applied::Implausible;
-        }
+        let fresh = d
+            .charged_prefill_tokens
+            .saturating_sub(d.queued_prefill_tokens);
         let base = match (entry.seq, counted) {
             (0, Some(c)) if d.charged_prefill_tokens >= c => c,
-            (0, _) => d
-                .charged_prefill_tokens
-                .saturating_sub(d.queued_prefill_tokens),
+            (0, _) => fresh,
+            // The counter only grows per origin and older messages are
+            // stale above, so one that went back was never this origin's
+            // (a corrupt or forged value, or a restart under the same id):
+            // the share so far is kept, the entry counts afresh.
+            _ if d.charged_prefill_tokens < entry.charged => {
+                if let Some(r) = inner.retired.get_mut(e) {
+                    *r = r.saturating_add(entry.charged_share());
+                }
+                fresh
+            }
             _ => entry.base,
         };
         *entry = Entry {
@@ -542,9 +550,7 @@ impl RemoteLoad {
                 in_flight: d.in_flight,
                 queued_prefill_tokens: d.queued_prefill_tokens,
             },
-            // The counter is monotonic per origin; a reordered older value
-            // never arrives here (stale above).
-            charged: d.charged_prefill_tokens.max(entry.charged),
+            charged: d.charged_prefill_tokens,
             base,
             heard: now,
         };
@@ -648,15 +654,17 @@ impl RemoteLoad {
             .fold(retired, |acc, e| acc.saturating_add(e.charged_share()))
     }
 
-    /// `origin` decides no more: a router replaced (its rule reloaded) or
-    /// going away, announcing the ends of the requests it routed. Its load
-    /// keeps counting until they end (or it goes silent for the TTL), but it
-    /// is not one of the [`RemoteLoad::deciders`] any more. Nothing happens
-    /// for an origin the table does not keep.
-    pub fn retire_origin(&self, origin: u64) {
+    /// Whether `origin` still decides, as the message whose deltas were
+    /// just applied says (call it only for a message with news): a router
+    /// replaced (its rule reloaded) or going away announces the ends of the
+    /// requests it routed as retiring. Its load keeps counting until they
+    /// end (or it goes silent for the TTL), but it is not one of the
+    /// [`RemoteLoad::deciders`] while its news says so. Nothing happens for
+    /// an origin the table does not keep.
+    pub fn set_retiring(&self, origin: u64, retiring: bool) {
         let mut inner = self.inner.write();
         if let Some(o) = inner.origins.iter_mut().find(|o| o.id == origin) {
-            o.retiring = true;
+            o.retiring = retiring;
         }
     }
 

@@ -23,7 +23,7 @@ use crate::{Deciders, EndpointLoad};
 struct Origin {
     /// Kept by the table (heard from and not forgotten since).
     kept: bool,
-    /// Said it decides no more since the table took it in.
+    /// Its last news said it decides no more.
     retiring: bool,
     last_heard: Duration,
     /// Highest sequence number applied since the table last took it in
@@ -124,6 +124,13 @@ impl Model {
             return Applied::UnknownEndpoint;
         };
         let entry = o.entries.entry(e).or_default();
+        // A counter step above the bound past what the entry counted is
+        // refused before anything changes.
+        if entry.seq != 0
+            && d.charged_prefill_tokens.saturating_sub(entry.charged) > super::MAX_DELTA_TOKENS
+        {
+            return Applied::Implausible;
+        }
         // An entry no news refreshed for a TTL starts afresh, carrying on
         // from the charged tokens it had counted when the counter has not
         // gone back.
@@ -137,32 +144,27 @@ impl Model {
         if d.seq <= entry.seq {
             return Applied::Stale;
         }
-        // The charged counter may advance at most MAX_DELTA_TOKENS past
-        // what the entry (or the quiet entry it replaces) had counted.
-        let from = if entry.seq == 0 {
-            counted
-        } else {
-            Some(entry.charged)
-        };
-        if let Some(c) = from {
-            if d.charged_prefill_tokens.saturating_sub(c) > super::MAX_DELTA_TOKENS {
-                return Applied::Implausible;
-            }
-        }
+        let fresh = d
+            .charged_prefill_tokens
+            .saturating_sub(d.queued_prefill_tokens);
         if entry.seq == 0 {
             entry.base = match counted {
                 Some(c) if d.charged_prefill_tokens >= c => c,
-                _ => d
-                    .charged_prefill_tokens
-                    .saturating_sub(d.queued_prefill_tokens),
+                _ => fresh,
             };
+        } else if d.charged_prefill_tokens < entry.charged {
+            // A counter that went back is not this origin's: its share so
+            // far is retired and the entry counts afresh.
+            let r = self.retired.entry(e).or_default();
+            *r = r.saturating_add(entry.charged.saturating_sub(entry.base));
+            entry.base = fresh;
         }
         entry.seq = d.seq;
         entry.load = EndpointLoad {
             in_flight: d.in_flight,
             queued_prefill_tokens: d.queued_prefill_tokens,
         };
-        entry.charged = entry.charged.max(d.charged_prefill_tokens);
+        entry.charged = d.charged_prefill_tokens;
         entry.heard = now;
         o.last_heard = o.last_heard.max(now);
         o.max_seq = o.max_seq.max(d.seq);
@@ -233,14 +235,14 @@ impl Model {
             })
     }
 
-    /// This replica and the live origins; its rank among them by id.
-    /// A kept origin decides no more.
-    pub(crate) fn retire_origin(&mut self, origin: u64) {
+    /// Whether a kept origin still decides, as its last news says.
+    pub(crate) fn set_retiring(&mut self, origin: u64, retiring: bool) {
         if let Some(o) = self.origins.get_mut(&origin).filter(|o| o.kept) {
-            o.retiring = true;
+            o.retiring = retiring;
         }
     }
 
+    /// This replica and the live origins that still decide, ranked by id.
     pub(crate) fn deciders(&self, now: Duration) -> Deciders {
         let live: Vec<u64> = self
             .origins

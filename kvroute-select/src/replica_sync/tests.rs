@@ -331,6 +331,41 @@ fn an_implausible_delta_is_refused_and_the_charged_counter_keeps_counting() {
     assert_eq!(r.apply(&at(3, 50, 350), now), Applied::Applied);
     assert_eq!(r.remote_charged(EndpointId(0)), 350);
     assert_eq!(r.remote(EndpointId(0), now).queued_prefill_tokens, 50);
+    // Gone quiet for a TTL while its origin speaks of another endpoint,
+    // the entry is still checked against what it counted: a forged counter
+    // is refused, not taken as a fresh start.
+    let other = LoadDelta {
+        endpoint: EndpointId(1),
+        ..at(4, 0, 0)
+    };
+    assert_eq!(
+        r.apply(&other, now + Duration::from_millis(1500)),
+        Applied::Applied
+    );
+    let later = now + Duration::from_millis(2500);
+    assert_eq!(r.apply(&at(5, 0, u64::MAX), later), Applied::Implausible);
+    assert_eq!(r.apply(&at(6, 0, u64::MAX), later), Applied::Implausible);
+    assert_eq!(r.remote_charged(EndpointId(0)), 350);
+}
+
+/// A forged counter on an entry first heard of (no count to check it
+/// against) adds at most its queue; the real counter, lower, then counts
+/// afresh instead of staying below the forged one for good.
+#[test]
+fn a_counter_that_goes_back_counts_afresh() {
+    let r = table(2, 4);
+    let now = Duration::from_secs(1);
+    let at = |origin, seq, queued, charged| LoadDelta {
+        queued_prefill_tokens: queued,
+        charged_prefill_tokens: charged,
+        ..delta(origin, seq, 1, 1)
+    };
+    assert_eq!(r.apply(&at(9, 1, 64, u64::MAX), now), Applied::Applied);
+    assert_eq!(r.remote_charged(EndpointId(1)), 64);
+    assert_eq!(r.apply(&at(9, 2, 32, 1000), now), Applied::Applied);
+    assert_eq!(r.remote_charged(EndpointId(1)), 64 + 32);
+    assert_eq!(r.apply(&at(9, 3, 32, 1100), now), Applied::Applied);
+    assert_eq!(r.remote_charged(EndpointId(1)), 64 + 32 + 100);
 }
 
 fn delta(origin: u64, seq: u64, endpoint: u32, in_flight: u32) -> LoadDelta {

@@ -204,7 +204,7 @@ pub struct ReplicaBatch {
     /// The sender decides no more: a router replaced (its rule reloaded) or
     /// dropped, announcing the ends of the requests it routed. Its load
     /// counts until they end; it is not one of the deciders
-    /// ([`kvroute_select::RemoteLoad::retire_origin`]). Left out when false.
+    /// ([`kvroute_select::RemoteLoad::set_retiring`]). Left out when false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub retiring: bool,
 }

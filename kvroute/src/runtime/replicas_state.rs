@@ -298,11 +298,11 @@ impl ReplicaState {
             };
             Counting::add(counter, 1);
         }
-        // After its deltas: an origin this batch made known is marked too.
-        if batch.retiring {
-            self.remote.retire_origin(batch.origin);
-        }
+        // After its deltas (an origin this batch made known is marked too),
+        // and only for news: a batch of stale or refused deltas says nothing
+        // of the origin now.
         if applied > 0 {
+            self.remote.set_retiring(batch.origin, batch.retiring);
             // The drain model times the other replica's charges from their
             // arrival.
             let view = RouterView::new(shared, now);
@@ -681,6 +681,13 @@ mod tests {
         let status = router.endpoint_status("http://e2").expect("e2");
         assert_eq!(status.remote.map(|l| l.in_flight), Some(5));
         assert_eq!(replicas.remote().deciders(now).count, 1);
+        // A message with no news (stale) says nothing of the origin now.
+        router.apply_replica_batch(&peer(2, "http://e2"));
+        assert_eq!(replicas.remote().deciders(now).count, 1);
+        // News that does not say retiring (an origin id reused by a new
+        // router) counts it again.
+        router.apply_replica_batch(&peer(3, "http://e2"));
+        assert_eq!(replicas.remote().deciders(now).count, 2);
     }
 
     /// A router dropped while a request it routed runs announces the

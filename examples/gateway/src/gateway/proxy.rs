@@ -282,7 +282,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Body>, gone: &mut Gone) -> Respons
             gw.metrics.decision_latency.observe(started.elapsed());
             rt.count_tier(decision.source());
             rt.counters.outcome(Outcome::NoEndpoint);
-            let reason = unavailable_reason(&rt, &decision, &[]);
+            let reason = unavailable_reason(&rt, &decision, &[]).to_string();
             tracing::warn!(rule = %name, %reason, "no endpoint");
             let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", reason);
             gw.observe.decision(&rt, &decision, resp.headers_mut());
@@ -345,7 +345,8 @@ async fn route(gw: Arc<Gateway>, req: Request<Body>, gone: &mut Gone) -> Respons
                         next = pick.url(), "upstream attempt failed before any response; retrying elsewhere");
                     continue;
                 }
-                let reason = unavailable_reason(&rt, pick.decision(), &ctx.failures);
+                let reason = unavailable_reason(&rt, pick.decision(), &ctx.failures)
+                    .with_timeout(ctx.timed_out);
                 tracing::warn!(rule = %name, endpoint = %failed, error = %failure.error, %reason,
                     "upstream attempt failed before any response; no endpoint left");
                 // An engine that took the request and did not answer in time
@@ -425,8 +426,46 @@ fn no_rule_message(model: Option<&str>) -> String {
     }
 }
 
+/// Why no endpoint served a request: the rule, the retries taken and the
+/// why per endpoint, written by its `Display`.
+struct Unavailable {
+    rule: String,
+    retries: u32,
+    parts: Vec<String>,
+    /// An attempt reached an engine that did not answer in time.
+    timed_out: bool,
+}
+
+impl Unavailable {
+    fn with_timeout(mut self, timed_out: bool) -> String {
+        self.timed_out = timed_out;
+        self.to_string()
+    }
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.timed_out {
+            "no endpoint answered in time"
+        } else {
+            "no endpoint available"
+        };
+        write!(
+            f,
+            "rule {:?}: {what} after {} retries [{}]",
+            self.rule,
+            self.retries,
+            self.parts.join("; ")
+        )
+    }
+}
+
 /// "no eligible endpoint" with the why, per endpoint.
-fn unavailable_reason(rt: &RuleRuntime, d: &Decision, failures: &[(String, String)]) -> String {
+fn unavailable_reason(
+    rt: &RuleRuntime,
+    d: &Decision,
+    failures: &[(String, String)],
+) -> Unavailable {
     let mut parts = Vec::new();
     for (i, e) in rt.spec.endpoints.iter().enumerate() {
         let why = if let Some((_, f)) = failures.iter().rev().find(|(u, _)| *u == e.url) {
@@ -452,12 +491,12 @@ fn unavailable_reason(rt: &RuleRuntime, d: &Decision, failures: &[(String, Strin
         };
         parts.push(format!("{}: {why}", e.url));
     }
-    format!(
-        "rule {:?}: no endpoint available after {} retries [{}]",
-        rt.spec.doc.name,
-        d.retries(),
-        parts.join("; ")
-    )
+    Unavailable {
+        rule: rt.spec.doc.name.clone(),
+        retries: d.retries(),
+        parts,
+        timed_out: false,
+    }
 }
 
 /// An engine's receipt: its cached tokens and its own prompt count.
