@@ -57,6 +57,16 @@ fn removed(hashes: &[u64], group: u32) -> Value {
     json!({"type": "removed", "hashes": hashes, "medium": "GPU", "group": group})
 }
 
+/// The offloading connector's store of one block's copy in `medium`.
+fn placeholder(hash: u64, medium: &str) -> Value {
+    json!({"type": "placeholder", "hash": hash, "medium": medium, "group": 0})
+}
+
+/// The removal of the copies in `medium` (group 0).
+fn removed_from(hashes: &[u64], medium: &str) -> Value {
+    json!({"type": "removed", "hashes": hashes, "medium": medium, "group": 0})
+}
+
 fn ingest_all(batches: &[EventBatch], config: IngestConfig) -> (SharedIndex, EndpointIngest) {
     let index = SharedIndex::new(1, IndexConfig::default());
     let mut ingest = EndpointIngest::new(EndpointId(0), config, Keying::Engine);
@@ -135,11 +145,14 @@ fn a_hybrid_model_is_scored_on_its_full_attention_group() {
 
 #[test]
 fn offloading_placeholders_fill_the_host_and_disk_tiers_and_check_nothing() {
-    let placeholder = |hash: u64, medium: &str| json!({"type": "placeholder", "hash": hash, "medium": medium, "group": 0});
     let batches = vllm_batches(&json!([
         [stored(&[1, 2, 3], None, 0, "full_attention")],
-        [placeholder(1, "CPU"), placeholder(2, "CPU"), placeholder(3, "STORAGE")],
-        [{"type": "removed", "hashes": [2], "medium": "CPU", "group": 0}],
+        [
+            placeholder(1, "CPU"),
+            placeholder(2, "CPU"),
+            placeholder(3, "STORAGE")
+        ],
+        [removed_from(&[2], "CPU")],
     ]));
     let config = IngestConfig {
         expected_block_size: Some(16),
@@ -164,11 +177,14 @@ fn offloading_placeholders_fill_the_host_and_disk_tiers_and_check_nothing() {
 #[test]
 fn offloading_placeholders_under_rekey_keep_each_tiers_copy_apart() {
     use kvroute_ingest::{BlockRekeyer, XxhChainRekeyer};
-    let placeholder = |hash: u64, medium: &str| json!({"type": "placeholder", "hash": hash, "medium": medium, "group": 0});
     let batches = vllm_batches(&json!([
         [stored(&[1, 2, 3], None, 0, "full_attention")],
-        [placeholder(1, "CPU"), placeholder(2, "CPU"), placeholder(9, "CPU")],
-        [{"type": "removed", "hashes": [1, 2], "medium": "CPU", "group": 0}],
+        [
+            placeholder(1, "CPU"),
+            placeholder(2, "CPU"),
+            placeholder(9, "CPU")
+        ],
+        [removed_from(&[1, 2], "CPU")],
         [removed(&[2], 0)],
     ]));
     let rekeyer = XxhChainRekeyer { seed: 5 };

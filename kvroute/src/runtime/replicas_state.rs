@@ -591,54 +591,35 @@ mod tests {
     }
 
     /// A removed endpoint nobody took the address of: requests it took that
-    /// are still running are announced until they end, and the end once;
-    /// then nothing (the others removed it too, or drop it on their TTL).
+    /// are still running are announced until they end, and the end once,
+    /// whether the drain that finds it is a plain one or a heartbeat (a full
+    /// drain); then nothing (the others removed it too, or drop it on their
+    /// TTL).
     #[test]
     fn a_removed_endpoint_is_announced_until_its_requests_end() {
-        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
-        r.origin = Some(1);
-        let router = host_router(4).replicas(r).build().expect("router");
-        let shared = &router.shared;
-        let guard = shared.tracker.charge(
-            kvroute_select::Target {
-                endpoint: kvroute_core::EndpointId(3),
-                decode: None,
-            },
-            64,
-        );
-        router
-            .apply(Change::Remove("http://e3".to_owned()))
-            .expect("remove");
-        assert_eq!(mentions(router.drain_replica_batch(true), "http://e3"), [1]);
-        drop(guard);
-        assert_eq!(
-            mentions(router.drain_replica_batch(false), "http://e3"),
-            [0]
-        );
-        assert!(mentions(router.drain_replica_batch(true), "http://e3").is_empty());
-    }
-
-    /// The same end, when the next drain is a heartbeat (a full drain):
-    /// it still announces the end once, then nothing.
-    #[test]
-    fn a_removed_endpoints_last_end_is_announced_by_a_heartbeat_too() {
-        let mut r = ReplicaConfig::new(Arc::new(HostTransport));
-        r.origin = Some(1);
-        let router = host_router(4).replicas(r).build().expect("router");
-        let guard = router.shared.tracker.charge(
-            kvroute_select::Target {
-                endpoint: kvroute_core::EndpointId(3),
-                decode: None,
-            },
-            64,
-        );
-        router
-            .apply(Change::Remove("http://e3".to_owned()))
-            .expect("remove");
-        assert_eq!(mentions(router.drain_replica_batch(true), "http://e3"), [1]);
-        drop(guard);
-        assert_eq!(mentions(router.drain_replica_batch(true), "http://e3"), [0]);
-        assert!(mentions(router.drain_replica_batch(true), "http://e3").is_empty());
+        for heartbeat in [false, true] {
+            let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+            r.origin = Some(1);
+            let router = host_router(4).replicas(r).build().expect("router");
+            let guard = router.shared.tracker.charge(
+                kvroute_select::Target {
+                    endpoint: kvroute_core::EndpointId(3),
+                    decode: None,
+                },
+                64,
+            );
+            router
+                .apply(Change::Remove("http://e3".to_owned()))
+                .expect("remove");
+            assert_eq!(mentions(router.drain_replica_batch(true), "http://e3"), [1]);
+            drop(guard);
+            assert_eq!(
+                mentions(router.drain_replica_batch(heartbeat), "http://e3"),
+                [0],
+                "heartbeat: {heartbeat}"
+            );
+            assert!(mentions(router.drain_replica_batch(true), "http://e3").is_empty());
+        }
     }
 
     /// A batch whose URLs were looked up just before the endpoint left
