@@ -443,6 +443,7 @@ pub fn replica_sync(data: &[u8]) {
     let mut guards: Vec<LoadGuard> = Vec::new();
     let mut sent: Vec<LoadDelta> = Vec::new();
     let mut forged = false;
+    let mut last_charged = vec![0u64; n + 1];
     let mut now = Duration::from_secs(1);
     let id = |e: u8| EndpointId(u32::from(e) % (n as u32 + 1)); // one beyond the table
     let pick = |len: usize, x: u8| (len > 0).then(|| usize::from(x) % len);
@@ -523,8 +524,9 @@ pub fn replica_sync(data: &[u8]) {
                 // An origin's news says whether it still decides (an id
                 // never heard of changes nothing).
                 let origin = 1 + u64::from(x >> 1) % (ids + 1);
-                table.set_retiring(origin, x & 1 == 1);
-                model.set_retiring(origin, x & 1 == 1);
+                let seq = u64::from(b.next());
+                table.set_retiring(origin, x & 1 == 1, seq);
+                model.set_retiring(origin, x & 1 == 1, seq);
             }
             _ => {
                 // Forged: anything a misbehaving publisher could send.
@@ -561,11 +563,17 @@ pub fn replica_sync(data: &[u8]) {
                 model.remote(e as usize, now),
                 "endpoint {e}"
             );
+            let charged = table.remote_charged(ep);
             assert_eq!(
-                table.remote_charged(ep),
+                charged,
                 model.remote_charged(e as usize),
                 "charged at endpoint {e}"
             );
+            // A monotonic counter: peers' drain models read its increments.
+            if let Some(prev) = last_charged.get_mut(e as usize) {
+                assert!(charged >= *prev, "charged went back at endpoint {e}");
+                *prev = charged;
+            }
         }
         assert_eq!(table.deciders(now), model.deciders(now), "deciders");
         assert_eq!(table.counters(), model.counters(), "counters");

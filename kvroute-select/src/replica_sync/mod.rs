@@ -365,8 +365,10 @@ impl Entry {
 #[derive(Debug)]
 struct Origin {
     id: u64,
-    /// Its last news said it decides no more ([`RemoteLoad::set_retiring`]).
+    /// Its newest news said it decides no more ([`RemoteLoad::set_retiring`]).
     retiring: bool,
+    /// The sequence number of the news that set `retiring`.
+    retiring_seq: u64,
     last_heard: Duration,
     /// Highest sequence number applied from this origin.
     max_seq: u64,
@@ -489,6 +491,7 @@ impl RemoteLoad {
                 inner.origins.push(Origin {
                     id: d.origin,
                     retiring: false,
+                    retiring_seq: 0,
                     last_heard: now,
                     max_seq: 0,
                     entries: vec![Entry::default(); self.cfg.endpoints].into_boxed_slice(),
@@ -654,17 +657,24 @@ impl RemoteLoad {
             .fold(retired, |acc, e| acc.saturating_add(e.charged_share()))
     }
 
-    /// Whether `origin` still decides, as the message whose deltas were
-    /// just applied says (call it only for a message with news): a router
-    /// replaced (its rule reloaded) or going away announces the ends of the
-    /// requests it routed as retiring. Its load keeps counting until they
-    /// end (or it goes silent for the TTL), but it is not one of the
-    /// [`RemoteLoad::deciders`] while its news says so. Nothing happens for
-    /// an origin the table does not keep.
-    pub fn set_retiring(&self, origin: u64, retiring: bool) {
+    /// Whether `origin` still decides, as a message whose deltas were just
+    /// applied says, `seq` the highest sequence number applied from it (call
+    /// it only for a message with news): a router replaced (its rule
+    /// reloaded) or going away announces the ends of the requests it routed
+    /// as retiring. Its load keeps counting until they end (or it goes
+    /// silent for the TTL), but it is not one of the [`RemoteLoad::deciders`]
+    /// while its newest news says so; an older message applied late (news
+    /// for another endpoint) changes nothing. Nothing happens for an origin
+    /// the table does not keep.
+    pub fn set_retiring(&self, origin: u64, retiring: bool, seq: u64) {
         let mut inner = self.inner.write();
-        if let Some(o) = inner.origins.iter_mut().find(|o| o.id == origin) {
+        if let Some(o) = inner
+            .origins
+            .iter_mut()
+            .find(|o| o.id == origin && seq >= o.retiring_seq)
+        {
             o.retiring = retiring;
+            o.retiring_seq = seq;
         }
     }
 

@@ -23,8 +23,9 @@ use crate::{Deciders, EndpointLoad};
 struct Origin {
     /// Kept by the table (heard from and not forgotten since).
     kept: bool,
-    /// Its last news said it decides no more.
+    /// Its newest news said it decides no more, and that news' sequence number.
     retiring: bool,
+    retiring_seq: u64,
     last_heard: Duration,
     /// Highest sequence number applied since the table last took it in
     /// (kept after it is forgotten).
@@ -116,6 +117,7 @@ impl Model {
             let o = self.origins.entry(d.origin).or_default();
             o.kept = true;
             o.retiring = false;
+            o.retiring_seq = 0;
             o.last_heard = now;
             o.max_seq = 0;
             o.entries.clear();
@@ -235,10 +237,16 @@ impl Model {
             })
     }
 
-    /// Whether a kept origin still decides, as its last news says.
-    pub(crate) fn set_retiring(&mut self, origin: u64, retiring: bool) {
-        if let Some(o) = self.origins.get_mut(&origin).filter(|o| o.kept) {
+    /// Whether a kept origin still decides, as its news up to `seq` says
+    /// (older news than what set it changes nothing).
+    pub(crate) fn set_retiring(&mut self, origin: u64, retiring: bool, seq: u64) {
+        if let Some(o) = self
+            .origins
+            .get_mut(&origin)
+            .filter(|o| o.kept && seq >= o.retiring_seq)
+        {
             o.retiring = retiring;
+            o.retiring_seq = seq;
         }
     }
 

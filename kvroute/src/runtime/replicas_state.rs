@@ -264,7 +264,7 @@ impl ReplicaState {
         slots: Vec<Option<(usize, u64)>>,
     ) {
         let now = shared.now();
-        let mut applied = 0;
+        let (mut applied, mut newest) = (0, 0);
         for (e, slot) in batch.endpoints.iter().zip(slots) {
             let Some((slot, epoch)) = slot else {
                 Counting::add(&self.counting.unknown_endpoint, 1);
@@ -288,6 +288,7 @@ impl ReplicaState {
             let counter = match result {
                 Applied::Applied => {
                     applied += 1;
+                    newest = newest.max(e.seq);
                     &self.counting.applied
                 }
                 Applied::Stale => &self.counting.stale,
@@ -302,7 +303,8 @@ impl ReplicaState {
         // and only for news: a batch of stale or refused deltas says nothing
         // of the origin now.
         if applied > 0 {
-            self.remote.set_retiring(batch.origin, batch.retiring);
+            self.remote
+                .set_retiring(batch.origin, batch.retiring, newest);
             // The drain model times the other replica's charges from their
             // arrival.
             let view = RouterView::new(shared, now);
