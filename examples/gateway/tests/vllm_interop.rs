@@ -147,22 +147,12 @@ async fn four_vllm_engines_sha256_cbor_seed_0() {
     let kv = workload.run(&gw.url("")).await;
     assert_eq!(kv.requests, 240);
 
-    // The engines evicted (the fleet holds far less than the workload's blocks),
-    // so the inventories followed real BlockRemoved events.
-    let mut evicted = 0;
-    for e in &engines {
-        evicted += e.stats().await["removed_blocks"].as_u64().unwrap();
-    }
-    assert!(evicted > 0, "the workload must make the engines evict");
-
-    // The admin API exposes counts, not keys: equal counts, plus predicted ≈
-    // delivered below (a key the gateway held that the engine did not would be
-    // predicted and not delivered), plus the key parity checked before.
-    let pairs = wait_inventories_match(&gw, &refs).await;
-    assert!(pairs.iter().all(|(a, _)| *a > 0), "{pairs:?}");
-
-    let eps = endpoints(&gw).await;
-    assert_verified(&eps);
+    // The engines evicted (the fleet holds far less than the workload's
+    // blocks), so the inventories followed real BlockRemoved events. The
+    // admin API exposes counts, not keys: equal counts, plus predicted ≈
+    // delivered below (a key the gateway held that the engine did not would
+    // be predicted and not delivered), plus the key parity checked before.
+    let (eps, evicted, pairs) = assert_evictions_followed(&gw, &refs).await;
     let (predicted, delivered) = predicted_delivered(&eps);
     assert!(delivered > 0, "{eps:?}");
     // The engines' own receipts are the delivered figure; the gateway predicted
@@ -383,13 +373,25 @@ async fn full_cache_reports_do_not_keep_evicted_blocks() {
             resp.text().await.unwrap()
         );
     }
+    assert_evictions_followed(&gw, &refs).await;
+}
+
+/// The engines evicted blocks, and the gateway's inventories followed their
+/// `BlockRemoved` events to the engines' own block counts, every endpoint's
+/// contract verified; returns the endpoints' admin rows, the blocks evicted
+/// and the (gateway, engine) block counts per endpoint.
+async fn assert_evictions_followed(
+    gw: &Gateway,
+    engines: &[&Standin],
+) -> (Vec<Value>, u64, Vec<(u64, u64)>) {
     let mut evicted = 0;
-    for e in &engines {
+    for e in engines {
         evicted += e.stats().await["removed_blocks"].as_u64().unwrap();
     }
     assert!(evicted > 0, "the requests must make the engines evict");
-    let pairs = wait_inventories_match(&gw, &refs).await;
+    let pairs = wait_inventories_match(gw, engines).await;
     assert!(pairs.iter().all(|(a, _)| *a > 0), "{pairs:?}");
-    let eps = endpoints(&gw).await;
+    let eps = endpoints(gw).await;
     assert_verified(&eps);
+    (eps, evicted, pairs)
 }

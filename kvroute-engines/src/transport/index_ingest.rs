@@ -33,7 +33,7 @@ use kvroute_ingest::{EndpointIngest, EventBatch, Outcome, SharedIndex};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::decoding_sink::{IngestOutcome, SeqIngest};
-use super::sink::{FrameReport, FrameSource, ReplayOutcome, SinkAction};
+use super::sink::{FrameReport, FrameSource, ReplayOutcome};
 use super::trtllm_sink::BatchApplier;
 
 /// One endpoint's ingest state, shared by the subscribers of its DP ranks.
@@ -184,13 +184,11 @@ impl SeqIngest for IndexIngest {
     }
 
     fn replay_done(&mut self, outcome: &ReplayOutcome) -> FrameReport {
-        // A restart found in the replay already cleared the endpoint and
-        // asked for the new process's buffer: that replay ends this one.
-        if let Some(from_seq) = outcome.restart_from {
-            return FrameReport {
-                action: SinkAction::Replay { from_seq },
-                ..FrameReport::default()
-            };
+        // A restart found in the replay already cleared the endpoint; the
+        // subscriber replays the new process's buffer next. This replay,
+        // cut short, proves nothing.
+        if outcome.restart_from.is_some() {
+            return FrameReport::default();
         }
         let mut ingest = self.ingest.lock();
         let clears = ingest.counters().clears;

@@ -146,7 +146,7 @@ pub struct ReplayOutcome {
     pub completed: bool,
     /// The sink asked for another replay, from this number, while replaying
     /// (a restart found in the replay): the rest of this replay was not
-    /// read, and the sink's [`FrameSink::on_replay_done`] asks for that one.
+    /// read, and the subscriber requests that one next.
     pub restart_from: Option<u64>,
 }
 

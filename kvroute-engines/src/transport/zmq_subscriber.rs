@@ -542,7 +542,11 @@ impl ZmqSubscriber {
             }
             let report = sink.on_replay_done(&outcome);
             self.metrics.replay_end(&report);
-            action = report.action;
+            // A replay the sink asked for while replaying (a replayed batch
+            // proved a restart) comes next, whatever the sink's end says.
+            action = outcome
+                .restart_from
+                .map_or(report.action, |from_seq| SinkAction::Replay { from_seq });
         }
     }
 }

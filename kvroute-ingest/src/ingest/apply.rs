@@ -302,9 +302,7 @@ impl EndpointIngest {
                 self.counters.rekey_conflicts += 1;
                 entry.0 = internal.0;
             }
-            if let Some(c) = entry.1.get_mut(tier) {
-                *c = c.saturating_add(1);
-            }
+            add_copy(&mut entry.1, tier);
         }
         let n = full.min(self.scratch.len());
         let mut writes = index.store_chain(
@@ -319,9 +317,7 @@ impl EndpointIngest {
         self.scratch.clear();
         for engine in s.keys.get(full..).unwrap_or_default() {
             if let Some((internal, counts)) = r.map.get_mut(&engine.0) {
-                if let Some(c) = counts.get_mut(tier) {
-                    *c = c.saturating_add(1);
-                }
+                add_copy(counts, tier);
                 self.scratch.push(BlockKey(*internal));
             }
         }
@@ -356,9 +352,7 @@ impl EndpointIngest {
                 continue;
             };
             self.scratch.push(BlockKey(entry.0));
-            if let Some(c) = entry.1.get_mut(tier) {
-                *c -= 1;
-            }
+            take_copy(&mut entry.1, tier);
             if entry.1 == [0; 4] {
                 r.map.remove(&engine.0);
             }
@@ -378,12 +372,8 @@ impl EndpointIngest {
             // engine's word for where it went still holds).
             Some(r) => match r.map.get_mut(&m.key.0) {
                 Some((internal, counts)) => {
-                    if let Some(c) = counts.get_mut(m.from.index()) {
-                        *c = c.saturating_sub(1);
-                    }
-                    if let Some(c) = counts.get_mut(m.to.index()) {
-                        *c = c.saturating_add(1);
-                    }
+                    take_copy(counts, m.from.index());
+                    add_copy(counts, m.to.index());
                     BlockKey(*internal)
                 }
                 None => {
@@ -472,6 +462,20 @@ impl EndpointIngest {
             "hash contract mismatch: this engine's block keys differ from the rule's contract; \
              KV-exact routing misses on this endpoint (counted as contract_mismatch)"
         );
+    }
+}
+
+/// One more copy of a re-keyed block in `tier` (a re-key map entry's counts).
+fn add_copy(counts: &mut [u16; 4], tier: usize) {
+    if let Some(c) = counts.get_mut(tier) {
+        *c = c.saturating_add(1);
+    }
+}
+
+/// One copy fewer in `tier`, if any was counted.
+fn take_copy(counts: &mut [u16; 4], tier: usize) {
+    if let Some(c) = counts.get_mut(tier) {
+        *c = c.saturating_sub(1);
     }
 }
 
