@@ -6,8 +6,13 @@
 //! banks and several DP ranks; verified resumes with exact re-sends), applies it to [`EndpointIngest`]s over one
 //! [`SharedIndex`] and to a naive [`Model`], and asserts after every step that the
 //! window decisions, every (endpoint, tier, key) reference count and the scores
-//! of a few prompts agree. Asserting is the point of this module: the fuzzer and
-//! the property tests report a failing input through the panic.
+//! of a few prompts agree. [`rekey_map`] does the same for the re-key map of an
+//! endpoint whose engine keys are re-keyed from tokens (see [`rekey`]).
+//! Asserting is the point of this module: the fuzzer and the property tests
+//! report a failing input through the panic.
+
+pub mod rekey;
+pub use rekey::rekey_map;
 
 use std::collections::{BTreeMap, BTreeSet};
 
