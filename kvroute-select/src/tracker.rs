@@ -70,6 +70,10 @@ pub(crate) struct Slot {
     /// Prefill tokens ever charged (monotonic): lets a drain model tell new
     /// work from finished work, which the net figure above cannot.
     pub(crate) charged_tokens: AtomicU64,
+    /// `charged_tokens` when the slot's present endpoint took it: replica
+    /// sync announces the counter from there, since the other replicas
+    /// count it per endpoint address, not per slot.
+    pub(crate) charged_base: AtomicU64,
     started: AtomicU64,
     /// Replica sync: the slot changed since the outbox was last drained.
     pub(crate) dirty: AtomicBool,
@@ -147,6 +151,10 @@ impl Slot {
     /// the request word, so it is either wholly in the old epoch or wholly
     /// in the new one.
     fn retire(&self) {
+        self.charged_base.store(
+            self.charged_tokens.load(Ordering::Acquire),
+            Ordering::Release,
+        );
         let next = ((self.requests.load(Ordering::Acquire) >> 32) as u32).wrapping_add(1);
         self.tokens
             .store(token_tag(next) << TOKEN_BITS, Ordering::Release);
@@ -260,7 +268,9 @@ impl LoadTracker {
     /// in flight, and the requests of its previous endpoint that are still
     /// running release nothing when they end (they were never the new
     /// endpoint's load). The monotonic counters ([`LoadTracker::started`],
-    /// [`LoadTracker::charged_tokens`]) go on counting.
+    /// [`LoadTracker::charged_tokens`]) go on counting; the charged counter
+    /// the slot's [`crate::LoadDelta`]s announce starts again from 0, as
+    /// the other replicas count it per endpoint.
     ///
     /// Call it for one slot at a time (hosts serialise their endpoint
     /// changes): two retires of one slot racing may share an epoch.

@@ -106,8 +106,10 @@ pub struct LoadDelta {
     pub in_flight: u32,
     /// The origin's predicted queued prefill tokens there after the change.
     pub queued_prefill_tokens: u64,
-    /// Predicted prefill tokens the origin ever charged there (monotonic;
-    /// [`LoadTracker::charged_tokens`]). With it a peer's drain model tells
+    /// Predicted prefill tokens the origin ever charged there since the
+    /// endpoint took its slot (monotonic; [`LoadTracker::charged_tokens`]
+    /// less its value when [`LoadTracker::retire`] gave the slot to this
+    /// endpoint: peers count it per endpoint). With it a peer's drain model tells
     /// the origin's new work from its finished work, which the net
     /// `queued_prefill_tokens` cannot. 0 from peers that do not send it:
     /// their work then counts as untimed.
@@ -193,6 +195,8 @@ impl LoadTracker {
             let sent_tokens = s.sent_tokens.load(Ordering::Relaxed);
             let charged = s.charged_tokens.load(Ordering::Acquire);
             let sent_charged = s.sent_charged.load(Ordering::Relaxed);
+            // Since the slot's present endpoint took it.
+            let announced = charged.saturating_sub(s.charged_base.load(Ordering::Acquire));
             // A charge and a first byte of equal size between two drains
             // leave the totals as they were, but peers' drain models must
             // still learn that work arrived and was done.
@@ -214,7 +218,7 @@ impl LoadTracker {
                     .saturating_sub(i64::try_from(sent_tokens).unwrap_or(i64::MAX)),
                 in_flight,
                 queued_prefill_tokens: tokens,
-                charged_prefill_tokens: charged,
+                charged_prefill_tokens: announced,
             });
             n += 1;
         }

@@ -483,3 +483,20 @@ fn an_entry_named_again_after_going_quiet_counts_its_charged_tokens_once() {
     assert_eq!(r.remote_charged(EndpointId(0)), 800);
     assert_eq!(r.remote(EndpointId(0), s(5)).queued_prefill_tokens, 800);
 }
+
+/// A new endpoint in a slot announces the charged tokens of its own
+/// requests, not the slot's history: the others keep their counters per
+/// endpoint, and the slot's whole counter under the new endpoint's name
+/// would read as that much work charged there at once.
+#[test]
+fn a_reused_slot_announces_its_new_endpoints_charges_only() {
+    let t = Arc::new(LoadTracker::with_sync(2, 1));
+    drop(t.charge(target(0, None), 1_000_000));
+    assert_eq!(drain(&t)[0].charged_prefill_tokens, 1_000_000);
+    t.retire(EndpointId(0));
+    drop(t.charge(target(0, None), 100));
+    let d = drain(&t);
+    assert_eq!(d[0].charged_prefill_tokens, 100);
+    // The tracker's own counter goes on (its drain model reads the slot).
+    assert_eq!(t.charged_tokens(EndpointId(0)), 1_000_100);
+}

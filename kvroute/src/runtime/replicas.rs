@@ -229,7 +229,8 @@ pub struct EndpointDelta {
     pub requests: i64,
     /// Change of `queued_prefill_tokens` since then.
     pub prefill_tokens: i64,
-    /// The sender's predicted prefill tokens ever charged there (monotonic).
+    /// The sender's predicted prefill tokens ever charged to this URL since
+    /// it took its slot (monotonic while it keeps the slot).
     #[serde(default)]
     pub charged_prefill_tokens: u64,
 }

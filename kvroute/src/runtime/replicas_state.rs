@@ -542,6 +542,51 @@ mod tests {
         assert_eq!(end, kvroute_select::EndpointLoad::default());
     }
 
+    /// An endpoint that moves to another slot (it left with another, and
+    /// came back into the lowest free slot) takes its charged tokens along,
+    /// not the slot's history: the others count the counter per URL, and
+    /// the slot's whole counter under its name would read as a million
+    /// tokens of work charged there at once, and done.
+    #[test]
+    fn an_endpoint_moved_to_another_slot_announces_no_phantom_charges() {
+        let router = |origin| {
+            let mut r = ReplicaConfig::new(Arc::new(HostTransport));
+            r.origin = Some(origin);
+            host_router(4).replicas(r).build().expect("router")
+        };
+        let (a, b) = (router(1), router(2));
+        let target = |slot| kvroute_select::Target {
+            endpoint: kvroute_core::EndpointId(slot),
+            decode: None,
+        };
+        drop(a.shared.tracker.charge(target(0), 1_000_000));
+        drop(a.shared.tracker.charge(target(2), 100));
+        let charged_at_b = || {
+            let slot = b.endpoint_status("http://e2").expect("e2").slot;
+            let replicas = b.shared.replicas.as_ref().expect("replicas");
+            replicas
+                .remote()
+                .remote_charged(kvroute_core::EndpointId(u32::try_from(slot).expect("slot")))
+        };
+        b.apply_replica_batch(&a.drain_replica_batch(true).expect("batch"));
+        // First heard of: only its queue (none) counts.
+        assert_eq!(charged_at_b(), 0);
+        for url in ["http://e0", "http://e2"] {
+            a.apply(Change::Remove(url.to_owned())).expect("remove");
+        }
+        let engine: Arc<dyn crate::engine::Engine> = Arc::new(HostEngine);
+        a.apply(Change::Insert(
+            Backend::new(engine, "http://e2".to_owned()).host_events(),
+        ))
+        .expect("insert");
+        assert_eq!(a.endpoint_status("http://e2").expect("e2").slot, 0);
+        drop(a.shared.tracker.charge(target(0), 30));
+        b.apply_replica_batch(&a.drain_replica_batch(true).expect("batch"));
+        // At most the 30 charged since (a counter that went back counts
+        // afresh, from its queue).
+        assert!(charged_at_b() <= 30, "{}", charged_at_b());
+    }
+
     /// The load of `url` in `batch`, one entry per mention.
     fn mentions(batch: Option<ReplicaBatch>, url: &str) -> Vec<u32> {
         batch
