@@ -109,7 +109,8 @@ pub enum KvRouteError {
     /// The request body could not be read or exceeded the limit.
     #[error("request body: {0}")]
     Body(BoxError),
-    /// No endpoint was available (or every retry failed to connect and none is left).
+    /// No endpoint was available. (When endpoints were tried and every
+    /// attempt failed to connect, the last attempt's own error comes back.)
     #[error(transparent)]
     NoEndpoint(#[from] crate::NoEndpoint),
     /// The upstream request could not be built for the chosen endpoint.
@@ -233,6 +234,13 @@ where
                             return Err(e);
                         }
                         e
+                    }
+                    // An unrouted request that is not idempotent (an upload,
+                    // a tool call) may have acted on the engine that took it
+                    // and stalled: not sent again, as `kvroute serve`'s
+                    // pass-through does.
+                    Err(stall) if api.is_none() && !parts.method.is_idempotent() => {
+                        return Err(KvRouteError::Stalled(stall).into());
                     }
                     Err(stall) => KvRouteError::Stalled(stall).into(),
                 };

@@ -263,3 +263,109 @@ async fn hop_by_hop_headers_cross_in_neither_direction() {
     }
     assert_eq!(resp.headers()["x-end"], "1");
 }
+
+/// An unrouted request that is not idempotent (`POST /v1/embeddings`) taken
+/// by an engine that sends no headers in time is not sent again: the
+/// engine may have acted on it. The stall comes back, the other engine is
+/// never called and nothing stays charged; a routed completion stalled the
+/// same way moves to the next engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_unrouted_post_is_not_sent_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let stuck = engine(true).await;
+    let live_calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&live_calls);
+    let live = {
+        let app = axum::Router::new().fallback(move || {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async {
+                axum::Json(serde_json::json!({"data": [], "choices": [{"text": "ok"}],
+                    "usage": {"prompt_tokens": 5}}))
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    };
+    let router = KvRouter::builder_without_contract()
+        .choice(kvroute::Choice::RoundRobin)
+        .endpoint(Backend::vllm(stuck.clone()))
+        .endpoint(Backend::vllm(live.clone()))
+        .no_engine_load()
+        .no_health_probes()
+        .header_timeouts(kvroute::HeaderTimeouts {
+            response: Some(std::time::Duration::from_millis(300)),
+            streamed: None,
+        })
+        .spawn()
+        .unwrap();
+    let service = KvRouteLayer::new(router.clone()).layer(client());
+    let post = |path: &str| {
+        http::Request::post(path)
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from_static(
+                br#"{"model": "m", "input": "x", "prompt": "x"}"#,
+            )))
+            .unwrap()
+    };
+    // Round robin starts on the stuck engine.
+    let err = service
+        .clone()
+        .oneshot(post("/v1/embeddings"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.downcast_ref::<kvroute::tower::KvRouteError>()
+            .is_some_and(|e| matches!(e, kvroute::tower::KvRouteError::Stalled(_))),
+        "{err}"
+    );
+    assert_eq!(live_calls.load(Ordering::SeqCst), 0);
+    assert_eq!(router.counters().retries, 0);
+    // A completion stalled on the stuck engine is retried on the live one.
+    let mut answered = 0;
+    for _ in 0..2 {
+        let r = service.clone().oneshot(post("/v1/completions")).await;
+        answered += usize::from(r.is_ok_and(|r| r.status().is_success()));
+    }
+    assert_eq!(answered, 2);
+    assert!(router.counters().retries >= 1);
+    for s in router.endpoint_statuses() {
+        assert_eq!(s.load.in_flight, 0, "{s:?}");
+    }
+}
+
+/// An answer to a request routed without a prompt (`POST /v1/embeddings`)
+/// settles no receipt, even when it carries a usage block with cached
+/// tokens: its decision predicted nothing to compare with. A completion's
+/// answer settles one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrouted_answer_settles_no_receipt() {
+    let router = KvRouter::builder_without_contract()
+        .choice(kvroute::Choice::RoundRobin)
+        .endpoint(Backend::vllm(engine(false).await))
+        .no_engine_load()
+        .no_health_probes()
+        .spawn()
+        .unwrap();
+    let service = KvRouteLayer::new(router.clone()).layer(client());
+    let receipts = || -> u64 { router.counters().endpoints.iter().map(|e| e.receipts).sum() };
+    let post = |path: &str| {
+        http::Request::post(path)
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from_static(
+                br#"{"model": "m", "input": "x", "prompt": "x"}"#,
+            )))
+            .unwrap()
+    };
+    for (path, settled) in [("/v1/embeddings", 0), ("/v1/completions", 1)] {
+        let response = service.clone().oneshot(post(path)).await.unwrap();
+        assert!(response.status().is_success());
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert!(body.starts_with(b"{\"choices\""), "{body:?}");
+        assert_eq!(receipts(), settled, "{path}");
+    }
+}

@@ -418,15 +418,18 @@ impl KvRouter {
 
     /// A decision for a request without a prompt to route on (`/v1/models`,
     /// embeddings, ...): the rule's fallback selector picks, and the decision
-    /// counts as a `no_model` miss.
+    /// counts as a `no_model` miss. Its answer's body streams through
+    /// unscanned ([`crate::receipt::BodyKind::Opaque`]): it settles no receipt.
     ///
     /// # Errors
     /// [`NoEndpoint`] when no endpoint is available.
     pub fn pick_unrouted(&self) -> Result<Pick, NoEndpoint> {
-        self.pick_prepared(
+        let mut pick = self.pick_prepared(
             PreparedPrompt::missed(None, kvroute_select::MissReason::NoModel),
             None,
-        )
+        )?;
+        pick.unrouted = true;
+        Ok(pick)
     }
 
     /// Applies one endpoint change. Only the changed endpoint's background

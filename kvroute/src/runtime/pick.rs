@@ -65,6 +65,9 @@ pub struct Pick {
     /// A receipt was recorded already (a P/D prefill leg's): the response
     /// body's is not recorded again.
     recorded: bool,
+    /// A request without a prompt ([`crate::KvRouter::pick_unrouted`]): its
+    /// answer carries no receipt and streams through unscanned.
+    pub(crate) unrouted: bool,
 }
 
 impl std::fmt::Debug for Pick {
@@ -92,6 +95,7 @@ impl Pick {
             guard: None,
             input,
             recorded: false,
+            unrouted: false,
         };
         let now = shared.now();
         let mut decision = Decision::new();
@@ -598,7 +602,12 @@ impl Pick {
             }
             on_end(r, account);
         });
-        ReceiptTracker::new(BodyKind::of(headers), guard, done)
+        let kind = if self.unrouted {
+            BodyKind::Opaque
+        } else {
+            BodyKind::of(headers)
+        };
+        ReceiptTracker::new(kind, guard, done)
     }
 }
 
