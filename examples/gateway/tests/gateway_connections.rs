@@ -565,3 +565,51 @@ async fn an_http2_client_that_grants_no_window_is_dropped_after_the_write_stall_
         .ok();
     drop(resp);
 }
+
+/// A client that closes its connection half way through its request body
+/// is counted as `client_gone`, not as a malformed request (`rejected`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_body_is_counted_as_gone() {
+    let app = axum::Router::new().fallback(|| async { "ok" });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let gw = Gateway::start(&config(upstream, ""));
+    {
+        let mut s = TcpStream::connect(gw.proxy).unwrap();
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: 1000\r\n\r\n{{\"model\": "
+        )
+        .unwrap();
+        s.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let count = |text: &str, outcome: &str| -> u64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("kvroute_requests_total{")
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = metrics_text(&gw).await;
+        if count(&text, "client_gone") == 1 {
+            assert_eq!(count(&text, "rejected"), 0, "{text}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no client_gone count:\n{}",
+            text.lines()
+                .filter(|l| l.starts_with("kvroute_requests_total"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

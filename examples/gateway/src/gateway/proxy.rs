@@ -76,6 +76,36 @@ impl PromptHost for Gateway {
     }
 }
 
+/// Marks the answer to a request whose client left mid-body (no one reads it).
+#[derive(Clone, Copy)]
+struct ClientLeft;
+
+/// Whether reading a request body failed because the client closed its
+/// connection before the body was complete (it will never see an answer).
+fn client_left(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
+                return true;
+            }
+        }
+        // hyper reports a body cut short as a body error caused by an
+        // unexpected end of file (or a reset).
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::{
+                BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof,
+            };
+            return matches!(
+                io.kind(),
+                UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+            );
+        }
+        cur = err.source();
+    }
+    false
+}
+
 /// Reads the body once: Content-Length checked first, then a bounded,
 /// time-limited collect.
 async fn read_body(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
@@ -102,6 +132,15 @@ async fn read_body(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Byte
     {
         Ok(Ok(c)) => Ok(c.to_bytes()),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) if client_left(&*e) => {
+            let mut gone = error(
+                StatusCode::BAD_REQUEST,
+                "client_gone",
+                "the client closed its connection before its body was complete",
+            );
+            gone.extensions_mut().insert(ClientLeft);
+            Err(gone)
+        }
         Ok(Err(_)) => Err(error(
             StatusCode::BAD_REQUEST,
             "bad_request",
@@ -200,7 +239,9 @@ async fn route(gw: Arc<Gateway>, req: Request<Body>, gone: &mut Gone) -> Respons
     let body = match read_body(&gw, &parts.headers, body).await {
         Ok(b) => b,
         Err(resp) => {
-            let outcome = if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            let outcome = if resp.extensions().get::<ClientLeft>().is_some() {
+                Outcome::ClientGone
+            } else if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 Outcome::TooLarge
             } else if resp.status() == StatusCode::REQUEST_TIMEOUT {
                 Outcome::BodyTimeout
