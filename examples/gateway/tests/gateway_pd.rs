@@ -301,3 +301,78 @@ async fn a_body_that_cannot_be_split_goes_whole_to_the_decode_endpoint() {
         "{metrics}"
     );
 }
+
+/// A prefill endpoint that sends its answer's headers and then goes silent
+/// (a hung engine, or one whose connection breaks mid-answer): the prefill
+/// leg runs on the next prefill endpoint, as for a stall before the
+/// headers, since nothing reached the client and the decode leg has not
+/// started; the request is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_answer_cut_short_runs_the_prefill_on_the_next_endpoint() {
+    use axum::body::Body;
+    use axum::http::Request;
+    use axum::response::IntoResponse;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let silent_calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&silent_calls);
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let seen = std::sync::Arc::clone(&seen);
+        async move {
+            let _ = axum::body::to_bytes(req.into_body(), 1 << 20).await;
+            seen.fetch_add(1, Ordering::SeqCst);
+            let chunks = futures_util::stream::unfold(0u8, |step| async move {
+                if step == 0 {
+                    Some((
+                        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"choices\": ")),
+                        1,
+                    ))
+                } else {
+                    std::future::pending().await
+                }
+            });
+            (
+                [("content-type", "application/json")],
+                Body::from_stream(chunks),
+            )
+                .into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    // Answers at once (the prefill leg, then the decode leg).
+    let answering = || async {
+        let app = axum::Router::new().fallback(|| async {
+            axum::Json(serde_json::json!({"choices": [{"text": "ok"}],
+                "kv_transfer_params": {"remote_port": 1},
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1}}))
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        addr
+    };
+    let (good, decode) = (answering().await, answering().await);
+    let config = format!(
+        "{}[[rules]]\nname = \"pd\"\nmodels = [\"{MODEL}\"]\ndefault = true\nchoice = \"round_robin\"\ntopology = \"prefill_decode\"\n\n\
+         [[rules.endpoints]]\nurl = \"http://{silent}\"\nrole = \"prefill\"\n\n\
+         [[rules.endpoints]]\nurl = \"http://{}\"\nrole = \"prefill\"\n\n{}",
+        config_head(
+            "[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\nupstream_idle_timeout_ms = 300\n"
+        ),
+        good,
+        decode_addr_toml(decode)
+    );
+    let gw = Gateway::start(&config);
+    let mut statuses = Vec::new();
+    for name in ["cut-a", "cut-b"] {
+        statuses.push(spawn_completion(&gw, name).await.unwrap().unwrap());
+    }
+    assert_eq!(statuses, [200, 200]);
+    // Each attempt on the silent endpoint ran the prefill again elsewhere.
+    let cut = silent_calls.load(Ordering::SeqCst);
+    assert!(cut >= 1);
+    let metrics = metrics_text(&gw).await;
+    let want = format!("kvroute_prefill_requests_total {}", 2 + cut);
+    assert!(metrics.contains(&want), "{want}:\n{metrics}");
+}

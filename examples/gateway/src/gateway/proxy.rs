@@ -742,11 +742,10 @@ async fn connect(
                 gw.limits.upstream_idle_timeout(),
             )
             .await
-            .map_err(|e| ConnectFailure {
-                leg: Leg::Endpoint,
-                retryable: false,
-                error: e,
-            })?;
+            // Cut short (reset, silent): the prefill runs on the next
+            // prefill endpoint, as for a stall; nothing reached the client
+            // and the decode leg has not started.
+            .map_err(|e| refused(Leg::Endpoint, e))?;
             let params = pd::transfer_params(&answer);
             let usage = serde_json::from_slice::<serde_json::Value>(&answer).ok();
             let cached = usage.as_ref().and_then(|v| {

@@ -46,6 +46,11 @@ pub enum UpstreamError {
     /// The request could not be built.
     #[error("bad upstream request: {0}")]
     Build(String),
+    /// An answer the gateway reads itself (a P/D prefill leg's) failed or
+    /// went silent before its end: nothing reached the client, so another
+    /// endpoint may be tried.
+    #[error("answer cut short: {0}")]
+    AnswerCut(String),
 }
 
 impl UpstreamError {
@@ -62,7 +67,10 @@ impl UpstreamError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            UpstreamError::Connect(_) | UpstreamError::HeaderTimeout(_) | UpstreamError::Stalled(_)
+            UpstreamError::Connect(_)
+                | UpstreamError::HeaderTimeout(_)
+                | UpstreamError::Stalled(_)
+                | UpstreamError::AnswerCut(_)
         )
     }
 }
@@ -188,8 +196,14 @@ pub async fn read_small(
 ) -> Result<Bytes, UpstreamError> {
     match tokio::time::timeout(idle, Limited::new(body, limit).collect()).await {
         Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) => Err(UpstreamError::Request(e.to_string())),
-        Err(_) => Err(UpstreamError::Request("upstream body timed out".into())),
+        // Another engine would answer as much: not worth another try.
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(UpstreamError::Request(e.to_string()))
+        }
+        Ok(Err(e)) => Err(UpstreamError::AnswerCut(e.to_string())),
+        Err(_) => Err(UpstreamError::AnswerCut(format!(
+            "not complete within {idle:?}"
+        ))),
     }
 }
 
