@@ -121,3 +121,41 @@ async fn a_refusal_after_the_decision_still_names_the_tier() {
     assert_eq!(msg.matches("connect failed").count(), 1, "{msg}");
     assert!(!msg.contains("client error (Connect)"), "{msg}");
 }
+
+/// An engine that sets kvroute's decision headers itself (one behind
+/// another kvroute) does not pass them off as this gateway's: with
+/// `headers = false` the client sees none, routed or passed through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engines_own_decision_headers_do_not_pass_through() {
+    let app = axum::Router::new().fallback(|| async {
+        (
+            [
+                ("x-kvroute-decision-id", "inner-7"),
+                ("x-kvroute-miss-reason", "zero_overlap"),
+                ("x-other", "kept"),
+            ],
+            axum::Json(serde_json::json!({"choices": [{"text": "ok"}], "data": []})),
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let toml = format!(
+        "{}[[rules]]\nname = \"rr\"\nmodels = [\"{MODEL}\"]\ndefault = true\nchoice = \"round_robin\"\n\
+         [[rules.endpoints]]\nurl = \"http://{upstream}\"\n",
+        config_head("[decisions]\nheaders = false\n[health]\ninterval_ms = 0\n[limits]\nengine_load_poll_ms = 0\n"),
+    );
+    let gw = Gateway::start(&toml);
+    let routed = post(&gw, "hello").await;
+    assert_eq!(routed.status(), 200);
+    assert_eq!(kv_headers(&routed), Vec::<String>::new());
+    assert_eq!(routed.headers()["x-other"], "kept");
+    let passed = client()
+        .post(gw.url("/v1/embeddings"))
+        .json(&serde_json::json!({"model": MODEL, "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(passed.status(), 200);
+    assert_eq!(kv_headers(&passed), Vec::<String>::new());
+}

@@ -269,6 +269,21 @@ impl<'a> Shown<'a> {
     }
 }
 
+/// Takes out of an engine's answer the headers that name this gateway's
+/// decisions (`x-kvroute-*`): an engine behind another kvroute, or one that
+/// sets them itself, must not pass off its own as this decision's when this
+/// gateway sends none (`decisions.headers = false`, a miss without a reason).
+pub fn drop_engine_decision_headers(headers: &mut HeaderMap) {
+    let own: Vec<axum::http::HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-kvroute-"))
+        .cloned()
+        .collect();
+    for k in own {
+        headers.remove(k);
+    }
+}
+
 /// The headers of a pass-through request (no KV decision): the endpoint and
 /// the tier `passthrough`.
 pub fn passthrough_headers(obs: &Observe, rule: &str, endpoint: &str, headers: &mut HeaderMap) {

@@ -84,6 +84,7 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
                 let mut builder = Response::builder().status(parts.status);
                 if let Some(h) = builder.headers_mut() {
                     copy_headers(&parts.headers, h, false);
+                    super::observe::drop_engine_decision_headers(h);
                     super::observe::passthrough_headers(&gw.observe, name, &ep.url, h);
                 }
                 return builder.body(Body::new(tee)).unwrap_or_else(|_| {

@@ -818,6 +818,7 @@ fn respond(
     let mut id = None;
     if let Some(h) = builder.headers_mut() {
         super::upstream::copy_headers(&parts.headers, h, false);
+        super::observe::drop_engine_decision_headers(h);
         gw.observe.decision(rt, pick.decision(), h);
         id = gw.observe.file(rt, pick.take_explanation(), explain, h);
     }
