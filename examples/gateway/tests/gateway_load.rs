@@ -263,6 +263,33 @@ async fn a_timed_out_pass_through_post_is_not_sent_twice() {
     assert_eq!(received(), 3, "the GET was tried on both engines");
 }
 
+/// A streamed pass-through request (`"stream": true` on a path without a
+/// prompt) waits for its headers only as long as a streamed completion
+/// does (`stream_header_timeout_ms`), not the non-streamed limit: engines
+/// send a stream's headers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_pass_through_request_gets_the_stream_header_timeout() {
+    let (a, seen) = slow_engine(Duration::from_millis(20_000)).await;
+    let gw = Gateway::start(&rule(
+        &[a],
+        "response_header_timeout_ms = 15000\nstream_header_timeout_ms = 300",
+    ));
+    let started = std::time::Instant::now();
+    let resp = client()
+        .post(gw.url("/v1/responses"))
+        .json(&serde_json::json!({"model": MODEL, "input": "hello", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 504);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited {:?}: the non-streamed limit",
+        started.elapsed()
+    );
+    assert_eq!(seen.received.load(Ordering::SeqCst), 1);
+}
+
 /// A completion whose every attempt reached an engine that did not answer
 /// within the header timeout gets 504 `upstream_timeout` (503 `no_endpoint`
 /// is for endpoints that could not be reached).

@@ -34,6 +34,9 @@ pub struct Forward<'a> {
     pub headers: &'a HeaderMap,
     /// The body read once.
     pub body: Bytes,
+    /// The body asks for a stream (`"stream": true`): its headers come at
+    /// once, so the stream header timeout applies.
+    pub streamed: bool,
 }
 
 /// Forwards `req` through `rt` and streams the answer back.
@@ -52,9 +55,15 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
             continue;
         };
         let guard = rt.router.charge_unrouted(&url);
+        let wait = if req.streamed {
+            gw.limits.stream_header_timeout()
+        } else {
+            gw.limits.response_header_timeout()
+        };
         let sent = gw
             .client
-            .send(
+            .send_within(
+                wait,
                 &ep.base,
                 req.method.clone(),
                 req.path_and_query,

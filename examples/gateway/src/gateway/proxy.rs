@@ -38,18 +38,23 @@ pub fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Resp
 
 /// The `model` of a pass-through body, if it is JSON naming one (parsed on the
 /// blocking pool: bodies can be megabytes).
-async fn model_only(body: &Bytes) -> Option<String> {
+async fn model_only(body: &Bytes) -> (Option<String>, bool) {
     if body.is_empty() {
-        return None;
+        return (None, false);
     }
     let body = body.clone();
     tokio::task::spawn_blocking(move || {
-        let value = parse_json_fields(&body, &["model"]).ok()?;
-        model_of(&value).map(str::to_owned)
+        let Ok(value) = parse_json_fields(&body, &["model", "stream"]) else {
+            return (None, false);
+        };
+        let streamed = value
+            .as_dict()
+            .and_then(|d| d.get("stream"))
+            .is_some_and(|s| matches!(s, kvroute_engines::prompt::PyValue::Bool(true)));
+        (model_of(&value).map(str::to_owned), streamed)
     })
     .await
-    .ok()
-    .flatten()
+    .unwrap_or((None, false))
 }
 
 /// The facade's prompt step ([`kvroute::prompt::prepare`]) under each
@@ -264,7 +269,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Body>, gone: &mut Gone) -> Respons
     };
     let Some(api) = api else {
         // Not a completion: no prompt to route on, so no KV decision either.
-        let model = model_only(&body).await;
+        let (model, streamed) = model_only(&body).await;
         let Some(rt) = gw.rule_for_model(model.as_deref()) else {
             gw.metrics.unrouted(Outcome::NoRule);
             return error(
@@ -279,6 +284,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Body>, gone: &mut Gone) -> Respons
             path_and_query: &path_and_query,
             headers: &parts.headers,
             body,
+            streamed,
         };
         return passthrough::forward(&gw, &rt, req).await;
     };

@@ -119,12 +119,37 @@ impl UpstreamClient {
         headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let sent = tokio::time::timeout(
+        self.send_within(
             self.header_timeout,
+            base,
+            method,
+            path_and_query,
+            headers,
+            body,
+        )
+        .await
+    }
+
+    /// [`UpstreamClient::send`] waiting at most `wait` for the headers (a
+    /// streamed request's shorter limit).
+    ///
+    /// # Errors
+    /// [`UpstreamError`]; `Connect` means nothing reached the engine.
+    pub async fn send_within(
+        &self,
+        wait: Duration,
+        base: &Uri,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let sent = tokio::time::timeout(
+            wait,
             self.request(base, method, path_and_query, headers, body),
         )
         .await;
-        sent.unwrap_or(Err(UpstreamError::HeaderTimeout(self.header_timeout)))
+        sent.unwrap_or(Err(UpstreamError::HeaderTimeout(wait)))
     }
 
     /// [`UpstreamClient::send`] without a limit of its own on the wait for
