@@ -358,9 +358,17 @@ pub fn outlier(data: &[u8]) {
                 model.evidence(e, now, ev);
             }
             6 if b.next() % 8 == 0 => {
-                let present = b.next() % 3 != 0;
-                det.set_present(id(e), present, now);
-                model.set_present(e, present, now);
+                let k = b.next();
+                if k & 4 == 0 {
+                    let present = k % 3 != 0;
+                    det.set_present(id(e), present, now);
+                    model.set_present(e, present, now);
+                } else {
+                    // Drained or breaker open, or back.
+                    let available = k % 3 != 0;
+                    det.set_available(id(e), available);
+                    model.set_available(e, available);
+                }
             }
             _ => {
                 let ours = det.evaluate(now);
@@ -401,8 +409,8 @@ fn assert_rotation(
 ) {
     let id = |e: usize| EndpointId(u32::try_from(e).unwrap_or(u32::MAX));
     assert!(
-        (0..n).any(|e| model.present(e) && !det.is_ejected(id(e), now)),
-        "every endpoint ejected at {now:?}"
+        (0..n).any(|e| model.present(e) && model.available(e) && !det.is_ejected(id(e), now)),
+        "every endpoint the host routes to ejected at {now:?}"
     );
 }
 

@@ -126,6 +126,24 @@ fn the_last_endpoint_in_rotation_is_never_ejected() {
     assert!(d.evaluate(ms(10_000)).is_empty());
 }
 
+/// The only other endpoint is one the host routes nothing to (drained, or
+/// its breaker open): the endpoint timing out is the last in rotation and
+/// stays, by timeouts or by stall; once the other is back, it goes.
+#[test]
+fn an_endpoint_the_host_does_not_route_to_is_not_in_rotation() {
+    let mut d = OutlierDetector::new(2, OutlierConfig::default());
+    d.set_available(GOOD, false);
+    for _ in 0..5 {
+        let y = d.sent(HOLE, ms(0)).unwrap();
+        assert!(!d.timed_out(HOLE, y, ms(1000)));
+    }
+    assert!(!d.is_ejected(HOLE, ms(1000)));
+    d.set_available(GOOD, true);
+    let y = d.sent(HOLE, ms(1000)).unwrap();
+    assert!(d.timed_out(HOLE, y, ms(2000)));
+    assert!(d.is_ejected(HOLE, ms(2000)));
+}
+
 /// Back in rotation after the ejection; still a hole, it is ejected again
 /// for twice as long, judged on fresh evidence; once it answers, the
 /// multiplier starts over.

@@ -139,6 +139,10 @@ pub struct OutlierStatus {
 #[derive(Clone, Debug, Default)]
 struct EndpointState {
     present: bool,
+    /// The host routes nothing to it for reasons of its own (drained,
+    /// breaker open): it does not count among the others in rotation an
+    /// ejection must leave ([`OutlierDetector::set_available`]).
+    unavailable: bool,
     /// Attempts waiting for headers: (id, sent at), in the order sent.
     waiting: Vec<(u64, Duration)>,
     consecutive_timeouts: u32,
@@ -227,6 +231,17 @@ impl OutlierDetector {
                 back_at: now,
                 ..EndpointState::default()
             };
+        }
+    }
+
+    /// Whether the host routes to `endpoint` for reasons of its own (not
+    /// drained, breaker not open; `true` until said otherwise, and again
+    /// when it rejoins). An ejection never leaves no endpoint in rotation,
+    /// and one the host does not route to is not in rotation: hosts call
+    /// this before [`Self::timed_out`] and [`Self::evaluate`].
+    pub fn set_available(&mut self, endpoint: EndpointId, available: bool) {
+        if let Some(e) = self.endpoints.get_mut(endpoint.index()) {
+            e.unavailable = !available;
         }
     }
 
@@ -367,6 +382,7 @@ impl OutlierDetector {
         self.endpoints.iter().enumerate().any(|(j, f)| {
             j != i
                 && f.present
+                && !f.unavailable
                 && !f.ejected(now)
                 && answered_after.is_none_or(|t| f.last_answer.is_some_and(|a| a > t))
         })

@@ -53,6 +53,8 @@ pub(crate) struct Model {
     config: OutlierConfig,
     /// Per endpoint: present, and the (seq, time) its current life began.
     lives: Vec<(bool, usize, Duration)>,
+    /// Per endpoint: the host routes to it (not drained, breaker closed).
+    available: Vec<bool>,
     attempts: Vec<Attempt>,
     reports: Vec<Report>,
     ejections: Vec<Ejection>,
@@ -64,6 +66,7 @@ impl Model {
         Self {
             config,
             lives: vec![(true, 0, Duration::ZERO); endpoints],
+            available: vec![true; endpoints],
             attempts: Vec::new(),
             reports: Vec::new(),
             ejections: Vec::new(),
@@ -184,6 +187,7 @@ impl Model {
         (0..self.lives.len()).any(|f| {
             f != e
                 && self.life(f).0
+                && self.available.get(f).copied().unwrap_or(false)
                 && !self.is_ejected(f, now)
                 && answered_after.is_none_or(|t| self.last_answer(f).is_some_and(|a| a > t))
         })
@@ -234,6 +238,19 @@ impl Model {
         let seq = self.tick();
         if let Some(l) = self.lives.get_mut(e) {
             *l = (present, seq, now);
+        }
+        if let Some(a) = self.available.get_mut(e) {
+            *a = true;
+        }
+    }
+
+    pub(crate) fn available(&self, e: usize) -> bool {
+        self.available.get(e).copied().unwrap_or(false)
+    }
+
+    pub(crate) fn set_available(&mut self, e: usize, available: bool) {
+        if let Some(a) = self.available.get_mut(e) {
+            *a = available;
         }
     }
 

@@ -144,11 +144,28 @@ pub(crate) fn answered(shared: &Shared, endpoint: EndpointId, attempt: AttemptId
     o.mirror(&det, endpoint, now);
 }
 
+/// Tells the detector which endpoints the router routes to for reasons of
+/// its own (present, not drained, breaker not open): an ejection must leave
+/// one of them in rotation, not only endpoints nothing is sent to.
+fn refresh_available(shared: &Shared, det: &mut OutlierDetector, now: Duration) {
+    for (i, s) in shared.slots.iter().enumerate() {
+        let available = s.present.load(Ordering::Acquire)
+            && !s.admin_down.load(Ordering::Acquire)
+            && kvroute_select::Availability::from_states(
+                kvroute_select::AdminState::Up,
+                s.breaker.state(now),
+            )
+            .is_available();
+        det.set_available(EndpointId(u32::try_from(i).unwrap_or(u32::MAX)), available);
+    }
+}
+
 /// The host gave up waiting for the attempt's headers.
 pub(crate) fn timed_out(shared: &Shared, endpoint: EndpointId, attempt: AttemptId, now: Duration) {
     let o = &shared.outliers;
     let ejected = {
         let mut det = o.detector.lock();
+        refresh_available(shared, &mut det, now);
         let ejected = det.timed_out(endpoint, attempt, now);
         o.mirror(&det, endpoint, now);
         ejected
@@ -169,6 +186,7 @@ pub(crate) fn evaluate(shared: &Shared, now: Duration) {
     let o = &shared.outliers;
     let ejected = {
         let mut det = o.detector.lock();
+        refresh_available(shared, &mut det, now);
         let ejected = det.evaluate(now);
         for e in &ejected {
             o.mirror(&det, *e, now);
@@ -196,4 +214,39 @@ fn announce(shared: &Shared, ejected: &[EndpointId], why: &'static str) {
         .outliers
         .ejections
         .send_modify(|n| *n = n.wrapping_add(1));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::test_support::host_router;
+
+    /// Two endpoints, one drained by the operator: the other timing out is
+    /// the last the router routes to and is not ejected (every request
+    /// would get 503 otherwise); with both up it is.
+    #[test]
+    fn a_drained_endpoint_does_not_count_as_the_rotation_left() {
+        for drained in [true, false] {
+            let router = host_router(2)
+                .outlier_detection(OutlierConfig {
+                    consecutive_timeouts: 3,
+                    ..OutlierConfig::default()
+                })
+                .build()
+                .expect("router");
+            let shared = &router.shared;
+            assert!(router.set_admin_down("http://e0", drained));
+            let e1 = EndpointId(1);
+            let now = shared.now();
+            for _ in 0..3 {
+                let a = shared.outliers.sent(e1, now).expect("attempt");
+                timed_out(shared, e1, a, now);
+            }
+            assert_eq!(
+                shared.outliers.is_ejected(e1, now),
+                !drained,
+                "drained: {drained}"
+            );
+        }
+    }
 }
