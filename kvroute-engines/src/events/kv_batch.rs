@@ -208,8 +208,29 @@ fn read_field(
             let n = r.array_len()?;
             f.tokens.clear();
             f.tokens.reserve(n.min(r.remaining()));
+            let mut bigram = false;
             for _ in 0..n {
-                f.tokens.push(r.u32("token id")?);
+                // SGLang with a bigram radix key (EAGLE speculative
+                // decoding) publishes each token as (token, next token)
+                // (`mem_cache/events.py`): the page's own token is the first.
+                if matches!(r.peek()?, 0x90..=0x9f | 0xdc | 0xdd) {
+                    let at = r.pos();
+                    if r.array_len()? != 2 {
+                        return Err(DecodeError::UnexpectedType {
+                            offset: at,
+                            expected: "a token id or a (token, next token) pair",
+                            found: 0x90,
+                        });
+                    }
+                    f.tokens.push(r.u32("token id")?);
+                    r.u32("token id")?;
+                    bigram = true;
+                } else {
+                    f.tokens.push(r.u32("token id")?);
+                }
+            }
+            if bigram {
+                stats.bigram_token_events += 1;
             }
             f.has_tokens = true;
         }

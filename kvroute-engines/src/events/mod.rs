@@ -143,6 +143,12 @@ pub struct DecodeStats {
     pub smaller_window_events: u64,
     /// TensorRT-LLM `created` events (cache capacity announcements).
     pub capacity_events: u64,
+    /// Stored events whose tokens came as (token, next token) pairs: SGLang
+    /// with a bigram radix key (EAGLE speculative decoding). Their block
+    /// keys hash the pairs, not the plain token chain, so only a re-keying
+    /// contract (`rekey:…`, from the tokens) matches them; the tokens kept
+    /// are each pair's first.
+    pub bigram_token_events: u64,
     /// TensorRT-LLM `updated` events without a cache-level change (priority only).
     pub priority_only_updates: u64,
     /// TensorRT-LLM blocks that left the GPU tier but could not be remembered
@@ -164,6 +170,7 @@ impl DecodeStats {
         self.unsupported_extra_keys += other.unsupported_extra_keys;
         self.smaller_window_events += other.smaller_window_events;
         self.capacity_events += other.capacity_events;
+        self.bigram_token_events += other.bigram_token_events;
         self.priority_only_updates += other.priority_only_updates;
         self.untracked_offloaded_blocks += other.untracked_offloaded_blocks;
     }
