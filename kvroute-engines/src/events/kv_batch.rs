@@ -65,6 +65,12 @@ fn tag_of(s: &str) -> Tag {
 }
 
 /// Field values of one event, filled in whatever order the wire uses.
+/// Most elements reserved from a length a payload announces (the rest grow
+/// as they decode).
+const RESERVE_CAP: usize = 1024;
+/// Events a reused batch keeps room for between payloads.
+const KEEP_EVENTS: usize = 4096;
+
 #[derive(Default)]
 struct Fields {
     keys: Vec<BlockKey>,
@@ -191,7 +197,7 @@ fn read_field(
         Field::BlockHashes => {
             let n = r.array_len()?;
             f.keys.clear();
-            f.keys.reserve(n.min(r.remaining()));
+            f.keys.reserve(n.min(RESERVE_CAP));
             for _ in 0..n {
                 f.keys.push(block_key(r)?);
             }
@@ -207,7 +213,7 @@ fn read_field(
         Field::TokenIds => {
             let n = r.array_len()?;
             f.tokens.clear();
-            f.tokens.reserve(n.min(r.remaining()));
+            f.tokens.reserve(n.min(RESERVE_CAP));
             let mut bigram = false;
             for _ in 0..n {
                 // SGLang with a bigram radix key (EAGLE speculative
@@ -248,7 +254,7 @@ fn read_field(
             f.extra_keys.clear();
             if !r.eat_nil()? {
                 let n = r.array_len()?;
-                f.extra_keys.reserve(n.min(r.remaining() / 8));
+                f.extra_keys.reserve(n.min(RESERVE_CAP));
                 for _ in 0..n {
                     if r.eat_nil()? {
                         f.extra_keys.push(None);
@@ -419,8 +425,9 @@ fn batch(
     }
     out.timestamp = r.f64()?;
     let count = r.array_len()?;
-    // Real events take dozens of bytes; cap what a hostile header can reserve.
-    out.events.reserve(count.min(r.remaining() / 16));
+    // A header's count is the peer's word: reserve a little, grow as
+    // events actually decode.
+    out.events.reserve(count.min(RESERVE_CAP));
     for _ in 0..count {
         stats.events += 1;
         let start = r.pos();
@@ -471,6 +478,11 @@ pub(crate) fn decode_into(
     out.timestamp = 0.0;
     out.dp_rank = None;
     out.events.clear();
+    // The Vec is kept across payloads: not at the size of the largest one
+    // a peer ever sent.
+    if out.events.capacity() > KEEP_EVENTS {
+        out.events = Vec::new();
+    }
     let mut local = DecodeStats::default();
     match batch(d, payload, out, &mut local) {
         Ok(()) => {
@@ -483,5 +495,50 @@ pub(crate) fn decode_into(
             stats.malformed_payloads += 1;
             Err(e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A header announcing four billion events over 16 MiB of nils: nothing
+    /// near that is reserved (it would stay with the subscriber's reused
+    /// batch for good), and a batch grown by a large real payload shrinks
+    /// back at the next one.
+    #[test]
+    fn announced_lengths_reserve_little_and_a_reused_batch_shrinks() {
+        let mut hostile = vec![0x93, 0xcb];
+        hostile.extend_from_slice(&0f64.to_be_bytes());
+        hostile.extend_from_slice(&[0xdd, 0xff, 0xff, 0xff, 0xff]);
+        hostile.resize(hostile.len() + (16 << 20), 0xc0);
+        let mut out = EventBatch::default();
+        let mut stats = DecodeStats::default();
+        let sglang = crate::events::sglang::decode_into;
+        assert!(sglang(&hostile, 1, &mut out, &mut stats).is_err());
+        assert!(
+            out.events.capacity() <= RESERVE_CAP,
+            "{}",
+            out.events.capacity()
+        );
+        // One key list announcing four billion keys, truncated: same.
+        let mut keys = vec![0x93, 0xcb];
+        keys.extend_from_slice(&0f64.to_be_bytes());
+        keys.extend_from_slice(&[0x91, 0x82, 0xa4]);
+        keys.extend_from_slice(b"type");
+        keys.extend_from_slice(&[0xab]);
+        keys.extend_from_slice(b"BlockStored");
+        keys.extend_from_slice(&[0xac]);
+        keys.extend_from_slice(b"block_hashes");
+        keys.extend_from_slice(&[0xdd, 0xff, 0xff, 0xff, 0xff]);
+        keys.resize(keys.len() + (1 << 20), 0x01);
+        let _ = sglang(&keys, 2, &mut out, &mut stats);
+        // A real batch larger than what is kept, then a small one.
+        out.events = Vec::with_capacity(KEEP_EVENTS * 2);
+        let mut small = vec![0x93, 0xcb];
+        small.extend_from_slice(&0f64.to_be_bytes());
+        small.extend_from_slice(&[0x90, 0xc0]);
+        sglang(&small, 3, &mut out, &mut stats).unwrap();
+        assert!(out.events.capacity() <= KEEP_EVENTS);
     }
 }
