@@ -305,6 +305,58 @@ fn pd_decode_is_least_loaded_and_decode_failure_keeps_prefill() {
     );
 }
 
+/// Two endpoints that both prefill and decode: a leg that failed on one
+/// takes it out of the other leg too for the retry (a host that refused a
+/// connection is no better a decode endpoint than a prefill one).
+#[test]
+fn a_failed_leg_takes_its_endpoint_out_of_the_other_leg() {
+    let c = ContractId::new("c");
+    let eps = vec![
+        Endpoint::new("a", Role::Both).with_inventory_slot(0),
+        Endpoint::new("b", Role::Both).with_inventory_slot(1),
+    ];
+    let rule = Rule::new(
+        reference(RuleConfig::kv_exact(
+            "pd",
+            Topology::PrefillDecode,
+            eps,
+            16,
+            c.clone(),
+        )),
+        None,
+    )
+    .unwrap();
+    let inv = KeySetInventory::new(2);
+    let req = Request::new(PromptInput::Missing(MissReason::NoModel));
+    for busy in [0u32, 1] {
+        // The other endpoint is busier: least-loaded decode would be the
+        // failed one.
+        let mut load = LoadTable::new(2);
+        load.set(
+            EndpointId(1 - busy),
+            EndpointLoad {
+                in_flight: 9,
+                queued_prefill_tokens: 0,
+            },
+        );
+        for failed in [Leg::Endpoint, Leg::Decode] {
+            let mut d = rule.decide(&req, &inv, &load, &AlwaysAvailable, T0);
+            let t = d.target().unwrap();
+            let gone = match failed {
+                Leg::Endpoint => t.endpoint,
+                Leg::Decode => t.decode.unwrap(),
+            };
+            if let Some(t2) = rule.retry(&mut d, failed, &req, &load, &AlwaysAvailable, T0) {
+                // A decode retry keeps the prefill leg that answered.
+                if failed == Leg::Endpoint {
+                    assert_ne!(t2.endpoint, gone, "{failed:?}: {t:?} -> {t2:?}");
+                }
+                assert_ne!(t2.decode, Some(gone), "{failed:?}: {t:?} -> {t2:?}");
+            }
+        }
+    }
+}
+
 /// Every request shares block 1; the first request put it on EP0 only. Requests
 /// never complete during the burst, so load only grows.
 fn burst(scorer: ScorerRef) -> Vec<u32> {

@@ -383,18 +383,29 @@ impl Rule {
             return None;
         }
         match failed {
+            // A host that failed one leg is no better for the other (an
+            // endpoint may both prefill and decode): out of both for the
+            // rest of this request.
             Leg::Endpoint => {
-                if let Some(x) = d.excluded.get_mut(current.endpoint.index()) {
-                    *x = true;
+                for v in [&mut d.excluded, &mut d.excluded_decode] {
+                    if let Some(x) = v.get_mut(current.endpoint.index()) {
+                        *x = true;
+                    }
                 }
                 self.run_ladder(d, request, load, health, now, false, None);
             }
             Leg::Decode => {
-                if let Some(x) = current
-                    .decode
-                    .and_then(|e| d.excluded_decode.get_mut(e.index()))
-                {
-                    *x = true;
+                if let Some(e) = current.decode {
+                    if let Some(x) = d.excluded_decode.get_mut(e.index()) {
+                        *x = true;
+                    }
+                    // Unless it is the prefill endpoint, which answered its
+                    // leg and keeps it.
+                    if e != current.endpoint {
+                        if let Some(x) = d.excluded.get_mut(e.index()) {
+                            *x = true;
+                        }
+                    }
                 }
                 self.refresh_pool(d, load, health, now);
                 match self.pick_decode(d, health, now) {
