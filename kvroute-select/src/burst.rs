@@ -31,10 +31,13 @@ fn update(mean: &mut f64, seen: u64, sample: f64) {
 
 impl BurstTracker {
     /// Counts a decision at `now` and returns the statistics of the bursts
-    /// that ended before it (the current one is still growing).
+    /// that ended before it (the current one is still growing). Hosts read
+    /// `now` before the decision's own work (tokenizing, scoring), so
+    /// concurrent decisions arrive a little out of time order: one within
+    /// `window` of the burst's start on either side belongs to it.
     pub(crate) fn decision(&mut self, now: Duration, window: Duration) -> BurstStats {
         match self.current {
-            Some((start, n)) if now >= start && now - start <= window => {
+            Some((start, n)) if now.abs_diff(start) <= window => {
                 self.current = Some((start, n.saturating_add(1)));
             }
             previous => {
@@ -88,5 +91,13 @@ mod tests {
         }
         let s = b.decision(ms(50), w);
         assert!((s.decisions - 2.0).abs() < 1e-9, "{s:?}");
+        // Decisions a little out of time order (each read its clock before
+        // tokenizing): still one burst.
+        let mut b = BurstTracker::default();
+        for t in [3, 2, 4] {
+            b.decision(ms(t), w);
+        }
+        let s = b.decision(ms(100), w);
+        assert!((s.decisions - 3.0).abs() < 1e-9, "{s:?}");
     }
 }
