@@ -174,6 +174,38 @@ fn filtered_holders_are_a_distinct_miss_and_threshold_applies() {
     assert_eq!(d.target().unwrap().endpoint, EndpointId(0));
 }
 
+/// A retry's pick is the same decision: the tier counters (hits, predicted
+/// blocks, fallbacks) count each decision once, whatever its retries pick.
+#[test]
+fn retries_count_no_second_hit_or_fallback() {
+    let c = ContractId::new("c");
+    let rule = Rule::new(converged(3, &c), None).unwrap();
+    let mut inv = KeySetInventory::new(3);
+    inv.store(0, [BlockKey(1), BlockKey(2)]);
+    inv.store(1, [BlockKey(1)]);
+    let load = LoadTable::new(3);
+    let keys = [BlockKey(1), BlockKey(2), BlockKey(3)];
+    let req = keys_req(&keys, &c);
+    let mut d = rule.decide(&req, &inv, &load, &AlwaysAvailable, T0);
+    assert_eq!(d.target().unwrap().endpoint, EndpointId(0));
+    let t = rule
+        .retry(&mut d, Leg::Endpoint, &req, &load, &AlwaysAvailable, T0)
+        .unwrap();
+    assert_eq!((d.source(), t.endpoint), (Source::KvExact, EndpointId(1)));
+    let s = rule.counters().snapshot();
+    let hits: u64 = s.endpoints.iter().map(|e| e.hits).sum();
+    assert_eq!(
+        (s.decisions, hits, s.predicted_blocks, s.retries),
+        (1, 1, 2, 1)
+    );
+    // A fallback decision retried (round robin): one fallback.
+    let miss = Request::new(PromptInput::Missing(MissReason::NoModel));
+    let mut d = rule.decide(&miss, &inv, &load, &AlwaysAvailable, T0);
+    rule.retry(&mut d, Leg::Endpoint, &miss, &load, &AlwaysAvailable, T0)
+        .unwrap();
+    assert_eq!(rule.counters().snapshot().fallbacks, 1);
+}
+
 #[test]
 fn open_breaker_filters_until_half_open() {
     let c = ContractId::new("c");

@@ -584,12 +584,20 @@ impl Rule {
 
     /// P/D prefix-trie affinity: the endpoint that prefilled most of this
     /// prompt's text recently, if eligible.
-    fn trie_pick(&self, eligible: &[bool], request: &Request<'_>, now: Duration) -> Option<usize> {
+    fn trie_pick(
+        &self,
+        eligible: &[bool],
+        request: &Request<'_>,
+        now: Duration,
+        first: bool,
+    ) -> Option<usize> {
         let m = request.text.and_then(|t| self.trie.lock().lookup(t, now))?;
         if !eligible.get(m.endpoint.index()).copied().unwrap_or(false) {
             return None;
         }
-        self.counters.trie_affinity();
+        if first {
+            self.counters.trie_affinity();
+        }
         Some(m.endpoint.index())
     }
 
@@ -660,7 +668,10 @@ impl Rule {
                         &mut d.reach,
                         index,
                     );
-                    self.counters.hit(index, predicted_blocks, diverted);
+                    // Once per decision (a retry's pick is the same decision).
+                    if first {
+                        self.counters.hit(index, predicted_blocks, diverted);
+                    }
                     Some(index)
                 }
                 ScorePick::Miss(_) => None,
@@ -674,12 +685,14 @@ impl Rule {
             {
                 if eligible(e) {
                     d.source = Source::SessionAffinity;
-                    self.counters.session_affinity();
+                    if first {
+                        self.counters.session_affinity();
+                    }
                     return Some(e.index());
                 }
             }
             if cfg.affinity.trie_before_kv {
-                if let Some(e) = self.trie_pick(&d.eligible, request, now) {
+                if let Some(e) = self.trie_pick(&d.eligible, request, now, first) {
                     d.source = Source::TrieAffinity;
                     return Some(e);
                 }
@@ -712,7 +725,10 @@ impl Rule {
                         &mut d.reach,
                         index,
                     );
-                    self.counters.hit(index, predicted_blocks, diverted);
+                    // Once per decision (a retry's pick is the same decision).
+                    if first {
+                        self.counters.hit(index, predicted_blocks, diverted);
+                    }
                     return Some(index);
                 }
                 ScorePick::Miss(reason) => {
@@ -725,7 +741,7 @@ impl Rule {
         }
         // The approximate trie decides only what the exact signal could not.
         if pd && !cfg.affinity.trie_before_kv {
-            if let Some(e) = self.trie_pick(&d.eligible, request, now) {
+            if let Some(e) = self.trie_pick(&d.eligible, request, now, first) {
                 d.source = Source::TrieAffinity;
                 return Some(e);
             }
@@ -744,7 +760,9 @@ impl Rule {
         );
         if picked.is_some() {
             d.source = Source::Fallback(kind);
-            self.counters.fallback();
+            if first {
+                self.counters.fallback();
+            }
         }
         picked
     }
