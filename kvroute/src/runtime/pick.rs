@@ -368,6 +368,11 @@ impl Pick {
             return untracked(response).await;
         }
         let mut ejections = shared.outliers.subscribe();
+        // Ejected since the decision: that change came before the
+        // subscription, which would not wake on it.
+        if shared.outliers.is_ejected(endpoint, shared.now()) {
+            return Err(Stall::Ejected);
+        }
         let Some(attempt) = shared.outliers.sent(endpoint, shared.now()) else {
             return untracked(response).await;
         };
@@ -877,6 +882,40 @@ mod tests {
                 std::time::Duration::from_millis(200)
             ))
         );
+    }
+
+    /// An endpoint ejected between the decision and the wait for its
+    /// headers gives the wait up at once (the ejection's notice came before
+    /// the wait subscribed to notices), not after the header timeout.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_endpoint_ejected_before_the_wait_is_given_up_at_once() {
+        let router = host_router(2)
+            .outlier_detection(kvroute_select::OutlierConfig {
+                consecutive_timeouts: 1,
+                stall_after: std::time::Duration::from_secs(60),
+                ..kvroute_select::OutlierConfig::default()
+            })
+            .header_timeouts(crate::HeaderTimeouts {
+                response: Some(std::time::Duration::from_secs(60)),
+                streamed: None,
+            })
+            .build()
+            .expect("router");
+        let keys: Vec<BlockKey> = (1..=8).map(BlockKey).collect();
+        let pick = router.pick_keys(&keys, 32).expect("pick");
+        let e = pick.decision().target().expect("target").endpoint;
+        let shared = &router.shared;
+        let a = shared.outliers.sent(e, shared.now()).expect("attempt");
+        super::outlier::timed_out(shared, e, a, shared.now());
+        assert!(shared.outliers.is_ejected(e, shared.now()));
+        let never = std::future::pending::<Result<(), ()>>();
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            pick.await_headers(Leg::Endpoint, never),
+        )
+        .await
+        .expect("given up before the header timeout");
+        assert_eq!(waited.err(), Some(crate::Stall::Ejected));
     }
 
     /// Failures of requests sent to an endpoint that has left since do not
