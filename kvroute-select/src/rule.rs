@@ -299,7 +299,7 @@ impl Rule {
         let ring = Ring::new(&config.endpoints, config.thresholds.chwbl_virtual_nodes);
         Ok(Self {
             counters: Arc::clone(&self.counters),
-            selector: SelectorState::new(ring, config.seed),
+            selector: self.selector.carried(ring, config.seed),
             decode_turns: Arc::clone(&self.decode_turns),
             tie_turns: Arc::clone(&self.tie_turns),
             burst: match (&self.burst, config.scorer.burst_window()) {

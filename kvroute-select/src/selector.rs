@@ -34,18 +34,38 @@ pub enum SelectorKind {
 }
 
 /// Per-rule selector state: counters only, so selection works through `&self`.
+/// The counters are shared with the rules rebuilt from this one.
 #[derive(Debug)]
 pub(crate) struct SelectorState {
-    turn: AtomicU64,
-    rng: AtomicU64,
+    turn: std::sync::Arc<AtomicU64>,
+    rng: std::sync::Arc<AtomicU64>,
+    seed: u64,
     pub(crate) ring: Ring,
 }
 
 impl SelectorState {
     pub(crate) fn new(ring: Ring, seed: u64) -> Self {
         Self {
-            turn: AtomicU64::new(0),
-            rng: AtomicU64::new(seed),
+            turn: std::sync::Arc::new(AtomicU64::new(0)),
+            rng: std::sync::Arc::new(AtomicU64::new(seed)),
+            seed,
+            ring,
+        }
+    }
+
+    /// The state of a rule rebuilt from this one over `ring`: the turn and
+    /// the random sequence carry on (a rebuild on every endpoint change
+    /// would otherwise send round robin back to the first endpoint and
+    /// replay the same draws); a new `seed` starts its own sequence.
+    pub(crate) fn carried(&self, ring: Ring, seed: u64) -> Self {
+        Self {
+            turn: std::sync::Arc::clone(&self.turn),
+            rng: if seed == self.seed {
+                std::sync::Arc::clone(&self.rng)
+            } else {
+                std::sync::Arc::new(AtomicU64::new(seed))
+            },
+            seed,
             ring,
         }
     }

@@ -206,6 +206,27 @@ fn retries_count_no_second_hit_or_fallback() {
     assert_eq!(rule.counters().snapshot().fallbacks, 1);
 }
 
+/// A rule rebuilt (an endpoint joined or left) carries its round-robin turn
+/// on: it does not start again at the first endpoint.
+#[test]
+fn a_rebuilt_rule_carries_its_round_robin_turn() {
+    let c = ContractId::new("c");
+    let mut cfg = converged(3, &c);
+    cfg.choice = Choice::RoundRobin;
+    let rule = Rule::new(cfg.clone(), None).unwrap();
+    let (inv, load) = (KeySetInventory::new(3), LoadTable::new(3));
+    let req = Request::new(PromptInput::Missing(MissReason::NoModel));
+    let pick = |rule: &Rule| {
+        rule.decide(&req, &inv, &load, &AlwaysAvailable, T0)
+            .target()
+            .unwrap()
+            .endpoint
+    };
+    assert_eq!((pick(&rule), pick(&rule)), (EndpointId(0), EndpointId(1)));
+    let rebuilt = rule.rebuild(cfg, None).unwrap();
+    assert_eq!(pick(&rebuilt), EndpointId(2));
+}
+
 #[test]
 fn open_breaker_filters_until_half_open() {
     let c = ContractId::new("c");
