@@ -42,7 +42,7 @@
 //!   reusable prefix). The decoder remembers the largest window across drains.
 
 use kvroute_core::{BlockKey, Medium, TokenId};
-use kvroute_ingest::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
+use kvroute_ingest::{BlockMoved, BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
 use serde_json::{Map, Value};
 
 use super::{DecodeError, DecodeStats};
@@ -529,6 +529,17 @@ impl TrtllmDecoder {
             let Some(r) = run.as_mut() else {
                 return Err("internal: no open run".into());
             };
+            // What TensorRT-LLM mixes into the block's key besides its
+            // tokens (the LoRA task, multimodal hashes, per-token extra
+            // ids): kept as the block's extra keys, so an attestor knows it
+            // cannot recompute the key from the tokens alone.
+            let extras = block_extras(b, tokens);
+            if extras.is_some() && r.extra_keys.len() < r.keys.len() {
+                r.extra_keys.resize(r.keys.len(), None);
+            }
+            if extras.is_some() || !r.extra_keys.is_empty() {
+                r.extra_keys.push(extras);
+            }
             r.keys.push(BlockKey(key.0));
             r.token_ids.reserve(tokens.len());
             for t in tokens {
@@ -592,6 +603,29 @@ fn hash(v: &Value) -> Result<BlockKey, String> {
         .ok_or_else(|| format!("block hash {v} is not a u64"))
 }
 
+/// A stored block's `lora_id`, `mm_keys` and tokens' `token_extra_id`, when
+/// it has any.
+fn block_extras(b: &Map<String, Value>, tokens: &[Value]) -> Option<Vec<ExtraKey>> {
+    let mut extras = Vec::new();
+    if let Some(id) = b.get("lora_id").and_then(Value::as_i64) {
+        extras.push(ExtraKey::Int(id));
+    }
+    if let Some(mm) = b
+        .get("mm_keys")
+        .and_then(Value::as_array)
+        .filter(|m| !m.is_empty())
+    {
+        extras.push(ExtraKey::Text(Value::Array(mm.clone()).to_string()));
+    }
+    let token_extra = tokens.iter().filter_map(|t| {
+        t.get("token_extra_id")
+            .and_then(Value::as_i64)
+            .filter(|id| *id != 0)
+    });
+    extras.extend(token_extra.map(ExtraKey::Int));
+    (!extras.is_empty()).then_some(extras)
+}
+
 fn token_id(t: &Value) -> Result<TokenId, String> {
     let id = match t {
         Value::Object(o) => o.get("token_id").and_then(Value::as_u64),
@@ -637,6 +671,54 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// A LoRA or multimodal block's key mixes in what its tokens do not say:
+    /// the block carries it as extra keys, so an attestor of the contract
+    /// leaves it unverified instead of counting a mismatch (which would
+    /// flag the endpoint's contract as wrong for good).
+    #[test]
+    fn lora_and_multimodal_blocks_carry_their_extras() {
+        let mut dec = TrtllmDecoder::new(4);
+        let mut stats = DecodeStats::default();
+        let body = r#"[{"event_id": 1, "window_size": 64, "data": {"type": "stored",
+            "parent_hash": null, "blocks": [
+              {"type": "stored_block", "block_hash": 11, "tokens": [1, 2, 3, 4], "lora_id": 3},
+              {"type": "stored_block", "block_hash": 12, "tokens": [5, 6, 7, 8], "lora_id": null},
+              {"type": "stored_block", "block_hash": 13, "tokens": [9, 10, 11, 12],
+               "mm_keys": [["abcd", 0]]}]}}]"#;
+        let batches = dec.decode_drain(body.as_bytes(), &mut stats).unwrap();
+        let [KvEvent::Stored(s)] = batches[0].events.as_slice() else {
+            panic!("{batches:?}");
+        };
+        assert_eq!(s.keys.len(), 3);
+        assert_eq!(
+            s.extra_keys,
+            vec![
+                Some(vec![ExtraKey::Int(3)]),
+                None,
+                Some(vec![ExtraKey::Text(r#"[["abcd",0]]"#.to_owned())]),
+            ]
+        );
+        let contract: kvroute_core::HashContract =
+            "trtllm@1.1.0:v1_block_key:block=4".parse().unwrap();
+        let attestor = kvroute_ingest::ContractAttestor::new(&contract).unwrap();
+        let index = kvroute_ingest::SharedIndex::new(1, kvroute_ingest::IndexConfig::default());
+        let mut ingest = kvroute_ingest::EndpointIngest::new(
+            kvroute_core::EndpointId(0),
+            kvroute_ingest::IngestConfig::default(),
+            kvroute_ingest::Keying::Engine,
+        )
+        .with_attestor(std::sync::Arc::new(attestor));
+        let _ = ingest.apply_batch(&batches[0], &index);
+        assert!(
+            !matches!(
+                ingest.contract_status(),
+                kvroute_ingest::ContractStatus::Mismatch { .. }
+            ),
+            "{:?}",
+            ingest.contract_status()
+        );
     }
 
     /// Golden flow 02 → 07: block 6281115329494198917 is stored on the GPU and then
