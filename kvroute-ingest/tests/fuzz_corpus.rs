@@ -3,28 +3,26 @@
 
 use std::path::PathBuf;
 
-#[test]
-fn seq_window_corpus_replays_cleanly() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/seq_window");
+/// Runs `target` on every file of `fuzz/corpus/<name>` (at least five).
+fn replay(name: &str, target: fn(&[u8])) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(name);
     let mut n = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
-        let data = std::fs::read(&path).unwrap();
-        kvroute_ingest::fuzzing::seq_window(&data);
+        target(&std::fs::read(&path).unwrap());
         n += 1;
     }
     assert!(n >= 5, "corpus at {} has {n} files", dir.display());
 }
 
 #[test]
+fn seq_window_corpus_replays_cleanly() {
+    replay("seq_window", kvroute_ingest::fuzzing::seq_window);
+}
+
+#[test]
 fn rekey_map_corpus_replays_cleanly() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/rekey_map");
-    let mut n = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let data = std::fs::read(&path).unwrap();
-        kvroute_ingest::fuzzing::rekey_map(&data);
-        n += 1;
-    }
-    assert!(n >= 5, "corpus at {} has {n} files", dir.display());
+    replay("rekey_map", kvroute_ingest::fuzzing::rekey_map);
 }

@@ -264,6 +264,16 @@ async fn hop_by_hop_headers_cross_in_neither_direction() {
     assert_eq!(resp.headers()["x-end"], "1");
 }
 
+/// A `POST` to `path` whose body serves an embedding or a completion.
+fn post(path: &str) -> http::Request<Full<bytes::Bytes>> {
+    http::Request::post(path)
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from_static(
+            br#"{"model": "m", "input": "x", "prompt": "x"}"#,
+        )))
+        .unwrap()
+}
+
 /// An unrouted request that is not idempotent (`POST /v1/embeddings`) taken
 /// by an engine that sends no headers in time is not sent again: the
 /// engine may have acted on it. The stall comes back, the other engine is
@@ -301,14 +311,6 @@ async fn a_stalled_unrouted_post_is_not_sent_again() {
         .spawn()
         .unwrap();
     let service = KvRouteLayer::new(router.clone()).layer(client());
-    let post = |path: &str| {
-        http::Request::post(path)
-            .header("content-type", "application/json")
-            .body(Full::new(bytes::Bytes::from_static(
-                br#"{"model": "m", "input": "x", "prompt": "x"}"#,
-            )))
-            .unwrap()
-    };
     // Round robin starts on the stuck engine.
     let err = service
         .clone()
@@ -350,14 +352,6 @@ async fn an_unrouted_answer_settles_no_receipt() {
         .unwrap();
     let service = KvRouteLayer::new(router.clone()).layer(client());
     let receipts = || -> u64 { router.counters().endpoints.iter().map(|e| e.receipts).sum() };
-    let post = |path: &str| {
-        http::Request::post(path)
-            .header("content-type", "application/json")
-            .body(Full::new(bytes::Bytes::from_static(
-                br#"{"model": "m", "input": "x", "prompt": "x"}"#,
-            )))
-            .unwrap()
-    };
     for (path, settled) in [("/v1/embeddings", 0), ("/v1/completions", 1)] {
         let response = service.clone().oneshot(post(path)).await.unwrap();
         assert!(response.status().is_success());

@@ -370,6 +370,7 @@ impl Model {
     }
 }
 
+/// The fuzz input, read a byte at a time (0 once it runs out).
 struct Bytes<'a>(&'a [u8]);
 
 impl Bytes<'_> {

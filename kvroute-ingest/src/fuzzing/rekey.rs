@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use kvroute_core::{BlockKey, EndpointId, Medium};
 
+use super::Bytes;
 use crate::event::{BlockMoved, BlockRemoved, BlockStored, EventBatch, KvEvent};
 use crate::index::{IndexConfig, SharedIndex};
 use crate::ingest::{EndpointIngest, IngestConfig, Keying};
@@ -247,19 +248,7 @@ pub fn run(batches: &[Vec<RekeyOp>]) {
     }
 }
 
-struct Bytes<'a>(&'a [u8]);
-
 impl Bytes<'_> {
-    fn next(&mut self) -> Option<u8> {
-        let (first, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(*first)
-    }
-
-    fn byte(&mut self) -> u8 {
-        self.next().unwrap_or(0)
-    }
-
     fn key(&mut self) -> u64 {
         u64::from(self.byte()) % KEYS
     }
@@ -268,7 +257,7 @@ impl Bytes<'_> {
         usize::from(self.byte()) % Medium::ALL.len()
     }
 
-    fn keys(&mut self) -> Vec<u64> {
+    fn engine_keys(&mut self) -> Vec<u64> {
         let n = 1 + self.byte() % 3;
         (0..n).map(|_| self.key()).collect()
     }
@@ -286,13 +275,13 @@ pub fn rekey_map(data: &[u8]) {
                     key: b.key(),
                     tier: b.tier(),
                     untokenized: if b.byte() % 4 == 0 {
-                        b.keys()
+                        b.engine_keys()
                     } else {
                         Vec::new()
                     },
                 },
-                3 => RekeyOp::Copy(b.keys(), b.tier()),
-                4 | 5 => RekeyOp::Remove(b.keys(), b.tier()),
+                3 => RekeyOp::Copy(b.engine_keys(), b.tier()),
+                4 | 5 => RekeyOp::Remove(b.engine_keys(), b.tier()),
                 6 => RekeyOp::Move(b.key(), b.tier(), b.tier()),
                 _ => RekeyOp::Clear,
             })
