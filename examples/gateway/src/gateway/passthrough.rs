@@ -62,7 +62,7 @@ pub async fn forward(gw: &Arc<Gateway>, rt: &Arc<RuleRuntime>, req: Forward<'_>)
         };
         let sent = gw
             .client
-            .send_within(
+            .send(
                 wait,
                 &ep.base,
                 req.method.clone(),

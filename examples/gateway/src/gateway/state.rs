@@ -186,7 +186,6 @@ impl Gateway {
             rules: RwLock::new(BTreeMap::new()),
             client: UpstreamClient::new(
                 config.limits.connect_timeout(),
-                config.limits.response_header_timeout(),
                 config.limits.upstream_pool_idle(),
             ),
             metrics: GatewayMetrics::default(),

@@ -79,18 +79,16 @@ impl UpstreamError {
 #[derive(Clone, Debug)]
 pub struct UpstreamClient {
     client: Client<HttpConnector, Full<Bytes>>,
-    header_timeout: Duration,
 }
 
 /// Copies end-to-end headers ([`kvroute::headers::copy_end_to_end`]).
 pub use kvroute::headers::copy_end_to_end as copy_headers;
 
 impl UpstreamClient {
-    /// A client with a TCP connect timeout, a response-header timeout
-    /// (from sending the request to the upstream's status line and headers)
-    /// and how long an idle connection is kept for reuse.
+    /// A client with a TCP connect timeout and how long an idle connection
+    /// is kept for reuse (each request says how long it waits for headers).
     #[must_use]
-    pub fn new(connect_timeout: Duration, header_timeout: Duration, pool_idle: Duration) -> Self {
+    pub fn new(connect_timeout: Duration, pool_idle: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(connect_timeout));
         connector.set_nodelay(true);
@@ -98,44 +96,18 @@ impl UpstreamClient {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(pool_idle)
             .build(connector);
-        Self {
-            client,
-            header_timeout,
-        }
+        Self { client }
     }
 
-    /// Sends `body` to `base` + `path_and_query` and waits up to the
-    /// response-header timeout for the answer's headers. Only the configured
-    /// `base` decides where the request goes: the client's `Host` and any
-    /// absolute URI were discarded before.
+    /// Sends `body` to `base` + `path_and_query` and waits up to `wait`
+    /// for the answer's headers (the response-header timeout, or a streamed
+    /// request's shorter one). Only the configured `base` decides where the
+    /// request goes: the client's `Host` and any absolute URI were
+    /// discarded before.
     ///
     /// # Errors
     /// [`UpstreamError`]; `Connect` means nothing reached the engine.
     pub async fn send(
-        &self,
-        base: &Uri,
-        method: Method,
-        path_and_query: &str,
-        headers: &HeaderMap,
-        body: Bytes,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        self.send_within(
-            self.header_timeout,
-            base,
-            method,
-            path_and_query,
-            headers,
-            body,
-        )
-        .await
-    }
-
-    /// [`UpstreamClient::send`] waiting at most `wait` for the headers (a
-    /// streamed request's shorter limit).
-    ///
-    /// # Errors
-    /// [`UpstreamError`]; `Connect` means nothing reached the engine.
-    pub async fn send_within(
         &self,
         wait: Duration,
         base: &Uri,
