@@ -239,7 +239,10 @@ impl PrefillDrain {
         if let Some(s) = st.slots.get_mut(endpoint) {
             let b = drained(s, now_us, rate, capacity);
             s.backlog = b + f64::from(tokens);
-            s.backlog_at_us = now_us;
+            // A charge whose clock was read before the last read (hosts
+            // read it before tokenizing) must not move the backlog's time
+            // back: that span would drain twice.
+            s.backlog_at_us = now_us.max(s.backlog_at_us);
             s.charged = s.charged.saturating_add(u64::from(tokens));
         }
     }
@@ -561,6 +564,41 @@ mod tests {
             err_drain * 3 < err_tracker,
             "drain error {err_drain} vs tracker {err_tracker}"
         );
+    }
+
+    /// A charge whose clock reading is older than the backlog's last read
+    /// (decisions read the clock before tokenizing) leaves the backlog's
+    /// time where it is: read later, it equals the same charge made in order.
+    #[test]
+    fn a_late_charge_does_not_move_the_backlog_time_back() {
+        let backlog_after = |charge_at: u64| {
+            let drain = PrefillDrain::new(1);
+            // A serial engine at 20 tokens per ms, busy for seconds.
+            for i in 0..400u64 {
+                let mut loads = [EndpointLoad {
+                    in_flight: 1,
+                    queued_prefill_tokens: 2000,
+                }];
+                observe_alone(&drain, ms(i * 100), &mut loads);
+                drain.charge(0, 2000, ms(i * 100), 1);
+            }
+            assert!(drain.rate_per_s().is_some());
+            let mut loads = [EndpointLoad {
+                in_flight: 1,
+                queued_prefill_tokens: 2000,
+            }];
+            observe_alone(&drain, ms(40_000), &mut loads);
+            drain.charge(0, 10_000, ms(charge_at), 1);
+            let mut loads = [EndpointLoad {
+                in_flight: 2,
+                queued_prefill_tokens: 12_000,
+            }];
+            observe_alone(&drain, ms(40_010), &mut loads);
+            loads[0].queued_prefill_tokens
+        };
+        let (late, in_order) = (backlog_after(39_950), backlog_after(40_000));
+        assert!(in_order < 12_000, "the model drains: {in_order}");
+        assert_eq!(late, in_order);
     }
 
     /// A view whose engine reports its prefill counters.
