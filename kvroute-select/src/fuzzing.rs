@@ -533,8 +533,8 @@ pub fn replica_sync(data: &[u8]) {
                 // never heard of changes nothing).
                 let origin = 1 + u64::from(x >> 1) % (ids + 1);
                 let seq = u64::from(b.next());
-                table.set_retiring(origin, x & 1 == 1, seq);
-                model.set_retiring(origin, x & 1 == 1, seq);
+                table.set_retiring(origin, x & 1 == 1, seq, now);
+                model.set_retiring(origin, x & 1 == 1, seq, now);
             }
             _ => {
                 // Forged: anything a misbehaving publisher could send.

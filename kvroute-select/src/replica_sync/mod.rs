@@ -371,8 +371,9 @@ struct Origin {
     id: u64,
     /// Its newest news said it decides no more ([`RemoteLoad::set_retiring`]).
     retiring: bool,
-    /// The sequence number of the news that set `retiring`.
+    /// The sequence number of the news that set `retiring`, and when.
     retiring_seq: u64,
+    retiring_at: Duration,
     last_heard: Duration,
     /// Highest sequence number applied from this origin.
     max_seq: u64,
@@ -496,6 +497,7 @@ impl RemoteLoad {
                     id: d.origin,
                     retiring: false,
                     retiring_seq: 0,
+                    retiring_at: now,
                     last_heard: now,
                     max_seq: 0,
                     entries: vec![Entry::default(); self.cfg.endpoints].into_boxed_slice(),
@@ -668,17 +670,19 @@ impl RemoteLoad {
     /// as retiring. Its load keeps counting until they end (or it goes
     /// silent for the TTL), but it is not one of the [`RemoteLoad::deciders`]
     /// while its newest news says so; an older message applied late (news
-    /// for another endpoint) changes nothing. Nothing happens for an origin
-    /// the table does not keep.
-    pub fn set_retiring(&self, origin: u64, retiring: bool, seq: u64) {
+    /// for another endpoint) changes nothing, unless what set the flag is
+    /// older than the TTL at `now` (a forged sequence number of 2^64 − 1
+    /// must not freeze it while the origin lives). Nothing happens for an
+    /// origin the table does not keep.
+    pub fn set_retiring(&self, origin: u64, retiring: bool, seq: u64, now: Duration) {
+        let ttl = self.cfg.ttl;
         let mut inner = self.inner.write();
-        if let Some(o) = inner
-            .origins
-            .iter_mut()
-            .find(|o| o.id == origin && seq >= o.retiring_seq)
-        {
+        if let Some(o) = inner.origins.iter_mut().find(|o| {
+            o.id == origin && (seq >= o.retiring_seq || now.saturating_sub(o.retiring_at) > ttl)
+        }) {
             o.retiring = retiring;
             o.retiring_seq = seq;
+            o.retiring_at = now;
         }
     }
 

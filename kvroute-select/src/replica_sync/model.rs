@@ -26,6 +26,7 @@ struct Origin {
     /// Its newest news said it decides no more, and that news' sequence number.
     retiring: bool,
     retiring_seq: u64,
+    retiring_at: Duration,
     last_heard: Duration,
     /// Highest sequence number applied since the table last took it in
     /// (kept after it is forgotten).
@@ -118,6 +119,7 @@ impl Model {
             o.kept = true;
             o.retiring = false;
             o.retiring_seq = 0;
+            o.retiring_at = now;
             o.last_heard = now;
             o.max_seq = 0;
             o.entries.clear();
@@ -238,15 +240,16 @@ impl Model {
     }
 
     /// Whether a kept origin still decides, as its news up to `seq` says
-    /// (older news than what set it changes nothing).
-    pub(crate) fn set_retiring(&mut self, origin: u64, retiring: bool, seq: u64) {
-        if let Some(o) = self
-            .origins
-            .get_mut(&origin)
-            .filter(|o| o.kept && seq >= o.retiring_seq)
-        {
+    /// (older news than what set it changes nothing, unless that was set
+    /// more than a TTL before `now`).
+    pub(crate) fn set_retiring(&mut self, origin: u64, retiring: bool, seq: u64, now: Duration) {
+        let ttl = self.cfg.ttl;
+        if let Some(o) = self.origins.get_mut(&origin).filter(|o| {
+            o.kept && (seq >= o.retiring_seq || now.saturating_sub(o.retiring_at) > ttl)
+        }) {
             o.retiring = retiring;
             o.retiring_seq = seq;
+            o.retiring_at = now;
         }
     }
 

@@ -500,3 +500,27 @@ fn a_reused_slot_announces_its_new_endpoints_charges_only() {
     // The tracker's own counter goes on (its drain model reads the slot).
     assert_eq!(t.charged_tokens(EndpointId(0)), 1_000_100);
 }
+
+/// A forged message naming a live replica as retiring with sequence number
+/// 2^64 − 1 holds for one TTL, not for as long as the replica lives: its
+/// real news, older by number, takes over once the forgery is older than
+/// the TTL.
+#[test]
+fn a_forged_retiring_flag_holds_for_one_ttl_only() {
+    let r = table(2, 4);
+    let s = Duration::from_secs;
+    assert_eq!(r.apply(&delta(9, 1, 0, 1), s(1)), Applied::Applied);
+    r.set_retiring(9, false, 1, s(1));
+    assert_eq!(r.deciders(s(1)).count, 2);
+    // The forgery: news for another endpoint, numbered 2^64 − 1.
+    assert_eq!(r.apply(&delta(9, u64::MAX, 1, 0), s(1)), Applied::Applied);
+    r.set_retiring(9, true, u64::MAX, s(1));
+    assert_eq!(r.deciders(s(1)).count, 1);
+    // The replica's own news, every second.
+    for t in 2..=5 {
+        assert_eq!(r.apply(&delta(9, t, 0, 1), s(t)), Applied::Applied);
+        r.set_retiring(9, false, t, s(t));
+        let want = if t <= 3 { 1 } else { 2 };
+        assert_eq!(r.deciders(s(t)).count, want, "at {t} s");
+    }
+}

@@ -306,7 +306,7 @@ impl ReplicaState {
         // of the origin now.
         if applied > 0 {
             self.remote
-                .set_retiring(batch.origin, batch.retiring, newest);
+                .set_retiring(batch.origin, batch.retiring, newest, now);
             // The drain model times the other replica's charges from their
             // arrival.
             let view = RouterView::new(shared, now);
