@@ -348,8 +348,17 @@ fn usage_rewrite(options: &PromptOptions, value: Option<&PyValue>, body: &[u8]) 
     }
 }
 
-/// `"stream": true` in a parsed body.
-fn streamed(value: Option<&PyValue>) -> bool {
+/// `"stream": true` in a parsed body: the request is answered as a stream
+/// (its headers come at once, and the stream header timeout applies).
+///
+/// ```
+/// use kvroute_engines::prompt::parse_json_fields;
+/// let v = parse_json_fields(br#"{"model": "m", "stream": true}"#, &["model", "stream"]).ok();
+/// assert!(kvroute::prompt::streamed(v.as_ref()));
+/// assert!(!kvroute::prompt::streamed(None));
+/// ```
+#[must_use]
+pub fn streamed(value: Option<&PyValue>) -> bool {
     value
         .and_then(PyValue::as_dict)
         .is_some_and(|d| matches!(d.get("stream"), Some(PyValue::Bool(true))))

@@ -274,7 +274,6 @@ async fn a_streamed_pass_through_request_gets_the_stream_header_timeout() {
         &[a],
         "response_header_timeout_ms = 15000\nstream_header_timeout_ms = 300",
     ));
-    let started = std::time::Instant::now();
     let resp = client()
         .post(gw.url("/v1/responses"))
         .json(&serde_json::json!({"model": MODEL, "input": "hello", "stream": true}))
@@ -282,11 +281,9 @@ async fn a_streamed_pass_through_request_gets_the_stream_header_timeout() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 504);
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "waited {:?}: the non-streamed limit",
-        started.elapsed()
-    );
+    let v: Value = resp.json().await.unwrap();
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("within 300ms"), "{v}");
     assert_eq!(seen.received.load(Ordering::SeqCst), 1);
 }
 

@@ -36,22 +36,18 @@ pub fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Resp
     (status, axum::Json(body)).into_response()
 }
 
-/// The `model` of a pass-through body, if it is JSON naming one (parsed on the
-/// blocking pool: bodies can be megabytes).
+/// The `model` of a pass-through body, if it is JSON naming one, and whether
+/// it asks for a stream (parsed on the blocking pool: bodies can be
+/// megabytes).
 async fn model_only(body: &Bytes) -> (Option<String>, bool) {
     if body.is_empty() {
         return (None, false);
     }
     let body = body.clone();
     tokio::task::spawn_blocking(move || {
-        let Ok(value) = parse_json_fields(&body, &["model", "stream"]) else {
-            return (None, false);
-        };
-        let streamed = value
-            .as_dict()
-            .and_then(|d| d.get("stream"))
-            .is_some_and(|s| matches!(s, kvroute_engines::prompt::PyValue::Bool(true)));
-        (model_of(&value).map(str::to_owned), streamed)
+        let value = parse_json_fields(&body, &["model", "stream"]).ok();
+        let model = value.as_ref().and_then(|v| model_of(v).map(str::to_owned));
+        (model, kvroute::prompt::streamed(value.as_ref()))
     })
     .await
     .unwrap_or((None, false))
