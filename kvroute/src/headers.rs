@@ -1,7 +1,9 @@
 //! The end-to-end headers of a proxied HTTP message (RFC 9110 §7.6.1): what
 //! a host forwards between the client and the engine, in both directions.
 
-use http::header::{HeaderMap, HeaderName, CONNECTION, CONTENT_LENGTH, HOST};
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, ACCEPT_ENCODING, CONNECTION, CONTENT_LENGTH, HOST,
+};
 
 /// Headers that describe one hop and are never forwarded.
 const HOP_BY_HOP: [&str; 9] = [
@@ -53,4 +55,26 @@ pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap, skip_length: bool) 
         }
         to.append(name.clone(), value.clone());
     }
+}
+
+/// Copies a client request's end-to-end headers to the request forwarded to
+/// an engine ([`copy_end_to_end`], without `Content-Length`: the host sends
+/// the body with a length of its own), asking for an uncompressed answer
+/// (`Accept-Encoding: identity`): the receipt scanner reads the answer's
+/// usage, which a compressed answer hides. Uncompressed is an answer every
+/// client accepts.
+///
+/// ```
+/// use http::HeaderMap;
+/// let mut from = HeaderMap::new();
+/// from.insert("accept-encoding", "gzip, br".parse().unwrap());
+/// from.insert("authorization", "Bearer k".parse().unwrap());
+/// let mut to = HeaderMap::new();
+/// kvroute::headers::copy_to_engine(&from, &mut to);
+/// assert_eq!(to["accept-encoding"], "identity");
+/// assert_eq!(to["authorization"], "Bearer k");
+/// ```
+pub fn copy_to_engine(from: &HeaderMap, to: &mut HeaderMap) {
+    copy_end_to_end(from, to, true);
+    to.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
 }

@@ -59,13 +59,36 @@ pub enum BodyKind {
 
 impl BodyKind {
     /// The kind a response's `Content-Type` announces (SSE for
-    /// `text/event-stream`, JSON otherwise).
+    /// `text/event-stream`, JSON otherwise); [`BodyKind::Opaque`] for an
+    /// answer with a `Content-Encoding` (compressed: its usage cannot be
+    /// read, so nothing is buffered for it).
+    ///
+    /// ```
+    /// use kvroute::receipt::BodyKind;
+    /// let mut h = http::HeaderMap::new();
+    /// h.insert("content-type", "Text/Event-Stream; charset=utf-8".parse().unwrap());
+    /// assert_eq!(BodyKind::of(&h), BodyKind::Sse);
+    /// h.insert("content-encoding", "gzip".parse().unwrap());
+    /// assert_eq!(BodyKind::of(&h), BodyKind::Opaque);
+    /// ```
     #[must_use]
     pub fn of(headers: &http::HeaderMap) -> Self {
+        let encoded = headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"));
+        if encoded {
+            return Self::Opaque;
+        }
+        // Media types are case-insensitive (RFC 9110 §8.3.1).
         let sse = headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
+            .and_then(|ct| ct.trim_start().get(..17))
+            .is_some_and(|ct| ct.eq_ignore_ascii_case("text/event-stream"));
         if sse {
             Self::Sse
         } else {

@@ -134,7 +134,7 @@ fn upstream_request(
         .method(method.clone())
         .uri(format!("{url}{path_and_query}"));
     if let Some(h) = b.headers_mut() {
-        crate::headers::copy_end_to_end(headers, h, true);
+        crate::headers::copy_to_engine(headers, h);
         h.insert(header::CONTENT_LENGTH, body.len().into());
     }
     b.body(Full::new(body))

@@ -363,3 +363,63 @@ async fn an_unrouted_answer_settles_no_receipt() {
         assert_eq!(receipts(), settled, "{path}");
     }
 }
+
+/// An engine behind a compressing proxy (nginx's `gzip on`) compresses its
+/// answer when the request accepts it, which hides the usage block from the
+/// receipt scanner. The layer asks for an uncompressed answer whatever the
+/// client accepts, so the receipt settles; an answer compressed anyway is
+/// passed through intact and unscanned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_is_asked_for_an_answer_the_receipt_can_read() {
+    use std::io::{Read, Write};
+    const ANSWER: &[u8] =
+        br#"{"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 3}}}"#;
+    let gzip = |b: &[u8]| {
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(b).unwrap();
+        z.finish().unwrap()
+    };
+    for always in [false, true] {
+        let router = KvRouter::builder_without_contract()
+            .choice(kvroute::Choice::RoundRobin)
+            .endpoint(Backend::vllm(engine(false).await))
+            .no_engine_load()
+            .no_health_probes()
+            .spawn()
+            .unwrap();
+        let accepted = std::sync::Arc::new(parking_lot::Mutex::new(None));
+        let record = std::sync::Arc::clone(&accepted);
+        let inner = tower::service_fn(move |req: http::Request<Full<bytes::Bytes>>| {
+            let accepts = req.headers().get("accept-encoding").cloned();
+            *record.lock() = accepts.clone();
+            let compress = always || accepts.is_some_and(|v| v.to_str().unwrap().contains("gzip"));
+            let b = http::Response::builder().header("content-type", "application/json");
+            let response = if compress {
+                b.header("content-encoding", "gzip")
+                    .body(Full::new(bytes::Bytes::from(gzip(ANSWER))))
+            } else {
+                b.body(Full::new(bytes::Bytes::from_static(ANSWER)))
+            };
+            async move { Ok::<_, std::io::Error>(response.unwrap()) }
+        });
+        let service = KvRouteLayer::new(router.clone()).layer(inner);
+        let mut req = post("/v1/completions");
+        req.headers_mut()
+            .insert("accept-encoding", "gzip, deflate".parse().unwrap());
+        let response = service.oneshot(req).await.unwrap();
+        let encoded = response.headers().contains_key("content-encoding");
+        let body = read_all(response.into_body()).await;
+        let mut plain = Vec::new();
+        if encoded {
+            flate2::read::GzDecoder::new(&body[..])
+                .read_to_end(&mut plain)
+                .unwrap();
+        } else {
+            plain = body.to_vec();
+        }
+        assert_eq!(plain, ANSWER, "always compressed: {always}");
+        assert_eq!(accepted.lock().clone().unwrap(), "identity");
+        let receipts: u64 = router.counters().endpoints.iter().map(|e| e.receipts).sum();
+        assert_eq!(receipts, u64::from(!always), "always compressed: {always}");
+    }
+}

@@ -103,7 +103,8 @@ impl UpstreamClient {
     /// for the answer's headers (the response-header timeout, or a streamed
     /// request's shorter one). Only the configured `base` decides where the
     /// request goes: the client's `Host` and any absolute URI were
-    /// discarded before.
+    /// discarded before. The engine is asked for an uncompressed answer
+    /// ([`kvroute::headers::copy_to_engine`]).
     ///
     /// # Errors
     /// [`UpstreamError`]; `Connect` means nothing reached the engine.
@@ -152,7 +153,7 @@ impl UpstreamClient {
             .uri(uri)
             .body(Full::new(body))
             .map_err(|e| UpstreamError::Build(e.to_string()))?;
-        copy_headers(headers, req.headers_mut(), true);
+        kvroute::headers::copy_to_engine(headers, req.headers_mut());
         if let Ok(h) = HeaderValue::from_str(authority.as_str()) {
             req.headers_mut().insert(HOST, h);
         }

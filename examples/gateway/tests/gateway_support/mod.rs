@@ -467,6 +467,7 @@ pub async fn echo_upstream() -> SocketAddr {
             "path": parts.uri.path(),
             "host": header("host"),
             "authorization": header("authorization"),
+            "accept-encoding": header("accept-encoding"),
             "len": body.len(),
             "usage": {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}},
         }))
