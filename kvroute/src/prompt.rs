@@ -368,6 +368,19 @@ pub fn streamed(value: Option<&PyValue>) -> bool {
 /// its model gets from `host` (CPU work: run it on the blocking pool, as
 /// [`prepare_admitted`] does). Never fails: every problem is a typed miss.
 pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> PreparedPrompt {
+    prepare_within(host, api, body, usize::MAX)
+        .unwrap_or_else(|| PreparedPrompt::missed(None, MissReason::PromptTooLong))
+}
+
+/// [`prepare`] with the prompt's characters bounded by `max_chars` as well
+/// as by the options' limit; `None` when the prompt is over `max_chars` but
+/// not over the options' limit (the caller prepares it without the bound).
+fn prepare_within<H: PromptHost + ?Sized>(
+    host: &H,
+    api: ApiKind,
+    body: &[u8],
+    max_chars: usize,
+) -> Option<PreparedPrompt> {
     let value = prompt::parse_json(body).ok();
     let model = value
         .as_ref()
@@ -388,13 +401,14 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
         p
     };
     let Some(value) = value else {
-        return no_ids(PreparedPrompt::missed(None, MissReason::NotJson));
+        return Some(no_ids(PreparedPrompt::missed(None, MissReason::NotJson)));
     };
     let Some(m) = &model else {
-        return no_ids(PreparedPrompt::missed(None, MissReason::NoModel));
+        return Some(no_ids(PreparedPrompt::missed(None, MissReason::NoModel)));
     };
+    let bounded = max_chars < options.max_prompt_chars;
     let limits = PromptLimits {
-        max_chars: options.max_prompt_chars,
+        max_chars: options.max_prompt_chars.min(max_chars),
     };
     let extras_of = |salt: Option<&str>| RequestExtras {
         cache_salt: salt.map(str::to_owned),
@@ -453,6 +467,7 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
                 turn: kvroute_select::Turn::NONE,
             }
         }
+        Err(prompt::PromptError::PromptTooLong { .. }) if bounded => return None,
         Err(e) => {
             tracing::debug!(kind = e.kind(), "no prompt tokens");
             PreparedPrompt::missed(model, e.reason())
@@ -472,7 +487,7 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
     }
     out.rewritten = rewritten;
     out.streamed = is_streamed;
-    out
+    Some(out)
 }
 
 /// Bodies up to this size are prepared on the calling task when a permit is
@@ -482,6 +497,13 @@ pub fn prepare<H: PromptHost + ?Sized>(host: &H, api: ApiKind, body: &[u8]) -> P
 /// to the blocking pool and back; even an 8 KiB body nobody has sent before
 /// (~2 K tokens) is ~0.7 ms with that path.
 pub const INLINE_PREPARE_BYTES: usize = 8192;
+
+/// The most characters a prompt prepared on the calling task may have: a
+/// chat template can make a small body a long prompt (one that pretty-prints
+/// a request's deeply nested tool schema writes hundreds of bytes per byte
+/// of it), and tokenizing that on the calling task would hold up everything
+/// else it runs. A prompt over it is prepared again on the blocking pool.
+pub const INLINE_PROMPT_CHARS: usize = 4 * INLINE_PREPARE_BYTES;
 
 /// [`prepare`] on the blocking pool behind `handle`, admitted first by
 /// `admission` (at most so many tokenizations and bytes at once; a request
@@ -503,12 +525,21 @@ pub async fn prepare_admitted<H: PromptHost + Send + Sync + 'static>(
     if body.is_empty() {
         return PreparedPrompt::missed(None, MissReason::NoModel);
     }
+    let mut inline = None;
     if body.len() <= INLINE_PREPARE_BYTES {
-        if let Some(_permit) = admission.try_take(body.len()) {
-            return prepare(&**host, api, body);
+        if let Some(permit) = admission.try_take(body.len()) {
+            match prepare_within(&**host, api, body, INLINE_PROMPT_CHARS) {
+                Some(p) => return p,
+                // Its template made it a long prompt: prepared on the
+                // blocking pool, under the permit it holds.
+                None => inline = Some(permit),
+            }
         }
     }
-    let permit = admission.admit(body.len(), overload, wait).await;
+    let permit = match inline {
+        Some(permit) => Some(permit),
+        None => admission.admit(body.len(), overload, wait).await,
+    };
     let host = Arc::clone(host);
     let body = body.clone();
     let job = match permit {

@@ -105,3 +105,57 @@ async fn a_small_body_is_prepared_inline_and_a_large_one_on_the_pool() {
     let s = r.tokenize_counters();
     assert_eq!((s.admitted, s.overloaded, s.in_flight), (2, 0, 0));
 }
+
+/// A small body whose chat template makes it a long prompt (one that
+/// pretty-prints a deeply nested tool schema writes hundreds of bytes per
+/// byte of it) is not tokenized on the calling task: past
+/// `INLINE_PROMPT_CHARS` it goes to the blocking pool under the permit it
+/// took, and is tokenized there in full.
+#[tokio::test(flavor = "current_thread")]
+async fn a_small_body_that_renders_a_long_prompt_goes_to_the_pool() {
+    let staged = std::env::temp_dir().join(format!("kvroute-inline-bound-{}", std::process::id()));
+    std::fs::create_dir_all(&staged).unwrap();
+    for f in ["tokenizer.json.gz", "tokenizer_config.json"] {
+        std::fs::copy(model_dir().join(f), staged.join(f)).unwrap();
+    }
+    std::fs::write(
+        staged.join("chat_template.jinja"),
+        "{% for t in tools %}{{ t | tojson(indent=4) }}{% endfor %}\
+         {% for m in messages %}{{ m.content }}{% endfor %}",
+    )
+    .unwrap();
+    let r = KvRouter::builder(CONTRACT.parse().unwrap())
+        .model(MODEL, &staged)
+        .endpoint(Backend::vllm(format!("http://127.0.0.1:{}", closed_port())))
+        .spawn()
+        .unwrap();
+    let depth = 40;
+    let nested = format!(
+        "{}{}{}",
+        "[".repeat(depth),
+        vec!["0"; 400].join(","),
+        "]".repeat(depth)
+    );
+    let body = bytes::Bytes::from(format!(
+        r#"{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}],
+            "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {{"a": {nested}}}}}}}]}}"#
+    ));
+    assert!(body.len() <= kvroute::prompt::INLINE_PREPARE_BYTES);
+    let mut pick = std::pin::pin!(r.pick(ApiKind::Chat, &body));
+    let first = std::future::poll_fn(|cx| Poll::Ready(pick.as_mut().poll(cx))).await;
+    if let Poll::Ready(p) = first {
+        let d = p.unwrap().decision().clone();
+        panic!(
+            "prepared on the calling task: {:?}, {} tokens",
+            d.miss(),
+            d.prompt_tokens()
+        );
+    }
+    let p = pick.await.unwrap();
+    // Tokenized in full, not refused as too long.
+    assert_ne!(p.decision().miss(), Some(MissReason::PromptTooLong));
+    assert!(p.decision().prompt_tokens() > 1_000);
+    let s = r.tokenize_counters();
+    assert_eq!((s.admitted, s.in_flight), (1, 0));
+    let _ = std::fs::remove_dir_all(&staged);
+}

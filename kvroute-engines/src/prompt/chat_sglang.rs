@@ -31,7 +31,7 @@
 use super::error::PromptError;
 use super::pyvalue::{parse_json_str, PyDict, PyValue};
 use super::request::ChatRequest;
-use super::template::{ChatTemplate, ContentFormat, TemplateInput};
+use super::template::{ChatTemplate, ContentFormat, TemplateError, TemplateInput};
 
 /// The roles of SGLang's generic message model (`_GenericMessageRole`).
 const GENERIC_ROLES: &[&str] = &[
@@ -579,9 +579,11 @@ fn template_tools(
 pub(crate) fn render(
     template: &ChatTemplate,
     input: TemplateInput,
+    max_bytes: usize,
 ) -> Result<(TemplateInput, String), PromptError> {
-    match template.render(&input) {
+    match template.render_limited(&input, max_bytes) {
         Ok(r) => Ok((input, r)),
+        Err(e @ TemplateError::OutputTooLong(_)) => Err(e.into()),
         Err(_) if input.tools.is_some() => {
             let mut flat = input;
             flat.tools = flat.tools.map(|tools| {
@@ -596,7 +598,7 @@ pub(crate) fn render(
                     })
                     .collect()
             });
-            let r = template.render(&flat)?;
+            let r = template.render_limited(&flat, max_bytes)?;
             Ok((flat, r))
         }
         Err(e) => Err(e.into()),

@@ -91,7 +91,7 @@ fn render_len(chat: &super::ChatRequest) -> usize {
             .and_then(|input| t.render(&input).ok()),
         Dialect::Sglang => super::chat_sglang::template_input(chat, t)
             .ok()
-            .and_then(|s| super::chat_sglang::render(t, s.input).ok())
+            .and_then(|s| super::chat_sglang::render(t, s.input, usize::MAX).ok())
             .map(|(_, r)| r),
     };
     rendered.map_or(0, |s| s.len())

@@ -71,6 +71,7 @@ mod parallel;
 mod pipeline;
 mod pyjson;
 mod pyvalue;
+mod render_budget;
 mod request;
 mod span_cache;
 mod template;
@@ -178,15 +179,11 @@ impl PromptLimits {
         }
     }
 
-    /// Adds `text`'s characters to `total` and checks the limit; counting only
-    /// happens when the byte length could exceed it (chars ≤ bytes).
+    /// Adds `text`'s characters to `total` and checks the limit. Characters,
+    /// not bytes, also while far from the limit: a prompt of several strings
+    /// is judged by all of them together.
     fn add(self, total: &mut usize, text: &str) -> Result<(), PromptError> {
-        let chars = if total.saturating_add(text.len()) <= self.max_chars {
-            text.len()
-        } else {
-            text.chars().count()
-        };
-        *total = total.saturating_add(chars);
+        *total = total.saturating_add(text.chars().count());
         self.check(*total)
     }
 }
@@ -282,7 +279,19 @@ pub(crate) fn prompt_tokens_encoded(
             chat.messages
                 .iter()
                 .try_for_each(|m| add_strings(limits, &mut chars, m))?;
-            let (_, mut rendered, prefix) = render_chat_parts(tok, chat)?;
+            // A rendered prompt over `max_chars` is refused: past four bytes
+            // a character it is, whatever it holds, so the rendering stops
+            // there (a template's output is not bounded by its input).
+            let max_bytes = limits.max_chars.saturating_mul(4);
+            let (_, mut rendered, prefix) =
+                render_chat_parts(tok, chat, max_bytes).map_err(|e| match e {
+                    PromptError::Template(TemplateError::OutputTooLong(_)) => {
+                        PromptError::PromptTooLong {
+                            limit: limits.max_chars,
+                        }
+                    }
+                    e => e,
+                })?;
             limits.add(&mut 0, &rendered)?;
             let mut ids = encode(
                 common.cache_salt.as_deref(),
@@ -365,28 +374,30 @@ pub fn render_chat(
     tok: &ModelTokenizer,
     chat: &ChatRequest,
 ) -> Result<(TemplateInput, String), PromptError> {
-    let (input, mut rendered, prefix) = render_chat_parts(tok, chat)?;
+    let (input, mut rendered, prefix) = render_chat_parts(tok, chat, usize::MAX)?;
     if let Some(prefix) = prefix {
         rendered.push_str(&prefix);
     }
     Ok((input, rendered))
 }
 
-/// [`render_chat`] with SGLang's continued assistant text apart.
+/// [`render_chat`] with SGLang's continued assistant text apart, the
+/// rendering stopped past `max_bytes` ([`ChatTemplate::render_limited`]).
 fn render_chat_parts(
     tok: &ModelTokenizer,
     chat: &ChatRequest,
+    max_bytes: usize,
 ) -> Result<(TemplateInput, String, Option<String>), PromptError> {
     let template = tok.chat_template()?;
     let (input, rendered, prefix) = match chat.dialect {
         Dialect::Vllm => {
             let input = chat::template_input(chat, template)?;
-            let rendered = template.render(&input)?;
+            let rendered = template.render_limited(&input, max_bytes)?;
             (input, rendered, None)
         }
         Dialect::Sglang => {
             let s = chat_sglang::template_input(chat, template)?;
-            let (input, rendered) = chat_sglang::render(template, s.input)?;
+            let (input, rendered) = chat_sglang::render(template, s.input, max_bytes)?;
             (
                 input,
                 rendered,
@@ -572,6 +583,13 @@ mod tests {
             limited(&tok, ApiKind::Completions, &v, 9),
             Err(PromptError::PromptTooLong { limit: 9 })
         );
+        // Several strings count in characters together (4 + 3 here, in
+        // 8 + 6 bytes), however far below the limit the first ones are.
+        let v = serde_json::json!({"model": "m", "prompt": ["éééé", "ééé"]});
+        for limit in [7, 10, 13] {
+            assert!(limited(&tok, ApiKind::Completions, &v, limit).is_ok());
+        }
+        assert!(limited(&tok, ApiKind::Completions, &v, 6).is_err());
         // A list prompt counts all its elements together.
         let v = serde_json::json!({"model": "m", "prompt": ["abcdef", "ghijkl"]});
         assert_eq!(

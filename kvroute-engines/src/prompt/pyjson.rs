@@ -138,6 +138,7 @@ pub(crate) fn dumps(value: &Value, opts: &DumpOptions) -> Result<String, NotSeri
     };
     let mut w = Writer {
         out: String::new(),
+        budget: super::render_budget::remaining(),
         opts,
         item_sep,
         key_sep,
@@ -148,6 +149,8 @@ pub(crate) fn dumps(value: &Value, opts: &DumpOptions) -> Result<String, NotSeri
 
 struct Writer<'a> {
     out: String,
+    /// Bytes the text may reach (the render's budget: see `render_budget`).
+    budget: usize,
     opts: &'a DumpOptions,
     item_sep: &'a str,
     key_sep: &'a str,
@@ -190,6 +193,12 @@ impl Writer<'_> {
     fn value(&mut self, v: &Value, level: usize) -> Result<(), NotSerializable> {
         if level > 512 {
             return Err(NotSerializable("value nested too deeply".into()));
+        }
+        if self.out.len() > self.budget {
+            super::render_budget::exceed();
+            return Err(NotSerializable(
+                "text over the rendered prompt's budget".into(),
+            ));
         }
         match v.kind() {
             ValueKind::None => self.out.push_str("null"),

@@ -45,6 +45,10 @@ pub enum TemplateError {
     /// (empty conversation, `continue_final_message` without a findable final text).
     #[error("{0}")]
     Input(String),
+    /// The rendered prompt would be longer than this many bytes
+    /// ([`ChatTemplate::render_limited`]).
+    #[error("rendered prompt over {0} bytes")]
+    OutputTooLong(usize),
 }
 
 /// An integer outside `i128`, carried into the template so `tojson` prints it exactly.
@@ -222,6 +226,29 @@ impl ChatTemplate {
 
     /// Renders like transformers' `apply_chat_template(tokenize=False)`.
     pub fn render(&self, input: &TemplateInput) -> Result<String, TemplateError> {
+        self.render_limited(input, usize::MAX)
+    }
+
+    /// [`ChatTemplate::render`], stopping with [`TemplateError::OutputTooLong`]
+    /// once the output would pass `max_bytes`: a template's output is not
+    /// bounded by its input (`tojson(indent=4)` over a deeply nested tool
+    /// schema writes about 500 bytes per byte of it), so the bound applies
+    /// while rendering, to `tojson`'s text too, not to the finished prompt.
+    ///
+    /// ```
+    /// use kvroute_engines::prompt::{parse_json, ChatTemplate, TemplateError, TemplateInput};
+    /// let t = ChatTemplate::new("{{ messages | tojson(indent=64) }}", vec![]).unwrap();
+    /// // 17 bytes of nested lists, 1 000 levels of indentation each.
+    /// let nested = parse_json(br#"{"a": [[[[0, 0]]]]}"#).unwrap();
+    /// let input = TemplateInput { messages: vec![nested; 10], ..TemplateInput::default() };
+    /// assert!(t.render(&input).unwrap().len() > 10_000);
+    /// assert_eq!(t.render_limited(&input, 1_000), Err(TemplateError::OutputTooLong(1_000)));
+    /// ```
+    pub fn render_limited(
+        &self,
+        input: &TemplateInput,
+        max_bytes: usize,
+    ) -> Result<String, TemplateError> {
         if input.messages.is_empty() {
             return Err(TemplateError::Input(
                 "conversation is empty: nothing to render".into(),
@@ -275,7 +302,15 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TemplateError::Compile(e.to_string()))?;
-        let rendered = tmpl.render(Value::from(ctx)).map_err(render_error)?;
+        let budget = super::render_budget::Scope::enter(max_bytes);
+        let mut out = super::render_budget::CappedOutput::new(max_bytes);
+        let rendered = match tmpl.render_captured_to(Value::from(ctx), &mut out) {
+            Ok(_) => String::from_utf8(out.bytes)
+                .map_err(|e| TemplateError::Render(format!("output is not UTF-8: {e}")))?,
+            Err(_) if budget.exceeded() => return Err(TemplateError::OutputTooLong(max_bytes)),
+            Err(e) => return Err(render_error(e)),
+        };
+        drop(budget);
         if input.continue_final_message {
             cut_at_continue_tag(&rendered, &final_text)
         } else {
