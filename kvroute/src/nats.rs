@@ -52,7 +52,8 @@ pub struct NatsOptions {
     pub user_password: Option<(String, String)>,
     /// Require TLS.
     pub require_tls: bool,
-    /// PEM root certificates to trust (beside the system's).
+    /// PEM root certificates to trust, in place of the system's (the
+    /// client loads the system's only without this file).
     pub tls_root_certificates: Option<PathBuf>,
     /// PEM client certificate and key (mutual TLS).
     pub tls_client: Option<(PathBuf, PathBuf)>,
@@ -124,6 +125,9 @@ struct Counts {
     queue_full: AtomicU64,
     received: AtomicU64,
     slow_consumer: AtomicU64,
+    /// A connection attempt failed since the last connection: further
+    /// failures are logged at DEBUG (the client retries every few seconds).
+    failing: std::sync::atomic::AtomicBool,
 }
 
 /// The NATS replica transport; see the [module docs](self).
@@ -141,6 +145,29 @@ impl fmt::Debug for NatsReplicas {
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether `prefix` can start this transport's subjects: dot-separated
+/// tokens of ASCII letters, digits, `-` and `_` (no wildcard `*` or `>`,
+/// which would subscribe to other deployments' subjects, and no whitespace,
+/// which the server refuses).
+///
+/// ```
+/// use kvroute::nats::valid_subject_prefix;
+/// assert!(valid_subject_prefix("kvroute"));
+/// assert!(valid_subject_prefix("prod.kv-route_1"));
+/// for bad in ["", "kv.*", "kv.>", "kv..x", "kv route", ".kv"] {
+///     assert!(!valid_subject_prefix(bad), "{bad:?}");
+/// }
+/// ```
+#[must_use]
+pub fn valid_subject_prefix(prefix: &str) -> bool {
+    !prefix.is_empty()
+        && prefix.split('.').all(|t| {
+            !t.is_empty()
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
 }
 
 /// A subject token for `pool`: NATS subjects are dot-separated tokens of
@@ -172,13 +199,32 @@ fn token(pool: &str) -> String {
 pub const PAYLOAD_BEFORE_INFO: usize = 1 << 10;
 
 impl NatsReplicas {
-    /// Connects (on the current tokio runtime; the client keeps
-    /// reconnecting for as long as it lives).
+    /// Starts the client on the current tokio runtime. It connects in the
+    /// background and keeps reconnecting for as long as it lives, so an
+    /// unreachable server (or one refusing the credentials or the TLS
+    /// handshake) is no error here: the router routes on its local view
+    /// meanwhile, each failed attempt is logged at WARN, and
+    /// [`NatsCounters::connected`] says whether it is connected.
     ///
     /// # Errors
-    /// The first connection failed, or a credentials/TLS file is unusable.
+    /// The subject prefix is not [`valid_subject_prefix`], or a credentials
+    /// or TLS file cannot be read.
     pub async fn connect(options: NatsOptions) -> Result<Arc<Self>, ReplicaError> {
         let err = |e: &dyn fmt::Display| ReplicaError(format!("NATS {}: {e}", options.url));
+        if !valid_subject_prefix(&options.subject_prefix) {
+            return Err(err(&format!(
+                "subject prefix {:?}: expected dot-separated tokens of letters, digits, `-` and `_`",
+                options.subject_prefix
+            )));
+        }
+        let tls_files = options
+            .tls_root_certificates
+            .iter()
+            .chain(options.tls_client.iter().flat_map(|(c, k)| [c, k]));
+        for path in tls_files {
+            std::fs::File::open(path)
+                .map_err(|e| err(&format!("TLS file {}: {e}", path.display())))?;
+        }
         let counts = Arc::new(Counts::default());
         let events = Arc::clone(&counts);
         let mut opts = async_nats::ConnectOptions::new()
@@ -192,13 +238,28 @@ impl NatsReplicas {
                 let c = Arc::clone(&events);
                 async move {
                     match event {
-                        async_nats::Event::Connected => tracing::info!("NATS connected"),
+                        async_nats::Event::Connected => {
+                            c.failing.store(false, Ordering::Relaxed);
+                            tracing::info!("NATS connected");
+                        }
                         async_nats::Event::Disconnected => {
                             tracing::warn!("NATS disconnected; routing on the local view");
                         }
                         async_nats::Event::SlowConsumer(_) => {
                             c.slow_consumer.fetch_add(1, Ordering::Relaxed);
                             tracing::debug!("NATS dropped a replica message: receiving behind");
+                        }
+                        // A failed connection attempt (unreachable server,
+                        // refused credentials, TLS) says why replicas are
+                        // not shared: the first of a row at WARN, the
+                        // others (the client retries with a backoff) at
+                        // DEBUG.
+                        async_nats::Event::ClientError(_) | async_nats::Event::ServerError(_) => {
+                            if c.failing.swap(true, Ordering::Relaxed) {
+                                tracing::debug!(%event, "NATS connection still failing");
+                            } else {
+                                tracing::warn!(%event, "NATS connection failed; retrying, routing on the local view meanwhile");
+                            }
                         }
                         other => tracing::debug!(event = %other, "NATS event"),
                     }
@@ -244,7 +305,7 @@ impl NatsReplicas {
                 };
             }
         });
-        tracing::info!(url = %options.url, prefix = %options.subject_prefix, "NATS replica transport connected");
+        tracing::info!(url = %options.url, prefix = %options.subject_prefix, "NATS replica transport started");
         Ok(Arc::new(Self {
             client,
             prefix: options.subject_prefix.clone(),
@@ -350,7 +411,31 @@ impl Drop for AbortOnDrop {
 
 #[cfg(test)]
 mod tests {
-    use super::token;
+    use super::{token, NatsOptions, NatsReplicas};
+
+    /// What the client cannot fix by retrying is refused at once: a
+    /// wildcard prefix (it would subscribe to other deployments' subjects),
+    /// one the server refuses, a TLS file that cannot be read. An
+    /// unreachable server is not: the client connects in the background.
+    #[tokio::test]
+    async fn what_retrying_cannot_fix_is_refused_at_once() {
+        let unreachable = "nats://127.0.0.1:1";
+        for prefix in ["kv.*", "kv.>", "kv route", ""] {
+            let mut o = NatsOptions::new(unreachable);
+            o.subject_prefix = prefix.into();
+            let e = NatsReplicas::connect(o).await.err();
+            assert!(
+                e.is_some_and(|e| e.to_string().contains("subject prefix")),
+                "{prefix:?}"
+            );
+        }
+        let mut o = NatsOptions::new(unreachable);
+        o.tls_root_certificates = Some("/nonexistent/ca.pem".into());
+        let e = NatsReplicas::connect(o).await.err();
+        assert!(e.is_some_and(|e| e.to_string().contains("/nonexistent/ca.pem")));
+        let bus = NatsReplicas::connect(NatsOptions::new(unreachable)).await;
+        assert!(bus.is_ok_and(|b| !b.counters().connected));
+    }
 
     #[test]
     fn pool_names_become_one_subject_token() {

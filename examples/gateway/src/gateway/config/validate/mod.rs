@@ -854,13 +854,7 @@ fn validate_replicas(mut cfg: ReplicasConfig, base: &Path) -> Result<ReplicasCon
             }
         }
     }
-    let prefix_ok = !cfg.subject_prefix.is_empty()
-        && cfg.subject_prefix.split('.').all(|t| {
-            !t.is_empty()
-                && t.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        });
-    if !prefix_ok {
+    if !kvroute::nats::valid_subject_prefix(&cfg.subject_prefix) {
         return Err(invalid(
             "replicas.subject_prefix",
             "dot-separated tokens of letters, digits, `-` and `_`",
