@@ -604,3 +604,53 @@ fn a_replica_takes_turns_of_rank_times_the_stagger_only_in_bursts() {
     let d = t.view(&local, now).in_turn(turn).deciders();
     assert!(d.ordered && d.home);
 }
+
+/// A rule over `n` endpoints for decider `decider` (seed 0).
+fn rule_of(n: u32, decider: u64, choice: Choice, fallback: SelectorKind) -> (Rule, ContractId) {
+    let c = ContractId::new("herd/bs16");
+    let eps = (0..n)
+        .map(|i| Endpoint::new(format!("ep{i}"), Role::Both).with_inventory_slot(i))
+        .collect();
+    let mut cfg = RuleConfig::kv_exact("herd", Topology::Converged, eps, BS, c.clone());
+    cfg.decider = decider;
+    cfg.choice = choice;
+    cfg.fallback = fallback;
+    (Rule::new(cfg, None).unwrap(), c)
+}
+
+/// Replicas that start alike choose alike: on an idle fleet where every
+/// endpoint holds the prompt's root (an exact tie), each replica's first
+/// request would go to the same endpoint. With ids of their own
+/// (`RuleConfig::decider`) their rotations start apart — the cost scorer's
+/// ties, round robin — and their random draws differ; a decider alone
+/// (id 0) starts at the first endpoint as it always did.
+#[test]
+fn deciders_with_ids_of_their_own_start_their_rotations_apart() {
+    let n = 8;
+    let inv = inventory(n);
+    let load = LoadTable::new(n as usize);
+    let keys = prompt(0, 4);
+    let first = |decider: u64, choice: Choice| {
+        let (r, c) = rule_of(n, decider, choice, SelectorKind::LeastPrefill);
+        target(&r, &c, &keys, &inv, &load, Duration::ZERO)
+    };
+    for choice in [Choice::KvExact, Choice::RoundRobin] {
+        assert_eq!(first(0, choice), 0, "{choice:?}: alone");
+        let starts: std::collections::BTreeSet<u32> = (1..=4).map(|d| first(d, choice)).collect();
+        assert!(
+            starts.len() >= 3,
+            "{choice:?}: four deciders' first picks {starts:?}"
+        );
+    }
+    // A prompt nobody holds goes to the random fallback: each decider
+    // draws its own sequence from the one seed.
+    let miss = prompt(1, 4)[ROOT..].to_vec();
+    let draws = |decider: u64| -> Vec<u32> {
+        let (r, c) = rule_of(n, decider, Choice::KvExact, SelectorKind::Random);
+        (0..16)
+            .map(|_| target(&r, &c, &miss, &inv, &load, Duration::ZERO))
+            .collect()
+    };
+    assert_ne!(draws(1), draws(2));
+    assert_eq!(draws(3), draws(3), "one decider's draws are reproducible");
+}
