@@ -71,6 +71,7 @@ fn a_template_that_multiplies_its_input_stops_at_the_prompt_limit() {
         vec!["0"; ITEMS].join(","),
         "]".repeat(DEPTH),
     );
+    let body_len = body.len();
     let body = parse_json(body.as_bytes()).unwrap();
     // The router's default limit.
     let limits = PromptLimits { max_chars: 1 << 20 };
@@ -78,6 +79,11 @@ fn a_template_that_multiplies_its_input_stops_at_the_prompt_limit() {
     PEAK.store(before, Ordering::Relaxed);
     let miss = prompt_tokens_limited(&tok, ApiKind::Chat, &body, limits).unwrap_err();
     let peak = PEAK.load(Ordering::Relaxed) - before;
+    eprintln!(
+        "{} bytes of body: peak {:.1} MiB",
+        body_len,
+        peak as f64 / f64::from(1 << 20)
+    );
     assert_eq!(
         miss,
         PromptError::PromptTooLong {
@@ -85,6 +91,7 @@ fn a_template_that_multiplies_its_input_stops_at_the_prompt_limit() {
         }
     );
     // Rendered in full the tools alone would be ~20 MB (several copies of
-    // it at once); the limit is 4 MB of output.
+    // it at once: 59 MiB); the limit is 4 MiB of output (15.7 MiB at the
+    // peak, a few copies of it).
     assert!(peak < 24 << 20, "peak {} MiB", peak >> 20);
 }
