@@ -1,6 +1,5 @@
 //! Rule configuration and the shared per-rule state.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -11,7 +10,7 @@ use crate::counters::RuleCounters;
 use crate::endpoint::Endpoint;
 use crate::keys::{ContractId, KeyMode, PromptKeys};
 use crate::scoring::{CostScorer, ScorerRef};
-use crate::selector::{rotation_start, SelectorKind, SelectorState};
+use crate::selector::{SelectorKind, SelectorState};
 
 /// The routing choice of a rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -133,16 +132,6 @@ pub struct RuleConfig {
     pub predicted: PredictedConfig,
     /// Seed of the pseudo-random selectors (decisions are reproducible per seed).
     pub seed: u64,
-    /// This decider's id among several that decide over the same endpoints
-    /// at once (gateway replicas); 0, the default, for one alone. Deciders
-    /// with different ids start their rotations (round robin, the cost
-    /// scorer's exact ties, the P/D decode leg) at different endpoints and
-    /// draw random sequences of their own from one `seed`: deciders that
-    /// start alike and decide on one view at one instant choose alike (each
-    /// replica's first request of a burst on the same endpoint). With 0 the
-    /// rotations start at the first endpoint and the random sequence is
-    /// `seed`'s.
-    pub decider: u64,
     /// Endpoints the rule's per-endpoint state (counters, the drain model) is
     /// sized for, at least `endpoints.len()`: a host that adds endpoints
     /// later and rebuilds the rule ([`Rule::rebuild`]) keeps that state as
@@ -174,7 +163,6 @@ impl RuleConfig {
             affinity: AffinityConfig::default(),
             predicted: PredictedConfig::default(),
             seed: 0,
-            decider: 0,
             endpoint_capacity: 0,
         }
     }
@@ -262,12 +250,11 @@ impl Rule {
         Self::validate(&config, keys.as_deref())?;
         let capacity = config.endpoint_capacity.max(config.endpoints.len());
         let ring = Ring::new(&config.endpoints, config.thresholds.chwbl_virtual_nodes);
-        let start = rotation_start(config.decider);
         Ok(Self {
             counters: Arc::new(RuleCounters::new(capacity)),
-            selector: SelectorState::new(ring, config.seed, start),
-            decode_turns: Arc::new(AtomicU64::new(start)),
-            tie_turns: Arc::new(AtomicU64::new(start)),
+            selector: SelectorState::new(ring, config.seed),
+            decode_turns: Arc::default(),
+            tie_turns: Arc::default(),
             burst: (config.scorer.burst_window().is_some() && config.choice == Choice::KvExact)
                 .then(Arc::default),
             sessions: Arc::new(Mutex::new(SessionMap::new(&config.affinity))),
@@ -312,9 +299,7 @@ impl Rule {
         let ring = Ring::new(&config.endpoints, config.thresholds.chwbl_virtual_nodes);
         Ok(Self {
             counters: Arc::clone(&self.counters),
-            selector: self
-                .selector
-                .carried(ring, config.seed, rotation_start(config.decider)),
+            selector: self.selector.carried(ring, config.seed),
             decode_turns: Arc::clone(&self.decode_turns),
             tie_turns: Arc::clone(&self.tie_turns),
             burst: match (&self.burst, config.scorer.burst_window()) {

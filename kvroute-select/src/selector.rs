@@ -43,26 +43,12 @@ pub(crate) struct SelectorState {
     pub(crate) ring: Ring,
 }
 
-/// Where the rotations of decider `decider` start ([`crate::RuleConfig::decider`]),
-/// and what its random sequence's seed is offset by: 0 for 0 (one decider
-/// alone), a well-mixed value for any other id, so that deciders with
-/// different ids start at unrelated points.
-pub(crate) fn rotation_start(decider: u64) -> u64 {
-    if decider == 0 {
-        0
-    } else {
-        kvroute_core::mix::splitmix64(decider)
-    }
-}
-
 impl SelectorState {
-    /// `start`: where the turn starts, and what the random sequence's seed
-    /// is offset by ([`rotation_start`]).
-    pub(crate) fn new(ring: Ring, seed: u64, start: u64) -> Self {
+    pub(crate) fn new(ring: Ring, seed: u64) -> Self {
         Self {
-            turn: std::sync::Arc::new(AtomicU64::new(start)),
-            rng: std::sync::Arc::new(AtomicU64::new(seed ^ start)),
-            seed: seed ^ start,
+            turn: std::sync::Arc::new(AtomicU64::new(0)),
+            rng: std::sync::Arc::new(AtomicU64::new(seed)),
+            seed,
             ring,
         }
     }
@@ -70,10 +56,8 @@ impl SelectorState {
     /// The state of a rule rebuilt from this one over `ring`: the turn and
     /// the random sequence carry on (a rebuild on every endpoint change
     /// would otherwise send round robin back to the first endpoint and
-    /// replay the same draws); a new `seed` (or decider) starts its own
-    /// sequence.
-    pub(crate) fn carried(&self, ring: Ring, seed: u64, start: u64) -> Self {
-        let seed = seed ^ start;
+    /// replay the same draws); a new `seed` starts its own sequence.
+    pub(crate) fn carried(&self, ring: Ring, seed: u64) -> Self {
         Self {
             turn: std::sync::Arc::clone(&self.turn),
             rng: if seed == self.seed {
@@ -183,7 +167,7 @@ mod tests {
             eligible: &eligible,
             loads: &loads,
         };
-        let state = SelectorState::new(Ring::new(&eps, 4), 7, 0);
+        let state = SelectorState::new(Ring::new(&eps, 4), 7);
         for _ in 0..200 {
             assert_eq!(
                 state.select(SelectorKind::PowerOfTwoChoices, &pool, None, 1.25),

@@ -127,9 +127,6 @@ struct Settings {
     thresholds: kvroute_select::Thresholds,
     predicted: kvroute_select::PredictedConfig,
     seed: u64,
-    /// The rule's [`kvroute_select::RuleConfig::decider`]: this replica's
-    /// origin id (0 without replicas).
-    decider: u64,
     breaker: kvroute_select::BreakerConfig,
 }
 

@@ -260,9 +260,6 @@ pub(crate) fn assemble(
         thresholds: b.thresholds,
         predicted: b.predicted,
         seed: b.seed,
-        // Replicas decide on one view at one instant: each starts its
-        // rotations and random draws from its own origin.
-        decider: replicas.as_ref().map_or(0, ReplicaState::origin),
         breaker: b.breaker,
     };
     let placeholder = Arc::new(Generation {
@@ -385,7 +382,6 @@ fn build_rule(
     cfg.thresholds = st.thresholds;
     cfg.predicted = st.predicted;
     cfg.seed = st.seed;
-    cfg.decider = st.decider;
     cfg.endpoint_capacity = capacity;
     let keys = contract.keys.clone().map(|k| k as Arc<dyn PromptKeys>);
     Ok(match previous {

@@ -365,19 +365,4 @@ mod tests {
             "{batch:?}"
         );
     }
-
-    /// Replicas built alike would break an idle fleet's first tie alike
-    /// (each one's first request to the first endpoint); each starts its
-    /// rotations from its own origin instead, and a router without
-    /// replicas starts at the first endpoint.
-    #[test]
-    fn replicas_start_their_rotations_from_their_own_origins() {
-        let clock = Arc::new(ManualClock::default());
-        let prompt = keys([5, 6]);
-        let first = |r: &KvRouter| r.pick_keys(&prompt, 8).expect("pick").url().to_owned();
-        let (a, b) = (replica(1, &clock), replica(2, &clock));
-        assert_ne!(first(&a), first(&b));
-        let alone = host_router(4).build().expect("router");
-        assert_eq!(first(&alone), "http://e0");
-    }
 }
