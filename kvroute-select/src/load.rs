@@ -117,6 +117,40 @@ impl Deciders {
         }
     }
 
+    /// Where this decider's rotations start over `size` places (round
+    /// robin, exact ties, the P/D decode leg): `rank · size / count`, so
+    /// that deciders counting their turns alike from one view at one
+    /// instant (replicas started together, each with its first request of
+    /// a burst) start `size / count` places apart instead of on the same
+    /// place. 0 for a decider alone.
+    #[must_use]
+    pub(crate) fn rotation_start(self, size: u64) -> u64 {
+        if self.count <= 1 || size == 0 {
+            return 0;
+        }
+        u64::from(self.rank % self.count) * size / u64::from(self.count)
+    }
+
+    /// The place `turn` names among `size` places, from this decider's
+    /// [`Deciders::rotation_start`].
+    #[must_use]
+    pub(crate) fn rotate(self, turn: u64, size: u64) -> u64 {
+        if size == 0 {
+            return 0;
+        }
+        (turn % size + self.rotation_start(size)) % size
+    }
+
+    /// What this decider mixes into its pseudo-random draws: 0 alone (the
+    /// seed's own sequence), a sequence of its own for every other rank.
+    #[must_use]
+    pub(crate) fn random_salt(self) -> u64 {
+        match self.rank % self.count.max(1) {
+            0 => 0,
+            rank => kvroute_core::mix::splitmix64(u64::from(rank)),
+        }
+    }
+
     /// One decider: a host routing alone.
     pub const ALONE: Self = Self {
         count: 1,

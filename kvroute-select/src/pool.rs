@@ -3,7 +3,7 @@
 //! load-aware scorer.
 
 use crate::endpoint::Endpoint;
-use crate::load::EndpointLoad;
+use crate::load::{Deciders, EndpointLoad};
 
 /// Eligible endpoints and their loads, indexed by rule endpoint position.
 #[derive(Clone, Copy)]
@@ -51,19 +51,21 @@ impl<'a> Pool<'a> {
 
     /// Index of the least-utilised eligible endpoint (`in_flight / capacity`, then
     /// queued prefill tokens); among exact ties the `turn`-th one, so a
-    /// round-robin counter only ever breaks ties.
-    pub(crate) fn least_loaded(&self, turn: u64) -> Option<usize> {
-        self.least_by(turn, compare_load)
+    /// round-robin counter only ever breaks ties, counted from `deciders`'
+    /// own start among them ([`Deciders::rotate`]).
+    pub(crate) fn least_loaded(&self, turn: u64, deciders: Deciders) -> Option<usize> {
+        self.least_by(turn, deciders, compare_load)
     }
 
     /// Like [`Pool::least_loaded`], queued prefill tokens first.
-    pub(crate) fn least_prefill(&self, turn: u64) -> Option<usize> {
-        self.least_by(turn, compare_prefill)
+    pub(crate) fn least_prefill(&self, turn: u64, deciders: Deciders) -> Option<usize> {
+        self.least_by(turn, deciders, compare_prefill)
     }
 
     fn least_by(
         &self,
         turn: u64,
+        deciders: Deciders,
         compare_load: fn(EndpointLoad, u32, EndpointLoad, u32) -> std::cmp::Ordering,
     ) -> Option<usize> {
         let mut best: Option<(usize, EndpointLoad, u32)> = None;
@@ -86,7 +88,7 @@ impl<'a> Pool<'a> {
             }
         }
         let (_, bl, bcap) = best?;
-        let mut k = turn % ties.max(1);
+        let mut k = deciders.rotate(turn, ties.max(1));
         for (i, e, l) in self.candidates() {
             if compare_load(l, e.capacity_or_one(), bl, bcap).is_eq() {
                 if k == 0 {

@@ -7,6 +7,7 @@ use kvroute_core::mix::GAMMA;
 
 use crate::bounded::mix64;
 use crate::chwbl::Ring;
+use crate::load::Deciders;
 use crate::pool::{compare_load, Pool};
 
 /// A load-balancing algorithm over the eligible endpoints.
@@ -74,17 +75,21 @@ impl SelectorState {
         self.turn.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn next_random(&self) -> u64 {
-        mix64(self.rng.fetch_add(GAMMA, Ordering::Relaxed))
+    /// The next draw of the rule's sequence, as decider `deciders` sees it
+    /// (each rank draws a sequence of its own: see [`Deciders::random_salt`]).
+    fn next_random(&self, deciders: Deciders) -> u64 {
+        mix64(self.rng.fetch_add(GAMMA, Ordering::Relaxed) ^ deciders.random_salt())
     }
 
-    /// Picks an eligible endpoint index.
+    /// Picks an eligible endpoint index; `deciders` start their rotations
+    /// and draw their random sequences apart ([`Deciders::rotate`]).
     pub(crate) fn select(
         &self,
         kind: SelectorKind,
         pool: &Pool<'_>,
         affinity_key: Option<u64>,
         chwbl_factor: f64,
+        deciders: Deciders,
     ) -> Option<usize> {
         let count = pool.candidates().count();
         if count == 0 {
@@ -94,15 +99,19 @@ impl SelectorState {
             let k = usize::try_from(k % count as u64).unwrap_or(0);
             pool.candidates().nth(k).map(|(i, _, _)| i)
         };
+        let turn = |k: u64| {
+            let k = usize::try_from(deciders.rotate(k, count as u64)).unwrap_or(0);
+            pool.candidates().nth(k).map(|(i, _, _)| i)
+        };
         match kind {
-            SelectorKind::RoundRobin => nth(self.next_turn()),
-            SelectorKind::LeastLoad => pool.least_loaded(self.next_turn()),
-            SelectorKind::LeastPrefill => pool.least_prefill(self.next_turn()),
-            SelectorKind::Random => nth(self.next_random()),
+            SelectorKind::RoundRobin => turn(self.next_turn()),
+            SelectorKind::LeastLoad => pool.least_loaded(self.next_turn(), deciders),
+            SelectorKind::LeastPrefill => pool.least_prefill(self.next_turn(), deciders),
+            SelectorKind::Random => nth(self.next_random(deciders)),
             SelectorKind::PowerOfTwoChoices => {
                 // Two distinct candidates (as tower's p2c samples): drawing
                 // both independently picks one endpoint twice 1/n of the time.
-                let r = self.next_random();
+                let r = self.next_random(deciders);
                 let n = count as u64;
                 let ka = (r & 0xffff_ffff) % n;
                 let kb = if n > 1 {
@@ -119,14 +128,14 @@ impl SelectorState {
             }
             SelectorKind::Chwbl => match affinity_key {
                 Some(key) => self.ring.lookup(key, pool, chwbl_factor),
-                None => nth(self.next_turn()),
+                None => turn(self.next_turn()),
             },
             SelectorKind::Weighted => {
                 let total: u64 = pool.candidates().map(|(_, e, _)| u64::from(e.weight)).sum();
                 if total == 0 {
-                    return nth(self.next_random());
+                    return nth(self.next_random(deciders));
                 }
-                let mut r = self.next_random() % total;
+                let mut r = self.next_random(deciders) % total;
                 for (i, e, _) in pool.candidates() {
                     let w = u64::from(e.weight);
                     if r < w {
@@ -170,7 +179,13 @@ mod tests {
         let state = SelectorState::new(Ring::new(&eps, 4), 7);
         for _ in 0..200 {
             assert_eq!(
-                state.select(SelectorKind::PowerOfTwoChoices, &pool, None, 1.25),
+                state.select(
+                    SelectorKind::PowerOfTwoChoices,
+                    &pool,
+                    None,
+                    1.25,
+                    Deciders::ALONE
+                ),
                 Some(1)
             );
         }

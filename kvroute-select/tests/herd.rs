@@ -320,6 +320,76 @@ fn replicas_rank_themselves_apart() {
     );
 }
 
+/// Replicas started together count their turns alike: on an idle view each
+/// one's first decision is an exact tie (every endpoint holds the root, none
+/// is loaded), or the first pick of its fallback or round robin. Each rank
+/// starts its rotations `n / count` endpoints from the previous rank's and
+/// draws a random sequence of its own, so the first requests of a burst
+/// split over four replicas do not all land on one endpoint; rank 0 decides
+/// as a decider alone, from the first endpoint.
+#[test]
+fn replicas_started_together_start_their_rotations_apart() {
+    let n = 8u32;
+    let inv = inventory(n);
+    let table = LoadTable::new(n as usize);
+    // A fresh rule (its turns at 0) deciding its first request.
+    let first = |choice: Choice, fallback: SelectorKind, deciders: Deciders| {
+        let (r, c) = rule(n);
+        let mut cfg = r.config().clone();
+        cfg.choice = choice;
+        cfg.fallback = fallback;
+        let r = Rule::new(cfg, None).unwrap();
+        let view = View {
+            table: &table,
+            deciders,
+        };
+        // Held by every endpoint (a tie), or by none (the fallback).
+        let tie = choice == Choice::KvExact && fallback == SelectorKind::LeastPrefill;
+        let keys = if tie {
+            prompt(1, 4)
+        } else {
+            (7_000..7_040).map(BlockKey).collect()
+        };
+        let req = Request::new(PromptInput::Keys {
+            keys: &keys,
+            contract: &c,
+            prompt_tokens: keys.len() as u32 * BS,
+        });
+        let d = r.decide(&req, &inv, &view, &AlwaysAvailable, Duration::from_secs(1));
+        let source = match choice {
+            _ if tie => Source::KvExact,
+            Choice::RoundRobin => Source::Fallback(SelectorKind::RoundRobin),
+            _ => Source::Fallback(fallback),
+        };
+        assert_eq!(d.source(), source, "{choice:?} / {fallback:?}");
+        d.target().unwrap().endpoint.0
+    };
+    let rank = |rank| Deciders {
+        count: 4,
+        rank,
+        ..Deciders::ALONE
+    };
+    for (choice, fallback, rotates) in [
+        (Choice::KvExact, SelectorKind::LeastPrefill, true),
+        (Choice::RoundRobin, SelectorKind::LeastPrefill, true),
+        (Choice::KvExact, SelectorKind::LeastLoad, true),
+        (Choice::KvExact, SelectorKind::RoundRobin, true),
+        (Choice::KvExact, SelectorKind::Random, false),
+        (Choice::KvExact, SelectorKind::PowerOfTwoChoices, false),
+    ] {
+        let what = format!("{choice:?} / {fallback:?}");
+        let alone = first(choice, fallback, Deciders::ALONE);
+        let picks: Vec<u32> = (0..4).map(|k| first(choice, fallback, rank(k))).collect();
+        assert_eq!(picks[0], alone, "{what}: rank 0 decides as a decider alone");
+        if rotates {
+            assert_eq!(alone, 0, "{what}: alone, from the first endpoint");
+            assert_eq!(picks, [0, 2, 4, 6], "{what}: ranks start n / count apart");
+        } else {
+            assert!(picks.iter().any(|&p| p != alone), "{what}: {picks:?}");
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -497,9 +567,11 @@ fn requests_with_a_home_leaving_it_at_one_instant_go_to_different_endpoints() {
             "rank {k} left its home for {e}"
         );
     }
-    // Expecting nothing of the others, every replica picks the same one.
-    let alike: Vec<u32> = (0..4).map(|k| decide(busy, in_turn(k, false))).collect();
-    assert!(alike.iter().all(|&e| e == alike[0] && e != 0), "{alike:?}");
+    // Expecting nothing of the others, every replica finds the same idle
+    // endpoints cheapest, and breaks that tie from its own rotation start.
+    let ties: Vec<u32> = (0..4).map(|k| decide(busy, in_turn(k, false))).collect();
+    let distinct: std::collections::BTreeSet<u32> = ties.iter().copied().collect();
+    assert!(distinct.len() == 4 && !distinct.contains(&0), "{ties:?}");
     // Busy by less than the uncached prefill: every replica keeps it home,
     // as a gateway alone does.
     assert_eq!(decide(3_000, Deciders::ALONE), 0);

@@ -3,7 +3,7 @@
 //! the same requests, every decision names the same endpoint (and the same
 //! tier, predicted cached tokens and miss reason).
 //!
-//! One TOML text: a KV-exact rule over four `kvroute mock-engine`s (real
+//! One TOML text per replica (they differ in `[replicas] origin` only): a KV-exact rule over four `kvroute mock-engine`s (real
 //! prefix caches publishing vLLM KV events over ZeroMQ, vLLM's `/metrics`),
 //! engine load polled every 50 ms, load shared between replicas over a real
 //! `nats-server`. World A runs it as two `kvroute serve` processes. World B
@@ -302,6 +302,7 @@ async fn embedded_replicas(config: &ServeConfig) -> ReplicaConfig {
     c.sync_interval = ms(r.sync_interval_ms);
     c.heartbeat = ms(r.heartbeat_ms);
     c.ttl = ms(r.remote_ttl_ms);
+    c.origin = r.origin;
     c
 }
 
@@ -802,26 +803,33 @@ async fn the_facade_and_kvroute_serve_decide_alike() {
         .map(|_| Engine::start_with("both", ENGINE_FLAGS))
         .collect();
     let nats = NatsServer::start();
-    let mut text = config_head(&format!(
-        "[limits]\nengine_load_poll_ms = 50\n\
-         [replicas]\nnats = \"{}\"\nremote_ttl_ms = 60000\n",
-        nats.url()
-    ));
-    text.push_str(&kv_rule(RULE, "converged"));
-    for e in &engines {
-        text.push_str(&e.endpoint_toml("both"));
-    }
-    let config = ServeConfig::from_toml(&text, &repo()).unwrap_or_else(|e| panic!("{e}"));
+    // One text per replica, differing in its origin id only: ids rank the
+    // replicas (where each one's rotations start), and a random id per start
+    // would rank the two worlds' replicas differently.
+    let text_of = |origin: u64| {
+        let mut text = config_head(&format!(
+            "[limits]\nengine_load_poll_ms = 50\n\
+             [replicas]\nnats = \"{}\"\nremote_ttl_ms = 60000\norigin = {origin}\n",
+            nats.url()
+        ));
+        text.push_str(&kv_rule(RULE, "converged"));
+        for e in &engines {
+            text.push_str(&e.endpoint_toml("both"));
+        }
+        text
+    };
+    let texts = [text_of(1), text_of(2)];
+    let configs = texts
+        .each_ref()
+        .map(|t| ServeConfig::from_toml(t, &repo()).unwrap_or_else(|e| panic!("{e}")));
+    let config = &configs[0];
     let rule = &config.rules[0];
     let urls: Vec<String> = rule.endpoints.iter().map(|e| e.url.clone()).collect();
     let script = script();
 
     // World A: two `kvroute serve` processes.
     let serve = {
-        let replicas = [
-            Replica::Serve(Gateway::start(&text)),
-            Replica::Serve(Gateway::start(&text)),
-        ];
+        let replicas = texts.each_ref().map(|t| Replica::Serve(Gateway::start(t)));
         let outcome = run_world(
             "kvroute serve",
             &replicas,
@@ -844,9 +852,9 @@ async fn the_facade_and_kvroute_serve_decide_alike() {
     let embedded_world = {
         let tokenizers = Arc::new(TokenizerPool::new());
         let mut replicas = Vec::new();
-        for _ in 0..2 {
-            let router = embedded(&config, rule, &tokenizers, false)
-                .replicas(embedded_replicas(&config).await)
+        for config in &configs {
+            let router = embedded(config, &config.rules[0], &tokenizers, false)
+                .replicas(embedded_replicas(config).await)
                 .spawn()
                 .unwrap_or_else(|e| panic!("embedded router: {e}"));
             router.ready().await;
@@ -855,7 +863,7 @@ async fn the_facade_and_kvroute_serve_decide_alike() {
                 http: Client::builder(TokioExecutor::new()).build_http(),
             });
         }
-        let solo = embedded(&config, rule, &tokenizers, true)
+        let solo = embedded(config, rule, &tokenizers, true)
             .spawn()
             .unwrap_or_else(|e| panic!("own-view router: {e}"));
         let replicas: [Replica; 2] = replicas

@@ -512,7 +512,7 @@ impl Rule {
             loads: &d.loads,
         };
         let turn = self.decode_turns.fetch_add(1, Ordering::Relaxed);
-        pool.least_loaded(turn)
+        pool.least_loaded(turn, d.deciders)
             .and_then(|i| u32::try_from(i).ok())
             .map(EndpointId)
     }
@@ -617,7 +617,9 @@ impl Rule {
             loads: &d.loads,
         };
         let tie_turn = if cfg.choice == Choice::KvExact {
-            self.tie_turns.fetch_add(1, Ordering::Relaxed)
+            let n = cfg.endpoints.len() as u64;
+            let turn = self.tie_turns.fetch_add(1, Ordering::Relaxed);
+            turn.wrapping_add(d.deciders.rotation_start(n))
         } else {
             0
         };
@@ -757,6 +759,7 @@ impl Rule {
             &pool,
             d.affinity_key,
             cfg.thresholds.chwbl_load_factor,
+            d.deciders,
         );
         if picked.is_some() {
             d.source = Source::Fallback(kind);

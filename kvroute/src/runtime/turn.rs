@@ -365,4 +365,26 @@ mod tests {
             "{batch:?}"
         );
     }
+
+    /// Replicas started together count their turns alike: on an idle fleet
+    /// each one's first request (no endpoint holds it, none is loaded) would
+    /// go to the first endpoint. Once they see each other, each starts its
+    /// rotations from its own rank; a router alone starts at the first.
+    #[test]
+    fn replicas_start_their_rotations_apart() {
+        let clock = Arc::new(ManualClock::default());
+        let (a, b) = (replica(1, &clock), replica(2, &clock));
+        for (from, to) in [(&a, &b), (&b, &a)] {
+            let heartbeat = from.drain_replica_batch(true).expect("a heartbeat");
+            to.apply_replica_batch(&heartbeat);
+        }
+        let prompt = keys([5, 6]);
+        let first = |r: &KvRouter| r.pick_keys(&prompt, 8).expect("pick").url().to_owned();
+        assert_eq!(
+            (first(&a), first(&b)),
+            ("http://e0".into(), "http://e2".into())
+        );
+        let alone = host_router(4).build().expect("router");
+        assert_eq!(first(&alone), "http://e0");
+    }
 }

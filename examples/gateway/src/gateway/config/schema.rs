@@ -151,6 +151,10 @@ pub struct ReplicasConfig {
     /// Received messages buffered at most while earlier ones are applied;
     /// beyond it the NATS client drops them (counted as `slow_consumer`).
     pub receive_buffer: usize,
+    /// This replica's id among the replicas, at least 1 (unset: a random
+    /// one each start). Ids rank the replicas: set them, all different,
+    /// where the ranks must be the same in every run.
+    pub origin: Option<u64>,
 }
 
 impl Default for ReplicasConfig {
@@ -173,6 +177,7 @@ impl Default for ReplicasConfig {
             heartbeat_ms: ms(lib.heartbeat),
             remote_ttl_ms: ms(lib.ttl),
             receive_buffer: kvroute::nats::NatsOptions::new("").subscription_capacity,
+            origin: lib.origin,
         }
     }
 }
