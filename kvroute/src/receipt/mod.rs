@@ -4,7 +4,9 @@
 //! charge released when the body ends or is dropped.
 //!
 //! * [`UsageScanner`]: a sans-IO scanner fed the body's chunks, for a JSON
-//!   answer or an SSE stream (the last `data:` event carrying `usage` wins).
+//!   answer or an SSE stream (the last event carrying `usage` wins; events
+//!   are read as a browser's `EventSource` reads them: `data` lines joined,
+//!   CRLF, LF or CR line ends).
 //! * [`ReceiptTracker`]: one response's receipt for a host handed the body
 //!   in chunks (pingora's `response_body_filter`, other callbacks): it feeds
 //!   the scanner, marks the first byte on the [`LoadGuard`] (prefill is
@@ -37,7 +39,13 @@ use http_body::{Body, Frame, SizeHint};
 use kvroute_select::LoadGuard;
 use serde_json::value::RawValue;
 
-/// Largest JSON answer (or single SSE line) held for the receipt; past it the
+use self::sse::SseEvents;
+
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
+mod sse;
+
+/// Largest JSON answer (or SSE line, or one SSE event's data) held for the receipt; past it the
 /// receipt is `None` and the body still streams through untouched. A chat
 /// answer with usage is a few KB; 4 MiB bounds the scanner's memory per
 /// request whatever the engine sends (only the `usage` object is built from
@@ -49,7 +57,7 @@ pub const MAX_SCAN_BYTES: usize = 4 << 20;
 pub enum BodyKind {
     /// One JSON document (a non-streamed completion).
     Json,
-    /// `text/event-stream`: `data: {json}` lines.
+    /// `text/event-stream`: events whose `data` is a JSON chunk.
     Sse,
     /// A body that carries no receipt (an answer to a request routed without
     /// a KV decision, e.g. `/v1/models`): streamed through unscanned, so it
@@ -158,16 +166,31 @@ fn usage_receipt(doc: &[u8]) -> Option<(Option<u32>, Option<u32>)> {
 }
 
 /// Finds the cached-token receipt in a response body fed chunk by chunk.
-/// Memory is bounded by [`MAX_SCAN_BYTES`]; nothing is parsed until a line
-/// (SSE) or the body (JSON) is complete.
+/// Memory is bounded by [`MAX_SCAN_BYTES`]; nothing is parsed until an
+/// event (SSE, read as a browser's `EventSource` reads it: `data` lines
+/// joined, any line ending) or the body (JSON) is complete.
 #[derive(Debug)]
 pub struct UsageScanner {
     kind: BodyKind,
     buf: Vec<u8>,
+    events: SseEvents,
     found: Option<u32>,
     /// `usage.prompt_tokens` of the object `found` came from.
     found_prompt: Option<u32>,
     overflowed: bool,
+}
+
+/// What a receipt reads from one SSE event's data: its usage, if it has
+/// one with `cached_tokens` (a later one replaces an earlier one).
+fn sse_event(data: &[u8], found: &mut Option<u32>, found_prompt: &mut Option<u32>) {
+    // Only the usage event is parsed: the token deltas are most of the stream.
+    if !data.windows(7).any(|w| w == b"\"usage\"") {
+        return;
+    }
+    if let Some((Some(c), prompt)) = usage_receipt(data) {
+        *found = Some(c);
+        *found_prompt = prompt;
+    }
 }
 
 impl UsageScanner {
@@ -177,6 +200,7 @@ impl UsageScanner {
         Self {
             kind,
             buf: Vec::new(),
+            events: SseEvents::new(MAX_SCAN_BYTES),
             found: None,
             found_prompt: None,
             overflowed: false,
@@ -199,45 +223,10 @@ impl UsageScanner {
                 }
             }
             BodyKind::Sse => {
-                let mut rest = chunk;
-                while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
-                    let (line, tail) = rest.split_at(nl);
-                    if self.overflowed {
-                        // The tail of an over-long line: skipped.
-                        self.overflowed = false;
-                    } else if self.buf.is_empty() {
-                        self.sse_line(line);
-                    } else {
-                        self.buf.extend_from_slice(line);
-                        let whole = std::mem::take(&mut self.buf);
-                        self.sse_line(&whole);
-                    }
-                    rest = tail.get(1..).unwrap_or_default();
-                }
-                if !self.overflowed {
-                    if self.buf.len() + rest.len() > MAX_SCAN_BYTES {
-                        self.overflowed = true;
-                        self.buf = Vec::new();
-                    } else {
-                        self.buf.extend_from_slice(rest);
-                    }
-                }
+                let (found, prompt) = (&mut self.found, &mut self.found_prompt);
+                self.events
+                    .feed(chunk, &mut |data| sse_event(data, found, prompt));
             }
-        }
-    }
-
-    fn sse_line(&mut self, line: &[u8]) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(data) = line.strip_prefix(b"data:") else {
-            return;
-        };
-        // Only the usage event is parsed: the token deltas are most of the stream.
-        if !data.windows(7).any(|w| w == b"\"usage\"") {
-            return;
-        }
-        if let Some((Some(c), prompt)) = usage_receipt(data) {
-            self.found = Some(c);
-            self.found_prompt = prompt;
         }
     }
 
@@ -256,7 +245,7 @@ impl UsageScanner {
     /// Whether some input was too long to scan (the receipt may be missing).
     #[must_use]
     pub fn overflowed(&self) -> bool {
-        self.overflowed
+        self.overflowed || self.events.overflowed()
     }
 
     /// The body ended: the receipt, if the engine sent one.
@@ -273,11 +262,10 @@ impl UsageScanner {
                 self.buf = Vec::new();
             }
             BodyKind::Sse => {
-                // A last line without its newline.
-                if !self.overflowed && !self.buf.is_empty() {
-                    let last = std::mem::take(&mut self.buf);
-                    self.sse_line(&last);
-                }
+                // A last event without its empty line.
+                let (found, prompt) = (&mut self.found, &mut self.found_prompt);
+                self.events
+                    .finish(&mut |data| sse_event(data, found, prompt));
             }
         }
         self.found
@@ -762,18 +750,15 @@ mod tests {
         out
     }
 
-    /// Reference: the receipt is the last `data:` line's usage (whole body
-    /// split into lines at once). The scanner must agree for every way of
-    /// cutting the body into chunks.
+    /// Reference: the receipt is the last usage event of the whole body,
+    /// its events read by the plain model ([`fuzzing::reference_events`]).
+    /// The scanner must agree for every way of cutting the body into chunks.
     fn reference(body: &[u8]) -> Option<u32> {
         let mut last = None;
-        for line in body.split(|&b| b == b'\n') {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            if let Some(d) = line.strip_prefix(b"data:") {
-                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(d) {
-                    if let Some(c) = cached_tokens(&v) {
-                        last = Some(c);
-                    }
+        for d in fuzzing::reference_events(body, MAX_SCAN_BYTES).0 {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&d) {
+                if let Some(c) = cached_tokens(&v) {
+                    last = Some(c);
                 }
             }
         }
@@ -883,12 +868,76 @@ mod tests {
         s.feed(USAGE.as_bytes());
         assert!(s.overflowed());
         assert_eq!(s.finish(), None);
-        // SSE: an over-long line is skipped, later lines still count.
+        // SSE: the event of an over-long line is dropped, the next ones
+        // still count; so is an event whose data lines add up past the
+        // bound.
         let mut s = UsageScanner::new(BodyKind::Sse);
         s.feed(b"data: ");
         s.feed(&vec![b'x'; MAX_SCAN_BYTES]);
-        s.feed(format!("\ndata: {USAGE}\n").as_bytes());
+        s.feed(format!("\ndata: {USAGE}\n\ndata: {USAGE}\n\n").as_bytes());
+        assert!(s.overflowed());
         assert_eq!(s.finish(), Some(32));
+        let half = format!("data: {}\n", "x".repeat(MAX_SCAN_BYTES / 2));
+        let mut s = UsageScanner::new(BodyKind::Sse);
+        s.feed(format!("{half}{half}data: {USAGE}\n\n").as_bytes());
+        assert!(s.overflowed());
+        assert_eq!(s.finish(), None, "one event, over the bound");
+    }
+
+    /// The event stream as a browser reads it: an event's `data` lines are
+    /// joined by LF (a JSON chunk may span several), lines end with CRLF,
+    /// LF or a bare CR (split between chunks or not), comments and other
+    /// fields are skipped, a byte-order mark may lead.
+    #[test]
+    fn sse_events_are_read_as_an_event_source_reads_them() {
+        let pretty = serde_json::to_string_pretty(
+            &serde_json::from_str::<serde_json::Value>(USAGE).unwrap(),
+        )
+        .unwrap();
+        let multi_line: String = pretty.lines().map(|l| format!("data: {l}\n")).collect();
+        let bodies = [
+            format!("event: chunk\nid: 7\n{multi_line}\n"),
+            format!("data: {USAGE}\r\rdata: [DONE]\r\r"),
+            format!("\u{feff}: hello\r\ndata: {USAGE}\r\n\r\n"),
+            format!("retry: 10\ndata:{USAGE}\n\n"),
+            format!("data: {USAGE}\n"),
+        ];
+        for body in &bodies {
+            let bytes = body.as_bytes();
+            for cut in 0..=bytes.len() {
+                let mut s = UsageScanner::new(BodyKind::Sse);
+                s.feed(&bytes[..cut]);
+                s.feed(&bytes[cut..]);
+                assert_eq!(s.finish(), Some(32), "{body:?} cut at {cut}");
+            }
+        }
+        // A bare CR then an LF in the next chunk is one line end, not an
+        // empty line: the two data lines stay one event, one JSON chunk.
+        let mut s = UsageScanner::new(BodyKind::Sse);
+        s.feed(b"data: {\"usage\":\r");
+        s.feed(b"\ndata: {\"prompt_tokens_details\":{\"cached_tokens\":5}}}\n\n");
+        assert_eq!(s.finish(), Some(5));
+        // Split over the same two lines with a blank line between: two
+        // events, neither JSON.
+        let mut s = UsageScanner::new(BodyKind::Sse);
+        s.feed(b"data: {\"usage\":\r\r");
+        s.feed(b"data: {\"prompt_tokens_details\":{\"cached_tokens\":5}}}\n\n");
+        assert_eq!(s.finish(), None);
+    }
+
+    /// The committed corpus of the `usage_scanner` fuzz target replays
+    /// through its entry point.
+    #[test]
+    fn the_fuzz_corpus_replays() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/usage_scanner");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            fuzzing::usage_scanner(&std::fs::read(entry.unwrap().path()).unwrap());
+            n += 1;
+        }
+        // Seeds are committed; a missing one means the corpus was not checked in.
+        assert!(n >= 8, "{n} corpus files");
     }
 
     #[test]
@@ -951,6 +1000,53 @@ mod tests {
                     from = cut;
                 }
                 prop_assert_eq!(s.finish(), reference(&body));
+            }
+
+            /// Arbitrary bytes in any three cuts, at every limit: the
+            /// chunked parser's events, overflow and receipts are the
+            /// reference model's.
+            #[test]
+            fn any_body_agrees_with_the_reference(
+                data in proptest::collection::vec(
+                    prop_oneof![
+                        Just(b'\r'), Just(b'\n'), Just(b':'), Just(b' '),
+                        Just(b'd'), Just(b'a'), Just(b't'), any::<u8>(),
+                    ],
+                    0..200,
+                ),
+                head in proptest::array::uniform4(any::<u8>()),
+            ) {
+                let mut input = head.to_vec();
+                input.extend_from_slice(&data);
+                fuzzing::usage_scanner(&input);
+            }
+
+            /// Events of any shape (data over several lines, comments,
+            /// other fields, any line ending), cut anywhere: the same.
+            #[test]
+            fn event_streams_agree_with_the_reference(
+                lines in proptest::collection::vec(
+                    (
+                        prop_oneof![
+                            Just(String::new()),
+                            Just(": ping".to_owned()),
+                            Just("event: x".to_owned()),
+                            Just("data".to_owned()),
+                            "data: [a-z{}\":]{0,12}",
+                            Just(format!("data: {USAGE}")),
+                        ],
+                        prop_oneof![Just("\n"), Just("\r"), Just("\r\n")],
+                    ),
+                    0..16,
+                ),
+                head in proptest::array::uniform4(any::<u8>()),
+            ) {
+                let mut input = head.to_vec();
+                for (line, end) in &lines {
+                    input.extend_from_slice(line.as_bytes());
+                    input.extend_from_slice(end.as_bytes());
+                }
+                fuzzing::usage_scanner(&input);
             }
 
             /// A JSON answer cut anywhere: the receipt is the whole
