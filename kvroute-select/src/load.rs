@@ -68,7 +68,9 @@ pub trait Load {
     /// host's rank among them. [`Deciders::ALONE`] (the default) for a host
     /// that routes alone. The cost scorer reads it to keep replicas that
     /// decide one burst on one view from choosing the same endpoints (see
-    /// [`crate::CostConfig`]).
+    /// [`crate::CostConfig`]), and every rotation (exact ties, round robin,
+    /// the fallback selectors, the P/D decode leg) to start each replica
+    /// apart from the others.
     fn deciders(&self) -> Deciders {
         Deciders::ALONE
     }
@@ -117,15 +119,25 @@ impl Deciders {
         }
     }
 
+    /// Whether this decision is made at the same instant as the other
+    /// deciders' on one view: several deciders, outside a burst decided in
+    /// turns or for a request with a home (decided at once). A decision in
+    /// its turn sees the lower ranks' placements and is made as a decider
+    /// alone makes it.
+    #[must_use]
+    pub(crate) fn at_once(self) -> bool {
+        self.count > 1 && (!self.ordered || self.home)
+    }
+
     /// Where this decider's rotations start over `size` places (round
-    /// robin, exact ties, the P/D decode leg): `rank · size / count`, so
-    /// that deciders counting their turns alike from one view at one
-    /// instant (replicas started together, each with its first request of
-    /// a burst) start `size / count` places apart instead of on the same
-    /// place. 0 for a decider alone.
+    /// robin, exact ties, the P/D decode leg): `rank · size / count` when
+    /// [`Deciders::at_once`], so that deciders counting their turns alike
+    /// from one view at one instant (replicas started together, each with
+    /// its first request of a burst) start `size / count` places apart
+    /// instead of on the same place; otherwise 0, as for a decider alone.
     #[must_use]
     pub(crate) fn rotation_start(self, size: u64) -> u64 {
-        if self.count <= 1 || size == 0 {
+        if !self.at_once() || size == 0 {
             return 0;
         }
         u64::from(self.rank % self.count) * size / u64::from(self.count)

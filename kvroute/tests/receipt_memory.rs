@@ -1,7 +1,8 @@
 //! The receipt scanner's memory: a non-streamed answer is held up to
-//! `MAX_SCAN_BYTES` and only its `usage` object is built from it. Counted
-//! by this binary's own allocator (one test, so nothing else allocates
-//! meanwhile beyond the harness).
+//! `MAX_SCAN_BYTES` and only its `usage` object is built from it; a hostile
+//! event stream pins no more than the bound. Counted by this binary's own
+//! allocator (one test, so nothing else allocates meanwhile beyond the
+//! harness).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -56,4 +57,36 @@ fn a_large_answer_is_read_for_its_receipt_without_building_it() {
         "reading the receipt of a {} byte answer took {extra} more bytes",
         body.len()
     );
+    drop(body);
+    an_event_stream_of_long_lines_holds_at_most_the_bound();
+}
+
+/// Events whose data lines come just under the bound, each line fed in
+/// small pieces (held until it ends), then an event whose lines add up past
+/// it: the scanner's buffers never pass twice the bound, are freed once
+/// their line or event is over, and the usage event after them is read.
+fn an_event_stream_of_long_lines_holds_at_most_the_bound() {
+    let piece = vec![b'x'; 64 << 10];
+    let before = LIVE.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let mut s = UsageScanner::new(BodyKind::Sse);
+    for _ in 0..3 {
+        s.feed(b"data: ");
+        for _ in 0..(MAX_SCAN_BYTES - 100) / piece.len() {
+            s.feed(&piece);
+        }
+        s.feed(b"\ndata: x\n");
+        for _ in 0..(MAX_SCAN_BYTES / 2) / piece.len() {
+            s.feed(&piece);
+        }
+        s.feed(b"\n\n");
+    }
+    let held = LIVE.load(Ordering::Relaxed) - before;
+    s.feed(b"data: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":5}}}\n\n");
+    assert_eq!(s.finish(), Some(5));
+    assert!(s.overflowed());
+    let peak = PEAK.load(Ordering::Relaxed) - before;
+    eprintln!("event stream of long lines: peak {peak} bytes, {held} held between events");
+    assert!(peak <= 2 * MAX_SCAN_BYTES + (64 << 10), "peak {peak} bytes");
+    assert!(held < 128 << 10, "{held} bytes still held between events");
 }

@@ -3,7 +3,7 @@
 //! the same requests, every decision names the same endpoint (and the same
 //! tier, predicted cached tokens and miss reason).
 //!
-//! One TOML text per replica (they differ in `[replicas] origin` only): a KV-exact rule over four `kvroute mock-engine`s (real
+//! One TOML text per replica (they differ in `[replicas] order` only): a KV-exact rule over four `kvroute mock-engine`s (real
 //! prefix caches publishing vLLM KV events over ZeroMQ, vLLM's `/metrics`),
 //! engine load polled every 50 ms, load shared between replicas over a real
 //! `nats-server`. World A runs it as two `kvroute serve` processes. World B
@@ -302,7 +302,7 @@ async fn embedded_replicas(config: &ServeConfig) -> ReplicaConfig {
     c.sync_interval = ms(r.sync_interval_ms);
     c.heartbeat = ms(r.heartbeat_ms);
     c.ttl = ms(r.remote_ttl_ms);
-    c.origin = r.origin;
+    c.order = r.order;
     c
 }
 
@@ -803,13 +803,13 @@ async fn the_facade_and_kvroute_serve_decide_alike() {
         .map(|_| Engine::start_with("both", ENGINE_FLAGS))
         .collect();
     let nats = NatsServer::start();
-    // One text per replica, differing in its origin id only: ids rank the
-    // replicas (where each one's rotations start), and a random id per start
-    // would rank the two worlds' replicas differently.
-    let text_of = |origin: u64| {
+    // One text per replica, differing in its place only: the replicas rank
+    // themselves in that order (where each one's rotations start), where
+    // random ids per start would rank the two worlds' replicas differently.
+    let text_of = |order: u32| {
         let mut text = config_head(&format!(
             "[limits]\nengine_load_poll_ms = 50\n\
-             [replicas]\nnats = \"{}\"\nremote_ttl_ms = 60000\norigin = {origin}\n",
+             [replicas]\nnats = \"{}\"\nremote_ttl_ms = 60000\norder = {order}\n",
             nats.url()
         ));
         text.push_str(&kv_rule(RULE, "converged"));
@@ -818,7 +818,7 @@ async fn the_facade_and_kvroute_serve_decide_alike() {
         }
         text
     };
-    let texts = [text_of(1), text_of(2)];
+    let texts = [text_of(0), text_of(1)];
     let configs = texts
         .each_ref()
         .map(|t| ServeConfig::from_toml(t, &repo()).unwrap_or_else(|e| panic!("{e}")));

@@ -617,9 +617,7 @@ impl Rule {
             loads: &d.loads,
         };
         let tie_turn = if cfg.choice == Choice::KvExact {
-            let n = cfg.endpoints.len() as u64;
-            let turn = self.tie_turns.fetch_add(1, Ordering::Relaxed);
-            turn.wrapping_add(d.deciders.rotation_start(n))
+            self.tie_turns.fetch_add(1, Ordering::Relaxed)
         } else {
             0
         };

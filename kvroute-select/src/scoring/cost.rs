@@ -347,7 +347,7 @@ fn cached_tokens(
 
 /// [`CostConfig`]'s terms for one endpoint, in prefill-token equivalents per
 /// unit of capacity.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct CostTerms {
     /// Predicted time to first token: the queue ahead plus this request's own
     /// uncached prefill there.
@@ -544,6 +544,59 @@ impl<'c, const ROOM: bool> Model<'c, ROOM> {
     }
 }
 
+/// The candidates tied with the best one (cost within `tie_tokens`, same
+/// utilisation) when several deciders decide on one view at once
+/// ([`crate::Deciders`]; in its turn a decider sees the lower ranks'
+/// placements and breaks ties as one alone does): alone the tie
+/// nearest after the rule's turn wins; deciders started together count
+/// their turns alike, so each takes the tie `rank · k / count` places on
+/// among the `k` ties instead (rank 0 the one a decider alone takes), and
+/// replicas spread their first ties over the tied endpoints, however few
+/// and wherever they are. At most [`Ties::KEPT`] are kept (the first met),
+/// enough to part every decider of a fleet.
+struct Ties {
+    /// (tie rank, index, terms, prefix).
+    kept: [(usize, usize, CostTerms, u32); Ties::KEPT],
+    len: usize,
+}
+
+impl Default for Ties {
+    fn default() -> Self {
+        Self {
+            kept: [(0, 0, CostTerms::default(), 0); Ties::KEPT],
+            len: 0,
+        }
+    }
+}
+
+impl Ties {
+    const KEPT: usize = 64;
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    fn push(&mut self, rank: usize, index: usize, terms: CostTerms, prefix: u32) {
+        if let Some(slot) = self.kept.get_mut(self.len) {
+            *slot = (rank, index, terms, prefix);
+            self.len += 1;
+        }
+    }
+
+    /// This decider's tie: (index, terms, prefix); `None` for one tie.
+    fn pick(&mut self, deciders: crate::load::Deciders) -> Option<(usize, CostTerms, u32)> {
+        let kept = self.kept.get_mut(..self.len)?;
+        if kept.len() < 2 {
+            return None;
+        }
+        kept.sort_unstable_by_key(|&(rank, ..)| rank);
+        let k = u64::try_from(kept.len()).ok()?;
+        let at = usize::try_from(deciders.rotate(0, k)).ok()?;
+        kept.get(at)
+            .map(|&(_, i, terms, prefix)| (i, terms, prefix))
+    }
+}
+
 /// The bounded-load cap's limit for the last capacity asked about: fleets
 /// are mostly of one size, and the limit costs a division and a rounding.
 struct LimitMemo {
@@ -612,6 +665,9 @@ fn pick_cost_with<const ROOM: bool>(
     let band = cfg.tie_tokens.max(0.0);
     // (index, terms, utilisation, tie rank, prefix)
     let mut best: Option<(usize, CostTerms, f64, usize, u32)> = None;
+    // Among several deciders, the candidates tied with the best (see
+    // `Ties`); alone the nearest after the turn wins, as kept in `best`.
+    let mut ties = input.deciders.at_once().then(Ties::default);
     let mut longest: Option<(usize, CostTerms, u32)> = None;
     // Candidates holding the longest prefix: more than one means it is
     // replicated (a shared system prompt), not one conversation's history.
@@ -636,14 +692,24 @@ fn pick_cost_with<const ROOM: bool>(
         let util = f64::from(l.in_flight) / f64::from(cap);
         // Places after the turn's endpoint, so exact ties rotate.
         let rank = if i >= turn { i - turn } else { i + n - turn };
-        let better = match best {
-            None => true,
+        let (better, tied) = match best {
+            None => (true, false),
             Some((_, bt, bu, br, _)) => {
                 let bc = bt.cost;
-                cost < bc - band
-                    || ((cost - bc).abs() <= band && (util < bu || (util == bu && rank < br)))
+                let tied = (cost - bc).abs() <= band && util == bu;
+                let better = cost < bc - band
+                    || ((cost - bc).abs() <= band && (util < bu || (tied && rank < br)));
+                (better, tied)
             }
         };
+        if let Some(t) = ties.as_mut() {
+            if better && !tied {
+                t.clear();
+            }
+            if better || tied {
+                t.push(rank, i, terms, prefix);
+            }
+        }
         if better {
             best = Some((i, terms, util, rank, prefix));
         }
@@ -660,9 +726,12 @@ fn pick_cost_with<const ROOM: bool>(
             longest = Some((i, terms, prefix));
         }
     }
-    let Some((mut index, best_terms, _, _, mut prefix)) = best else {
+    let Some((mut index, mut best_terms, _, _, mut prefix)) = best else {
         return ScorePick::Miss(MissReason::AllCandidatesFiltered);
     };
+    if let Some((i, terms, p)) = ties.and_then(|mut t| t.pick(input.deciders)) {
+        (index, best_terms, prefix) = (i, terms, p);
+    }
     let cheapest = index;
     let slack = cfg.affinity_tokens.max(0.0);
     // Affinity weighs predicted time to first token, and the cached tokens

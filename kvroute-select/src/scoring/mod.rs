@@ -219,9 +219,9 @@ pub struct ScoreInput<'a> {
     pub retry: bool,
     /// The rule's turn counter: advances once per decision, so exact ties
     /// can take turns as under round robin instead of going to endpoint
-    /// order. Among several [`ScoreInput::deciders`] each counts from a
-    /// start of its own, `rank · n / count` of the `n` endpoints, so that
-    /// replicas started together do not break their first ties alike.
+    /// order. Deciders started together count their turns alike: the cost
+    /// scorer parts them among the tied endpoints by their
+    /// [`ScoreInput::deciders`] rank.
     pub turn: u64,
     /// Who routes over these endpoints ([`crate::Load::deciders`]).
     pub deciders: crate::Deciders,

@@ -39,7 +39,7 @@ pub fn reference_events(body: &[u8], limit: usize) -> (Vec<Vec<u8>>, bool) {
     let (mut events, mut data, mut spoiled, mut overflowed) =
         (Vec::new(), Vec::new(), false, false);
     for (k, line) in lines.into_iter().enumerate() {
-        if line.len() > limit {
+        if line.len() + data.len() > limit {
             (spoiled, overflowed) = (true, true);
             data.clear();
             continue;

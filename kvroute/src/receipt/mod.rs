@@ -45,11 +45,11 @@ use self::sse::SseEvents;
 pub mod fuzzing;
 mod sse;
 
-/// Largest JSON answer (or SSE line, or one SSE event's data) held for the receipt; past it the
+/// Largest JSON answer (or SSE line and its event's data) held for the receipt; past it the
 /// receipt is `None` and the body still streams through untouched. A chat
-/// answer with usage is a few KB; 4 MiB bounds the scanner's memory per
-/// request whatever the engine sends (only the `usage` object is built from
-/// it, the rest is skipped).
+/// answer with usage is a few KB; 4 MiB bounds what the scanner holds per
+/// request whatever the engine sends (its buffers' capacity at most twice
+/// that; only the `usage` object is built from it, the rest is skipped).
 pub const MAX_SCAN_BYTES: usize = 4 << 20;
 
 /// How a response body is framed.

@@ -11,12 +11,32 @@
 //! * At the end of the body an event not yet dispatched is dispatched (the
 //!   standard drops it; a receipt is taken from whatever arrived).
 //!
-//! Memory is bounded: a line or an event's data longer than the limit makes
-//! that event nothing (counted by [`SseEvents::overflowed`]); the events
-//! before and after it still count.
+//! Memory is bounded: a line longer than the limit less the data its event
+//! holds so far, or an event's data longer than the limit, makes that event
+//! nothing (counted by [`SseEvents::overflowed`]); the events before and
+//! after it still count. A line and its event's data together stay within
+//! the limit; the buffers' capacity grows to at most the limit each, and a
+//! large one is freed once its line or event is over.
 
 /// The byte-order mark an event stream may start with.
 const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// A buffer's capacity kept for the next line or event; a larger one is
+/// freed (an over-long line must not pin its memory for the stream's life).
+const KEEP: usize = 64 << 10;
+
+/// Appends `parts` to `v` after one reservation, its capacity growing to at
+/// most `cap` (a reallocation holds the old buffer and the new one at once).
+fn append(v: &mut Vec<u8>, parts: &[&[u8]], cap: usize) {
+    let need = v.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+    if need > v.capacity() {
+        let want = need.max(v.capacity().saturating_mul(2)).min(cap.max(need));
+        v.reserve_exact(want - v.len());
+    }
+    for p in parts {
+        v.extend_from_slice(p);
+    }
+}
 
 /// An event stream's parser, fed the body's chunks.
 #[derive(Debug)]
@@ -85,11 +105,13 @@ impl SseEvents {
                 self.line_ended(part, on_event);
             } else {
                 self.hold(part);
-                let line = std::mem::take(&mut self.line);
+                let mut line = std::mem::take(&mut self.line);
                 self.line_ended(&line, on_event);
-                // Keep the buffer's room for the next long line.
-                self.line = line;
-                self.line.clear();
+                // Keep the buffer's room for the next line, unless large.
+                if line.capacity() <= KEEP {
+                    line.clear();
+                    self.line = line;
+                }
             }
         }
         self.hold(rest);
@@ -111,17 +133,19 @@ impl SseEvents {
         if self.skipping || part.is_empty() {
             return;
         }
-        if self.line.len() + part.len() > self.limit {
+        let room = self.limit.saturating_sub(self.data.len());
+        if self.line.len() + part.len() > room {
             self.skipping = true;
             self.line = Vec::new();
         } else {
-            self.line.extend_from_slice(part);
+            append(&mut self.line, &[part], room);
         }
     }
 
     fn line_ended(&mut self, line: &[u8], on_event: &mut impl FnMut(&[u8])) {
-        // The limit counts the line as it came, a byte-order mark included.
-        if std::mem::take(&mut self.skipping) || line.len() > self.limit {
+        // The limit counts the line as it came, a byte-order mark included,
+        // with the data its event holds.
+        if std::mem::take(&mut self.skipping) || line.len() + self.data.len() > self.limit {
             self.first = false;
             self.spoil();
             return;
@@ -153,8 +177,7 @@ impl SseEvents {
             self.spoil();
             return;
         }
-        self.data.extend_from_slice(value);
-        self.data.push(b'\n');
+        append(&mut self.data, &[value, b"\n"], self.limit);
     }
 
     /// The event under way loses its data to the limit.
@@ -169,6 +192,9 @@ impl SseEvents {
             if let Some(data) = self.data.strip_suffix(b"\n") {
                 on_event(data);
             }
+        }
+        if self.data.capacity() > KEEP {
+            self.data = Vec::new();
         }
         self.data.clear();
     }

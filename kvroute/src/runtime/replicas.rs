@@ -70,6 +70,16 @@ pub struct ReplicaConfig {
     /// stopped one's entries have been quiet for `ttl` and then its last
     /// sequence number kept for another `ttl`.
     pub origin: Option<u64>,
+    /// This replica's place among the replicas (`None`, the default: ranked
+    /// by its random origin id). The replicas rank themselves in this
+    /// order, lowest first: set it, different on every replica, where the
+    /// ranks (turns within a burst, zones, where each one's rotations
+    /// start) must be the same in every run. Unlike a fixed
+    /// [`ReplicaConfig::origin`], each router instance still draws an id of
+    /// its own beneath it, so a router that replaces another (a rule
+    /// rebuilt) is news at once, never mistaken for the one retiring.
+    /// Ignored when `origin` is set.
+    pub order: Option<u32>,
     /// Turns within a burst (default 2 ms; zero: none): while this
     /// replica's decisions come in bursts, the replica of rank `k` holds
     /// each request `k · stagger` before deciding it, so that it decides
@@ -90,6 +100,8 @@ impl fmt::Debug for ReplicaConfig {
             .field("heartbeat", &self.heartbeat)
             .field("ttl", &self.ttl)
             .field("stagger", &self.stagger)
+            .field("origin", &self.origin)
+            .field("order", &self.order)
             .finish_non_exhaustive()
     }
 }
@@ -107,6 +119,7 @@ impl ReplicaConfig {
             max_origins: 64,
             max_message_bytes: 1 << 20,
             origin: None,
+            order: None,
             stagger: Duration::from_millis(2),
         }
     }
@@ -320,6 +333,18 @@ impl Counting {
     }
 }
 
+/// The origin id of a router configured with `config`: its fixed one, or an
+/// unpredictable one, beneath its [`ReplicaConfig::order`] if it has one
+/// (ids rank the replicas; never 0).
+pub(crate) fn origin_of(config: &ReplicaConfig) -> u64 {
+    match (config.origin, config.order) {
+        (Some(o), _) => o.max(1),
+        (None, Some(order)) => u64::from(order) << 32 | (new_origin() & u64::from(u32::MAX)),
+        (None, None) => new_origin(),
+    }
+    .max(1)
+}
+
 /// A process-unique, unpredictable origin id (never 0, which means
 /// "nobody" in the tracker).
 pub(crate) fn new_origin() -> u64 {
@@ -508,6 +533,25 @@ mod tests {
             })
             .sum();
         assert_eq!(sent, 5);
+    }
+
+    /// A place orders the ids (ranks follow it) while every router draws
+    /// its own id beneath it: a router rebuilt under the same place is
+    /// never the one retiring. A fixed origin is taken as it is.
+    #[test]
+    fn a_place_orders_the_ids_and_each_router_draws_its_own() {
+        let mut c = ReplicaConfig::new(Arc::new(crate::HostTransport));
+        let mut placed = |order| {
+            c.order = Some(order);
+            origin_of(&c)
+        };
+        let (a, b, later) = (placed(1), placed(1), placed(2));
+        assert_ne!(a, b, "one place, two routers");
+        assert_eq!((a >> 32, b >> 32, later >> 32), (1, 1, 2));
+        assert!(a < later && b < later);
+        assert!(placed(0) < a && placed(0) > 0);
+        c.origin = Some(7);
+        assert_eq!(origin_of(&c), 7);
     }
 
     #[test]

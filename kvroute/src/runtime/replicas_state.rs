@@ -10,7 +10,7 @@ use kvroute_select::{Applied, LoadDelta, RemoteConfig, RemoteLoad};
 use parking_lot::Mutex;
 
 use super::replicas::{
-    encode, new_origin, send_bound, Counting, EndpointDelta, ReplicaBatch, ReplicaConfig,
+    encode, origin_of, send_bound, Counting, EndpointDelta, ReplicaBatch, ReplicaConfig,
     ReplicaCounters, ReplicaError, ReplicaSubscription,
 };
 use super::slots::{at_epoch, slots_of};
@@ -113,7 +113,7 @@ pub(crate) struct ReplicaState {
 
 impl ReplicaState {
     pub(crate) fn new(config: ReplicaConfig, endpoints: usize, name: &str) -> Self {
-        let origin = config.origin.map_or_else(new_origin, |o| o.max(1));
+        let origin = origin_of(&config);
         Self {
             pool: config.pool.clone().unwrap_or_else(|| name.to_owned()),
             remote: RemoteLoad::new(

@@ -389,7 +389,7 @@ impl Gateway {
             r.heartbeat = Duration::from_millis(cfg.heartbeat_ms.max(1));
             r.stagger = Duration::from_millis(cfg.stagger_ms);
             r.ttl = Duration::from_millis(cfg.remote_ttl_ms.max(1));
-            r.origin = cfg.origin;
+            r.order = cfg.order;
             b = b.replicas(r);
         }
         b

@@ -151,10 +151,10 @@ pub struct ReplicasConfig {
     /// Received messages buffered at most while earlier ones are applied;
     /// beyond it the NATS client drops them (counted as `slow_consumer`).
     pub receive_buffer: usize,
-    /// This replica's id among the replicas, at least 1 (unset: a random
-    /// one each start). Ids rank the replicas: set them, all different,
-    /// where the ranks must be the same in every run.
-    pub origin: Option<u64>,
+    /// This replica's place among the replicas (unset: a random one each
+    /// start). The replicas rank themselves in this order: set it, different
+    /// on every replica, where the ranks must be the same in every run.
+    pub order: Option<u32>,
 }
 
 impl Default for ReplicasConfig {
@@ -177,7 +177,7 @@ impl Default for ReplicasConfig {
             heartbeat_ms: ms(lib.heartbeat),
             remote_ttl_ms: ms(lib.ttl),
             receive_buffer: kvroute::nats::NatsOptions::new("").subscription_capacity,
-            origin: lib.origin,
+            order: lib.order,
         }
     }
 }

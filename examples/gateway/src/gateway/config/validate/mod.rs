@@ -820,9 +820,6 @@ fn validate_replicas(mut cfg: ReplicasConfig, base: &Path) -> Result<ReplicasCon
     if cfg.receive_buffer == 0 {
         return Err(invalid("replicas.receive_buffer", "must be at least 1"));
     }
-    if cfg.origin == Some(0) {
-        return Err(invalid("replicas.origin", "must be at least 1"));
-    }
     if cfg.stagger_ms > MAX_STAGGER_MS {
         return Err(invalid(
             "replicas.stagger_ms",

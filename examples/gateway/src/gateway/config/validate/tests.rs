@@ -573,18 +573,16 @@ fn the_replica_ttl_must_outlast_a_heartbeat_and_a_wake_up() {
     assert!(file("sync_interval_ms = 10000\nheartbeat_ms = 1000\nremote_ttl_ms = 2001").is_ok());
 }
 
-/// `replicas.origin`: unset by default (a random id per start), read when
-/// set, 0 refused.
+/// `replicas.order`: unset by default (ranked by a random id per start),
+/// read when set, a place beyond 32 bits refused.
 #[test]
-fn a_replica_origin_is_read_and_zero_refused() {
+fn a_replica_order_is_read() {
     let file = |extra: &str| serve_config(&format!("[replicas]\n{extra}"));
-    assert_eq!(file("").unwrap().replicas.origin, None);
-    assert_eq!(file("origin = 3").unwrap().replicas.origin, Some(3));
-    let err = file("origin = 0").unwrap_err().to_string();
-    assert!(
-        err.starts_with("replicas.origin: must be at least 1"),
-        "{err}"
-    );
+    assert_eq!(file("").unwrap().replicas.order, None);
+    assert_eq!(file("order = 0").unwrap().replicas.order, Some(0));
+    assert_eq!(file("order = 3").unwrap().replicas.order, Some(3));
+    let err = file("order = 4294967296").unwrap_err().to_string();
+    assert!(err.contains("replicas.order"), "{err}");
 }
 
 /// `[[models]] max_model_len` and `content_format`: read, left out by
