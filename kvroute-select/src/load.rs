@@ -125,7 +125,7 @@ impl Deciders {
     /// its turn sees the lower ranks' placements and is made as a decider
     /// alone makes it.
     #[must_use]
-    pub(crate) fn at_once(self) -> bool {
+    pub fn at_once(self) -> bool {
         self.count > 1 && (!self.ordered || self.home)
     }
 
@@ -135,22 +135,50 @@ impl Deciders {
     /// from one view at one instant (replicas started together, each with
     /// its first request of a burst) start `size / count` places apart
     /// instead of on the same place; otherwise 0, as for a decider alone.
+    ///
+    /// ```
+    /// use kvroute_select::Deciders;
+    /// let third = Deciders { count: 4, rank: 3, ..Deciders::ALONE };
+    /// assert_eq!(third.rotation_start(8), 6);
+    /// assert_eq!(third.rotate(1, 8), 7);
+    /// assert_eq!(Deciders::ALONE.rotate(9, 8), 1);
+    /// ```
     #[must_use]
-    pub(crate) fn rotation_start(self, size: u64) -> u64 {
-        if !self.at_once() || size == 0 {
+    pub fn rotation_start(self, size: u64) -> u64 {
+        if !self.at_once() {
             return 0;
         }
-        u64::from(self.rank % self.count) * size / u64::from(self.count)
+        self.start_among(size)
     }
 
-    /// The place `turn` names among `size` places, from this decider's
-    /// [`Deciders::rotation_start`].
+    /// The place `turn` names among `size` places (0 when there are none),
+    /// from this decider's [`Deciders::rotation_start`]: what a scorer of
+    /// its own uses to break exact ties from [`crate::ScoreInput::turn`].
     #[must_use]
-    pub(crate) fn rotate(self, turn: u64, size: u64) -> u64 {
+    pub fn rotate(self, turn: u64, size: u64) -> u64 {
         if size == 0 {
             return 0;
         }
         (turn % size + self.rotation_start(size)) % size
+    }
+
+    /// [`Deciders::rotate`] for a rotation blind to load (round robin): the
+    /// lower ranks' placements in the view do not move it, so deciders
+    /// start apart whenever there are several, in their turns too.
+    #[must_use]
+    pub(crate) fn rotate_blind(self, turn: u64, size: u64) -> u64 {
+        if size == 0 {
+            return 0;
+        }
+        (turn % size + self.start_among(size)) % size
+    }
+
+    /// `rank · size / count` (0 for a decider alone).
+    fn start_among(self, size: u64) -> u64 {
+        if self.count <= 1 || size == 0 {
+            return 0;
+        }
+        u64::from(self.rank % self.count) * size / u64::from(self.count)
     }
 
     /// What this decider mixes into its pseudo-random draws: 0 alone (the

@@ -100,7 +100,7 @@ impl SelectorState {
             pool.candidates().nth(k).map(|(i, _, _)| i)
         };
         let turn = |k: u64| {
-            let k = usize::try_from(deciders.rotate(k, count as u64)).unwrap_or(0);
+            let k = usize::try_from(deciders.rotate_blind(k, count as u64)).unwrap_or(0);
             pool.candidates().nth(k).map(|(i, _, _)| i)
         };
         match kind {

@@ -544,6 +544,9 @@ impl<'c, const ROOM: bool> Model<'c, ROOM> {
     }
 }
 
+/// Ties kept at most ([`Ties`]).
+const TIES_KEPT: usize = 64;
+
 /// The candidates tied with the best one (cost within `tie_tokens`, same
 /// utilisation) when several deciders decide on one view at once
 /// ([`crate::Deciders`]; in its turn a decider sees the lower ranks'
@@ -552,26 +555,26 @@ impl<'c, const ROOM: bool> Model<'c, ROOM> {
 /// their turns alike, so each takes the tie `rank · k / count` places on
 /// among the `k` ties instead (rank 0 the one a decider alone takes), and
 /// replicas spread their first ties over the tied endpoints, however few
-/// and wherever they are. At most [`Ties::KEPT`] are kept (the first met),
-/// enough to part every decider of a fleet.
+/// and wherever they are. At most [`TIES_KEPT`] are kept, those of the
+/// lowest tie ranks (so the one a decider alone takes among them), enough
+/// to part every decider of a fleet.
+#[derive(Clone, Copy)]
 struct Ties {
     /// (tie rank, index, terms, prefix).
-    kept: [(usize, usize, CostTerms, u32); Ties::KEPT],
+    kept: [(usize, usize, CostTerms, u32); TIES_KEPT],
     len: usize,
 }
 
 impl Default for Ties {
     fn default() -> Self {
         Self {
-            kept: [(0, 0, CostTerms::default(), 0); Ties::KEPT],
+            kept: [(0, 0, CostTerms::default(), 0); TIES_KEPT],
             len: 0,
         }
     }
 }
 
 impl Ties {
-    const KEPT: usize = 64;
-
     fn clear(&mut self) {
         self.len = 0;
     }
@@ -580,6 +583,13 @@ impl Ties {
         if let Some(slot) = self.kept.get_mut(self.len) {
             *slot = (rank, index, terms, prefix);
             self.len += 1;
+            return;
+        }
+        // Full: the new one replaces the highest rank kept, if it is lower.
+        if let Some(slot) = self.kept.iter_mut().max_by_key(|(r, ..)| *r) {
+            if rank < slot.0 {
+                *slot = (rank, index, terms, prefix);
+            }
         }
     }
 
@@ -787,5 +797,38 @@ fn pick_cost_with<const ROOM: bool>(
         index,
         predicted_blocks: prefix,
         diverted: prefix < best_figure,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CostTerms, Ties};
+    use crate::load::Deciders;
+
+    /// More ties than are kept, met in endpoint order while the turn sits
+    /// past the first 64: the kept ones are the lowest tie ranks, so rank 0
+    /// takes the tie a decider alone takes, and the others part after it.
+    #[test]
+    fn the_lowest_tie_ranks_are_kept() {
+        let (n, turn) = (100usize, 70usize);
+        let mut ties = Ties::default();
+        for i in 0..n {
+            let rank = (i + n - turn) % n;
+            ties.push(rank, i, CostTerms::default(), 0);
+        }
+        let pick = |rank| {
+            let mut t = ties;
+            let d = Deciders {
+                count: 4,
+                rank,
+                ..Deciders::ALONE
+            };
+            t.pick(d).map(|(i, ..)| i)
+        };
+        assert_eq!(pick(0), Some(turn), "the tie a decider alone takes");
+        // 64 kept: ranks 0..63, endpoints 70..99 then 0..33.
+        assert_eq!(pick(1), Some(86));
+        assert_eq!(pick(2), Some(2));
+        assert_eq!(pick(3), Some(18));
     }
 }

@@ -221,7 +221,8 @@ pub struct ScoreInput<'a> {
     /// can take turns as under round robin instead of going to endpoint
     /// order. Deciders started together count their turns alike: the cost
     /// scorer parts them among the tied endpoints by their
-    /// [`ScoreInput::deciders`] rank.
+    /// [`ScoreInput::deciders`] rank ([`crate::Deciders::rotate`] does it
+    /// for a scorer of a host's own).
     pub turn: u64,
     /// Who routes over these endpoints ([`crate::Load::deciders`]).
     pub deciders: crate::Deciders,

@@ -49,7 +49,8 @@ mod sse;
 /// receipt is `None` and the body still streams through untouched. A chat
 /// answer with usage is a few KB; 4 MiB bounds what the scanner holds per
 /// request whatever the engine sends (its buffers' capacity at most twice
-/// that; only the `usage` object is built from it, the rest is skipped).
+/// that, 2.5 times for an instant while one grows; only the `usage` object
+/// is built from it, the rest is skipped).
 pub const MAX_SCAN_BYTES: usize = 4 << 20;
 
 /// How a response body is framed.
