@@ -739,7 +739,7 @@ fn pick_cost_with<const ROOM: bool>(
     let Some((mut index, mut best_terms, _, _, mut prefix)) = best else {
         return ScorePick::Miss(MissReason::AllCandidatesFiltered);
     };
-    if let Some((i, terms, p)) = ties.and_then(|mut t| t.pick(input.deciders)) {
+    if let Some((i, terms, p)) = ties.as_mut().and_then(|t| t.pick(input.deciders)) {
         (index, best_terms, prefix) = (i, terms, p);
     }
     let cheapest = index;

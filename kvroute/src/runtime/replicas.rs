@@ -338,7 +338,7 @@ impl Counting {
 /// (ids rank the replicas; never 0).
 pub(crate) fn origin_of(config: &ReplicaConfig) -> u64 {
     match (config.origin, config.order) {
-        (Some(o), _) => o.max(1),
+        (Some(o), _) => o,
         (None, Some(order)) => u64::from(order) << 32 | (new_origin() & u64::from(u32::MAX)),
         (None, None) => new_origin(),
     }
