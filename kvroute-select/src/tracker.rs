@@ -251,9 +251,7 @@ impl LoadTracker {
     /// Replica sync: marks the slot for the next outbox drain.
     fn touched(&self, s: &Slot) {
         if let Some(outbox) = &self.sync {
-            if s.dirty.swap(true, Ordering::AcqRel) {
-                outbox.coalesced.fetch_add(1, Ordering::Relaxed);
-            }
+            outbox.touched(!s.dirty.swap(true, Ordering::AcqRel));
         }
     }
 

@@ -132,13 +132,44 @@ mod endpoint_number {
 }
 
 /// The outbox state of a [`LoadTracker`] built with [`LoadTracker::with_sync`].
-#[derive(Debug)]
 pub(crate) struct Outbox {
     origin: u64,
     next_seq: AtomicU64,
     resync: AtomicBool,
     pub(crate) coalesced: AtomicU64,
     emitted: AtomicU64,
+    /// Some endpoint changed since the last drain began.
+    pending: AtomicBool,
+    /// Called when `pending` turns on ([`LoadTracker::wake_on_change`]).
+    wake: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("origin", &self.origin)
+            .field("next_seq", &self.next_seq)
+            .field("resync", &self.resync)
+            .field("coalesced", &self.coalesced)
+            .field("emitted", &self.emitted)
+            .field("pending", &self.pending)
+            .field("wake", &self.wake.is_some())
+            .finish()
+    }
+}
+
+impl Outbox {
+    /// A slot was touched; `first`: it had nothing waiting since the last
+    /// drain. Wakes the host once per drain, however many endpoints change.
+    pub(crate) fn touched(&self, first: bool) {
+        if !first {
+            self.coalesced.fetch_add(1, Ordering::Relaxed);
+        } else if !self.pending.swap(true, Ordering::AcqRel) {
+            if let Some(wake) = &self.wake {
+                wake();
+            }
+        }
+    }
 }
 
 /// Counters of a tracker's outbox.
@@ -164,8 +195,43 @@ impl LoadTracker {
             resync: AtomicBool::new(false),
             coalesced: AtomicU64::new(0),
             emitted: AtomicU64::new(0),
+            pending: AtomicBool::new(false),
+            wake: None,
         });
         t
+    }
+
+    /// Calls `wake` when an endpoint's load changes while nothing waited to
+    /// be drained: at most once between two [`LoadTracker::drain_deltas`],
+    /// so a host's sync task can sleep until there is something to send
+    /// instead of polling. `wake` runs on the thread that charged or
+    /// released the load and must not block (e.g. notify a task). Nothing
+    /// without [`LoadTracker::with_sync`].
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use kvroute_core::EndpointId;
+    /// use kvroute_select::{LoadTracker, Target};
+    ///
+    /// let woken = Arc::new(AtomicUsize::new(0));
+    /// let w = Arc::clone(&woken);
+    /// let tracker = Arc::new(LoadTracker::with_sync(2, 7).wake_on_change(move || {
+    ///     w.fetch_add(1, Ordering::Relaxed);
+    /// }));
+    /// let a = tracker.charge(Target { endpoint: EndpointId(0), decode: None }, 100);
+    /// let b = tracker.charge(Target { endpoint: EndpointId(1), decode: None }, 100);
+    /// assert_eq!(woken.load(Ordering::Relaxed), 1); // one wake for both
+    /// tracker.drain_deltas(&mut Vec::new());
+    /// drop((a, b));
+    /// assert_eq!(woken.load(Ordering::Relaxed), 2);
+    /// ```
+    #[must_use]
+    pub fn wake_on_change(mut self, wake: impl Fn() + Send + Sync + 'static) -> Self {
+        if let Some(outbox) = &mut self.sync {
+            outbox.wake = Some(Box::new(wake));
+        }
+        self
     }
 
     /// The origin id this tracker announces, if it syncs.
@@ -185,6 +251,9 @@ impl LoadTracker {
         let Some(outbox) = &self.sync else {
             return 0;
         };
+        // Before the slots are read: a change to a slot already read sets
+        // it again and wakes the host for the next drain.
+        outbox.pending.store(false, Ordering::Release);
         let all = outbox.resync.swap(false, Ordering::AcqRel);
         let mut n = 0;
         for (i, s) in self.slots.iter().enumerate() {

@@ -63,6 +63,40 @@ fn every_guard_transition_is_announced() {
     assert!(drain(&t).is_empty(), "nothing changed");
 }
 
+/// The host is woken once per drain, by the first change after it,
+/// whatever changes (a charge, a first byte, an end) and however many
+/// endpoints; a tracker without sync never calls it.
+#[test]
+fn a_change_wakes_the_host_once_until_the_next_drain() {
+    use std::sync::atomic::AtomicUsize;
+    let woken = Arc::new(AtomicUsize::new(0));
+    let w = Arc::clone(&woken);
+    let t = Arc::new(LoadTracker::with_sync(3, 7).wake_on_change(move || {
+        w.fetch_add(1, Ordering::Relaxed);
+    }));
+    let wakes = || woken.load(Ordering::Relaxed);
+    assert_eq!(wakes(), 0, "nothing changed yet");
+    let mut a = t.charge(target(0, Some(2)), 300);
+    let b = t.charge(target(1, None), 10);
+    assert_eq!(wakes(), 1, "one wake for three endpoints");
+    assert_eq!(drain(&t).len(), 3);
+    a.first_byte();
+    assert_eq!(wakes(), 2, "a first byte after the drain");
+    drop(b);
+    assert_eq!(wakes(), 2, "the host is awake already");
+    assert_eq!(drain(&t).len(), 2);
+    assert!(drain(&t).is_empty());
+    assert_eq!(wakes(), 2, "a drain of nothing wakes nothing");
+    drop(a);
+    assert_eq!(wakes(), 3, "an end after the drain");
+    let w = Arc::clone(&woken);
+    let plain = Arc::new(LoadTracker::new(1).wake_on_change(move || {
+        w.fetch_add(1, Ordering::Relaxed);
+    }));
+    drop(plain.charge(target(0, None), 1));
+    assert_eq!(wakes(), 3, "no outbox, no wake");
+}
+
 #[test]
 fn outbox_coalesces_instead_of_dropping() {
     let t = Arc::new(LoadTracker::with_sync(1, 7));

@@ -423,7 +423,7 @@ fn encode_rows(
 
 fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::fmt::Result {
     type Field = fn(&crate::ReplicaCounters) -> u64;
-    let families: [(&str, MetricType, &str, Field); 14] = [
+    let families: [(&str, MetricType, &str, Field); 15] = [
         (
             "kvroute_replica_sent_batches",
             MetricType::Counter,
@@ -433,8 +433,14 @@ fn encode_replicas(enc: &mut DescriptorEncoder, rows: &[RouterRow<'_>]) -> std::
         (
             "kvroute_replica_sent_at_once",
             MetricType::Counter,
-            "Replica batches published at once on a decision after a quiet sync interval.",
+            "Replica batches published at once on a change after a quiet sync interval.",
             |c| c.sent_at_once,
+        ),
+        (
+            "kvroute_replica_wakes",
+            MetricType::Counter,
+            "Times the replica publishing task woke to send or check.",
+            |c| c.wakes,
         ),
         (
             "kvroute_replica_sent_deltas",

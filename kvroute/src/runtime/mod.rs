@@ -732,9 +732,6 @@ impl KvRouter {
             },
             0,
         );
-        if let Some(r) = &self.shared.replicas {
-            r.decided(false);
-        }
         Some(guard)
     }
 

@@ -119,8 +119,12 @@ impl Pick {
             .decision
             .predicted_prefill_tokens(shared.contract.block_size);
         pick.guard = Some(shared.tracker.charge(target, prefill));
-        if let Some(r) = &shared.replicas {
-            r.decided(pick.input.turn().in_turn);
+        if let Some(r) = shared
+            .replicas
+            .as_ref()
+            .filter(|_| pick.input.turn().in_turn)
+        {
+            r.decided_in_turn();
         }
         if let Some(outcome) = pick.ids_outcome() {
             shared.token_ids.record(outcome);
@@ -306,9 +310,6 @@ impl Pick {
                     (Some(g), Some(d)) if decode_only => g.retarget_decode(d),
                     (Some(g), _) => g.retarget(t, prefill),
                     (None, _) => self.guard = Some(self.shared.tracker.charge(t, prefill)),
-                }
-                if let Some(r) = &self.shared.replicas {
-                    r.decided(false);
                 }
             }
             None => self.guard = None,

@@ -253,9 +253,10 @@ pub struct EndpointDelta {
 pub struct ReplicaCounters {
     /// Batches published.
     pub sent_batches: u64,
-    /// Of those, published at once on a decision: one that came after a
-    /// quiet [`ReplicaConfig::sync_interval`], or one decided in its turn
-    /// (the rest waited for the interval).
+    /// Of those, published at once on a change (a decision, a request's
+    /// first byte or end): one that came after a quiet
+    /// [`ReplicaConfig::sync_interval`], or a decision in its turn (the rest
+    /// waited for the interval).
     pub sent_at_once: u64,
     /// Endpoint deltas published.
     pub sent_deltas: u64,
@@ -287,6 +288,11 @@ pub struct ReplicaCounters {
     pub expired: u64,
     /// Other replicas counted now.
     pub replicas: u64,
+    /// Times the publishing task woke to send: on a change, when a change
+    /// held back by the sync interval was due, and every 100 ms (at most
+    /// every heartbeat) to check heartbeats, reconnections and expiry.
+    /// Without traffic, about ten a second.
+    pub wakes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -304,6 +310,7 @@ pub(crate) struct Counting {
     pub(crate) undecodable: AtomicU64,
     pub(crate) oversized: AtomicU64,
     pub(crate) unsendable: AtomicU64,
+    pub(crate) wakes: AtomicU64,
 }
 
 impl Counting {
@@ -329,6 +336,7 @@ impl Counting {
             unsendable: get(&self.unsendable),
             expired: remote.expired,
             replicas: remote.origins,
+            wakes: get(&self.wakes),
         }
     }
 }

@@ -101,9 +101,11 @@ pub(crate) struct ReplicaState {
     /// count then.
     last_full: Mutex<(Option<Duration>, u64)>,
     subscription: Mutex<Option<ReplicaSubscription>>,
-    /// A decision charged load: wakes the publishing task, which sends at
-    /// once unless it sent within the last `sync_interval`.
-    decided: Arc<tokio::sync::Notify>,
+    /// Load changed with nothing waiting to be sent (the tracker's
+    /// [`kvroute_select::LoadTracker::wake_on_change`]), or a decision in its
+    /// turn: wakes the publishing task, which sends at once unless it sent
+    /// within the last `sync_interval`. Between changes it sleeps.
+    changed: Arc<tokio::sync::Notify>,
     /// A decision of a burst decided in turns ([`kvroute_select::Turn::in_turn`]:
     /// in its turn, or with a home at once) is waiting to be sent: it goes
     /// at once even within `sync_interval` of the last message, since the
@@ -129,21 +131,25 @@ impl ReplicaState {
             counting: Counting::default(),
             last_full: Mutex::new((None, 0)),
             subscription: Mutex::new(None),
-            decided: Arc::new(tokio::sync::Notify::new()),
+            changed: Arc::new(tokio::sync::Notify::new()),
             in_turn: Arc::new(AtomicBool::new(false)),
         }
     }
 
-    /// A decision charged an endpoint: the publishing task sends it without
-    /// waiting for its next tick when nothing went out during the last
-    /// `sync_interval`, or when it belongs to a burst decided in turns
-    /// (`in_turn`: the higher ranks decide one stagger later, which may be
-    /// sooner than the next tick). Atomic operations only; no lock, never blocks.
-    pub(crate) fn decided(&self, in_turn: bool) {
-        if in_turn {
-            self.in_turn.store(true, Ordering::Release);
-        }
-        self.decided.notify_one();
+    /// What the load tracker calls when an endpoint's load changes with
+    /// nothing waiting to be sent: wakes the publishing task.
+    pub(crate) fn waker(&self) -> impl Fn() + Send + Sync + 'static {
+        let changed = Arc::clone(&self.changed);
+        move || changed.notify_one()
+    }
+
+    /// A decision of a burst decided in turns was charged: the publishing
+    /// task sends it at once even within `sync_interval` of the last
+    /// message, since the higher ranks decide one stagger later and must
+    /// see it. Atomic operations only; no lock, never blocks.
+    pub(crate) fn decided_in_turn(&self) {
+        self.in_turn.store(true, Ordering::Release);
+        self.changed.notify_one();
     }
 
     pub(crate) fn origin(&self) -> u64 {
@@ -162,12 +168,21 @@ impl ReplicaState {
         self.counting.snapshot(&self.remote.counters())
     }
 
-    /// How often the publishing task wakes: every `sync_interval`, but at
-    /// least every `heartbeat` (a heartbeat is sent only when the task
-    /// wakes, and one that came later than `ttl` would let the others
-    /// forget this replica between two), and at most once a day (`MAX`
-    /// means "never" and must not overflow the clock).
-    fn tick_interval(&self) -> Duration {
+    /// How long the publishing task sleeps without changes: it still sends
+    /// heartbeats on time, notices a reconnection within 100 ms (its resend
+    /// goes out then) and frees expired replicas' entries.
+    fn idle_interval(&self) -> Duration {
+        self.config
+            .heartbeat
+            .min(Duration::from_millis(100))
+            .max(self.send_interval())
+    }
+
+    /// The least time between two messages (but those of decisions in
+    /// their turn): `sync_interval`, at most `heartbeat` (heartbeats must
+    /// keep their period), at least 100 µs, and at most a day (`MAX` means
+    /// "never" and must not overflow the clock).
+    fn send_interval(&self) -> Duration {
         self.config
             .sync_interval
             .min(self.config.heartbeat)
@@ -208,7 +223,7 @@ impl ReplicaState {
             Arc::clone(&self.config.transport),
             self.pool.clone(),
         );
-        let (interval, max_bytes) = (self.tick_interval(), self.config.max_message_bytes);
+        let (interval, max_bytes) = (self.send_interval(), self.config.max_message_bytes);
         // A TTL of "never" (`Duration::MAX`) must not overflow the clock:
         // a day of publishing ends are plenty.
         let deadline =
@@ -332,7 +347,7 @@ impl ReplicaState {
 
     /// Publishes the outbox (every endpoint once per heartbeat) and expires
     /// silent replicas; whether anything was sent. `at_once`: woken by a
-    /// decision after a quiet interval.
+    /// change after a quiet interval.
     fn tick(&self, shared: &Shared, at_once: bool) -> bool {
         let now = shared.now();
         let full = {
@@ -373,6 +388,16 @@ impl ReplicaState {
         batch.is_some()
     }
 
+    /// How long until the next heartbeat is due (zero if it is).
+    fn heartbeat_due(&self, shared: &Shared) -> Duration {
+        let last = self.last_full.lock().0;
+        last.map_or(Duration::ZERO, |t| {
+            self.config
+                .heartbeat
+                .saturating_sub(shared.now().saturating_sub(t))
+        })
+    }
+
     /// Subscribes to the pool and starts the publishing task; both end with
     /// the router.
     pub(crate) fn start(
@@ -390,28 +415,34 @@ impl ReplicaState {
         });
         *self.subscription.lock() = Some(self.config.transport.subscribe(&self.pool, sink)?);
         let weak = Arc::downgrade(shared);
-        let interval = self.tick_interval();
+        let interval = self.send_interval();
+        let idle = self.idle_interval();
         let stopped = shared.stopped();
-        let decided = Arc::clone(&self.decided);
+        let changed = Arc::clone(&self.changed);
         let in_turn = Arc::clone(&self.in_turn);
         handle.spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tokio::pin!(stopped);
-            // Leading edge: a decision after a quiet interval goes out at
-            // once and restarts the ticks from there; a decision within an
-            // interval of the last message waits for the next tick, which
-            // sends everything changed since. At most one message per
-            // interval, as with the ticks alone, except for decisions made
-            // in their turn: at most one more message per turn.
-            let mut quiet_from = tokio::time::Instant::now();
+            // Leading edge: a change after a quiet interval goes out at once;
+            // one within an interval of the last message is held until the
+            // interval is over, and that message carries everything changed
+            // meanwhile. At most one message per interval, except for
+            // decisions made in their turn: at most one more per turn.
+            // Without changes the task wakes only every `idle` (heartbeats,
+            // a reconnection's resend, expiry), not every interval: an idle
+            // replica costs next to nothing.
+            let now = tokio::time::Instant::now();
+            let (mut quiet_from, mut next_check, mut held) = (now, now, false);
             loop {
+                let wake_at = if held { quiet_from } else { next_check };
+                // Biased: a change waiting is seen before a due check, so a
+                // change within the interval is held, not sent by the check.
                 let at_once = tokio::select! {
+                    biased;
                     () = &mut stopped => return,
-                    _ = tick.tick() => false,
-                    () = decided.notified() => {
+                    () = changed.notified() => {
                         let turn = in_turn.swap(false, Ordering::AcqRel);
                         if !turn && tokio::time::Instant::now() < quiet_from {
+                            held = true;
                             continue;
                         }
                         // Requests of one turn wake on the same timer tick:
@@ -420,15 +451,21 @@ impl ReplicaState {
                         tokio::task::yield_now().await;
                         true
                     }
+                    () = tokio::time::sleep_until(wake_at) => false,
                 };
+                held = false;
                 let Some(shared) = weak.upgrade() else {
                     return;
                 };
                 if let Some(r) = &shared.replicas {
-                    if r.tick(&shared, at_once) {
-                        quiet_from = tokio::time::Instant::now() + interval;
-                        tick.reset();
+                    Counting::add(&r.counting.wakes, 1);
+                    let sent = r.tick(&shared, at_once);
+                    let now = tokio::time::Instant::now();
+                    if sent {
+                        quiet_from = now + interval;
                     }
+                    // The next heartbeat on time, not up to `idle` late.
+                    next_check = now + idle.min(r.heartbeat_due(&shared));
                 }
             }
         });
@@ -818,5 +855,43 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(n >= 3, "{n} messages in 10 s at a 50 ms heartbeat");
+    }
+
+    /// Without traffic the publishing task sleeps: it wakes every 100 ms
+    /// to check (heartbeats, reconnections, expiry), not every 1 ms sync
+    /// interval, and a request's start and end each wake it and go out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_replica_sleeps_between_changes() {
+        let t = Arc::new(Loopback::default());
+        let router = looped(&t, Duration::from_millis(1), Duration::from_secs(3600));
+        let start = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let wakes = router.replica_counters().expect("counters").wakes;
+        // At most one per 100 ms elapsed, plus the first; a slow machine
+        // only lowers the count. Ticking every sync interval gave ~400.
+        let bound = start.elapsed().as_millis() as u64 / 100 + 2;
+        assert!(wakes <= bound, "{wakes} wakes, at most {bound} expected");
+        let last = || -> Option<u32> {
+            let sent = t.sent.lock();
+            let batch: ReplicaBatch = serde_json::from_slice(sent.last()?).ok()?;
+            batch
+                .endpoints
+                .iter()
+                .find(|e| e.url == "http://e0")
+                .map(|e| e.in_flight)
+        };
+        let guard = router.charge_unrouted("http://e0").expect("e0");
+        let mut ends = Some(guard);
+        for in_flight in [1, 0] {
+            // Bounded wait, not a speed check.
+            for _ in 0..1000 {
+                if last() == Some(in_flight) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(last(), Some(in_flight));
+            drop(ends.take());
+        }
     }
 }

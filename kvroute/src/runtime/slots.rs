@@ -243,7 +243,7 @@ pub(crate) fn assemble(
         .as_ref()
         .map(|cfg| ReplicaState::new(cfg.clone(), n, &b.name));
     let tracker = match &replicas {
-        Some(r) => LoadTracker::with_sync(n, r.origin()),
+        Some(r) => LoadTracker::with_sync(n, r.origin()).wake_on_change(r.waker()),
         None => LoadTracker::new(n),
     };
     let reported = ReportedLoad::new(
