@@ -33,7 +33,11 @@ replica's, every engine within 1.3× of the mean.
 To tell placement from overhead, the engines' request logs give each request's
 own TTFT at the engine (queueing and prefill: what placement decides); the
 rest of the client's TTFT is the gateways', the client's and the machine's.
-The gateways' CPU per request is measured too. Each measurement leaves
+The gateways' CPU per request is measured too, and each gateway's CPU per
+second without traffic (`IDLE_SECONDS` before the arm's requests start). The `apart` arm (`--arms`)
+runs as many gateways as replicas without NATS, each on its own view: what
+running that many gateway processes on this machine costs by itself, apart
+from what the load sharing costs. Each measurement leaves
 `trace-r<run>-<arm>.json` in the log directory: per request its burst,
 conversation, turn, replica, the gateway's decision headers (endpoint, tier,
 predicted cached tokens), the engine's cached tokens and TTFT; and every
@@ -68,6 +72,9 @@ from benchlib import (  # noqa: E402
 
 configure("bench_replicas", "BENCH_REPLICAS_PIDFILE")
 
+# Seconds each arm's gateways are measured without traffic before it starts.
+IDLE_SECONDS = 3.0
+
 
 # ---------------------------------------------------------------- processes
 
@@ -80,6 +87,19 @@ def cpu_seconds(pid: int) -> float:
         return (int(rest[11]) + int(rest[12])) / CLK_TCK
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def cpu_ns(pid: int) -> int:
+    """Time on CPU of every thread of one process, in ns (the scheduler's
+    own count: finer than utime + stime's clock ticks); 0 once it is gone."""
+    total = 0
+    try:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        pass
+    return total
 
 
 def assistant_reply(engines: list[Engine], max_tokens: int) -> str:
@@ -139,7 +159,7 @@ def start_gateways(args, engines, tmp: Path, tag: str, n: int, nats: Nats | None
     for g in gws:
         wait_until("kvroute subscribers", lambda g=g: subscribers_connected(g.admin), procs, 90, g.logfile)
         wait_until("kvroute proxy", lambda g=g: proxy_answers(g.url), procs, 60, g.logfile)
-    if n > 1:
+    if n > 1 and nats:
         # Every replica counts the n-1 others (they show up with their first
         # message, at the latest their first heartbeat).
         def all_seen() -> bool:
@@ -391,10 +411,11 @@ VARZ_KEYS = ("in_msgs", "out_msgs", "in_bytes", "out_bytes")
 
 
 def measure(args, engines, s: Schedule, reply: str, tmp: Path, arm: str, run: int) -> dict:
-    n = args.replicas if arm == "replicas" else 1
+    n = 1 if arm == "one" else args.replicas
     tag = f"r{run}-{arm}"
     reset_engines(engines)
-    nats = Nats(args, tmp, tag) if n > 1 else None
+    # `apart`: as many gateways as `replicas`, sharing nothing (no NATS).
+    nats = Nats(args, tmp, tag) if arm == "replicas" else None
     gws: list[Gateway] = []
     try:
         gws = start_gateways(args, engines, tmp, tag, n, nats)
@@ -409,8 +430,13 @@ def measure(args, engines, s: Schedule, reply: str, tmp: Path, arm: str, run: in
                 status, raw = http("POST", f"{e.url}/v1/chat/completions", body, timeout=30)
                 if status != 200:
                     raise RuntimeError(f"engine :{e.http} root warm-up answered {status}: {raw[:200]!r}")
-        # Let the engines' load polls and the replicas' heartbeats settle.
+        # Let the engines' load polls and the replicas' heartbeats settle,
+        # then measure what the gateways cost without traffic.
         time.sleep(1.0)
+        idle_before, idle_t0 = sum(cpu_ns(g.proc.pid) for g in gws), time.perf_counter()
+        time.sleep(IDLE_SECONDS)
+        idle_ns = sum(cpu_ns(g.proc.pid) for g in gws) - idle_before
+        idle_ms_per_s = idle_ns / 1e6 / (time.perf_counter() - idle_t0) / len(gws)
         load_before = round(os.getloadavg()[0], 2)
         req_before = engine_requests(engines)
         offsets = engine_log_offsets(engines)
@@ -433,6 +459,7 @@ def measure(args, engines, s: Schedule, reply: str, tmp: Path, arm: str, run: in
     r = summarize(tally, wall, cpu, engine_rows)
     write_trace(tmp / f"trace-{tag}.json", engines, tally, engine_rows, ep_before, ep_after, c_after)
     r["gateway_cpu_ms_per_request"] = round(gateway_cpu * 1e3 / r["requests"], 3) if r["requests"] else 0.0
+    r["idle_cpu_ms_per_s"] = round(idle_ms_per_s, 2)
     r["run"] = run
     r["arm"] = arm
     r["gateways"] = n
@@ -512,9 +539,11 @@ def report(args, rows: dict[str, list[dict]]) -> str:
     one, many = rows["one"], rows["replicas"]
     out = [f"\n### {args.replicas} replicas over NATS against 1 (median of {args.runs} runs)\n"]
     out.append("| arm | cached fraction | TTFT p50 ms | TTFT p99 ms | engine's TTFT p50 · p99 ms "
-               "| rest of TTFT p50 ms | requests per engine (max/mean) | errors | gateway CPU ms/request | load avg |")
-    out.append("|---|---:|---:|---:|---:|---:|---|---:|---:|---|")
-    for name, arm in ((f"1 replica", one), (f"{args.replicas} replicas", many)):
+               "| rest of TTFT p50 ms | requests per engine (max/mean) | errors | gateway CPU ms/request "
+               "| idle CPU ms/s per gateway | load avg |")
+    out.append("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
+    for name, arm in ((f"1 replica", one), (f"{args.replicas} replicas", many),
+                      (f"{args.replicas} gateways apart", rows["apart"])):
         if not arm:
             continue
         # The per-engine counts of the run whose max/mean is the median one.
@@ -527,6 +556,7 @@ def report(args, rows: dict[str, list[dict]]) -> str:
             f"| {median(arm, 'outside_engine_p50_ms'):.1f} "
             f"| {'/'.join(map(str, mid['per_engine']))} ({median(arm, 'engine_max_over_mean'):.2f}) "
             f"| {sum(r['errors'] for r in arm)} | {median(arm, 'gateway_cpu_ms_per_request'):.2f} "
+            f"| {median(arm, 'idle_cpu_ms_per_s'):.1f} "
             f"| {min(loads):.1f}–{max(loads):.1f} |"
         )
     if one and many:
@@ -553,7 +583,8 @@ def main() -> int:
     ap.add_argument("--nats-server", required=True, help="path of the nats-server binary")
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--replicas", type=int, default=4, help="gateways of the replicas arm")
-    ap.add_argument("--arms", default="replicas,one", help="comma list of replicas, one")
+    ap.add_argument("--arms", default="replicas,one",
+                    help="comma list of replicas, one, apart (as many gateways as replicas, sharing nothing)")
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
@@ -584,8 +615,8 @@ def main() -> int:
     if args.turns_min < 1 or args.turns_max < args.turns_min or args.replicas < 2:
         ap.error("need 1 ≤ turns-min ≤ turns-max and --replicas ≥ 2")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    if not arms or any(a not in ("replicas", "one") for a in arms):
-        ap.error("--arms takes replicas and/or one")
+    if not arms or any(a not in ("replicas", "one", "apart") for a in arms):
+        ap.error("--arms takes replicas, one and/or apart")
     install_uvloop()
 
     tmp = log_dir(args.logs)
@@ -599,7 +630,7 @@ def main() -> int:
 
     stop_all_on_signals()
 
-    rows: dict[str, list[dict]] = {"replicas": [], "one": []}
+    rows: dict[str, list[dict]] = {"replicas": [], "one": [], "apart": []}
     try:
         engines = start_engines(args, tmp, request_logs=True)
         log(f"engines on :{', :'.join(str(e.http) for e in engines)}")
@@ -619,7 +650,7 @@ def main() -> int:
                     f"run {run} {arm}: cached {r['cached_fraction']} ttft p50 {r['ttft_p50_ms']} "
                     f"p99 {r['ttft_p99_ms']} ms (engine's p50 {r['engine_ttft_p50_ms']} p99 {r['engine_ttft_p99_ms']}, "
                     f"rest p50 {r['outside_engine_p50_ms']} p99 {r['outside_engine_p99_ms']}), "
-                    f"gateway cpu {r['gateway_cpu_ms_per_request']} ms/req, per engine {'/'.join(map(str, r['per_engine']))} "
+                    f"gateway cpu {r['gateway_cpu_ms_per_request']} ms/req (idle {r['idle_cpu_ms_per_s']} ms/s each), per engine {'/'.join(map(str, r['per_engine']))} "
                     f"(max/mean {r['engine_max_over_mean']}), errors {r['errors']}, "
                     f"send late p99 {r['send_late_p99_ms']} ms, client cpu {r['client_cpu']}, "
                     f"load {r['loadavg_1m_before']}→{r['loadavg_1m']}, tiers {tiers}"
@@ -643,7 +674,7 @@ def main() -> int:
                                   "latency_p99_ms", "engine_ttft_p50_ms", "engine_ttft_p99_ms",
                                   "outside_engine_p50_ms", "outside_engine_p99_ms",
                                   "engine_max_over_mean", "engine_min_over_mean",
-                                  "gateway_cpu_ms_per_request")
+                                  "gateway_cpu_ms_per_request", "idle_cpu_ms_per_s")
                     },
                     "runs": rs,
                 }

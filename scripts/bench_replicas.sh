@@ -9,7 +9,8 @@
 #   REQUESTS [3000]   streamed chat requests per measurement
 #   RUNS [3]          interleaved runs (replicas, one, then one, replicas, ...); medians reported
 #   REPLICAS [4]      gateways of the replicas arm
-#   ARMS [replicas,one]  which arms to run (one: a single gateway without [replicas])
+#   ARMS [replicas,one]  which arms to run (one: a single gateway without [replicas];
+#                     apart: REPLICAS gateways without [replicas], sharing nothing)
 #   BURST_MS [200]    one burst every BURST_MS, open loop
 #   BURST_MIN [8] BURST_MAX [12]   requests per burst, drawn per burst
 #   GAP_MIN [1] GAP_MAX [4]        bursts between a conversation's turns
