@@ -681,7 +681,10 @@ impl KvRouter {
 
     /// The URLs of the endpoints a request may go to now, least in flight
     /// first; endpoints with equal load start at a rotating offset (`turn`),
-    /// so they take turns. For requests a host forwards without a decision.
+    /// so they take turns. With replicas, each starts its rotation from its
+    /// rank ([`kvroute_select::Deciders::rotation_start`]), so replicas that
+    /// count their turns alike do not send their first requests to the same
+    /// endpoint. For requests a host forwards without a decision.
     #[must_use]
     pub fn available_by_load(&self, turn: usize) -> Vec<String> {
         let shared = &self.shared;
@@ -689,8 +692,15 @@ impl KvRouter {
         let view = view::RouterView::new(shared, now);
         let members = shared.membership.lock();
         let n = members.len().max(1);
+        let deciders = shared
+            .replicas
+            .as_ref()
+            .map_or(kvroute_select::Deciders::ALONE, |r| {
+                r.remote().deciders(now)
+            });
+        let start = usize::try_from(deciders.rotate(turn as u64, n as u64)).unwrap_or(0);
         let mut order: Vec<(u32, String)> = (0..members.len())
-            .map(|k| turn.wrapping_add(k) % n)
+            .map(|k| start.wrapping_add(k) % n)
             .filter_map(|i| {
                 let s = members.get(i)?.as_ref()?;
                 kvroute_select::Health::availability(&view, id(i), now)

@@ -386,5 +386,11 @@ mod tests {
         );
         let alone = host_router(4).build().expect("router");
         assert_eq!(first(&alone), "http://e0");
+        // Requests forwarded without a decision too.
+        let forwarded = |r: &KvRouter| r.available_by_load(0)[0].clone();
+        assert_eq!(
+            (forwarded(&a), forwarded(&b), forwarded(&alone)),
+            ("http://e0".into(), "http://e2".into(), "http://e0".into())
+        );
     }
 }
