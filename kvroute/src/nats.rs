@@ -9,8 +9,8 @@
 //! batches go through a bounded queue to one publishing task (a full queue
 //! drops the batch, counted; the next heartbeat repairs it). The client
 //! reconnects by itself and resubscribes; after a reconnect every router
-//! sends all its endpoints within 100 ms, so the others resynchronise at
-//! once instead of at the next heartbeat. While NATS is away each replica
+//! sends all its endpoints at its next check (every 100 ms), so the others
+//! resynchronise at once instead of at the next heartbeat. While NATS is away each replica
 //! routes on its own view and the others' last totals until they expire.
 //!
 //! ```no_run

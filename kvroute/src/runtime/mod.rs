@@ -690,14 +690,14 @@ impl KvRouter {
         let shared = &self.shared;
         let now = shared.now();
         let view = view::RouterView::new(shared, now);
-        let members = shared.membership.lock();
-        let n = members.len().max(1);
         let deciders = shared
             .replicas
             .as_ref()
             .map_or(kvroute_select::Deciders::ALONE, |r| {
                 r.remote().deciders(now)
             });
+        let members = shared.membership.lock();
+        let n = members.len().max(1);
         let start = usize::try_from(deciders.rotate(turn as u64, n as u64)).unwrap_or(0);
         let mut order: Vec<(u32, String)> = (0..members.len())
             .map(|k| start.wrapping_add(k) % n)

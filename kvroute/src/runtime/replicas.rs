@@ -46,7 +46,9 @@ pub struct ReplicaConfig {
     /// At most one message of changed endpoints per this interval (default
     /// 2 ms): a decision after a quiet interval, or made in its turn, is
     /// sent at once, later changes one interval after the previous message.
-    /// An interval longer than `heartbeat` wakes every `heartbeat` instead.
+    /// An interval longer than `heartbeat` counts as `heartbeat`. Between
+    /// changes the publishing task sleeps (it checks heartbeats,
+    /// reconnections and expiry every 100 ms).
     pub sync_interval: Duration,
     /// How often every endpoint is sent (default 1 s): repairs anything
     /// lost and keeps this replica alive at the others.

@@ -224,6 +224,7 @@ impl ReplicaState {
             self.pool.clone(),
         );
         let (interval, max_bytes) = (self.send_interval(), self.config.max_message_bytes);
+        let (changed, check) = (Arc::clone(&self.changed), self.idle_interval());
         // A TTL of "never" (`Duration::MAX`) must not overflow the clock:
         // a day of publishing ends are plenty.
         let deadline =
@@ -249,6 +250,9 @@ impl ReplicaState {
                 if idle || tokio::time::Instant::now() >= deadline {
                     return;
                 }
+                // Until the next end (the tracker still wakes on changes),
+                // checked every `check` too; then one message per interval.
+                let _ = tokio::time::timeout(check, changed.notified()).await;
                 tokio::time::sleep(interval).await;
             }
         });
@@ -425,8 +429,9 @@ impl ReplicaState {
             // Leading edge: a change after a quiet interval goes out at once;
             // one within an interval of the last message is held until the
             // interval is over, and that message carries everything changed
-            // meanwhile. At most one message per interval, except for
-            // decisions made in their turn: at most one more per turn.
+            // meanwhile. At most one message of changes per interval, except
+            // for decisions made in their turn: at most one more per turn
+            // (a heartbeat or a reconnection's resend may come sooner).
             // Without changes the task wakes only every `idle` (heartbeats,
             // a reconnection's resend, expiry), not every interval: an idle
             // replica costs next to nothing.
@@ -863,8 +868,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_idle_replica_sleeps_between_changes() {
         let t = Arc::new(Loopback::default());
-        let router = looped(&t, Duration::from_millis(1), Duration::from_secs(3600));
         let start = std::time::Instant::now();
+        let router = looped(&t, Duration::from_millis(1), Duration::from_secs(3600));
         tokio::time::sleep(Duration::from_millis(400)).await;
         let wakes = router.replica_counters().expect("counters").wakes;
         // At most one per 100 ms elapsed, plus the first; a slow machine
@@ -881,9 +886,13 @@ mod tests {
                 .find(|e| e.url == "http://e0")
                 .map(|e| e.in_flight)
         };
+        // Sent at once, woken by the change (the idle checks would send
+        // it too, but never at once).
+        let at_once = || router.replica_counters().expect("counters").sent_at_once;
+        let before = at_once();
         let guard = router.charge_unrouted("http://e0").expect("e0");
         let mut ends = Some(guard);
-        for in_flight in [1, 0] {
+        for (k, in_flight) in [1, 0].into_iter().enumerate() {
             // Bounded wait, not a speed check.
             for _ in 0..1000 {
                 if last() == Some(in_flight) {
@@ -892,6 +901,9 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             assert_eq!(last(), Some(in_flight));
+            assert_eq!(at_once(), before + k as u64 + 1, "not sent on its wake");
+            // Past the 1 ms sync interval: the end is not held.
+            tokio::time::sleep(Duration::from_millis(20)).await;
             drop(ends.take());
         }
     }

@@ -309,7 +309,7 @@ mod tests {
     /// The higher ranks decide one stagger after a decision made in its
     /// turn, which may be sooner than the next coalesced message: such a
     /// decision is published at once, while one outside a turn waits for
-    /// the next tick (here a minute away).
+    /// the sync interval to end (here a minute away).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_decision_in_its_turn_is_published_at_once_within_the_sync_interval() {
         let sent = Arc::new(Loopback::default());

@@ -826,9 +826,9 @@ fn validate_replicas(mut cfg: ReplicasConfig, base: &Path) -> Result<ReplicasCon
             format!("at most {MAX_STAGGER_MS} (a turn holds requests rank times this long)"),
         ));
     }
-    // A heartbeat goes out at the first wake-up at least `heartbeat_ms`
-    // after the last one, and wake-ups come every `sync_interval_ms` (at
-    // most `heartbeat_ms`) apart.
+    // A heartbeat goes out when due, but a change held back by
+    // `sync_interval_ms` (at most `heartbeat_ms`) may delay it until the
+    // held change goes out.
     let period = cfg
         .heartbeat_ms
         .saturating_add(cfg.sync_interval_ms.min(cfg.heartbeat_ms));
