@@ -89,7 +89,16 @@ impl Sgl {
     }
 
     /// `ports` = (http, zmq, replay), 0 = chosen by the stand-in.
+    ///
+    /// One stand-in starts at a time across the tests running in parallel:
+    /// each imports SGLang's modules (compiling them on a fresh venv), and
+    /// ten doing so at once on two cores can each take past the start
+    /// wait, while one alone takes seconds.
     fn start_on(opts: SglOpts, ports: (u16, u16, u16)) -> Self {
+        static STARTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one_at_a_time = STARTING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut cmd = Command::new(sglang_python());
         cmd.arg(repo().join("tests/python/sglang_standin.py"))
             .args(["--port", &ports.0.to_string()])
