@@ -10,7 +10,10 @@
 //!   charge, first byte / prefill-leg answer, release and retarget marks its
 //!   endpoint; [`LoadTracker::drain_deltas`] turns each marked endpoint into
 //!   one [`LoadDelta`] — the change since the last drain *and* the origin's
-//!   resulting totals there, with a per-origin sequence number;
+//!   resulting totals there, with a per-origin sequence number; with
+//!   [`LoadTracker::wake_on_change`] the tracker calls the host once a drain
+//!   has something to send, so the host's sync task sleeps between changes
+//!   instead of polling;
 //! * every peer applies the deltas into a [`RemoteLoad`] table (per origin, per
 //!   endpoint), which [`RemoteLoad::view`] adds to the local load.
 //!
