@@ -33,7 +33,14 @@ replica's, every engine within 1.3× of the mean.
 To tell placement from overhead, the engines' request logs give each request's
 own TTFT at the engine (queueing and prefill: what placement decides); the
 rest of the client's TTFT is the gateways', the client's and the machine's.
-The gateways' CPU per request is measured too, and each gateway's CPU per
+The rest splits at the engine's submission
+(its logged `unix_s` against the client's send time, one clock): the way in
+(client, gateway, the engine's own tokenizing) and the way back. The
+gateways' `kvroute_decision_latency_seconds` (received to endpoint chosen:
+parsing, tokenizing, a burst turn's hold, the pick) gives its mean over the
+arm. The gateways' CPU per request is measured too, their threads' runs on a
+CPU per request (the scheduler's count: wake-ups and returns from
+preemption), and each gateway's CPU per
 second without traffic (`IDLE_SECONDS` before the arm's requests start). The `apart` arm (`--arms`)
 runs as many gateways as replicas without NATS, each on its own view: what
 running that many gateway processes on this machine costs by itself, apart
@@ -102,6 +109,19 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
+def run_slices(pid: int) -> int:
+    """Times any thread of one process was put on a CPU (the scheduler's
+    count: every wake-up and every preemption's return); 0 once it is gone."""
+    total = 0
+    try:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[2])
+    except (OSError, IndexError, ValueError):
+        pass
+    return total
+
+
 def assistant_reply(engines: list[Engine], max_tokens: int) -> str:
     """The mock's reply text for `max_tokens` tokens (the same for every prompt)."""
     body = json.dumps(
@@ -129,6 +149,37 @@ class Nats:
 
     def varz(self) -> dict | None:
         return get_json(f"http://{HOST}:{self.monitor}/varz")
+
+
+def decision_latency(admin: str) -> dict[float, float]:
+    """The gateway's `kvroute_decision_latency_seconds` (request received to
+    endpoint chosen: parsing, tokenizing, its turn in a burst, the pick) as
+    cumulative bucket counts by upper bound, plus `sum` under key -1."""
+    status, raw = http("GET", f"{admin}/metrics")
+    out: dict[float, float] = {}
+    if status != 200:
+        return out
+    for line in raw.decode(errors="replace").splitlines():
+        if line.startswith("kvroute_decision_latency_seconds_bucket"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float("inf") if le == "+Inf" else float(le)] = out.get(float("inf") if le == "+Inf" else float(le), 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("kvroute_decision_latency_seconds_sum"):
+            out[-1.0] = out.get(-1.0, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def latency_summary(before: list[dict], after: list[dict]) -> tuple[float, float]:
+    """Mean and p50 (the bucket bound it falls under) of the decision latency
+    over every gateway between `before` and `after`, in ms."""
+    total: dict[float, float] = {}
+    for b, a in zip(before, after):
+        for k, v in a.items():
+            total[k] = total.get(k, 0.0) + v - b.get(k, 0.0)
+    count = total.get(float("inf"), 0.0)
+    if not count:
+        return 0.0, 0.0
+    p50 = next((le for le in sorted(k for k in total if k >= 0) if total[le] >= count / 2), float("inf"))
+    return round(total.get(-1.0, 0.0) / count * 1e3, 3), round(p50 * 1e3, 3)
 
 
 @dataclass
@@ -249,11 +300,12 @@ class Sample:
     rid: str = ""  # the engine's response id
     who: tuple = ()  # (burst, conversation, turn, replica)
     decision: tuple = ()  # the gateway's x-kvroute-* headers: (endpoint, tier, predicted cached tokens)
+    sent_unix: float = 0.0  # wall clock when sending began (the engines log theirs: `unix_s`)
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, body: bytes, due: float, tally: Tally,
                       who: tuple) -> None:
-    t0 = time.perf_counter()
+    t0, sent_unix = time.perf_counter(), time.time()
     late = t0 - due
     ttft = None
     usage: dict = {}
@@ -287,7 +339,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: bytes, due
         tally.fail("no usage.prompt_tokens or no content in the stream")
         return
     cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
-    tally.samples.append(Sample(ttft, latency, prompt, cached, late, rid, who, decision))
+    tally.samples.append(Sample(ttft, latency, prompt, cached, late, rid, who, decision, sent_unix))
 
 
 async def drive(urls: list[str], s: Schedule, reply: str, args) -> tuple[Tally, float, float]:
@@ -336,19 +388,26 @@ def summarize(tally: Tally, wall: float, client_cpu: float, engine_rows: dict[st
     # The engine's own TTFT (submission to first token: queueing and prefill,
     # what placement decides) and the rest of the client's (gateway, client,
     # loopback, scheduling on a shared machine).
-    eng, rest = [], []
+    # The rest splits at the engine's submission (`unix_s`, the same clock as
+    # the client's `sent_unix`): the way in (client, gateway, the engine's own
+    # tokenizing) and the way back (the first token through the gateway).
+    eng, rest, way_in = [], [], []
     for x in tally.samples:
         row = engine_rows.get(x.rid)
         if row is not None and row.get("first_token_us") is not None:
             e_ms = row["first_token_us"] / 1e3
             eng.append(e_ms)
             rest.append(x.ttft * 1e3 - e_ms)
+            if row.get("unix_s") is not None and x.sent_unix:
+                way_in.append((row["unix_s"] - x.sent_unix) * 1e3)
     return {
         "engine_ttft_p50_ms": round(pct(eng, 50), 3),
         "engine_ttft_p99_ms": round(pct(eng, 99), 3),
         "engine_ttft_mean_ms": round(statistics.fmean(eng), 3) if eng else 0.0,
         "outside_engine_p50_ms": round(pct(rest, 50), 3),
         "outside_engine_p99_ms": round(pct(rest, 99), 3),
+        "way_in_p50_ms": round(pct(way_in, 50), 3),
+        "way_in_p99_ms": round(pct(way_in, 99), 3),
         "engine_matched": len(eng),
         "requests": len(tally.samples),
         "errors": tally.errors,
@@ -441,15 +500,19 @@ def measure(args, engines, s: Schedule, reply: str, tmp: Path, arm: str, run: in
         req_before = engine_requests(engines)
         offsets = engine_log_offsets(engines)
         cpu_before = sum(cpu_seconds(g.proc.pid) for g in gws)
+        slices_before = sum(run_slices(g.proc.pid) for g in gws)
         c_before = [g.counters() for g in gws]
+        lat_before = [decision_latency(g.admin) for g in gws]
         ep_before = [get_json(f"{g.admin}/admin/endpoints") for g in gws]
         v_before = nats.varz() if nats else None
         tally, wall, cpu = asyncio.run(drive([g.url for g in gws], s, reply, args))
         c_after = [g.counters() for g in gws]
+        lat_after = [decision_latency(g.admin) for g in gws]
         ep_after = [get_json(f"{g.admin}/admin/endpoints") for g in gws]
         v_after = nats.varz() if nats else None
         req_after = engine_requests(engines)
         gateway_cpu = sum(cpu_seconds(g.proc.pid) for g in gws) - cpu_before
+        gateway_slices = sum(run_slices(g.proc.pid) for g in gws) - slices_before
         engine_rows = {str(r.get("id")): r for r in engine_log_entries(engines, offsets)}
     finally:
         for g in gws:
@@ -460,6 +523,8 @@ def measure(args, engines, s: Schedule, reply: str, tmp: Path, arm: str, run: in
     write_trace(tmp / f"trace-{tag}.json", engines, tally, engine_rows, ep_before, ep_after, c_after)
     r["gateway_cpu_ms_per_request"] = round(gateway_cpu * 1e3 / r["requests"], 3) if r["requests"] else 0.0
     r["idle_cpu_ms_per_s"] = round(idle_ms_per_s, 2)
+    r["gateway_runs_per_request"] = round(gateway_slices / r["requests"], 1) if r["requests"] else 0.0
+    r["decision_latency_mean_ms"], r["decision_latency_p50_bucket_ms"] = latency_summary(lat_before, lat_after)
     r["run"] = run
     r["arm"] = arm
     r["gateways"] = n
@@ -509,6 +574,7 @@ def write_trace(path: Path, engines: list[Engine], tally: Tally, engine_rows: di
             "ttft_ms": round(x.ttft * 1e3, 3), "engine_ttft_ms": (row.get("first_token_us") or 0) / 1e3,
             "running_at_submit": row.get("running_at_submit"), "waiting_at_submit": row.get("waiting_at_submit"),
             "late_ms": round(x.late * 1e3, 3),
+            "way_in_ms": round((row["unix_s"] - x.sent_unix) * 1e3, 3) if row.get("unix_s") and x.sent_unix else None,
         })
     reqs.sort(key=lambda q: (q["burst"], q["replica"]))
     doc = {"requests": reqs, "endpoints_before": ep_before, "endpoints_after": ep_after, "counters_after": counters}
@@ -539,9 +605,10 @@ def report(args, rows: dict[str, list[dict]]) -> str:
     one, many = rows["one"], rows["replicas"]
     out = [f"\n### {args.replicas} replicas over NATS against 1 (median of {args.runs} runs)\n"]
     out.append("| arm | cached fraction | TTFT p50 ms | TTFT p99 ms | engine's TTFT p50 · p99 ms "
-               "| rest of TTFT p50 ms | requests per engine (max/mean) | errors | gateway CPU ms/request "
+               "| rest of TTFT p50 ms | of it the way in | decision mean ms "
+               "| requests per engine (max/mean) | errors | gateway CPU ms/request | thread runs/request "
                "| idle CPU ms/s per gateway | load avg |")
-    out.append("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|")
     for name, arm in ((f"1 replica", one), (f"{args.replicas} replicas", many),
                       (f"{args.replicas} gateways apart", rows["apart"])):
         if not arm:
@@ -553,9 +620,11 @@ def report(args, rows: dict[str, list[dict]]) -> str:
             f"| {name} | {median(arm, 'cached_fraction'):.4f} | {median(arm, 'ttft_p50_ms'):.1f} "
             f"| {median(arm, 'ttft_p99_ms'):.1f} "
             f"| {median(arm, 'engine_ttft_p50_ms'):.1f} · {median(arm, 'engine_ttft_p99_ms'):.1f} "
-            f"| {median(arm, 'outside_engine_p50_ms'):.1f} "
+            f"| {median(arm, 'outside_engine_p50_ms'):.1f} | {median(arm, 'way_in_p50_ms'):.1f} "
+            f"| {median(arm, 'decision_latency_mean_ms'):.2f} "
             f"| {'/'.join(map(str, mid['per_engine']))} ({median(arm, 'engine_max_over_mean'):.2f}) "
             f"| {sum(r['errors'] for r in arm)} | {median(arm, 'gateway_cpu_ms_per_request'):.2f} "
+            f"| {median(arm, 'gateway_runs_per_request'):.0f} "
             f"| {median(arm, 'idle_cpu_ms_per_s'):.1f} "
             f"| {min(loads):.1f}–{max(loads):.1f} |"
         )
@@ -649,8 +718,8 @@ def main() -> int:
                 log(
                     f"run {run} {arm}: cached {r['cached_fraction']} ttft p50 {r['ttft_p50_ms']} "
                     f"p99 {r['ttft_p99_ms']} ms (engine's p50 {r['engine_ttft_p50_ms']} p99 {r['engine_ttft_p99_ms']}, "
-                    f"rest p50 {r['outside_engine_p50_ms']} p99 {r['outside_engine_p99_ms']}), "
-                    f"gateway cpu {r['gateway_cpu_ms_per_request']} ms/req (idle {r['idle_cpu_ms_per_s']} ms/s each), per engine {'/'.join(map(str, r['per_engine']))} "
+                    f"rest p50 {r['outside_engine_p50_ms']} p99 {r['outside_engine_p99_ms']}, way in p50 {r['way_in_p50_ms']} p99 {r['way_in_p99_ms']}, decision mean {r['decision_latency_mean_ms']} p50 ≤{r['decision_latency_p50_bucket_ms']}), "
+                    f"gateway cpu {r['gateway_cpu_ms_per_request']} ms/req, {r['gateway_runs_per_request']} thread runs/req (idle {r['idle_cpu_ms_per_s']} ms/s each), per engine {'/'.join(map(str, r['per_engine']))} "
                     f"(max/mean {r['engine_max_over_mean']}), errors {r['errors']}, "
                     f"send late p99 {r['send_late_p99_ms']} ms, client cpu {r['client_cpu']}, "
                     f"load {r['loadavg_1m_before']}→{r['loadavg_1m']}, tiers {tiers}"
