@@ -5,7 +5,11 @@
 //! Every router publishes its [`crate::ReplicaBatch`]es on
 //! `{prefix}.{pool}.load` and subscribes to the same subject; replicas find
 //! each other by their messages (no peer list) and a replica's own messages
-//! are recognised by their origin id. Publishing never blocks a decision:
+//! are recognised by their origin id. The server sends a connection none of
+//! its own messages back (`no_echo`): every message crosses the network once
+//! per other process, and the routers subscribed through the same
+//! connection (this router, a rule's instance being replaced) get it from
+//! the publishing call itself. Publishing never blocks a decision:
 //! batches go through a bounded queue to one publishing task (a full queue
 //! drops the batch, counted; the next heartbeat repairs it). The client
 //! reconnects by itself and resubscribes; after a reconnect every router
@@ -103,7 +107,8 @@ pub struct NatsCounters {
     /// resend its whole load, so sending them late would only replay
     /// outdated load (and fill the queue ahead of that resync).
     pub offline: u64,
-    /// Messages received on the subscribed subjects.
+    /// Messages received from the server on the subscribed subjects (the
+    /// other processes'; this connection's own are handed over locally).
     pub received: u64,
     /// Times the client dropped a received message because this router's
     /// buffer ([`NatsOptions::subscription_capacity`]) was full: a peer sends
@@ -130,12 +135,52 @@ struct Counts {
     failing: std::sync::atomic::AtomicBool,
 }
 
+/// The routers subscribed through one connection, by subject, each under
+/// its own id: the server echoes nothing back to the connection, so what one
+/// of them publishes is handed to the others (and to itself) here.
+#[derive(Default)]
+struct LocalSinks {
+    next: AtomicU64,
+    sinks: parking_lot::Mutex<Vec<(u64, String, ReplicaSink)>>,
+}
+
+impl LocalSinks {
+    /// Hands `payload` to every router subscribed to `subject` here.
+    fn deliver(&self, subject: &str, payload: &Bytes) {
+        // Called outside the lock: a sink applies a batch, and a router
+        // subscribing or going away meanwhile must not wait for that.
+        let sinks: Vec<ReplicaSink> = self
+            .sinks
+            .lock()
+            .iter()
+            .filter(|(_, s, _)| s == subject)
+            .map(|(_, _, sink)| Arc::clone(sink))
+            .collect();
+        for sink in sinks {
+            sink(payload.clone());
+        }
+    }
+}
+
+/// Removes a router's local sink when its subscription ends.
+struct LocalGuard {
+    local: Arc<LocalSinks>,
+    id: u64,
+}
+
+impl Drop for LocalGuard {
+    fn drop(&mut self) {
+        self.local.sinks.lock().retain(|(id, _, _)| *id != self.id);
+    }
+}
+
 /// The NATS replica transport; see the [module docs](self).
 pub struct NatsReplicas {
     client: async_nats::Client,
     prefix: String,
     queue: mpsc::Sender<(String, Bytes)>,
     counts: Arc<Counts>,
+    local: Arc<LocalSinks>,
     handle: tokio::runtime::Handle,
 }
 
@@ -230,6 +275,8 @@ impl NatsReplicas {
         let mut opts = async_nats::ConnectOptions::new()
             .name(&options.name)
             .retry_on_initial_connect()
+            // The routers of this process get their messages from `publish`.
+            .no_echo()
             .subscription_capacity(options.subscription_capacity.max(1))
             // Connections are counted by the client itself
             // (`Statistics::connects`), which no lost event can skew; the
@@ -311,6 +358,7 @@ impl NatsReplicas {
             prefix: options.subject_prefix.clone(),
             queue,
             counts,
+            local: Arc::default(),
             handle: tokio::runtime::Handle::current(),
         }))
     }
@@ -345,11 +393,13 @@ impl NatsReplicas {
 
 impl ReplicaTransport for NatsReplicas {
     fn publish(&self, pool: &str, payload: Bytes) {
+        let subject = self.subject(pool);
+        self.local.deliver(&subject, &payload);
         if self.client.connection_state() != async_nats::connection::State::Connected {
             self.counts.offline.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if self.queue.try_send((self.subject(pool), payload)).is_err() {
+        if self.queue.try_send((subject, payload)).is_err() {
             self.counts.queue_full.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -362,6 +412,15 @@ impl ReplicaTransport for NatsReplicas {
         let client = self.client.clone();
         let subject = self.subject(pool);
         let counts = Arc::clone(&self.counts);
+        let id = self.local.next.fetch_add(1, Ordering::Relaxed);
+        self.local
+            .sinks
+            .lock()
+            .push((id, subject.clone(), Arc::clone(&sink)));
+        let local = LocalGuard {
+            local: Arc::clone(&self.local),
+            id,
+        };
         let task = self.handle.spawn(async move {
             let mut sub = match client.subscribe(subject.clone()).await {
                 Ok(s) => s,
@@ -375,7 +434,7 @@ impl ReplicaTransport for NatsReplicas {
                 sink(msg.payload);
             }
         });
-        Ok(ReplicaSubscription::new(AbortOnDrop(task)))
+        Ok(ReplicaSubscription::new((AbortOnDrop(task), local)))
     }
 
     fn connected(&self) -> bool {
