@@ -144,8 +144,19 @@ pub(crate) struct Outbox {
     /// Some endpoint changed since the last drain began.
     pending: AtomicBool,
     /// Called when `pending` turns on ([`LoadTracker::wake_on_change`]).
-    wake: Option<Box<dyn Fn() + Send + Sync>>,
+    wake: Option<Wake>,
 }
+
+/// The host's wake-up callback. The tracker only calls it, after the
+/// slot's totals and the outbox's `pending` flag are written, and reads
+/// nothing through it: a panic in it unwinds out of the charge or release
+/// that called it with the tracker's state whole (the change pending for
+/// the next drain). So the callback's unwind safety is not the tracker's,
+/// and a `LoadTracker` stays usable by code that catches panics.
+struct Wake(Box<dyn Fn() + Send + Sync>);
+
+impl std::panic::UnwindSafe for Wake {}
+impl std::panic::RefUnwindSafe for Wake {}
 
 impl std::fmt::Debug for Outbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -168,7 +179,7 @@ impl Outbox {
         if !first {
             self.coalesced.fetch_add(1, Ordering::Relaxed);
         } else if !self.pending.swap(true, Ordering::AcqRel) {
-            if let Some(wake) = &self.wake {
+            if let Some(Wake(wake)) = &self.wake {
                 wake();
             }
         }
@@ -232,7 +243,7 @@ impl LoadTracker {
     #[must_use]
     pub fn wake_on_change(mut self, wake: impl Fn() + Send + Sync + 'static) -> Self {
         if let Some(outbox) = &mut self.sync {
-            outbox.wake = Some(Box::new(wake));
+            outbox.wake = Some(Wake(Box::new(wake)));
         }
         self
     }

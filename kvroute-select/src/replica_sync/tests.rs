@@ -66,6 +66,19 @@ fn every_guard_transition_is_announced() {
 /// The host is woken once per drain, by the first change after it,
 /// whatever changes (a charge, a first byte, an end) and however many
 /// endpoints; a tracker without sync never calls it.
+/// A tracker with a wake-up callback stays unwind safe, as one without:
+/// code that catches panics can share it.
+#[test]
+fn a_tracker_with_a_wake_is_unwind_safe() {
+    fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>(_: &T) {}
+    let woken = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = std::sync::Arc::clone(&woken);
+    let tracker = LoadTracker::with_sync(1, 1)
+        .wake_on_change(move || w.store(true, std::sync::atomic::Ordering::Relaxed));
+    unwind_safe(&tracker);
+    unwind_safe(&LoadTracker::new(1));
+}
+
 #[test]
 fn a_change_wakes_the_host_once_until_the_next_drain() {
     use std::sync::atomic::AtomicUsize;
