@@ -36,11 +36,12 @@ rest of the client's TTFT is the gateways', the client's and the machine's.
 The rest splits at the engine's submission
 (its logged `unix_s` against the client's send time, one clock): the way in
 (client, gateway, the engine's own tokenizing) and the way back. The
-gateways' `kvroute_decision_latency_seconds` (received to endpoint chosen:
+gateways' `kvroute_decision_latency_seconds` (request body read to endpoint chosen:
 parsing, tokenizing, a burst turn's hold, the pick) gives its mean over the
-arm. The gateways' CPU per request is measured too, their threads' runs on a
-CPU per request (the scheduler's count: wake-ups and returns from
-preemption), and each gateway's CPU per
+arm (the way in's mean beside it). The gateways' CPU per request is
+measured too, their threads' runs on a CPU per request (the scheduler's
+count: wake-ups and returns from preemption; threads that end during the arm
+are missing, a lower bound), and each gateway's CPU per
 second without traffic (`IDLE_SECONDS` before the arm's requests start). The `apart` arm (`--arms`)
 runs as many gateways as replicas without NATS, each on its own view: what
 running that many gateway processes on this machine costs by itself, apart
@@ -109,17 +110,29 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
-def run_slices(pid: int) -> int:
-    """Times any thread of one process was put on a CPU (the scheduler's
-    count: every wake-up and every preemption's return); 0 once it is gone."""
-    total = 0
+def run_slices(pid: int) -> dict[str, int]:
+    """Per thread of one process, the times it was put on a CPU (the
+    scheduler's count: every wake-up and every preemption's return); a
+    thread that ends between the listing and the read is left out."""
+    out: dict[str, int] = {}
     try:
-        for t in os.listdir(f"/proc/{pid}/task"):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tasks:
+        try:
             with open(f"/proc/{pid}/task/{t}/schedstat") as f:
-                total += int(f.read().split()[2])
-    except (OSError, IndexError, ValueError):
-        pass
-    return total
+                out[t] = int(f.read().split()[2])
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def slices_between(before: dict[str, int], after: dict[str, int]) -> int:
+    """Runs between two `run_slices` readings: a thread's growth, counted
+    from 0 for one started meanwhile. A thread that ended meanwhile (a
+    blocking-pool thread idle for 10 s) is missing its runs: a lower bound."""
+    return sum(max(0, n - before.get(t, 0)) for t, n in after.items())
 
 
 def assistant_reply(engines: list[Engine], max_tokens: int) -> str:
@@ -152,13 +165,13 @@ class Nats:
 
 
 def decision_latency(admin: str) -> dict[float, float]:
-    """The gateway's `kvroute_decision_latency_seconds` (request received to
+    """The gateway's `kvroute_decision_latency_seconds` (request body read to
     endpoint chosen: parsing, tokenizing, its turn in a burst, the pick) as
     cumulative bucket counts by upper bound, plus `sum` under key -1."""
     status, raw = http("GET", f"{admin}/metrics")
     out: dict[float, float] = {}
     if status != 200:
-        return out
+        raise RuntimeError(f"{admin}/metrics answered {status}")
     for line in raw.decode(errors="replace").splitlines():
         if line.startswith("kvroute_decision_latency_seconds_bucket"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
@@ -407,6 +420,7 @@ def summarize(tally: Tally, wall: float, client_cpu: float, engine_rows: dict[st
         "outside_engine_p50_ms": round(pct(rest, 50), 3),
         "outside_engine_p99_ms": round(pct(rest, 99), 3),
         "way_in_p50_ms": round(pct(way_in, 50), 3),
+        "way_in_mean_ms": round(statistics.fmean(way_in), 3) if way_in else None,
         "way_in_p99_ms": round(pct(way_in, 99), 3),
         "engine_matched": len(eng),
         "requests": len(tally.samples),
@@ -500,7 +514,7 @@ def measure(args, engines, s: Schedule, reply: str, tmp: Path, arm: str, run: in
         req_before = engine_requests(engines)
         offsets = engine_log_offsets(engines)
         cpu_before = sum(cpu_seconds(g.proc.pid) for g in gws)
-        slices_before = sum(run_slices(g.proc.pid) for g in gws)
+        slices_before = [run_slices(g.proc.pid) for g in gws]
         c_before = [g.counters() for g in gws]
         lat_before = [decision_latency(g.admin) for g in gws]
         ep_before = [get_json(f"{g.admin}/admin/endpoints") for g in gws]
@@ -512,7 +526,7 @@ def measure(args, engines, s: Schedule, reply: str, tmp: Path, arm: str, run: in
         v_after = nats.varz() if nats else None
         req_after = engine_requests(engines)
         gateway_cpu = sum(cpu_seconds(g.proc.pid) for g in gws) - cpu_before
-        gateway_slices = sum(run_slices(g.proc.pid) for g in gws) - slices_before
+        gateway_slices = sum(slices_between(b, run_slices(g.proc.pid)) for g, b in zip(gws, slices_before))
         engine_rows = {str(r.get("id")): r for r in engine_log_entries(engines, offsets)}
     finally:
         for g in gws:
@@ -605,7 +619,7 @@ def report(args, rows: dict[str, list[dict]]) -> str:
     one, many = rows["one"], rows["replicas"]
     out = [f"\n### {args.replicas} replicas over NATS against 1 (median of {args.runs} runs)\n"]
     out.append("| arm | cached fraction | TTFT p50 ms | TTFT p99 ms | engine's TTFT p50 · p99 ms "
-               "| rest of TTFT p50 ms | of it the way in | decision mean ms "
+               "| rest of TTFT p50 ms | of it the way in, p50 · mean ms | decision mean ms "
                "| requests per engine (max/mean) | errors | gateway CPU ms/request | thread runs/request "
                "| idle CPU ms/s per gateway | load avg |")
     out.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|")
@@ -620,7 +634,8 @@ def report(args, rows: dict[str, list[dict]]) -> str:
             f"| {name} | {median(arm, 'cached_fraction'):.4f} | {median(arm, 'ttft_p50_ms'):.1f} "
             f"| {median(arm, 'ttft_p99_ms'):.1f} "
             f"| {median(arm, 'engine_ttft_p50_ms'):.1f} · {median(arm, 'engine_ttft_p99_ms'):.1f} "
-            f"| {median(arm, 'outside_engine_p50_ms'):.1f} | {median(arm, 'way_in_p50_ms'):.1f} "
+            f"| {median(arm, 'outside_engine_p50_ms'):.1f} "
+            f"| {median(arm, 'way_in_p50_ms'):.1f} · {median(arm, 'way_in_mean_ms'):.1f} "
             f"| {median(arm, 'decision_latency_mean_ms'):.2f} "
             f"| {'/'.join(map(str, mid['per_engine']))} ({median(arm, 'engine_max_over_mean'):.2f}) "
             f"| {sum(r['errors'] for r in arm)} | {median(arm, 'gateway_cpu_ms_per_request'):.2f} "
@@ -718,7 +733,7 @@ def main() -> int:
                 log(
                     f"run {run} {arm}: cached {r['cached_fraction']} ttft p50 {r['ttft_p50_ms']} "
                     f"p99 {r['ttft_p99_ms']} ms (engine's p50 {r['engine_ttft_p50_ms']} p99 {r['engine_ttft_p99_ms']}, "
-                    f"rest p50 {r['outside_engine_p50_ms']} p99 {r['outside_engine_p99_ms']}, way in p50 {r['way_in_p50_ms']} p99 {r['way_in_p99_ms']}, decision mean {r['decision_latency_mean_ms']} p50 ≤{r['decision_latency_p50_bucket_ms']}), "
+                    f"rest p50 {r['outside_engine_p50_ms']} p99 {r['outside_engine_p99_ms']}, way in p50 {r['way_in_p50_ms']} p99 {r['way_in_p99_ms']} mean {r['way_in_mean_ms']}, decision mean {r['decision_latency_mean_ms']} p50 ≤{r['decision_latency_p50_bucket_ms']}), "
                     f"gateway cpu {r['gateway_cpu_ms_per_request']} ms/req, {r['gateway_runs_per_request']} thread runs/req (idle {r['idle_cpu_ms_per_s']} ms/s each), per engine {'/'.join(map(str, r['per_engine']))} "
                     f"(max/mean {r['engine_max_over_mean']}), errors {r['errors']}, "
                     f"send late p99 {r['send_late_p99_ms']} ms, client cpu {r['client_cpu']}, "

@@ -102,8 +102,9 @@ pub struct NatsCounters {
     pub publish_failed: u64,
     /// Messages dropped because the publishing queue was full.
     pub queue_full: u64,
-    /// Messages dropped because the client had no connection when they
-    /// were published or came to be sent: the reconnection makes every rule
+    /// Messages not sent to the server because the client had no
+    /// connection when they were published or came to be sent (the routers
+    /// subscribed through this connection still got them): the reconnection makes every rule
     /// resend its whole load, so sending them late would only replay
     /// outdated load (and fill the queue ahead of that resync).
     pub offline: u64,
@@ -394,14 +395,18 @@ impl NatsReplicas {
 impl ReplicaTransport for NatsReplicas {
     fn publish(&self, pool: &str, payload: Bytes) {
         let subject = self.subject(pool);
-        self.local.deliver(&subject, &payload);
+        // Queued for the server first: the local hand-over decodes and
+        // applies the message, the network send need not wait for that.
         if self.client.connection_state() != async_nats::connection::State::Connected {
             self.counts.offline.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if self.queue.try_send((subject, payload)).is_err() {
+        } else if self
+            .queue
+            .try_send((subject.clone(), payload.clone()))
+            .is_err()
+        {
             self.counts.queue_full.fetch_add(1, Ordering::Relaxed);
         }
+        self.local.deliver(&subject, &payload);
     }
 
     fn subscribe(

@@ -148,11 +148,12 @@ pub(crate) struct Outbox {
 }
 
 /// The host's wake-up callback. The tracker only calls it, after the
-/// slot's totals and the outbox's `pending` flag are written, and reads
-/// nothing through it: a panic in it unwinds out of the charge or release
-/// that called it with the tracker's state whole (the change pending for
-/// the next drain). So the callback's unwind safety is not the tracker's,
-/// and a `LoadTracker` stays usable by code that catches panics.
+/// slot's totals and the outbox's `pending` flag are written, reads nothing
+/// through it, and catches a panic in it ([`Outbox::touched`]): a charge or
+/// release that woke the host always completes (a charge unwinding before
+/// it returned its leg would leave a request counted for good). So the
+/// callback's unwind safety is not the tracker's, and a `LoadTracker` stays
+/// usable by code that catches panics.
 struct Wake(Box<dyn Fn() + Send + Sync>);
 
 impl std::panic::UnwindSafe for Wake {}
@@ -180,7 +181,11 @@ impl Outbox {
             self.coalesced.fetch_add(1, Ordering::Relaxed);
         } else if !self.pending.swap(true, Ordering::AcqRel) {
             if let Some(Wake(wake)) = &self.wake {
-                wake();
+                // The host's code: a panic in it must not cut the charge or
+                // release short. The change stays pending for the next drain.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wake())).is_err() {
+                    tracing::error!("replica sync wake-up callback panicked; the change waits for the next drain");
+                }
             }
         }
     }

@@ -63,22 +63,30 @@ fn every_guard_transition_is_announced() {
     assert!(drain(&t).is_empty(), "nothing changed");
 }
 
-/// The host is woken once per drain, by the first change after it,
-/// whatever changes (a charge, a first byte, an end) and however many
-/// endpoints; a tracker without sync never calls it.
 /// A tracker with a wake-up callback stays unwind safe, as one without:
-/// code that catches panics can share it.
+/// code that catches panics can share it. A callback that panics does not
+/// cut a charge or release short: no request stays counted.
 #[test]
-fn a_tracker_with_a_wake_is_unwind_safe() {
+fn a_tracker_with_a_wake_is_unwind_safe_and_outlives_a_panicking_one() {
     fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>(_: &T) {}
-    let woken = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let w = std::sync::Arc::clone(&woken);
+    let woken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = Arc::clone(&woken);
     let tracker = LoadTracker::with_sync(1, 1)
         .wake_on_change(move || w.store(true, std::sync::atomic::Ordering::Relaxed));
     unwind_safe(&tracker);
     unwind_safe(&LoadTracker::new(1));
+
+    let t = Arc::new(LoadTracker::with_sync(2, 1).wake_on_change(|| panic!("the host's bug")));
+    let g = t.charge(target(0, None), 100);
+    assert_eq!(t.load(EndpointId(0)).in_flight, 1);
+    assert_eq!(drain(&t).len(), 1, "the change is pending");
+    drop(g);
+    assert_eq!(t.load(EndpointId(0)), EndpointLoad::default());
 }
 
+/// The host is woken once per drain, by the first change after it,
+/// whatever changes (a charge, a first byte, an end) and however many
+/// endpoints; a tracker without sync never calls it.
 #[test]
 fn a_change_wakes_the_host_once_until_the_next_drain() {
     use std::sync::atomic::AtomicUsize;

@@ -157,7 +157,10 @@ pub struct ReplicaError(pub String);
 /// transport never blocks the caller of [`ReplicaTransport::publish`].
 pub trait ReplicaTransport: Send + Sync + fmt::Debug + 'static {
     /// Sends `payload` to every replica of `pool` (this one may hear it
-    /// back: its own messages are recognised and ignored).
+    /// back: its own messages are recognised and ignored). A transport may
+    /// hand it to the sinks subscribed in this process before returning
+    /// (as [`crate::nats::NatsReplicas`] does, its server echoing nothing
+    /// back), so a caller holds no lock that applying a batch takes.
     fn publish(&self, pool: &str, payload: Bytes);
 
     /// Starts delivering the messages published to `pool` to `sink`, until
