@@ -591,8 +591,8 @@ async fn a_connection_hands_its_own_messages_to_its_routers_once() {
             futures_util::StreamExt::next(&mut outside),
         )
         .await
-            .expect("the outside process gets the message")
-            .expect("subscription open");
+        .expect("the outside process gets the message")
+        .expect("subscription open");
         if &msg.payload[..] == b"own" {
             break;
         }
