@@ -183,7 +183,7 @@ impl Outbox {
             if let Some(Wake(wake)) = &self.wake {
                 // The host's code: a panic in it must not cut the charge or
                 // release short. The change stays pending for the next drain.
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wake())).is_err() {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(wake)).is_err() {
                     tracing::error!("replica sync wake-up callback panicked; the change waits for the next drain");
                 }
             }
