@@ -21,9 +21,11 @@ mod sliced;
 mod table;
 #[cfg(test)]
 mod tests;
+mod universal;
 mod write;
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use kvroute_core::{BlockKey, EndpointId, Medium};
 use parking_lot::{Mutex, RwLock};
@@ -317,6 +319,10 @@ pub struct SharedIndex {
     default_capacity: u64,
     /// Bits of a shard index (the shard count's log2).
     shard_bits: u32,
+    /// Keys every endpoint of a bank holds, per bank (see `universal`).
+    universal: Arc<universal::Universal>,
+    /// The banks `universal` tracks.
+    tracked: u64,
 }
 
 impl std::fmt::Debug for SharedIndex {
@@ -334,21 +340,39 @@ impl SharedIndex {
     pub fn new(endpoints: usize, config: IndexConfig) -> Self {
         let shards = config.shards.clamp(1, 1 << 16).next_power_of_two();
         let bank_count = endpoints.div_ceil(BANK_WIDTH);
+        let universal = Arc::new(universal::Universal::default());
+        let mut tracked = 0u64;
         let banks = (0..bank_count)
             .map(|b| {
                 let in_bank = endpoints.saturating_sub(b * BANK_WIDTH).min(BANK_WIDTH);
+                let active = if in_bank == BANK_WIDTH {
+                    u64::MAX
+                } else {
+                    (1u64 << in_bank) - 1
+                };
+                let track =
+                    in_bank >= universal::TRACKED_MIN as usize && b < universal::TRACKED_BANKS;
+                if track {
+                    tracked |= 1u64 << b;
+                }
+                let full = || {
+                    track.then(|| shard::Full {
+                        mask: active,
+                        bank: b,
+                        table: Arc::clone(&universal),
+                    })
+                };
                 Bank {
                     shards: (0..shards)
                         .map(|s| {
-                            PaddedShard(RwLock::new(Shard::new(s as u32)), LineHint::default())
+                            PaddedShard(
+                                RwLock::new(Shard::new(s as u32, full())),
+                                LineHint::default(),
+                            )
                         })
                         .collect(),
                     hidden: AtomicU64::new(0),
-                    active: if in_bank == BANK_WIDTH {
-                        u64::MAX
-                    } else {
-                        (1u64 << in_bank) - 1
-                    },
+                    active,
                     runs: RunTable::default(),
                 }
             })
@@ -362,6 +386,8 @@ impl SharedIndex {
             gpu_blocks: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
             default_capacity: capacity,
             shard_bits: shards.trailing_zeros(),
+            universal,
+            tracked,
         }
     }
 

@@ -75,7 +75,8 @@ impl SharedIndex {
                 .banks
                 .iter()
                 .map(|b| b.runs.allocation_bytes())
-                .sum::<usize>();
+                .sum::<usize>()
+            + self.universal.allocation_bytes();
         let rings: usize = self
             .endpoints
             .iter()

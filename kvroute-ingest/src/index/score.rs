@@ -8,6 +8,7 @@ use kvroute_core::BlockKey;
 use super::runs::RunHint;
 use super::shard::{entry_hash, Shard};
 use super::sliced::SlicedCounters;
+use super::universal::TRACKED_BANKS;
 use super::{Bank, SharedIndex, BANK_WIDTH, DIRECT_LOOKUPS, SCORE_CHUNK, SORT_BUCKETS};
 use crate::view::{InventoryView, Overlap};
 
@@ -108,11 +109,14 @@ impl SharedIndex {
     /// the run's last member if the prompt holds it further on (see
     /// [`SharedIndex::store_chain`]), then looks the next key up alone. The
     /// walk ends when no endpoint of the bank still matches from block 0.
-    fn score_bank_prefix(&self, bank: &Bank, keys: &[BlockKey], out: &mut [Overlap]) {
+    ///
+    /// The walk starts at key `start`, all of whose predecessors every
+    /// endpoint of the bank holds in the GPU tier (see `universal`).
+    fn score_bank_prefix(&self, bank: &Bank, keys: &[BlockKey], out: &mut [Overlap], start: usize) {
         let n = out.len().min(BANK_WIDTH);
         let out = out.get_mut(..n).unwrap_or_default();
         let mut walk = PrefixWalk::new(bank.active & !bank.hidden.load(Ordering::Acquire), out);
-        let mut at = 0;
+        let mut at = start.min(keys.len());
         let mut failed = u32::MAX;
         let mut lookups = 0;
         while walk.alive != 0 && at < keys.len() && lookups < DIRECT_LOOKUPS {
@@ -420,8 +424,20 @@ impl InventoryView for SharedIndex {
     fn score_prefix(&self, keys: &[BlockKey], out: &mut [Overlap]) {
         let n = self.endpoints.len().min(out.len());
         let out = out.get_mut(..n).unwrap_or_default();
-        for (bank, chunk) in self.banks.iter().zip(out.chunks_mut(BANK_WIDTH)) {
-            self.score_bank_prefix(bank, keys, chunk);
+        // Where each bank's walk starts: past the leading keys every
+        // endpoint of the bank holds. Endpoints being cleared hold them
+        // too until their purge reaches them; the walk leaves them out
+        // (they read as empty) wherever it starts.
+        let mut starts = [0u32; TRACKED_BANKS];
+        self.universal.starts(keys, self.tracked, &mut starts);
+        for (b, (bank, chunk)) in self
+            .banks
+            .iter()
+            .zip(out.chunks_mut(BANK_WIDTH))
+            .enumerate()
+        {
+            let start = starts.get(b).map_or(0, |s| *s as usize);
+            self.score_bank_prefix(bank, keys, chunk, start);
         }
     }
 }

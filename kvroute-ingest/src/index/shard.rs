@@ -17,6 +17,8 @@ use hashbrown::HashMap;
 
 use super::runs::{RunTable, RUN_ID_BITS};
 use super::table::BucketTable;
+use super::universal::Universal;
+use std::sync::Arc;
 
 // Block keys are already hashes, but tests and some engines use small or
 // sequential keys, which `fmix64` spreads over all bits.
@@ -211,9 +213,9 @@ impl TierTable {
     }
 
     /// Sets `flag` for `key` (whose [`entry_hash`] is `hash`): `None` if it
-    /// was already set, else whether the key is new to the table, and the
-    /// run its old code named (a second holder ends a run's claim on the
-    /// entry). A new entry names `join`.
+    /// was already set, else whether the key is new to the table, the run
+    /// its old code named (a second holder ends a run's claim on the entry)
+    /// and its holders before. A new entry names `join`.
     #[inline]
     fn set(
         &mut self,
@@ -221,7 +223,7 @@ impl TierTable {
         key: u64,
         flag: u64,
         join: Option<u32>,
-    ) -> Option<(bool, Option<u32>)> {
+    ) -> Option<(bool, Option<u32>, u64)> {
         // A lone holder is always inline (what `encode` gives).
         let code = || {
             let mut code = SOLE | (flag.trailing_zeros() & 63);
@@ -231,7 +233,7 @@ impl TierTable {
             code
         };
         let Some(at) = self.entries.find_or_insert(hash, key, code, entry_hash) else {
-            return Some((true, None));
+            return Some((true, None, 0));
         };
         let old_code = self.entries.code(at);
         let mask = self.decode(old_code);
@@ -240,7 +242,7 @@ impl TierTable {
         }
         let code = self.encode(mask | flag, Some(old_code));
         self.entries.set_code(at, code);
-        Some((false, run_of(old_code)))
+        Some((false, run_of(old_code), mask))
     }
 
     /// Names `run` in `key`'s entry if `flag` is its only holder and it names
@@ -258,8 +260,8 @@ impl TierTable {
     }
 
     /// Clears `flag` for `key`: `None` if it was not set, else the run the
-    /// entry named, which it no longer does.
-    fn unset(&mut self, key: u64, flag: u64) -> Option<Option<u32>> {
+    /// entry named, which it no longer does, and its holders before.
+    fn unset(&mut self, key: u64, flag: u64) -> Option<(Option<u32>, u64)> {
         let hash = entry_hash(key);
         let at = self.entries.find(hash, key)?;
         let code = self.entries.code(at);
@@ -282,7 +284,7 @@ impl TierTable {
             let new = self.encode(rest, Some(code));
             self.entries.set_code(at, new);
         }
-        Some(run_of(code))
+        Some((run_of(code), mask))
     }
 
     fn allocation_bytes(&self) -> usize {
@@ -302,12 +304,23 @@ pub(crate) struct Shard {
     present: u8,
     tiers: [TierTable; 4],
     dups: HashMap<DupKey, u32>,
+    /// Where GPU keys every endpoint of the bank holds are recorded, for a
+    /// bank the table tracks.
+    full: Option<Full>,
+}
+
+/// A tracked bank's shard's link to the [`Universal`] table.
+pub(crate) struct Full {
+    /// The bank's endpoints: a key whose GPU holders are all of them is full.
+    pub(crate) mask: u64,
+    pub(crate) bank: usize,
+    pub(crate) table: Arc<Universal>,
 }
 
 impl Shard {
     /// An empty shard; `seed` (its index) offsets its tables' growth
     /// steps from other shards' (see `BucketTable`).
-    pub(crate) fn new(seed: u32) -> Self {
+    pub(crate) fn new(seed: u32, full: Option<Full>) -> Self {
         Self {
             tiers: std::array::from_fn(|_| TierTable {
                 entries: BucketTable::new(seed),
@@ -315,6 +328,21 @@ impl Shard {
             }),
             dups: HashMap::default(),
             present: 0,
+            full,
+        }
+    }
+
+    /// GPU holders of `key` went from `before` to `after`: tells the
+    /// universal table when that makes the key full in the bank or ends it.
+    #[inline]
+    fn note_holders(&self, tier: usize, key: u64, before: u64, after: u64) {
+        let Some(f) = self.full.as_ref().filter(|_| tier == 0) else {
+            return;
+        };
+        match (before == f.mask, after == f.mask) {
+            (false, true) => f.table.entered(key, f.bank),
+            (true, false) => f.table.left(key, f.bank),
+            _ => {}
         }
     }
 
@@ -432,10 +460,11 @@ impl Shard {
         let Some(table) = self.tiers.get_mut(tier) else {
             return StoreEffect::Duplicate;
         };
-        if let Some((fresh, lost)) = table.set(hash, key, flag, join) {
+        if let Some((fresh, lost, before)) = table.set(hash, key, flag, join) {
             if let Some(run) = lost {
                 runs.member_lost(run);
             }
+            self.note_holders(tier, key, before, before | flag);
             self.present |= 1 << (tier & 3);
             return if fresh {
                 StoreEffect::InsertedSole
@@ -473,8 +502,11 @@ impl Shard {
                 return RemoveEffect::Decremented;
             }
         }
-        if let Some(Some(run)) = table.unset(key, flag) {
-            runs.member_lost(run);
+        if let Some((lost, before)) = table.unset(key, flag) {
+            if let Some(run) = lost {
+                runs.member_lost(run);
+            }
+            self.note_holders(tier, key, before, before & !flag);
         }
         self.note_removal(tier);
         RemoveEffect::Removed
@@ -540,11 +572,13 @@ impl Shard {
         let Some(table) = self.tiers.get_mut(tier) else {
             return false;
         };
-        match table.unset(key, flag) {
-            None => return false,
-            Some(Some(run)) => runs.member_lost(run),
-            Some(None) => {}
+        let Some((lost, before)) = table.unset(key, flag) else {
+            return false;
+        };
+        if let Some(run) = lost {
+            runs.member_lost(run);
         }
+        self.note_holders(tier, key, before, before & !flag);
         self.note_removal(tier);
         if !self.dups.is_empty() && self.dups.remove(&dup_key(key, bit, tier)).is_some() {
             self.shrink_dups();
@@ -612,16 +646,19 @@ mod tests {
         let runs = RunTable::default();
         let run = runs.alloc(9, 3).unwrap();
         let h = entry_hash(5);
-        assert_eq!(table.set(h, 5, 1 << 9, Some(run)), Some((true, None)));
+        assert_eq!(table.set(h, 5, 1 << 9, Some(run)), Some((true, None, 0)));
         assert_eq!(table.mask(h, 5), 1 << 9, "run bits are not holders");
         // A second holder takes the run out of the entry, and says so.
-        assert_eq!(table.set(h, 5, 1 << 2, None), Some((false, Some(run))));
+        assert_eq!(
+            table.set(h, 5, 1 << 2, None),
+            Some((false, Some(run), 1 << 9))
+        );
         assert_eq!(table.mask(h, 5), (1 << 9) | (1 << 2));
         assert!(!table.attach(5, 1 << 9, run), "two holders: no run");
-        assert_eq!(table.unset(5, 1 << 2), Some(None));
+        assert_eq!(table.unset(5, 1 << 2), Some((None, (1 << 9) | (1 << 2))));
         assert!(table.attach(5, 1 << 9, run));
         assert!(!table.attach(5, 1 << 9, run), "already names one");
-        assert_eq!(table.unset(5, 1 << 9), Some(Some(run)));
+        assert_eq!(table.unset(5, 1 << 9), Some((Some(run), 1 << 9)));
         assert_eq!(table.unset(5, 1 << 9), None);
     }
 
