@@ -195,12 +195,25 @@ impl PrefillDrain {
         &self,
         now: Duration,
         loads: &mut [EndpointLoad],
+        sampled: Option<&[u32]>,
         view: &L,
         progress: impl Fn(usize) -> Option<PrefillProgress>,
         capacity: impl Fn(usize) -> u32,
     ) {
         let mut st = self.state.lock();
-        observe_locked(&mut st, micros(now), loads, view, progress, capacity);
+        let now = micros(now);
+        match sampled {
+            // A sampled decision reads (and learns from) its sample only;
+            // each endpoint's queue carries on from its last read.
+            Some(s) => {
+                let visit = s.iter().map(|&i| i as usize);
+                observe_locked(&mut st, now, loads, visit, view, progress, capacity);
+            }
+            None => {
+                let visit = 0..loads.len();
+                observe_locked(&mut st, now, loads, visit, view, progress, capacity);
+            }
+        }
     }
 
     /// [`PrefillDrain::observe`] between decisions: reads `view` for
@@ -217,7 +230,16 @@ impl PrefillDrain {
         loads.clear();
         loads.extend((0..endpoints).map(|i| view.load(endpoint_id(i))));
         let progress = |i: usize| view.prefill_progress(endpoint_id(i));
-        observe_locked(&mut st, micros(now), &mut loads, view, progress, capacity);
+        let visit = 0..loads.len();
+        observe_locked(
+            &mut st,
+            micros(now),
+            &mut loads,
+            visit,
+            view,
+            progress,
+            capacity,
+        );
         st.scratch = loads;
     }
 
@@ -284,6 +306,7 @@ fn observe_locked<L: Load + ?Sized>(
     st: &mut State,
     now_us: u64,
     loads: &mut [EndpointLoad],
+    visit: impl Iterator<Item = usize> + Clone,
     view: &L,
     progress: impl Fn(usize) -> Option<PrefillProgress>,
     capacity: impl Fn(usize) -> u32,
@@ -304,7 +327,10 @@ fn observe_locked<L: Load + ?Sized>(
     // Integer sums: a floating-point accumulator carried through the loop
     // is the loop's longest dependency on a large fleet.
     let (mut known_sum, mut unknown_sum) = (0u64, 0u64);
-    for (i, (l, s)) in loads.iter().zip(slots.iter_mut()).enumerate() {
+    for i in visit.clone() {
+        let (Some(l), Some(s)) = (loads.get(i), slots.get_mut(i)) else {
+            continue;
+        };
         // A read stamped before the last one (hosts' tasks racing for the
         // lock) counts as made at the last one's time.
         let now_us = now_us.max(s.at_us);
@@ -386,7 +412,10 @@ fn observe_locked<L: Load + ?Sized>(
         *foreign = *foreign * KEEP_SHARE + unknown_sum as f64;
     }
     let rate = st.rate();
-    for (i, (l, s)) in loads.iter_mut().zip(st.slots.iter_mut()).enumerate() {
+    for i in visit {
+        let (Some(l), Some(s)) = (loads.get_mut(i), st.slots.get_mut(i)) else {
+            continue;
+        };
         let now_us = now_us.max(s.at_us);
         let q = l.queued_prefill_tokens;
         let cap = capacity(i);
@@ -512,7 +541,7 @@ mod tests {
     /// `drain` observing `loads` from a view that knows nothing more (no
     /// engine counters, no other host's charges), all capacities 1.
     fn observe_alone(drain: &PrefillDrain, now: Duration, loads: &mut [EndpointLoad]) {
-        drain.observe(now, loads, &crate::LoadTable::new(0), |_| None, |_| 1);
+        drain.observe(now, loads, None, &crate::LoadTable::new(0), |_| None, |_| 1);
     }
 
     fn ms(v: u64) -> Duration {
@@ -650,7 +679,14 @@ mod tests {
                 in_flight: 1,
                 queued_prefill_tokens: q,
             }];
-            drain.observe(ms(t), &mut loads, &Reporting(progress), |_| progress, |_| 1);
+            drain.observe(
+                ms(t),
+                &mut loads,
+                None,
+                &Reporting(progress),
+                |_| progress,
+                |_| 1,
+            );
             if k >= 200 {
                 err += loads[0]
                     .queued_prefill_tokens
@@ -764,7 +800,7 @@ mod tests {
             // counted by the view, which the rule reads when they arrive
             // (`Rule::observe_load` after applying the delta).
             if k % 2 == 0 {
-                drain.observe(ms(t), &mut loads, &Counted(total), |_| None, |_| 1);
+                drain.observe(ms(t), &mut loads, None, &Counted(total), |_| None, |_| 1);
                 let truth = busy_until.saturating_sub(t) * 20;
                 seen.push((loads[0].queued_prefill_tokens, truth, queued(&jobs, t)));
                 drain.charge(0, u32::try_from(tokens).unwrap(), ms(t), 1);
@@ -777,7 +813,7 @@ mod tests {
                     in_flight: 1,
                     queued_prefill_tokens: queued(&jobs, t),
                 }];
-                drain.observe(ms(t), &mut loads, &Counted(total), |_| None, |_| 1);
+                drain.observe(ms(t), &mut loads, None, &Counted(total), |_| None, |_| 1);
             }
         }
         // Learnt from both hosts' work. Biased low: a read right after the

@@ -105,6 +105,8 @@ pub fn select_ladder(data: &[u8]) {
     };
     cfg.thresholds.min_overlap_blocks = 1 + u32::from(b.next() % 3);
     cfg.thresholds.max_retries = u32::from(b.next() % 8);
+    // Samples of 1 or 2 on pools of up to 10: sampled from 5 endpoints on.
+    cfg.thresholds.sample_size = u32::from(b.next() % 3);
     cfg.seed = u64::from(b.next());
     let Ok(rule) = Rule::new(cfg, None) else {
         return;
@@ -229,7 +231,11 @@ pub fn check<V: InventoryView + ?Sized>(
         other => panic!("decode leg does not match topology: {other:?}"),
     }
     if d.source() == Source::KvExact {
-        let ids = (0..eps.len()).filter_map(|i| u32::try_from(i).ok().map(EndpointId));
+        // A sampled decision chose among the endpoints it scored.
+        let sampled = d.sampled();
+        let ids = (0..eps.len())
+            .filter(|i| sampled.is_empty() || sampled.iter().any(|s| *s as usize == *i))
+            .filter_map(|i| u32::try_from(i).ok().map(EndpointId));
         let figure = |i: EndpointId| {
             let o = d.overlaps().get(i.index()).copied().unwrap_or_default();
             if rule.config().scorer.reads_any_position() {
@@ -239,6 +245,28 @@ pub fn check<V: InventoryView + ?Sized>(
                 o.prefix.max(spec)
             }
         };
+        if !sampled.is_empty() {
+            // A sample keeps every endpoint holding more than the prefix
+            // most of the pool holds.
+            let all: Vec<u32> = (0..eps.len())
+                .filter_map(|i| u32::try_from(i).ok().map(EndpointId))
+                .map(figure)
+                .collect();
+            let majority = all
+                .iter()
+                .find(|f| all.iter().filter(|g| g == f).count() * 2 > all.len());
+            let Some(&m) = majority else {
+                panic!("sampled without a majority: {all:?}");
+            };
+            for (i, f) in all.iter().enumerate() {
+                if *f > m {
+                    assert!(
+                        sampled.iter().any(|s| *s as usize == i),
+                        "{i} holds {f} > {m}"
+                    );
+                }
+            }
+        }
         let scorer: &dyn std::any::Any = &*rule.config().scorer;
         let load_aware = scorer.downcast_ref::<LoadAwareScorer>().map(|s| s.0);
         let cost = scorer.downcast_ref::<CostScorer>().map(|s| s.0);

@@ -11,6 +11,27 @@ pub(crate) struct Pool<'a> {
     pub(crate) endpoints: &'a [Endpoint],
     pub(crate) eligible: &'a [bool],
     pub(crate) loads: &'a [EndpointLoad],
+    /// The endpoints a sampled decision scores (ascending); `None`: all.
+    /// Only these can be eligible.
+    pub(crate) sampled: Option<&'a [u32]>,
+}
+
+/// [`Pool::candidates`]: every endpoint, or a sampled decision's.
+enum Visit<'a> {
+    All(std::ops::Range<usize>),
+    Sampled(std::slice::Iter<'a, u32>),
+}
+
+impl Iterator for Visit<'_> {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            Visit::All(r) => r.next(),
+            Visit::Sampled(s) => s.next().map(|&i| i as usize),
+        }
+    }
 }
 
 impl<'a> Pool<'a> {
@@ -18,17 +39,25 @@ impl<'a> Pool<'a> {
     pub(crate) fn candidates(
         &self,
     ) -> impl Iterator<Item = (usize, &'a Endpoint, EndpointLoad)> + '_ {
-        self.endpoints
-            .iter()
-            .zip(self.eligible)
-            .zip(self.loads)
-            .enumerate()
-            .filter(|(_, ((_, ok), _))| **ok)
-            .map(|(i, ((e, _), l))| (i, e, *l))
+        let visit = match self.sampled {
+            Some(s) => Visit::Sampled(s.iter()),
+            None => Visit::All(0..self.endpoints.len()),
+        };
+        let (endpoints, eligible, loads) = (self.endpoints, self.eligible, self.loads);
+        visit.filter_map(move |i| {
+            if !eligible.get(i).copied().unwrap_or(false) {
+                return None;
+            }
+            Some((
+                i,
+                endpoints.get(i)?,
+                loads.get(i).copied().unwrap_or_default(),
+            ))
+        })
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        !self.eligible.iter().any(|ok| *ok)
+        self.candidates().next().is_none()
     }
 
     pub(crate) fn load_of(&self, i: usize) -> EndpointLoad {

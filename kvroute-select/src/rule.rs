@@ -56,6 +56,15 @@ pub struct Thresholds {
     /// neither the decision nor the engine's answer gives the prompt's
     /// length (default 2^24, beyond every engine's context window).
     pub max_receipt_tokens: u32,
+    /// Candidate sampling on large pools: a KV-exact decision over more
+    /// than `4 · sample_size` endpoints scores every endpoint holding more
+    /// of the prompt than most of the pool does, and `sample_size` of the
+    /// others drawn at random (the best of `d` random choices; each decider
+    /// draws its own), instead of every endpoint. 0: always score every
+    /// endpoint. Converged rules whose scorer reads the cached prefix only;
+    /// a decision that falls back to the rule's selector gives it the whole
+    /// pool.
+    pub sample_size: u32,
 }
 
 impl Default for Thresholds {
@@ -68,6 +77,7 @@ impl Default for Thresholds {
             max_retries: 3,
             drift_alarm_after: 8,
             max_receipt_tokens: 1 << 24,
+            sample_size: 64,
         }
     }
 }
@@ -220,6 +230,8 @@ pub struct Rule {
     /// Rotates the cost scorer's exact ties (apart from the selector's
     /// round-robin turn, which only fallback decisions advance).
     pub(crate) tie_turns: Arc<std::sync::atomic::AtomicU64>,
+    /// Seeds sampled decisions' draws ([`Thresholds::sample_size`]).
+    pub(crate) sample_turns: Arc<std::sync::atomic::AtomicU64>,
     /// This rule's decisions seen as bursts, when the scorer reads them.
     pub(crate) burst: Option<Arc<Mutex<crate::burst::BurstTracker>>>,
     pub(crate) sessions: Arc<Mutex<SessionMap>>,
@@ -255,6 +267,7 @@ impl Rule {
             selector: SelectorState::new(ring, config.seed),
             decode_turns: Arc::default(),
             tie_turns: Arc::default(),
+            sample_turns: Arc::default(),
             burst: (config.scorer.burst_window().is_some() && config.choice == Choice::KvExact)
                 .then(Arc::default),
             sessions: Arc::new(Mutex::new(SessionMap::new(&config.affinity))),
@@ -302,6 +315,7 @@ impl Rule {
             selector: self.selector.carried(ring, config.seed),
             decode_turns: Arc::clone(&self.decode_turns),
             tie_turns: Arc::clone(&self.tie_turns),
+            sample_turns: Arc::clone(&self.sample_turns),
             burst: match (&self.burst, config.scorer.burst_window()) {
                 (Some(b), Some(_)) => Some(Arc::clone(b)),
                 (None, Some(_)) if config.choice == Choice::KvExact => Some(Arc::default()),

@@ -175,6 +175,7 @@ mod tests {
             endpoints: &eps,
             eligible: &eligible,
             loads: &loads,
+            sampled: None,
         };
         let state = SelectorState::new(Ring::new(&eps, 4), 7);
         for _ in 0..200 {

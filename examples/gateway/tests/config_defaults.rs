@@ -76,6 +76,7 @@ fn resolved(key: &str) -> Option<toml::Value> {
     Some(match key {
         "rules.min_overlap_blocks" => toml::Value::Integer(th.min_overlap_blocks.into()),
         "rules.max_retries" => toml::Value::Integer(th.max_retries.into()),
+        "rules.sample_size" => toml::Value::Integer(th.sample_size.into()),
         "rules.burst_order_ms" => toml::Value::Integer(
             i64::try_from(kvroute_select::DEFAULT_BURST_ORDER.as_millis()).ok()?,
         ),

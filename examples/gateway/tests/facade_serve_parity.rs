@@ -242,13 +242,19 @@ fn embedded(
     for m in &config.models {
         b = b.model(m.slug.clone(), m.dir.clone());
     }
-    if rule.doc.min_overlap_blocks.is_some() || rule.doc.max_retries.is_some() {
+    if rule.doc.min_overlap_blocks.is_some()
+        || rule.doc.max_retries.is_some()
+        || rule.doc.sample_size.is_some()
+    {
         let mut t = Thresholds::default();
         if let Some(n) = rule.doc.min_overlap_blocks {
             t.min_overlap_blocks = n;
         }
         if let Some(n) = rule.doc.max_retries {
             t.max_retries = n;
+        }
+        if let Some(n) = rule.doc.sample_size {
+            t.sample_size = n;
         }
         b = b.thresholds(t);
     }

@@ -294,6 +294,11 @@ pub struct RunArgs {
     /// another worker has room for the request (0: off).
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().eviction_weight)]
     cost_eviction_weight: f64,
+    /// Candidate sampling on pools of more than four times this many
+    /// workers: a decision scores the workers holding more of the prompt
+    /// than most, plus this many others at random (0: every worker).
+    #[arg(long, default_value_t = kvroute_select::Thresholds::default().sample_size)]
+    sample_size: u32,
     /// `kv-exact`: weight of the request's own uncached prefill.
     #[arg(long, default_value_t = kvroute_select::CostConfig::default().prefill_weight)]
     cost_prefill_weight: f64,
@@ -448,6 +453,7 @@ pub fn simulate_all(
             arrival_spread_us: plan.arrival_spread_us,
             epsilon: f.tuning.epsilon,
             chwbl_factor: f.tuning.chwbl_factor,
+            sample_size: f.tuning.sample_size,
             tokens_per_in_flight: f.tuning.tokens_per_in_flight,
             bounded_fallback: format!("{:?}", f.tuning.bounded_fallback),
             seed: f.seed,
@@ -584,6 +590,7 @@ fn plan(args: &RunArgs) -> anyhow::Result<RunPlan> {
                     ..kvroute_select::CostConfig::default()
                 },
                 predicted: !args.no_predicted,
+                sample_size: args.sample_size,
             },
             replicas: args.replicas,
             load_poll_us,

@@ -74,6 +74,9 @@ pub struct Tuning {
     pub cost: CostConfig,
     /// `kv-exact`: predicted entries on (the library default) or off.
     pub predicted: bool,
+    /// Candidate sampling on large pools ([`Thresholds::sample_size`]; 0:
+    /// every endpoint is scored).
+    pub sample_size: u32,
 }
 
 impl Default for Tuning {
@@ -85,6 +88,7 @@ impl Default for Tuning {
             bounded_fallback: SelectorKind::RoundRobin,
             cost: CostConfig::default(),
             predicted: true,
+            sample_size: Thresholds::default().sample_size,
         }
     }
 }
@@ -192,6 +196,7 @@ impl Policy {
     ) -> KvRouterBuilder {
         let thresholds = Thresholds {
             chwbl_load_factor: t.chwbl_factor,
+            sample_size: t.sample_size,
             ..Thresholds::default()
         };
         let no_predictions = PredictedConfig {

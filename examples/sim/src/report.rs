@@ -236,6 +236,8 @@ pub struct FleetReport {
     pub epsilon: f64,
     /// CHWBL load factor.
     pub chwbl_factor: f64,
+    /// Candidate sampling's draws on large pools (0: off).
+    pub sample_size: u32,
     /// `kv-bounded` prefill tokens per in-flight request.
     pub tokens_per_in_flight: f64,
     /// `kv-bounded` fallback selector.

@@ -206,6 +206,14 @@ impl EndpointKeys {
 /// endpoints still work, with one lookup per key per bank) and adds the masks into
 /// bit-sliced counters.
 ///
+/// A key every endpoint of a bank holds in the GPU tier is also recorded, with
+/// the banks where that is so, in one index-wide table (banks of at least 16
+/// endpoints, the first 64 banks). The prefix walk reads a prompt's leading
+/// keys there once and starts each bank past the ones all its endpoints hold:
+/// a system prompt cached on every engine of a 1 024-endpoint fleet costs one
+/// lookup per key, not sixteen. The shards' writers keep the table as a key's
+/// holders in a bank become all of them or stop being so.
+///
 /// # Semantics
 ///
 /// * **Reference counts.** Each (endpoint, tier, key) carries a count of stores not
@@ -265,7 +273,8 @@ impl EndpointKeys {
 /// same size make the figure follow the swing, 19.8 to 26.3 with rings). With
 /// fewer shards ([`IndexConfig::shards`]) fewer phases average out: one
 /// shard follows the swing. Shared keys cost one entry for all their
-/// holders. [`SharedIndex::memory_bytes`] reports the figure for a metrics
+/// holders. The table of keys a whole bank holds has an entry (about 17
+/// bytes) only per such key. [`SharedIndex::memory_bytes`] reports the figure for a metrics
 /// gauge; a process's resident memory also holds what its allocator keeps
 /// of freed tables (glibc after loading 64 × 100 K blocks: ~0.8 byte per
 /// pair more).
@@ -283,7 +292,10 @@ impl EndpointKeys {
 /// each endpoint's rings sit behind their own mutex, which readers never
 /// take, so misuse is safe, only serialised. Readers never hold two shard
 /// locks at once and writers that hold several took them in ascending order,
-/// so no cycle of waits can form.
+/// so no cycle of waits can form. The whole-bank table has one lock: a
+/// writer takes it (inside a shard's write lock) only when a key's holders in
+/// a bank become all of them or stop being so; a prefix walk reads it once,
+/// holding no shard lock.
 ///
 /// # Chain runs
 ///

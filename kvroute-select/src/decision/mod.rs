@@ -9,6 +9,7 @@ mod explained;
 mod inventory;
 pub(crate) use inventory::predicted_endpoint;
 mod receipt;
+mod sample;
 
 use kvroute_core::{BlockKey, EndpointId};
 use kvroute_ingest::{InventoryView, Overlap};
@@ -105,6 +106,11 @@ pub struct Decision {
     /// The explanation, when the host asked for one (kept, with its
     /// buffers, across decisions).
     explain: Option<Box<Explanation>>,
+    /// The endpoints a sampled decision scores, ascending
+    /// ([`crate::Thresholds::sample_size`]); empty: every endpoint.
+    sampled: Vec<u32>,
+    /// The sample's members as a bit set (scratch of [`sample::choose`]).
+    sample_marks: Vec<u64>,
 }
 
 impl Decision {
@@ -124,6 +130,7 @@ impl Decision {
         }
         self.keys.clear();
         self.speculative.clear();
+        self.sampled.clear();
         self.slot_scratch.clear();
         /// Sizes `v` for `n` endpoints without clearing it: for buffers
         /// every ladder run rewrites in full (`refresh_pool`) before
@@ -253,6 +260,15 @@ impl Decision {
     pub fn prompt_tokens(&self) -> u32 {
         self.prompt_tokens
     }
+
+    /// The endpoints a sampled decision scored, in ascending index order
+    /// ([`crate::Thresholds::sample_size`]); empty when it scored every
+    /// endpoint (a small pool, sampling off, or a fallback, which chooses
+    /// over the whole pool).
+    #[must_use]
+    pub fn sampled(&self) -> &[u32] {
+        &self.sampled
+    }
 }
 
 impl Rule {
@@ -332,6 +348,7 @@ impl Rule {
             if let Some(map) = predicted.as_deref() {
                 self.speculate(d, now, map);
             }
+            self.choose_sample(d, load);
         }
         self.run_ladder(
             d,
@@ -427,8 +444,30 @@ impl Rule {
         d.target
     }
 
+    /// Chooses the endpoints a KV-exact decision scores on a large pool
+    /// ([`crate::Thresholds::sample_size`]; see `sample`): converged rules
+    /// whose scorer reads the cached prefix only.
+    fn choose_sample<L: Load + ?Sized>(&self, d: &mut Decision, load: &L) {
+        let cfg = &self.config;
+        if cfg.topology != Topology::Converged
+            || cfg.scorer.reads_any_position()
+            || d.keys.is_empty()
+        {
+            return;
+        }
+        let n = cfg.endpoints.len();
+        let size = cfg.thresholds.sample_size as usize;
+        if size == 0 || n <= size.saturating_mul(4) {
+            return;
+        }
+        let turn = self.sample_turns.fetch_add(1, Ordering::Relaxed);
+        let seed = sample::seed(cfg.seed, load.deciders().rank, turn);
+        sample::choose(d, n, size, seed);
+    }
+
     /// Recomputes loads and main-leg eligibility (not excluded, available, and a
-    /// prefill role in P/D).
+    /// prefill role in P/D) — of the sampled endpoints only, when the
+    /// decision is sampled.
     fn refresh_pool<L: Load + ?Sized, H: Health + ?Sized>(
         &self,
         d: &mut Decision,
@@ -436,40 +475,24 @@ impl Rule {
         health: &H,
         now: Duration,
     ) {
-        let pd = self.config.topology == Topology::PrefillDecode;
         d.deciders = load.deciders();
-        for (i, e) in crate::endpoint::enumerate(&self.config.endpoints) {
-            let ix = i.index();
-            let (l, r) = load.load_and_report(i);
-            if let Some(slot) = d.loads.get_mut(ix) {
-                *slot = l;
+        if d.sampled.is_empty() {
+            for (i, _) in crate::endpoint::enumerate(&self.config.endpoints) {
+                self.refresh_endpoint(d, i.index(), load, health, now);
             }
-            if let Some(slot) = d.reports.get_mut(ix) {
-                *slot = r;
-            }
-            let excluded = d.excluded.get(ix).copied().unwrap_or(true);
-            let role = !pd || e.role.can_prefill();
-            let ok = !excluded && role && {
-                let a = health.availability(i, now);
-                if let Some(x) = d.explain.as_deref_mut() {
-                    if let Some(row) = x.endpoints.get_mut(ix) {
-                        row.ineligible = (!a.is_available()).then_some(Ineligible::Unavailable(a));
-                    }
+        } else {
+            d.eligible.fill(false);
+            if let Some(x) = d.explain.as_deref_mut() {
+                // Rows of the endpoints left out show no stale figures.
+                d.loads.fill(EndpointLoad::default());
+                d.reports.fill(None);
+                for row in &mut x.endpoints {
+                    row.ineligible = Some(Ineligible::NotSampled);
                 }
-                a.is_available()
-            };
-            if let Some(x) = d.eligible.get_mut(ix) {
-                *x = ok;
             }
-            if let Some(row) = d
-                .explain
-                .as_deref_mut()
-                .and_then(|x| x.endpoints.get_mut(ix))
-            {
-                if excluded {
-                    row.ineligible = Some(Ineligible::ConnectFailed);
-                } else if !role {
-                    row.ineligible = Some(Ineligible::DecodeOnly);
+            for k in 0..d.sampled.len() {
+                if let Some(&ix) = d.sampled.get(k) {
+                    self.refresh_endpoint(d, ix as usize, load, health, now);
                 }
             }
         }
@@ -483,10 +506,59 @@ impl Rule {
                 }) => Some(*p),
                 _ => load.prefill_progress(EndpointId(u32::try_from(i).unwrap_or(u32::MAX))),
             };
-            drain.observe(now, &mut d.loads, load, progress, |i| {
+            let sampled = (!d.sampled.is_empty()).then_some(&d.sampled[..]);
+            drain.observe(now, &mut d.loads, sampled, load, progress, |i| {
                 eps.get(i)
                     .map_or(1, crate::endpoint::Endpoint::capacity_or_one)
             });
+        }
+    }
+
+    /// [`Rule::refresh_pool`] for endpoint `ix`.
+    fn refresh_endpoint<L: Load + ?Sized, H: Health + ?Sized>(
+        &self,
+        d: &mut Decision,
+        ix: usize,
+        load: &L,
+        health: &H,
+        now: Duration,
+    ) {
+        let (Some(e), Ok(id)) = (self.config.endpoints.get(ix), u32::try_from(ix)) else {
+            return;
+        };
+        let i = EndpointId(id);
+        let pd = self.config.topology == Topology::PrefillDecode;
+        let (l, r) = load.load_and_report(i);
+        if let Some(slot) = d.loads.get_mut(ix) {
+            *slot = l;
+        }
+        if let Some(slot) = d.reports.get_mut(ix) {
+            *slot = r;
+        }
+        let excluded = d.excluded.get(ix).copied().unwrap_or(true);
+        let role = !pd || e.role.can_prefill();
+        let ok = !excluded && role && {
+            let a = health.availability(i, now);
+            if let Some(x) = d.explain.as_deref_mut() {
+                if let Some(row) = x.endpoints.get_mut(ix) {
+                    row.ineligible = (!a.is_available()).then_some(Ineligible::Unavailable(a));
+                }
+            }
+            a.is_available()
+        };
+        if let Some(x) = d.eligible.get_mut(ix) {
+            *x = ok;
+        }
+        if let Some(row) = d
+            .explain
+            .as_deref_mut()
+            .and_then(|x| x.endpoints.get_mut(ix))
+        {
+            if excluded {
+                row.ineligible = Some(Ineligible::ConnectFailed);
+            } else if !role {
+                row.ineligible = Some(Ineligible::DecodeOnly);
+            }
         }
     }
 
@@ -510,6 +582,7 @@ impl Rule {
             endpoints: &self.config.endpoints,
             eligible: &d.decode_eligible,
             loads: &d.loads,
+            sampled: None,
         };
         let turn = self.decode_turns.fetch_add(1, Ordering::Relaxed);
         pool.least_loaded(turn, d.deciders)
@@ -531,7 +604,31 @@ impl Rule {
         self.refresh_pool(d, load, health, now);
         self.reach_candidates(d, first);
         let pd = self.config.topology == Topology::PrefillDecode;
-        let picked = self.pick_main(d, request, now, first);
+        let mut main = self.pick_main(d, request, now, first);
+        if matches!(main, Main::Picked(None))
+            && !first
+            && d.source == Source::KvExact
+            && !d.sampled.is_empty()
+        {
+            // A retry that found the sample exhausted: the rest of the pool
+            // is next, still by KV-exact.
+            d.sampled.clear();
+            self.refresh_pool(d, load, health, now);
+            self.reach_candidates(d, first);
+            main = self.pick_main(d, request, now, first);
+        }
+        let picked = match main {
+            Main::Picked(i) => i,
+            Main::Fallback => {
+                // The fallback selectors (CHWBL's ring above all) choose
+                // over the whole pool, never over a sample.
+                if !d.sampled.is_empty() {
+                    d.sampled.clear();
+                    self.refresh_pool(d, load, health, now);
+                }
+                self.pick_fallback(d, first)
+            }
+        };
         if picked.is_none() || d.source != Source::KvExact {
             d.predicted_blocks = 0;
         }
@@ -601,20 +698,22 @@ impl Rule {
         Some(m.endpoint.index())
     }
 
-    /// The main-leg endpoint index, setting `d.source` (and KV bookkeeping).
+    /// The main-leg endpoint index, setting `d.source` (and KV bookkeeping),
+    /// or that the fallback selector decides.
     fn pick_main(
         &self,
         d: &mut Decision,
         request: &Request<'_>,
         now: Duration,
         first: bool,
-    ) -> Option<usize> {
+    ) -> Main {
         let cfg = &self.config;
         let pd = cfg.topology == Topology::PrefillDecode;
         let pool = Pool {
             endpoints: &cfg.endpoints,
             eligible: &d.eligible,
             loads: &d.loads,
+            sampled: (!d.sampled.is_empty()).then_some(&d.sampled[..]),
         };
         let tie_turn = if cfg.choice == Choice::KvExact {
             self.tie_turns.fetch_add(1, Ordering::Relaxed)
@@ -653,7 +752,7 @@ impl Rule {
         };
         // A retry after a KV-exact pick stays in the tier: next best by overlap.
         if !first && d.source == Source::KvExact {
-            return match checked(cfg.scorer.pick(&scoring(true))) {
+            return Main::Picked(match checked(cfg.scorer.pick(&scoring(true))) {
                 ScorePick::Winner {
                     index,
                     predicted_blocks,
@@ -675,7 +774,7 @@ impl Rule {
                     Some(index)
                 }
                 ScorePick::Miss(_) => None,
-            };
+            });
         }
         if pd {
             let eligible = |e: EndpointId| d.eligible.get(e.index()).copied().unwrap_or(false);
@@ -688,13 +787,13 @@ impl Rule {
                     if first {
                         self.counters.session_affinity();
                     }
-                    return Some(e.index());
+                    return Main::Picked(Some(e.index()));
                 }
             }
             if cfg.affinity.trie_before_kv {
                 if let Some(e) = self.trie_pick(&d.eligible, request, now, first) {
                     d.source = Source::TrieAffinity;
-                    return Some(e);
+                    return Main::Picked(Some(e));
                 }
             }
         }
@@ -729,7 +828,7 @@ impl Rule {
                     if first {
                         self.counters.hit(index, predicted_blocks, diverted);
                     }
-                    return Some(index);
+                    return Main::Picked(Some(index));
                 }
                 ScorePick::Miss(reason) => {
                     if d.miss.is_none() {
@@ -743,9 +842,22 @@ impl Rule {
         if pd && !cfg.affinity.trie_before_kv {
             if let Some(e) = self.trie_pick(&d.eligible, request, now, first) {
                 d.source = Source::TrieAffinity;
-                return Some(e);
+                return Main::Picked(Some(e));
             }
         }
+        Main::Fallback
+    }
+
+    /// The rule's fallback selector over the eligible endpoints.
+    fn pick_fallback(&self, d: &mut Decision, first: bool) -> Option<usize> {
+        let cfg = &self.config;
+        let pd = cfg.topology == Topology::PrefillDecode;
+        let pool = Pool {
+            endpoints: &cfg.endpoints,
+            eligible: &d.eligible,
+            loads: &d.loads,
+            sampled: None,
+        };
         let kind = match (cfg.choice, pd) {
             (Choice::RoundRobin, _) => SelectorKind::RoundRobin,
             (Choice::ContentAffinity, _) => SelectorKind::Chwbl,
@@ -767,4 +879,12 @@ impl Rule {
         }
         picked
     }
+}
+
+/// What [`Rule::pick_main`] leaves to the caller.
+enum Main {
+    /// A tier before the fallback decided (`None`: nothing was left).
+    Picked(Option<usize>),
+    /// The fallback selector decides.
+    Fallback,
 }

@@ -160,6 +160,10 @@ pub enum Ineligible {
     /// Not available: administratively down, behind an open breaker, or
     /// ejected by outlier detection.
     Unavailable(Availability),
+    /// Left out of a sampled decision on a large pool: it holds no more of
+    /// the prompt than most of the pool, and the random sample of such
+    /// endpoints did not draw it ([`crate::Thresholds::sample_size`]).
+    NotSampled,
 }
 
 impl Ineligible {
@@ -173,6 +177,7 @@ impl Ineligible {
             Ineligible::Unavailable(Availability::BreakerOpen) => "breaker_open",
             Ineligible::Unavailable(Availability::Ejected) => "ejected",
             Ineligible::Unavailable(Availability::Available) => "unavailable",
+            Ineligible::NotSampled => "not_sampled",
         }
     }
 }

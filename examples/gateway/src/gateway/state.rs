@@ -323,6 +323,9 @@ impl Gateway {
         if let Some(n) = spec.doc.max_retries {
             thresholds.max_retries = n;
         }
+        if let Some(n) = spec.doc.sample_size {
+            thresholds.sample_size = n;
+        }
         let limits = &self.limits;
         let mut b = match &spec.contract {
             Some(c) => KvRouter::builder(c.clone()),

@@ -512,6 +512,11 @@ pub struct RuleDoc {
     /// Retries after connect failures.
     #[serde(default)]
     pub max_retries: Option<u32>,
+    /// Candidate sampling on large pools: endpoints drawn at random besides
+    /// those holding more of the prompt than most (`Thresholds::sample_size`;
+    /// default 64, 0 scores every endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_size: Option<u32>,
     /// Within a burst, requests without a home wait this long so that the
     /// burst's requests with one are placed first
     /// (`kvroute::KvRouterBuilder::burst_order`; default 1, 0 turns it off).
@@ -793,7 +798,10 @@ mod tests {
             ),
             (
                 proptest::option::of(any::<u32>()),
-                proptest::option::of(any::<u32>()),
+                (
+                    proptest::option::of(any::<u32>()),
+                    proptest::option::of(any::<u32>()),
+                ),
                 proptest::option::of(0..2000u64),
                 // Finite and exactly representable in TOML and JSON text.
                 proptest::option::of((0..4000u32).prop_map(|n| f64::from(n) / 8.0)),
@@ -823,7 +831,7 @@ mod tests {
                     (choice, topology, scorer, selector),
                     (
                         min_overlap_blocks,
-                        max_retries,
+                        (max_retries, sample_size),
                         burst_order_ms,
                         load_slack,
                         forward_token_ids,
@@ -842,6 +850,7 @@ mod tests {
                     selector: SELECTORS[selector],
                     min_overlap_blocks,
                     max_retries,
+                    sample_size,
                     burst_order_ms,
                     load_slack,
                     cost,

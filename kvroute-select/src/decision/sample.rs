@@ -1,0 +1,139 @@
+//! Candidate sampling on large pools: which endpoints a KV-exact decision
+//! scores when the pool is larger than [`crate::Thresholds::sample_size`]
+//! allows scoring in full.
+//!
+//! On a large fleet most endpoints hold the same part of a prompt (a shared
+//! system prompt, or nothing); they differ only in load. A decision then
+//! scores every endpoint that holds *more* of the prompt than that common
+//! part — the cache side stays exact — and `sample_size` of the others drawn
+//! at random: the best of `d` random choices balances load almost as well as
+//! the best of all (Mitzenmacher, "The power of two choices in randomized
+//! load balancing", IEEE TPDS 2001), and on load information that is
+//! already stale it herds less than the global least-loaded (Mitzenmacher,
+//! "How useful is old information?", IEEE TPDS 2000). Deciders draw
+//! different samples (their rank is in the seed), so replicas deciding one
+//! burst look at different endpoints.
+//!
+//! Everything here is linear in the pool with a small constant (two passes
+//! over the overlaps); what it saves is the per-endpoint load, report,
+//! health and cost work of every endpoint it leaves out.
+
+use kvroute_ingest::Overlap;
+
+use super::Decision;
+
+/// Endpoints an overlap with a longer or differently tiered prefix than the
+/// pool's common one must be scored: more than this share of the pool
+/// (`1 / SAMPLE_GIVE_UP`) and the decision scores the whole pool instead.
+const SAMPLE_GIVE_UP: usize = 2;
+
+/// Draws tried per sampled endpoint before giving up on filling the sample
+/// (draws hitting an endpoint already in it are retried).
+const DRAWS_PER_SAMPLE: usize = 4;
+
+/// An endpoint's standing on the cache side: its credited prefix, then how
+/// its confirmed prefix splits over the tiers.
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+struct Standing {
+    prefix: u32,
+    by_medium: [u32; 4],
+}
+
+impl Standing {
+    fn of(o: &Overlap, predicted: u32) -> Self {
+        Self {
+            prefix: o.prefix.max(predicted),
+            by_medium: o.prefix_by_medium,
+        }
+    }
+}
+
+/// Chooses the endpoints a decision over `n` endpoints scores, into
+/// `d.sampled` (ascending), or leaves it empty to score all of them: the pool
+/// is not larger than `4 · sample_size`, no standing is shared by more than
+/// half of the pool, or more than half stands better than it. `seed`
+/// differs per decision and per decider.
+pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) {
+    d.sampled.clear();
+    if sample_size == 0 || n <= sample_size.saturating_mul(4) {
+        return;
+    }
+    let predicted = |i: usize| d.speculative.get(i).copied().unwrap_or(0);
+    // The standing most of the pool shares, if one does (Boyer–Moore
+    // majority vote; confirmed by the count below).
+    let mut common = Standing::default();
+    let mut votes = 0usize;
+    for (i, o) in d.overlaps.iter().enumerate().take(n) {
+        let s = Standing::of(o, predicted(i));
+        if votes == 0 {
+            common = s;
+            votes = 1;
+        } else if s == common {
+            votes += 1;
+        } else {
+            votes -= 1;
+        }
+    }
+    // Every endpoint that may stand better than the common one is scored:
+    // a longer prefix, or the common length in other tiers. Without a
+    // standing most of the pool shares, every endpoint is.
+    let words = n.div_ceil(64);
+    d.sample_marks.clear();
+    d.sample_marks.resize(words, 0);
+    let (mut kept, mut same) = (0usize, 0usize);
+    let limit = n / SAMPLE_GIVE_UP;
+    for (i, o) in d.overlaps.iter().enumerate().take(n) {
+        let s = Standing::of(o, predicted(i));
+        same += usize::from(s == common);
+        let better = s.prefix > common.prefix || (s.prefix == common.prefix && s != common);
+        if better {
+            kept += 1;
+            if kept > limit {
+                d.sample_marks.clear();
+                return;
+            }
+            if let Some(w) = d.sample_marks.get_mut(i / 64) {
+                *w |= 1 << (i % 64);
+            }
+        }
+    }
+    if same * 2 <= n {
+        d.sample_marks.clear();
+        return;
+    }
+    // `sample_size` others, drawn at random without repetition.
+    let mut state = seed;
+    let mut drawn = 0usize;
+    for _ in 0..sample_size.saturating_mul(DRAWS_PER_SAMPLE) {
+        if drawn == sample_size {
+            break;
+        }
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let r = kvroute_core::mix::fmix64(state);
+        // A multiply-shift maps the draw onto 0..n without a division.
+        let i = ((u128::from(r) * n as u128) >> 64) as usize;
+        if let Some(w) = d.sample_marks.get_mut(i / 64) {
+            let bit = 1u64 << (i % 64);
+            if *w & bit == 0 {
+                *w |= bit;
+                drawn += 1;
+            }
+        }
+    }
+    for (wi, w) in d.sample_marks.iter().enumerate() {
+        let mut rest = *w;
+        while rest != 0 {
+            let bit = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if let Ok(i) = u32::try_from(wi * 64 + bit) {
+                d.sampled.push(i);
+            }
+        }
+    }
+}
+
+/// The seed of one decision's sample: the rule's seed, the decider's rank
+/// and the rule's sample counter, mixed.
+pub(super) fn seed(rule_seed: u64, rank: u32, turn: u64) -> u64 {
+    kvroute_core::mix::fmix64(rule_seed ^ (u64::from(rank) << 40) ^ turn.rotate_left(17))
+}

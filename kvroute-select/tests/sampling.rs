@@ -1,0 +1,245 @@
+//! Candidate sampling on large pools ([`Thresholds::sample_size`]): which
+//! endpoints a decision scores, against a reference model, and that a
+//! sampled decision is the full decision over the endpoints it scored.
+
+use std::time::Duration;
+
+use kvroute_core::{BlockKey, EndpointId};
+use kvroute_select::*;
+use proptest::prelude::*;
+
+const BS: u32 = 16;
+
+struct Avail(Vec<bool>);
+
+impl Health for Avail {
+    fn availability(&self, e: EndpointId, _: Duration) -> Availability {
+        if self.0.get(e.index()).copied().unwrap_or(false) {
+            Availability::Available
+        } else {
+            Availability::AdminDown
+        }
+    }
+}
+
+/// A load table seen by one of several deciders.
+struct Ranked<'a>(&'a LoadTable, u32);
+
+impl Load for Ranked<'_> {
+    fn load(&self, endpoint: EndpointId) -> EndpointLoad {
+        self.0.load(endpoint)
+    }
+
+    fn deciders(&self) -> Deciders {
+        Deciders {
+            count: 4,
+            rank: self.1,
+            ..Deciders::ALONE
+        }
+    }
+}
+
+fn keys(blocks: u32) -> Vec<BlockKey> {
+    salted_keys(0, blocks)
+}
+
+fn salted_keys(salt: u64, blocks: u32) -> Vec<BlockKey> {
+    (0..u64::from(blocks))
+        .map(|i| BlockKey(0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i + 1) ^ salt << 48))
+        .collect()
+}
+
+fn rule(n: usize, sample_size: u32) -> Rule {
+    let c = ContractId::new("test/bs16");
+    let eps = (0..n)
+        .map(|i| Endpoint::new(format!("e{i}:1"), Role::Both).with_inventory_slot(i as u32))
+        .collect();
+    let mut cfg = RuleConfig::kv_exact("r", Topology::Converged, eps, BS, c);
+    cfg.thresholds.sample_size = sample_size;
+    Rule::new(cfg, None).unwrap()
+}
+
+/// A pool whose endpoint `i` holds the first `held[i]` blocks of `prompt`
+/// and carries `in_flight[i]` requests.
+fn pool(prompt: &[BlockKey], held: &[u32], in_flight: &[u32]) -> (KeySetInventory, LoadTable) {
+    let mut inv = KeySetInventory::new(held.len());
+    let mut load = LoadTable::new(held.len());
+    for (i, (&h, &f)) in held.iter().zip(in_flight).enumerate() {
+        inv.store(i, prompt[..h as usize].iter().copied());
+        load.set(
+            EndpointId(i as u32),
+            EndpointLoad {
+                in_flight: f,
+                queued_prefill_tokens: 0,
+            },
+        );
+    }
+    (inv, load)
+}
+
+/// The decision and the endpoints it left out of its sample.
+fn decide<L: Load, H: Health>(
+    rule: &Rule,
+    prompt: &[BlockKey],
+    inv: &KeySetInventory,
+    load: &L,
+    health: &H,
+) -> (Option<usize>, Vec<bool>) {
+    let c = ContractId::new("test/bs16");
+    let req = Request::new(PromptInput::Keys {
+        keys: prompt,
+        contract: &c,
+        prompt_tokens: prompt.len() as u32 * BS,
+    });
+    let mut d = Decision::new();
+    d.set_explain(true);
+    rule.decide_into(&mut d, &req, inv, load, health, Duration::ZERO);
+    let x = d.take_explanation().unwrap();
+    let left_out = x
+        .endpoints
+        .iter()
+        .map(|r| r.ineligible == Some(Ineligible::NotSampled))
+        .collect();
+    (d.target().map(|t| t.endpoint.index()), left_out)
+}
+
+/// A fleet of 1 024 sharing a 4-block root, one endpoint holding the whole
+/// prompt: the decision scores that endpoint and a sample of 64 others,
+/// and goes there.
+#[test]
+fn a_large_pool_scores_every_longer_holder_and_a_sample() {
+    let prompt = keys(16);
+    let n = 1024;
+    let mut held = vec![4u32; n];
+    held[700] = 16;
+    let (inv, load) = pool(&prompt, &held, &vec![1; n]);
+    let r = rule(n, 64);
+    let (target, left_out) = decide(&r, &prompt, &inv, &load, &AlwaysAvailable);
+    assert_eq!(target, Some(700));
+    assert!(!left_out[700], "the longest holder is scored");
+    let scored = left_out.iter().filter(|l| !**l).count();
+    assert!((2..=65).contains(&scored), "scored {scored}");
+    // At or below four times the sample size every endpoint is scored.
+    let (small_inv, small_load) = pool(&prompt, &held[..256], &vec![1; 256]);
+    let (_, left_out) = decide(
+        &rule(256, 64),
+        &prompt,
+        &small_inv,
+        &small_load,
+        &AlwaysAvailable,
+    );
+    assert!(left_out.iter().all(|l| !*l));
+    // And with sampling off.
+    let (_, left_out) = decide(&rule(n, 0), &prompt, &inv, &load, &AlwaysAvailable);
+    assert!(left_out.iter().all(|l| !*l));
+}
+
+/// Deciders draw samples of their own: replicas started together (their
+/// rules' counters alike) deciding one burst on one view look at different
+/// endpoints.
+#[test]
+fn deciders_draw_different_samples() {
+    let prompt = keys(8);
+    let n = 1024;
+    let (inv, load) = pool(&prompt, &vec![2; n], &vec![1; n]);
+    let samples: Vec<Vec<bool>> = (0..4)
+        .map(|rank| {
+            let r = rule(n, 32);
+            decide(&r, &prompt, &inv, &Ranked(&load, rank), &AlwaysAvailable).1
+        })
+        .collect();
+    for a in 0..4 {
+        for b in a + 1..4 {
+            assert_ne!(samples[a], samples[b], "ranks {a} and {b}");
+        }
+    }
+}
+
+/// A prompt cached nowhere falls back to the rule's selector, which chooses
+/// over the whole pool: the one idle endpoint of 1 024, which a sample of 64
+/// would usually miss.
+#[test]
+fn a_fallback_chooses_over_the_whole_pool() {
+    let n = 1024;
+    let mut in_flight = vec![3u32; n];
+    in_flight[777] = 0;
+    let (inv, load) = pool(&keys(8), &vec![0; n], &in_flight);
+    let r = rule(n, 64);
+    // Fresh prompts: a repeated one would be credited to 777 by the
+    // predicted entry the first decision left, and decided by KV-exact.
+    for salt in 1..9 {
+        let prompt = salted_keys(salt, 8);
+        let (target, left_out) = decide(&r, &prompt, &inv, &load, &AlwaysAvailable);
+        assert_eq!(target, Some(777));
+        assert!(
+            left_out.iter().all(|l| !*l),
+            "the fallback's rows are all scored"
+        );
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Fleet {
+    prompt_blocks: u32,
+    held: Vec<u32>,
+    in_flight: Vec<u32>,
+    up: Vec<bool>,
+    sample_size: u32,
+}
+
+fn fleet() -> impl Strategy<Value = Fleet> {
+    (17usize..160, 1u32..5, 2u32..12, 0u32..12).prop_flat_map(|(n, k, blocks, common)| {
+        let common = common.min(blocks);
+        (
+            Just(blocks),
+            prop::collection::vec(prop_oneof![3 => Just(common), 1 => 0..=blocks], n),
+            prop::collection::vec(0u32..6, n),
+            prop::collection::vec(prop::bool::weighted(0.9), n),
+            Just(k),
+        )
+            .prop_map(|(prompt_blocks, held, in_flight, up, sample_size)| Fleet {
+                prompt_blocks,
+                held,
+                in_flight,
+                up,
+                sample_size,
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Every endpoint holding more of the prompt than a majority of the
+    /// pool shares is scored; and the sampled decision is the decision a
+    /// rule scoring every endpoint makes when the ones left out are
+    /// unavailable.
+    #[test]
+    fn a_sample_keeps_every_longer_holder_and_decides_as_the_full_rule(f in fleet()) {
+        let prompt = keys(f.prompt_blocks);
+        let n = f.held.len();
+        let (inv, load) = pool(&prompt, &f.held, &f.in_flight);
+        let sampled = rule(n, f.sample_size);
+        let (target, left_out) = decide(&sampled, &prompt, &inv, &load, &Avail(f.up.clone()));
+        // Reference: the prefix held by more than half of the pool, if any.
+        let majority = (0..=f.prompt_blocks)
+            .find(|p| f.held.iter().filter(|h| *h == p).count() * 2 > n);
+        if let Some(m) = majority {
+            for (i, h) in f.held.iter().enumerate() {
+                if *h > m {
+                    prop_assert!(!left_out[i], "endpoint {i} holds {h} > {m} and was left out");
+                }
+            }
+        }
+        if n <= 4 * f.sample_size as usize {
+            prop_assert!(left_out.iter().all(|l| !*l));
+        }
+        let up: Vec<bool> = f.up.iter().zip(&left_out).map(|(u, l)| *u && !*l).collect();
+        let (full_target, _) = decide(&rule(n, 0), &prompt, &inv, &load, &Avail(up));
+        // A fallback chooses over the whole pool in both.
+        let fell_back = left_out.iter().all(|l| !*l);
+        if !fell_back {
+            prop_assert_eq!(target, full_target);
+        }
+    }
+}
