@@ -1,5 +1,5 @@
-//! Replays every seed of fuzz/corpus/seq_window and fuzz/corpus/rekey_map
-//! through their fuzz functions.
+//! Replays every seed of fuzz/corpus/seq_window, fuzz/corpus/rekey_map and
+//! fuzz/corpus/index_walk through their fuzz functions.
 
 use std::path::PathBuf;
 
@@ -25,4 +25,9 @@ fn seq_window_corpus_replays_cleanly() {
 #[test]
 fn rekey_map_corpus_replays_cleanly() {
     replay("rekey_map", kvroute_ingest::fuzzing::rekey_map);
+}
+
+#[test]
+fn index_walk_corpus_replays_cleanly() {
+    replay("index_walk", kvroute_ingest::fuzzing::index_walk);
 }

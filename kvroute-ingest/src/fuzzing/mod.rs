@@ -8,10 +8,14 @@
 //! window decisions, every (endpoint, tier, key) reference count and the scores
 //! of a few prompts agree. [`rekey_map`] does the same for the re-key map of an
 //! endpoint whose engine keys are re-keyed from tokens (see [`rekey`]).
+//! [`index_walk`] checks the prefix walk of banks full of a shared root
+//! against a naive store-count model.
 //! Asserting is the point of this module: the fuzzer and the property tests
 //! report a failing input through the panic.
 
+pub mod index_walk;
 pub mod rekey;
+pub use index_walk::index_walk;
 pub use rekey::rekey_map;
 
 use std::collections::{BTreeMap, BTreeSet};
