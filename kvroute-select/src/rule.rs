@@ -241,6 +241,8 @@ pub struct Rule {
     pub(crate) drain: Option<Arc<crate::drain::PrefillDrain>>,
     /// Endpoints `counters` and `drain` are sized for.
     capacity: usize,
+    /// Every endpoint `i` reads inventory slot `i`.
+    pub(crate) identity_slots: bool,
 }
 
 impl std::fmt::Debug for Rule {
@@ -279,6 +281,7 @@ impl Rule {
             drain: (config.scorer.drains_queue() && config.choice == Choice::KvExact)
                 .then(|| Arc::new(crate::drain::PrefillDrain::new(capacity))),
             keys,
+            identity_slots: identity_slots(&config.endpoints),
             config,
             capacity,
         })
@@ -326,6 +329,7 @@ impl Rule {
             predicted: Arc::clone(&self.predicted),
             drain: self.drain.clone(),
             keys,
+            identity_slots: identity_slots(&config.endpoints),
             config,
             capacity: self.capacity,
         })
@@ -447,4 +451,12 @@ impl Rule {
     pub fn trie_nodes(&self) -> usize {
         self.trie.lock().len()
     }
+}
+
+/// Whether every endpoint `i` reads inventory slot `i`.
+fn identity_slots(endpoints: &[Endpoint]) -> bool {
+    endpoints
+        .iter()
+        .enumerate()
+        .all(|(i, e)| e.inventory_slot.is_some_and(|s| s as usize == i))
 }

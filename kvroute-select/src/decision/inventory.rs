@@ -55,6 +55,23 @@ impl Rule {
         request: &Request<'_>,
         view: &V,
     ) {
+        if !self.score_prompt(d, request, view) {
+            // Nothing was scored: no endpoint's inventory figures either.
+            d.mismatched.fill(false);
+            d.clears.fill(0);
+            d.gpu_blocks.fill(None);
+        }
+    }
+
+    /// The prompt's keys, and the overlaps and inventory health of every
+    /// endpoint; false when it stops before scoring (`mismatched`, `clears`
+    /// and `gpu_blocks` are then not written).
+    fn score_prompt<V: InventoryView + ?Sized>(
+        &self,
+        d: &mut Decision,
+        request: &Request<'_>,
+        view: &V,
+    ) -> bool {
         let n_prefix = self.config.thresholds.chwbl_prefix_tokens;
         d.affinity_key = request.session.map(|s| hash_bytes(s.as_bytes()));
         let kv = self.config.choice == Choice::KvExact;
@@ -112,15 +129,15 @@ impl Rule {
             });
         }
         if !kv {
-            return;
+            return false;
         }
         if let Err(miss) = result {
             d.key_miss = Some(miss);
-            return;
+            return false;
         }
         if d.keys.is_empty() {
             d.key_miss = Some(MissReason::NoKeys);
-            return;
+            return false;
         }
         let slots = view.endpoint_count();
         let mapped = self
@@ -130,39 +147,76 @@ impl Rule {
             .any(|e| e.inventory_slot.is_some_and(|s| (s as usize) < slots));
         if !mapped {
             d.key_miss = Some(MissReason::NoInventory);
-            return;
+            return false;
         }
-        d.slot_scratch.clear();
-        d.slot_scratch.resize(slots, Overlap::default());
-        if self.config.scorer.reads_any_position() {
-            view.score(&d.keys, &mut d.slot_scratch);
+        // Endpoint `i` on slot `i` (the usual mapping): the view scores
+        // straight into the decision's overlaps.
+        let direct = self.identity_slots && slots >= d.overlaps.len();
+        let scored = if direct {
+            &mut d.overlaps
         } else {
-            view.score_prefix(&d.keys, &mut d.slot_scratch);
+            d.slot_scratch.clear();
+            d.slot_scratch.resize(slots, Overlap::default());
+            &mut d.slot_scratch
+        };
+        if self.config.scorer.reads_any_position() {
+            view.score(&d.keys, scored);
+        } else {
+            view.score_prefix(&d.keys, scored);
         }
         let mut slotted = 0usize;
         let mut mismatched = 0usize;
-        for ((((o, e), m), c), held) in d
+        for (((o, e), m), c) in d
             .overlaps
             .iter_mut()
             .zip(&self.config.endpoints)
             .zip(d.mismatched.iter_mut())
             .zip(d.clears.iter_mut())
-            .zip(d.gpu_blocks.iter_mut())
         {
             let Some(slot) = e.inventory_slot.filter(|s| (*s as usize) < slots) else {
+                (*m, *c) = (false, 0);
                 continue;
             };
-            if let Some(s) = d.slot_scratch.get(slot as usize) {
-                *o = *s;
+            if !direct {
+                if let Some(s) = d.slot_scratch.get(slot as usize) {
+                    *o = *s;
+                }
             }
             slotted += 1;
             let health = view.health(slot as usize);
             *m = health.contract_mismatch;
             *c = health.clears;
-            *held = view.gpu_blocks(slot as usize);
             mismatched += usize::from(*m);
         }
         d.all_mismatched = slotted > 0 && mismatched == slotted;
+        true
+    }
+
+    /// Reads the blocks each scored endpoint's cache holds
+    /// ([`InventoryView::gpu_blocks`]): the sample's, or every endpoint's.
+    /// Endpoints a retry adds beyond the sample read as unknown (the
+    /// cache-room term leaves them out).
+    pub(super) fn read_gpu_blocks<V: InventoryView + ?Sized>(&self, d: &mut Decision, view: &V) {
+        let slots = view.endpoint_count();
+        let eps = &self.config.endpoints;
+        let read = |i: usize| {
+            let slot = eps
+                .get(i)?
+                .inventory_slot
+                .filter(|s| (*s as usize) < slots)?;
+            view.gpu_blocks(slot as usize)
+        };
+        if d.sampled.is_empty() {
+            for (i, held) in d.gpu_blocks.iter_mut().enumerate() {
+                *held = read(i);
+            }
+        } else {
+            for &i in &d.sampled {
+                if let Some(held) = d.gpu_blocks.get_mut(i as usize) {
+                    *held = read(i as usize);
+                }
+            }
+        }
     }
 
     /// Credits each endpoint with the prompt prefix its predicted entries

@@ -149,9 +149,11 @@ impl Decision {
         size(&mut self.loads, n, EndpointLoad::default());
         size(&mut self.reports, n, None);
         self.prompt_tokens = 0;
-        fill(&mut self.mismatched, n, false);
-        fill(&mut self.clears, n, 0);
-        fill(&mut self.gpu_blocks, n, None);
+        // Written for every endpoint by `prepare_keys` (and `gpu_blocks`
+        // for every scored one by `read_gpu_blocks`).
+        size(&mut self.mismatched, n, false);
+        size(&mut self.clears, n, 0);
+        size(&mut self.gpu_blocks, n, None);
         self.all_mismatched = false;
         self.affinity_key = None;
         self.key_miss = None;
@@ -261,6 +263,22 @@ impl Decision {
         self.prompt_tokens
     }
 
+    /// Makes the decision score every endpoint from now on. The blocks
+    /// held by the endpoints outside the sample were not read
+    /// (`read_gpu_blocks`): unknown for them (the cache-room term leaves
+    /// them out).
+    fn unsample(&mut self) {
+        let mut next = self.sampled.iter().copied().peekable();
+        for (i, held) in self.gpu_blocks.iter_mut().enumerate() {
+            if next.peek().is_some_and(|s| *s as usize == i) {
+                next.next();
+            } else {
+                *held = None;
+            }
+        }
+        self.sampled.clear();
+    }
+
     /// The endpoints a sampled decision scored, in ascending index order
     /// ([`crate::Thresholds::sample_size`]); empty when it scored every
     /// endpoint (a small pool, sampling off, or a fallback, which chooses
@@ -349,6 +367,7 @@ impl Rule {
                 self.speculate(d, now, map);
             }
             self.choose_sample(d, load);
+            self.read_gpu_blocks(d, view);
         }
         self.run_ladder(
             d,
@@ -612,7 +631,7 @@ impl Rule {
         {
             // A retry that found the sample exhausted: the rest of the pool
             // is next, still by KV-exact.
-            d.sampled.clear();
+            d.unsample();
             self.refresh_pool(d, load, health, now);
             self.reach_candidates(d, first);
             main = self.pick_main(d, request, now, first);
@@ -623,7 +642,7 @@ impl Rule {
                 // The fallback selectors (CHWBL's ring above all) choose
                 // over the whole pool, never over a sample.
                 if !d.sampled.is_empty() {
-                    d.sampled.clear();
+                    d.unsample();
                     self.refresh_pool(d, load, health, now);
                 }
                 self.pick_fallback(d, first)

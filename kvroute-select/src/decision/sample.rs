@@ -27,6 +27,9 @@ use super::Decision;
 /// (`1 / SAMPLE_GIVE_UP`) and the decision scores the whole pool instead.
 const SAMPLE_GIVE_UP: usize = 2;
 
+/// Endpoints probed for the standing most of the pool shares.
+const PROBES: usize = 9;
+
 /// Draws tried per sampled endpoint before giving up on filling the sample
 /// (draws hitting an endpoint already in it are retried).
 const DRAWS_PER_SAMPLE: usize = 4;
@@ -59,21 +62,21 @@ pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) 
         return;
     }
     let predicted = |i: usize| d.speculative.get(i).copied().unwrap_or(0);
-    // The standing most of the pool shares, if one does (Boyer–Moore
-    // majority vote; confirmed by the count below).
-    let mut common = Standing::default();
-    let mut votes = 0usize;
-    for (i, o) in d.overlaps.iter().enumerate().take(n) {
-        let s = Standing::of(o, predicted(i));
-        if votes == 0 {
-            common = s;
-            votes = 1;
-        } else if s == common {
-            votes += 1;
-        } else {
-            votes -= 1;
-        }
-    }
+    // The standing more than half of the pool shares, if one does: the most
+    // frequent among endpoints spread over the pool (a majority is
+    // practically always among them), confirmed by the count below (else
+    // every endpoint is scored).
+    let probes: [Standing; PROBES] = std::array::from_fn(|k| {
+        let i = (2 * k + 1) * n / (2 * PROBES);
+        d.overlaps
+            .get(i)
+            .map_or_else(Standing::default, |o| Standing::of(o, predicted(i)))
+    });
+    let common = probes
+        .iter()
+        .max_by_key(|s| probes.iter().filter(|t| t == s).count())
+        .copied()
+        .unwrap_or_default();
     // Every endpoint that may stand better than the common one is scored:
     // a longer prefix, or the common length in other tiers. Without a
     // standing most of the pool shares, every endpoint is.
@@ -82,20 +85,27 @@ pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) 
     d.sample_marks.resize(words, 0);
     let (mut kept, mut same) = (0usize, 0usize);
     let limit = n / SAMPLE_GIVE_UP;
-    for (i, o) in d.overlaps.iter().enumerate().take(n) {
-        let s = Standing::of(o, predicted(i));
-        same += usize::from(s == common);
-        let better = s.prefix > common.prefix || (s.prefix == common.prefix && s != common);
-        if better {
-            kept += 1;
-            if kept > limit {
-                d.sample_marks.clear();
-                return;
+    let overlaps = d.overlaps.get(..n).unwrap_or_default();
+    let spec = d.speculative.get(..n).filter(|s| !s.is_empty());
+    for (w, (chunk, mark)) in overlaps.chunks(64).zip(&mut d.sample_marks).enumerate() {
+        let (better, alike) = match spec {
+            Some(spec) => {
+                let spec = spec.get(w * 64..w * 64 + chunk.len()).unwrap_or_default();
+                word(
+                    chunk,
+                    chunk.iter().zip(spec).map(|(o, p)| o.prefix.max(*p)),
+                    common,
+                )
             }
-            if let Some(w) = d.sample_marks.get_mut(i / 64) {
-                *w |= 1 << (i % 64);
-            }
+            None => word(chunk, chunk.iter().map(|o| o.prefix), common),
+        };
+        same += alike;
+        kept += better.count_ones() as usize;
+        if kept > limit {
+            d.sample_marks.clear();
+            return;
         }
+        *mark = better;
     }
     if same * 2 <= n {
         d.sample_marks.clear();
@@ -130,6 +140,22 @@ pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) 
             }
         }
     }
+}
+
+/// One word of the pool (up to 64 endpoints, whose credited prefixes are
+/// `prefixes`): the endpoints standing better than `common`, as bits, and
+/// how many stand alike. Branch-free: a large pool is mostly one standing.
+#[inline]
+fn word(chunk: &[Overlap], prefixes: impl Iterator<Item = u32>, common: Standing) -> (u64, usize) {
+    let (mut better, mut alike) = (0u64, 0usize);
+    for (j, (o, p)) in chunk.iter().zip(prefixes).enumerate() {
+        let tiers = o.prefix_by_medium == common.by_medium;
+        let same = p == common.prefix && tiers;
+        alike += usize::from(same);
+        let b = p > common.prefix || (p == common.prefix && !tiers);
+        better |= u64::from(b) << (j & 63);
+    }
+    (better, alike)
 }
 
 /// The seed of one decision's sample: the rule's seed, the decider's rank
