@@ -47,3 +47,75 @@ fn readers_see_stable_endpoints_while_another_is_cleared_and_refilled() {
     assert_eq!(index.inventory(EndpointId(0)).total(), 0);
     assert_eq!(index.inventory(EndpointId(1)).total(), 128);
 }
+
+/// Writers of three banks storing and removing a shared root at once (each
+/// key's whole-bank transitions in different banks meet in one table) while
+/// readers walk: endpoints nobody writes always read the whole root, and
+/// once the writers stop every endpoint reads exactly what it holds.
+#[test]
+fn whole_bank_keys_stay_exact_under_concurrent_writers() {
+    let n = 192u32;
+    let index = Arc::new(SharedIndex::new(n as usize, IndexConfig::default()));
+    let root: Vec<BlockKey> = (0..16).map(|k| BlockKey(k * 0x9e37_79b9 + 1)).collect();
+    for e in 0..n {
+        index
+            .store_chain(EndpointId(e), Medium::Gpu, None, &root)
+            .unwrap();
+    }
+    // Endpoints 0–9 of each bank churn; the others keep the root.
+    let churn = |e: u32| e % 64 < 10;
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (index, stop, root) = (index.clone(), stop.clone(), root.clone());
+            std::thread::spawn(move || {
+                let mut out = vec![Overlap::default(); n as usize];
+                let mut rounds = 0u32;
+                while !stop.load(Ordering::Relaxed) || rounds == 0 {
+                    index.score_prefix(&root, &mut out);
+                    for e in (0..n).filter(|e| !churn(*e)) {
+                        assert_eq!(out[e as usize].prefix, 16, "endpoint {e}");
+                    }
+                    rounds += 1;
+                }
+                rounds
+            })
+        })
+        .collect();
+    let writers: Vec<_> = (0..3u32)
+        .map(|bank| {
+            let (index, root) = (index.clone(), root.clone());
+            std::thread::spawn(move || {
+                for round in 0..300u32 {
+                    let e = EndpointId(bank * 64 + round % 10);
+                    let from = (round % 16) as usize;
+                    index.remove(e, Medium::Gpu, &root[from..]).unwrap();
+                    if round % 7 == 0 {
+                        index.clear_endpoint(e).unwrap();
+                    }
+                    index.store(e, Medium::Gpu, &root[from..]).unwrap();
+                    if round % 7 == 0 {
+                        index.store(e, Medium::Gpu, &root[..from]).unwrap();
+                    }
+                }
+                // The last round leaves one endpoint of the bank without
+                // blocks 0..3.
+                let e = EndpointId(bank * 64 + 3);
+                index.remove(e, Medium::Gpu, &root[3..]).unwrap();
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    let mut out = vec![Overlap::default(); n as usize];
+    index.score_prefix(&root, &mut out);
+    for e in 0..n {
+        let want = if e % 64 == 3 { 3 } else { 16 };
+        assert_eq!(out[e as usize].prefix, want, "endpoint {e}");
+    }
+}

@@ -379,6 +379,36 @@ fn decision_scale(c: &mut Criterion) {
                 })
             },
         );
+        // The same decision scoring every endpoint (`sample_size` 0):
+        // what candidate sampling saves on a pool large enough for it.
+        if n > 4 * kvroute_select::Thresholds::default().sample_size as usize {
+            let mut cfg = rule.config().clone();
+            cfg.thresholds.sample_size = 0;
+            let unsampled = Rule::new(cfg, None).unwrap();
+            c.bench_function(
+                &format!("decide/scale/unsampled/512_blocks/{n}_endpoints"),
+                |b| {
+                    b.iter(|| {
+                        let req = Request::new(PromptInput::Keys {
+                            keys: &keys,
+                            contract: &contract,
+                            prompt_tokens: TOKENS as u32,
+                        });
+                        black_box(
+                            unsampled
+                                .decide(
+                                    black_box(&req),
+                                    &shared_root,
+                                    &load,
+                                    &AlwaysAvailable,
+                                    Duration::ZERO,
+                                )
+                                .target(),
+                        )
+                    })
+                },
+            );
+        }
         // The same decision recording its explanation, as the gateway's
         // decision ring does for every request: a fresh decision each time
         // (the ring keeps the explanation it is handed).

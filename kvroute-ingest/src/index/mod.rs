@@ -7,7 +7,9 @@
 //! * `write`: stores, removes, eviction and clearing; `chain`: the lock
 //!   groups and run bookkeeping of chain stores;
 //! * `query`: per-endpoint lookups and sizes;
-//! * `score`: scoring a prompt against every endpoint (the read path).
+//! * `score`: scoring a prompt against every endpoint (the read path);
+//!   `universal`: the keys every endpoint of a bank holds, where the prefix
+//!   walk of each bank starts.
 
 mod chain;
 mod config;
