@@ -6,6 +6,9 @@
 //! the decision's; the rule's counters sum the settled accounts, and
 //! `reachable = achieved + Σ lost` holds per endpoint.
 
+mod common;
+use common::Avail;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,18 +46,6 @@ struct Params {
     slack: f64,
     affinity_tokens: f64,
     min_blocks: u32,
-}
-
-struct Avail(Vec<bool>);
-
-impl Health for Avail {
-    fn availability(&self, e: EndpointId, _: Duration) -> Availability {
-        if self.0.get(e.index()).copied().unwrap_or(false) {
-            Availability::Available
-        } else {
-            Availability::AdminDown
-        }
-    }
 }
 
 /// The model's view of one candidate, computed as `docs/routing.md` says.

@@ -2,6 +2,9 @@
 //! endpoints a decision scores, against a reference model, and that a
 //! sampled decision is the full decision over the endpoints it scored.
 
+mod common;
+use common::Avail;
+
 use std::time::Duration;
 
 use kvroute_core::{BlockKey, EndpointId};
@@ -9,18 +12,6 @@ use kvroute_select::*;
 use proptest::prelude::*;
 
 const BS: u32 = 16;
-
-struct Avail(Vec<bool>);
-
-impl Health for Avail {
-    fn availability(&self, e: EndpointId, _: Duration) -> Availability {
-        if self.0.get(e.index()).copied().unwrap_or(false) {
-            Availability::Available
-        } else {
-            Availability::AdminDown
-        }
-    }
-}
 
 /// A load table seen by one of several deciders.
 struct Ranked<'a>(&'a LoadTable, u32);

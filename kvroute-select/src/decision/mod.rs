@@ -871,6 +871,7 @@ impl Rule {
     fn pick_fallback(&self, d: &mut Decision, first: bool) -> Option<usize> {
         let cfg = &self.config;
         let pd = cfg.topology == Topology::PrefillDecode;
+        // Fallbacks choose over the whole pool (see `run_ladder`).
         let pool = Pool {
             endpoints: &cfg.endpoints,
             eligible: &d.eligible,

@@ -1,4 +1,5 @@
-//! Shared test helpers: golden vLLM vectors and the real vLLM hasher.
+//! Shared test helpers: golden vLLM vectors and the real vLLM hasher; a
+//! health view of fixed availability.
 
 #![allow(dead_code)]
 
@@ -51,4 +52,22 @@ pub fn vllm_sha256_cbor_unset_seed() -> (ContractId, Arc<dyn PromptKeys>, Golden
     let provider = kvroute_select::ContractKeys::new(&contract).unwrap();
     let case = golden_case("sha256_cbor-bs16-seedunset-multi3_plus7");
     (ContractId::from(&contract), Arc::new(provider), case)
+}
+
+/// Endpoint `i` is available when `self.0[i]` is true, administratively
+/// down otherwise.
+pub struct Avail(pub Vec<bool>);
+
+impl kvroute_select::Health for Avail {
+    fn availability(
+        &self,
+        e: kvroute_core::EndpointId,
+        _: std::time::Duration,
+    ) -> kvroute_select::Availability {
+        if self.0.get(e.index()).copied().unwrap_or(false) {
+            kvroute_select::Availability::Available
+        } else {
+            kvroute_select::Availability::AdminDown
+        }
+    }
 }
