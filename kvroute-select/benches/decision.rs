@@ -8,6 +8,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use kvroute_core::BlockKey;
 use std::sync::Arc;
 
+use kvroute_ingest::SharedIndex;
+
 use kvroute_select::{
     AlwaysAvailable, ContractId, CostConfig, CostScorer, Endpoint, EndpointLoad, KeySetInventory,
     LoadTable, PromptInput, Request, Role, Rule, RuleConfig, Topology,
@@ -357,57 +359,25 @@ fn decision_scale(c: &mut Criterion) {
             index.memory_bytes() >> 20
         );
         let shared_root = shared_root_index(n, &keys);
-        c.bench_function(
-            &format!("decide/scale/shared_root/512_blocks/{n}_endpoints"),
-            |b| {
-                b.iter(|| {
-                    let req = Request::new(PromptInput::Keys {
-                        keys: &keys,
-                        contract: &contract,
-                        prompt_tokens: TOKENS as u32,
-                    });
-                    black_box(
-                        rule.decide(
-                            black_box(&req),
-                            &shared_root,
-                            &load,
-                            &AlwaysAvailable,
-                            Duration::ZERO,
-                        )
-                        .target(),
-                    )
-                })
-            },
-        );
+        let bench = |c: &mut Criterion, name: &str, rule: &Rule, view: &SharedIndex| {
+            bench_decide(
+                c,
+                &format!("decide/scale/{name}/512_blocks/{n}_endpoints"),
+                rule,
+                view,
+                &keys,
+                &contract,
+                &load,
+            );
+        };
+        bench(c, "shared_root", &rule, &shared_root);
         // The same decision scoring every endpoint (`sample_size` 0):
         // what candidate sampling saves on a pool large enough for it.
         if n > 4 * kvroute_select::Thresholds::default().sample_size as usize {
             let mut cfg = rule.config().clone();
             cfg.thresholds.sample_size = 0;
             let unsampled = Rule::new(cfg, None).unwrap();
-            c.bench_function(
-                &format!("decide/scale/unsampled/512_blocks/{n}_endpoints"),
-                |b| {
-                    b.iter(|| {
-                        let req = Request::new(PromptInput::Keys {
-                            keys: &keys,
-                            contract: &contract,
-                            prompt_tokens: TOKENS as u32,
-                        });
-                        black_box(
-                            unsampled
-                                .decide(
-                                    black_box(&req),
-                                    &shared_root,
-                                    &load,
-                                    &AlwaysAvailable,
-                                    Duration::ZERO,
-                                )
-                                .target(),
-                        )
-                    })
-                },
-            );
+            bench(c, "unsampled", &unsampled, &shared_root);
         }
         // The same decision recording its explanation, as the gateway's
         // decision ring does for every request: a fresh decision each time
@@ -435,29 +405,37 @@ fn decision_scale(c: &mut Criterion) {
                 })
             },
         );
-        c.bench_function(
-            &format!("decide/scale/shared_index/512_blocks/{n}_endpoints"),
-            |b| {
-                b.iter(|| {
-                    let req = Request::new(PromptInput::Keys {
-                        keys: &keys,
-                        contract: &contract,
-                        prompt_tokens: TOKENS as u32,
-                    });
-                    black_box(
-                        rule.decide(
-                            black_box(&req),
-                            &index,
-                            &load,
-                            &AlwaysAvailable,
-                            Duration::ZERO,
-                        )
-                        .target(),
-                    )
-                })
-            },
-        );
+        bench(c, "shared_index", &rule, &index);
     }
+}
+
+/// One decision from the prompt's `keys` by `rule` over `view`.
+fn bench_decide<V: kvroute_ingest::InventoryView>(
+    c: &mut Criterion,
+    name: &str,
+    rule: &Rule,
+    view: &V,
+    keys: &[BlockKey],
+    contract: &ContractId,
+    load: &LoadTable,
+) {
+    c.bench_function(name, |b| {
+        b.iter(|| {
+            let req = Request::new(PromptInput::Keys {
+                keys,
+                contract,
+                prompt_tokens: TOKENS as u32,
+            });
+            let d = rule.decide(
+                black_box(&req),
+                view,
+                load,
+                &AlwaysAvailable,
+                Duration::ZERO,
+            );
+            black_box(d.target())
+        })
+    });
 }
 
 /// The shape of a large fleet's inventory: every endpoint holds the
