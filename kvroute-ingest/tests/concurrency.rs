@@ -98,8 +98,7 @@ fn whole_bank_keys_stay_exact_under_concurrent_writers() {
                         index.store(e, Medium::Gpu, &root[..from]).unwrap();
                     }
                 }
-                // The last round leaves one endpoint of the bank without
-                // blocks 0..3.
+                // Then one endpoint of the bank keeps blocks 0..3 only.
                 let e = EndpointId(bank * 64 + 3);
                 index.remove(e, Medium::Gpu, &root[3..]).unwrap();
             })

@@ -105,9 +105,10 @@ pub fn select_ladder(data: &[u8]) {
     };
     cfg.thresholds.min_overlap_blocks = 1 + u32::from(b.next() % 3);
     cfg.thresholds.max_retries = u32::from(b.next() % 8);
-    // Samples of 1 or 2 on pools of up to 10: sampled from 5 endpoints on.
-    cfg.thresholds.sample_size = u32::from(b.next() % 3);
     cfg.seed = u64::from(b.next());
+    // Samples of 1 or 2 on pools of up to 10 (sampled from 5 endpoints on),
+    // from the seed's byte: the committed seeds decode as they were saved.
+    cfg.thresholds.sample_size = u32::try_from(cfg.seed % 3).unwrap_or(0);
     let Ok(rule) = Rule::new(cfg, None) else {
         return;
     };

@@ -125,6 +125,59 @@ fn a_large_pool_scores_every_longer_holder_and_a_sample() {
     assert!(left_out.iter().all(|l| !*l));
 }
 
+/// Most of a pool holds a 10-block root on disk; one endpoint holds 8 of
+/// its blocks on the GPU, another all 10 in host memory: both may save more
+/// prefill than the disk copies (a shorter prefix in a faster tier), so
+/// both are scored, and the GPU one wins at equal load.
+#[test]
+fn a_shorter_prefix_in_a_faster_tier_is_scored() {
+    use kvroute_core::Medium;
+    use kvroute_ingest::{IndexConfig, SharedIndex};
+    let prompt = keys(12);
+    let n = 300;
+    let index = SharedIndex::new(n, IndexConfig::default());
+    let mut load = LoadTable::new(n);
+    for i in 0..n {
+        let e = EndpointId(i as u32);
+        match i {
+            123 => index.store(e, Medium::Gpu, &prompt[..8]).unwrap(),
+            200 => index.store(e, Medium::Cpu, &prompt[..10]).unwrap(),
+            _ => index.store(e, Medium::Disk, &prompt[..10]).unwrap(),
+        };
+        load.set(
+            e,
+            EndpointLoad {
+                in_flight: 1,
+                queued_prefill_tokens: 0,
+            },
+        );
+    }
+    let c = ContractId::new("test/bs16");
+    let req = Request::new(PromptInput::Keys {
+        keys: &prompt,
+        contract: &c,
+        prompt_tokens: prompt.len() as u32 * BS,
+    });
+    let r = rule(n, 4);
+    let mut d = Decision::new();
+    r.decide_into(
+        &mut d,
+        &req,
+        &index,
+        &load,
+        &AlwaysAvailable,
+        Duration::ZERO,
+    );
+    let sampled = d.sampled();
+    assert!(
+        !sampled.is_empty() && sampled.len() < n,
+        "sampled: {}",
+        sampled.len()
+    );
+    assert!(sampled.contains(&123) && sampled.contains(&200));
+    assert_eq!(d.target().map(|t| t.endpoint.index()), Some(123));
+}
+
 /// Deciders draw samples of their own: replicas started together (their
 /// rules' counters alike) deciding one burst on one view look at different
 /// endpoints.
@@ -167,6 +220,39 @@ fn a_fallback_chooses_over_the_whole_pool() {
             "the fallback's rows are all scored"
         );
     }
+}
+
+/// A sample whose every endpoint is down: the decision is made over the
+/// whole pool, by KV-exact, not handed to the fallback.
+#[test]
+fn a_sample_with_nothing_available_decides_over_the_whole_pool() {
+    let prompt = keys(8);
+    let n = 200;
+    let (inv, load) = pool(&prompt, &vec![2; n], &vec![1; n]);
+    // Draw the sample once, then take exactly its endpoints down.
+    let r = rule(n, 2);
+    let (_, left_out) = decide(&r, &prompt, &inv, &load, &AlwaysAvailable);
+    let up: Vec<bool> = left_out.clone();
+    let r = rule(n, 2);
+    let c = ContractId::new("test/bs16");
+    let req = Request::new(PromptInput::Keys {
+        keys: &prompt,
+        contract: &c,
+        prompt_tokens: prompt.len() as u32 * BS,
+    });
+    let mut d = Decision::new();
+    r.decide_into(
+        &mut d,
+        &req,
+        &inv,
+        &load,
+        &Avail(up.clone()),
+        Duration::ZERO,
+    );
+    assert_eq!(d.source(), Source::KvExact);
+    let t = d.target().unwrap().endpoint.index();
+    assert!(up[t]);
+    assert!(d.sampled().is_empty());
 }
 
 #[derive(Clone, Debug)]

@@ -23,9 +23,9 @@ fn key(k: u64) -> BlockKey {
 /// When the index and the model disagree.
 pub fn index_walk(data: &[u8]) {
     let mut b = Bytes(data);
-    // One tracked bank (16–64 endpoints), then maybe a second, tracked
-    // from 16 endpoints on.
-    let n = 16 + u32::from(b.byte() % 70);
+    // One to three banks (16–175 endpoints); a bank is tracked from 16
+    // endpoints on.
+    let n = 16 + u32::from(b.byte() % 160);
     let shards = 1 + usize::from(b.byte() % 8);
     let index = SharedIndex::new(
         n as usize,

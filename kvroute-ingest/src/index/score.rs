@@ -112,10 +112,19 @@ impl SharedIndex {
     ///
     /// The walk starts at key `start`, all of whose predecessors every
     /// endpoint of the bank holds in the GPU tier (see `universal`).
-    fn score_bank_prefix(&self, bank: &Bank, keys: &[BlockKey], out: &mut [Overlap], start: usize) {
+    /// `hidden` is the bank's endpoints being cleared, read before the
+    /// table that gave `start`.
+    fn score_bank_prefix(
+        &self,
+        bank: &Bank,
+        keys: &[BlockKey],
+        out: &mut [Overlap],
+        start: usize,
+        hidden: u64,
+    ) {
         let n = out.len().min(BANK_WIDTH);
         let out = out.get_mut(..n).unwrap_or_default();
-        let mut walk = PrefixWalk::new(bank.active & !bank.hidden.load(Ordering::Acquire), out);
+        let mut walk = PrefixWalk::new(bank.active & !hidden, out);
         let mut at = start.min(keys.len());
         let mut failed = u32::MAX;
         let mut lookups = 0;
@@ -425,9 +434,14 @@ impl InventoryView for SharedIndex {
         let n = self.endpoints.len().min(out.len());
         let out = out.get_mut(..n).unwrap_or_default();
         // Where each bank's walk starts: past the leading keys every
-        // endpoint of the bank holds. Endpoints being cleared hold them
-        // too until their purge reaches them; the walk leaves them out
-        // (they read as empty) wherever it starts.
+        // endpoint of the bank holds. An endpoint being cleared reads as
+        // empty: its bank's hidden mask is read before the table, so a
+        // clear that ends between the two (its keys purged, the table
+        // already read) still leaves it out.
+        let mut hidden = [0u64; TRACKED_BANKS];
+        for (h, bank) in hidden.iter_mut().zip(self.banks.iter()) {
+            *h = bank.hidden.load(Ordering::Acquire);
+        }
         let mut starts = [0u32; TRACKED_BANKS];
         self.universal.starts(keys, self.tracked, &mut starts);
         for (b, (bank, chunk)) in self
@@ -436,8 +450,11 @@ impl InventoryView for SharedIndex {
             .zip(out.chunks_mut(BANK_WIDTH))
             .enumerate()
         {
-            let start = starts.get(b).map_or(0, |s| *s as usize);
-            self.score_bank_prefix(bank, keys, chunk, start);
+            let (start, hidden) = match (starts.get(b), hidden.get(b)) {
+                (Some(s), Some(h)) => (*s as usize, *h),
+                _ => (0, bank.hidden.load(Ordering::Acquire)),
+            };
+            self.score_bank_prefix(bank, keys, chunk, start, hidden);
         }
     }
 }

@@ -151,7 +151,8 @@ impl Rule {
         }
         // Endpoint `i` on slot `i` (the usual mapping): the view scores
         // straight into the decision's overlaps.
-        let direct = self.identity_slots && slots >= d.overlaps.len();
+        // (`score` writes `endpoint_count()` entries: exactly the decision's.)
+        let direct = self.identity_slots && slots == d.overlaps.len();
         let scored = if direct {
             &mut d.overlaps
         } else {

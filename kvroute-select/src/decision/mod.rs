@@ -621,6 +621,13 @@ impl Rule {
         predicted: Option<&mut BoundedMap<u64>>,
     ) {
         self.refresh_pool(d, load, health, now);
+        let eligible = |i: &u32| d.eligible.get(*i as usize).copied().unwrap_or(false);
+        if !d.sampled.is_empty() && !d.sampled.iter().any(eligible) {
+            // Nothing of the sample can take the request (down, excluded):
+            // the decision is made over the whole pool.
+            d.unsample();
+            self.refresh_pool(d, load, health, now);
+        }
         self.reach_candidates(d, first);
         let pd = self.config.topology == Topology::PrefillDecode;
         let mut main = self.pick_main(d, request, now, first);

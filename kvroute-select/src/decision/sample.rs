@@ -4,8 +4,9 @@
 //!
 //! On a large fleet most endpoints hold the same part of a prompt (a shared
 //! system prompt, or nothing); they differ only in load. A decision then
-//! scores every endpoint that holds *more* of the prompt than that common
-//! part — the cache side stays exact — and `sample_size` of the others drawn
+//! scores every endpoint that may save more prefill than that common part
+//! (a longer prefix, or more of it in some faster tier) — the cache side
+//! stays exact — and `sample_size` of the others drawn
 //! at random: the best of `d` random choices balances load almost as well as
 //! the best of all (Mitzenmacher, "The power of two choices in randomized
 //! load balancing", IEEE TPDS 2001), and on load information that is
@@ -14,17 +15,17 @@
 //! different samples (their rank is in the seed), so replicas deciding one
 //! burst look at different endpoints.
 //!
-//! Everything here is linear in the pool with a small constant (two passes
-//! over the overlaps); what it saves is the per-endpoint load, report,
+//! Everything here is linear in the pool with a small constant (one
+//! branch-free pass over the overlaps); what it saves is the per-endpoint load, report,
 //! health and cost work of every endpoint it leaves out.
 
 use kvroute_ingest::Overlap;
 
 use super::Decision;
 
-/// Endpoints an overlap with a longer or differently tiered prefix than the
-/// pool's common one must be scored: more than this share of the pool
-/// (`1 / SAMPLE_GIVE_UP`) and the decision scores the whole pool instead.
+/// Endpoints the pool's common standing does not dominate must be scored:
+/// more than this share of the pool (`1 / SAMPLE_GIVE_UP`) and the decision
+/// scores the whole pool instead.
 const SAMPLE_GIVE_UP: usize = 2;
 
 /// Endpoints probed for the standing most of the pool shares.
@@ -34,27 +35,43 @@ const PROBES: usize = 9;
 /// (draws hitting an endpoint already in it are retried).
 const DRAWS_PER_SAMPLE: usize = 4;
 
-/// An endpoint's standing on the cache side: its credited prefix, then how
-/// its confirmed prefix splits over the tiers.
+/// An endpoint's standing on the cache side: its credited prefix's blocks
+/// per tier (GPU, CPU, disk, external), those only predicted entries credit
+/// counted as GPU blocks, as the scorers count them. An endpoint whose
+/// blocks are at most another's in every tier saves no more prefill there,
+/// whatever the tiers' weights: it is *dominated*.
 #[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
-struct Standing {
-    prefix: u32,
-    by_medium: [u32; 4],
-}
+struct Standing([u32; 4]);
 
 impl Standing {
+    #[inline]
     fn of(o: &Overlap, predicted: u32) -> Self {
-        Self {
-            prefix: o.prefix.max(predicted),
-            by_medium: o.prefix_by_medium,
-        }
+        let [gpu, cpu, disk, ext] = o.prefix_by_medium;
+        let prefix = o.prefix.max(predicted);
+        let tiered = gpu
+            .saturating_add(cpu)
+            .saturating_add(disk)
+            .saturating_add(ext);
+        Self([
+            gpu.saturating_add(prefix.saturating_sub(tiered)),
+            cpu,
+            disk,
+            ext,
+        ])
+    }
+
+    /// At most `other`'s blocks in every tier.
+    #[inline]
+    fn within(self, other: Self) -> bool {
+        let (a, b) = (self.0, other.0);
+        (a[0] <= b[0]) & (a[1] <= b[1]) & (a[2] <= b[2]) & (a[3] <= b[3])
     }
 }
 
 /// Chooses the endpoints a decision over `n` endpoints scores, into
 /// `d.sampled` (ascending), or leaves it empty to score all of them: the pool
 /// is not larger than `4 · sample_size`, no standing is shared by more than
-/// half of the pool, or more than half stands better than it. `seed`
+/// half of the pool, or it does not dominate more than half. `seed`
 /// differs per decision and per decider.
 pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) {
     d.sampled.clear();
@@ -77,9 +94,9 @@ pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) 
         .max_by_key(|s| probes.iter().filter(|t| t == s).count())
         .copied()
         .unwrap_or_default();
-    // Every endpoint that may stand better than the common one is scored:
-    // a longer prefix, or the common length in other tiers. Without a
-    // standing most of the pool shares, every endpoint is.
+    // Every endpoint the common standing does not dominate is scored (a
+    // longer prefix, or more blocks in some tier). Without a standing most
+    // of the pool shares, every endpoint is.
     let words = n.div_ceil(64);
     d.sample_marks.clear();
     d.sample_marks.resize(words, 0);
@@ -88,24 +105,24 @@ pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) 
     let overlaps = d.overlaps.get(..n).unwrap_or_default();
     let spec = d.speculative.get(..n).filter(|s| !s.is_empty());
     for (w, (chunk, mark)) in overlaps.chunks(64).zip(&mut d.sample_marks).enumerate() {
-        let (better, alike) = match spec {
+        let (keep, alike) = match spec {
             Some(spec) => {
                 let spec = spec.get(w * 64..w * 64 + chunk.len()).unwrap_or_default();
                 word(
                     chunk,
-                    chunk.iter().zip(spec).map(|(o, p)| o.prefix.max(*p)),
+                    spec.iter().copied().chain(std::iter::repeat(0)),
                     common,
                 )
             }
-            None => word(chunk, chunk.iter().map(|o| o.prefix), common),
+            None => word(chunk, std::iter::repeat(0), common),
         };
         same += alike;
-        kept += better.count_ones() as usize;
+        kept += keep.count_ones() as usize;
         if kept > limit {
             d.sample_marks.clear();
             return;
         }
-        *mark = better;
+        *mark = keep;
     }
     if same * 2 <= n {
         d.sample_marks.clear();
@@ -142,20 +159,18 @@ pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) 
     }
 }
 
-/// One word of the pool (up to 64 endpoints, whose credited prefixes are
-/// `prefixes`): the endpoints standing better than `common`, as bits, and
-/// how many stand alike. Branch-free: a large pool is mostly one standing.
+/// One word of the pool (up to 64 endpoints, whose predicted prefixes are
+/// `predicted`): the endpoints `common` does not dominate, as bits, and how
+/// many stand alike. Branch-free: a large pool is mostly one standing.
 #[inline]
-fn word(chunk: &[Overlap], prefixes: impl Iterator<Item = u32>, common: Standing) -> (u64, usize) {
-    let (mut better, mut alike) = (0u64, 0usize);
-    for (j, (o, p)) in chunk.iter().zip(prefixes).enumerate() {
-        let tiers = o.prefix_by_medium == common.by_medium;
-        let same = p == common.prefix && tiers;
-        alike += usize::from(same);
-        let b = p > common.prefix || (p == common.prefix && !tiers);
-        better |= u64::from(b) << (j & 63);
+fn word(chunk: &[Overlap], predicted: impl Iterator<Item = u32>, common: Standing) -> (u64, usize) {
+    let (mut kept, mut alike) = (0u64, 0usize);
+    for (j, (o, p)) in chunk.iter().zip(predicted).enumerate() {
+        let s = Standing::of(o, p);
+        alike += usize::from(s == common);
+        kept |= u64::from(!s.within(common)) << (j & 63);
     }
-    (better, alike)
+    (kept, alike)
 }
 
 /// The seed of one decision's sample: the rule's seed, the decider's rank

@@ -244,7 +244,11 @@ impl fmt::Debug for ScoreInput<'_> {
 }
 
 impl<'a> ScoreInput<'a> {
-    /// The eligible endpoints, in endpoint order.
+    /// The eligible endpoints, in endpoint order. On a large pool these are
+    /// the endpoints a sampled decision scores ([`crate::Thresholds::sample_size`]:
+    /// every endpoint the pool's common cached prefix does not dominate, and
+    /// a random sample of the rest) unless the scorer reads blocks held
+    /// anywhere ([`Scorer::reads_any_position`]).
     pub fn candidates(&self) -> impl Iterator<Item = Candidate<'a>> + '_ {
         self.pool
             .candidates()
