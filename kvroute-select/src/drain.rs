@@ -64,6 +64,7 @@ use parking_lot::Mutex;
 use kvroute_core::EndpointId;
 
 use crate::load::{EndpointLoad, Load, PrefillProgress};
+use crate::pool::Visit;
 
 /// Endpoint `i` of a decision's arrays.
 fn endpoint_id(i: usize) -> EndpointId {
@@ -195,25 +196,16 @@ impl PrefillDrain {
         &self,
         now: Duration,
         loads: &mut [EndpointLoad],
-        sampled: Option<&[u32]>,
+        sampled: &[u32],
         view: &L,
         progress: impl Fn(usize) -> Option<PrefillProgress>,
         capacity: impl Fn(usize) -> u32,
     ) {
         let mut st = self.state.lock();
-        let now = micros(now);
-        match sampled {
-            // A sampled decision reads (and learns from) its sample only;
-            // each endpoint's queue carries on from its last read.
-            Some(s) => {
-                let visit = s.iter().map(|&i| i as usize);
-                observe_locked(&mut st, now, loads, visit, view, progress, capacity);
-            }
-            None => {
-                let visit = 0..loads.len();
-                observe_locked(&mut st, now, loads, visit, view, progress, capacity);
-            }
-        }
+        // A sampled decision reads (and learns from) its sample only; each
+        // endpoint's queue carries on from its last read.
+        let visit = Visit::new(sampled, loads.len());
+        observe_locked(&mut st, micros(now), loads, visit, view, progress, capacity);
     }
 
     /// [`PrefillDrain::observe`] between decisions: reads `view` for
@@ -230,7 +222,7 @@ impl PrefillDrain {
         loads.clear();
         loads.extend((0..endpoints).map(|i| view.load(endpoint_id(i))));
         let progress = |i: usize| view.prefill_progress(endpoint_id(i));
-        let visit = 0..loads.len();
+        let visit = Visit::new(&[], loads.len());
         observe_locked(
             &mut st,
             micros(now),
@@ -541,7 +533,7 @@ mod tests {
     /// `drain` observing `loads` from a view that knows nothing more (no
     /// engine counters, no other host's charges), all capacities 1.
     fn observe_alone(drain: &PrefillDrain, now: Duration, loads: &mut [EndpointLoad]) {
-        drain.observe(now, loads, None, &crate::LoadTable::new(0), |_| None, |_| 1);
+        drain.observe(now, loads, &[], &crate::LoadTable::new(0), |_| None, |_| 1);
     }
 
     fn ms(v: u64) -> Duration {
@@ -682,7 +674,7 @@ mod tests {
             drain.observe(
                 ms(t),
                 &mut loads,
-                None,
+                &[],
                 &Reporting(progress),
                 |_| progress,
                 |_| 1,
@@ -800,7 +792,7 @@ mod tests {
             // counted by the view, which the rule reads when they arrive
             // (`Rule::observe_load` after applying the delta).
             if k % 2 == 0 {
-                drain.observe(ms(t), &mut loads, None, &Counted(total), |_| None, |_| 1);
+                drain.observe(ms(t), &mut loads, &[], &Counted(total), |_| None, |_| 1);
                 let truth = busy_until.saturating_sub(t) * 20;
                 seen.push((loads[0].queued_prefill_tokens, truth, queued(&jobs, t)));
                 drain.charge(0, u32::try_from(tokens).unwrap(), ms(t), 1);
@@ -813,7 +805,7 @@ mod tests {
                     in_flight: 1,
                     queued_prefill_tokens: queued(&jobs, t),
                 }];
-                drain.observe(ms(t), &mut loads, None, &Counted(total), |_| None, |_| 1);
+                drain.observe(ms(t), &mut loads, &[], &Counted(total), |_| None, |_| 1);
             }
         }
         // Learnt from both hosts' work. Biased low: a read right after the

@@ -11,15 +11,27 @@ pub(crate) struct Pool<'a> {
     pub(crate) endpoints: &'a [Endpoint],
     pub(crate) eligible: &'a [bool],
     pub(crate) loads: &'a [EndpointLoad],
-    /// The endpoints a sampled decision scores (ascending); `None`: all.
+    /// The endpoints a sampled decision scores (ascending); empty: all.
     /// Only these can be eligible.
-    pub(crate) sampled: Option<&'a [u32]>,
+    pub(crate) sampled: &'a [u32],
 }
 
-/// [`Pool::candidates`]: every endpoint, or a sampled decision's.
-enum Visit<'a> {
+/// The endpoints a decision step visits: a sampled decision's (ascending),
+/// or every one of `0..n` when `sampled` is empty.
+#[derive(Clone)]
+pub(crate) enum Visit<'a> {
     All(std::ops::Range<usize>),
     Sampled(std::slice::Iter<'a, u32>),
+}
+
+impl<'a> Visit<'a> {
+    pub(crate) fn new(sampled: &'a [u32], n: usize) -> Self {
+        if sampled.is_empty() {
+            Visit::All(0..n)
+        } else {
+            Visit::Sampled(sampled.iter())
+        }
+    }
 }
 
 impl Iterator for Visit<'_> {
@@ -39,10 +51,7 @@ impl<'a> Pool<'a> {
     pub(crate) fn candidates(
         &self,
     ) -> impl Iterator<Item = (usize, &'a Endpoint, EndpointLoad)> + '_ {
-        let visit = match self.sampled {
-            Some(s) => Visit::Sampled(s.iter()),
-            None => Visit::All(0..self.endpoints.len()),
-        };
+        let visit = Visit::new(self.sampled, self.endpoints.len());
         let (endpoints, eligible, loads) = (self.endpoints, self.eligible, self.loads);
         visit.filter_map(move |i| {
             if !eligible.get(i).copied().unwrap_or(false) {

@@ -57,13 +57,13 @@ pub struct Thresholds {
     /// length (default 2^24, beyond every engine's context window).
     pub max_receipt_tokens: u32,
     /// Candidate sampling on large pools: a KV-exact decision over more
-    /// than `4 · sample_size` endpoints scores every endpoint holding more
-    /// of the prompt than most of the pool does, and `sample_size` of the
-    /// others drawn at random (the best of `d` random choices; each decider
-    /// draws its own), instead of every endpoint. 0: always score every
-    /// endpoint. Converged rules whose scorer reads the cached prefix only;
-    /// a decision that falls back to the rule's selector gives it the whole
-    /// pool.
+    /// than `4 · sample_size` endpoints scores every endpoint that may save
+    /// more prefill than most of the pool (a longer cached prefix, or more
+    /// of it in a faster tier), and `sample_size` of the others drawn at
+    /// random (the best of `d` random choices; each decider draws its own),
+    /// instead of every endpoint. 0: always score every endpoint. Converged
+    /// rules whose scorer reads the cached prefix only; a decision that
+    /// falls back to the rule's selector gives it the whole pool.
     pub sample_size: u32,
 }
 

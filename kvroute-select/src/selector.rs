@@ -175,7 +175,7 @@ mod tests {
             endpoints: &eps,
             eligible: &eligible,
             loads: &loads,
-            sampled: None,
+            sampled: &[],
         };
         let state = SelectorState::new(Ring::new(&eps, 4), 7);
         for _ in 0..200 {

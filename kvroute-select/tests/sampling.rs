@@ -199,26 +199,52 @@ fn deciders_draw_different_samples() {
     }
 }
 
-/// A prompt cached nowhere falls back to the rule's selector, which chooses
-/// over the whole pool: the one idle endpoint of 1 024, which a sample of 64
-/// would usually miss.
+/// A prompt every endpoint holds one block of, below the rule's two-block
+/// threshold: the sampled decision misses and falls back to the rule's
+/// selector, which chooses over the whole pool (the one idle endpoint of
+/// 1 024, which a sample of 64 would usually miss); so does a prompt cached
+/// nowhere.
 #[test]
 fn a_fallback_chooses_over_the_whole_pool() {
     let n = 1024;
     let mut in_flight = vec![3u32; n];
     in_flight[777] = 0;
-    let (inv, load) = pool(&keys(8), &vec![0; n], &in_flight);
-    let r = rule(n, 64);
-    // Fresh prompts: a repeated one would be credited to 777 by the
-    // predicted entry the first decision left, and decided by KV-exact.
+    let c = ContractId::new("test/bs16");
+    let eps = (0..n)
+        .map(|i| Endpoint::new(format!("e{i}:1"), Role::Both).with_inventory_slot(i as u32))
+        .collect();
+    let mut cfg = RuleConfig::kv_exact("r", Topology::Converged, eps, BS, c.clone());
+    cfg.thresholds.min_overlap_blocks = 2;
+    let r = Rule::new(cfg, None).unwrap();
     for salt in 1..9 {
+        // Fresh prompts: a repeated one would be credited to 777 by the
+        // predicted entry the first decision left, and decided by KV-exact.
         let prompt = salted_keys(salt, 8);
-        let (target, left_out) = decide(&r, &prompt, &inv, &load, &AlwaysAvailable);
-        assert_eq!(target, Some(777));
-        assert!(
-            left_out.iter().all(|l| !*l),
-            "the fallback's rows are all scored"
+        let (inv, load) = pool(&prompt, &vec![1; n], &in_flight);
+        let req = Request::new(PromptInput::Keys {
+            keys: &prompt,
+            contract: &c,
+            prompt_tokens: prompt.len() as u32 * BS,
+        });
+        let mut d = Decision::new();
+        d.set_explain(true);
+        r.decide_into(&mut d, &req, &inv, &load, &AlwaysAvailable, Duration::ZERO);
+        assert_eq!(d.miss(), Some(MissReason::BelowThreshold));
+        assert_eq!(d.target().map(|t| t.endpoint.index()), Some(777));
+        assert!(d.sampled().is_empty(), "the fallback scored every endpoint");
+        let x = d.take_explanation().unwrap();
+        assert!(x.endpoints.iter().all(|r| r.ineligible.is_none()));
+        // Cached nowhere.
+        let (inv, load) = pool(&prompt, &vec![0; n], &in_flight);
+        let (target, left_out) = decide(
+            &r,
+            &salted_keys(salt + 100, 8),
+            &inv,
+            &load,
+            &AlwaysAvailable,
         );
+        assert_eq!(target, Some(777));
+        assert!(left_out.iter().all(|l| !*l));
     }
 }
 

@@ -11,14 +11,13 @@
 //! (endpoint, key) pairs with no sharing this is what keeps the index near
 //! 12.8 bytes per slot instead of 16 (see the crate's memory notes).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use hashbrown::HashMap;
 
 use super::runs::{RunTable, RUN_ID_BITS};
 use super::table::BucketTable;
 use super::universal::Universal;
-use std::sync::Arc;
 
 // Block keys are already hashes, but tests and some engines use small or
 // sequential keys, which `fmix64` spreads over all bits.

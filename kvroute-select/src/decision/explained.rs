@@ -104,21 +104,11 @@ impl Rule {
     /// at the first pick, what the decision could reach at all).
     pub(super) fn reach_candidates(&self, d: &mut Decision, first: bool) {
         let bs = self.config.block_size;
-        let eligible = |i: &usize| d.eligible.get(*i).copied().unwrap_or(false);
-        let best = if d.sampled.is_empty() {
-            (0..d.eligible.len())
-                .filter(eligible)
-                .map(|i| d.credited_tokens(i, bs))
-                .max()
-        } else {
-            d.sampled
-                .iter()
-                .map(|&i| i as usize)
-                .filter(eligible)
-                .map(|i| d.credited_tokens(i, bs))
-                .max()
-        }
-        .unwrap_or(0);
+        let best = crate::pool::Visit::new(&d.sampled, d.eligible.len())
+            .filter(|i| d.eligible.get(*i).copied().unwrap_or(false))
+            .map(|i| d.credited_tokens(i, bs))
+            .max()
+            .unwrap_or(0);
         d.reach.last = best;
         if first {
             d.reach.first = best;

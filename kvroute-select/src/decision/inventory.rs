@@ -207,15 +207,9 @@ impl Rule {
                 .filter(|s| (*s as usize) < slots)?;
             view.gpu_blocks(slot as usize)
         };
-        if d.sampled.is_empty() {
-            for (i, held) in d.gpu_blocks.iter_mut().enumerate() {
+        for i in crate::pool::Visit::new(&d.sampled, d.gpu_blocks.len()) {
+            if let Some(held) = d.gpu_blocks.get_mut(i) {
                 *held = read(i);
-            }
-        } else {
-            for &i in &d.sampled {
-                if let Some(held) = d.gpu_blocks.get_mut(i as usize) {
-                    *held = read(i as usize);
-                }
             }
         }
     }

@@ -463,9 +463,9 @@ impl Rule {
         d.target
     }
 
-    /// Chooses the endpoints a KV-exact decision scores on a large pool
-    /// ([`crate::Thresholds::sample_size`]; see `sample`): converged rules
-    /// whose scorer reads the cached prefix only.
+    /// Chooses the endpoints a KV-exact decision scores on a pool of more
+    /// than four times [`crate::Thresholds::sample_size`] (see `sample`):
+    /// converged rules whose scorer reads the cached prefix only.
     fn choose_sample<L: Load + ?Sized>(&self, d: &mut Decision, load: &L) {
         let cfg = &self.config;
         if cfg.topology != Topology::Converged
@@ -495,10 +495,8 @@ impl Rule {
         now: Duration,
     ) {
         d.deciders = load.deciders();
-        if d.sampled.is_empty() {
-            for (i, _) in crate::endpoint::enumerate(&self.config.endpoints) {
-                self.refresh_endpoint(d, i.index(), load, health, now);
-            }
+        let visits = if d.sampled.is_empty() {
+            self.config.endpoints.len()
         } else {
             d.eligible.fill(false);
             if let Some(x) = d.explain.as_deref_mut() {
@@ -509,11 +507,11 @@ impl Rule {
                     row.ineligible = Some(Ineligible::NotSampled);
                 }
             }
-            for k in 0..d.sampled.len() {
-                if let Some(&ix) = d.sampled.get(k) {
-                    self.refresh_endpoint(d, ix as usize, load, health, now);
-                }
-            }
+            d.sampled.len()
+        };
+        for k in 0..visits {
+            let ix = d.sampled.get(k).map_or(k, |&i| i as usize);
+            self.refresh_endpoint(d, ix, load, health, now);
         }
         if let Some(drain) = &self.drain {
             let eps = &self.config.endpoints;
@@ -525,11 +523,25 @@ impl Rule {
                 }) => Some(*p),
                 _ => load.prefill_progress(EndpointId(u32::try_from(i).unwrap_or(u32::MAX))),
             };
-            let sampled = (!d.sampled.is_empty()).then_some(&d.sampled[..]);
-            drain.observe(now, &mut d.loads, sampled, load, progress, |i| {
+            drain.observe(now, &mut d.loads, &d.sampled, load, progress, |i| {
                 eps.get(i)
                     .map_or(1, crate::endpoint::Endpoint::capacity_or_one)
             });
+        }
+    }
+
+    /// A sampled decision from here on scores the whole pool (nothing to do
+    /// for one that is not sampled).
+    fn widen<L: Load + ?Sized, H: Health + ?Sized>(
+        &self,
+        d: &mut Decision,
+        load: &L,
+        health: &H,
+        now: Duration,
+    ) {
+        if !d.sampled.is_empty() {
+            d.unsample();
+            self.refresh_pool(d, load, health, now);
         }
     }
 
@@ -601,7 +613,7 @@ impl Rule {
             endpoints: &self.config.endpoints,
             eligible: &d.decode_eligible,
             loads: &d.loads,
-            sampled: None,
+            sampled: &[],
         };
         let turn = self.decode_turns.fetch_add(1, Ordering::Relaxed);
         pool.least_loaded(turn, d.deciders)
@@ -622,11 +634,10 @@ impl Rule {
     ) {
         self.refresh_pool(d, load, health, now);
         let eligible = |i: &u32| d.eligible.get(*i as usize).copied().unwrap_or(false);
-        if !d.sampled.is_empty() && !d.sampled.iter().any(eligible) {
+        if !d.sampled.iter().any(eligible) {
             // Nothing of the sample can take the request (down, excluded):
             // the decision is made over the whole pool.
-            d.unsample();
-            self.refresh_pool(d, load, health, now);
+            self.widen(d, load, health, now);
         }
         self.reach_candidates(d, first);
         let pd = self.config.topology == Topology::PrefillDecode;
@@ -638,8 +649,7 @@ impl Rule {
         {
             // A retry that found the sample exhausted: the rest of the pool
             // is next, still by KV-exact.
-            d.unsample();
-            self.refresh_pool(d, load, health, now);
+            self.widen(d, load, health, now);
             self.reach_candidates(d, first);
             main = self.pick_main(d, request, now, first);
         }
@@ -648,10 +658,7 @@ impl Rule {
             Main::Fallback => {
                 // The fallback selectors (CHWBL's ring above all) choose
                 // over the whole pool, never over a sample.
-                if !d.sampled.is_empty() {
-                    d.unsample();
-                    self.refresh_pool(d, load, health, now);
-                }
+                self.widen(d, load, health, now);
                 self.pick_fallback(d, first)
             }
         };
@@ -739,7 +746,7 @@ impl Rule {
             endpoints: &cfg.endpoints,
             eligible: &d.eligible,
             loads: &d.loads,
-            sampled: (!d.sampled.is_empty()).then_some(&d.sampled[..]),
+            sampled: &d.sampled,
         };
         let tie_turn = if cfg.choice == Choice::KvExact {
             self.tie_turns.fetch_add(1, Ordering::Relaxed)
@@ -883,7 +890,7 @@ impl Rule {
             endpoints: &cfg.endpoints,
             eligible: &d.eligible,
             loads: &d.loads,
-            sampled: None,
+            sampled: &[],
         };
         let kind = match (cfg.choice, pd) {
             (Choice::RoundRobin, _) => SelectorKind::RoundRobin,

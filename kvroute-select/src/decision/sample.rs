@@ -69,15 +69,13 @@ impl Standing {
 }
 
 /// Chooses the endpoints a decision over `n` endpoints scores, into
-/// `d.sampled` (ascending), or leaves it empty to score all of them: the pool
-/// is not larger than `4 · sample_size`, no standing is shared by more than
-/// half of the pool, or it does not dominate more than half. `seed`
+/// `d.sampled` (ascending), or leaves it empty to score all of them: no
+/// standing is shared by more than half of the pool, it does not dominate
+/// more than half, or no endpoint holds any of the prompt (KV-exact then
+/// misses, and the fallback chooses over the whole pool anyway). `seed`
 /// differs per decision and per decider.
 pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) {
     d.sampled.clear();
-    if sample_size == 0 || n <= sample_size.saturating_mul(4) {
-        return;
-    }
     let predicted = |i: usize| d.speculative.get(i).copied().unwrap_or(0);
     // The standing more than half of the pool shares, if one does: the most
     // frequent among endpoints spread over the pool (a majority is
@@ -124,7 +122,7 @@ pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) 
         }
         *mark = keep;
     }
-    if same * 2 <= n {
+    if same * 2 <= n || (kept == 0 && common == Standing::default()) {
         d.sample_marks.clear();
         return;
     }
