@@ -84,7 +84,7 @@ pub use seq::{
     ClearReason, DropReason, ReplayEnd, RestartPolicy, SeqAction, SeqCounters, SeqWindow,
     SeqWindowConfig, DEFAULT_MAX_JUMP, DEFAULT_MAX_SEQ,
 };
-pub use view::{HealthCell, InventoryHealth, InventoryView, Overlap};
+pub use view::{HealthCell, InventoryHealth, InventoryView, Overlap, UNIFORM_RUN};
 
 /// The key mode of an inventory (re-exported from `kvroute-core`, the one
 /// definition every kvroute crate uses); [`Keying::mode`] gives it.

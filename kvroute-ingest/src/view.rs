@@ -27,6 +27,9 @@ impl Overlap {
     }
 }
 
+/// Entries per run of [`InventoryView::score_prefix_uniform`].
+pub const UNIFORM_RUN: usize = 64;
+
 /// Anything that can score a prompt's block keys against a set of endpoint
 /// inventories in one pass.
 ///
@@ -52,6 +55,33 @@ pub trait InventoryView {
     /// runs the full [`score`](Self::score).
     fn score_prefix(&self, keys: &[BlockKey], out: &mut [Overlap]) {
         self.score(keys, out);
+    }
+
+    /// [`score_prefix`](Self::score_prefix), also telling which runs of
+    /// [`UNIFORM_RUN`] entries hold a single overlap: `uniform[r] == true`
+    /// promises that entries `r * UNIFORM_RUN ..` up to the next run (or
+    /// `endpoint_count()`) are all equal. `false` promises nothing, and is
+    /// what the default writes. A caller over a large pool (candidate
+    /// sampling) then looks at each such run once instead of at every
+    /// entry. Entries of `uniform` beyond the runs are set to `false`.
+    ///
+    /// ```
+    /// use kvroute_core::{BlockKey, EndpointId, Medium};
+    /// use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex, UNIFORM_RUN};
+    ///
+    /// let index = SharedIndex::new(2 * UNIFORM_RUN, IndexConfig::default());
+    /// let keys = [BlockKey(1), BlockKey(2)];
+    /// index.store(EndpointId(3), Medium::Gpu, &keys).unwrap();
+    /// let mut out = vec![Overlap::default(); 2 * UNIFORM_RUN];
+    /// let mut uniform = [false; 2];
+    /// index.score_prefix_uniform(&keys, &mut out, &mut uniform);
+    /// // Endpoint 3 holds the prompt; the second run holds nothing anywhere.
+    /// assert_eq!(uniform, [false, true]);
+    /// assert_eq!(out[3].prefix, 2);
+    /// ```
+    fn score_prefix_uniform(&self, keys: &[BlockKey], out: &mut [Overlap], uniform: &mut [bool]) {
+        self.score_prefix(keys, out);
+        uniform.fill(false);
     }
 
     /// How far endpoint `endpoint`'s inventory can be trusted. The default (for

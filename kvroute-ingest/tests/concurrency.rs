@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kvroute_core::{BlockKey, EndpointId, Medium};
-use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
+use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex, UNIFORM_RUN};
 
 #[test]
 fn readers_see_stable_endpoints_while_another_is_cleared_and_refilled() {
@@ -70,11 +70,18 @@ fn whole_bank_keys_stay_exact_under_concurrent_writers() {
             let (index, stop, root) = (index.clone(), stop.clone(), root.clone());
             std::thread::spawn(move || {
                 let mut out = vec![Overlap::default(); n as usize];
+                let mut uniform = [false; 3];
                 let mut rounds = 0u32;
                 while !stop.load(Ordering::Relaxed) || rounds == 0 {
-                    index.score_prefix(&root, &mut out);
+                    index.score_prefix_uniform(&root, &mut out, &mut uniform);
                     for e in (0..n).filter(|e| !churn(*e)) {
                         assert_eq!(out[e as usize].prefix, 16, "endpoint {e}");
+                    }
+                    // A bank marked alike is alike, clears in flight or not.
+                    for (b, run) in out.chunks(UNIFORM_RUN).enumerate() {
+                        if uniform[b] {
+                            assert!(run.iter().all(|o| *o == run[0]), "bank {b}");
+                        }
                     }
                     rounds += 1;
                 }

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use kvroute_core::{BlockKey, EndpointId, Medium};
-use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex};
+use kvroute_ingest::{IndexConfig, InventoryView, Overlap, SharedIndex, UNIFORM_RUN};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -114,6 +114,18 @@ proptest! {
             }
             let mut out = vec![Overlap { blocks: 9, prefix: 9, prefix_by_medium: [9; 4] }; n as usize];
             index.score_prefix(&prompt, &mut out);
+            // The same walk marking the banks it scored all alike: the same
+            // overlaps, and a marked bank holds one value throughout.
+            let mut marked = vec![Overlap { blocks: 7, prefix: 7, prefix_by_medium: [7; 4] }; n as usize];
+            let mut uniform = vec![true; UNIFORM_RUN];
+            index.score_prefix_uniform(&prompt, &mut marked, &mut uniform);
+            prop_assert_eq!(&marked, &out);
+            for (b, run) in out.chunks(UNIFORM_RUN).enumerate() {
+                if uniform[b] {
+                    prop_assert!(run.iter().all(|o| *o == run[0]), "step {}: bank {} marked uniform", step, b);
+                }
+            }
+            prop_assert!(uniform[n.div_ceil(UNIFORM_RUN as u32) as usize..].iter().all(|u| !*u));
             for ep in 0..n {
                 let mut want = [0u32; 4];
                 for k in &prompt {
@@ -145,7 +157,8 @@ fn a_shared_root_over_sixteen_banks() {
             .unwrap();
     }
     let mut out = vec![Overlap::default(); n as usize];
-    index.score_prefix(&prompt, &mut out);
+    let mut uniform = [false; 16];
+    index.score_prefix_uniform(&prompt, &mut out, &mut uniform);
     for (ep, o) in out.iter().enumerate() {
         let want = if ep == 700 { 512 } else { 32 };
         assert_eq!(
@@ -153,6 +166,11 @@ fn a_shared_root_over_sixteen_banks() {
             (want, want),
             "endpoint {ep}"
         );
+    }
+    // Every bank but the home's scored its endpoints alike.
+    let home = 700 / UNIFORM_RUN;
+    for (b, u) in uniform.iter().enumerate() {
+        assert_eq!(*u, b != home, "bank {b}");
     }
     index
         .remove(EndpointId(5), Medium::Gpu, &prompt[10..11])

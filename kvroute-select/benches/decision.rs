@@ -409,7 +409,9 @@ fn decision_scale(c: &mut Criterion) {
     }
 }
 
-/// One decision from the prompt's `keys` by `rule` over `view`.
+/// One decision from the prompt's `keys` by `rule` over `view`, into a
+/// decision whose buffers the previous one sized (as a host deciding many
+/// requests, and the runtime, reuse them).
 fn bench_decide<V: kvroute_ingest::InventoryView>(
     c: &mut Criterion,
     name: &str,
@@ -420,13 +422,15 @@ fn bench_decide<V: kvroute_ingest::InventoryView>(
     load: &LoadTable,
 ) {
     c.bench_function(name, |b| {
+        let mut d = kvroute_select::Decision::new();
         b.iter(|| {
             let req = Request::new(PromptInput::Keys {
                 keys,
                 contract,
                 prompt_tokens: TOKENS as u32,
             });
-            let d = rule.decide(
+            rule.decide_into(
+                &mut d,
                 black_box(&req),
                 view,
                 load,

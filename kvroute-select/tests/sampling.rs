@@ -68,11 +68,29 @@ fn pool(prompt: &[BlockKey], held: &[u32], in_flight: &[u32]) -> (KeySetInventor
     (inv, load)
 }
 
+/// The same pool in the ingest index, whose walk marks the banks it scored
+/// alike (which the sample's pass judges once).
+fn indexed(prompt: &[BlockKey], held: &[u32]) -> kvroute_ingest::SharedIndex {
+    use kvroute_ingest::{IndexConfig, SharedIndex};
+    let index = SharedIndex::new(held.len(), IndexConfig::default());
+    for (i, &h) in held.iter().enumerate() {
+        index
+            .store_chain(
+                EndpointId(i as u32),
+                kvroute_core::Medium::Gpu,
+                None,
+                &prompt[..h as usize],
+            )
+            .unwrap();
+    }
+    index
+}
+
 /// The decision and the endpoints it left out of its sample.
-fn decide<L: Load, H: Health>(
+fn decide<L: Load, H: Health, V: kvroute_ingest::InventoryView>(
     rule: &Rule,
     prompt: &[BlockKey],
-    inv: &KeySetInventory,
+    inv: &V,
     load: &L,
     health: &H,
 ) -> (Option<usize>, Vec<bool>) {
@@ -284,6 +302,8 @@ fn a_sample_with_nothing_available_decides_over_the_whole_pool() {
 #[derive(Clone, Debug)]
 struct Fleet {
     prompt_blocks: u32,
+    /// Banks of 64 endpoints are often all alike (a shared root held by a
+    /// whole bank, or nothing): the index marks those.
     held: Vec<u32>,
     in_flight: Vec<u32>,
     up: Vec<bool>,
@@ -291,22 +311,35 @@ struct Fleet {
 }
 
 fn fleet() -> impl Strategy<Value = Fleet> {
-    (17usize..160, 1u32..5, 2u32..12, 0u32..12).prop_flat_map(|(n, k, blocks, common)| {
+    (17usize..200, 1u32..5, 2u32..12, 0u32..12).prop_flat_map(|(n, k, blocks, common)| {
         let common = common.min(blocks);
         (
             Just(blocks),
             prop::collection::vec(prop_oneof![3 => Just(common), 1 => 0..=blocks], n),
+            prop::collection::vec(
+                prop_oneof![2 => Just(None), 1 => Just(Some(common)), 1 => (0..=blocks).prop_map(Some)],
+                n.div_ceil(64),
+            ),
             prop::collection::vec(0u32..6, n),
             prop::collection::vec(prop::bool::weighted(0.9), n),
             Just(k),
         )
-            .prop_map(|(prompt_blocks, held, in_flight, up, sample_size)| Fleet {
-                prompt_blocks,
-                held,
-                in_flight,
-                up,
-                sample_size,
-            })
+            .prop_map(
+                move |(prompt_blocks, mut held, alike, in_flight, up, sample_size)| {
+                    for (bank, alike) in held.chunks_mut(64).zip(alike) {
+                        if let Some(h) = alike {
+                            bank.fill(h);
+                        }
+                    }
+                    Fleet {
+                        prompt_blocks,
+                        held,
+                        in_flight,
+                        up,
+                        sample_size,
+                    }
+                },
+            )
     })
 }
 
@@ -344,5 +377,12 @@ proptest! {
         if !fell_back {
             prop_assert_eq!(target, full_target);
         }
+        // Over the ingest index (banks scored alike judged once) the same
+        // endpoints are left out, and the same endpoint is chosen.
+        let index = indexed(&prompt, &f.held);
+        let (index_target, index_left_out) =
+            decide(&rule(n, f.sample_size), &prompt, &index, &load, &Avail(f.up.clone()));
+        prop_assert_eq!(index_left_out, left_out);
+        prop_assert_eq!(index_target, target);
     }
 }

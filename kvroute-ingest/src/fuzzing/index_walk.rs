@@ -8,7 +8,7 @@ use kvroute_core::{BlockKey, EndpointId, Medium};
 
 use super::Bytes;
 use crate::index::{IndexConfig, SharedIndex};
-use crate::view::{InventoryView, Overlap};
+use crate::view::{InventoryView, Overlap, UNIFORM_RUN};
 
 /// Keys `0..ROOT` are the prompt; writes touch keys up to `ROOT + 4`.
 const ROOT: u64 = 12;
@@ -37,6 +37,7 @@ pub fn index_walk(data: &[u8]) {
     let mut model: BTreeMap<(u32, usize, u64), u32> = BTreeMap::new();
     let prompt: Vec<BlockKey> = (0..ROOT).map(key).collect();
     let mut out = vec![Overlap::default(); n as usize];
+    let mut uniform = vec![false; (n as usize).div_ceil(UNIFORM_RUN)];
     for _ in 0..64 {
         let Some(op) = b.next() else { break };
         let ep = u32::from(b.byte()) % n;
@@ -86,7 +87,13 @@ pub fn index_walk(data: &[u8]) {
                 model.retain(|(e, _, _), _| *e != ep);
             }
         }
-        index.score_prefix(&prompt, &mut out);
+        index.score_prefix_uniform(&prompt, &mut out, &mut uniform);
+        // A bank marked as scored alike holds one overlap throughout.
+        for (run, alike) in out.chunks(UNIFORM_RUN).zip(&uniform) {
+            if *alike {
+                assert!(run.iter().all(|o| Some(o) == run.first()), "after op {op}");
+            }
+        }
         for (e, got) in out.iter().enumerate() {
             let mut want = [0u32; 4];
             for k in &prompt {

@@ -43,6 +43,8 @@ use shard::{entry_hash, Shard};
 
 /// Endpoints per bank (bits of a holder mask).
 const BANK_WIDTH: usize = 64;
+// A bank's entries are one run of `score_prefix_uniform`.
+const _: () = assert!(BANK_WIDTH == crate::view::UNIFORM_RUN);
 /// `capacity` value meaning "no bound".
 const UNBOUNDED: u64 = u64::MAX;
 /// Keys purged per write-lock acquisition when clearing without a ring.

@@ -121,7 +121,7 @@ impl SharedIndex {
         out: &mut [Overlap],
         start: usize,
         hidden: u64,
-    ) {
+    ) -> bool {
         let n = out.len().min(BANK_WIDTH);
         let out = out.get_mut(..n).unwrap_or_default();
         let mut walk = PrefixWalk::new(bank.active & !hidden, out);
@@ -138,7 +138,7 @@ impl SharedIndex {
         if walk.alive != 0 && at < keys.len() {
             self.prefix_chunks(bank, keys, at, &mut walk, &mut failed);
         }
-        walk.finish(keys.len());
+        walk.finish(keys.len())
     }
 
     /// Visits key `at` alone; the next position to visit, or `None` once no
@@ -265,6 +265,9 @@ struct PrefixWalk<'o> {
     alive: u64,
     /// Endpoints whose slot has been written.
     written: u64,
+    /// Every slot holds one value: nothing written yet, or one whole-bank
+    /// fill and nothing since.
+    uniform: bool,
     /// Prefix blocks whose fastest tier is CPU, disk, external; created on
     /// the first such block (most inventories are GPU-only).
     slow: Option<[SlicedCounters; 3]>,
@@ -276,6 +279,7 @@ impl<'o> PrefixWalk<'o> {
         Self {
             alive,
             written: 0,
+            uniform: true,
             slow: None,
             out,
         }
@@ -285,6 +289,10 @@ impl<'o> PrefixWalk<'o> {
     fn end(&mut self, mask: u64, at: usize) {
         let p = u32::try_from(at).unwrap_or(u32::MAX);
         self.written |= mask;
+        // Still one value throughout only if this is a whole-bank fill
+        // (below), which can only be the first write: every endpoint is
+        // still in the run then.
+        self.uniform = false;
         if self.slow.is_none() {
             // GPU-only: one value for every endpoint of the mask; a whole
             // bank ending at once (a miss) is a plain fill.
@@ -300,6 +308,7 @@ impl<'o> PrefixWalk<'o> {
                 (1u64 << n) - 1
             };
             if mask & all == all {
+                self.uniform = true;
                 if p == 0 {
                     // A miss everywhere: a constant fill (a memset) instead
                     // of six stores per endpoint.
@@ -361,8 +370,9 @@ impl<'o> PrefixWalk<'o> {
     }
 
     /// Ends the walk of a prompt of `len` keys: the endpoints still matching
-    /// hold all of it; those never matching get the empty overlap.
-    fn finish(mut self, len: usize) {
+    /// hold all of it; those never matching get the empty overlap. Returns
+    /// whether every slot of the bank got one value.
+    fn finish(mut self, len: usize) -> bool {
         if self.alive != 0 {
             self.end(self.alive, len);
         }
@@ -374,13 +384,16 @@ impl<'o> PrefixWalk<'o> {
             (1u64 << n) - 1
         };
         if written & all == all {
-            return;
+            return self.uniform;
         }
         for (bit, slot) in self.out.iter_mut().enumerate() {
             if written & (1u64 << bit) == 0 {
                 *slot = Overlap::default();
             }
         }
+        // Endpoints being cleared were left out of the walk: not judged
+        // alike with the others.
+        false
     }
 }
 
@@ -431,6 +444,11 @@ impl InventoryView for SharedIndex {
     }
 
     fn score_prefix(&self, keys: &[BlockKey], out: &mut [Overlap]) {
+        self.score_prefix_uniform(keys, out, &mut []);
+    }
+
+    fn score_prefix_uniform(&self, keys: &[BlockKey], out: &mut [Overlap], uniform: &mut [bool]) {
+        uniform.fill(false);
         let n = self.endpoints.len().min(out.len());
         let out = out.get_mut(..n).unwrap_or_default();
         // Where each bank's walk starts: past the leading keys every
@@ -454,7 +472,12 @@ impl InventoryView for SharedIndex {
                 (Some(s), Some(h)) => (*s as usize, *h),
                 _ => (0, bank.hidden.load(Ordering::Acquire)),
             };
-            self.score_bank_prefix(bank, keys, chunk, start, hidden);
+            // A bank is one run of `BANK_WIDTH` entries: the runs the
+            // caller asks about.
+            let one = self.score_bank_prefix(bank, keys, chunk, start, hidden);
+            if let Some(u) = uniform.get_mut(b) {
+                *u = one;
+            }
         }
     }
 }

@@ -57,15 +57,15 @@ impl Rule {
     ) {
         if !self.score_prompt(d, request, view) {
             // Nothing was scored: no endpoint's inventory figures either.
+            d.overlaps.fill(Overlap::default());
             d.mismatched.fill(false);
-            d.clears.fill(0);
+            d.clears.fill(None);
             d.gpu_blocks.fill(None);
         }
     }
 
-    /// The prompt's keys, and the overlaps and inventory health of every
-    /// endpoint; false when it stops before scoring (`mismatched`, `clears`
-    /// and `gpu_blocks` are then not written).
+    /// The prompt's keys and every endpoint's overlap; false when it stops
+    /// before scoring (nothing per endpoint is then written).
     fn score_prompt<V: InventoryView + ?Sized>(
         &self,
         d: &mut Decision,
@@ -160,65 +160,78 @@ impl Rule {
             d.slot_scratch.resize(slots, Overlap::default());
             &mut d.slot_scratch
         };
+        d.uniform.clear();
         if self.config.scorer.reads_any_position() {
             view.score(&d.keys, scored);
+        } else if direct {
+            d.uniform.resize(
+                d.overlaps.len().div_ceil(kvroute_ingest::UNIFORM_RUN),
+                false,
+            );
+            view.score_prefix_uniform(&d.keys, &mut d.overlaps, &mut d.uniform);
         } else {
             view.score_prefix(&d.keys, scored);
         }
-        let mut slotted = 0usize;
-        let mut mismatched = 0usize;
-        for (((o, e), m), c) in d
-            .overlaps
-            .iter_mut()
-            .zip(&self.config.endpoints)
-            .zip(d.mismatched.iter_mut())
-            .zip(d.clears.iter_mut())
-        {
-            let Some(slot) = e.inventory_slot.filter(|s| (*s as usize) < slots) else {
-                (*m, *c) = (false, 0);
-                continue;
-            };
-            if !direct {
-                if let Some(s) = d.slot_scratch.get(slot as usize) {
-                    *o = *s;
-                }
+        if !direct {
+            for (o, e) in d.overlaps.iter_mut().zip(&self.config.endpoints) {
+                *o = e
+                    .inventory_slot
+                    .and_then(|s| d.slot_scratch.get(s as usize))
+                    .copied()
+                    .unwrap_or_default();
             }
-            slotted += 1;
-            let health = view.health(slot as usize);
-            *m = health.contract_mismatch;
-            *c = health.clears;
-            mismatched += usize::from(*m);
         }
-        d.all_mismatched = slotted > 0 && mismatched == slotted;
         true
     }
 
-    /// Reads the blocks each scored endpoint's cache holds
-    /// ([`InventoryView::gpu_blocks`]): the sample's, or every endpoint's.
-    /// Endpoints a retry adds beyond the sample read as unknown (the
-    /// cache-room term leaves them out).
-    pub(super) fn read_gpu_blocks<V: InventoryView + ?Sized>(&self, d: &mut Decision, view: &V) {
-        let slots = view.endpoint_count();
-        let eps = &self.config.endpoints;
-        let read = |i: usize| {
-            let slot = eps
-                .get(i)?
-                .inventory_slot
-                .filter(|s| (*s as usize) < slots)?;
-            view.gpu_blocks(slot as usize)
-        };
-        for i in crate::pool::Visit::new(&d.sampled, d.gpu_blocks.len()) {
-            if let Some(held) = d.gpu_blocks.get_mut(i) {
-                *held = read(i);
-            }
+    /// Reads what the view knows of each scored endpoint's inventory (the
+    /// sample's, or every endpoint's): its contract status and clears
+    /// ([`InventoryView::health`]) and the blocks its cache holds
+    /// ([`InventoryView::gpu_blocks`]). Reading them for the scored
+    /// endpoints only keeps a sampled decision's cost off the pool size.
+    pub(super) fn read_scored<V: InventoryView + ?Sized>(&self, d: &mut Decision, view: &V) {
+        if !d.sampled.is_empty() && d.explain.is_some() {
+            // The explanation's rows of the endpoints left out show no
+            // figures of an earlier decision.
+            d.mismatched.fill(false);
         }
+        let (mut slotted, mut mismatched) = (0usize, 0usize);
+        for i in crate::pool::Visit::new(&d.sampled, d.gpu_blocks.len()) {
+            let slot = self.slot(i, view);
+            let health = slot.map(|s| view.health(s));
+            if let Some(held) = d.gpu_blocks.get_mut(i) {
+                *held = slot.and_then(|s| view.gpu_blocks(s));
+            }
+            if let Some(c) = d.clears.get_mut(i) {
+                *c = health.map(|h| h.clears);
+            }
+            let m = health.is_some_and(|h| h.contract_mismatch);
+            if let Some(x) = d.mismatched.get_mut(i) {
+                *x = m;
+            }
+            slotted += usize::from(slot.is_some());
+            mismatched += usize::from(m);
+        }
+        d.all_mismatched = slotted > 0 && mismatched == slotted;
+    }
+
+    /// The view's slot of endpoint `i`, if it has one there.
+    fn slot<V: InventoryView + ?Sized>(&self, i: usize, view: &V) -> Option<usize> {
+        let slot = self.config.endpoints.get(i)?.inventory_slot? as usize;
+        (slot < view.endpoint_count()).then_some(slot)
     }
 
     /// Credits each endpoint with the prompt prefix its predicted entries
     /// cover. Keys are chained (key `j` depends on every earlier block), so an
     /// entry for key `j` on endpoint `e` stands for the whole prefix `0..=j`.
     /// The walk stops at the first key no entry names.
-    pub(super) fn speculate(&self, d: &mut Decision, now: Duration, map: &BoundedMap<u64>) {
+    pub(super) fn speculate<V: InventoryView + ?Sized>(
+        &self,
+        d: &mut Decision,
+        now: Duration,
+        map: &BoundedMap<u64>,
+        view: &V,
+    ) {
         if self.config.predicted.capacity == 0 || d.keys.is_empty() {
             return;
         }
@@ -232,8 +245,11 @@ impl Rule {
                 break;
             };
             let (e, clears) = unpack(entry);
+            let Some(health) = self.slot(e as usize, view).map(|s| view.health(s)) else {
+                continue;
+            };
             // The engine dropped its cache since: the prediction is void.
-            if d.clears.get(e as usize).map(|c| *c as u32) != Some(clears) {
+            if health.clears as u32 != clears {
                 continue;
             }
             if d.speculative.is_empty() {
@@ -241,7 +257,7 @@ impl Rule {
             }
             // An engine whose keys provably differ never confirms a
             // prediction: crediting it would claim hits that cannot exist.
-            if d.mismatched.get(e as usize).copied().unwrap_or(false) {
+            if health.contract_mismatch {
                 continue;
             }
             if let Some(x) = d.speculative.get_mut(e as usize) {
@@ -263,8 +279,12 @@ impl Rule {
         if cfg.capacity == 0 || d.keys.is_empty() {
             return;
         }
-        let clears = d.clears.get(endpoint.index()).copied().unwrap_or(0) as u32;
-        let entry = pack(endpoint.0, clears);
+        // An endpoint a retry added beyond the sample: its clears were not
+        // read, and an entry that could outlive a clear is not recorded.
+        let Some(clears) = d.clears.get(endpoint.index()).copied().flatten() else {
+            return;
+        };
+        let entry = pack(endpoint.0, clears as u32);
         let keys = &d.keys[..d.keys.len().min(cfg.max_keys_per_request)];
         let mut locked;
         let map = match held {

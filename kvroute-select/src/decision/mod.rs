@@ -82,13 +82,14 @@ pub struct Decision {
     /// The engines' own reports, per endpoint, when the host polls them.
     reports: Vec<Option<EngineReport>>,
     prompt_tokens: u32,
-    /// Endpoints whose inventory reports a mismatched hash contract.
+    /// Endpoints whose inventory reports a mismatched hash contract (read
+    /// for the scored endpoints, like `clears`; false for the others).
     mismatched: Vec<bool>,
-    /// Every endpoint with an inventory is mismatched.
+    /// Every scored endpoint with an inventory is mismatched.
     all_mismatched: bool,
-    /// Each endpoint's inventory clears so far (predictions made before a
-    /// clear are void).
-    clears: Vec<u64>,
+    /// Each scored endpoint's inventory clears so far (predictions made
+    /// before a clear are void); `None` where it was not read.
+    clears: Vec<Option<u64>>,
     /// Blocks each endpoint's inventory holds in its GPU cache
     /// ([`kvroute_ingest::InventoryView::gpu_blocks`]).
     gpu_blocks: Vec<Option<u64>>,
@@ -111,6 +112,9 @@ pub struct Decision {
     sampled: Vec<u32>,
     /// The sample's members as a bit set (scratch of [`sample::choose`]).
     sample_marks: Vec<u64>,
+    /// Per run of [`kvroute_ingest::UNIFORM_RUN`] endpoints: the view
+    /// scored them all alike ([`InventoryView::score_prefix_uniform`]).
+    uniform: Vec<bool>,
 }
 
 impl Decision {
@@ -131,6 +135,7 @@ impl Decision {
         self.keys.clear();
         self.speculative.clear();
         self.sampled.clear();
+        self.uniform.clear();
         self.slot_scratch.clear();
         /// Sizes `v` for `n` endpoints without clearing it: for buffers
         /// every ladder run rewrites in full (`refresh_pool`) before
@@ -140,7 +145,9 @@ impl Decision {
             v.truncate(n);
             v.resize(n, value);
         }
-        fill(&mut self.overlaps, n, Overlap::default());
+        // Written in full by `prepare_keys` (by the view itself when it
+        // scores straight into them).
+        size(&mut self.overlaps, n, Overlap::default());
         fill(&mut self.excluded, n, false);
         fill(&mut self.excluded_decode, n, false);
         size(&mut self.eligible, n, false);
@@ -149,10 +156,11 @@ impl Decision {
         size(&mut self.loads, n, EndpointLoad::default());
         size(&mut self.reports, n, None);
         self.prompt_tokens = 0;
-        // Written for every endpoint by `prepare_keys` (and `gpu_blocks`
-        // for every scored one by `read_gpu_blocks`).
+        // Written for every endpoint by `prepare_keys` when it scores
+        // nothing, else for every scored one by `read_scored` (and for the
+        // rest by `unsample`).
         size(&mut self.mismatched, n, false);
-        size(&mut self.clears, n, 0);
+        size(&mut self.clears, n, None);
         size(&mut self.gpu_blocks, n, None);
         self.all_mismatched = false;
         self.affinity_key = None;
@@ -263,17 +271,24 @@ impl Decision {
         self.prompt_tokens
     }
 
-    /// Makes the decision score every endpoint from now on. The blocks
-    /// held by the endpoints outside the sample were not read
-    /// (`read_gpu_blocks`): unknown for them (the cache-room term leaves
-    /// them out).
+    /// Makes the decision score every endpoint from now on. The inventory
+    /// figures of the endpoints outside the sample were not read
+    /// (`read_scored`): unknown for them (the cache-room term leaves them
+    /// out, no prediction is recorded for them, and they do not count as
+    /// mismatched).
     fn unsample(&mut self) {
         let mut next = self.sampled.iter().copied().peekable();
-        for (i, held) in self.gpu_blocks.iter_mut().enumerate() {
+        for (i, ((held, clears), mismatched)) in self
+            .gpu_blocks
+            .iter_mut()
+            .zip(self.clears.iter_mut())
+            .zip(self.mismatched.iter_mut())
+            .enumerate()
+        {
             if next.peek().is_some_and(|s| *s as usize == i) {
                 next.next();
             } else {
-                *held = None;
+                (*held, *clears, *mismatched) = (None, None, false);
             }
         }
         self.sampled.clear();
@@ -364,10 +379,10 @@ impl Rule {
             .then(|| self.predicted.lock());
         if d.key_miss.is_none() && kv {
             if let Some(map) = predicted.as_deref() {
-                self.speculate(d, now, map);
+                self.speculate(d, now, map, view);
             }
             self.choose_sample(d, load);
-            self.read_gpu_blocks(d, view);
+            self.read_scored(d, view);
         }
         self.run_ladder(
             d,

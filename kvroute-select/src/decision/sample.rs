@@ -102,17 +102,18 @@ pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) 
     let limit = n / SAMPLE_GIVE_UP;
     let overlaps = d.overlaps.get(..n).unwrap_or_default();
     let spec = d.speculative.get(..n).filter(|s| !s.is_empty());
+    // The view's runs are the words here.
+    const _: () = assert!(kvroute_ingest::UNIFORM_RUN == 64);
     for (w, (chunk, mark)) in overlaps.chunks(64).zip(&mut d.sample_marks).enumerate() {
+        let uniform = d.uniform.get(w).copied().unwrap_or(false);
         let (keep, alike) = match spec {
-            Some(spec) => {
-                let spec = spec.get(w * 64..w * 64 + chunk.len()).unwrap_or_default();
-                word(
-                    chunk,
-                    spec.iter().copied().chain(std::iter::repeat(0)),
-                    common,
-                )
-            }
-            None => word(chunk, std::iter::repeat(0), common),
+            Some(spec) => word::<true>(
+                chunk,
+                uniform,
+                spec.get(w * 64..).unwrap_or_default(),
+                common,
+            ),
+            None => word::<false>(chunk, uniform, &[], common),
         };
         same += alike;
         kept += keep.count_ones() as usize;
@@ -157,18 +158,66 @@ pub(super) fn choose(d: &mut Decision, n: usize, sample_size: usize, seed: u64) 
     }
 }
 
-/// One word of the pool (up to 64 endpoints, whose predicted prefixes are
-/// `predicted`): the endpoints `common` does not dominate, as bits, and how
-/// many stand alike. Branch-free: a large pool is mostly one standing.
+/// One word of the pool (up to 64 endpoints, whose predicted prefixes
+/// start `predicted` when `PREDICTED`): the endpoints `common` does not
+/// dominate, as bits, and how many stand alike. This is the only pass over
+/// the whole pool, and a large pool is mostly one standing: a word the view
+/// scored all alike (`uniform`) is judged once, and an endpoint whose
+/// figures equal its predecessor's reuses its verdict.
 #[inline]
-fn word(chunk: &[Overlap], predicted: impl Iterator<Item = u32>, common: Standing) -> (u64, usize) {
+fn word<const PREDICTED: bool>(
+    chunk: &[Overlap],
+    uniform: bool,
+    predicted: &[u32],
+    common: Standing,
+) -> (u64, usize) {
     let (mut kept, mut alike) = (0u64, 0usize);
-    for (j, (o, p)) in chunk.iter().zip(predicted).enumerate() {
-        let s = Standing::of(o, p);
-        alike += usize::from(s == common);
-        kept |= u64::from(!s.within(common)) << (j & 63);
+    if let (true, Some(first)) = (uniform, chunk.first()) {
+        let p = if PREDICTED {
+            predicted.first().copied().unwrap_or(0)
+        } else {
+            0
+        };
+        if !PREDICTED || uniform_u32(chunk.len(), predicted, p) {
+            let s = Standing::of(first, p);
+            let all = u64::MAX >> (64 - chunk.len().min(64));
+            let keep = if s.within(common) { 0 } else { all };
+            return (keep, if s == common { chunk.len() } else { 0 });
+        }
+    }
+    // The previous endpoint's inputs (prefix, tiers, predicted prefix, two
+    // to a word) and verdict, starting from those of an endpoint holding
+    // nothing.
+    let empty = Standing::default();
+    let mut last = ([0u64; 3], empty == common, !empty.within(common));
+    let pair = |a: u32, b: u32| u64::from(a) | u64::from(b) << 32;
+    for (j, o) in chunk.iter().enumerate().take(64) {
+        let p = if PREDICTED {
+            predicted.get(j).copied().unwrap_or(0)
+        } else {
+            0
+        };
+        let [g, c, d, e] = o.prefix_by_medium;
+        let inputs = [pair(o.prefix, g), pair(c, d), pair(e, p)];
+        // One branch, well predicted on a pool of mostly one standing.
+        let differs = (inputs[0] ^ last.0[0]) | (inputs[1] ^ last.0[1]) | (inputs[2] ^ last.0[2]);
+        if differs != 0 {
+            let s = Standing::of(o, p);
+            last = (inputs, s == common, !s.within(common));
+        }
+        alike += usize::from(last.1);
+        kept |= u64::from(last.2) << j;
     }
     (kept, alike)
+}
+
+/// Whether the first `len` predicted prefixes all equal `p` (missing ones
+/// read as 0).
+#[inline]
+fn uniform_u32(len: usize, predicted: &[u32], p: u32) -> bool {
+    let head = predicted.get(..len).unwrap_or(predicted);
+    let diff = head.iter().fold(0u32, |acc, x| acc | (x ^ p));
+    diff == 0 && (head.len() == len || p == 0)
 }
 
 /// The seed of one decision's sample: the rule's seed, the decider's rank

@@ -11,6 +11,7 @@ mod builder;
 mod followers;
 mod outlier;
 mod pick;
+mod recycle;
 pub(crate) mod replicas;
 mod slots;
 mod status;
@@ -162,6 +163,8 @@ pub(crate) struct Shared {
     /// How long a request without a home waits in a burst
     /// ([`KvRouterBuilder::burst_order`]).
     burst_order: Duration,
+    /// Decisions' buffers for the next requests.
+    recycled: recycle::Recycled,
     slots: Box<[SlotState]>,
     /// The running endpoints by slot (touched by changes only).
     membership: Mutex<Vec<Option<SlotRuntime>>>,

@@ -98,7 +98,7 @@ impl Pick {
             unrouted: false,
         };
         let now = shared.now();
-        let mut decision = Decision::new();
+        let mut decision = shared.recycled.take();
         decision.set_explain(explain);
         {
             let req = pick.request();
@@ -606,6 +606,7 @@ impl Pick {
             if let (false, true, Some(c), false) = (recorded, r.complete, r.cached_tokens, gone) {
                 account = gen.rule.settle(&decision, c, r.prompt_tokens).account;
             }
+            shared.recycled.put(decision);
             on_end(r, account);
         });
         let kind = if self.unrouted {
@@ -614,6 +615,14 @@ impl Pick {
             BodyKind::of(headers)
         };
         ReceiptTracker::new(kind, guard, done)
+    }
+}
+
+impl Drop for Pick {
+    /// A pick dropped with its decision (no answer to settle it against)
+    /// leaves the decision's buffers to the next request.
+    fn drop(&mut self) {
+        self.shared.recycled.put(std::mem::take(&mut self.decision));
     }
 }
 

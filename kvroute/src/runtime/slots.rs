@@ -304,6 +304,7 @@ pub(crate) fn assemble(
         reported,
         replicas,
         burst_order: b.burst_order,
+        recycled: super::recycle::Recycled::default(),
         slots: (0..n)
             .map(|_| SlotState {
                 present: AtomicBool::new(false),

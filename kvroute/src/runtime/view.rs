@@ -160,6 +160,10 @@ impl InventoryView for RouterView<'_> {
         self.shared.index.score_prefix(keys, out);
     }
 
+    fn score_prefix_uniform(&self, keys: &[BlockKey], out: &mut [Overlap], uniform: &mut [bool]) {
+        self.shared.index.score_prefix_uniform(keys, out, uniform);
+    }
+
     fn health(&self, endpoint: usize) -> InventoryHealth {
         let Some(s) = self.shared.slots.get(endpoint) else {
             return InventoryHealth::default();
