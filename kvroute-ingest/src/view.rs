@@ -40,8 +40,10 @@ pub trait InventoryView {
     fn endpoint_count(&self) -> usize;
 
     /// Fills `out[e]` with the overlap of `keys` (prompt order, block 0 first) with
-    /// endpoint `e`'s inventory. `out.len()` must be at least `endpoint_count()`;
-    /// extra entries are left untouched.
+    /// endpoint `e`'s inventory, for every `e` below `endpoint_count()`
+    /// (an endpoint holding none of them gets [`Overlap::default`]: callers
+    /// reuse `out` without clearing it). `out.len()` must be at least
+    /// `endpoint_count()`; extra entries are left untouched.
     fn score(&self, keys: &[BlockKey], out: &mut [Overlap]);
 
     /// Like [`score`](Self::score), but only `prefix` and `prefix_by_medium`

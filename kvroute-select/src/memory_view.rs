@@ -126,6 +126,20 @@ impl InventoryView for KeySetInventory {
         self.slots
     }
 
+    /// Marks the runs it scored alike by comparing their entries: the
+    /// plain reference for what a faster view marks as it scores.
+    fn score_prefix_uniform(&self, keys: &[BlockKey], out: &mut [Overlap], uniform: &mut [bool]) {
+        self.score_prefix(keys, out);
+        uniform.fill(false);
+        let scored = out.get(..self.slots.min(out.len())).unwrap_or_default();
+        for (u, run) in uniform
+            .iter_mut()
+            .zip(scored.chunks(kvroute_ingest::UNIFORM_RUN))
+        {
+            *u = run.iter().all(|o| Some(o) == run.first());
+        }
+    }
+
     fn score(&self, keys: &[BlockKey], out: &mut [Overlap]) {
         for wi in 0..self.words {
             let mut planes = [0u64; PLANES];

@@ -854,3 +854,38 @@ fn a_forgotten_endpoint_leaves_no_predictions_or_evidence_behind() {
         d.speculative_prefix()
     );
 }
+
+/// An endpoint without an inventory (its engine's events are not followed)
+/// claims nothing about its cache, and predictions still credit it: the
+/// second request of a burst follows the first there.
+#[test]
+fn an_endpoint_without_an_inventory_is_still_credited_its_predictions() {
+    let c = ContractId::new("cost/bs16");
+    // Endpoint 0 has no inventory slot; endpoint 1 reads slot 0.
+    let eps = vec![
+        Endpoint::new("ep0", Role::Both),
+        Endpoint::new("ep1", Role::Both).with_inventory_slot(0),
+    ];
+    let cfg = RuleConfig::kv_exact("cost", Topology::Converged, eps, BS, c.clone());
+    let r = Rule::new(cfg, None).unwrap();
+    let inv = KeySetInventory::new(1);
+    let mut load = LoadTable::new(2);
+    // Endpoint 1 busy: the first request (cached nowhere) goes to 0.
+    load.set(
+        EndpointId(1),
+        EndpointLoad {
+            in_flight: 4,
+            queued_prefill_tokens: 4096,
+        },
+    );
+    let keys = chain(11, 8);
+    let first = decide(&r, req(&keys, &c, 8 * BS), &inv, &load, Duration::ZERO);
+    assert_eq!(first.target().map(|t| t.endpoint), Some(EndpointId(0)));
+    let second = decide(&r, req(&keys, &c, 8 * BS), &inv, &load, Duration::ZERO);
+    assert_eq!(
+        second.speculative_prefix()[0],
+        8,
+        "the burst's first request's prediction"
+    );
+    assert_eq!(second.target().map(|t| t.endpoint), Some(EndpointId(0)));
+}

@@ -386,3 +386,54 @@ proptest! {
         prop_assert_eq!(index_target, target);
     }
 }
+
+/// A sampled first pick that widens (nothing of the sample can take the
+/// request) reads the inventories of the endpoints it adds: the endpoint it
+/// picks there gets its prediction recorded like any other, so the burst's
+/// next request is credited there.
+#[test]
+fn a_widened_first_pick_records_its_prediction() {
+    use kvroute_core::Medium;
+    use kvroute_ingest::{IndexConfig, SharedIndex};
+    let prompt = keys(12);
+    let n = 300;
+    let index = SharedIndex::new(n, IndexConfig::default());
+    // Every endpoint holds a 4-block root; endpoint 7 the whole prompt but
+    // it is down, so the sample (7 and 4 others) may hold nothing up.
+    for i in 0..n {
+        let held = if i == 7 { 12 } else { 4 };
+        index
+            .store_chain(EndpointId(i as u32), Medium::Gpu, None, &prompt[..held])
+            .unwrap();
+    }
+    let load = LoadTable::new(n);
+    let c = ContractId::new("test/bs16");
+    let req = Request::new(PromptInput::Keys {
+        keys: &prompt,
+        contract: &c,
+        prompt_tokens: prompt.len() as u32 * BS,
+    });
+    let r = rule(n, 4);
+    // Only endpoints outside any sample of 4 draws are up: 7 is down, and
+    // so is every endpoint below 290 (a sample that drew one of 290–299
+    // would not widen; the seed makes this one draw below 290).
+    let up: Vec<bool> = (0..n).map(|i| i >= 290).collect();
+    let mut d = Decision::new();
+    r.decide_into(
+        &mut d,
+        &req,
+        &index,
+        &load,
+        &Avail(up.clone()),
+        Duration::ZERO,
+    );
+    let t = d.target().expect("a target over the whole pool").endpoint;
+    assert!(t.index() >= 290, "target {t}");
+    assert!(d.sampled().is_empty(), "the decision widened");
+    let next = r.decide(&req, &index, &load, &Avail(up), Duration::ZERO);
+    assert_eq!(
+        next.speculative_prefix()[t.index()],
+        12,
+        "the widened pick's prediction"
+    );
+}

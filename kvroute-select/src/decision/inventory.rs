@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use kvroute_core::{EndpointId, TokenId};
-use kvroute_ingest::{InventoryView, Overlap};
+use kvroute_ingest::{InventoryHealth, InventoryView, Overlap};
 
 use super::Decision;
 use crate::bounded::{chain, hash_bytes, BoundedMap};
@@ -150,9 +150,15 @@ impl Rule {
             return false;
         }
         // Endpoint `i` on slot `i` (the usual mapping): the view scores
-        // straight into the decision's overlaps.
-        // (`score` writes `endpoint_count()` entries: exactly the decision's.)
-        let direct = self.identity_slots && slots == d.overlaps.len();
+        // straight into the decision's overlaps (`score` writes
+        // `endpoint_count()` entries: exactly the decision's), or, with
+        // slots kept free beyond the rule's endpoints, into the scratch
+        // whose head is the decision's overlaps. Either way its runs scored
+        // alike are the decision's (a run of slots alike is alike over its
+        // first endpoints).
+        let n = d.overlaps.len();
+        let direct = self.identity_slots && slots == n;
+        let head = self.identity_slots && slots > n;
         let scored = if direct {
             &mut d.overlaps
         } else {
@@ -163,16 +169,18 @@ impl Rule {
         d.uniform.clear();
         if self.config.scorer.reads_any_position() {
             view.score(&d.keys, scored);
-        } else if direct {
-            d.uniform.resize(
-                d.overlaps.len().div_ceil(kvroute_ingest::UNIFORM_RUN),
-                false,
-            );
-            view.score_prefix_uniform(&d.keys, &mut d.overlaps, &mut d.uniform);
+        } else if direct || head {
+            d.uniform
+                .resize(slots.div_ceil(kvroute_ingest::UNIFORM_RUN), false);
+            view.score_prefix_uniform(&d.keys, scored, &mut d.uniform);
         } else {
             view.score_prefix(&d.keys, scored);
         }
-        if !direct {
+        if head {
+            if let Some(first) = d.slot_scratch.get(..n) {
+                d.overlaps.copy_from_slice(first);
+            }
+        } else if !direct {
             for (o, e) in d.overlaps.iter_mut().zip(&self.config.endpoints) {
                 *o = e
                     .inventory_slot
@@ -198,19 +206,18 @@ impl Rule {
         let (mut slotted, mut mismatched) = (0usize, 0usize);
         for i in crate::pool::Visit::new(&d.sampled, d.gpu_blocks.len()) {
             let slot = self.slot(i, view);
-            let health = slot.map(|s| view.health(s));
+            let health = self.health(i, view);
             if let Some(held) = d.gpu_blocks.get_mut(i) {
                 *held = slot.and_then(|s| view.gpu_blocks(s));
             }
             if let Some(c) = d.clears.get_mut(i) {
-                *c = health.map(|h| h.clears);
+                *c = Some(health.clears);
             }
-            let m = health.is_some_and(|h| h.contract_mismatch);
             if let Some(x) = d.mismatched.get_mut(i) {
-                *x = m;
+                *x = health.contract_mismatch;
             }
             slotted += usize::from(slot.is_some());
-            mismatched += usize::from(m);
+            mismatched += usize::from(health.contract_mismatch);
         }
         d.all_mismatched = slotted > 0 && mismatched == slotted;
     }
@@ -219,6 +226,13 @@ impl Rule {
     fn slot<V: InventoryView + ?Sized>(&self, i: usize, view: &V) -> Option<usize> {
         let slot = self.config.endpoints.get(i)?.inventory_slot? as usize;
         (slot < view.endpoint_count()).then_some(slot)
+    }
+
+    /// Endpoint `i`'s inventory health; an endpoint without an inventory
+    /// claims nothing (no mismatch, no clears).
+    fn health<V: InventoryView + ?Sized>(&self, i: usize, view: &V) -> InventoryHealth {
+        self.slot(i, view)
+            .map_or_else(InventoryHealth::default, |s| view.health(s))
     }
 
     /// Credits each endpoint with the prompt prefix its predicted entries
@@ -240,13 +254,21 @@ impl Rule {
         }
         let n = self.config.endpoints.len();
         let stride = self.config.predicted.stride.max(1);
+        let mut last: Option<(u32, InventoryHealth)> = None;
         for j in predicted_positions(d.keys.len(), stride) {
             let Some(entry) = d.keys.get(j).and_then(|k| map.get(k.0, now)) else {
                 break;
             };
             let (e, clears) = unpack(entry);
-            let Some(health) = self.slot(e as usize, view).map(|s| view.health(s)) else {
-                continue;
+            // Entries of one endpoint follow each other (a conversation's
+            // blocks): its health is read once while the lock is held.
+            let health = match last {
+                Some((at, h)) if at == e => h,
+                _ => {
+                    let h = self.health(e as usize, view);
+                    last = Some((e, h));
+                    h
+                }
             };
             // The engine dropped its cache since: the prediction is void.
             if health.clears as u32 != clears {
@@ -279,8 +301,9 @@ impl Rule {
         if cfg.capacity == 0 || d.keys.is_empty() {
             return;
         }
-        // An endpoint a retry added beyond the sample: its clears were not
-        // read, and an entry that could outlive a clear is not recorded.
+        // An endpoint a retry added beyond the sample (the host's view is
+        // not at hand then): its clears were not read, and an entry that
+        // could outlive a clear is not recorded.
         let Some(clears) = d.clears.get(endpoint.index()).copied().flatten() else {
             return;
         };

@@ -82,13 +82,16 @@ pub struct Decision {
     /// The engines' own reports, per endpoint, when the host polls them.
     reports: Vec<Option<EngineReport>>,
     prompt_tokens: u32,
-    /// Endpoints whose inventory reports a mismatched hash contract (read
-    /// for the scored endpoints, like `clears`; false for the others).
+    /// Endpoints whose inventory reports a mismatched hash contract. Like
+    /// `clears` and `gpu_blocks`, read for the scored endpoints only: the
+    /// entries of endpoints a sampled decision leaves out are not its own
+    /// (only the sample's are read) until a widening writes them.
     mismatched: Vec<bool>,
     /// Every scored endpoint with an inventory is mismatched.
     all_mismatched: bool,
     /// Each scored endpoint's inventory clears so far (predictions made
-    /// before a clear are void); `None` where it was not read.
+    /// before a clear are void); `None` where a retry's widening could not
+    /// read it.
     clears: Vec<Option<u64>>,
     /// Blocks each endpoint's inventory holds in its GPU cache
     /// ([`kvroute_ingest::InventoryView::gpu_blocks`]).
@@ -158,7 +161,7 @@ impl Decision {
         self.prompt_tokens = 0;
         // Written for every endpoint by `prepare_keys` when it scores
         // nothing, else for every scored one by `read_scored` (and for the
-        // rest by `unsample`).
+        // rest when a widening reads or `unsample` forgets them).
         size(&mut self.mismatched, n, false);
         size(&mut self.clears, n, None);
         size(&mut self.gpu_blocks, n, None);
@@ -392,6 +395,7 @@ impl Rule {
             now,
             true,
             predicted.as_deref_mut(),
+            Some(view),
         );
         self.after_pick(d, None);
     }
@@ -443,7 +447,9 @@ impl Rule {
                         *x = true;
                     }
                 }
-                self.run_ladder(d, request, load, health, now, false, None);
+                // No view at hand: the endpoints a widening adds stay unread.
+                let no_view = None::<&kvroute_ingest::SharedIndex>;
+                self.run_ladder(d, request, load, health, now, false, None, no_view);
             }
             Leg::Decode => {
                 if let Some(e) = current.decode {
@@ -546,16 +552,22 @@ impl Rule {
     }
 
     /// A sampled decision from here on scores the whole pool (nothing to do
-    /// for one that is not sampled).
-    fn widen<L: Load + ?Sized, H: Health + ?Sized>(
+    /// for one that is not sampled), reading the inventories of the
+    /// endpoints it adds when the `view` is at hand (a first pick; a retry
+    /// has none: they stay unknown).
+    fn widen<L: Load + ?Sized, H: Health + ?Sized, V: InventoryView + ?Sized>(
         &self,
         d: &mut Decision,
         load: &L,
         health: &H,
         now: Duration,
+        view: Option<&V>,
     ) {
         if !d.sampled.is_empty() {
             d.unsample();
+            if let Some(view) = view {
+                self.read_scored(d, view);
+            }
             self.refresh_pool(d, load, health, now);
         }
     }
@@ -636,8 +648,10 @@ impl Rule {
             .map(EndpointId)
     }
 
+    /// Picks the target. `view` is the inventory view of a first pick
+    /// (`None` for a retry).
     #[allow(clippy::too_many_arguments)]
-    fn run_ladder<L: Load + ?Sized, H: Health + ?Sized>(
+    fn run_ladder<L: Load + ?Sized, H: Health + ?Sized, V: InventoryView + ?Sized>(
         &self,
         d: &mut Decision,
         request: &Request<'_>,
@@ -646,13 +660,14 @@ impl Rule {
         now: Duration,
         first: bool,
         predicted: Option<&mut BoundedMap<u64>>,
+        view: Option<&V>,
     ) {
         self.refresh_pool(d, load, health, now);
         let eligible = |i: &u32| d.eligible.get(*i as usize).copied().unwrap_or(false);
         if !d.sampled.iter().any(eligible) {
             // Nothing of the sample can take the request (down, excluded):
             // the decision is made over the whole pool.
-            self.widen(d, load, health, now);
+            self.widen(d, load, health, now, view);
         }
         self.reach_candidates(d, first);
         let pd = self.config.topology == Topology::PrefillDecode;
@@ -664,7 +679,7 @@ impl Rule {
         {
             // A retry that found the sample exhausted: the rest of the pool
             // is next, still by KV-exact.
-            self.widen(d, load, health, now);
+            self.widen(d, load, health, now, view);
             self.reach_candidates(d, first);
             main = self.pick_main(d, request, now, first);
         }
@@ -673,7 +688,7 @@ impl Rule {
             Main::Fallback => {
                 // The fallback selectors (CHWBL's ring above all) choose
                 // over the whole pool, never over a sample.
-                self.widen(d, load, health, now);
+                self.widen(d, load, health, now, view);
                 self.pick_fallback(d, first)
             }
         };
