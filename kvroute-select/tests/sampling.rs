@@ -382,8 +382,17 @@ proptest! {
         let index = indexed(&prompt, &f.held);
         let (index_target, index_left_out) =
             decide(&rule(n, f.sample_size), &prompt, &index, &load, &Avail(f.up.clone()));
-        prop_assert_eq!(index_left_out, left_out);
+        prop_assert_eq!(&index_left_out, &left_out);
         prop_assert_eq!(index_target, target);
+        // And over an index with slots kept free beyond the rule's
+        // endpoints (for endpoints added later).
+        let mut roomy = f.held.clone();
+        roomy.resize(n + 37, 0);
+        let index = indexed(&prompt, &roomy);
+        let (roomy_target, roomy_left_out) =
+            decide(&rule(n, f.sample_size), &prompt, &index, &load, &Avail(f.up.clone()));
+        prop_assert_eq!(roomy_left_out, left_out);
+        prop_assert_eq!(roomy_target, target);
     }
 }
 
