@@ -68,6 +68,15 @@ fn pool(prompt: &[BlockKey], held: &[u32], in_flight: &[u32]) -> (KeySetInventor
     (inv, load)
 }
 
+/// The request of `prompt`'s keys under contract `c`.
+fn keyed<'a>(prompt: &'a [BlockKey], c: &'a ContractId) -> Request<'a> {
+    Request::new(PromptInput::Keys {
+        keys: prompt,
+        contract: c,
+        prompt_tokens: prompt.len() as u32 * BS,
+    })
+}
+
 /// The same pool in the ingest index, whose walk marks the banks it scored
 /// alike (which the sample's pass judges once).
 fn indexed(prompt: &[BlockKey], held: &[u32]) -> kvroute_ingest::SharedIndex {
@@ -95,11 +104,7 @@ fn decide<L: Load, H: Health, V: kvroute_ingest::InventoryView>(
     health: &H,
 ) -> (Option<usize>, Vec<bool>) {
     let c = ContractId::new("test/bs16");
-    let req = Request::new(PromptInput::Keys {
-        keys: prompt,
-        contract: &c,
-        prompt_tokens: prompt.len() as u32 * BS,
-    });
+    let req = keyed(prompt, &c);
     let mut d = Decision::new();
     d.set_explain(true);
     rule.decide_into(&mut d, &req, inv, load, health, Duration::ZERO);
@@ -171,11 +176,7 @@ fn a_shorter_prefix_in_a_faster_tier_is_scored() {
         );
     }
     let c = ContractId::new("test/bs16");
-    let req = Request::new(PromptInput::Keys {
-        keys: &prompt,
-        contract: &c,
-        prompt_tokens: prompt.len() as u32 * BS,
-    });
+    let req = keyed(&prompt, &c);
     let r = rule(n, 4);
     let mut d = Decision::new();
     r.decide_into(
@@ -239,11 +240,7 @@ fn a_fallback_chooses_over_the_whole_pool() {
         // predicted entry the first decision left, and decided by KV-exact.
         let prompt = salted_keys(salt, 8);
         let (inv, load) = pool(&prompt, &vec![1; n], &in_flight);
-        let req = Request::new(PromptInput::Keys {
-            keys: &prompt,
-            contract: &c,
-            prompt_tokens: prompt.len() as u32 * BS,
-        });
+        let req = keyed(&prompt, &c);
         let mut d = Decision::new();
         d.set_explain(true);
         r.decide_into(&mut d, &req, &inv, &load, &AlwaysAvailable, Duration::ZERO);
@@ -279,11 +276,7 @@ fn a_sample_with_nothing_available_decides_over_the_whole_pool() {
     let up: Vec<bool> = left_out.clone();
     let r = rule(n, 2);
     let c = ContractId::new("test/bs16");
-    let req = Request::new(PromptInput::Keys {
-        keys: &prompt,
-        contract: &c,
-        prompt_tokens: prompt.len() as u32 * BS,
-    });
+    let req = keyed(&prompt, &c);
     let mut d = Decision::new();
     r.decide_into(
         &mut d,
@@ -417,11 +410,7 @@ fn a_widened_first_pick_records_its_prediction() {
     }
     let load = LoadTable::new(n);
     let c = ContractId::new("test/bs16");
-    let req = Request::new(PromptInput::Keys {
-        keys: &prompt,
-        contract: &c,
-        prompt_tokens: prompt.len() as u32 * BS,
-    });
+    let req = keyed(&prompt, &c);
     let r = rule(n, 4);
     // Only endpoints outside any sample of 4 draws are up: 7 is down, and
     // so is every endpoint below 290 (a sample that drew one of 290–299
